@@ -1,0 +1,1 @@
+"""Binlog codec, GTID arithmetic and the transaction-boundary parser (sans-I/O)."""
