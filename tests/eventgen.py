@@ -90,13 +90,21 @@ def maria_gtid(seq: int, domain: int = 0, flags2: int = 0, server_id: int = 1, *
 
 
 def fde(server_version: str = "8.0.36", checksum: bool = True, n_types: int = 41, flags: int = 0) -> bytes:
-    """A FORMAT_DESCRIPTION_EVENT as a checksum-aware server writes it."""
+    """A FORMAT_DESCRIPTION_EVENT as the server of that version writes it (with or without checksum_alg)."""
+    from relayproxy.binlog.events import split_version
+
+    aware = split_version(server_version) >= ((5, 3, 0) if "MariaDB" in server_version else (5, 6, 1))
+    if not aware:
+        n_types = min(n_types, 27)
     post = bytearray(n_types)
     for t, n in {2: 13, 4: 8, 19: 8, 30: 10, 31: 10, 32: 10, 33: 42, 34: 42}.items():
         if t <= n_types:
             post[t - 1] = n
     body = struct.pack("<H", 4) + server_version.encode().ljust(50, b"\0") + struct.pack("<IB", 0, 19)
-    body += bytes(post) + bytes([1 if checksum else 0])
+    body += bytes(post)
+    if not aware:
+        return event(C.FORMAT_DESCRIPTION_EVENT, body, flags=flags, checksum=False)
+    body += bytes([1 if checksum else 0])
     return event(C.FORMAT_DESCRIPTION_EVENT, body, flags=flags, checksum=True)
 
 
@@ -106,7 +114,7 @@ def binlog_file(*events: bytes, server_version: str = "8.0.36", checksum: bool =
     for ev in (fde(server_version, checksum), *events):
         ev = bytearray(ev)
         struct.pack_into("<I", ev, 13, len(out) + len(ev))
-        if checksum or ev[4] == C.FORMAT_DESCRIPTION_EVENT:
+        if checksum or (ev[4] == C.FORMAT_DESCRIPTION_EVENT and len(ev) > 19 + 57 + 27):
             struct.pack_into("<I", ev, len(ev) - 4, zlib.crc32(ev[:-4]))
         out += ev
     return bytes(out)

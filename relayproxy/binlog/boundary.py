@@ -198,6 +198,7 @@ _QUERY_HEAD = struct.Struct("<8xBxxH")  # db_len at 8, status_vars_len at 11
 _SID_GNO = struct.Struct("<16sq")
 _MARIA_GTID = struct.Struct("<QIB")
 _ZERO_SID = bytes(16)
+_GNO_MAX = (1 << 63) - 2
 
 # MariaDB rules (slave.cc queue_event), as one action per event type.
 M_NONE, M_GROUP, M_STANDALONE = range(3)
@@ -243,6 +244,7 @@ class TransactionBoundaryParser:
         "error",
         "errors",
         "_checksum_len",
+        "_fde",
         "_query_body_start",
         "_gtid_sid",
         "_gtid_gno",
@@ -262,6 +264,7 @@ class TransactionBoundaryParser:
         self.state = S_NONE
         self.error: str | None = None
         self.errors = 0
+        self._fde: FormatDescription | None = None
         self._checksum_len = 0
         self._query_body_start = C.HEADER_LEN + 13
         self._gtid_sid: bytes | None = None
@@ -279,6 +282,7 @@ class TransactionBoundaryParser:
     # -- configuration -------------------------------------------------------------------------
     def set_format(self, fde: FormatDescription) -> None:
         """Adopt the checksum length and post-header sizes of a FORMAT_DESCRIPTION."""
+        self._fde = fde
         self._checksum_len = fde.checksum_len
         self._query_body_start = C.HEADER_LEN + fde.query_post_header_len
         if self._auto:
@@ -414,17 +418,25 @@ class TransactionBoundaryParser:
         is_error = _T[state][boundary][1]
         if boundary == B_GTID:
             if type_code == _GTID_TAGGED:
-                self._gtid_tagged = bytes(buf[pos : pos + event_size - self._checksum_len])
+                self._gtid_tagged = (bytes(buf[pos : pos + event_size]), self._fde)
             else:
                 self._gtid_tagged = None
                 try:
-                    self._gtid_sid, self._gtid_gno = _SID_GNO.unpack_from(buf, pos + _HEADER_LEN + 1)
+                    sid, gno = _SID_GNO.unpack_from(buf, pos + _HEADER_LEN + 1)
                 except struct.error:
-                    self._gtid_sid, self._gtid_gno = None, 0
+                    sid, gno = None, 0
                     self.error = "GTID event is truncated"
+                else:
+                    anonymous = type_code == C.ANONYMOUS_GTID_LOG_EVENT
+                    if not (anonymous or 1 <= gno <= _GNO_MAX):
+                        self.error = f"GTID event has GNO {gno}, outside 1..{_GNO_MAX}"
+                        sid = None
+                if sid is None:
+                    self._gtid_sid, self._gtid_gno = None, 0
                     self.state = S_ERROR
                     self.errors += 1
                     return (GROUP_CONTINUE if _INSIDE[state] else GROUP_START) | FLAG_ERROR
+                self._gtid_sid, self._gtid_gno = sid, gno
             if _INSIDE[state]:
                 # A GTID inside a group: the previous group was cut and never completes.
                 result = GROUP_START | FLAG_ABANDONED
@@ -455,9 +467,11 @@ class TransactionBoundaryParser:
         from .events import BinlogFormatError
         from .views import view_event  # tagged GTIDs are rare: decode through the full view
 
-        fde = FormatDescription(4, "8.3.0", 0, C.HEADER_LEN, b"", C.CHECKSUM_OFF)
+        raw, fde = self._gtid_tagged
+        if fde is None:
+            fde = FormatDescription(4, "8.3.0", 0, C.HEADER_LEN, b"", C.CHECKSUM_OFF)
         try:
-            ev = view_event(self._gtid_tagged, 0, fde)
+            ev = view_event(raw, 0, fde)
             return (ev.sid, ev.tag, ev.gno) if ev.tag else (ev.sid, ev.gno)
         except (BinlogFormatError, ValueError):
             return None

@@ -25,16 +25,19 @@ class ChecksumError(ValueError):
 
 def crc32_ok(buf, start: int, end: int) -> bool:
     """True when the CRC32 trailer of the event ``buf[start:end]`` matches its bytes."""
-    view = memoryview(buf)
-    return zlib.crc32(view[start : end - CHECKSUM_LEN]) == _U32.unpack_from(buf, end - CHECKSUM_LEN)[0]
+    with memoryview(buf) as view:
+        computed = zlib.crc32(view[start : end - CHECKSUM_LEN])
+    return computed == _U32.unpack_from(buf, end - CHECKSUM_LEN)[0]
 
 
 def verify(buf, start: int = 0, end: int | None = None, offset: int | None = None) -> None:
     """Raise ChecksumError when the event ``buf[start:end]`` has a wrong CRC32 trailer."""
     if end is None:
         end = len(buf)
-    view = memoryview(buf)
-    computed = zlib.crc32(view[start : end - CHECKSUM_LEN])
+    # The view is released before raising: a traceback must not pin an export of the caller's
+    # bytearray (it could not be resized afterwards).
+    with memoryview(buf) as view:
+        computed = zlib.crc32(view[start : end - CHECKSUM_LEN])
     stored = _U32.unpack_from(buf, end - CHECKSUM_LEN)[0]
     if computed != stored:
         raise ChecksumError(offset, stored, computed)

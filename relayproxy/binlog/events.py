@@ -58,6 +58,8 @@ _MARIADB_CHECKSUM_SPLIT = (5, 3, 0)
 _VERSION_RE = re.compile(rb"(\d+)\.(\d+)\.(\d+)")
 
 FDE_FIXED_LEN = 2 + 50 + 4 + 1  # binlog_version, server_version, create_timestamp, header_len
+# MySQL 5.5 knew 27 event types; checksum-aware servers (5.6.1+, MariaDB 5.3+) list 34 or more.
+PRE_CHECKSUM_MAX_TYPES = 30
 
 
 def split_version(server_version: str) -> tuple[int, int, int]:
@@ -146,12 +148,23 @@ class FormatDescription:
             alg = buf[end - CHECKSUM_LEN - 1]
             if alg not in (CHECKSUM_OFF, CHECKSUM_CRC32):
                 raise BinlogFormatError(f"FORMAT_DESCRIPTION_EVENT has unknown checksum algorithm {alg}", offset)
-            if alg == CHECKSUM_CRC32:
-                _verify_fde_crc(buf, offset, end, flags)
+            # Checksum-aware servers give their FDE a real CRC32 footer whatever the algorithm
+            # (seen in every checksum=NONE file of the corpus: MySQL 5.6/5.7, MariaDB 10.0), so it
+            # is always verified: a flipped algorithm byte must not switch checking off.
+            _verify_fde_crc(buf, offset, end, flags)
             post_header_lens = bytes(buf[body + FDE_FIXED_LEN : end - CHECKSUM_LEN - 1])
         else:
             alg = CHECKSUM_UNDEF
             post_header_lens = bytes(buf[body + FDE_FIXED_LEN : end])
+            if len(post_header_lens) > PRE_CHECKSUM_MAX_TYPES:
+                # Servers before checksums knew at most 27 event types; a longer FDE with such a
+                # version is a damaged one, and trusting it would switch off CRC checks for the file.
+                raise BinlogFormatError(
+                    f"FORMAT_DESCRIPTION_EVENT lists {len(post_header_lens)} event types, impossible for "
+                    f"server version {server_version!r} (a server without checksums knows at most "
+                    f"{PRE_CHECKSUM_MAX_TYPES})",
+                    offset,
+                )
         return cls(
             binlog_version=binlog_version,
             server_version=server_version,
