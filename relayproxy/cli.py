@@ -1,0 +1,50 @@
+"""The `relayproxy` command line: one subcommand per job, each implemented in its own module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). Each module exposes add_arguments(parser) and run(args) -> int.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("relayproxy.inspect", "walk binlog or relay-log files: events, transaction groups, CRCs"),
+    "demo": ("relayproxy.demo", "start a local MariaDB master, write transactions, inspect its binlogs"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="relayproxy",
+        description="MySQL/MariaDB binlog relay that advertises and serves only complete, durable transactions.",
+    )
+    parser.add_argument("--version", action="version", version=f"relayproxy {__version__}")
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default="auto",
+        help="log output format (auto: console on a terminal, JSON otherwise)",
+    )
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        module = importlib.import_module(module_name)
+        module.add_arguments(sp)
+        sp.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .log import configure_logging
+
+    configure_logging(fmt=args.log_format, level=args.log_level)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

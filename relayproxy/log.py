@@ -1,0 +1,119 @@
+"""Process-wide logging set-up: structlog on top of the stdlib, JSON lines for machines, colours for people."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+FORMATS = ("auto", "json", "console")
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+
+# Keys every JSON line starts with, in this order; the event's own keys follow.
+_LEADING_KEYS = ("timestamp", "level", "logger", "event")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at emit time, so a replaced stderr (pytest capture, redirect) is honoured."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+def _leading_keys_first(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    ordered = {key: event_dict.pop(key) for key in _LEADING_KEYS if key in event_dict}
+    ordered.update(event_dict)
+    return ordered
+
+
+def _parse_level(level: str | int) -> int:
+    if isinstance(level, int):
+        return level
+    try:
+        return _LEVELS[level.strip().lower()]
+    except KeyError:
+        raise ValueError(f"unknown log level {level!r}: use one of debug, info, warning, error, critical") from None
+
+
+def _use_json(fmt: str) -> bool:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown log format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if fmt == "auto":
+        isatty = getattr(sys.stderr, "isatty", None)
+        return not (isatty is not None and isatty())
+    return fmt == "json"
+
+
+def configure_logging(fmt: str = "auto", level: str | int = "info") -> None:
+    """Send all logs (ours and the stdlib's) to stderr: JSON lines when fmt is json or stderr is not a terminal.
+
+    Calling it again replaces the previous set-up rather than adding to it.
+    """
+    level_no = _parse_level(level)
+    use_json = _use_json(fmt)
+
+    # Run for structlog loggers before the record reaches the stdlib, and for stdlib records in the formatter.
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
+        structlog.processors.StackInfoRenderer(),
+    ]
+    if use_json:
+        renderer: list[Any] = [
+            structlog.processors.format_exc_info,
+            _leading_keys_first,
+            structlog.processors.JSONRenderer(default=str),
+        ]
+    else:
+        colors = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        renderer = [structlog.dev.ConsoleRenderer(colors=colors)]
+
+    structlog.configure(
+        processors=[structlog.stdlib.filter_by_level, *shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        # Not cached: a second configure_logging() must reach loggers that already logged.
+        cache_logger_on_first_use=False,
+    )
+
+    handler = _StderrHandler()
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
+        )
+    )
+    handler._relayproxy = True  # type: ignore[attr-defined]
+
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_relayproxy", False)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level_no)
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    """A structlog logger named `name` (use the module's __name__); sets up default logging if nobody has yet."""
+    if not structlog.is_configured():
+        configure_logging()
+    return structlog.get_logger(name)
