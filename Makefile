@@ -1,0 +1,88 @@
+# relayproxy: `make demo` and `make test` each do all the set-up they need first (`make setup`), on a fresh
+# Debian machine as on a developer's: system packages via apt (only when missing), then .venv.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.relayproxy-installed
+
+# Tests read the real binlog corpus from the shared folder beside the repository.
+RELAYPROXY_CORPUS ?= $(abspath $(CURDIR)/../shared/corpus/binlogs)
+export RELAYPROXY_CORPUS
+
+PYTEST_ARGS ?=
+DEMO_ARGS ?=
+
+# Prints the first python >= 3.11 on PATH (nothing if there is none).
+FIND_PYTHON := for p in python3.13 python3.12 python3.11 python3; do \
+	  if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; \
+	  then command -v $$p; break; fi; \
+	done
+
+.PHONY: help setup system-packages python-env demo test lint clean
+
+help:
+	@echo "make demo    set up, then start a local MariaDB master, write transactions and inspect its binlogs"
+	@echo "make test    set up, then run every test (unit, corpus and real-server tests) with pytest"
+	@echo "make setup   install mariadb-server and python3-venv with apt if missing, create .venv, install relayproxy"
+	@echo "make lint    byte-compile everything; ruff too if it is installed in .venv"
+	@echo "make clean   remove caches and build output (keeps .venv)"
+
+setup: python-env
+
+# Installs with apt only what is missing: mariadb-server when there is no mariadbd, python3 / python3-venv
+# when there is no python >= 3.11 able to create a venv. Root runs apt directly, others through sudo.
+system-packages:
+	@missing=""; \
+	if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then missing=" mariadb-server"; fi; \
+	py=$$($(FIND_PYTHON)); \
+	if [ -z "$$py" ]; then missing="$$missing python3 python3-venv"; \
+	elif ! "$$py" -c 'import ensurepip, venv' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" -eq 0 ]; then sudo=""; \
+	  elif command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; \
+	  else echo "make setup: need root or sudo to install:$$missing" >&2; exit 1; fi; \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "make setup: no apt-get here; install these yourself:$$missing" >&2; exit 1; fi; \
+	  echo "make setup: installing$$missing with apt-get"; \
+	  apt="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600"; \
+	  $$apt update; \
+	  $$apt install -y $$missing; \
+	fi
+
+# Reinstalls only when setup.cfg / pyproject.toml change, or the venv moved or got another python.
+python-env: system-packages
+	@py=$$($(FIND_PYTHON)); \
+	if [ -z "$$py" ]; then echo "make setup: no python >= 3.11 found" >&2; exit 1; fi; \
+	if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then \
+	  echo "make setup: creating $(VENV) with $$py"; \
+	  rm -rf $(VENV); \
+	  "$$py" -m venv $(VENV); \
+	fi; \
+	want="$$(sha256sum setup.cfg pyproject.toml; echo "$(CURDIR)"; $(PY) -VV)"; \
+	if [ "$$(cat $(STAMP) 2>/dev/null)" != "$$want" ]; then \
+	  echo "make setup: installing relayproxy[test] into $(VENV)"; \
+	  $(PY) -m pip install -q --disable-pip-version-check -e '.[test]'; \
+	  printf '%s\n' "$$want" > $(STAMP); \
+	fi
+
+demo: setup
+	$(VENV)/bin/relayproxy demo $(DEMO_ARGS)
+
+# pytest exits 5 when it collected no test: that is a failure here, never a pass.
+test: setup
+	@rc=0; $(PY) -m pytest -rfEs $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests, which counts as a failure" >&2; fi; \
+	exit $$rc
+
+lint: setup
+	$(PY) -m compileall -q relayproxy tests
+	@if $(PY) -m ruff --version >/dev/null 2>&1; then $(PY) -m ruff check relayproxy tests; \
+	else echo "ruff is not installed in $(VENV) ($(PY) -m pip install ruff); ran compileall only"; fi
+
+clean:
+	rm -rf build dist .pytest_cache .hypothesis
+	find relayproxy tests -name __pycache__ -type d -prune -exec rm -rf {} +
