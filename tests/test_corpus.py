@@ -221,3 +221,21 @@ def test_inspect_exit_status_zero_for_well_formed_files(corpus_dir, capsys):
     out = capsys.readouterr().out
     assert "group [" in out and "complete" in out and "CRC errors: 0" in out
     assert cli.main(["inspect", str(corpus_dir / "nonexistent.000001")]) == 1
+
+
+def test_feed_buffer_batch_path_equals_per_event_feeding(corpus_dir, manifest, scans):
+    """The batch fast path finds the same boundaries and GTIDs as feeding event by event."""
+    from relayproxy.binlog.boundary import TransactionBoundaryParser
+
+    for entry in manifest:
+        result, events, groups = scans[entry["file"]]
+        if entry["file"] in TRUNCATED_FILES:
+            continue
+        data = (corpus_dir / entry["file"]).read_bytes()
+        ends = []
+        parser = TransactionBoundaryParser()
+        stop, last_boundary = parser.feed_buffer(data, 4, len(data), lambda end, gtid: ends.append((end, gtid)))
+        assert stop == len(data), entry["file"]
+        assert last_boundary == result.good_end or (result.partial_tail and last_boundary < len(data))
+        if result.boundary_errors == 0:
+            assert ends == [(g.end, g.gtid) for g in groups if g.complete], entry["file"]
