@@ -133,6 +133,7 @@ class MariaDBSandbox:
         self.datadir = self.basedir / "data"
         self.binlog_dir = self.basedir / "binlog"
         self.config_path = self.basedir / "my.cnf"
+        self.tmpdir = self.basedir / "tmp"
         self.error_log = self.basedir / "error.log"
         self.pid_file = self.basedir / "mariadbd.pid"
         self._stdout_log = self.basedir / "mariadbd.out"
@@ -176,6 +177,9 @@ class MariaDBSandbox:
             "collation_server": "utf8mb4_general_ci",
             "innodb_buffer_pool_size": "32M",
             "innodb_log_file_size": "16M",
+            # Its own tmpdir: every mariadbd deletes #sql* files in its tmpdir at start-up, so servers
+            # sharing /tmp destroy each other's bootstrap tables when started in parallel.
+            "tmpdir": self.tmpdir,
         }
         if self.log_bin:
             options["log_bin"] = self.binlog_dir / self.log_bin_name
@@ -221,6 +225,7 @@ class MariaDBSandbox:
         command = self.server_command()
         self.basedir.mkdir(parents=True, exist_ok=True)
         self.binlog_dir.mkdir(exist_ok=True)
+        self.tmpdir.mkdir(exist_ok=True)
         self.socket_path = self._socket_path()
         if not (self.datadir / "mysql").is_dir():
             self._install_db()
@@ -266,6 +271,7 @@ class MariaDBSandbox:
             "--skip-test-db",
             "--skip-name-resolve",
             *self._run_as(),
+            f"--tmpdir={self.tmpdir}",
             # InnoDB options shape the files the bootstrap creates (page size, log size): same as every start.
             *(_option_line(k, v, "--") for k, v in self.config().items() if k.startswith("innodb")),
         ]
