@@ -324,6 +324,16 @@ class MariaDBSandbox:
                     f"mariadbd exited with code {code} during startup ({self.config_path}); "
                     f"tail of {self.error_log}:\n{tail}"
                 )
+            if not self.socket_path.exists():
+                # Nothing to probe yet (a failed PyMySQL connect leaks its socket object).
+                last_error = SandboxError(f"{self.socket_path} does not exist yet")
+                if time.monotonic() > deadline:
+                    raise SandboxError(
+                        f"mariadbd did not create its socket within {self.startup_timeout:.0f}s; "
+                        f"tail of {self.error_log}:\n{_tail(self.error_log, offset=log_offset)}"
+                    )
+                time.sleep(0.05)
+                continue
             try:
                 # The socket is ours alone, so a connection there cannot be some other server on our port.
                 probe = pymysql.connect(unix_socket=str(self.socket_path), user=self.user, connect_timeout=2)
