@@ -1,0 +1,672 @@
+"""The on-disk layout of a relay directory (index, file names, durable mark) and its recovery at open.
+
+The files are the state (design invariant 3). A relay directory holds the relay files under the
+master's names, ``relayproxy.index`` listing them oldest first, and ``relayproxy.durable``: a one-line
+cache of the last durable horizon position, used only to tell damage inside once-durable data
+(refuse to start) from the debris of a crash after the last fsync (cut it off).
+
+Recovery at open:
+
+1. Read the index. Files listed but missing at the tail (created, never written) or at the head
+   (an interrupted purge) are dropped from it with a warning; a file missing in the middle refuses.
+   A file present but unlisted is adopted when it is the next file (the target of the last file's
+   ROTATE, else the next number) and holds only the magic (or part of it) and complete events: the
+   crash came between creating it and rewriting the index. Any other unlisted file is reported and
+   left alone.
+2. Scan the newest file with the same scanner and boundary parser as everything else
+   (``reader.scan_file``). A cut event or unfinished group at the end is cut off: the file is
+   truncated to ``good_end``. A CRC error or impossible structure is only cut off when it lies
+   after the durable mark (or, with no mark for this file, when no intact event follows it);
+   inside once-durable data it refuses to start, naming file and offset.
+3. fsync the newest file and the directory, then rebuild the horizon from the files:
+   ``(newest file, good_end, PREVIOUS_GTIDS / GTID_LIST + every complete group's GTID)``.
+4. Older files are closed: each should end with a ROTATE to the next file (a warning otherwise).
+
+Nothing complete and intact is ever discarded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..binlog import constants as C
+from ..binlog.events import HEADER, BinlogFormatError, FormatDescription, split_version
+from ..binlog.gtid import GtidSet, MariaBinlogState
+from ..binlog.reader import BinlogScanner, ScanResult, scan_file
+from .horizon import HorizonSnapshot
+
+INDEX_NAME = "relayproxy.index"
+INDEX_TMP_NAME = INDEX_NAME + ".tmp"
+DURABLE_MARK_NAME = "relayproxy.durable"
+RESERVED_NAMES = frozenset({INDEX_NAME, INDEX_TMP_NAME, DURABLE_MARK_NAME})
+# The relay's own files in its directory (index, durable mark, relayproxy.uuid, ...) start with
+# this; relay files never do, so recovery never mistakes one for the other.
+RESERVED_PREFIX = "relayproxy."
+MAX_NAME_BYTES = 255
+_MARK_RECORD_LEN = 512
+_MARK_PREFIX = "relayproxy-durable v1"
+_ERROR_OFFSET = re.compile(r"^at offset (\d+):")
+_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class RelayStoreError(Exception):
+    """Base of every error the relay store raises."""
+
+
+class RelayRecoveryError(RelayStoreError):
+    """The relay directory cannot be opened without losing or serving bad data; nothing was changed
+    in the damaged file. ``file`` and ``offset`` say where, when known."""
+
+    def __init__(self, message: str, *, file: str | None = None, offset: int | None = None):
+        self.file = file
+        self.offset = offset
+        super().__init__(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Names, index, fsync helpers
+
+
+def check_file_name(name: str) -> str:
+    """Validate a relay file name (it comes from the master): a plain, printable basename."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"relay file name must be a non-empty string, not {name!r}")
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        raise ValueError(f"relay file name is longer than {MAX_NAME_BYTES} bytes: {name[:40]!r}...")
+    if "/" in name or "\\" in name or name.startswith(".") or any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise ValueError(f"relay file name {name!r} is not a plain file name")
+    if name.startswith(RESERVED_PREFIX):
+        raise ValueError(f"relay file name {name!r} is reserved for the relay's own files ({RESERVED_PREFIX}*)")
+    if name != name.strip():
+        raise ValueError(f"relay file name {name!r} has leading or trailing spaces")
+    return name
+
+
+def next_file_name(name: str) -> str | None:
+    """The name the server gives the file after ``name`` (``bin.000009`` -> ``bin.000010``)."""
+    m = _TRAILING_NUMBER.match(name)
+    if not m:
+        return None
+    digits = m.group(2)
+    return f"{m.group(1)}{int(digits) + 1:0{len(digits)}d}"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_index(relay_dir: Path) -> list[str] | None:
+    """The names in ``relayproxy.index`` (oldest first), or None when there is no index."""
+    try:
+        raw = (relay_dir / INDEX_NAME).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RelayRecoveryError(f"{relay_dir / INDEX_NAME} is not UTF-8: {exc}") from None
+    names: list[str] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line:
+            continue
+        try:
+            check_file_name(line)
+        except ValueError as exc:
+            raise RelayRecoveryError(f"{relay_dir / INDEX_NAME} line {lineno}: {exc}") from None
+        if line in seen:
+            raise RelayRecoveryError(f"{relay_dir / INDEX_NAME} line {lineno}: {line!r} is listed twice")
+        seen.add(line)
+        names.append(line)
+    return names
+
+
+def write_index(relay_dir: Path, names: list[str]) -> None:
+    """Replace the index atomically: temp file, fsync, rename, fsync the directory."""
+    tmp = relay_dir / INDEX_TMP_NAME
+    data = "".join(f"{name}\n" for name in names).encode("utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, relay_dir / INDEX_NAME)
+    fsync_dir(relay_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Durable mark: a cache of the last durable horizon position
+
+
+@dataclass(frozen=True)
+class DurableMark:
+    """``(file, position)`` of the horizon as last published before the process stopped.
+
+    Written after the fsync that made it durable (never before), so it can lag the files but never
+    lead them. Recovery only uses it to classify damage; the files decide everything else.
+    """
+
+    file: str
+    position: int
+
+
+def encode_durable_mark(file: str, position: int) -> bytes:
+    payload = f"{position} {file}"
+    crc = zlib.crc32(payload.encode("utf-8", "surrogateescape"))
+    record = f"{_MARK_PREFIX} {crc:08x} {payload}\n".encode("utf-8", "surrogateescape")
+    if len(record) > _MARK_RECORD_LEN:
+        raise ValueError(f"durable mark for {file!r} does not fit {_MARK_RECORD_LEN} bytes")
+    return record.ljust(_MARK_RECORD_LEN, b" ")
+
+
+def read_durable_mark(relay_dir: Path) -> tuple[DurableMark | None, str | None]:
+    """The mark and None, or None and why it cannot be used (missing is not a problem: no reason)."""
+    try:
+        raw = (relay_dir / DURABLE_MARK_NAME).read_bytes()
+    except FileNotFoundError:
+        return None, None
+    line = raw.split(b"\n", 1)[0]
+    if not line.strip():
+        return None, None  # created by a store that never had a file
+    try:
+        prefix_a, prefix_b, crc_text, position_text, name = line.decode("utf-8", "surrogateescape").split(" ", 4)
+        if f"{prefix_a} {prefix_b}" != _MARK_PREFIX:
+            raise ValueError("unknown format")
+        payload = f"{position_text} {name}"
+        if int(crc_text, 16) != zlib.crc32(payload.encode("utf-8", "surrogateescape")):
+            raise ValueError("checksum mismatch (torn write?)")
+        position = int(position_text)
+        check_file_name(name)
+    except ValueError as exc:
+        return None, f"{relay_dir / DURABLE_MARK_NAME} ignored: {exc}"
+    return DurableMark(name, position), None
+
+
+class DurableMarkWriter:
+    """Overwrites the fixed-size mark record in place: one pwrite per sync, no fsync of its own
+    (a lost update only makes the mark older, which recovery tolerates)."""
+
+    def __init__(self, relay_dir: Path):
+        path = relay_dir / DURABLE_MARK_NAME
+        existed = path.exists()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not existed:
+            fsync_dir(relay_dir)
+
+    def write(self, file: str, position: int) -> None:
+        os.pwrite(self._fd, encode_durable_mark(file, position), 0)
+
+    def fsync(self) -> None:
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+# ---------------------------------------------------------------------------------------------
+# Small readers of closed files
+
+
+def read_first_fde(path: Path) -> FormatDescription | None:
+    """The FORMAT_DESCRIPTION at offset 4 of a file, or None when it is absent or damaged."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4 + C.HEADER_LEN)
+            if len(head) < 4 + C.HEADER_LEN or head[:4] != C.BINLOG_MAGIC:
+                return None
+            size = HEADER.unpack_from(head, 4)[3]
+            if not C.HEADER_LEN < size <= 64 << 10:
+                return None
+            event = head[4:] + f.read(size - C.HEADER_LEN)
+        return FormatDescription.parse(event, 0, size)
+    except (OSError, BinlogFormatError, ValueError):
+        return None
+
+
+def read_final_rotate(path: Path) -> tuple[str, int] | None:
+    """``(next file, position)`` of the real ROTATE that ends a closed file, or None.
+
+    Found from the end without scanning the file: the ROTATE's log_pos is the file size and its
+    size covers the last bytes; when it carries a CRC, the CRC must match.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            take = min(size - 4, C.HEADER_LEN + 8 + MAX_NAME_BYTES + C.CHECKSUM_LEN)
+            if take < C.HEADER_LEN + 8:
+                return None
+            f.seek(size - take)
+            tail = f.read(take)
+    except OSError:
+        return None
+    for event_size in range(C.HEADER_LEN + 8 + 1, take + 1):
+        start = take - event_size
+        _ts, type_code, _sid, declared, log_pos, flags = HEADER.unpack_from(tail, start)
+        if type_code != C.ROTATE_EVENT or declared != event_size or log_pos != size & 0xFFFFFFFF:
+            continue
+        if flags & C.LOG_EVENT_ARTIFICIAL_F:
+            continue
+        for crc_len in (C.CHECKSUM_LEN, 0):
+            body_end = take - crc_len
+            if body_end - start < C.HEADER_LEN + 8 + 1:
+                continue
+            if crc_len and zlib.crc32(tail[start:body_end]) != int.from_bytes(tail[body_end:], "little"):
+                continue
+            name_raw = tail[start + C.HEADER_LEN + 8 : body_end]
+            try:
+                name = name_raw.decode("utf-8")
+                check_file_name(name)
+            except (UnicodeDecodeError, ValueError):
+                continue
+            position = struct.unpack_from("<Q", tail, start + C.HEADER_LEN)[0]
+            return name, position
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Recovery
+
+
+@dataclass
+class RecoveryReport:
+    """What recovery found and did (for logs, status and tests)."""
+
+    relay_dir: str
+    files: list[str] = field(default_factory=list)
+    truncated_bytes: int = 0
+    truncated_file: str | None = None
+    horizon: HorizonSnapshot | None = None
+    warnings: list[str] = field(default_factory=list)
+    started_empty: bool = False
+    adopted: list[str] = field(default_factory=list)
+    durable_mark: DurableMark | None = None
+    scan: ScanResult | None = field(default=None, repr=False)  # the newest file's scan (before truncation)
+
+    def __str__(self) -> str:
+        h = self.horizon
+        parts = [f"{len(self.files)} files"]
+        if h is not None and h.file is not None:
+            parts.append(f"horizon {h.file}:{h.position}" + (f" gtids {h.text}" if h.text is not None else ""))
+        if self.started_empty:
+            parts.append("started empty")
+        if self.truncated_bytes:
+            parts.append(f"cut {self.truncated_bytes} bytes off {self.truncated_file}")
+        if self.adopted:
+            parts.append(f"adopted {', '.join(self.adopted)}")
+        parts.extend(self.warnings)
+        return "; ".join(parts)
+
+
+@dataclass
+class RecoveredState:
+    """Everything the store needs to resume writing the newest file."""
+
+    report: RecoveryReport
+    files: list[str]
+    current_file: str | None
+    end: int  # == the newest file's size after recovery
+    gtids: object
+    fde: FormatDescription | None  # the newest file's FORMAT_DESCRIPTION
+    start_set_seen: bool  # the newest file's PREVIOUS_GTIDS / GTID_LIST has been written
+    file_start_gtids: object  # the set that event carries (None before it)
+    flavour: str | None
+
+
+def _writes_gtid_set_event(fde: FormatDescription | None) -> bool:
+    """Whether that server starts every file with PREVIOUS_GTIDS (MySQL 5.6+) or GTID_LIST (MariaDB 10+)."""
+    if fde is None:
+        return True  # unknown yet: the file holds no FDE
+    version = split_version(fde.server_version)
+    return version >= ((10, 0, 0) if fde.is_mariadb else (5, 6, 0))
+
+
+def _merge_gtids(base, later):
+    """``base`` followed by the GTIDs of a later stretch (MariaDB: the later entries win)."""
+    if later is None:
+        return base
+    if base is None:
+        return later.copy()
+    merged = base.copy()
+    if isinstance(merged, GtidSet) and isinstance(later, GtidSet):
+        merged.update(later)
+    elif isinstance(merged, MariaBinlogState) and isinstance(later, MariaBinlogState):
+        for gtid in later.gtids():
+            merged.update(gtid)
+    else:
+        raise RelayRecoveryError(
+            f"GTID sets of different flavours in consecutive relay files: {type(base).__name__} then "
+            f"{type(later).__name__}"
+        )
+    return merged
+
+
+def _error_offset(scan: ScanResult) -> int | None:
+    m = _ERROR_OFFSET.match(scan.error or "")
+    return int(m.group(1)) if m else None
+
+
+def _damage_followed_by_data(path: Path, bad: int) -> str | None:
+    """Why the damage at ``bad`` is not crash debris, or None when nothing intact follows it.
+
+    Debris of a crash is what was written after the last fsync: a cut event, a torn write, zeros
+    where the filesystem extended the file before the data landed, stale blocks. None of that is
+    followed by an intact event at its master offset. Damage in the middle of a file is: the scan
+    continues past a CRC mismatch, and where the parse stops at an impossible header, the header's
+    size or log_pos field says where the next event should start, which is checked too.
+    """
+    found: list[int] = []
+    last_end = [bad]
+
+    def on_event(event) -> None:
+        last_end[0] = max(last_end[0], event.offset + event.size)
+        if not found and event.offset > bad and event.crc_ok is not False and event.log_pos == event.end & 0xFFFFFFFF:
+            found.append(event.offset)
+
+    scanner = BinlogScanner(on_event=on_event, path=os.fspath(path))
+    with open(path, "rb") as f:
+        while not found and not scanner._stopped:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            scanner.feed(chunk)
+        if found:
+            return f"an intact event follows at offset {found[0]}"
+        if not scanner._stopped:
+            return None
+        # The parse stopped at the event right after the last one parsed.
+        stop = last_end[0]
+        size = os.fstat(f.fileno()).st_size
+        f.seek(stop)
+        header = f.read(C.HEADER_LEN)
+        if len(header) < C.HEADER_LEN:
+            return None
+        claimed, log_pos = HEADER.unpack_from(header)[3:5]
+        for extent in {claimed, (log_pos - stop) & 0xFFFFFFFF}:
+            nxt = stop + extent
+            if extent < C.HEADER_LEN or nxt + C.HEADER_LEN > size:
+                continue
+            f.seek(nxt)
+            following = f.read(C.HEADER_LEN)
+            next_size, next_log_pos = HEADER.unpack_from(following)[3:5]
+            if next_size >= C.HEADER_LEN and nxt + next_size <= size and next_log_pos == (nxt + next_size) & 0xFFFFFFFF:
+                f.seek(nxt)
+                event = f.read(next_size)
+                crc_ok = zlib.crc32(event[:-4]) == int.from_bytes(event[-4:], "little")
+                if crc_ok or scanner.result.checksum != "CRC32":
+                    return f"an intact event follows at offset {nxt}"
+    return None
+
+
+def _truncate(path: Path, size: int) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredState:
+    """Bring a relay directory to a consistent state and say where its durable horizon is."""
+    relay_dir = Path(relay_dir)
+    report = RecoveryReport(relay_dir=os.fspath(relay_dir))
+    warn = report.warnings.append
+    if not relay_dir.exists():
+        if not create:
+            raise RelayRecoveryError(f"relay directory {relay_dir} does not exist")
+        relay_dir.mkdir(parents=True)
+        fsync_dir(relay_dir.parent)
+    if not relay_dir.is_dir():
+        raise RelayRecoveryError(f"{relay_dir} is not a directory")
+
+    tmp_index = relay_dir / INDEX_TMP_NAME
+    if tmp_index.exists():
+        tmp_index.unlink()  # an index rewrite that never reached its rename: the old index stands
+        warn(f"removed {INDEX_TMP_NAME} left by an interrupted index update")
+
+    listed = read_index(relay_dir)
+    index_dirty = False
+    if listed is None:
+        listed = []
+    present = {
+        entry.name
+        for entry in os.scandir(relay_dir)
+        if entry.is_file(follow_symlinks=False)
+        and not entry.name.startswith(RESERVED_PREFIX)
+        and not entry.name.startswith(".")
+    }
+
+    # Listed files that are gone: tolerable only at the ends of the list.
+    exists = [name in present for name in listed]
+    names = listed
+    if not all(exists):
+        if any(exists):
+            first = exists.index(True)
+            last = len(exists) - 1 - exists[::-1].index(True)
+        else:
+            first, last = 0, -1
+        middle = [name for name, ok in zip(listed[first : last + 1], exists[first : last + 1]) if not ok]
+        if middle:
+            raise RelayRecoveryError(
+                f"relay files listed in {INDEX_NAME} are missing between files that exist: "
+                f"{', '.join(middle)}; the relay would have a hole in the master's binlog",
+                file=middle[0],
+            )
+        for name in listed[:first]:
+            warn(f"{name} is listed in {INDEX_NAME} but missing (an interrupted purge?): dropped from the index")
+        for name in listed[last + 1 :]:
+            warn(f"{name} is listed in {INDEX_NAME} but missing (created, never written): dropped from the index")
+        names = listed[first : last + 1]
+        index_dirty = True
+
+    # Unlisted files: adopt the next one if it is whole, report the others.
+    unlisted = present - set(names)
+    if unlisted:
+        if names:
+            rotate = read_final_rotate(relay_dir / names[-1])
+            expected = rotate[0] if rotate else next_file_name(names[-1])
+        else:
+            expected = next(iter(unlisted)) if len(unlisted) == 1 else None
+        if expected in unlisted:
+            unlisted.discard(expected)
+            adopted = _adopt_unlisted(relay_dir / expected, warn)
+            if adopted:
+                names = [*names, expected]
+                report.adopted.append(expected)
+                index_dirty = True
+        for name in sorted(unlisted):
+            warn(f"{name} is in the relay directory but not in {INDEX_NAME}: left alone, not served")
+
+    if index_dirty:
+        write_index(relay_dir, names)
+    report.files = list(names)
+
+    mark, mark_problem = read_durable_mark(relay_dir)
+    if mark_problem:
+        warn(mark_problem)
+    report.durable_mark = mark
+
+    if not names:
+        report.started_empty = True
+        report.horizon = HorizonSnapshot(None, 0, None, 0)
+        if mark is not None:
+            warn(f"{DURABLE_MARK_NAME} names {mark.file} but the relay has no files")
+        return RecoveredState(report, [], None, 0, None, None, False, None, None)
+
+    if mark is not None and mark.file not in names:
+        warn(f"{DURABLE_MARK_NAME} names {mark.file}, which is not a relay file here: ignored")
+        mark = None
+
+    for older, newer in zip(names, names[1:]):
+        rotate = read_final_rotate(relay_dir / older)
+        if rotate is None:
+            warn(f"{older} does not end with a ROTATE (the master restarted or the file was cut): next is {newer}")
+        elif rotate[0] != newer:
+            warn(f"{older} ends with a ROTATE to {rotate[0]}, but the next relay file is {newer}")
+
+    newest = names[-1]
+    path = relay_dir / newest
+    end, scan, fde, start_set, gtids = _recover_newest(relay_dir, path, newest, mark, report, warn)
+    start_set_seen = start_set is not None
+    report.scan = scan
+
+    if start_set_seen is False and len(names) > 1 and _writes_gtid_set_event(fde):
+        # The newest file stops before its PREVIOUS_GTIDS / GTID_LIST: continue the previous file's set.
+        previous = scan_file(relay_dir / names[-2])
+        if previous.error or previous.crc_errors:
+            warn(f"{names[-2]}: {previous.error or 'CRC errors'} (while reading its GTID set)")
+        gtids = _merge_gtids(previous.gtids_after, gtids)
+
+    fsync_path(path)
+    fsync_dir(relay_dir)
+
+    flavour = None
+    for candidate in (fde, read_first_fde(relay_dir / names[0])):
+        if candidate is not None:
+            flavour = candidate.flavour
+            break
+    report.horizon = HorizonSnapshot(newest, end, None if gtids is None else gtids.copy(), 0)
+    file_start = None if start_set is None else start_set.copy()
+    return RecoveredState(report, list(names), newest, end, gtids, fde, start_set_seen, file_start, flavour)
+
+
+def _adopt_unlisted(path: Path, warn) -> bool:
+    size = path.stat().st_size
+    if size <= 4:
+        head = path.read_bytes()
+        if C.BINLOG_MAGIC.startswith(head):
+            # Created by a start_file that never reached the index write: only (part of) the magic.
+            if head != C.BINLOG_MAGIC:
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    os.pwrite(fd, C.BINLOG_MAGIC, 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            warn(f"adopted {path.name}: created but not yet listed when the relay stopped (no events yet)")
+            return True
+        warn(f"{path.name} is not listed and is not a binlog file: left alone")
+        return False
+    scan = scan_file(path)
+    if scan.ok and not scan.partial_tail:
+        warn(f"adopted {path.name}: created but not yet listed when the relay stopped ({size} bytes, whole)")
+        return True
+    problem = scan.error or ("it ends inside a group" if scan.partial_tail else "CRC errors")
+    warn(f"{path.name} is not listed and was not adopted: {problem}")
+    return False
+
+
+def _recover_newest(relay_dir: Path, path: Path, name: str, mark: DurableMark | None, report, warn):
+    """Scan, classify and (if needed) truncate the newest file. Returns (end, scan, fde, start set, gtids)."""
+    size = path.stat().st_size
+    if size <= 4:
+        head = path.read_bytes()
+        if head != C.BINLOG_MAGIC:
+            if not C.BINLOG_MAGIC.startswith(head):
+                raise RelayRecoveryError(
+                    f"{path}: not a binlog file (starts with {head.hex() or 'nothing'})", file=name, offset=0
+                )
+            # Listed, but the magic never reached the disk: it holds nothing, write the magic.
+            fd = os.open(path, os.O_RDWR)
+            try:
+                os.pwrite(fd, C.BINLOG_MAGIC, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            warn(f"{name}: completed its binlog magic ({size} of 4 bytes were on disk)")
+        _check_mark(mark, name, 4, warn)
+        return 4, None, None, None, None
+
+    scan = scan_file(path)
+    good_end = scan.good_end
+    damaged = scan.crc_errors > 0 or (scan.error is not None and not scan.truncated_event)
+    bad = _error_offset(scan) if damaged else None
+    if bad is None:
+        bad = good_end
+    detail = scan.error or ("CRC error" if scan.crc_errors else "an unfinished group")
+    if damaged and bad < 4:
+        raise RelayRecoveryError(f"{path}: {detail}", file=name, offset=bad)
+    mark_position = mark.position if mark is not None and mark.file == name else None
+    if mark_position is not None and good_end < mark_position <= size:
+        # What the relay had made durable and published does not read back whole: never cut it.
+        raise RelayRecoveryError(
+            f"relay file damaged inside durable data: {path} at offset {bad} ({detail}); the relay had "
+            f"published up to offset {mark_position} of this file. Refusing to start: restore the file "
+            f"from the master (it is byte-identical to the master's binlog)",
+            file=name,
+            offset=bad,
+        )
+    if damaged and mark_position is None:
+        reason = _damage_followed_by_data(path, bad)
+        if reason is not None:
+            raise RelayRecoveryError(
+                f"relay file damaged before its end: {path} at offset {bad} ({detail}), and {reason}. "
+                f"This is not the debris of a crash; refusing to start rather than throw data away: "
+                f"restore the file from the master (it is byte-identical to the master's binlog)",
+                file=name,
+                offset=bad,
+            )
+    if damaged:
+        warn(
+            f"{name}: damage after the last durable point at offset {bad} ({detail}): "
+            f"the debris of a crash, cut off at offset {good_end}"
+        )
+    rescan = damaged
+
+    if good_end < size:
+        _truncate(path, good_end)
+        report.truncated_bytes = size - good_end
+        report.truncated_file = name
+        if not damaged:
+            reason = "a cut event" if scan.truncated_event else "an unfinished group"
+            warn(f"{name}: cut {size - good_end} bytes of {reason} after offset {good_end}")
+    _check_mark(mark, name, good_end, warn)
+
+    if rescan:
+        # The damaged scan may have counted groups past the damage: take the GTIDs from the cut file.
+        scan_after = scan_file(path)
+        gtids, start_set = scan_after.gtids_after, scan_after.start_gtids
+        fde = scan_after.fde
+    else:
+        gtids, start_set = scan.gtids_after, scan.start_gtids
+        fde = scan.fde
+    if start_set is None and gtids is not None and not gtids:
+        gtids = None  # only a cut GTID group was seen: no set yet (as the live store would have it)
+    if scan.warnings:
+        report.warnings.extend(f"{name}: {w}" for w in scan.warnings)
+    return good_end, scan, fde, start_set, gtids
+
+
+def _check_mark(mark: DurableMark | None, name: str, end: int, warn) -> None:
+    if mark is not None and mark.file == name and mark.position > end:
+        warn(
+            f"{name} ends at {end}, before the durable mark {mark.position}: data the relay had made "
+            f"durable is gone (filesystem lost an fsync'd write, or the file was replaced); it will be "
+            f"fetched from the master again"
+        )

@@ -1,0 +1,801 @@
+"""The relay store: writes the master's events at the master's offsets, makes them durable, moves the horizon.
+
+Relay files carry the master's names and every event sits at the master's byte offset
+(``log_pos - event_size``), so a closed relay file is byte-identical to the master's binlog (the
+master clears LOG_EVENT_BINLOG_IN_USE_F in the FDE it sends, and the relay stores what it is sent).
+
+Write path (the relay's hot loop), one writer:
+
+    store.start_file("binlog.000042")              # from the master's ROTATE
+    store.write_event(offset, event)               # every event, at the master's offset
+    store.group_complete(end, gtid)                # the boundary parser saw a group end
+    store.boundary_outside(end)                    # an event outside any group ended (FDE, ROTATE, ...)
+    store.maybe_sync()                             # after each batch read from the socket
+
+Appended bytes collect in memory and reach the file in large ``os.pwrite`` calls (at sync, or once
+the buffer passes ``FLUSH_BYTES``, so a 1 GB transaction streams to disk without being held). A sync
+is: write the buffer, ``fdatasync``, record the durable mark, and only then advance the horizon to
+the last complete boundary. The horizon never points inside a group and never past an fsync.
+
+The session may run the fsync off the event loop: ``ticket = store.begin_sync()`` (writes the
+buffer), ``ticket.make_durable()`` in a worker thread, ``store.complete_sync(ticket)`` back on the
+loop; events may keep arriving in between.
+
+Errors from the file system (full disk, EIO) poison the store: every later call raises
+``RelayStoreFailed``. Reopen it; recovery cuts the unfinished tail and the horizon is unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from ..binlog import constants as C
+from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
+from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
+from .horizon import Horizon
+from .recovery import (
+    DurableMarkWriter,
+    RecoveryReport,
+    RelayRecoveryError,
+    RelayStoreError,
+    check_file_name,
+    fsync_dir,
+    recover,
+    write_index,
+)
+
+__all__ = [
+    "SyncPolicy",
+    "RelayStore",
+    "SyncTicket",
+    "RecoveryReport",
+    "RelayStoreError",
+    "RelayRecoveryError",
+    "RelayGapError",
+    "RelayMismatchError",
+    "RelayStateError",
+    "RelayEventError",
+    "RelayStoreFailed",
+]
+
+FLUSH_BYTES = 4 << 20  # write the buffer out once it holds this much
+DIRECT_BYTES = 1 << 20  # an event at least this large skips the buffer
+
+_header_unpack_from = HEADER.unpack_from
+_IN_USE = C.LOG_EVENT_BINLOG_IN_USE_F
+_ARTIFICIAL = C.LOG_EVENT_ARTIFICIAL_F
+_FLAGS_AT = 17  # offset of the flags field in the common header
+_FDE_CREATED = C.HEADER_LEN + 2 + 50  # FORMAT_DESCRIPTION create_timestamp (u32)
+_FDE_CREATED_END = _FDE_CREATED + 4
+_U32 = 0xFFFFFFFF
+# Event types write_event looks into: the FDE (checksum length, flavour) and the file's GTID set.
+_SPECIAL = [False] * 256
+for _t in (C.FORMAT_DESCRIPTION_EVENT, C.PREVIOUS_GTIDS_LOG_EVENT, C.MARIA_GTID_LIST_EVENT):
+    _SPECIAL[_t] = True
+del _t
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class RelayGapError(RelayStoreError):
+    """An event arrived beyond the end of the stored data: bytes in between were never received."""
+
+    def __init__(self, offset: int, current_end: int, file: str | None = None):
+        self.offset = offset
+        self.current_end = current_end
+        self.file = file
+        super().__init__(
+            f"gap in {file or 'the relay file'}: event at offset {offset}, but stored data ends at {current_end} "
+            f"({offset - current_end} bytes missing)"
+        )
+
+
+class RelayMismatchError(RelayStoreError):
+    """A re-sent event differs from the bytes the relay stored at that offset."""
+
+    def __init__(self, offset: int, size: int, file: str | None, detail: str):
+        self.offset = offset
+        self.size = size
+        self.file = file
+        super().__init__(f"re-sent event at {file}:{offset} ({size} bytes) differs from the stored one: {detail}")
+
+
+class RelayStateError(RelayStoreError):
+    """A call that does not fit the store's state (no current file, open group at a file switch...)."""
+
+
+class RelayEventError(RelayStoreError):
+    """The bytes handed to write_event are not a well-formed event at that offset."""
+
+
+class RelayStoreFailed(RelayStoreError):
+    """An earlier file-system error left the store unusable: reopen it (recovery repairs the tail)."""
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyncPolicy:
+    """When the store fsyncs, i.e. how far the durable horizon may lag the received stream.
+
+    ``transaction`` (default): ``maybe_sync`` fsyncs whenever the stream reached a new boundary since
+    the last fsync. Called once per batch read from the socket, every group that arrived in that
+    batch shares one fsync (group commit): at low load one fsync per transaction, at high load one
+    per network read. Replicas see a transaction as soon as it is durable; the cost is the fsync rate.
+
+    ``batch``: fsync once ``max_transactions`` groups are pending, or ``max_delay`` seconds after the
+    first pending boundary, whichever comes first (the session calls ``maybe_sync`` when
+    ``sync_deadline`` passes). Fewer fsyncs and more throughput on slow disks; replicas see
+    transactions up to ``max_delay`` later, and more data sits between the horizon and the stream
+    (re-fetched from the master after a crash, never lost: it was never advertised).
+    """
+
+    mode: Literal["transaction", "batch"] = "transaction"
+    max_transactions: int = 100
+    max_delay: float = 0.01
+
+    def __post_init__(self):
+        if self.mode not in ("transaction", "batch"):
+            raise ValueError(f"sync mode must be 'transaction' or 'batch', not {self.mode!r}")
+        if self.max_transactions < 1:
+            raise ValueError("max_transactions must be at least 1")
+        if self.max_delay < 0:
+            raise ValueError("max_delay must not be negative")
+
+
+class SyncTicket:
+    """One fsync in flight: what it covers and where the horizon goes once it is done."""
+
+    __slots__ = (
+        "file", "position", "gtids", "moves", "_fd", "_marks", "_synced_end", "durable", "needs_fsync", "error", "_on_error"
+    )
+
+    def __init__(self, file, position, gtids, moves, fd, marks, synced_end, needs_fsync, on_error):
+        self.file = file
+        self.position = position
+        self.gtids = gtids
+        self.moves = moves  # the horizon will move when this completes
+        self._fd = fd
+        self._marks = marks
+        self._synced_end = synced_end
+        self.needs_fsync = needs_fsync  # False when nothing was written since the last fsync
+        self.durable = False
+        self.error: OSError | None = None
+        self._on_error = on_error
+
+    def make_durable(self) -> None:
+        """fdatasync the file and record the durable mark; safe to run in a worker thread.
+
+        An OSError fails the store at once (an fsync error cannot be retried: the kernel may have
+        dropped the dirty pages), ends this ticket, and is re-raised; later calls on the store
+        raise RelayStoreFailed, ``close()`` still works, and reopening recovers from the files.
+        """
+        try:
+            if self.needs_fsync:
+                os.fdatasync(self._fd)
+            if self.moves:
+                self._marks.write(self.file, self.position)
+        except OSError as exc:
+            self.error = exc
+            self._on_error(self, exc)
+            raise
+        self.durable = True
+
+
+def _add_gtid(target, gtid):
+    """Add a boundary-parser GTID to a set, creating the set of the right flavour when needed."""
+    if len(gtid) == 3 and type(gtid[0]) is int:
+        if target is None:
+            target = MariaBinlogState()
+        target.update(MariaGtid(*gtid))
+    elif len(gtid) == 3:
+        if target is None:
+            target = GtidSet()
+        sid, tag, gno = gtid
+        target.add(sid, gno, tag)
+    else:
+        if target is None:
+            target = GtidSet()
+        target.add(gtid[0], gtid[1])
+    return target
+
+
+class RelayStore:
+    """Relay files in master coordinates, their index, and the durable horizon over them."""
+
+    def __init__(self, relay_dir: Path, sync: SyncPolicy, recovered, *, _token=None):
+        if _token is not _OPEN_TOKEN:
+            raise TypeError("use RelayStore.open(relay_dir)")
+        self.relay_dir = relay_dir
+        self.sync_policy = sync
+        self.recovery: RecoveryReport = recovered.report
+        self._index: list[str] = list(recovered.files)
+        self._file: str | None = recovered.current_file
+        self._fd = -1
+        self._buf = bytearray()
+        self._written = recovered.end  # bytes handed to pwrite (in the page cache)
+        self._end = recovered.end  # bytes accepted (written + buffered)
+        self._synced = recovered.end  # bytes covered by the last fdatasync
+        self._boundary = recovered.end  # end of the last complete group / outside event
+        self._gtids = recovered.gtids
+        self._fde: FormatDescription | None = recovered.fde
+        self._checksum_len = recovered.fde.checksum_len if recovered.fde else 0
+        self._start_set_seen = recovered.start_set_seen
+        self._file_start_gtids = recovered.file_start_gtids
+        self._flavour = recovered.flavour
+        self._pending_groups = 0
+        self._pending_since: float | None = None
+        self._ticket: SyncTicket | None = None
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._appendable = False  # fast-path guard: a current file, not failed, not closed
+        self.fsyncs = 0
+        self.bytes_written = 0
+        snap = recovered.report.horizon
+        self.horizon = Horizon(snap.file, snap.position, snap.gtids)
+        self._marks = DurableMarkWriter(relay_dir)
+        try:
+            if self._file is not None:
+                self._fd = os.open(relay_dir / self._file, os.O_RDWR)
+                self._marks.write(self._file, self._end)  # recovery fsynced the file up to here
+                self._marks.fsync()
+                self._appendable = True
+        except BaseException:
+            self._marks.close()
+            if self._fd >= 0:
+                os.close(self._fd)
+            raise
+
+    # -- opening ---------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls, relay_dir: str | os.PathLike, *, sync: SyncPolicy = SyncPolicy(), create: bool = True
+    ) -> "RelayStore":
+        """Open (or create) a relay directory: runs recovery (``store.recovery`` says what it did)."""
+        relay_dir = Path(relay_dir)
+        recovered = recover(relay_dir, create=create)
+        return cls(relay_dir, sync, recovered, _token=_OPEN_TOKEN)
+
+    def __enter__(self) -> "RelayStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- reading the state -----------------------------------------------------------------------
+    def files(self) -> list[str]:
+        """Relay file names, oldest first (index order)."""
+        return list(self._index)
+
+    def path(self, name: str) -> Path:
+        if name not in self._index:
+            raise KeyError(f"{name!r} is not a relay file here")
+        return self.relay_dir / name
+
+    @property
+    def current_file(self) -> str | None:
+        return self._file
+
+    @property
+    def current_end(self) -> int:
+        """Bytes of the current file accepted so far, synced or not."""
+        return self._end
+
+    @property
+    def boundary_end(self) -> int:
+        """End of the last complete group or outside event in the current file (synced or not)."""
+        return self._boundary
+
+    @property
+    def synced_end(self) -> int:
+        return self._synced
+
+    @property
+    def flavour(self) -> str | None:
+        """"mysql" or "mariadb", from the first FORMAT_DESCRIPTION; None before any."""
+        return self._flavour
+
+    @property
+    def format_description(self) -> FormatDescription | None:
+        """The current file's FORMAT_DESCRIPTION, once written."""
+        return self._fde
+
+    @property
+    def pending_gtids(self):
+        """The GTID set at ``boundary_end`` (not yet durable); a copy."""
+        return None if self._gtids is None else self._gtids.copy()
+
+    @property
+    def sync_deadline(self) -> float | None:
+        """``time.monotonic()`` value by which ``maybe_sync`` should be called (batch mode), or None."""
+        if self._pending_since is None:
+            return None
+        if self.sync_policy.mode == "transaction":
+            return self._pending_since
+        return self._pending_since + self.sync_policy.max_delay
+
+    # -- guards ----------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise RelayStoreFailed(f"relay store failed earlier and must be reopened: {self._failed}") from self._failed
+        if self._closed:
+            raise RelayStateError("relay store is closed")
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failed = exc
+        self._appendable = False
+
+    # -- files -----------------------------------------------------------------------------------
+    def start_file(self, name: str) -> None:
+        """Start the next relay file (the master rotated to ``name``).
+
+        The previous file is synced first (it must end at a boundary: call ``discard_incomplete``
+        after a cut stream), then the new file is created with the magic and fsynced, the index is
+        rewritten, the directory fsynced, and the horizon moves to ``(name, 4)``: all before this
+        returns. Starting the current file again is a no-op while it holds only the magic; an
+        existing file with events, or a name already in the index, raises RelayStateError.
+        """
+        self._check()
+        try:
+            check_file_name(name)
+        except ValueError as exc:
+            raise RelayStateError(str(exc)) from None
+        if self._ticket is not None:
+            raise RelayStateError("start_file while a sync is in flight: complete it first")
+        if name == self._file:
+            if self._end == 4:
+                return
+            raise RelayStateError(f"{name} is already the current relay file and holds {self._end} bytes")
+        if name in self._index:
+            raise RelayStateError(f"{name} is already a relay file (an older one): the master's names went backwards")
+        if self._file is not None and self._end != self._boundary:
+            raise RelayStateError(
+                f"start_file({name!r}) while a group is open in {self._file} "
+                f"({self._end - self._boundary} bytes after offset {self._boundary}): call discard_incomplete() first"
+            )
+        path = self.relay_dir / name
+        try:
+            if self._file is not None:
+                self._sync()
+            fd = self._create_file(path)
+        except RelayStoreError:
+            raise
+        except OSError as exc:
+            self._fail(exc)
+            raise
+        old_fd = self._fd
+        try:
+            write_index(self.relay_dir, [*self._index, name])
+            self._marks.write(name, 4)
+        except OSError as exc:
+            os.close(fd)
+            self._fail(exc)
+            raise
+        if old_fd >= 0:
+            os.close(old_fd)
+        self._index.append(name)
+        self._fd = fd
+        self._file = name
+        self._appendable = True
+        self._buf = bytearray()
+        self._written = self._end = self._synced = self._boundary = 4
+        self._fde = None
+        self._checksum_len = 0
+        self._start_set_seen = False
+        self._file_start_gtids = None
+        self._pending_groups = 0
+        self._pending_since = None
+        self.horizon.advance(name, 4, self._gtids)
+
+    def _create_file(self, path: Path) -> int:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                head = os.pread(fd, 5, 0)
+                if not C.BINLOG_MAGIC.startswith(head):
+                    raise RelayStateError(
+                        f"{path} already exists with other content ({os.fstat(fd).st_size} bytes): "
+                        "refusing to overwrite it"
+                    )
+                # Left by a start_file that crashed before the index write: it holds nothing, reuse it.
+            except BaseException:
+                os.close(fd)
+                raise
+        try:
+            os.pwrite(fd, C.BINLOG_MAGIC, 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def purge_to(self, name: str) -> list[str]:
+        """Delete the relay files before ``name`` (``PURGE BINARY LOGS TO``): index first, then files."""
+        self._check()
+        if name not in self._index:
+            raise KeyError(f"{name!r} is not a relay file here")
+        keep_from = self._index.index(name)
+        purged = self._index[:keep_from]
+        if not purged:
+            return []
+        write_index(self.relay_dir, self._index[keep_from:])
+        self._index = self._index[keep_from:]
+        for old in purged:
+            try:
+                os.unlink(self.relay_dir / old)
+            except FileNotFoundError:
+                pass
+        fsync_dir(self.relay_dir)
+        return purged
+
+    # -- writing ---------------------------------------------------------------------------------
+    def write_event(self, offset: int, event) -> str:
+        """Store one event at its master offset.
+
+        Returns "appended" (``offset == current_end``) or "duplicate" (``offset < current_end`` and
+        the stored bytes are the same: a re-send after a reconnect, verified, not written again).
+        Raises RelayGapError beyond the end, RelayMismatchError when a re-sent event differs,
+        RelayEventError when the header's size is not ``len(event)``, its log_pos is neither
+        ``offset + len(event)`` nor 0 (MariaDB 11.4+ writes 0 inside groups unless
+        ``binlog_legacy_event_pos``), it is artificial (a fake ROTATE), or it is an FDE not at 4.
+        The PREVIOUS_GTIDS / GTID_LIST event of a file is decoded here: it sets the GTID set
+        (``set_start_gtids`` only cross-checks what the session decoded).
+        """
+        end = self._end
+        if offset == end and self._appendable:
+            n = len(event)
+            if n < C.HEADER_LEN:
+                raise RelayEventError(f"{n} bytes at offset {offset} are shorter than an event header")
+            header = _header_unpack_from(event, 0)
+            log_pos = header[4]
+            if header[3] != n or (log_pos != (end + n) & _U32 and (log_pos or header[5] & _ARTIFICIAL)):
+                self._bad_header(offset, n, header)
+            if _SPECIAL[header[1]] or end == 4:
+                self._special_event(header[1], event, offset)
+            try:
+                if n >= DIRECT_BYTES:
+                    if self._buf:
+                        self._flush()
+                    self._write_all(event)
+                else:
+                    buf = self._buf
+                    buf += event
+                    if len(buf) >= FLUSH_BYTES:
+                        self._flush()
+            except OSError as exc:
+                self._fail(exc)
+                raise
+            self._end = end + n
+            return "appended"
+        self._check()
+        if self._fd < 0:
+            raise RelayStateError("write_event before start_file: there is no current relay file")
+        if offset > end:
+            raise RelayGapError(offset, end, self._file)
+        if offset < 4:
+            raise RelayEventError(f"event at offset {offset}: events start at offset 4, after the magic")
+        return self._verify_duplicate(offset, event)
+
+    def _bad_header(self, offset: int, n: int, header) -> None:
+        _ts, type_code, _sid, size, log_pos, flags = header
+        name = C.event_name(type_code)
+        if size != n:
+            raise RelayEventError(f"{name} event at offset {offset}: header says {size} bytes, got {n}")
+        if flags & _ARTIFICIAL:
+            raise RelayEventError(
+                f"{name} event at offset {offset} is artificial (LOG_EVENT_ARTIFICIAL_F): it is not part of "
+                "the master's binlog and must not be stored"
+            )
+        raise RelayEventError(
+            f"{name} event at offset {offset} of {n} bytes has log_pos {log_pos}, expected "
+            f"{(offset + n) & _U32}: it does not sit at its master offset"
+        )
+
+    def _special_event(self, type_code: int, event, offset: int) -> None:
+        if offset == 4 and type_code != C.FORMAT_DESCRIPTION_EVENT:
+            raise RelayEventError(
+                f"{C.event_name(type_code)} event at offset 4: a binlog file starts with its FORMAT_DESCRIPTION_EVENT"
+            )
+        if type_code == C.FORMAT_DESCRIPTION_EVENT:
+            if offset != 4:
+                # A binlog has one FDE, at offset 4. The one a master sends when a dump starts
+                # mid-file (log_pos 0, created 0) describes the stream and is not stored.
+                raise RelayEventError(
+                    f"FORMAT_DESCRIPTION_EVENT at offset {offset}: a binlog's only FDE sits at offset 4 "
+                    "(the FDE sent at a mid-file dump start is not part of the file)"
+                )
+            try:
+                fde = FormatDescription.parse(event, 0, len(event))
+            except (BinlogFormatError, ValueError) as exc:
+                raise RelayEventError(f"FORMAT_DESCRIPTION_EVENT at offset {offset}: {exc}") from None
+            self._fde = fde
+            self._checksum_len = fde.checksum_len
+            if self._flavour is None:
+                self._flavour = fde.flavour
+            return
+        if self._start_set_seen:
+            return  # as the scanner: only the first set event of a file defines its start set
+        length = len(event) - C.HEADER_LEN - self._checksum_len
+        try:
+            if type_code == C.PREVIOUS_GTIDS_LOG_EVENT:
+                gtids = GtidSet.decode(event, C.HEADER_LEN, length)
+            else:
+                gtids, _flags = MariaBinlogState.decode_gtid_list_body(event, C.HEADER_LEN, length)
+        except (BinlogFormatError, ValueError) as exc:
+            raise RelayEventError(f"{C.event_name(type_code)} event at offset {offset}: {exc}") from None
+        self._gtids = gtids
+        self._file_start_gtids = gtids.copy()
+        self._start_set_seen = True
+
+    def _verify_duplicate(self, offset: int, event) -> str:
+        n = len(event)
+        end = self._end
+        if offset + n > end:
+            raise RelayMismatchError(
+                offset, n, self._file, f"it runs past the end of the stored data at {end}: event boundaries differ"
+            )
+        stored = self._read_stored(offset, n)
+        if stored == event:
+            return "duplicate"
+        if offset == 4 and n > _FDE_CREATED_END and stored[4] == C.FORMAT_DESCRIPTION_EVENT:
+            if self._same_format_description(stored, event):
+                return "duplicate"
+        first = next(i for i in range(n) if stored[i] != event[i])
+        detail = f"first difference at byte {first} (file offset {offset + first})"
+        raise RelayMismatchError(offset, n, self._file, detail)
+
+    def _same_format_description(self, stored: bytes, event) -> bool:
+        """A re-sent FDE may differ from the file's in what a master changes when it sends one:
+        the in-use flag (cleared), create_timestamp (zeroed when the dump does not start at the
+        file's first event, e.g. a GTID dump) and so the CRC (recomputed, and checked here)."""
+        try:
+            FormatDescription.parse(event, 0, len(event))
+        except (BinlogFormatError, ValueError) as exc:
+            raise RelayEventError(f"re-sent FORMAT_DESCRIPTION_EVENT of {self._file}: {exc}") from None
+        crc_len = C.CHECKSUM_LEN if self._fde is not None and self._fde.checksum_alg != C.CHECKSUM_UNDEF else 0
+        tail = len(stored) - crc_len
+        created = bytes(event[_FDE_CREATED:_FDE_CREATED_END])
+        return (
+            stored[:_FLAGS_AT] == event[:_FLAGS_AT]
+            and (stored[_FLAGS_AT] | _IN_USE) == (event[_FLAGS_AT] | _IN_USE)
+            and stored[_FLAGS_AT + 1 : _FDE_CREATED] == event[_FLAGS_AT + 1 : _FDE_CREATED]
+            and created in (stored[_FDE_CREATED:_FDE_CREATED_END], b"\0\0\0\0")
+            and stored[_FDE_CREATED_END:tail] == event[_FDE_CREATED_END:tail]
+        )
+
+    def _read_stored(self, offset: int, n: int) -> bytes:
+        parts = []
+        if offset < self._written:
+            take = min(n, self._written - offset)
+            try:
+                data = os.pread(self._fd, take, offset)
+            except OSError as exc:
+                self._fail(exc)
+                raise
+            if len(data) != take:
+                exc = RelayStoreError(
+                    f"{self._file} is shorter than the relay wrote: {offset + len(data)} < {offset + take}"
+                )
+                self._fail(exc)
+                raise exc
+            parts.append(data)
+        if offset + n > self._written:
+            start = max(offset, self._written) - self._written
+            parts.append(bytes(self._buf[start : offset + n - self._written]))
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _write_all(self, data) -> None:
+        """pwrite ``data`` at ``_written`` (explicit offsets: ftruncate in discard_incomplete never
+        leaves the file offset behind) and count it as written."""
+        view = memoryview(data)
+        fd = self._fd
+        at = self._written
+        try:
+            while view:
+                written = os.pwrite(fd, view, at)
+                if written <= 0:
+                    raise OSError(f"pwrite wrote {written} bytes to {self._file}")
+                view = view[written:]
+                at += written
+        finally:
+            view.release()
+            self.bytes_written += at - self._written
+            self._written = at
+
+    def _flush(self) -> None:
+        buf = self._buf
+        if buf:
+            self._write_all(buf)
+            self._buf = bytearray()
+
+    # -- boundaries ------------------------------------------------------------------------------
+    def group_complete(self, end_offset: int, gtid=None) -> None:
+        """A group ended at ``end_offset`` of the current file; its GTID joins the set at the next sync.
+
+        ``gtid`` is in the boundary parser's form: ``(sid16, gno)``, ``(sid16, tag, gno)``,
+        ``(domain, server_id, seq)`` or None (anonymous / no GTID). A group that ends at or before
+        the last boundary was re-sent after a reconnect and is ignored.
+        """
+        if end_offset <= self._boundary:
+            return
+        if end_offset > self._end:
+            raise RelayStateError(
+                f"group_complete at {end_offset}, beyond the stored data of {self._file} ({self._end} bytes)"
+            )
+        if gtid is not None:
+            try:
+                self._gtids = _add_gtid(self._gtids, gtid)
+            except (ValueError, TypeError) as exc:
+                raise RelayEventError(
+                    f"group ending at {self._file}:{end_offset} has an unusable GTID {gtid!r}: {exc}"
+                ) from None
+        self._boundary = end_offset
+        self._pending_groups += 1
+        if self._pending_since is None:
+            self._pending_since = time.monotonic()
+
+    def boundary_outside(self, end_offset: int) -> None:
+        """An event outside any group (FDE, PREVIOUS_GTIDS, ROTATE, ...) ended at ``end_offset``."""
+        if end_offset <= self._boundary:
+            return
+        if end_offset > self._end:
+            raise RelayStateError(
+                f"boundary_outside at {end_offset}, beyond the stored data of {self._file} ({self._end} bytes)"
+            )
+        self._boundary = end_offset
+        if self._pending_since is None:
+            self._pending_since = time.monotonic()
+
+    def set_start_gtids(self, gtids) -> None:
+        """Cross-check the GTID set the session decoded from the current file's PREVIOUS_GTIDS /
+        GTID_LIST. The store decodes that event itself when it is written (so recovery, which reads
+        the files, always agrees with it); a different set raises RelayMismatchError."""
+        self._check()
+        if not self._start_set_seen:
+            raise RelayStateError(f"{self._file} has no PREVIOUS_GTIDS / GTID_LIST event yet: write it first")
+        if gtids != self._file_start_gtids:
+            raise RelayMismatchError(
+                0, 0, self._file, f"start GTID set {gtids} differs from the file's {self._file_start_gtids}"
+            )
+
+    # -- syncing ---------------------------------------------------------------------------------
+    def sync_due(self, now: float | None = None) -> bool:
+        """Whether the policy asks for a sync now (``now`` is ``time.monotonic()``)."""
+        since = self._pending_since
+        if since is None:
+            return False
+        policy = self.sync_policy
+        if policy.mode == "transaction" or self._pending_groups >= policy.max_transactions:
+            return True
+        if now is None:
+            now = time.monotonic()
+        return now - since >= policy.max_delay
+
+    def maybe_sync(self, now: float | None = None) -> bool:
+        """Sync if the policy says so; returns whether the horizon moved."""
+        if self._pending_since is None or self._ticket is not None or not self.sync_due(now):
+            return False
+        return self._sync()
+
+    def sync(self) -> bool:
+        """Write everything, fsync, move the horizon to the last boundary; returns whether it moved."""
+        self._check()
+        if self._ticket is not None:
+            raise RelayStateError("sync while another sync is in flight")
+        if self._fd < 0:
+            return False
+        return self._sync()
+
+    def _sync(self) -> bool:
+        ticket = self.begin_sync()
+        ticket.make_durable()  # an OSError has failed the store and ended the ticket
+        return self.complete_sync(ticket)
+
+    def begin_sync(self) -> SyncTicket:
+        """Write the buffer out and describe the fsync that makes it durable (see the module doc)."""
+        self._check()
+        if self._ticket is not None:
+            raise RelayStateError("a sync is already in flight")
+        if self._fd < 0:
+            raise RelayStateError("nothing to sync: there is no current relay file")
+        try:
+            self._flush()
+        except OSError as exc:
+            self._fail(exc)
+            raise
+        snap = self.horizon.snapshot()
+        moves = snap.file != self._file or snap.position != self._boundary
+        need_fsync = self._written != self._synced
+        gtids = None if (self._gtids is None or not moves) else self._gtids.copy()
+        ticket = SyncTicket(
+            self._file, self._boundary, gtids, moves, self._fd, self._marks, self._written, need_fsync, self._ticket_failed
+        )
+        self._ticket = ticket
+        self._pending_groups = 0
+        self._pending_since = None
+        return ticket
+
+    def _ticket_failed(self, ticket: SyncTicket, exc: OSError) -> None:
+        # May run in the worker thread: only plain attribute stores.
+        self._fail(exc)
+        if self._ticket is ticket:
+            self._ticket = None
+
+    def complete_sync(self, ticket: SyncTicket) -> bool:
+        """Publish what ``ticket`` made durable: the horizon moves (and wakes its readers)."""
+        if ticket.error is not None:
+            raise RelayStoreFailed(f"fsync of {ticket.file} failed: {ticket.error}") from ticket.error
+        if ticket is not self._ticket:
+            raise RelayStateError("complete_sync with a ticket that is not the one in flight")
+        self._ticket = None
+        if not ticket.durable:
+            self._pending_since = self._pending_since or time.monotonic()  # still to be synced
+            raise RelayStateError("complete_sync before the ticket's make_durable() finished")
+        if ticket.needs_fsync:
+            self.fsyncs += 1
+            if ticket.file == self._file:
+                self._synced = max(self._synced, min(ticket._synced_end, self._end))
+        if not ticket.moves:
+            return False
+        self.horizon.advance(ticket.file, ticket.position, ticket.gtids, copy=False)
+        return True
+
+    def discard_incomplete(self) -> int:
+        """After an upstream disconnect: cut the current file back to the last boundary.
+
+        The partial group is thrown away (the master re-sends it whole); returns the bytes dropped.
+        The caller also resets its boundary parser.
+        """
+        self._check()
+        drop = self._end - self._boundary
+        if drop <= 0:
+            return 0
+        buffered = len(self._buf)
+        if drop <= buffered:
+            del self._buf[buffered - drop :]
+        else:
+            self._buf = bytearray()
+            try:
+                os.ftruncate(self._fd, self._boundary)
+            except OSError as exc:
+                self._fail(exc)
+                raise
+            self._written = self._boundary
+            # The next sync's fdatasync makes the shorter size durable; until then recovery would
+            # cut the same bytes anyway (they end inside a group).
+            self._synced = min(self._synced, self._boundary)
+        self._end = self._boundary
+        return drop
+
+    def close(self) -> None:
+        """Sync what is complete and close the files (idempotent)."""
+        if self._closed:
+            return
+        if self._ticket is not None:
+            raise RelayStateError("close while a sync is in flight: complete it first")
+        try:
+            if self._failed is None and self._fd >= 0:
+                self._sync()
+                self._marks.fsync()
+        finally:
+            self._closed = True
+            self._appendable = False
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._marks.close()
+
+    def __repr__(self) -> str:
+        return f"<RelayStore {self.relay_dir} {self._file}:{self._end} horizon={self.horizon.snapshot().coordinates}>"
+
+
+_OPEN_TOKEN = object()
