@@ -9,6 +9,8 @@ import sys
 # subcommand -> (module, one-line help). Each module exposes add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("relayproxy.inspect", "walk binlog or relay-log files: events, transaction groups, CRCs"),
+    "run": ("relayproxy.run", "replicate from a master into durable relay files (the relay)"),
+    "status": ("relayproxy.status_cmd", "show a running relay's horizon and upstream health"),
     "demo": ("relayproxy.demo", "start a local MariaDB master, write transactions, inspect its binlogs"),
 }
 

@@ -161,6 +161,7 @@ FL_EXTRA_MULTI_ENGINE_E1 = 0x01
 FL_START_ALTER_E1 = 0x02
 FL_COMMIT_ALTER_E1 = 0x04
 FL_ROLLBACK_ALTER_E1 = 0x08
+FL_EXTRA_THREAD_ID = 0x10  # 11.5+: a 4-byte thread id follows flags_extra (MDEV-7850)
 
 # MariaDB GTID_LIST count_and_flags.
 GTID_LIST_COUNT_MASK = (1 << 28) - 1

@@ -115,8 +115,8 @@ __all__ = [
 Buffer = Union[bytes, bytearray, memoryview]
 
 # MariaDB 11.5+ (MDEV-7850) stores the originating thread id in the GTID event when this
-# flags_extra bit is set.  Not in constants.py yet; the 11.8 corpus files carry it on every GTID.
-FL_EXTRA_THREAD_ID = 0x10
+# flags_extra bit is set; the 11.8 corpus files carry it on every GTID.
+from .constants import FL_EXTRA_THREAD_ID  # noqa: E402  (re-exported)
 
 _header_unpack_from = HEADER.unpack_from
 _U16 = struct.Struct("<H")

@@ -1,0 +1,212 @@
+"""Relay configuration: one option table feeds the TOML file, the command-line flags and RELAYPROXY_* variables.
+
+Precedence: command-line flag > environment variable ``RELAYPROXY_<OPTION>`` > ``--config`` TOML file >
+default. Every option exists in all three forms with the same name (``--server-id``,
+``RELAYPROXY_SERVER_ID``, ``server_id = ...`` or ``server-id = ...`` in TOML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ENV_PREFIX = "RELAYPROXY_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message names the option and its source."""
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    port_num = int(port)
+    if not 0 <= port_num <= 65535:
+        raise ValueError(f"port {port_num} out of range")
+    return host, port_num
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean, got {value!r}")
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return text
+
+    return convert
+
+
+def _positive_float(value: Any) -> float:
+    number = float(value)
+    if number < 0:
+        raise ValueError(f"expected a non-negative number, got {value!r}")
+    return number
+
+
+def _server_id(value: Any) -> int:
+    number = int(value)
+    if not 1 <= number <= 0xFFFFFFFF:
+        raise ValueError(f"server id must be 1..4294967295, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # python name; flag --name-with-dashes, env RELAYPROXY_NAME
+    convert: Callable[[Any], Any]
+    default: Any
+    help: str
+    metavar: str | None = None
+    secret: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("master", _host_port, None, "the master to replicate from", "HOST:PORT"),
+    Option("user", str, None, "replication user on the master"),
+    Option("password", str, None, "its password (prefer --password-file or the environment)", secret=True),
+    Option("password_file", str, None, "file holding the password (first line)", "PATH"),
+    Option("server_id", _server_id, None, "server id the relay registers with (unique in the topology)"),
+    Option("relay_dir", str, None, "directory of the relay files (the files are the state)", "DIR"),
+    Option("http", _host_port, None, "serve GET /status and /metrics on this address", "HOST:PORT"),
+    Option("listen", _host_port, None, "serve replicas on this address (reserved: downstream server)", "HOST:PORT"),
+    Option("gtid_mode", _choice("off", "mysql", "mariadb"), "off",
+           "how to resume after a reconnect: file/position, MySQL GTID auto-position or MariaDB GTID"),
+    Option("start_file", str, None, "bootstrap at position 4 of this master file (default: its oldest file)", "NAME"),
+    Option("ssl_mode", _choice("disabled", "preferred", "required", "verify_ca", "verify_identity"), "preferred",
+           "TLS to the master"),
+    Option("ssl_ca", str, None, "CA certificate file to verify the master with", "PATH"),
+    Option("ssl_cert", str, None, "client certificate for TLS to the master", "PATH"),
+    Option("ssl_key", str, None, "client key for TLS to the master", "PATH"),
+    Option("server_public_key", str, None, "master's RSA public key (caching_sha2_password without TLS)", "PATH"),
+    Option("heartbeat_period", _positive_float, 1.0,
+           "heartbeat period asked of the master, seconds; silent for two periods = master gone"),
+    Option("connect_timeout", _positive_float, 10.0, "seconds to connect and authenticate"),
+    Option("reconnect_min_delay", _positive_float, 0.1, "first reconnect delay, seconds (doubles up to the max)"),
+    Option("reconnect_max_delay", _positive_float, 10.0, "longest reconnect delay, seconds"),
+    Option("sync_mode", _choice("transaction", "batch"), "transaction",
+           "transaction: fsync every batch of complete transactions before advancing; batch: defer fsyncs"),
+    Option("sync_max_transactions", int, 100, "batch mode: fsync after this many transactions"),
+    Option("sync_max_delay", _positive_float, 0.01, "batch mode: fsync at most this many seconds after a commit"),
+    Option("semi_sync", _bool, True, "register as a semi-sync replica when the master has semi-sync enabled"),
+    Option("verify_checksums", _bool, True, "verify the CRC32 of every event received"),
+)
+OPTION_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass
+class RelayConfig:
+    """Validated relay settings; ``sources`` says where each value came from (for error messages)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def require(self, *names: str) -> None:
+        missing = [OPTION_BY_NAME[n] for n in names if self.values.get(n) is None]
+        if missing:
+            raise ConfigError(
+                "missing required option(s): "
+                + ", ".join(f"{o.name} ({o.flag}, {o.env} or {o.name} in --config)" for o in missing)
+            )
+
+    def resolved_password(self) -> str:
+        if self.values.get("password") is not None:
+            return self.values["password"]
+        path = self.values.get("password_file")
+        if path:
+            try:
+                return Path(path).read_text().splitlines()[0] if Path(path).stat().st_size else ""
+            except OSError as exc:
+                raise ConfigError(f"password_file {path!r} ({self.sources.get('password_file')}): {exc.strerror}") from exc
+        return ""
+
+    def public_dict(self) -> dict[str, Any]:
+        """Every value, secrets masked: safe to log or show."""
+        return {
+            name: ("***" if OPTION_BY_NAME[name].secret and value is not None else value)
+            for name, value in self.values.items()
+        }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register --config and one flag per option (defaults stay None so precedence can be applied)."""
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    for o in OPTIONS:
+        env_hint = f" [env {o.env}]"
+        default_hint = f" (default {o.default})" if o.default is not None else ""
+        parser.add_argument(o.flag, dest=o.name, default=None, metavar=o.metavar, help=o.help + default_hint + env_hint)
+
+
+def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> RelayConfig:
+    """Merge defaults, the TOML file, the environment and the flags; convert and validate every value."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, tuple[Any, str]] = {o.name: (o.default, "default") for o in OPTIONS}
+    config_path = getattr(args, "config", None) if args is not None else None
+    config_path = config_path or environ.get(ENV_PREFIX + "CONFIG")
+    if config_path:
+        try:
+            with open(config_path, "rb") as f:
+                table = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {config_path!r}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_path!r} is not valid TOML: {exc}") from exc
+        table = table.get("relayproxy", table)
+        for key, value in table.items():
+            name = key.replace("-", "_")
+            if name not in OPTION_BY_NAME:
+                raise ConfigError(f"config file {config_path!r}: unknown option {key!r}")
+            raw[name] = (value, f"config file {config_path}")
+    for o in OPTIONS:
+        if o.env in environ:
+            raw[o.name] = (environ[o.env], f"environment {o.env}")
+    if args is not None:
+        for o in OPTIONS:
+            value = getattr(args, o.name, None)
+            if value is not None:
+                raw[o.name] = (value, f"flag {o.flag}")
+    cfg = RelayConfig()
+    for name, (value, source) in raw.items():
+        o = OPTION_BY_NAME[name]
+        if value is not None:
+            try:
+                value = o.convert(value)
+            except (TypeError, ValueError) as exc:
+                shown = "***" if o.secret else repr(value)
+                raise ConfigError(f"invalid {name} {shown} from {source}: {exc}") from None
+        cfg.values[name] = value
+        cfg.sources[name] = source
+    return cfg
+
+
+__all__ = ["ConfigError", "OPTIONS", "RelayConfig", "add_arguments", "load"]

@@ -1,0 +1,90 @@
+"""`relayproxy run`: replicate from a master into durable relay files and report status over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from . import config
+from .log import get_logger
+
+log = get_logger("relayproxy.run")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    config.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config.load(args)
+        cfg.require("master", "user", "server_id", "relay_dir")
+        cfg.resolved_password()
+    except config.ConfigError as exc:
+        print(f"relayproxy run: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+    except ImportError:  # uvloop is a dependency; this keeps a broken install usable
+        runner = asyncio.run
+    else:
+        runner = uvloop.run if hasattr(uvloop, "run") else asyncio.run
+    try:
+        return runner(serve(cfg))
+    except RelayStartupError as exc:
+        print(f"relayproxy run: {exc}", file=sys.stderr)
+        return 1
+
+
+class RelayStartupError(Exception):
+    """The relay cannot start (unreadable relay directory, corrupt durable data, port in use)."""
+
+
+async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
+    """Run the relay until SIGTERM/SIGINT (or until the returned task is cancelled)."""
+    from .http_api import HttpApi
+    from .relay.store import RelayStore, SyncPolicy
+    from .status import relay_status
+    from .upstream.session import UpstreamSession
+
+    policy = SyncPolicy(mode=cfg.sync_mode, max_transactions=cfg.sync_max_transactions, max_delay=cfg.sync_max_delay)
+    try:
+        store = RelayStore.open(cfg.relay_dir, sync=policy)
+    except Exception as exc:  # the store's errors name file and offset; nothing is served from a bad store
+        raise RelayStartupError(f"cannot open relay directory {cfg.relay_dir}: {exc}") from exc
+    report = getattr(store, "recovery", None)
+    if report is not None:
+        log.info("relay recovered from its files", report=str(report))
+    session = UpstreamSession(cfg, store)
+    http = None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, session.stop)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        if cfg.http:
+            http = HttpApi(lambda: relay_status(cfg, session.store, session))
+            try:
+                address = await http.start(*cfg.http)
+            except OSError as exc:
+                raise RelayStartupError(f"cannot listen on --http {cfg.http[0]}:{cfg.http[1]}: {exc.strerror}") from exc
+        else:
+            address = None
+        if ready is not None and not ready.done():
+            ready.set_result({"http": address, "store": store, "session": session})
+        await session.run()
+    finally:
+        session.stop()
+        if http is not None:
+            await http.close()
+        session.store.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+    return 0

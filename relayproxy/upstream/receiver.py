@@ -1,0 +1,224 @@
+"""The modified IO thread, sans-I/O: dump-stream payloads in, relay-store writes and group boundaries out.
+
+``RelayReceiver.feed(payloads)`` takes the raw packet payloads of a COM_BINLOG_DUMP stream
+(0x00 + event, with the 0xEF semi-sync header when negotiated; 0xFE end; 0xFF error) and:
+
+- places every event at the master's byte offset (``log_pos - event_size``; MariaDB 11 writes
+  log_pos 0 on events inside a transaction, which then follow the previous event);
+- verifies its CRC32 and the boundary parser's rules; any violation raises ``StreamError`` so the
+  session drops the connection and the store throws away the partial group (never served);
+- tells the store where each group (or event outside any group) ends, so only complete groups
+  ever reach the horizon;
+- keeps the master's latest known position from events, artificial rotates and heartbeats.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from ..binlog import boundary as B
+from ..binlog import constants as C
+from ..binlog.checksum import ChecksumError
+from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
+from ..wire.packets import parse_err
+
+_header_unpack_from = HEADER.unpack_from
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+SEMI_SYNC_MAGIC = 0xEF
+SEMI_SYNC_NEED_ACK = 0x01
+
+
+class StreamError(Exception):
+    """The master's stream broke a rule (CRC, event sequence, offsets): the connection must be dropped."""
+
+
+class MasterStreamEnded(StreamError):
+    """The master sent the end-of-stream packet (non-blocking dump, or an apparent master shutdown)."""
+
+
+@dataclass
+class ReceiverCounters:
+    events: int = 0
+    bytes: int = 0
+    transactions: int = 0
+    duplicates: int = 0
+    heartbeats: int = 0
+
+
+class RelayReceiver:
+    """Feeds one dump stream at a time into a RelayStore through the transaction-boundary parser."""
+
+    def __init__(self, store, *, verify_checksums: bool = True, flavour: str = "auto"):
+        self.store = store
+        self.parser = B.TransactionBoundaryParser(flavour)
+        self.verify_checksums = verify_checksums
+        self.counters = ReceiverCounters()
+        self.master_file: str | None = None  # file the stream is in
+        self.master_position: tuple[str, int] | None = None  # latest position the master told us of
+        self.master_timestamp = 0  # timestamp of the latest real event (for lag in seconds)
+        self.ack_pending: tuple[str, int] | None = None  # semi-sync: (file, end) the master waits on
+        self._next_offset = 0
+        self._checksum_len = 0
+        self._announced_crc = False
+        self._semi_sync = False
+        self._fde: FormatDescription | None = None
+
+    # -- stream lifecycle ----------------------------------------------------------------------
+    def start_stream(self, *, announced_checksum: str, semi_sync: bool) -> None:
+        """A new dump connection: the master re-sends whole groups from the horizon on."""
+        self.parser.reset()
+        self._announced_crc = announced_checksum.upper() == "CRC32"
+        self._checksum_len = 4 if self._announced_crc else 0
+        self._semi_sync = semi_sync
+        self.master_file = None
+        self.ack_pending = None
+
+    def end_stream(self) -> int:
+        """The connection is gone: drop whatever partial group was written past the last boundary."""
+        self.parser.reset()
+        self.ack_pending = None
+        return self.store.discard_incomplete()
+
+    # -- payloads ----------------------------------------------------------------------------------
+    def feed(self, payloads) -> None:
+        """Process a batch of packet payloads; raises StreamError / MasterStreamEnded / MySQLError."""
+        for payload in payloads:
+            first = payload[0] if payload else -1
+            if first == 0x00:
+                if self._semi_sync:
+                    if len(payload) < 3 or payload[1] != SEMI_SYNC_MAGIC:
+                        raise StreamError("Missing magic number for semi-sync packet")
+                    self._event(memoryview(payload)[3:], need_ack=bool(payload[2] & SEMI_SYNC_NEED_ACK))
+                else:
+                    self._event(memoryview(payload)[1:], need_ack=False)
+            elif first == 0xFF:
+                raise parse_err(bytes(payload))
+            elif first == 0xFE and len(payload) < 9:
+                raise MasterStreamEnded("the master sent the end of the binlog stream (apparent master shutdown)")
+            else:
+                raise StreamError(f"unexpected packet in the binlog stream (first byte {first}, {len(payload)} bytes)")
+
+    def _event(self, ev: memoryview, *, need_ack: bool) -> None:
+        size = len(ev)
+        if size < C.HEADER_LEN:
+            raise StreamError(f"binlog event of {size} bytes is shorter than its header")
+        timestamp, type_code, server_id, event_size, log_pos, flags = _header_unpack_from(ev, 0)
+        if event_size != size:
+            raise StreamError(f"{C.event_name(type_code)} event says {event_size} bytes but its packet holds {size}")
+        if type_code == C.FORMAT_DESCRIPTION_EVENT:
+            self._format_description(ev, log_pos)
+            if log_pos == 0:
+                return  # artificial copy when the dump starts mid-file: the relay file has the real one
+        elif self._checksum_len and self.verify_checksums:
+            if zlib.crc32(ev[: size - 4]) != _U32.unpack_from(ev, size - 4)[0]:
+                where = f"{self.master_file}:{log_pos - size if log_pos else self._next_offset}"
+                raise StreamError(f"CRC32 mismatch in {C.event_name(type_code)} event at {where}")
+        if type_code == C.ROTATE_EVENT and (flags & C.LOG_EVENT_ARTIFICIAL_F or log_pos == 0):
+            self._artificial_rotate(ev, size)
+            return
+        if type_code == C.HEARTBEAT_LOG_EVENT or type_code == C.HEARTBEAT_LOG_EVENT_V2:
+            self._heartbeat(ev, type_code, log_pos)
+            return
+        if self.master_file is None:
+            raise StreamError(f"{C.event_name(type_code)} event before the stream named its binlog file")
+        if (flags & C.LOG_EVENT_ARTIFICIAL_F or log_pos == 0) and type_code in _ARTIFICIAL_ONLY:
+            return  # MariaDB's fake GTID_LIST / checkpoint at the start of a GTID dump: not in the file
+        offset = log_pos - size if log_pos else self._next_offset
+        if offset < 4:
+            raise StreamError(f"{C.event_name(type_code)} event ends at {log_pos}, before the start of a binlog file")
+        outcome = self.store.write_event(offset, ev)
+        result = self.parser.feed(type_code, flags, ev, 0, size)
+        if result & B.FLAG_ERROR:
+            raise StreamError(
+                f"unexpected event sequence at {self.master_file}:{offset} "
+                f"({C.event_name(type_code)}): {self.parser.error}"
+            )
+        end = offset + size
+        self._next_offset = end
+        if outcome == "duplicate":
+            self.counters.duplicates += 1
+        else:
+            kind = result & B.RESULT_MASK
+            if kind == B.GROUP_END:
+                self.store.group_complete(end, self.parser.gtid)
+                self.counters.transactions += 1
+            elif kind == B.EVENT_OUTSIDE:
+                self.store.boundary_outside(end)
+            if need_ack:
+                self.ack_pending = (self.master_file, end)
+        self.counters.events += 1
+        self.counters.bytes += size
+        if timestamp:
+            self.master_timestamp = timestamp
+        self._note_master_position(self.master_file, end)
+
+    def _format_description(self, ev: memoryview, log_pos: int) -> None:
+        try:
+            fde = FormatDescription.parse(ev, 0, len(ev))
+        except ChecksumError as exc:
+            raise StreamError(f"FORMAT_DESCRIPTION_EVENT from the master: {exc}") from None
+        except BinlogFormatError as exc:
+            raise StreamError(f"FORMAT_DESCRIPTION_EVENT from the master: {exc}") from None
+        self._fde = fde
+        self._checksum_len = fde.checksum_len
+        self.parser.set_format(fde)
+
+    def _artificial_rotate(self, ev: memoryview, size: int) -> None:
+        end = size - (4 if self._announced_crc else 0)
+        if end < C.HEADER_LEN + 8:
+            raise StreamError("artificial ROTATE event is too short")
+        position = _U64.unpack_from(ev, C.HEADER_LEN)[0]
+        name = bytes(ev[C.HEADER_LEN + 8 : end]).decode("utf-8", "replace")
+        if not name or "/" in name or name in (".", ".."):
+            raise StreamError(f"artificial ROTATE names an impossible binlog file {name!r}")
+        self._switch_file(name, position)
+
+    def _switch_file(self, name: str, position: int) -> None:
+        store = self.store
+        if store.current_file == name:
+            if position > store.current_end:
+                raise StreamError(
+                    f"master resumes {name} at {position} but the relay holds only {store.current_end} bytes of it"
+                )
+        elif name in store.files():
+            raise StreamError(f"master switched back to {name}, older than the relay's current file {store.current_file}")
+        else:
+            if position != 4:
+                raise StreamError(f"master starts {name} at position {position}, but the relay has no such file")
+            if self.parser.in_group:
+                raise StreamError(f"master rotated to {name} inside a transaction")
+            store.start_file(name)
+        self.master_file = name
+        self._next_offset = position
+        self._note_master_position(name, position)
+
+    def _heartbeat(self, ev: memoryview, type_code: int, log_pos: int) -> None:
+        self.counters.heartbeats += 1
+        end = len(ev) - self._checksum_len
+        if type_code == C.HEARTBEAT_LOG_EVENT:
+            name = bytes(ev[C.HEADER_LEN : end]).decode("utf-8", "replace")
+            if log_pos == 0 and end - C.HEADER_LEN > 8:  # MariaDB: position above 4 GB in a sub-header
+                log_pos = _U64.unpack_from(ev, C.HEADER_LEN)[0]
+                name = bytes(ev[C.HEADER_LEN + 8 : end]).decode("utf-8", "replace")
+        else:
+            from ..binlog.views import view_event
+
+            try:
+                hb = view_event(bytes(ev), 0, self._fde)
+                name, log_pos = hb.log_file, hb.log_pos
+            except (BinlogFormatError, ValueError) as exc:
+                raise StreamError(f"malformed HEARTBEAT_V2 event: {exc}") from None
+        if name:
+            self._note_master_position(name, log_pos)
+
+    def _note_master_position(self, name: str, position: int) -> None:
+        current = self.master_position
+        if current is None or current[0] != name or position > current[1]:
+            self.master_position = (name, position)
+
+
+# Events a MariaDB master may invent at the start of a dump (log_pos 0 or artificial flag).
+_ARTIFICIAL_ONLY = frozenset({C.MARIA_GTID_LIST_EVENT, C.MARIA_BINLOG_CHECKPOINT_EVENT, C.PREVIOUS_GTIDS_LOG_EVENT})

@@ -1,0 +1,328 @@
+"""Upstream session: connect to the master as a replica, stream its binlog into the store, reconnect forever.
+
+The master connection and its queries live here (asyncio); every byte of the stream goes through
+``RelayReceiver`` (sans-I/O). The session resumes from the store's horizon after any disconnect:
+by file/position, by MySQL GTID auto-position, or by MariaDB GTID, never from the middle of a group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..binlog.gtid import GtidSet, MariaBinlogState
+from ..log import get_logger
+from ..relay.store import RelayStore, RelayStoreError
+from ..wire.packets import MySQLError
+from .connection import UpstreamConnection
+from .receiver import MasterStreamEnded, RelayReceiver, StreamError
+
+log = get_logger("relayproxy.upstream")
+
+BINLOG_DUMP_NON_BLOCK = 0x01
+BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02  # MariaDB: without it the master leaves holes where ANNOTATE_ROWS were
+MARIA_SLAVE_CAPABILITY_MINE = 4
+ER_UNKNOWN_SYSTEM_VARIABLE = 1193
+
+
+@dataclass
+class UpstreamStatus:
+    """What the session knows of the master and of its own health (read by /status and SHOW ... STATUS)."""
+
+    io_running: bool = False
+    last_io_error: str | None = None
+    last_io_error_time: float | None = None
+    master_server_version: str | None = None
+    master_server_id: int | None = None
+    master_uuid: str | None = None
+    master_flavour: str | None = None
+    connects: int = 0
+    connect_failures: int = 0
+    semi_sync: bool = False
+    semi_sync_acks: int = 0
+    clock_diff: float = 0.0
+    connected_since: float | None = None
+    state: str = "starting"
+    extra: dict = field(default_factory=dict)
+
+
+class UpstreamSession:
+    """Runs the relay's IO thread: one connection at a time, resuming from the horizon."""
+
+    def __init__(self, cfg, store, *, receiver: RelayReceiver | None = None):
+        self.cfg = cfg
+        self.store = store
+        self.receiver = receiver or RelayReceiver(store, verify_checksums=cfg.verify_checksums)
+        self.status = UpstreamStatus()
+        self._stopping = asyncio.Event()
+        self._conn: UpstreamConnection | None = None
+        self._replica_uuid = _persistent_uuid(Path(cfg.relay_dir))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        delay = self.cfg.reconnect_min_delay
+        while not self._stopping.is_set():
+            streamed = False
+            try:
+                streamed = await self._connect_and_stream()
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ConnectionError, asyncio.TimeoutError, MySQLError, StreamError, RelayStoreError) as exc:
+                self._record_error(exc)
+            except Exception as exc:  # a bug must not end replication silently: report and retry
+                log.exception("upstream session failed unexpectedly")
+                self._record_error(exc)
+            finally:
+                self._finish_connection()
+            if self._stopping.is_set():
+                break
+            delay = self.cfg.reconnect_min_delay if streamed else min(max(delay * 2, 0.05), self.cfg.reconnect_max_delay)
+            self.status.state = f"waiting {delay:.2f}s to reconnect"
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+        self.status.state = "stopped"
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._conn is not None:
+            self._conn.abort()
+
+    def _record_error(self, exc: BaseException) -> None:
+        if isinstance(exc, MySQLError):
+            text = f"error {exc.code} from master: {exc.message}"
+        elif isinstance(exc, asyncio.TimeoutError):
+            text = "master silent for more than two heartbeat periods (or connect timeout): treated as gone"
+        else:
+            text = str(exc) or exc.__class__.__name__
+        self.status.last_io_error = text
+        self.status.last_io_error_time = time.time()
+        self.status.connect_failures += 1
+        log.warning("upstream connection ended", error=text, master=f"{self.cfg.master[0]}:{self.cfg.master[1]}")
+
+    def _finish_connection(self) -> None:
+        self.status.io_running = False
+        self.status.connected_since = None
+        if self._conn is not None:
+            self._conn.abort()
+            self._conn = None
+        try:
+            dropped = self.receiver.end_stream()
+        except (RelayStoreError, OSError) as exc:
+            # A write or fsync failed (full disk, I/O error): the store refuses further use. Reopen it:
+            # recovery keeps every durable transaction and cuts the rest, which the master re-sends.
+            self._reopen_store(exc)
+            return
+        if dropped:
+            log.info("dropped the partial transaction of the lost connection", bytes=dropped)
+
+    def _reopen_store(self, cause: BaseException) -> None:
+        old = self.store
+        try:
+            old.close()
+        except (RelayStoreError, OSError):
+            pass
+        try:
+            store = RelayStore.open(old.relay_dir, sync=old.sync_policy)
+        except (RelayStoreError, OSError) as exc:
+            # Keep the failed store: status still shows the durable horizon; retry at the next round.
+            self._record_error(exc)
+            return
+        log.warning("relay store reopened after a failure", cause=str(cause), recovery=str(store.recovery))
+        self.store = store
+        self.receiver.store = store
+        self.receiver.parser.reset()
+
+    # -- one connection --------------------------------------------------------------------------
+    async def _connect_and_stream(self) -> bool:
+        cfg = self.cfg
+        self.status.state = "connecting"
+        host, port = cfg.master
+        conn = await UpstreamConnection.connect(
+            host,
+            port,
+            cfg.user,
+            cfg.resolved_password(),
+            ssl_mode=cfg.ssl_mode,
+            ssl_ca=cfg.ssl_ca,
+            ssl_cert=cfg.ssl_cert,
+            ssl_key=cfg.ssl_key,
+            server_public_key=cfg.server_public_key,
+            connect_timeout=cfg.connect_timeout,
+        )
+        self._conn = conn
+        self.status.connects += 1
+        self.status.master_server_version = conn.server_version
+        self.status.master_flavour = "mariadb" if conn.is_mariadb else "mysql"
+        checksum, semi_sync = await self._prepare(conn)
+        await self._request_dump(conn)
+        self.receiver.start_stream(announced_checksum=checksum, semi_sync=semi_sync)
+        self.status.semi_sync = semi_sync
+        self.status.state = "streaming"
+        self.status.io_running = True
+        self.status.connected_since = time.time()
+        self.status.last_io_error = None
+        log.info("streaming from master", server_version=conn.server_version, semi_sync=semi_sync,
+                 horizon=self.store.horizon.snapshot().position)
+        await self._stream(conn)
+        return True
+
+    async def _prepare(self, conn: UpstreamConnection) -> tuple[str, bool]:
+        """The queries a real replica sends before dumping (protocol-reference §3.5 / §3.11)."""
+        cfg = self.cfg
+        rows = (await conn.query("SELECT UNIX_TIMESTAMP()")).rows
+        if rows and rows[0][0] is not None:
+            self.status.clock_diff = time.time() - float(rows[0][0])
+        rows = (await conn.query("SELECT @@GLOBAL.SERVER_ID")).rows
+        master_id = int(rows[0][0]) if rows and rows[0][0] is not None else None
+        if master_id is None:
+            raise StreamError("the master did not report its server_id")
+        if master_id == cfg.server_id:
+            raise StreamError(
+                f"the master and the relay have the same server_id {master_id}: set a unique --server-id"
+            )
+        self.status.master_server_id = master_id
+        period_ns = int(cfg.heartbeat_period * 1_000_000_000)
+        if period_ns:
+            sql = f"SET @master_heartbeat_period = {period_ns}"
+            if not conn.is_mariadb:
+                sql += f", @source_heartbeat_period = {period_ns}"
+            await conn.query(sql)
+        if conn.is_mariadb:
+            await conn.query("SET @master_binlog_checksum = @@global.binlog_checksum")
+            checksum = (await conn.query("SELECT @master_binlog_checksum")).rows[0][0]
+            await conn.query(f"SET @mariadb_slave_capability = {MARIA_SLAVE_CAPABILITY_MINE}")
+        else:
+            await conn.query(
+                "SET @master_binlog_checksum = @@global.binlog_checksum, @source_binlog_checksum = @@global.binlog_checksum"
+            )
+            checksum = (await conn.query("SELECT @master_binlog_checksum")).rows[0][0]
+            try:
+                self.status.master_uuid = (await conn.query("SELECT @@GLOBAL.SERVER_UUID")).rows[0][0]
+            except MySQLError as exc:
+                if exc.code != ER_UNKNOWN_SYSTEM_VARIABLE:
+                    raise
+            await conn.query(f"SET @slave_uuid = '{self._replica_uuid}', @replica_uuid = '{self._replica_uuid}'")
+        checksum = (checksum or "NONE").upper()
+        if checksum not in ("NONE", "CRC32"):
+            raise StreamError(f"the master uses binlog_checksum {checksum!r}; only NONE and CRC32 exist")
+        await conn.register_slave(cfg.server_id)
+        semi_sync = False
+        if cfg.semi_sync:
+            semi_sync = await self._enable_semi_sync(conn)
+        return checksum, semi_sync
+
+    async def _enable_semi_sync(self, conn: UpstreamConnection) -> bool:
+        for variable in ("rpl_semi_sync_master_enabled", "rpl_semi_sync_source_enabled"):
+            try:
+                rows = (await conn.query(f"SELECT @@global.{variable}")).rows
+            except MySQLError as exc:
+                if exc.code == ER_UNKNOWN_SYSTEM_VARIABLE:
+                    continue
+                raise
+            if rows and str(rows[0][0]) in ("1", "ON"):
+                await conn.query(
+                    "SET @rpl_semi_sync_slave = 1"
+                    if conn.is_mariadb
+                    else "SET @rpl_semi_sync_slave = 1, @rpl_semi_sync_replica = 1"
+                )
+                return True
+            return False
+        return False
+
+    async def _request_dump(self, conn: UpstreamConnection) -> None:
+        cfg = self.cfg
+        store = self.store
+        horizon = store.horizon.snapshot()
+        flags = BINLOG_SEND_ANNOTATE_ROWS_EVENT if conn.is_mariadb else 0
+        if store.current_file is None:
+            start = cfg.start_file or await self._oldest_master_file(conn)
+            log.info("bootstrapping an empty relay", start_file=start)
+            await conn.binlog_dump(start, 4, cfg.server_id, flags)
+        elif cfg.gtid_mode == "mysql" and isinstance(horizon.gtids, GtidSet):
+            await conn.binlog_dump_gtid(cfg.server_id, horizon.gtids.encode(), flags=flags)
+        elif cfg.gtid_mode == "mariadb" and isinstance(horizon.gtids, MariaBinlogState):
+            position = str(horizon.gtids.current_position())
+            await conn.query(f"SET @slave_connect_state = '{position}'")
+            await conn.query("SET @slave_gtid_strict_mode = 1")
+            await conn.query("SET @slave_gtid_ignore_duplicates = 0")
+            await conn.binlog_dump("", 4, cfg.server_id, flags)
+        else:
+            await conn.binlog_dump(horizon.file, horizon.position, cfg.server_id, flags)
+
+    async def _oldest_master_file(self, conn: UpstreamConnection) -> str:
+        try:
+            rows = (await conn.query("SHOW BINARY LOGS")).rows
+        except MySQLError as exc:
+            raise StreamError(f"cannot list the master's binary logs to bootstrap ({exc.message}); set --start-file") from exc
+        if not rows:
+            raise StreamError("the master has no binary logs (is log_bin on?)")
+        return rows[0][0]
+
+    async def _stream(self, conn: UpstreamConnection) -> None:
+        cfg = self.cfg
+        store = self.store
+        receiver = self.receiver
+        silence_limit = 2 * cfg.heartbeat_period + 1.0 if cfg.heartbeat_period else None
+        last_data = time.monotonic()
+        while not self._stopping.is_set():
+            wait = silence_limit
+            deadline = store.sync_deadline
+            if deadline is not None:
+                until_sync = max(deadline - time.monotonic(), 0.0)
+                wait = until_sync if wait is None else min(wait, until_sync)
+            try:
+                payloads = await asyncio.wait_for(conn.read_packets(), timeout=wait)
+            except asyncio.TimeoutError:
+                if silence_limit is not None and time.monotonic() - last_data >= silence_limit:
+                    raise
+                payloads = ()
+            if payloads:
+                last_data = time.monotonic()
+                try:
+                    receiver.feed(payloads)
+                finally:
+                    # Whatever completed before an error in the batch is still made durable.
+                    await self._sync_and_ack(conn)
+            else:
+                await self._sync_and_ack(conn)
+
+    async def _sync_and_ack(self, conn: UpstreamConnection) -> None:
+        """fsync in a worker thread (the connection keeps buffering meanwhile), then publish and ACK."""
+        store = self.store
+        if store.sync_due():
+            ticket = store.begin_sync()
+            await asyncio.get_running_loop().run_in_executor(None, ticket.make_durable)
+            store.complete_sync(ticket)
+        pending = self.receiver.ack_pending
+        if pending is None:
+            return
+        horizon = store.horizon.snapshot()
+        if horizon.file == pending[0] and horizon.position >= pending[1]:
+            # Semi-sync ACK only once the acknowledged transaction is durable in the relay.
+            conn.write_packet(bytes([0xEF]) + struct.pack("<Q", pending[1]) + pending[0].encode(), 0)
+            self.receiver.ack_pending = None
+            self.status.semi_sync_acks += 1
+
+
+def _persistent_uuid(relay_dir: Path) -> str:
+    """A replica UUID kept in the relay directory, so the master recognises reconnects of the same relay."""
+    path = relay_dir / "relayproxy.uuid"
+    try:
+        text = path.read_text().strip()
+        return str(uuid.UUID(text))
+    except (OSError, ValueError):
+        value = str(uuid.uuid4())
+        relay_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(value + "\n")
+        tmp.replace(path)
+        return value
+
+
+__all__ = ["UpstreamSession", "UpstreamStatus", "MasterStreamEnded"]

@@ -1,0 +1,158 @@
+"""The relay behind a fault-injecting forwarder: pauses, cuts at every event boundary and mid-event, corruption."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from relayproxy.faultproxy import SERVER_TO_CLIENT, ThreadedFaultProxy
+from relayproxy.packetwatch import MysqlStreamWatcher
+
+from .relayharness import RelayProcess, assert_files_equal_master, master_status, prepare_master
+
+pytestmark = pytest.mark.server
+
+
+class StreamMap:
+    """Follows every proxied connection's server-to-client bytes and finds the binlog events in them."""
+
+    def __init__(self, proxy: ThreadedFaultProxy):
+        self._lock = threading.Lock()
+        self._watchers: dict[int, MysqlStreamWatcher] = {}
+        proxy.on_server_bytes(self._tap)
+
+    def _tap(self, conn_id: int, offset: int, data: bytes) -> None:
+        with self._lock:
+            self._watchers.setdefault(conn_id, MysqlStreamWatcher()).feed(data)
+
+    def events_ending_in(self, start: int, end: int, timeout: float = 20.0):
+        """(conn_id, events) of the newest connection once it has seen every event in master range (start, end]."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._watchers:
+                    conn_id = max(self._watchers)
+                    events = [e for e in self._watchers[conn_id].events if start < e.log_pos <= end and not e.artificial]
+                    if events and events[-1].log_pos == end:
+                        return conn_id, events
+            time.sleep(0.02)
+        with self._lock:
+            seen = {c: [(e.name, e.log_pos) for e in w.events][-8:] for c, w in self._watchers.items()}
+            problems = {c: w.problems for c, w in self._watchers.items() if w.problems}
+        raise AssertionError(
+            f"the proxy never received the events of master range ({start}, {end}]; last events seen {seen}; {problems}"
+        )
+
+
+@pytest.fixture
+def topology(mariadb, tmp_path):
+    master = mariadb("master")
+    prepare_master(master)
+    master.execute("CREATE DATABASE app")
+    master.execute("CREATE TABLE app.t (id INT AUTO_INCREMENT PRIMARY KEY, v VARCHAR(100)) ENGINE=InnoDB")
+    proxy = ThreadedFaultProxy("127.0.0.1", master.port).start()
+    streams = StreamMap(proxy)
+    relay = RelayProcess(tmp_path / "relay", proxy.port, gtid_mode="mariadb").start()
+    relay.wait_caught_up(master)
+    yield master, proxy, streams, relay
+    relay.stop()
+    errors = proxy.errors
+    proxy.stop()
+    assert not errors, errors
+
+
+def write_transaction(master, rows: int = 4) -> tuple[str, int, int]:
+    """One multi-event transaction; returns (file, start, end) of it in the master's binlog."""
+    file, start = master_status(master)
+    conn = master.connect()
+    try:
+        cur = conn.cursor()
+        cur.execute("BEGIN")
+        for i in range(rows):
+            cur.execute("INSERT INTO app.t (v) VALUES (%s)", (f"row {i} " + "x" * 40,))
+        cur.execute("COMMIT")
+    finally:
+        conn.close()
+    file2, end = master_status(master)
+    assert file2 == file
+    return file, start, end
+
+
+def gtid_state(master) -> str:
+    return master.execute("SELECT @@gtid_binlog_state")[0][0]
+
+
+def test_pause_mid_transaction_keeps_the_horizon_at_the_previous_transaction(topology):
+    master, proxy, streams, relay = topology
+    before_state = gtid_state(master)
+    proxy.pause(SERVER_TO_CLIENT)
+    file, start, end = write_transaction(master, rows=6)
+    conn_id, events = streams.events_ending_in(start, end)
+    assert len(events) >= 5
+    proxy.pause_at_stream_offset(events[3].packet_end, on=conn_id)
+    proxy.resume()
+    proxy.wait_for_bytes(events[3].packet_end, on=conn_id)
+    time.sleep(0.5)  # give the relay every chance to (wrongly) advance
+    status = relay.status()
+    assert status["io_running"]
+    assert (status["master_log_file"], status["read_master_log_pos"]) == (file, start)
+    assert status["retrieved_gtid_set"] == before_state
+    proxy.resume()
+    status = relay.wait_caught_up(master)
+    assert status["retrieved_gtid_set"] == gtid_state(master)
+
+
+@pytest.mark.parametrize("where", ["after", "middle"])
+def test_cut_at_every_event_of_a_transaction(topology, where):
+    master, proxy, streams, relay = topology
+    rounds = 0
+    index = 0
+    while True:
+        relay.wait_caught_up(master)
+        relay.wait_for(lambda s: s["io_running"], 20, "the relay to stream again")
+        before_state = gtid_state(master)
+        proxy.pause(SERVER_TO_CLIENT)
+        file, start, end = write_transaction(master)
+        conn_id, events = streams.events_ending_in(start, end)
+        if index >= len(events):
+            proxy.resume()
+            break
+        target = events[index]
+        cut = target.packet_end if where == "after" else target.middle
+        proxy.refuse(True)  # hold the reconnect until the state during the outage is checked
+        proxy.cut_at_stream_offset(cut, on=conn_id)
+        proxy.resume()
+        status = relay.wait_for(lambda s: not s["io_running"], 20, "the cut to end the connection")
+        complete = where == "after" and index == len(events) - 1
+        expected = end if complete else start
+        assert (status["master_log_file"], status["read_master_log_pos"]) == (file, expected), (where, index)
+        assert (status["retrieved_gtid_set"] == before_state) != complete
+        assert (relay.relay_dir / file).stat().st_size == expected, "the partial transaction stayed on disk"
+        proxy.refuse(False)
+        status = relay.wait_caught_up(master)
+        assert status["retrieved_gtid_set"] == gtid_state(master)
+        index += 1
+        rounds += 1
+    assert rounds >= 5
+    relay.wait_caught_up(master)
+    assert_files_equal_master(relay.relay_dir, master, up_to=master_status(master))
+
+
+def test_corrupted_byte_is_reported_and_nothing_past_the_last_good_transaction_is_written(topology):
+    master, proxy, streams, relay = topology
+    proxy.pause(SERVER_TO_CLIENT)
+    file, start, end = write_transaction(master, rows=5)
+    conn_id, events = streams.events_ending_in(start, end)
+    proxy.refuse(True)
+    proxy.corrupt(events[3].middle, on=conn_id)
+    proxy.resume()
+    status = relay.wait_for(lambda s: s["last_io_error"] and not s["io_running"], 20, "the CRC error")
+    assert "CRC32 mismatch" in status["last_io_error"]
+    assert (status["master_log_file"], status["read_master_log_pos"]) == (file, start)
+    assert (relay.relay_dir / file).stat().st_size == start
+    proxy.refuse(False)
+    status = relay.wait_caught_up(master)
+    assert status["last_io_error"] is None and status["io_running"]
+    assert_files_equal_master(relay.relay_dir, master, up_to=master_status(master))
