@@ -156,3 +156,21 @@ def test_corrupted_byte_is_reported_and_nothing_past_the_last_good_transaction_i
     status = relay.wait_caught_up(master)
     assert status["last_io_error"] is None and status["io_running"]
     assert_files_equal_master(relay.relay_dir, master, up_to=master_status(master))
+
+
+def test_a_silent_master_is_treated_as_gone_after_two_heartbeat_periods(topology):
+    """Heartbeat period 0.5 s: a stream frozen for longer ends the connection, and the relay reconnects."""
+    master, proxy, streams, relay = topology
+    relay.wait_caught_up(master)
+    before = relay.status()
+    proxy.pause(SERVER_TO_CLIENT)
+    try:
+        status = relay.wait_for(lambda s: s["last_io_error"] and "silent" in s["last_io_error"], 20,
+                                "the silence to be noticed")
+        assert status["read_master_log_pos"] == before["read_master_log_pos"]
+        assert status["connect_failures"] > before["connect_failures"]
+    finally:
+        proxy.resume()
+    write_transaction(master)
+    status = relay.wait_caught_up(master)
+    assert status["io_running"] and status["last_io_error"] is None
