@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -86,6 +88,19 @@ def test_file_position_mode_mirrors_the_master(master, relay_factory):
     assert_files_equal_master(relay.relay_dir, master, up_to=master_status(master))
     text = relay.metrics()
     assert "relayproxy_horizon_position_bytes" in text and "relayproxy_transactions_received_total" in text
+    file, pos = master_status(master)
+    shown = subprocess.run(
+        [sys.executable, "-m", "relayproxy.cli", "status", "--http", f"127.0.0.1:{relay.http_port}"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"Read_Master_Log_Pos:    {pos}" in shown.stdout and f"Master_Log_File:        {file}" in shown.stdout
+    relay.stop()
+    gone = subprocess.run(
+        [sys.executable, "-m", "relayproxy.cli", "status", "--http", f"127.0.0.1:{relay.http_port}"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert gone.returncode == 1 and "cannot read" in gone.stderr
 
 
 def test_mariadb_gtid_mode_resumes_by_gtid(master, relay_factory):
