@@ -1,0 +1,1 @@
+"""Serving replicas and tools: the relay acting as their master."""

@@ -1,0 +1,166 @@
+"""What the downstream side shares: the relay's state, per-connection state, and the seams between
+the server (wire), the SQL layer and the dump sender.
+
+- ``downstream/server.py`` owns connections: handshake, auth, TLS, the command loop. It calls
+  ``sql.execute(ctx, conn, sql) -> Response`` for COM_QUERY and ``dump.serve_dump(ctx, conn, request,
+  channel)`` for COM_BINLOG_DUMP / COM_BINLOG_DUMP_GTID.
+- ``downstream/sql.py`` answers the statements replicas, tools and HA managers send, from ``ctx``.
+- ``downstream/dump.py`` streams relay files to a replica, never past the horizon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+# ---------------------------------------------------------------------------------------------
+# Responses the SQL layer returns; the server encodes them (wire/results.py).
+
+
+@dataclass(frozen=True)
+class OkResponse:
+    affected_rows: int = 0
+    last_insert_id: int = 0
+    info: str = ""
+    warnings: int = 0
+
+
+@dataclass(frozen=True)
+class ResultSet:
+    """A text-protocol result set. Values are str, bytes, int, float or None (SQL NULL)."""
+
+    columns: Sequence[str]
+    rows: Sequence[Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class ErrorResponse:
+    code: int
+    sqlstate: str
+    message: str
+
+
+Response = OkResponse | ResultSet | ErrorResponse
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-connection state.
+
+
+@dataclass
+class ReplicaRegistration:
+    """What COM_REGISTER_SLAVE told us (SHOW SLAVE HOSTS / SHOW REPLICAS)."""
+
+    server_id: int
+    host: str = ""
+    port: int = 0
+    user: str = ""
+    rank: int = 0
+    master_id: int = 0
+
+
+@dataclass
+class DumpProgress:
+    """Where a dump connection is, for status, metrics and retention (never purge what a reader reads)."""
+
+    file: str | None = None
+    position: int = 0
+    started: float = field(default_factory=time.time)
+    events_sent: int = 0
+    bytes_sent: int = 0
+    semi_sync: bool = False
+    last_ack: tuple[str, int] | None = None
+    mode: str = "file"  # file | mysql-gtid | mariadb-gtid
+
+
+@dataclass
+class ConnectionState:
+    """One client connection. User variables are what replicas SET before dumping."""
+
+    conn_id: int
+    user: str = ""
+    host: str = ""
+    tls: bool = False
+    database: str | None = None
+    capabilities: int = 0
+    user_vars: dict[str, Any] = field(default_factory=dict)  # lower-case names without '@'
+    session_vars: dict[str, Any] = field(default_factory=dict)  # SET SESSION / SET NAMES ...
+    registration: ReplicaRegistration | None = None
+    dump: DumpProgress | None = None
+    connected_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class DumpRequest:
+    """A decoded COM_BINLOG_DUMP (kind "file", or "mariadb-gtid" when @slave_connect_state is set)
+    or COM_BINLOG_DUMP_GTID (kind "mysql-gtid", ``gtid_set`` = the encoded set as sent)."""
+
+    kind: str
+    server_id: int
+    flags: int
+    file: str
+    position: int
+    gtid_set: bytes = b""
+
+
+class DumpChannel(Protocol):
+    """How the dump sender talks to its replica (implemented by the server)."""
+
+    async def send(self, payload: bytes) -> None:
+        """Send one packet payload (0x00 + event, or EOF/ERR), split at 16 MB, with the right sequence ids."""
+
+    async def receive(self, timeout: float | None = None) -> bytes | None:
+        """The next packet from the replica during the dump (semi-sync ACKs), None on timeout."""
+
+    @property
+    def closed(self) -> bool: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Relay-wide state for the downstream side.
+
+
+class DownstreamContext:
+    """The relay as the downstream side sees it. ``store`` follows the session (it can be reopened)."""
+
+    def __init__(self, cfg, session, *, server_uuid: str, started: float | None = None):
+        self.cfg = cfg
+        self.session = session
+        self.server_uuid = server_uuid
+        self.started = started or time.time()
+        self.connections: dict[int, ConnectionState] = {}
+        self.semi_sync_waiters: list[asyncio.Future] = []
+
+    @property
+    def store(self):
+        return self.session.store
+
+    @property
+    def horizon(self):
+        return self.session.store.horizon
+
+    @property
+    def server_id(self) -> int:
+        return self.cfg.server_id
+
+    @property
+    def flavour(self) -> str:
+        """mysql or mariadb: what the relay looks like to replicas (the upstream master's flavour)."""
+        return self.store.flavour or self.session.status.master_flavour or "mysql"
+
+    @property
+    def server_version(self) -> str:
+        """The version string replicas see: the master's, marked as a relay."""
+        upstream = self.session.status.master_server_version
+        if upstream:
+            base = upstream.split("-log")[0]
+            return f"{base}-relayproxy-log" if "MariaDB" not in base else upstream
+        fde = self.store.format_description
+        if fde is not None:
+            return fde.server_version
+        return "8.0.36-relayproxy-log" if self.flavour == "mysql" else "10.11.6-MariaDB-relayproxy-log"
+
+    def replicas(self) -> list[ConnectionState]:
+        return [c for c in self.connections.values() if c.registration is not None or c.dump is not None]

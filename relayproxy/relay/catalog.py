@@ -1,0 +1,147 @@
+"""What the relay files hold, for readers: durable sizes, each file's starting GTID set, the purged set.
+
+The dump sender picks its first file from the starting GTID sets (MySQL: PREVIOUS_GTIDS, newest to
+oldest; MariaDB: GTID_LIST), and both it and the SQL layer need ``gtid_purged``: the GTIDs the relay
+cannot serve. A file's starting set is read once (its header never changes) and cached by name.
+
+Sizes a reader may use are *durable* sizes: closed files whole, the current file up to the horizon.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..binlog import constants as C
+from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
+from ..binlog.gtid import GtidSet, MariaBinlogState
+
+_HEAD_READ = 1 << 20  # the FDE and the PREVIOUS_GTIDS / GTID_LIST event sit in the first bytes
+
+
+class CatalogError(ValueError):
+    """A relay file's header cannot be read (the message names the file)."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    name: str
+    size: int  # durable bytes a reader may send
+    start_gtids: object  # GtidSet | MariaBinlogState | None (no PREVIOUS_GTIDS / GTID_LIST)
+    server_version: str | None
+
+
+class FileCatalog:
+    """Read-side view of a RelayStore's files (cheap: headers are cached, sizes come from the horizon)."""
+
+    def __init__(self, store):
+        self._store = store
+        self._starts: dict[str, tuple[object, str | None]] = {}
+        self._events: dict[str, GtidSet] = {}  # closed files only
+
+    def files(self) -> list[FileInfo]:
+        store = self._store
+        horizon = store.horizon.snapshot()
+        names = store.files()
+        out = []
+        for name in names:
+            if horizon.file is not None and name == horizon.file:
+                size = horizon.position
+            elif horizon.file is not None and names.index(name) > names.index(horizon.file):
+                continue  # started but not yet durable past its header
+            else:
+                try:
+                    size = os.path.getsize(store.path(name))
+                except OSError:
+                    continue  # purged under our feet
+            start, version = self.start_of(name)
+            out.append(FileInfo(name, size, start, version))
+        return out
+
+    def start_of(self, name: str) -> tuple[object, str | None]:
+        """(starting GTID set, server version) of a relay file, read from its header once."""
+        cached = self._starts.get(name)
+        if cached is not None:
+            return cached
+        path = self._store.path(name)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_HEAD_READ)
+        except OSError as exc:
+            raise CatalogError(f"cannot read relay file {name}: {exc.strerror}") from exc
+        result = _parse_head(name, head)
+        if result[0] is not None or len(head) > 4 + 19:
+            self._starts[name] = result  # a file whose header is complete never changes
+        return result
+
+    def forget(self, name: str) -> None:
+        self._starts.pop(name, None)
+        self._events.pop(name, None)
+
+    def purged(self):
+        """GTIDs the relay cannot serve: the starting set of its oldest file (gtid_purged).
+
+        A GTID named in a later file's PREVIOUS_GTIDS but in no file's events is counted too, because
+        the oldest file's starting set includes everything before it, and a later file's set that names
+        transactions absent from the earlier files (``SET GLOBAL gtid_purged`` after a restore) is
+        merged in: purged = start(oldest) ∪ ⋃ (start(f_i+1) − (start(f_i) ∪ events(f_i))).
+        """
+        infos = self.files()
+        if not infos:
+            return None
+        purged = _copy(infos[0].start_gtids)
+        for older, newer in zip(infos, infos[1:]):
+            if newer.start_gtids is None or older.start_gtids is None:
+                continue
+            if isinstance(newer.start_gtids, GtidSet):
+                covered = older.start_gtids.union(self._events_gtids(older.name))
+                missing = newer.start_gtids.subtract(covered)
+                if missing:
+                    purged = missing if purged is None else purged.union(missing)
+        return purged
+
+    def _events_gtids(self, name: str) -> GtidSet:
+        """GTIDs of the complete groups inside a (closed) MySQL relay file; scanned once."""
+        cached = self._events.get(name)
+        if cached is not None:
+            return cached
+        from ..binlog.reader import scan_file
+
+        result = scan_file(self._store.path(name))
+        after = result.gtids_after if isinstance(result.gtids_after, GtidSet) else GtidSet()
+        start = result.start_gtids if isinstance(result.start_gtids, GtidSet) else GtidSet()
+        events = after.subtract(start)
+        if name != self._store.current_file:
+            self._events[name] = events
+        return events
+
+
+def _copy(value):
+    return None if value is None else value.copy()
+
+
+def _parse_head(name: str, head: bytes) -> tuple[object, str | None]:
+    if len(head) < 4 or head[:4] != C.BINLOG_MAGIC:
+        raise CatalogError(f"relay file {name} does not start with the binlog magic")
+    pos = 4
+    fde = None
+    while pos + C.HEADER_LEN <= len(head):
+        _ts, type_code, _sid, size, _lp, _flags = HEADER.unpack_from(head, pos)
+        if size < C.HEADER_LEN or pos + size > len(head):
+            break
+        if type_code == C.FORMAT_DESCRIPTION_EVENT:
+            try:
+                fde = FormatDescription.parse(head, pos, size)
+            except (BinlogFormatError, ValueError) as exc:
+                raise CatalogError(f"relay file {name}: {exc}") from exc
+        elif type_code == C.PREVIOUS_GTIDS_LOG_EVENT and fde is not None:
+            body = pos + C.HEADER_LEN
+            return GtidSet.decode(head, body, size - C.HEADER_LEN - fde.checksum_len), fde.server_version
+        elif type_code == C.MARIA_GTID_LIST_EVENT and fde is not None:
+            body = pos + C.HEADER_LEN
+            state, _flags = MariaBinlogState.decode_gtid_list_body(head, body, size - C.HEADER_LEN - fde.checksum_len)
+            return state, fde.server_version
+        elif type_code not in (C.ROTATE_EVENT, C.MARIA_BINLOG_CHECKPOINT_EVENT, C.STOP_EVENT):
+            break  # the first group: a file without a starting GTID set
+        pos += size
+    return None, fde.server_version if fde else None
