@@ -49,9 +49,12 @@ NO_AUTO_SYNC = SyncPolicy("batch", max_transactions=1 << 30, max_delay=1e9)
 # Streams
 
 
-def mysql_image(name_next: str = "binlog.000002", *, rotate: bool = True, groups: int = 4) -> bytes:
-    start = GtidSet()
-    start.add_interval(OTHER_SID, 1, 6)
+def mysql_image(name_next: str = "binlog.000002", *, rotate: bool = True, groups: int = 4, start=None) -> bytes:
+    """A MySQL file image; ``start`` is its PREVIOUS_GTIDS (default OTHER_SID:1-5). A file that follows
+    another must start with the set the first one ends with, as a real master writes it."""
+    if start is None:
+        start = GtidSet()
+        start.add_interval(OTHER_SID, 1, 6)
     events = [E.event(C.PREVIOUS_GTIDS_LOG_EVENT, start.encode())]
     gno = 1
     for i in range(groups):
@@ -473,7 +476,7 @@ def test_discard_incomplete_cuts_back_to_the_boundary(tmp_path, monkeypatch, flu
 
 def test_rotation_keeps_master_names_and_coordinates(tmp_path):
     first = mysql_image("binlog.000002")
-    second = mysql_image("binlog.000003", rotate=False, groups=2)
+    second = mysql_image("binlog.000003", rotate=False, groups=2, start=scan_bytes(first).gtids_after)
     store = fresh_store(tmp_path)
     feeder = Feeder(store)
     feeder.feed_all(first)
@@ -541,8 +544,11 @@ def test_write_before_start_file_is_an_error(tmp_path):
 
 def test_purge_to_removes_older_files_index_first(tmp_path):
     store = fresh_store(tmp_path)
+    start = None
     for n in range(1, 4):
-        Feeder(store).feed_all(mysql_image(f"binlog.{n + 1:06d}", groups=1))
+        image = mysql_image(f"binlog.{n + 1:06d}", groups=1, start=start)
+        Feeder(store).feed_all(image)
+        start = scan_bytes(image).gtids_after
         store.start_file(f"binlog.{n + 1:06d}")
     assert store.purge_to("binlog.000003") == ["binlog.000001", "binlog.000002"]
     assert store.files() == ["binlog.000003", "binlog.000004"]
@@ -716,7 +722,7 @@ def test_damage_after_the_durable_mark_is_crash_debris(tmp_path):
 
 def test_index_repairs(tmp_path):
     first = mysql_image("binlog.000002", groups=2)
-    second = mysql_image("binlog.000003", groups=2)
+    second = mysql_image("binlog.000003", groups=2, start=scan_bytes(first).gtids_after)
     d = relay_dir_with(
         tmp_path,
         {"binlog.000001": first, "binlog.000002": second},
@@ -734,7 +740,7 @@ def test_index_repairs(tmp_path):
 
 def test_unlisted_next_file_is_adopted_when_whole(tmp_path):
     first = mysql_image("binlog.000002", groups=2)
-    second = mysql_image("binlog.000003", groups=2)
+    second = mysql_image("binlog.000003", groups=2, start=scan_bytes(first).gtids_after)
     d = relay_dir_with(tmp_path, {"binlog.000001": first, "binlog.000002": second}, index=["binlog.000001"])
     (d / "stray.bin").write_bytes(b"whatever")
     store = RelayStore.open(d)

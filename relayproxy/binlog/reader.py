@@ -83,6 +83,7 @@ class ScanResult:
     partial_tail: bool = False
     truncated_event: bool = False  # the file ends inside an event
     good_end: int = 0  # end of the last event after which the stream was at a boundary, all CRCs good
+    good_end_type: int | None = None  # type of the event that ends at good_end
     error: str | None = None  # first fatal problem, naming the offset
     warnings: list[str] = field(default_factory=list)
     start_gtids: object = None  # PREVIOUS_GTIDS set (MySQL) or GTID_LIST state (MariaDB) of the file
@@ -355,6 +356,7 @@ class BinlogScanner:
             self._emit_group(end, complete=True)
         if (kind == B.GROUP_END or kind == B.EVENT_OUTSIDE) and r.crc_errors == 0 and r.error is None:
             r.good_end = end
+            r.good_end_type = type_code
 
     def _emit_group(self, end: int, *, complete: bool, abandoned: bool = False, gtid=None) -> None:
         r = self.result

@@ -229,6 +229,11 @@ class RelayStore:
         self._checksum_len = recovered.fde.checksum_len if recovered.fde else 0
         self._start_set_seen = recovered.start_set_seen
         self._file_start_gtids = recovered.file_start_gtids
+        # The set a new file's PREVIOUS_GTIDS / GTID_LIST must continue (a newest file cut before its
+        # set event continues the previous file's set, as recovery rebuilt it).
+        self._carried_gtids = None if recovered.start_set_seen or recovered.gtids is None else recovered.gtids.copy()
+        scan = getattr(recovered.report, "scan", None)
+        self._last_type = scan.good_end_type if scan is not None and scan.good_end == recovered.end else None
         self._flavour = recovered.flavour
         self._pending_groups = 0
         self._pending_since: float | None = None
@@ -306,6 +311,11 @@ class RelayStore:
     def format_description(self) -> FormatDescription | None:
         """The current file's FORMAT_DESCRIPTION, once written."""
         return self._fde
+
+    @property
+    def current_file_closed(self) -> bool:
+        """The current file ends with the master's ROTATE or STOP: the master has moved past it."""
+        return self._last_type in (C.ROTATE_EVENT, C.STOP_EVENT)
 
     @property
     def pending_gtids(self):
@@ -390,6 +400,8 @@ class RelayStore:
         self._checksum_len = 0
         self._start_set_seen = False
         self._file_start_gtids = None
+        self._carried_gtids = None if self._gtids is None else self._gtids.copy()
+        self._last_type = None
         self._pending_groups = 0
         self._pending_since = None
         self.horizon.advance(name, 4, self._gtids)
@@ -461,6 +473,7 @@ class RelayStore:
                 self._bad_header(offset, n, header)
             if _SPECIAL[header[1]] or end == 4:
                 self._special_event(header[1], event, offset)
+            self._last_type = header[1]
             try:
                 if n >= DIRECT_BYTES:
                     if self._buf:
@@ -532,6 +545,16 @@ class RelayStore:
                 gtids, _flags = MariaBinlogState.decode_gtid_list_body(event, C.HEADER_LEN, length)
         except (BinlogFormatError, ValueError) as exc:
             raise RelayEventError(f"{C.event_name(type_code)} event at offset {offset}: {exc}") from None
+        carried = self._carried_gtids
+        if carried is not None and gtids != carried:
+            # The new file does not continue what the relay holds (another master's history, or
+            # transactions we never saw): adopting its set would move the GTID set backwards or
+            # skip transactions. Refuse; the session reports it and nothing is written.
+            raise RelayMismatchError(
+                offset, len(event), self._file,
+                f"its {C.event_name(type_code)} set {gtids} does not continue the relay's set {carried} "
+                "(a different master history?)",
+            )
         self._gtids = gtids
         self._file_start_gtids = gtids.copy()
         self._start_set_seen = True

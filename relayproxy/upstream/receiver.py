@@ -39,6 +39,15 @@ class MasterStreamEnded(StreamError):
     """The master sent the end-of-stream packet (non-blocking dump, or an apparent master shutdown)."""
 
 
+class ResumeByPosition(StreamError):
+    """A GTID dump moved past a relay file the relay has not seen close (its ROTATE is missing).
+
+    The master picked the next file because the GTIDs are all there, but the closed relay file must
+    stay byte-identical to the master's: the session resumes once by file/position, so the master
+    sends the rest of the old file (its ROTATE) before moving on.
+    """
+
+
 @dataclass
 class ReceiverCounters:
     events: int = 0
@@ -65,11 +74,17 @@ class RelayReceiver:
         self._announced_crc = False
         self._semi_sync = False
         self._fde: FormatDescription | None = None
+        self._by_position = True
 
     # -- stream lifecycle ----------------------------------------------------------------------
-    def start_stream(self, *, announced_checksum: str, semi_sync: bool) -> None:
-        """A new dump connection: the master re-sends whole groups from the horizon on."""
+    def start_stream(self, *, announced_checksum: str, semi_sync: bool, by_position: bool = True) -> None:
+        """A new dump connection: the master re-sends whole groups from the horizon on.
+
+        ``by_position``: the dump was requested by file/position, so a switch to the next file is the
+        master's word that the old one is over (a GTID dump may skip the end of the current file).
+        """
         self.parser.reset()
+        self._by_position = by_position
         self._announced_crc = announced_checksum.upper() == "CRC32"
         self._checksum_len = 4 if self._announced_crc else 0
         self._semi_sync = semi_sync
@@ -126,7 +141,12 @@ class RelayReceiver:
             raise StreamError(f"{C.event_name(type_code)} event before the stream named its binlog file")
         if (flags & C.LOG_EVENT_ARTIFICIAL_F or log_pos == 0) and type_code in _ARTIFICIAL_ONLY:
             return  # MariaDB's fake GTID_LIST / checkpoint at the start of a GTID dump: not in the file
-        offset = log_pos - size if log_pos else self._next_offset
+        if log_pos:
+            offset = log_pos - size
+            if offset < 4 or self._next_offset > _U32_MAX - size:
+                offset = _unwrap_offset(log_pos, size, self._next_offset)
+        else:
+            offset = self._next_offset
         if offset < 4:
             raise StreamError(f"{C.event_name(type_code)} event ends at {log_pos}, before the start of a binlog file")
         outcome = self.store.write_event(offset, ev)
@@ -190,6 +210,11 @@ class RelayReceiver:
                 raise StreamError(f"master starts {name} at position {position}, but the relay has no such file")
             if self.parser.in_group:
                 raise StreamError(f"master rotated to {name} inside a transaction")
+            if store.current_file is not None and not store.current_file_closed and not self._by_position:
+                raise ResumeByPosition(
+                    f"master moved on to {name} but the relay has not received the end of {store.current_file}; "
+                    "resuming by file/position to fetch it"
+                )
             store.start_file(name)
         self.master_file = name
         self._next_offset = position
@@ -218,6 +243,17 @@ class RelayReceiver:
         current = self.master_position
         if current is None or current[0] != name or position > current[1]:
             self.master_position = (name, position)
+
+
+_U32_MAX = 0xFFFFFFFF
+
+
+def _unwrap_offset(log_pos: int, size: int, running: int) -> int:
+    """Event start from a 32-bit log_pos in a file past 4 GB: the candidate nearest the running offset."""
+    low = (log_pos - size) & _U32_MAX
+    base = running - (running & _U32_MAX)
+    candidates = (base - (1 << 32) + low, base + low, base + (1 << 32) + low)
+    return min((c for c in candidates if c >= 4), key=lambda c: abs(c - running), default=log_pos - size)
 
 
 # Events a MariaDB master may invent at the start of a dump (log_pos 0 or artificial flag).

@@ -19,7 +19,7 @@ from ..log import get_logger
 from ..relay.store import RelayStore, RelayStoreError
 from ..wire.packets import MySQLError
 from .connection import UpstreamConnection
-from .receiver import MasterStreamEnded, RelayReceiver, StreamError
+from .receiver import MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
 
 log = get_logger("relayproxy.upstream")
 
@@ -60,6 +60,7 @@ class UpstreamSession:
         self.status = UpstreamStatus()
         self._stopping = asyncio.Event()
         self._conn: UpstreamConnection | None = None
+        self._resume_by_position = False  # next dump by file/position (see ResumeByPosition)
         self._replica_uuid = _persistent_uuid(Path(cfg.relay_dir))
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -71,7 +72,13 @@ class UpstreamSession:
                 streamed = await self._connect_and_stream()
             except asyncio.CancelledError:
                 raise
+            except ResumeByPosition as exc:
+                log.info("resuming by file/position", reason=str(exc))
+                self._resume_by_position = True
+                streamed = True  # not a failure: reconnect at once
             except (OSError, ConnectionError, asyncio.TimeoutError, MySQLError, StreamError, RelayStoreError) as exc:
+                if self._stopping.is_set():
+                    break
                 self._record_error(exc)
             except Exception as exc:  # a bug must not end replication silently: report and retry
                 log.exception("upstream session failed unexpectedly")
@@ -160,13 +167,14 @@ class UpstreamSession:
         self.status.master_server_version = conn.server_version
         self.status.master_flavour = "mariadb" if conn.is_mariadb else "mysql"
         checksum, semi_sync = await self._prepare(conn)
-        await self._request_dump(conn)
-        self.receiver.start_stream(announced_checksum=checksum, semi_sync=semi_sync)
+        by_position = await self._request_dump(conn)
+        self.receiver.start_stream(announced_checksum=checksum, semi_sync=semi_sync, by_position=by_position)
         self.status.semi_sync = semi_sync
         self.status.state = "streaming"
         self.status.io_running = True
         self.status.connected_since = time.time()
         self.status.last_io_error = None
+        self.status.last_io_error_time = None
         log.info("streaming from master", server_version=conn.server_version, semi_sync=semi_sync,
                  horizon=self.store.horizon.snapshot().position)
         await self._stream(conn)
@@ -218,7 +226,10 @@ class UpstreamSession:
         return checksum, semi_sync
 
     async def _enable_semi_sync(self, conn: UpstreamConnection) -> bool:
-        for variable in ("rpl_semi_sync_master_enabled", "rpl_semi_sync_source_enabled"):
+        # 8.0.26+ replicas ask for the source_ name first; MariaDB only has the master_ one.
+        names = ("rpl_semi_sync_master_enabled",) if conn.is_mariadb else (
+            "rpl_semi_sync_source_enabled", "rpl_semi_sync_master_enabled")
+        for variable in names:
             try:
                 rows = (await conn.query(f"SELECT @@global.{variable}")).rows
             except MySQLError as exc:
@@ -235,25 +246,30 @@ class UpstreamSession:
             return False
         return False
 
-    async def _request_dump(self, conn: UpstreamConnection) -> None:
+    async def _request_dump(self, conn: UpstreamConnection) -> bool:
+        """Ask for the stream from the horizon; returns whether the dump is by file/position."""
         cfg = self.cfg
         store = self.store
         horizon = store.horizon.snapshot()
         flags = BINLOG_SEND_ANNOTATE_ROWS_EVENT if conn.is_mariadb else 0
+        by_position, self._resume_by_position = self._resume_by_position, False
         if store.current_file is None:
             start = cfg.start_file or await self._oldest_master_file(conn)
             log.info("bootstrapping an empty relay", start_file=start)
             await conn.binlog_dump(start, 4, cfg.server_id, flags)
-        elif cfg.gtid_mode == "mysql" and isinstance(horizon.gtids, GtidSet):
+            return True
+        if not by_position and cfg.gtid_mode == "mysql" and isinstance(horizon.gtids, GtidSet):
             await conn.binlog_dump_gtid(cfg.server_id, horizon.gtids.encode(), flags=flags)
-        elif cfg.gtid_mode == "mariadb" and isinstance(horizon.gtids, MariaBinlogState):
+            return False
+        if not by_position and cfg.gtid_mode == "mariadb" and isinstance(horizon.gtids, MariaBinlogState):
             position = str(horizon.gtids.current_position())
             await conn.query(f"SET @slave_connect_state = '{position}'")
             await conn.query("SET @slave_gtid_strict_mode = 1")
             await conn.query("SET @slave_gtid_ignore_duplicates = 0")
             await conn.binlog_dump("", 4, cfg.server_id, flags)
-        else:
-            await conn.binlog_dump(horizon.file, horizon.position, cfg.server_id, flags)
+            return False
+        await conn.binlog_dump(horizon.file, horizon.position, cfg.server_id, flags)
+        return True
 
     async def _oldest_master_file(self, conn: UpstreamConnection) -> str:
         try:
@@ -303,7 +319,13 @@ class UpstreamSession:
         if pending is None:
             return
         horizon = store.horizon.snapshot()
-        if horizon.file == pending[0] and horizon.position >= pending[1]:
+        files = store.files()
+        durable = (horizon.file == pending[0] and horizon.position >= pending[1]) or (
+            # An older file: start_file synced it before the relay moved on (a rotation in the same batch).
+            pending[0] != horizon.file and pending[0] in files and horizon.file in files
+            and files.index(pending[0]) < files.index(horizon.file)
+        )
+        if durable:
             # Semi-sync ACK only once the acknowledged transaction is durable in the relay.
             conn.write_packet(bytes([0xEF]) + struct.pack("<Q", pending[1]) + pending[0].encode(), 0)
             self.receiver.ack_pending = None
