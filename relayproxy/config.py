@@ -60,6 +60,12 @@ def _positive_float(value: Any) -> float:
     return number
 
 
+def _users(value: Any):
+    from .downstream.users import parse_users
+
+    return parse_users(value)
+
+
 def _server_id(value: Any) -> int:
     number = int(value)
     if not 1 <= number <= 0xFFFFFFFF:
@@ -93,7 +99,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("server_id", _server_id, None, "server id the relay registers with (unique in the topology)"),
     Option("relay_dir", str, None, "directory of the relay files (the files are the state)", "DIR"),
     Option("http", _host_port, None, "serve GET /status and /metrics on this address", "HOST:PORT"),
-    Option("listen", _host_port, None, "serve replicas on this address (reserved: downstream server)", "HOST:PORT"),
+    Option("listen", _host_port, None, "serve replicas and tools on this address, as their master", "HOST:PORT"),
+    Option("users", _users, None,
+           "accounts for --listen: TOML [[users]] tables (name, password | password_env | password_file, plugin, "
+           "tls), or NAME:PASSWORDSPEC[:tls][:plugin],... with PASSWORDSPEC env:VAR, file:PATH or the password",
+           "SPECS", secret=True),
+    Option("tls_cert", str, None, "certificate (PEM) offered to replicas on --listen", "PATH"),
+    Option("tls_key", str, None, "its private key (PEM; default: in the certificate file)", "PATH"),
     Option("gtid_mode", _choice("off", "mysql", "mariadb"), "off",
            "how to resume after a reconnect: file/position, MySQL GTID auto-position or MariaDB GTID"),
     Option("start_file", str, None, "bootstrap at position 4 of this master file (default: its oldest file)", "NAME"),

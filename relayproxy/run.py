@@ -59,6 +59,7 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         log.info("relay recovered from its files", report=str(report))
     session = UpstreamSession(cfg, store)
     http = None
+    downstream = None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
@@ -74,11 +75,21 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
                 raise RelayStartupError(f"cannot listen on --http {cfg.http[0]}:{cfg.http[1]}: {exc.strerror}") from exc
         else:
             address = None
+        listen_address = None
+        if cfg.listen:
+            downstream = _downstream_server(cfg, session)
+            try:
+                listen_address = await downstream.start(*cfg.listen)
+            except OSError as exc:
+                raise RelayStartupError(f"cannot listen on --listen {cfg.listen[0]}:{cfg.listen[1]}: {exc.strerror}") from exc
         if ready is not None and not ready.done():
-            ready.set_result({"http": address, "store": store, "session": session})
+            ready.set_result({"http": address, "listen": listen_address, "store": store, "session": session,
+                              "downstream": downstream})
         await session.run()
     finally:
         session.stop()
+        if downstream is not None:
+            await downstream.close()
         if http is not None:
             await http.close()
         session.store.close()
@@ -88,3 +99,22 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
             except (NotImplementedError, RuntimeError):
                 pass
     return 0
+
+
+def _downstream_server(cfg, session):
+    """The listener for replicas and tools (--listen), with its users and optional TLS."""
+    from .downstream.context import DownstreamContext
+    from .downstream.server import DownstreamServer, server_tls_context
+
+    if not cfg.users:
+        raise RelayStartupError("--listen needs at least one account: users / RELAYPROXY_USERS / [[users]]")
+    tls = None
+    if cfg.tls_cert:
+        try:
+            tls = server_tls_context(cfg.tls_cert, cfg.tls_key)
+        except (OSError, ValueError) as exc:
+            raise RelayStartupError(f"cannot load the TLS certificate for --listen: {exc}") from exc
+    elif any(user.tls == "required" for user in cfg.users):
+        raise RelayStartupError("a user requires TLS but no tls_cert is configured for --listen")
+    ctx = DownstreamContext(cfg, session, server_uuid=session.replica_uuid)
+    return DownstreamServer(ctx, cfg.users, tls_context=tls)

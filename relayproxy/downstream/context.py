@@ -1,8 +1,8 @@
 """What the downstream side shares: the relay's state, per-connection state, and the seams between
 the server (wire), the SQL layer and the dump sender.
 
-- ``downstream/server.py`` owns connections: handshake, auth, TLS, the command loop. It calls
-  ``sql.execute(ctx, conn, sql) -> Response`` for COM_QUERY and ``dump.serve_dump(ctx, conn, request,
+- ``downstream/server.py`` owns connections: handshake, auth, TLS, the command loop. It awaits
+  ``sql.execute(ctx, conn, sql) -> Response`` (a coroutine) for COM_QUERY and ``dump.serve_dump(ctx, conn, request,
   channel)`` for COM_BINLOG_DUMP / COM_BINLOG_DUMP_GTID.
 - ``downstream/sql.py`` answers the statements replicas, tools and HA managers send, from ``ctx``.
 - ``downstream/dump.py`` streams relay files to a replica, never past the horizon.
@@ -132,10 +132,23 @@ class DownstreamContext:
         self.started = started or time.time()
         self.connections: dict[int, ConnectionState] = {}
         self.semi_sync_waiters: list[asyncio.Future] = []
+        self._catalog = None
+        self._catalog_store = None
 
     @property
     def store(self):
         return self.session.store
+
+    @property
+    def catalog(self):
+        """One FileCatalog shared by the SQL layer and the dump senders; follows a reopened store."""
+        from ..relay.catalog import FileCatalog
+
+        store = self.session.store
+        if self._catalog is None or self._catalog_store is not store:
+            self._catalog = FileCatalog(store)
+            self._catalog_store = store
+        return self._catalog
 
     @property
     def horizon(self):

@@ -95,6 +95,11 @@ class UpstreamSession:
                 pass
         self.status.state = "stopped"
 
+    @property
+    def replica_uuid(self) -> str:
+        """The relay's own UUID (kept in the relay directory): its server_uuid toward replicas too."""
+        return self._replica_uuid
+
     def stop(self) -> None:
         self._stopping.set()
         if self._conn is not None:
