@@ -1,0 +1,1087 @@
+"""The relay's MySQL server: accepts replicas and tools on --listen, runs the handshake, TLS and authentication
+(wire/server_auth.py), then one command loop per connection that hands COM_QUERY to the SQL layer and the dump
+commands to the dump sender through a DumpChannel (downstream/context.py seams).
+
+Works the same under uvloop and the default loop: TLS runs over ssl.MemoryBIO (as in upstream/connection.py),
+because uvloop's start_tls drops data buffered before the switch, and a client's ClientHello usually arrives in
+the same segment as its SSLRequest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import itertools
+import os
+import ssl
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, NoReturn
+
+from ..log import get_logger
+from ..wire.packets import (
+    CLIENT_SSL,
+    COM_BINLOG_DUMP,
+    COM_BINLOG_DUMP_GTID,
+    COM_INIT_DB,
+    COM_PING,
+    COM_QUERY,
+    COM_QUIT,
+    COM_REGISTER_SLAVE,
+    CR_NET_PACKET_TOO_LARGE,
+    MAX_CHUNK,
+    SERVER_STATUS_AUTOCOMMIT,
+    MySQLError,
+    PacketDecoder,
+    ProtocolError,
+    encode_packet,
+    packet_count,
+)
+from ..wire.results import encode_error, encode_ok, encode_response
+from ..wire.server_auth import (
+    AuthAccepted,
+    ER_HANDSHAKE_ERROR,
+    AuthRejected,
+    HandshakeError,
+    RsaKeyPair,
+    SendAuthPackets,
+    ServerAuthentication,
+    Sha2Cache,
+    SslRequest,
+    build_greeting,
+    default_auth_plugin,
+    generate_scramble,
+    greeting_charset,
+    greeting_version,
+    parse_handshake_response,
+    server_capabilities,
+)
+from .context import (
+    ConnectionState,
+    DownstreamContext,
+    DumpChannel,
+    DumpProgress,
+    DumpRequest,
+    ErrorResponse,
+    ReplicaRegistration,
+    Response,
+)
+from .users import DownstreamUser, find_user
+
+log = get_logger(__name__)
+
+# The SQL layer may answer directly or through a coroutine (relayproxy.downstream.sql.execute is a plain function).
+SqlExecutor = Callable[[DownstreamContext, ConnectionState, str], Response | Awaitable[Response]]
+DumpServer = Callable[[DownstreamContext, ConnectionState, DumpRequest, DumpChannel], Awaitable[None]]
+
+# Server error codes (include/mysqld_error.h).
+ER_CON_COUNT_ERROR = 1040
+ER_NO_DB_ERROR = 1046
+ER_UNKNOWN_COM_ERROR = 1047
+ER_UNKNOWN_ERROR = 1105
+ER_NET_PACKET_TOO_LARGE = 1153
+ER_NET_PACKETS_OUT_OF_ORDER = 1156
+ER_MALFORMED_PACKET = 1835
+ER_CLIENT_INTERACTION_TIMEOUT = 4031
+
+# A handshake response holds a user name, a scramble and at most 64 KiB of connection attributes.
+HANDSHAKE_MAX_PAYLOAD = 128 * 1024
+# max_allowed_packet for client commands: MySQL 8's default. Replicas send only small commands.
+DEFAULT_MAX_PACKET = 64 * 1024 * 1024
+# Undelivered client bytes above which we stop reading the socket (a client flooding us gets TCP back-pressure).
+DEFAULT_MAX_BUFFERED = 1024 * 1024
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # MySQL's connect_timeout
+DEFAULT_IDLE_TIMEOUT = 28800.0  # MySQL's wait_timeout
+DEFAULT_WRITE_TIMEOUT = 60.0  # MySQL's net_write_timeout: a client that stops reading this long is dropped
+DEFAULT_MAX_CONNECTIONS = 1000
+_CLOSE_TIMEOUT = 5.0
+_SEMI_SYNC_ACK_REQUESTED = b"\x00\xef\x01"
+_INTERNAL_ERROR = "Unknown error: internal error in relayproxy, see its log"
+# Payloads shorter than this are copied behind their header and written at once.
+_COPY_LIMIT = 64 * 1024
+
+_COMMAND_NAMES = {
+    0x00: "COM_SLEEP", 0x04: "COM_FIELD_LIST", 0x05: "COM_CREATE_DB", 0x06: "COM_DROP_DB", 0x07: "COM_REFRESH",
+    0x08: "COM_SHUTDOWN", 0x09: "COM_STATISTICS", 0x0A: "COM_PROCESS_INFO", 0x0B: "COM_CONNECT",
+    0x0C: "COM_PROCESS_KILL", 0x0D: "COM_DEBUG", 0x0F: "COM_TIME", 0x10: "COM_DELAYED_INSERT",
+    0x11: "COM_CHANGE_USER", 0x13: "COM_TABLE_DUMP", 0x14: "COM_CONNECT_OUT", 0x16: "COM_STMT_PREPARE",
+    0x17: "COM_STMT_EXECUTE", 0x18: "COM_STMT_SEND_LONG_DATA", 0x19: "COM_STMT_CLOSE", 0x1A: "COM_STMT_RESET",
+    0x1B: "COM_SET_OPTION", 0x1C: "COM_STMT_FETCH", 0x1D: "COM_DAEMON", 0x1F: "COM_RESET_CONNECTION",
+    0x20: "COM_CLONE", 0x21: "COM_SUBSCRIBE_GROUP_REPLICATION_STREAM",
+}
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_DUMP_HEAD = struct.Struct("<IHI")  # COM_BINLOG_DUMP: position, flags, server_id
+_DUMP_GTID_HEAD = struct.Struct("<HII")  # COM_BINLOG_DUMP_GTID: flags, server_id, name length
+
+
+class ClientConnectionLost(ConnectionError):
+    """The client went away (closed, reset, stopped reading for write_timeout); raised by DumpChannel.send/receive."""
+
+
+class _Close(Exception):
+    """End this connection quietly: the reason was already answered and logged."""
+
+
+def server_tls_context(
+    cert_file: str | os.PathLike[str], key_file: str | os.PathLike[str] | None = None
+) -> ssl.SSLContext:
+    """A server TLS context from PEM files (TLS 1.2+, no client certificates asked for); ValueError naming the
+    file when it cannot be loaded."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(os.fspath(cert_file), os.fspath(key_file) if key_file else None)
+    except FileNotFoundError as exc:
+        raise ValueError(f"TLS certificate or key file not found: {exc.filename}") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(
+            f"cannot load TLS certificate {os.fspath(cert_file)!r} / key {os.fspath(key_file or cert_file)!r}: {exc}"
+        ) from None
+    return context
+
+
+# -- transport ----------------------------------------------------------------------------------------------------
+
+
+class _ServerTls:
+    """Server-side TLS over memory buffers: ciphertext in, plaintext out, and back (see the module docstring)."""
+
+    _READ_SIZE = 256 * 1024
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._ssl = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self.handshake_complete = False
+
+    @property
+    def version(self) -> str | None:
+        return self._ssl.version()
+
+    def receive(self, data: bytes) -> bytes:
+        """Ciphertext from the client in; the plaintext it completes out. Raises ssl.SSLError."""
+        self._incoming.write(data)
+        if not self.handshake_complete:
+            try:
+                self._ssl.do_handshake()
+            except ssl.SSLWantReadError:
+                return b""
+            self.handshake_complete = True
+        chunks = []
+        while True:
+            try:
+                chunk = self._ssl.read(self._READ_SIZE)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def pending_output(self) -> bytes:
+        return self._outgoing.read()
+
+    def encrypt(self, data: bytes | memoryview) -> bytes:
+        self._ssl.write(data)
+        return self._outgoing.read()
+
+    def close_notify(self) -> bytes:
+        with contextlib.suppress(ssl.SSLError):
+            self._ssl.unwrap()
+        return self._outgoing.read()
+
+
+class _ClientProtocol(asyncio.Protocol):
+    """Bytes from one client: decrypted when TLS is on, decoded in bulk into payloads that wait for the
+    connection's single reader; reading pauses while more than `max_buffered` bytes of them wait.
+
+    The first packet is cut out by hand: when it is an SSLRequest, what follows it in the same read is the
+    ClientHello and goes to TLS, not to the packet decoder. Writes go through `write()` (encrypting when TLS is on);
+    `drain()` waits while the transport's buffer is over its high-water mark.
+    """
+
+    def __init__(self, server: DownstreamServer) -> None:
+        self._server = server
+        self.tls_context = server.tls_context
+        self.decoder = PacketDecoder(max_payload=HANDSHAKE_MAX_PAYLOAD, keep_sequences=True)
+        # Sequence ids are checked by the reader, per exchange; semi-sync ACKs restart them mid-dump.
+        self.decoder.expect_sequence(None)
+        self.max_buffered = server.max_buffered
+        self.transport: asyncio.Transport | None = None
+        self.peer_host = "?"
+        self.peer_port = 0
+        self.tls: _ServerTls | None = None
+        self.tls_handshake: asyncio.Future[None] | None = None
+        self.error: BaseException | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._first: bytearray | None = bytearray()
+        self._discard = False
+        self._ready: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._ready_bytes = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._read_paused = False
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.session: _Session | None = None
+
+    # -- asyncio callbacks ---------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            host = str(peer[0])
+            # An IPv4 client of a dual-stack listener: match accounts and report it as MySQL does, in IPv4 form.
+            if host.startswith("::ffff:") and "." in host:
+                host = host[7:]
+            self.peer_host, self.peer_port = host, int(peer[1])
+        self.session = self._server._accept(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.error is not None or self._discard:
+            return
+        if self.tls is not None:
+            data = self._decrypt(data)
+            if not data:
+                return
+        if self._first is not None:
+            data = self._take_first_packet(data)
+            if not data:
+                return
+        try:
+            self.decoder.feed(data)
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        if self.decoder.has_payloads:
+            packets = self.decoder.packets()
+            self._ready.extend(packets)
+            self._ready_bytes += sum(len(payload) for _, payload in packets)
+            if self._ready_bytes > self.max_buffered and not self._read_paused and self.transport is not None:
+                self._read_paused = True
+                self.transport.pause_reading()
+            self._wake()
+
+    def _take_first_packet(self, data: bytes) -> bytes:
+        """Collect the client's first packet; return what follows it (for the decoder), b"" if nothing does or it
+        belongs to TLS."""
+        first = self._first
+        assert first is not None
+        first += data
+        if len(first) < 4:
+            return b""
+        header = _U32.unpack_from(first)[0]
+        length, seq = header & 0xFFFFFF, header >> 24
+        if length >= HANDSHAKE_MAX_PAYLOAD:
+            self._first = None
+            self._fail(ProtocolError(f"handshake packet of {length} bytes announced", code=CR_NET_PACKET_TOO_LARGE))
+            return b""
+        if len(first) < 4 + length:
+            return b""
+        payload, rest = bytes(first[4 : 4 + length]), bytes(first[4 + length :])
+        self._first = None
+        self._ready.append((seq, payload))
+        self._ready_bytes += len(payload)
+        self._wake()
+        is_ssl_request = length == 32 and _U32.unpack_from(payload)[0] & CLIENT_SSL
+        if not is_ssl_request:
+            return rest
+        if self.tls_context is None:
+            self._discard = True  # a ClientHello we cannot answer; the session refuses the client
+            return b""
+        self.tls = _ServerTls(self.tls_context)
+        self.tls_handshake = asyncio.get_running_loop().create_future()
+        if rest:
+            self.data_received(rest)
+        return b""
+
+    def _decrypt(self, data: bytes) -> bytes:
+        tls = self.tls
+        assert tls is not None and self.transport is not None
+        handshake = self.tls_handshake
+        try:
+            plaintext = tls.receive(data)
+        except ssl.SSLError as exc:
+            if handshake is not None and not handshake.done():
+                handshake.set_exception(exc)
+                handshake.exception()  # retrieved here: the session may already be gone
+            self.error = ClientConnectionLost(f"TLS error: {getattr(exc, 'reason', None) or exc}")
+            self.transport.abort()
+            self._wake()
+            return b""
+        output = tls.pending_output()
+        if output:
+            self.transport.write(output)
+        if tls.handshake_complete and handshake is not None and not handshake.done():
+            handshake.set_result(None)
+        return plaintext
+
+    def _fail(self, exc: BaseException) -> None:
+        """The input cannot be trusted any more: stop reading; the session answers with an ERR and closes."""
+        self.error = exc
+        if self.transport is not None and not self._read_paused:
+            self._read_paused = True
+            with contextlib.suppress(RuntimeError):
+                self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.error is None:
+            detail = f": {exc}" if exc is not None else ""
+            self.error = ClientConnectionLost(f"client {self.peer_host}:{self.peer_port} closed the connection{detail}")
+        handshake = self.tls_handshake
+        if handshake is not None and not handshake.done():
+            handshake.set_exception(ClientConnectionLost("client closed the connection during the TLS handshake"))
+            handshake.exception()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- reader side ---------------------------------------------------------------------------------------------
+
+    async def read(self, timeout: float | None) -> tuple[int, bytes]:
+        """The next payload and the sequence id of its last packet; TimeoutError after `timeout` seconds; the
+        protocol error or ClientConnectionLost once the input is over (after the payloads received before)."""
+        while not self._ready:
+            if self.error is not None:
+                raise self.error
+            if self._waiter is not None:
+                raise RuntimeError("another task is already reading from this client")
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                if timeout is None:
+                    await waiter
+                else:
+                    async with asyncio.timeout(timeout):
+                        await waiter
+            finally:
+                self._waiter = None
+        packet = self._ready.popleft()
+        self._ready_bytes -= len(packet[1])
+        if self._read_paused and self.error is None and self._ready_bytes <= self.max_buffered // 2 and (
+            self.transport is not None
+        ):
+            self._read_paused = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+        return packet
+
+    # -- writer side ---------------------------------------------------------------------------------------------
+
+    @property
+    def is_closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing() or self.closed.done()
+
+    def write(self, *chunks: bytes | memoryview) -> None:
+        if self.is_closing:
+            raise ClientConnectionLost(f"client {self.peer_host}:{self.peer_port} is gone")
+        assert self.transport is not None
+        tls = self.tls
+        for chunk in chunks:
+            self.transport.write(tls.encrypt(chunk) if tls is not None else chunk)
+
+    async def drain(self, timeout: float | None) -> None:
+        """Wait until the transport's buffer is below its high-water mark; a client that has not read for
+        `timeout` seconds is dropped (ClientConnectionLost)."""
+        if not self._write_paused:
+            if self.closed.done():
+                raise ClientConnectionLost(f"client {self.peer_host}:{self.peer_port} is gone")
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            if self.transport is not None:
+                self.transport.abort()
+            raise ClientConnectionLost(
+                f"client {self.peer_host}:{self.peer_port} read nothing for {timeout}s (write_timeout); dropped"
+            ) from None
+        if self.closed.done():
+            raise ClientConnectionLost(f"client {self.peer_host}:{self.peer_port} is gone")
+
+    async def close(self) -> None:
+        """TLS close_notify, flush and close; abort if the client does not let us finish within a few seconds."""
+        transport = self.transport
+        if transport is None:
+            return
+        if not transport.is_closing():
+            if self.tls is not None and self.tls.handshake_complete:
+                with contextlib.suppress(Exception):
+                    transport.write(self.tls.close_notify())
+            transport.close()
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT):
+                await asyncio.shield(self.closed)
+        except TimeoutError:
+            transport.abort()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+# -- the dump channel ---------------------------------------------------------------------------------------------
+
+
+class _DumpChannel:
+    """DumpChannel for one COM_BINLOG_DUMP[_GTID]: the reply stream's packets, numbered on from the command's.
+
+    After a payload that asks for a semi-sync ACK (0x00 0xEF 0x01 ...) the numbering restarts at 1: the replica
+    resets its count when it sends the ACK (seq 0), and MySQL's and MariaDB's masters do the same on their side
+    (ReplSemiSyncMaster::readSlaveReply: net_clear, then pkt_nr++), so the next event must carry 1.
+    """
+
+    def __init__(self, session: _Session, first_seq: int) -> None:
+        self._session = session
+        self._protocol = session.protocol
+        self._seq = first_seq
+
+    @property
+    def closed(self) -> bool:
+        return self._protocol.is_closing or self._protocol.error is not None
+
+    async def send(self, payload: bytes) -> None:
+        """Send one payload, split into 16 MiB packets (plus the empty one when it ends on a boundary); waits while
+        the client is slow to read, so a dump never piles up more than one payload in memory."""
+        protocol = self._protocol
+        timeout = self._session.server.write_timeout
+        length = len(payload)
+        seq = self._seq
+        if length < _COPY_LIMIT:
+            # One write (one TLS record, one send()) for the ~150-byte events that make up most streams.
+            protocol.write(_U32.pack(length | seq << 24) + payload)
+            seq = (seq + 1) & 0xFF
+        elif length < MAX_CHUNK:
+            protocol.write(_U32.pack(length | seq << 24), payload)
+            seq = (seq + 1) & 0xFF
+        else:
+            with memoryview(payload) as view:
+                for start in range(0, length + 1, MAX_CHUNK):
+                    chunk = view[start : start + MAX_CHUNK]
+                    protocol.write(_U32.pack(len(chunk) | seq << 24), chunk)
+                    seq = (seq + 1) & 0xFF
+                    await protocol.drain(timeout)
+        self._seq = 1 if payload[:3] == _SEMI_SYNC_ACK_REQUESTED else seq
+        await protocol.drain(timeout)
+
+    async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None:
+        """Send one payload of `total` bytes that arrives as `chunks` (the first starting with the 0x00 / 0xEF
+        header), framed exactly as send() frames it, so that a 1 GiB event goes out without being held in memory
+        (dump.StreamingChannel). Chunks that add up to anything but `total` leave the stream corrupt: the
+        connection is dropped and ValueError raised."""
+        protocol = self._protocol
+        timeout = self._session.server.write_timeout
+        seq = self._seq
+        sent = 0
+        room = 0  # bytes left in the packet being written
+        head = b""
+        async for chunk in chunks:
+            if len(head) < 3:
+                head += bytes(chunk[: 3 - len(head)])
+            view = memoryview(chunk)
+            while view:
+                if room == 0:
+                    if sent >= total:
+                        protocol.abort()
+                        raise ValueError(f"send_stream: the chunks hold more than the announced {total} bytes")
+                    room = min(MAX_CHUNK, total - sent)
+                    protocol.write(_U32.pack(room | seq << 24))
+                    seq = (seq + 1) & 0xFF
+                piece = view[:room]
+                protocol.write(piece)
+                room -= len(piece)
+                sent += len(piece)
+                view = view[len(piece) :]
+            await protocol.drain(timeout)
+        if sent != total or room:
+            protocol.abort()
+            raise ValueError(f"send_stream: the chunks hold {sent} bytes, {total} were announced")
+        if total % MAX_CHUNK == 0:  # ends on a packet boundary (or is empty): the terminating short packet
+            protocol.write(_U32.pack(seq << 24))
+            seq = (seq + 1) & 0xFF
+        self._seq = 1 if head == _SEMI_SYNC_ACK_REQUESTED else seq
+        await protocol.drain(timeout)
+
+    async def receive(self, timeout: float | None = None) -> bytes | None:
+        """The next payload from the replica (a semi-sync ACK: 0xEF, position u64, file name), None after `timeout`
+        seconds without one. Raises ClientConnectionLost once the replica is gone."""
+        try:
+            _, payload = await self._protocol.read(timeout)
+        except TimeoutError:
+            return None
+        except MySQLError as exc:
+            raise ClientConnectionLost(f"replica sent a broken packet: {exc.message}") from exc
+        return payload
+
+
+# -- one connection -----------------------------------------------------------------------------------------------
+
+
+class _Session:
+    """One client, from the greeting to the close: handshake, authentication, then its commands in order."""
+
+    def __init__(self, server: DownstreamServer, protocol: _ClientProtocol, conn_id: int) -> None:
+        self.server = server
+        self.protocol = protocol
+        self.ctx = server.ctx
+        self.state = ConnectionState(conn_id=conn_id, host=protocol.peer_host)
+        self.capabilities = 0
+        self._seq = 0  # the sequence id of our next packet
+        self.task: asyncio.Task[None] | None = None
+        self._log = log.bind(conn_id=conn_id, client=f"{protocol.peer_host}:{protocol.peer_port}")
+
+    @property
+    def conn_id(self) -> int:
+        return self.state.conn_id
+
+    # -- packet I/O ----------------------------------------------------------------------------------------------
+
+    def _write(self, payloads: Sequence[bytes]) -> None:
+        for payload in payloads:
+            self.protocol.write(encode_packet(payload, self._seq))
+            self._seq = (self._seq + packet_count(len(payload))) & 0xFF
+
+    async def _send(self, payloads: Sequence[bytes]) -> None:
+        self._write(payloads)
+        await self.protocol.drain(self.server.write_timeout)
+
+    async def _read(self, timeout: float | None, *, new_command: bool = False) -> bytes:
+        """The client's next payload; its sequence id must follow ours (0 at a new command)."""
+        seq, payload = await self.protocol.read(timeout)
+        first = 0 if new_command else self._seq
+        expected = (first + packet_count(len(payload)) - 1) & 0xFF
+        if seq != expected:
+            message = f"Got packets out of order: sequence id {seq}, expected {expected}"
+            raise MySQLError(ER_NET_PACKETS_OUT_OF_ORDER, "08S01", message)
+        self._seq = (seq + 1) & 0xFF
+        return payload
+
+    async def _fail(self, code: int, sqlstate: str, message: str) -> NoReturn:
+        """Answer with an ERR packet (best effort) and end the connection."""
+        with contextlib.suppress(ConnectionError, MySQLError, RuntimeError):
+            await self._send([encode_error(code, sqlstate, message)])
+        raise _Close
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        server = self.server
+        self.ctx.connections[self.conn_id] = self.state
+        try:
+            if len(server._sessions) > server.max_connections:
+                self._log.warning("connection refused: too many connections", limit=server.max_connections)
+                await self._fail(ER_CON_COUNT_ERROR, "08004", "Too many connections")
+            await self._handshake()
+            await self._command_loop()
+        except _Close:
+            pass
+        except asyncio.CancelledError:
+            pass  # the server is closing, or kill()
+        except ClientConnectionLost as exc:
+            self._log.debug("client gone", reason=str(exc))
+        except MySQLError as exc:
+            self._log.info("closing connection after a protocol error", error=str(exc))
+            with contextlib.suppress(_Close):
+                await self._protocol_error(exc)
+        except Exception:
+            self._log.exception("unexpected error serving client; closing its connection")
+            with contextlib.suppress(_Close, asyncio.CancelledError):
+                await self._fail(ER_UNKNOWN_ERROR, "HY000", _INTERNAL_ERROR)
+        finally:
+            self.ctx.connections.pop(self.conn_id, None)
+            server._sessions.pop(self.conn_id, None)
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self.protocol.close()
+            self._log.debug("connection closed", user=self.state.user or None)
+
+    async def _protocol_error(self, exc: MySQLError) -> NoReturn:
+        if exc.code == CR_NET_PACKET_TOO_LARGE:
+            await self._fail(ER_NET_PACKET_TOO_LARGE, "08S01", "Got a packet bigger than 'max_allowed_packet' bytes")
+        if exc.code < 2000:  # a server error code: send it as it is
+            await self._fail(exc.code, exc.sqlstate if len(exc.sqlstate) == 5 else "HY000", exc.message)
+        await self._fail(ER_MALFORMED_PACKET, "HY000", f"Malformed communication packet: {exc.message}")
+
+    # -- connection phase ----------------------------------------------------------------------------------------
+
+    async def _handshake(self) -> None:
+        server = self.server
+        timeout = server.handshake_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await self._authenticate()
+        except TimeoutError:
+            self._log.info("handshake timed out", seconds=timeout)
+            if self.protocol.tls is not None and not self.protocol.tls.handshake_complete:
+                raise _Close from None  # no way to send an ERR mid-TLS-handshake
+            await self._fail(ER_HANDSHAKE_ERROR, "08S01", f"Bad handshake: no complete handshake within {timeout:g}s")
+
+    async def _authenticate(self) -> None:
+        server = self.server
+        ctx = self.ctx
+        flavour = ctx.flavour
+        version = greeting_version(ctx.server_version, flavour)
+        tls_offered = server.tls_context is not None
+        caps = server_capabilities(tls=tls_offered)
+        scramble = generate_scramble()
+        await self._send(
+            [
+                build_greeting(
+                    server_version=version,
+                    connection_id=self.conn_id,
+                    scramble=scramble,
+                    capabilities=caps,
+                    auth_plugin=default_auth_plugin(flavour),
+                    charset=greeting_charset(version, flavour),
+                )
+            ]
+        )
+        try:
+            response = parse_handshake_response(await self._read(None), caps)
+            if isinstance(response, SslRequest):
+                if not tls_offered:
+                    raise HandshakeError("the client asked for TLS, but this server has no TLS certificate configured")
+                await self._start_tls()
+                response = parse_handshake_response(await self._read(None), caps)
+                if isinstance(response, SslRequest):
+                    raise HandshakeError("a second SSLRequest after TLS was established")
+        except HandshakeError as exc:
+            self._log.info("bad handshake", error=exc.message)
+            await self._fail(exc.code, exc.sqlstate, exc.message)
+        secure = self.protocol.tls is not None
+        self.capabilities = response.capabilities & caps & ~(0 if secure else CLIENT_SSL)
+        auth = ServerAuthentication(
+            server.users_for,
+            scramble=scramble,
+            client_host=self.protocol.peer_host,
+            secure=secure,
+            rsa_key=server.rsa_key,
+            sha2_cache=server.sha2_cache,
+            default_plugin=default_auth_plugin(self.server.ctx.flavour),
+        )
+        step = auth.start(response)
+        while isinstance(step, SendAuthPackets):
+            await self._send(step.packets)
+            step = auth.receive(await self._read(None))
+        if isinstance(step, AuthRejected):
+            self._log.warning("login refused", user=response.user, reason=step.reason, tls=secure)
+            error = step.error
+            await self._fail(error.code, error.sqlstate, error.message)
+        assert isinstance(step, AuthAccepted)
+        state = self.state
+        state.user = step.user.name
+        state.tls = secure
+        state.database = response.database
+        state.capabilities = self.capabilities
+        self.protocol.decoder.max_payload = server.max_packet
+        await self._send([*step.packets, encode_ok()])
+        # Debug, not info: HA managers and monitoring log in every few seconds.
+        self._log.debug(
+            "client logged in",
+            user=step.user.name,
+            plugin=step.plugin,
+            tls=secure,
+            tls_version=self.protocol.tls.version if self.protocol.tls else None,
+            program=response.connect_attrs.get("program_name") or response.connect_attrs.get("_client_name"),
+        )
+
+    async def _start_tls(self) -> None:
+        handshake = self.protocol.tls_handshake
+        assert handshake is not None
+        try:
+            await handshake
+        except ssl.SSLError as exc:
+            self._log.info("TLS handshake failed", error=getattr(exc, "reason", None) or str(exc))
+            raise _Close from None
+
+    # -- command phase -------------------------------------------------------------------------------------------
+
+    async def _command_loop(self) -> None:
+        server = self.server
+        while True:
+            try:
+                payload = await self._read(server.idle_timeout, new_command=True)
+            except TimeoutError:
+                self._log.info("idle timeout", seconds=server.idle_timeout)
+                self._seq = 0  # not a reply: a new exchange, as MySQL 8.0.24+ sends it
+                await self._fail(
+                    ER_CLIENT_INTERACTION_TIMEOUT,
+                    "HY000",
+                    "The client was disconnected by the server because of inactivity.",
+                )
+            if not payload:
+                await self._fail(ER_MALFORMED_PACKET, "HY000", "Malformed communication packet: empty command")
+            command = payload[0]
+            if command == COM_QUERY:
+                await self._query(payload)
+            elif command == COM_PING:
+                await self._send([encode_ok()])
+            elif command == COM_QUIT:
+                raise _Close
+            elif command == COM_INIT_DB:
+                await self._init_db(payload)
+            elif command == COM_REGISTER_SLAVE:
+                await self._register_slave(payload)
+            elif command == COM_BINLOG_DUMP:
+                await self._dump(parse_binlog_dump(payload, self.state))
+                raise _Close  # as MySQL: the connection ends with the dump
+            elif command == COM_BINLOG_DUMP_GTID:
+                await self._dump(parse_binlog_dump_gtid(payload))
+                raise _Close
+            else:
+                name = _COMMAND_NAMES.get(command, "command")
+                message = f"Unknown command: {name} (0x{command:02x}) is not supported by relayproxy"
+                await self._send([encode_error(ER_UNKNOWN_COM_ERROR, "08S01", message)])
+
+    async def _query(self, payload: bytes) -> None:
+        sql_text = payload[1:].decode("utf-8", "surrogateescape")
+        try:
+            response = self.server.sql(self.ctx, self.state, sql_text)
+            if inspect.isawaitable(response):
+                response = await response
+        except MySQLError as exc:
+            response = ErrorResponse(exc.code, exc.sqlstate, exc.message)
+        await self._send(encode_response(response, capabilities=self.capabilities, status=SERVER_STATUS_AUTOCOMMIT))
+
+    async def _init_db(self, payload: bytes) -> None:
+        name = payload[1:].decode("utf-8", "replace").rstrip("\0")
+        if not name:
+            await self._send([encode_error(ER_NO_DB_ERROR, "3D000", "No database selected")])
+            return
+        self.state.database = name
+        await self._send([encode_ok()])
+
+    async def _register_slave(self, payload: bytes) -> None:
+        try:
+            registration = parse_register_slave(payload, master_server_id=self.ctx.server_id)
+        except ProtocolError as exc:
+            await self._fail(ER_MALFORMED_PACKET, "HY000", f"Malformed communication packet: {exc.message}")
+        self.state.registration = registration
+        self._log.info(
+            "replica registered", server_id=registration.server_id, report_host=registration.host,
+            report_port=registration.port,
+        )
+        await self._send([encode_ok()])
+
+    async def _dump(self, request: DumpRequest) -> None:
+        """Run the dump sender until it returns, fails, or the replica goes away (then it is cancelled, so that a
+        sender waiting for new transactions does not outlive its reader)."""
+        state = self.state
+        if state.dump is None:
+            state.dump = DumpProgress(file=request.file or None, position=request.position, mode=request.kind)
+        self._log.info(
+            "binlog dump requested", kind=request.kind, file=request.file, position=request.position,
+            server_id=request.server_id, flags=request.flags,
+        )
+        channel = _DumpChannel(self, self._seq)
+        task = asyncio.ensure_future(self.server.dump(self.ctx, state, request, channel))
+        try:
+            await asyncio.wait({task, self.protocol.closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None or isinstance(exc, ClientConnectionLost):
+            with contextlib.suppress(ConnectionError):
+                await self.protocol.drain(self.server.write_timeout)
+            return
+        if isinstance(exc, MySQLError):
+            self._log.info("binlog dump ended with an error", error=str(exc))
+            message = encode_error(exc.code, exc.sqlstate if len(exc.sqlstate) == 5 else "HY000", exc.message)
+        else:
+            self._log.error("binlog dump sender failed", exc_info=exc)
+            message = encode_error(ER_UNKNOWN_ERROR, "HY000", _INTERNAL_ERROR)
+        if not channel.closed:
+            with contextlib.suppress(ConnectionError):
+                await channel.send(message)
+
+
+# -- command parsing (sans-I/O) -----------------------------------------------------------------------------------
+
+
+def parse_register_slave(payload: bytes, *, master_server_id: int = 0) -> ReplicaRegistration:
+    """COM_REGISTER_SLAVE (protocol-reference §3.6). The reported password is read past and dropped: the relay has
+    no use for it and must not keep it. A master_id of 0 means this server, as in MySQL."""
+    pos = 1
+    try:
+        server_id = _U32.unpack_from(payload, pos)[0]
+        pos += 4
+        fields = []
+        for what in ("report_host", "report_user", "report_password"):
+            if pos >= len(payload):
+                raise ProtocolError(f"COM_REGISTER_SLAVE ends before {what}")
+            length = payload[pos]
+            value = payload[pos + 1 : pos + 1 + length]
+            if len(value) != length:
+                raise ProtocolError(f"COM_REGISTER_SLAVE {what} runs past the packet end")
+            fields.append(value)
+            pos += 1 + length
+        port = _U16.unpack_from(payload, pos)[0]
+        rank, master_id = struct.unpack_from("<II", payload, pos + 2)
+    except struct.error:
+        raise ProtocolError(
+            f"COM_REGISTER_SLAVE is {len(payload)} bytes, too short for server_id, host, user, password, port, rank "
+            "and master_id"
+        ) from None
+    host, user = (raw.decode("utf-8", "replace") for raw in fields[:2])
+    return ReplicaRegistration(
+        server_id=server_id, host=host, port=port, user=user, rank=rank, master_id=master_id or master_server_id
+    )
+
+
+def parse_binlog_dump(payload: bytes, state: ConnectionState | None = None) -> DumpRequest:
+    """COM_BINLOG_DUMP (§3.7): kind "mariadb-gtid" when the connection has set @slave_connect_state (a MariaDB
+    replica in GTID mode, which sends position 4 and no file name), "file" otherwise."""
+    if len(payload) < 1 + _DUMP_HEAD.size:
+        raise ProtocolError(f"COM_BINLOG_DUMP is {len(payload)} bytes, at least 11 expected")
+    position, flags, server_id = _DUMP_HEAD.unpack_from(payload, 1)
+    file = _file_name(payload[1 + _DUMP_HEAD.size :], "COM_BINLOG_DUMP")
+    gtid_mode = state is not None and state.user_vars.get("slave_connect_state") is not None
+    return DumpRequest("mariadb-gtid" if gtid_mode else "file", server_id, flags, file, position)
+
+
+def parse_binlog_dump_gtid(payload: bytes) -> DumpRequest:
+    """COM_BINLOG_DUMP_GTID (§3.8): kind "mysql-gtid", `gtid_set` the encoded set as sent (possibly empty)."""
+    head = 1 + _DUMP_GTID_HEAD.size
+    if len(payload) < head:
+        raise ProtocolError(f"COM_BINLOG_DUMP_GTID is {len(payload)} bytes, at least {head} expected")
+    flags, server_id, name_size = _DUMP_GTID_HEAD.unpack_from(payload, 1)
+    pos = head
+    if name_size > len(payload) - pos - 8:
+        raise ProtocolError(
+            f"COM_BINLOG_DUMP_GTID announces a {name_size}-byte file name, which with the position does not fit "
+            f"its {len(payload)} bytes"
+        )
+    file = _file_name(payload[pos : pos + name_size], "COM_BINLOG_DUMP_GTID")
+    pos += name_size
+    position = _U64.unpack_from(payload, pos)[0]
+    pos += 8
+    gtid_set = b""
+    if pos < len(payload):
+        if len(payload) - pos < 4:
+            raise ProtocolError("COM_BINLOG_DUMP_GTID ends inside the GTID set's data size")
+        data_size = _U32.unpack_from(payload, pos)[0]
+        pos += 4
+        if data_size != len(payload) - pos:
+            raise ProtocolError(
+                f"COM_BINLOG_DUMP_GTID announces a {data_size}-byte GTID set, the packet has {len(payload) - pos} "
+                "bytes left"
+            )
+        gtid_set = bytes(payload[pos:])
+    return DumpRequest("mysql-gtid", server_id, flags, file, position, gtid_set)
+
+
+def _file_name(raw: bytes, what: str) -> str:
+    # Some clients send the name NUL-terminated or NUL-padded; MySQL reads it as a C string.
+    raw = raw.split(b"\0", 1)[0]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what}: the binlog file name is not valid UTF-8") from None
+
+
+# -- the server ---------------------------------------------------------------------------------------------------
+
+
+class DownstreamServer:
+    """The relay's listener for replicas, mariadb-binlog, CDC tools and HA managers.
+
+    `users`: the accounts (DownstreamUser); `tls_context`: a server SSLContext (server_tls_context()) to offer
+    TLS, None for plaintext only; `sql(ctx, conn_state, sql_text)` answers COM_QUERY with a Response, directly or
+    as a coroutine (default relayproxy.downstream.sql.execute); a MySQLError it raises is sent as ERR, anything
+    else ends the connection with 1105; `dump(ctx, conn_state, request, channel)` serves a binlog dump (default
+    relayproxy.downstream.dump.serve_dump); `rsa_key` decrypts caching_sha2_password full authentication
+    without TLS (a 2048-bit key is generated when None).
+
+    Limits: `handshake_timeout` for greeting-to-OK, `idle_timeout` between commands (not during a dump),
+    `write_timeout` for a client that stops reading, `max_connections`, `max_packet` for a client's command,
+    `max_buffered` unread client bytes before reading pauses.
+    """
+
+    def __init__(
+        self,
+        ctx: DownstreamContext,
+        users: Sequence[DownstreamUser],
+        *,
+        tls_context: ssl.SSLContext | None = None,
+        sql: SqlExecutor | None = None,
+        dump: DumpServer | None = None,
+        rsa_key: RsaKeyPair | None = None,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_packet: int = DEFAULT_MAX_PACKET,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+    ) -> None:
+        # Imported here rather than at the top: they bring in the store and the binlog code, which a server
+        # built with stand-ins (tests, tools) does not need.
+        if sql is None:
+            from .sql import execute as sql
+        if dump is None:
+            from .dump import serve_dump as dump
+        self.ctx = ctx
+        self.tls_context = tls_context
+        self.sql: SqlExecutor = sql
+        self.dump: DumpServer = dump
+        self.rsa_key = rsa_key or RsaKeyPair.generate()
+        self.sha2_cache = Sha2Cache()
+        self.handshake_timeout = handshake_timeout
+        self.idle_timeout = idle_timeout
+        self.write_timeout = write_timeout
+        self.max_connections = max_connections
+        self.max_packet = max_packet
+        self.max_buffered = max_buffered
+        self._server: asyncio.AbstractServer | None = None
+        self._sessions: dict[int, _Session] = {}
+        self._ids = itertools.count(1)
+        self._closing = False
+        self._users: tuple[DownstreamUser, ...] = ()
+        self.set_users(users)
+
+    def __repr__(self) -> str:
+        listening = self._server is not None and self._server.is_serving()
+        where = "%s:%d" % self.address if listening else "not listening"
+        return f"<DownstreamServer {where} connections={len(self._sessions)} tls={self.tls_context is not None}>"
+
+    # -- accounts ------------------------------------------------------------------------------------------------
+
+    @property
+    def users(self) -> tuple[DownstreamUser, ...]:
+        return self._users
+
+    def set_users(self, users: Sequence[DownstreamUser]) -> None:
+        """Replace the accounts (e.g. on a configuration reload); open connections are not affected. A changed
+        password drops out of the caching_sha2 fast-auth cache by itself (Sha2Cache.lookup)."""
+        users = tuple(users)
+        if self.tls_context is None:
+            needing = [u.account for u in users if u.tls == "required"]
+            if needing:
+                accounts = ", ".join(needing)
+                raise ValueError(
+                    f"account(s) {accounts} require TLS, but no TLS certificate is configured for the listener"
+                )
+        self._users = users
+
+    def users_for(self, name: str, client_host: str) -> DownstreamUser | None:
+        """The account `name` logs in as from `client_host` (None: no such account)."""
+        return find_user(self._users, name, client_host)
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("the server is not listening")
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._sessions)
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Listen on host:port (port 0 picks a free one); returns the address actually bound."""
+        if self._server is not None:
+            raise RuntimeError("the server is already started")
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(lambda: _ClientProtocol(self), host, port, reuse_address=True)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        address = self.address
+        log.info("listening for replicas", host=address[0], port=address[1], tls=self.tls_context is not None,
+                 users=len(self._users))
+        return address
+
+    def _accept(self, protocol: _ClientProtocol) -> _Session | None:
+        if self._closing:
+            protocol.abort()
+            return None
+        conn_id = next(self._ids)
+        if conn_id > 0xFFFFFFFF:  # the greeting's field is 32 bits
+            self._ids = itertools.count(1)
+            conn_id = next(self._ids)
+        session = _Session(self, protocol, conn_id)
+        self._sessions[conn_id] = session
+        session.task = asyncio.get_running_loop().create_task(session.run(), name=f"downstream-conn-{conn_id}")
+        return session
+
+    def kill(self, conn_id: int) -> bool:
+        """End one connection (KILL, or a replica reconnecting with the same server_id/UUID); False if unknown."""
+        session = self._sessions.get(conn_id)
+        if session is None or session.task is None:
+            return False
+        session.task.cancel()
+        return True
+
+    async def close(self) -> None:
+        """Stop listening and end every connection (a running dump is cancelled; replicas reconnect later)."""
+        self._closing = True
+        server = self._server
+        if server is not None:
+            server.close()
+        tasks = [s.task for s in list(self._sessions.values()) if s.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT * 2)
+            for session in list(self._sessions.values()):
+                session.protocol.abort()
+            for task in pending:
+                with contextlib.suppress(BaseException):
+                    await task
+        if server is not None:
+            await server.wait_closed()
+        log.info("stopped listening for replicas")
+
+    async def __aenter__(self) -> DownstreamServer:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+
+__all__ = [
+    "ClientConnectionLost",
+    "DownstreamServer",
+    "DumpServer",
+    "SqlExecutor",
+    "parse_binlog_dump",
+    "parse_binlog_dump_gtid",
+    "parse_register_slave",
+    "server_tls_context",
+]
