@@ -134,6 +134,9 @@ class DownstreamContext:
         self.semi_sync_waiters: list[asyncio.Future] = []
         self._catalog = None
         self._catalog_store = None
+        from .dump import SemiSyncTracker
+
+        self.semi_sync = SemiSyncTracker()  # ACKs of semi-sync replicas of the relay
 
     @property
     def store(self):

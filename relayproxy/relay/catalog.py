@@ -69,10 +69,10 @@ class FileCatalog:
                 head = f.read(_HEAD_READ)
         except OSError as exc:
             raise CatalogError(f"cannot read relay file {name}: {exc.strerror}") from exc
-        result = _parse_head(name, head)
-        if result[0] is not None or len(head) > 4 + 19:
-            self._starts[name] = result  # a file whose header is complete never changes
-        return result
+        start, version, final = _parse_head(name, head)
+        if final:
+            self._starts[name] = (start, version)  # a file whose header is complete never changes
+        return start, version
 
     def forget(self, name: str) -> None:
         self._starts.pop(name, None)
@@ -120,7 +120,8 @@ def _copy(value):
     return None if value is None else value.copy()
 
 
-def _parse_head(name: str, head: bytes) -> tuple[object, str | None]:
+def _parse_head(name: str, head: bytes) -> tuple[object, str | None, bool]:
+    """(starting set, server version, final): final is False while the header may still be growing."""
     if len(head) < 4 or head[:4] != C.BINLOG_MAGIC:
         raise CatalogError(f"relay file {name} does not start with the binlog magic")
     pos = 4
@@ -136,12 +137,12 @@ def _parse_head(name: str, head: bytes) -> tuple[object, str | None]:
                 raise CatalogError(f"relay file {name}: {exc}") from exc
         elif type_code == C.PREVIOUS_GTIDS_LOG_EVENT and fde is not None:
             body = pos + C.HEADER_LEN
-            return GtidSet.decode(head, body, size - C.HEADER_LEN - fde.checksum_len), fde.server_version
+            return GtidSet.decode(head, body, size - C.HEADER_LEN - fde.checksum_len), fde.server_version, True
         elif type_code == C.MARIA_GTID_LIST_EVENT and fde is not None:
             body = pos + C.HEADER_LEN
             state, _flags = MariaBinlogState.decode_gtid_list_body(head, body, size - C.HEADER_LEN - fde.checksum_len)
-            return state, fde.server_version
+            return state, fde.server_version, True
         elif type_code not in (C.ROTATE_EVENT, C.MARIA_BINLOG_CHECKPOINT_EVENT, C.STOP_EVENT):
-            break  # the first group: a file without a starting GTID set
+            return None, fde.server_version if fde else None, True  # a first group: no starting set, ever
         pos += size
-    return None, fde.server_version if fde else None
+    return None, fde.server_version if fde else None, False  # the header is not all there (yet)

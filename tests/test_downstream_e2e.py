@@ -1,0 +1,132 @@
+"""Real replicas and tools through the relay: master -> relayproxy -> MariaDB replica / mariadb-binlog."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from .relayharness import RelayProcess, assert_files_equal_master, free_port, master_status, prepare_master
+from .test_relay_e2e import mixed_load
+
+pytestmark = pytest.mark.server
+
+USERS_TOML = """
+[[users]]
+name = "repl"
+password = "replpw"
+plugin = "mysql_native_password"
+"""
+
+
+@pytest.fixture
+def chain(mariadb, tmp_path):
+    master = mariadb("master")
+    prepare_master(master)
+    config = tmp_path / "relay.toml"
+    config.write_text(USERS_TOML)
+    listen = free_port()
+    relay = RelayProcess(
+        tmp_path / "relay", master.port, gtid_mode="mariadb",
+        extra=["--listen", f"127.0.0.1:{listen}", "--config", str(config)],
+    )
+    relay.listen_port = listen
+    relay.start()
+    yield master, relay
+    relay.stop()
+
+
+def replica_status(replica) -> dict:
+    conn = replica.connect()
+    try:
+        cur = conn.cursor()
+        cur.execute("SHOW SLAVE STATUS")
+        row = cur.fetchone()
+        return dict(zip([d[0] for d in cur.description], row)) if row else {}
+    finally:
+        conn.close()
+
+
+def wait_replica(replica, master, timeout: float = 60.0) -> dict:
+    file, pos = master_status(master)
+    deadline = time.monotonic() + timeout
+    status = {}
+    while time.monotonic() < deadline:
+        status = replica_status(replica)
+        if status.get("Last_IO_Error") or status.get("Last_SQL_Error"):
+            raise AssertionError(f"replica error: {status.get('Last_IO_Error')} {status.get('Last_SQL_Error')}")
+        if status.get("Relay_Master_Log_File") == file and int(status.get("Exec_Master_Log_Pos") or 0) == pos:
+            return status
+        time.sleep(0.1)
+    raise AssertionError(f"replica did not reach {file}:{pos}: {status}")
+
+
+def table_rows(server, table: str):
+    return server.execute(f"SELECT * FROM {table} ORDER BY 1")
+
+
+@pytest.mark.parametrize("use_gtid", ["no", "slave_pos"])
+def test_mariadb_replica_through_the_relay_equals_the_master(chain, mariadb, use_gtid):
+    master, relay = chain
+    mixed_load(master, big=True)
+    relay.wait_caught_up(master)
+    replica = mariadb("replica", server_id=3)
+    replica.execute(
+        f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={relay.listen_port}, MASTER_USER='repl', "
+        f"MASTER_PASSWORD='replpw', MASTER_CONNECT_RETRY=1, "
+        + ("MASTER_LOG_FILE='master-bin.000001', MASTER_LOG_POS=4, MASTER_USE_GTID=no" if use_gtid == "no"
+           else "MASTER_USE_GTID=slave_pos")
+    )
+    replica.execute("START SLAVE")
+    status = wait_replica(replica, master)
+    assert status["Slave_IO_Running"] == "Yes" and status["Slave_SQL_Running"] == "Yes"
+    # Master coordinates are kept: the replica's position through the relay is the master's.
+    assert (status["Master_Log_File"], int(status["Read_Master_Log_Pos"])) == master_status(master)
+    mixed_load(master, rounds=2, big=False)
+    wait_replica(replica, master)
+    for table in ("app.t", "app.ddl0", "app.ddl1"):
+        assert table_rows(replica, table) == table_rows(master, table), table
+    if use_gtid == "slave_pos":
+        assert replica.execute("SELECT @@gtid_slave_pos")[0][0] == master.execute("SELECT @@gtid_binlog_pos")[0][0]
+    hosts = relay_sql(relay, "SHOW SLAVE HOSTS")
+    assert any(int(row[0]) == 3 for row in hosts)
+
+
+def relay_sql(relay, sql: str):
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=relay.listen_port, user="repl", password="replpw")
+    try:
+        cur = conn.cursor()
+        cur.execute(sql)
+        return cur.fetchall()
+    finally:
+        conn.close()
+
+
+def test_mariadb_binlog_reads_the_relay_like_a_master(chain, tmp_path):
+    master, relay = chain
+    mixed_load(master, big=False)
+    relay.wait_caught_up(master)
+    tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+    assert tool, "mariadb-binlog is part of the mariadb-server packages"
+    out = tmp_path / "download"
+    out.mkdir()
+    first = master.binlog_files()[0].name
+    subprocess.run(
+        [tool, "--read-from-remote-server", "--raw", "--to-last-log", "-h127.0.0.1", f"-P{relay.listen_port}",
+         "-urepl", "-preplpw", f"--result-file={out}/", first],
+        check=True, timeout=60, capture_output=True,
+    )
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [p.name for p in master.binlog_files()]
+    assert_files_equal_master(out_as_relay(out, names), master, up_to=master_status(master))
+    binlogs = relay_sql(relay, "SHOW BINARY LOGS")
+    assert [row[0] for row in binlogs] == names
+
+
+def out_as_relay(out, names):
+    (out / "relayproxy.index").write_text("".join(f"{n}\n" for n in names))
+    return out
