@@ -126,6 +126,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("sync_max_delay", _positive_float, 0.01, "batch mode: fsync at most this many seconds after a commit"),
     Option("semi_sync", _bool, True, "register as a semi-sync replica when the master has semi-sync enabled"),
     Option("verify_checksums", _bool, True, "verify the CRC32 of every event received"),
+    Option("semi_sync_replicas", int, 0,
+           "semi-sync: ACK the master only after this many semi-sync replicas of the relay have the transaction"),
+    Option("semi_sync_timeout", _positive_float, 10.0,
+           "semi-sync: seconds to wait for those replicas before ACKing the master anyway (counted as a timeout)"),
 )
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
 

@@ -67,14 +67,6 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         except (NotImplementedError, RuntimeError):
             pass
     try:
-        if cfg.http:
-            http = HttpApi(lambda: relay_status(cfg, session.store, session))
-            try:
-                address = await http.start(*cfg.http)
-            except OSError as exc:
-                raise RelayStartupError(f"cannot listen on --http {cfg.http[0]}:{cfg.http[1]}: {exc.strerror}") from exc
-        else:
-            address = None
         listen_address = None
         if cfg.listen:
             downstream = _downstream_server(cfg, session)
@@ -82,6 +74,14 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
                 listen_address = await downstream.start(*cfg.listen)
             except OSError as exc:
                 raise RelayStartupError(f"cannot listen on --listen {cfg.listen[0]}:{cfg.listen[1]}: {exc.strerror}") from exc
+        if cfg.http:
+            http = HttpApi(lambda: relay_status(cfg, session.store, session, downstream))
+            try:
+                address = await http.start(*cfg.http)
+            except OSError as exc:
+                raise RelayStartupError(f"cannot listen on --http {cfg.http[0]}:{cfg.http[1]}: {exc.strerror}") from exc
+        else:
+            address = None
         if ready is not None and not ready.done():
             ready.set_result({"http": address, "listen": listen_address, "store": store, "session": session,
                               "downstream": downstream})
@@ -117,4 +117,11 @@ def _downstream_server(cfg, session):
     elif any(user.tls == "required" for user in cfg.users):
         raise RelayStartupError("a user requires TLS but no tls_cert is configured for --listen")
     ctx = DownstreamContext(cfg, session, server_uuid=session.replica_uuid)
+    if cfg.semi_sync_replicas > 0:
+        tracker, wanted, timeout = ctx.semi_sync, cfg.semi_sync_replicas, cfg.semi_sync_timeout
+
+        async def gate(file: str, position: int) -> bool:
+            return await tracker.wait_for(file, position, wanted, timeout)
+
+        session.ack_gate = gate
     return DownstreamServer(ctx, cfg.users, tls_context=tls)

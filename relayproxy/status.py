@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 
-def relay_status(cfg, store, session) -> dict[str, Any]:
+def relay_status(cfg, store, session, downstream=None) -> dict[str, Any]:
     """One consistent snapshot for GET /status, `relayproxy status` and (later) SHOW REPLICA STATUS."""
     horizon = store.horizon.snapshot()
     up = session.status
@@ -57,7 +57,34 @@ def relay_status(cfg, store, session) -> dict[str, Any]:
         "duplicate_events_skipped": counters.duplicates,
         "heartbeats_received": counters.heartbeats,
         "horizon_seq": horizon.seq,
+        "semi_sync_replica_waits": up.semi_sync_replica_waits,
+        "semi_sync_replica_timeouts": up.semi_sync_replica_timeouts,
+        "replicas": _replicas(downstream) if downstream is not None else [],
     }
+
+
+def _replicas(downstream) -> list[dict[str, Any]]:
+    """Connected dump clients: who they are and how far each has been sent / has acknowledged."""
+    out = []
+    for conn in list(downstream.ctx.connections.values()):
+        dump = conn.dump
+        if dump is None and conn.registration is None:
+            continue
+        reg = conn.registration
+        out.append({
+            "connection_id": conn.conn_id,
+            "user": conn.user,
+            "host": conn.host,
+            "server_id": reg.server_id if reg else None,
+            "mode": dump.mode if dump else None,
+            "file": dump.file if dump else None,
+            "position": dump.position if dump else None,
+            "events_sent": dump.events_sent if dump else 0,
+            "bytes_sent": dump.bytes_sent if dump else 0,
+            "semi_sync": dump.semi_sync if dump else False,
+            "last_ack": list(dump.last_ack) if dump and dump.last_ack else None,
+        })
+    return out
 
 
 def format_status(status: dict[str, Any]) -> str:

@@ -50,3 +50,54 @@ def test_master_counts_every_commit_as_acknowledged_by_the_relay(mariadb, tmp_pa
         assert (relay.relay_dir / file).stat().st_size >= pos
     finally:
         relay.stop()
+
+
+def test_relay_acks_the_master_only_after_its_semi_sync_replica(mariadb, tmp_path):
+    """master (semi-sync) -> relay (--semi-sync-replicas 1) -> MariaDB replica (semi-sync): no peer does this."""
+    from .relayharness import free_port
+
+    master = mariadb("master", extra_config={
+        "rpl_semi_sync_master_enabled": 1,
+        "rpl_semi_sync_master_timeout": 20000,
+        "rpl_semi_sync_master_wait_no_slave": "OFF",
+    })
+    prepare_master(master)
+    config = tmp_path / "relay.toml"
+    config.write_text('[[users]]\nname = "repl"\npassword = "replpw"\n')
+    listen = free_port()
+    relay = RelayProcess(tmp_path / "relay", master.port, extra=[
+        "--listen", f"127.0.0.1:{listen}", "--config", str(config),
+        "--semi-sync-replicas", "1", "--semi-sync-timeout", "15",
+    ]).start()
+    replica = mariadb("replica", server_id=3, extra_config={"rpl_semi_sync_slave_enabled": 1})
+    try:
+        relay.wait_for(lambda s: s["io_running"] and s["semi_sync"], 20, "semi-sync streaming")
+        replica.execute(
+            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={listen}, MASTER_USER='repl', "
+            "MASTER_PASSWORD='replpw', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1"
+        )
+        replica.execute("START SLAVE")
+        status = relay.wait_for(lambda s: any(r["semi_sync"] for r in s["replicas"]), 20, "a semi-sync replica")
+        assert status_var(replica, "Rpl_semi_sync_slave_status") == "ON"
+        yes_before = int(status_var(master, "Rpl_semi_sync_master_yes_tx"))
+        no_before = int(status_var(master, "Rpl_semi_sync_master_no_tx"))
+        master.execute("CREATE DATABASE app")
+        master.execute("CREATE TABLE app.t (id INT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB")
+        conn = master.connect()
+        cur = conn.cursor()
+        for i in range(10):
+            cur.execute("INSERT INTO app.t (v) VALUES (%s)", (i,))
+            conn.commit()
+            # The commit returned: the relay ACKed it, so its semi-sync replica had ACKed it to the relay.
+            file, pos = master_status(master)
+            ack = [r for r in relay.status()["replicas"] if r["semi_sync"]][0]["last_ack"]
+            assert ack[0] == file and ack[1] >= pos, (ack, file, pos)
+        conn.close()
+        assert int(status_var(master, "Rpl_semi_sync_master_yes_tx")) - yes_before == 12
+        assert int(status_var(master, "Rpl_semi_sync_master_no_tx")) == no_before
+        status = relay.status()
+        assert status["semi_sync_replica_waits"] >= 12 and status["semi_sync_replica_timeouts"] == 0
+        acked = [r for r in status["replicas"] if r["semi_sync"]][0]["last_ack"]
+        assert acked is not None and acked[0] == status["master_log_file"]
+    finally:
+        relay.stop()

@@ -44,6 +44,8 @@ class UpstreamStatus:
     connect_failures: int = 0
     semi_sync: bool = False
     semi_sync_acks: int = 0
+    semi_sync_replica_waits: int = 0  # upstream ACKs that waited for downstream semi-sync replicas
+    semi_sync_replica_timeouts: int = 0  # ... and gave up waiting (the master was ACKed anyway)
     clock_diff: float = 0.0
     connected_since: float | None = None
     state: str = "starting"
@@ -61,6 +63,9 @@ class UpstreamSession:
         self._stopping = asyncio.Event()
         self._conn: UpstreamConnection | None = None
         self._resume_by_position = False  # next dump by file/position (see ResumeByPosition)
+        # Optional gate before each upstream semi-sync ACK: await gate(file, pos) -> bool (e.g. wait for N
+        # semi-sync replicas of the relay to have the transaction; False = gave up, ACK anyway).
+        self.ack_gate = None
         self._replica_uuid = _persistent_uuid(Path(cfg.relay_dir))
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -331,9 +336,15 @@ class UpstreamSession:
             and files.index(pending[0]) < files.index(horizon.file)
         )
         if durable:
+            self.receiver.ack_pending = None
+            if self.ack_gate is not None:
+                self.status.semi_sync_replica_waits += 1
+                if not await self.ack_gate(pending[0], pending[1]):
+                    self.status.semi_sync_replica_timeouts += 1
+                    log.warning("semi-sync replicas of the relay did not acknowledge in time; ACKing the master",
+                                file=pending[0], position=pending[1])
             # Semi-sync ACK only once the acknowledged transaction is durable in the relay.
             conn.write_packet(bytes([0xEF]) + struct.pack("<Q", pending[1]) + pending[0].encode(), 0)
-            self.receiver.ack_pending = None
             self.status.semi_sync_acks += 1
 
 
