@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("relayproxy.inspect", "walk binlog or relay-log files: events, transaction groups, CRCs"),
     "run": ("relayproxy.run", "replicate from a master into durable relay files (the relay)"),
+    "serve": ("relayproxy.serve", "serve existing binlog files read-only to replicas and tools, as their master"),
     "status": ("relayproxy.status_cmd", "show a running relay's horizon and upstream health"),
     "demo": ("relayproxy.demo", "start a local MariaDB master, write transactions, inspect its binlogs"),
 }

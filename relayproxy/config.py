@@ -98,6 +98,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("password_file", str, None, "file holding the password (first line)", "PATH"),
     Option("server_id", _server_id, None, "server id the relay registers with (unique in the topology)"),
     Option("relay_dir", str, None, "directory of the relay files (the files are the state)", "DIR"),
+    Option("binlog_dir", str, None, "relayproxy serve: directory of the binlog files to serve, read-only", "DIR"),
     Option("http", _host_port, None, "serve GET /status and /metrics on this address", "HOST:PORT"),
     Option("listen", _host_port, None, "serve replicas and tools on this address, as their master", "HOST:PORT"),
     Option("users", _users, None,
