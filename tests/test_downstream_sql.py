@@ -384,6 +384,8 @@ def test_status_answers_stop_at_the_horizon(live_relay):
     assert r.store.current_end == r.partial_end > end  # the partial group is on disk, not advertised
     executed = f"{SID_TEXT}:1-12"
     assert r.rows("SHOW MASTER STATUS") == [["binlog.000001", end, "", "", executed]]
+    r.error("SHOW BINARY LOG STATUS", 1064)  # exists from MySQL 8.2 on: older servers say 1064
+    r.status.master_server_version = "8.4.3"
     assert r.rows("SHOW BINARY LOG STATUS") == [["binlog.000001", end, "", "", executed]]
     assert r.rows("SHOW BINARY LOGS") == [["binlog.000001", end, "No"]]
     assert r.one("SELECT @@global.gtid_executed") == executed
@@ -815,8 +817,11 @@ def test_python_mysql_replication_connect_queries(mysql_relay, maria_relay):
     r.ok(f"SET @slave_uuid = '{REPLICA_UUID}', @replica_uuid = '{REPLICA_UUID}'")
     r.ok("SET @master_heartbeat_period = 1000000000")
     r.ok("SET @mariadb_slave_capability=4")
-    assert r.rows("SHOW BINARY LOG STATUS")[0][0] == "binlog.000004"
-    assert r.rows("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA';") == []  # unknown until the session records it
+    # The library tries SHOW BINARY LOG STATUS and falls back to SHOW MASTER STATUS on 1064, as an 8.0 master says.
+    r.error("SHOW BINARY LOG STATUS", 1064)
+    assert r.rows("SHOW MASTER STATUS")[0][0] == "binlog.000004"
+    # An 8.0 server always has binlog_row_metadata (default MINIMAL); the master's value wins when recorded.
+    assert r.rows("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA';") == [["binlog_row_metadata", "MINIMAL"]]
     r.status.extra["master_variables"] = {"binlog_row_metadata": "FULL"}
     assert r.rows("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA';") == [["binlog_row_metadata", "FULL"]]
     m = maria_relay

@@ -103,7 +103,10 @@ class Served:
             conn.close()
 
     def refused(self) -> list[tuple[str, str, int | None]]:
-        return [q for q in self.queries if q[1] != "ok"]
+        # SHOW BINARY LOG STATUS is 1064 before MySQL 8.2 (and on MariaDB); python-mysql-replication falls
+        # back to SHOW MASTER STATUS on exactly that error, as against a real 8.0 master: not a refusal.
+        fallback = ("SHOW BINARY LOG STATUS", "error", 1064)
+        return [q for q in self.queries if q[1] != "ok" and q != fallback]
 
 
 def parse(argv: list[str]) -> tuple:

@@ -892,8 +892,10 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("log_replica_updates", lambda e: True, "bool", has_session=False, exists=_mysql_since(8, 0, 26)),
     SysVar("binlog_format", _from_master("binlog_format", lambda e: "ROW" if e.mysql else "MIXED")),
     SysVar("binlog_row_image", _from_master("binlog_row_image", "FULL")),
-    SysVar("binlog_row_metadata", lambda e: e.master_var("binlog_row_metadata"), has_session=False,
-           exists=lambda e: e.master_var("binlog_row_metadata") is not None,
+    SysVar("binlog_row_metadata", lambda e: e.master_var("binlog_row_metadata") or "MINIMAL", has_session=False,
+           # MySQL 8.0.1+ always has it (default MINIMAL); MariaDB 10.5+ too; earlier servers do not.
+           exists=lambda e: e.master_var("binlog_row_metadata") is not None
+           or (e.mysql and e.at_least(8, 0, 1)) or (not e.mysql and e.at_least(10, 5, 0)),
            doc="only when the upstream session recorded the master's value"),
     SysVar("binlog_checksum", _binlog_checksum, has_session=False),
     SysVar("master_info_repository", lambda e: "TABLE", has_session=False, exists=_mysql_only),
@@ -1783,10 +1785,24 @@ def _show(p: _Parser, env: _Env) -> Response:
         p.expect_word("LOGS")
         p.end_of_statement()
         return _show_binary_logs(env)
+    if p.is_word("BINLOG") and env.flavour == "mariadb":
+        # MariaDB 10.5.2+'s name for SHOW MASTER STATUS.
+        start = p.cur.start
+        p.advance()
+        if not p.accept_word("STATUS"):
+            raise _syntax_error(p.sql, start, env.flavour)
+        p.end_of_statement()
+        return _show_master_status(env)
     if p.accept_word("BINARY"):
-        if p.accept_word("LOG"):
+        if p.is_word("LOG"):
+            start = p.cur.start
+            p.advance()
             p.expect_word("STATUS")
             p.end_of_statement()
+            if env.flavour == "mariadb" or not env.at_least(8, 2, 0):
+                # SHOW BINARY LOG STATUS exists from MySQL 8.2 only: older servers and MariaDB say 1064,
+                # which is what makes tools fall back to SHOW MASTER STATUS.
+                raise _syntax_error(p.sql, start, env.flavour)
             return _show_master_status(env)
         p.expect_word("LOGS")
         p.end_of_statement()
