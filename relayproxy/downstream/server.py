@@ -97,6 +97,7 @@ DEFAULT_IDLE_TIMEOUT = 28800.0  # MySQL's wait_timeout
 DEFAULT_WRITE_TIMEOUT = 60.0  # MySQL's net_write_timeout: a client that stops reading this long is dropped
 DEFAULT_MAX_CONNECTIONS = 1000
 _CLOSE_TIMEOUT = 5.0
+_HALF_CLOSE_GRACE = 1.0  # seconds a dump may still answer after the replica half-closed
 _SEMI_SYNC_ACK_REQUESTED = b"\x00\xef\x01"
 _INTERNAL_ERROR = "Unknown error: internal error in relayproxy, see its log"
 # Payloads shorter than this are copied behind their header and written at once.
@@ -219,6 +220,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.tls_handshake: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.input_ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # client half-closed
         self._first: bytearray | None = bytearray()
         self._discard = False
         self._ready: collections.deque[tuple[int, bytes]] = collections.deque()
@@ -331,7 +333,14 @@ class _ClientProtocol(asyncio.Protocol):
         self._wake()
 
     def eof_received(self) -> bool:
-        return False
+        # A half-close ends the input, not the conversation: commands already received still get their
+        # replies (a master answers, then closes on its next read). read() raises once they are consumed.
+        if self.error is None:
+            self.error = ClientConnectionLost(f"client {self.peer_host}:{self.peer_port} closed its side")
+        if not self.input_ended.done():
+            self.input_ended.set_result(None)
+        self._wake()
+        return True  # keep the transport open for the replies; the session closes it
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.error is None:
@@ -468,11 +477,31 @@ class _DumpChannel:
 
     @property
     def closed(self) -> bool:
-        return self._protocol.is_closing or self._protocol.error is not None
+        # A half-close is not a close: the dump may still answer (send_final); events are refused by send().
+        protocol = self._protocol
+        return protocol.is_closing or (protocol.error is not None and not protocol.input_ended.done())
+
+    def _check_reader(self) -> None:
+        # A replica that half-closed reads no more events: sending them would only fill its socket.
+        if self._protocol.input_ended.done() or self._protocol.is_closing:
+            raise ClientConnectionLost("the replica closed the connection")
+
+    async def send_final(self, payload: bytes) -> None:
+        """The dump's last word (an ERR or EOF): delivered even after the replica half-closed."""
+        if self._protocol.is_closing:
+            raise ClientConnectionLost("the replica closed the connection")
+        await self._send(payload)
 
     async def send(self, payload: bytes) -> None:
         """Send one payload, split into 16 MiB packets (plus the empty one when it ends on a boundary); waits while
         the client is slow to read, so a dump never piles up more than one payload in memory."""
+        if payload[:1] in (b"\xff", b"\xfe"):
+            await self.send_final(payload)  # an ERR or EOF is the dump's last word: answer even a half-closed replica
+            return
+        self._check_reader()
+        await self._send(payload)
+
+    async def _send(self, payload: bytes) -> None:
         protocol = self._protocol
         timeout = self._session.server.write_timeout
         length = len(payload)
@@ -499,6 +528,7 @@ class _DumpChannel:
         header), framed exactly as send() frames it, so that a 1 GiB event goes out without being held in memory
         (dump.StreamingChannel). Chunks that add up to anything but `total` leave the stream corrupt: the
         connection is dropped and ValueError raised."""
+        self._check_reader()
         protocol = self._protocol
         timeout = self._session.server.write_timeout
         seq = self._seq
@@ -805,7 +835,12 @@ class _Session:
         channel = _DumpChannel(self, self._seq)
         task = asyncio.ensure_future(self.server.dump(self.ctx, state, request, channel))
         try:
-            await asyncio.wait({task, self.protocol.closed}, return_when=asyncio.FIRST_COMPLETED)
+            closed, ended = self.protocol.closed, self.protocol.input_ended
+            await asyncio.wait({task, closed, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done() and ended.done() and not closed.done():
+                # The replica half-closed: it reads no more events. A reply the sender is about to give (an
+                # ERR for a bad request) still goes out; a sender waiting for new transactions is stopped.
+                await asyncio.wait({task, closed}, timeout=_HALF_CLOSE_GRACE)
         finally:
             if not task.done():
                 task.cancel()
@@ -824,9 +859,8 @@ class _Session:
         else:
             self._log.error("binlog dump sender failed", exc_info=exc)
             message = encode_error(ER_UNKNOWN_ERROR, "HY000", _INTERNAL_ERROR)
-        if not channel.closed:
-            with contextlib.suppress(ConnectionError):
-                await channel.send(message)
+        with contextlib.suppress(ConnectionError):
+            await channel.send_final(message)
 
 
 # -- command parsing (sans-I/O) -----------------------------------------------------------------------------------

@@ -343,6 +343,7 @@ class UpstreamConnection:
         self._pending: collections.deque[bytes] = collections.deque()
         self._busy = False
         self._dumping = False
+        self.semi_sync = False  # set by the caller once it has enabled semi-sync (SET @rpl_semi_sync_slave=1)
         self._broken = False
         self._closed = False
 
@@ -627,6 +628,11 @@ class UpstreamConnection:
         self._begin_command("start a binlog dump")
         self._write(payload, 0)
         self._dumping = True
+        if self.semi_sync:
+            # A semi-sync master restarts sequence ids after every packet that asks for an ACK (MySQL's
+            # net_clear + pkt_nr++ in readSlaveReply), whether or not our ACK has been sent yet: the check is
+            # meaningless on such a stream (CRC32s and log positions still guard it).
+            self._protocol.decoder.expect_sequence(None)
 
     async def read_packets(self) -> list[bytes]:
         """Wait until at least one complete payload is there and return all that are (oldest first).

@@ -177,6 +177,7 @@ class UpstreamSession:
         self.status.master_server_version = conn.server_version
         self.status.master_flavour = "mariadb" if conn.is_mariadb else "mysql"
         checksum, semi_sync = await self._prepare(conn)
+        conn.semi_sync = semi_sync
         by_position = await self._request_dump(conn)
         self.receiver.start_stream(announced_checksum=checksum, semi_sync=semi_sync, by_position=by_position)
         self.status.semi_sync = semi_sync
