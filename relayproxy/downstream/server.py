@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
 from ..log import get_logger
+from ..wire.tls import MemoryTls
 from ..wire.packets import (
     CLIENT_SSL,
     COM_BINLOG_DUMP,
@@ -149,54 +150,6 @@ def server_tls_context(
 # -- transport ----------------------------------------------------------------------------------------------------
 
 
-class _ServerTls:
-    """Server-side TLS over memory buffers: ciphertext in, plaintext out, and back (see the module docstring)."""
-
-    _READ_SIZE = 256 * 1024
-
-    def __init__(self, context: ssl.SSLContext) -> None:
-        self._incoming = ssl.MemoryBIO()
-        self._outgoing = ssl.MemoryBIO()
-        self._ssl = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
-        self.handshake_complete = False
-
-    @property
-    def version(self) -> str | None:
-        return self._ssl.version()
-
-    def receive(self, data: bytes) -> bytes:
-        """Ciphertext from the client in; the plaintext it completes out. Raises ssl.SSLError."""
-        self._incoming.write(data)
-        if not self.handshake_complete:
-            try:
-                self._ssl.do_handshake()
-            except ssl.SSLWantReadError:
-                return b""
-            self.handshake_complete = True
-        chunks = []
-        while True:
-            try:
-                chunk = self._ssl.read(self._READ_SIZE)
-            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def pending_output(self) -> bytes:
-        return self._outgoing.read()
-
-    def encrypt(self, data: bytes | memoryview) -> bytes:
-        self._ssl.write(data)
-        return self._outgoing.read()
-
-    def close_notify(self) -> bytes:
-        with contextlib.suppress(ssl.SSLError):
-            self._ssl.unwrap()
-        return self._outgoing.read()
-
-
 class _ClientProtocol(asyncio.Protocol):
     """Bytes from one client: decrypted when TLS is on, decoded in bulk into payloads that wait for the
     connection's single reader; reading pauses while more than `max_buffered` bytes of them wait.
@@ -216,7 +169,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer_host = "?"
         self.peer_port = 0
-        self.tls: _ServerTls | None = None
+        self.tls: MemoryTls | None = None
         self.tls_handshake: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -296,7 +249,7 @@ class _ClientProtocol(asyncio.Protocol):
         if self.tls_context is None:
             self._discard = True  # a ClientHello we cannot answer; the session refuses the client
             return b""
-        self.tls = _ServerTls(self.tls_context)
+        self.tls = MemoryTls(self.tls_context, server_side=True)
         self.tls_handshake = asyncio.get_running_loop().create_future()
         if rest:
             self.data_received(rest)

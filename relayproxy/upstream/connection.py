@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import os
 import ssl
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..log import get_logger
+from ..wire.tls import MemoryTls
 from ..wire.auth import AuthSucceeded, ClientAuthentication, SendAuthData
 from ..wire.handshake import (
     HandshakeV10,
@@ -51,7 +51,7 @@ SSL_MODES = ("disabled", "preferred", "required", "verify_ca", "verify_identity"
 # Undelivered payload bytes above which the socket stops being read until the consumer catches up: the kernel's
 # buffers then fill and TCP slows the master down. (The master drops the dump after its net_write_timeout, 60 s by
 # default, if the consumer stalls that long.)
-DEFAULT_MAX_BUFFERED = 16 * 1024 * 1024
+DEFAULT_MAX_BUFFERED = 4 * 1024 * 1024  # flow-control window: 4 MB halves peak RSS with no measured slowdown (benchmarks/results/relay_catchup.md)
 _CLOSE_TIMEOUT = 5.0
 
 
@@ -60,76 +60,6 @@ class ConnectionLost(MySQLError):
 
     def __init__(self, message: str) -> None:
         super().__init__(CR_SERVER_LOST, "HY000", message)
-
-
-class _TlsLayer:
-    """Client-side TLS over memory buffers (ssl.MemoryBIO): ciphertext in, plaintext out, and back.
-
-    Why not loop.start_tls: uvloop's TLS transport drops data it has received but not yet handed to a paused
-    protocol when the peer closes the connection (MagicStack/uvloop PR #661, open), so a non-blocking dump's last
-    events and its EOF vanished whenever flow control had paused reading. Here every byte that arrives is decrypted
-    at once whatever the pause state, flow control pauses the plain TCP transport, and asyncio and uvloop behave
-    the same.
-    """
-
-    _READ_SIZE = 256 * 1024
-
-    def __init__(self, context: ssl.SSLContext, server_hostname: str) -> None:
-        self._incoming = ssl.MemoryBIO()
-        self._outgoing = ssl.MemoryBIO()
-        self._ssl = context.wrap_bio(self._incoming, self._outgoing, server_side=False, server_hostname=server_hostname)
-        self.handshake_complete = False
-
-    @property
-    def version(self) -> str | None:
-        return self._ssl.version()
-
-    def start(self) -> bytes:
-        """The ClientHello to send."""
-        self._handshake()
-        return self._outgoing.read()
-
-    def _handshake(self) -> None:
-        try:
-            self._ssl.do_handshake()
-        except ssl.SSLWantReadError:
-            return
-        self.handshake_complete = True
-
-    def receive(self, data: bytes) -> bytes:
-        """Take ciphertext from the server; return the plaintext it completes (b"" while the handshake runs).
-        Raises ssl.SSLError (certificate verification, bad record MAC, ...)."""
-        self._incoming.write(data)
-        if not self.handshake_complete:
-            self._handshake()
-            if not self.handshake_complete:
-                return b""
-        chunks = []
-        while True:
-            try:
-                chunk = self._ssl.read(self._READ_SIZE)
-            except ssl.SSLWantReadError:
-                break
-            except ssl.SSLZeroReturnError:
-                break  # close_notify: the server is done; the TCP close follows
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def pending_output(self) -> bytes:
-        """Handshake messages and post-handshake replies that must go to the server."""
-        return self._outgoing.read()
-
-    def encrypt(self, data: bytes) -> bytes:
-        self._ssl.write(data)
-        return self._outgoing.read()
-
-    def close_notify(self) -> bytes:
-        # unwrap() then waits for the server's close_notify, which we do not need.
-        with contextlib.suppress(ssl.SSLError):
-            self._ssl.unwrap()
-        return self._outgoing.read()
 
 
 class _PacketProtocol(asyncio.Protocol):
@@ -146,7 +76,7 @@ class _PacketProtocol(asyncio.Protocol):
         self.max_buffered = max_buffered
         self.peer = peer
         self.transport: asyncio.Transport | None = None
-        self.tls: _TlsLayer | None = None
+        self.tls: MemoryTls | None = None
         self.paused = False
         self.error: BaseException | None = None  # why the stream cannot be trusted / went away
         self.closed = asyncio.get_running_loop().create_future()
@@ -162,7 +92,7 @@ class _PacketProtocol(asyncio.Protocol):
     def start_tls(self, context: ssl.SSLContext, server_hostname: str) -> asyncio.Future[None]:
         """Begin the TLS handshake (right after the SSLRequest); the future completes with it or its error."""
         assert self.transport is not None and self.tls is None
-        self.tls = _TlsLayer(context, server_hostname)
+        self.tls = MemoryTls(context, server_side=False, server_hostname=server_hostname)
         self._tls_handshake = asyncio.get_running_loop().create_future()
         self.transport.write(self.tls.start())
         return self._tls_handshake
