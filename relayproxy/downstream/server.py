@@ -103,6 +103,7 @@ _SEMI_SYNC_ACK_REQUESTED = b"\x00\xef\x01"
 _INTERNAL_ERROR = "Unknown error: internal error in relayproxy, see its log"
 # Payloads shorter than this are copied behind their header and written at once.
 _COPY_LIMIT = 64 * 1024
+_COALESCE_LIMIT = 256 * 1024  # write coalesced small events once this much is pending
 
 _COMMAND_NAMES = {
     0x00: "COM_SLEEP", 0x04: "COM_FIELD_LIST", 0x05: "COM_CREATE_DB", 0x06: "COM_DROP_DB", 0x07: "COM_REFRESH",
@@ -427,6 +428,30 @@ class _DumpChannel:
         self._session = session
         self._protocol = session.protocol
         self._seq = first_seq
+        # Small events are framed into one buffer and written together: one transport.write (one send()
+        # syscall, one TCP segment train, one TLS record) per batch instead of per ~150-byte event. The
+        # buffer goes out when it is full, before any larger payload, and on the next turn of the event loop,
+        # i.e. as soon as the sender waits for anything (file read, the horizon, an ACK): never held back.
+        self._pending = bytearray()
+        self._flush_scheduled = False
+
+    def _queue(self, frame: bytes) -> None:
+        self._pending += frame
+        if len(self._pending) >= _COALESCE_LIMIT:
+            self.flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write the coalesced frames now (also called by the event loop right after the sender yields)."""
+        self._flush_scheduled = False
+        if not self._pending:
+            return
+        data = bytes(self._pending)
+        self._pending.clear()
+        if not self._protocol.is_closing:
+            self._protocol.write(data)
 
     @property
     def closed(self) -> bool:
@@ -444,6 +469,7 @@ class _DumpChannel:
         if self._protocol.is_closing:
             raise ClientConnectionLost("the replica closed the connection")
         await self._send(payload)
+        self.flush()  # the last word: on the wire before the session closes the connection
 
     async def send(self, payload: bytes) -> None:
         """Send one payload, split into 16 MiB packets (plus the empty one when it ends on a boundary); waits while
@@ -460,13 +486,16 @@ class _DumpChannel:
         length = len(payload)
         seq = self._seq
         if length < _COPY_LIMIT:
-            # One write (one TLS record, one send()) for the ~150-byte events that make up most streams.
-            protocol.write(_U32.pack(length | seq << 24) + payload)
+            if protocol.is_closing:
+                raise ClientConnectionLost(f"client {protocol.peer_host}:{protocol.peer_port} is gone")
+            self._queue(_U32.pack(length | seq << 24) + payload)
             seq = (seq + 1) & 0xFF
         elif length < MAX_CHUNK:
+            self.flush()
             protocol.write(_U32.pack(length | seq << 24), payload)
             seq = (seq + 1) & 0xFF
         else:
+            self.flush()
             with memoryview(payload) as view:
                 for start in range(0, length + 1, MAX_CHUNK):
                     chunk = view[start : start + MAX_CHUNK]
@@ -482,6 +511,7 @@ class _DumpChannel:
         (dump.StreamingChannel). Chunks that add up to anything but `total` leave the stream corrupt: the
         connection is dropped and ValueError raised."""
         self._check_reader()
+        self.flush()
         protocol = self._protocol
         timeout = self._session.server.write_timeout
         seq = self._seq
@@ -518,6 +548,7 @@ class _DumpChannel:
     async def receive(self, timeout: float | None = None) -> bytes | None:
         """The next payload from the replica (a semi-sync ACK: 0xEF, position u64, file name), None after `timeout`
         seconds without one. Raises ClientConnectionLost once the replica is gone."""
+        self.flush()  # what the replica is to acknowledge must be on the wire before we wait for its ACK
         try:
             _, payload = await self._protocol.read(timeout)
         except TimeoutError:
@@ -799,6 +830,7 @@ class _Session:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            channel.flush()  # whatever the sender framed last (EOF, ERR) goes out before the session moves on
         if task.cancelled():
             return
         exc = task.exception()
