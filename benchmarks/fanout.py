@@ -41,7 +41,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -61,9 +60,10 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
 
 import pymysql  # noqa: E402
 
+import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
-from relayproxy.sandbox import MariaDBSandbox, find_binary  # noqa: E402
+from relayproxy.sandbox import MariaDBSandbox  # noqa: E402
 from relayproxy.upstream.connection import UpstreamConnection  # noqa: E402
 from relayproxy.wire.packets import parse_err  # noqa: E402
 
@@ -531,23 +531,7 @@ def _short(frame: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 def machine_info() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        mariadb = subprocess.run([find_binary("mariadbd", "mysqld"), "--version"], capture_output=True,
-                                 text=True, timeout=10).stdout.strip()
-    except Exception:  # noqa: BLE001
-        mariadb = "unknown"
-    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-            "mariadb": mariadb or "unknown",
-            "load average (1, 5, 15 min) at the end": " ".join(Path("/proc/loadavg").read_text().split()[:3])}
-
+    return benchinfo.machine_info(server=True)
 
 def ratios(report: dict) -> dict:
     r, d = report["phases"].get("relay"), report["phases"].get("direct")

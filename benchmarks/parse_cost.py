@@ -30,14 +30,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime
 import gc
 import io
 import json
 import os
-import platform
 import pstats
-import shlex
 import statistics
 import struct
 import subprocess
@@ -52,6 +49,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
+import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 from relayproxy.baseline import LIBRARY_VERSION, ReferenceDecodeError, ReferenceDecoder  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
@@ -455,51 +453,10 @@ def spin_boundary(files: list[CorpusFile], seconds: float) -> None:
 # ---------------------------------------------------------------------------------------------
 # Reporting
 def machine_info() -> dict[str, str]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout.strip() or "no commit yet"
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "relayproxy", "benchmarks"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout.strip()
-        if dirty:
-            commit += " + uncommitted changes in relayproxy/ or benchmarks/"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    return {
-        "cpu": cpu,
-        "cpus": str(os.cpu_count()),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "platform": platform.platform(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "python-mysql-replication": LIBRARY_VERSION,
-        "relayproxy commit": commit,
-    }
-
+    return benchinfo.machine_info(**{"python-mysql-replication": LIBRARY_VERSION})
 
 def command_line(argv: list[str]) -> str:
-    exe = Path(sys.executable)
-    try:
-        exe_text = str(exe.relative_to(REPO_ROOT))
-    except ValueError:
-        exe_text = str(exe)
-    script = Path(__file__).resolve()
-    try:
-        script_text = str(script.relative_to(REPO_ROOT))
-    except ValueError:
-        script_text = str(script)
-    return shlex.join([exe_text, script_text, *argv])
-
+    return benchinfo.command_line(__file__, argv)
 
 def render_markdown(measures, results, info, argv, corpus, files, lib_stats, view_stats, profile_text,
                     spy_text, repeat) -> str:

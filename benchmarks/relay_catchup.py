@@ -57,9 +57,7 @@ import io
 import json
 import mmap
 import os
-import platform
 import pstats
-import shlex
 import shutil
 import signal
 import socket
@@ -79,6 +77,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
 
 import pymysql  # noqa: E402
 
+import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
 from relayproxy.sandbox import MariaDBSandbox, find_binary  # noqa: E402
@@ -1002,52 +1001,10 @@ def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict
 # ---------------------------------------------------------------------------------------------
 # Reporting
 def machine_info() -> dict[str, str]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=10).stdout.strip() or "no commit yet"
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "relayproxy"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        if dirty:
-            commit += " + uncommitted changes in relayproxy/"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    try:
-        server = subprocess.run([find_binary("mariadbd", "mysqld"), "--version"], capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-    except Exception:  # noqa: BLE001 - informational only
-        server = "unknown"
-    return {
-        "cpu": cpu,
-        "cpus": str(os.cpu_count()),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "platform": platform.platform(),
-        "server": server,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "relayproxy commit": commit,
-    }
-
+    return benchinfo.machine_info(server=True)
 
 def command_line(argv: list[str]) -> str:
-    exe = Path(sys.executable)
-    try:
-        exe_text = str(exe.relative_to(REPO_ROOT))
-    except ValueError:
-        exe_text = str(exe)
-    script = Path(__file__).resolve()
-    try:
-        script_text = str(script.relative_to(REPO_ROOT))
-    except ValueError:
-        script_text = str(script)
-    return " ".join([exe_text, script_text, *map(shlex.quote, argv)])
-
+    return benchinfo.command_line(__file__, argv)
 
 def _mb(kb: int | None) -> str:
     return "-" if not kb else f"{kb / 1024:,.1f} MB"
