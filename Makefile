@@ -25,32 +25,39 @@ FIND_PYTHON := for p in python3.13 python3.12 python3.11 python3; do \
 .PHONY: help setup system-packages python-env demo test lint clean
 
 help:
-	@echo "make demo    set up, then start a local MariaDB master, write transactions and inspect its binlogs"
+	@echo "make demo    set up, then run relayproxy demo: master, relay, replicas; a master crash mid-transaction"
 	@echo "make test    set up, then run every test (unit, corpus and real-server tests) with pytest"
-	@echo "make setup   install mariadb-server and python3-venv with apt if missing, create .venv, install relayproxy"
+	@echo "make setup   install mariadb-server, python3-venv, a JRE and docker-compose with apt if missing, create .venv, install relayproxy"
 	@echo "make lint    byte-compile everything; ruff too if it is installed in .venv"
 	@echo "make clean   remove caches and build output (keeps .venv)"
 
 setup: python-env
 
 # Installs with apt only what is missing: mariadb-server when there is no mariadbd, python3 / python3-venv
-# when there is no python >= 3.11 able to create a venv. Root runs apt directly, others through sudo.
+# when there is no python >= 3.11 able to create a venv, a Java runtime for PySpark when there is no java,
+# docker-compose (Debian's v1, without the Docker engine
+# it recommends: tests/test_docker.py only validates the compose files) when there is no docker-compose.
+# Root runs apt directly, others through sudo.
 system-packages:
 	@missing=""; \
 	if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then missing=" mariadb-server"; fi; \
 	py=$$($(FIND_PYTHON)); \
 	if [ -z "$$py" ]; then missing="$$missing python3 python3-venv"; \
 	elif ! "$$py" -c 'import ensurepip, venv' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
-	if [ -n "$$missing" ]; then \
+	if ! command -v java >/dev/null 2>&1; then missing="$$missing default-jre-headless"; fi; \
+	compose=""; \
+	if ! command -v docker-compose >/dev/null 2>&1; then compose=" docker-compose"; fi; \
+	if [ -n "$$missing$$compose" ]; then \
 	  if [ "$$(id -u)" -eq 0 ]; then sudo=""; \
 	  elif command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; \
-	  else echo "make setup: need root or sudo to install:$$missing" >&2; exit 1; fi; \
+	  else echo "make setup: need root or sudo to install:$$missing$$compose" >&2; exit 1; fi; \
 	  if ! command -v apt-get >/dev/null 2>&1; then \
-	    echo "make setup: no apt-get here; install these yourself:$$missing" >&2; exit 1; fi; \
-	  echo "make setup: installing$$missing with apt-get"; \
+	    echo "make setup: no apt-get here; install these yourself:$$missing$$compose" >&2; exit 1; fi; \
+	  echo "make setup: installing$$missing$$compose with apt-get"; \
 	  apt="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600"; \
 	  $$apt update; \
-	  $$apt install -y $$missing; \
+	  if [ -n "$$missing" ]; then $$apt install -y $$missing; fi; \
+	  if [ -n "$$compose" ]; then $$apt install -y --no-install-recommends docker-compose; fi; \
 	fi
 
 # Reinstalls only when setup.cfg / pyproject.toml change, or the venv moved or got another python.
