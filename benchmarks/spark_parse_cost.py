@@ -1,0 +1,1195 @@
+"""Per-event parsing cost across recorded binlog streams, as a Spark job: relayproxy's parsers against python-mysql-replication.
+
+For every event of every binlog file under ``--input`` it times three parsers and reports, per
+(stream, flavour and server version, event type, parser): events, bytes, mean / p50 / p90 / p99
+ns per event, events/s and MB/s, plus the ratios between the parsers, overall and per stream.
+
+* ``boundary``           -- relayproxy's hot path: ``HEADER.unpack_from`` + ``TransactionBoundaryParser.feed``
+                            (``FormatDescription.parse`` + ``set_format`` on a FORMAT_DESCRIPTION), exactly
+                            the per-event work of ``benchmarks/parse_cost.py``'s "boundary" walk;
+* ``view``               -- relayproxy's full event view: ``view_event(...)`` (header + typed view) and
+                            reading the fields its consumer reads (``parse_cost._VIEW_FIELDS``);
+* ``pymysqlreplication`` -- python-mysql-replication's decoder from the event's bytes
+                            (``relayproxy.baseline.ReferenceDecoder.decode``, row values lazy), counted only
+                            for the events it decodes; events it has no decoder for, or raises on, are
+                            reported apart.
+
+Inputs and the work split
+-------------------------
+``--input`` (repeatable) is any Hadoop-filesystem path, directory or glob: local by default,
+``hdfs://`` or ``s3a://`` on a cluster; ``LABEL=PATH`` names the stream of every file under it,
+otherwise a file's stream is the first folder below the input (one folder per recorded shape).
+Files are found with Spark's ``binaryFile`` source (recursively) and kept only when they start
+with the binlog magic ``\\xfebin`` (relayproxy.index, logs, manifests are skipped whatever their
+names). Job 1 reads each file in one task and scans it with relayproxy's ``BinlogScanner``
+(the one boundary parser, CRCs verified), cutting it into splits of about ``--split-bytes`` /
+``--split-events`` at event boundaries where the parser is outside any transaction; each split
+carries the FORMAT_DESCRIPTION in force at its start, so it parses on its own. The driver then
+deals the splits to ``--partitions`` tasks by estimated cost (longest first), and job 2 measures
+them. A file larger than Spark's 2 GB binary-row limit cannot be read (binlog files are at most
+``max_binlog_size``, 1 GB, plus one transaction).
+
+Timing method
+-------------
+``time.perf_counter_ns`` (CLOCK_MONOTONIC), the garbage collector disabled while a partition
+is measured (collected every 20,000 events, outside the timed regions). For each event and
+parser: one warm-up call (it also estimates the cost), then ``--repeats`` batches of ``k``
+calls of the same event, each timed by one pair of clock reads, ``k`` the power of two that
+makes a batch last about ``--batch-ns`` (at most ``--max-batch``); the fastest batch counts
+(preemption and interrupts only ever add time, and this machine is shared). The boundary
+parser is stateful, so every call of a batch first restores its state with ``rollback()`` to the
+``checkpoint()`` taken before the event (each call runs the real transition; the parser leaves
+the batch in the state after the event). What a batch costs besides the parser -- the clock
+pair, the loop, the ``rollback()`` -- is measured at the start of every task by timing the same
+loops with an empty body (500 batches per ``k``); the median of the fastest of ``--repeats``
+such batches is subtracted: ``ns = (best batch - baseline[k]) / k``. The method's own error is
+reported from the same data: the clock overhead and the spread (p5-p95) of the baselines, and a
+repeatability check -- every ``--recheck-every``-th event is measured a second time and the
+relative difference of the two results is summarised. Percentiles are exact (Spark SQL
+``percentile``, linear interpolation between closest ranks); ``--percentiles approx`` switches
+to ``percentile_approx`` (accuracy 10,000) for inputs too large for exact ones.
+
+Outputs (``--output``, default ``benchmarks/data/spark_parse_cost/``): the Parquet tables
+``events`` (one row per event: every parser's ns), ``summary``, ``files`` and ``file_counts``
+under ``--parquet-output`` (default ``OUTPUT/parquet``; a shared filesystem on a cluster),
+``summary.csv`` (stream, server_version, event_type, parser, events, bytes, mean_ns, p50_ns,
+p90_ns, p99_ns, then flavour, events_per_s, mb_per_s, total_ns), ``file_counts.csv`` (events
+per file and type, as measured), ``files.csv``, ``method_error.json``, ``summary.md`` and PNG
+plots. When ``--output`` is not given, the run is the published one: ``summary.md`` and the
+PNGs are also copied to ``benchmarks/results/spark_parse_cost/``.
+
+    .venv/bin/python benchmarks/workloads.py          # record the default dataset first
+    .venv/bin/python benchmarks/spark_parse_cost.py   # recorded streams + corpus, local[*]
+    .venv/bin/python benchmarks/spark_parse_cost.py --input corpus=../shared/corpus/binlogs --output /tmp/pc
+
+Spark's UI is off (``--ui`` turns it on); progress goes to stderr as plain lines. See docs/spark.md
+for running it on a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = Path(__file__).resolve().parent
+for _p in (str(REPO_ROOT), str(BENCH_DIR)):
+    if _p not in sys.path:  # run as a plain script from anywhere
+        sys.path.insert(0, _p)
+
+import benchinfo  # noqa: E402
+from parse_cost import _HEADER_FIELDS, _VIEW_FIELDS, corpus_path  # noqa: E402  (one definition of what a view's consumer reads)
+from relayproxy.baseline import LIBRARY_VERSION, ReferenceDecodeError, ReferenceDecoder  # noqa: E402
+from relayproxy.binlog import constants as C  # noqa: E402
+from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
+from relayproxy.binlog.events import HEADER, FormatDescription  # noqa: E402
+from relayproxy.binlog.reader import BinlogScanner  # noqa: E402
+from relayproxy.binlog.views import view_event  # noqa: E402
+
+DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"
+DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "data" / "spark_parse_cost"
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results" / "spark_parse_cost"
+PARSERS = ("boundary", "view", "pymysqlreplication")
+SUMMARY_COLUMNS = ["stream", "server_version", "event_type", "parser", "events", "bytes", "mean_ns", "p50_ns",
+                   "p90_ns", "p99_ns", "flavour", "events_per_s", "mb_per_s", "total_ns"]
+BINLOG_MAGIC = C.BINLOG_MAGIC
+SCAN_CHUNK = 1 << 20
+GC_EVERY = 20_000
+CALIBRATION_SAMPLES = 500
+# Estimated cost of a split for dealing splits to tasks: per event (three parsers, warm-up, batches)
+# and per byte (python-mysql-replication copies and wraps every event).
+COST_NS_PER_EVENT = 150_000
+COST_NS_PER_BYTE = 1.0
+
+_unpack_from = HEADER.unpack_from
+_FDE = C.FORMAT_DESCRIPTION_EVENT
+_clock = time.perf_counter_ns
+
+
+def log(message: str) -> None:
+    print(f"[spark_parse_cost] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Job 1 (executors): find binlog files and cut them into self-contained splits
+@dataclass
+class FileInfo:
+    path: str
+    stream: str
+    bytes: int
+    binlog: bool
+    events: int = 0
+    splits: int = 0
+    server_version: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Split:
+    path: str
+    stream: str
+    number: int
+    start: int  # file offset of data[0]
+    end: int
+    events: int
+    fde: bytes | None  # the FORMAT_DESCRIPTION in force at start (None: the split begins with it)
+    data: bytes = field(repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.path}#{self.number}"
+
+    @property
+    def cost(self) -> float:
+        return self.events * COST_NS_PER_EVENT + len(self.data) * COST_NS_PER_BYTE
+
+
+def stream_of(path: str, roots: list[tuple[str, str | None]]) -> str:
+    """The stream a file belongs to: its input's label, or the first folder below its input."""
+    for root, label in roots:
+        if path == root or path.startswith(root.rstrip("/") + "/"):
+            if label:
+                return label
+            rel = path[len(root.rstrip("/")) + 1 :]
+            return rel.split("/", 1)[0] if "/" in rel else root.rstrip("/").rsplit("/", 1)[-1]
+    return path.rsplit("/", 2)[-2] if "/" in path else path
+
+
+def plan_file(path: str, stream: str, data: bytes, split_bytes: int, split_events: int) -> tuple[FileInfo, list[Split]]:
+    """Scan one file image with the relay's scanner and cut it where its boundary parser is outside any group."""
+    info = FileInfo(path, stream, len(data), data[:4] == BINLOG_MAGIC)
+    if not info.binlog:
+        return info, []
+    cuts: list[tuple[int, int, bytes | None, int]] = []
+    state = {"start": 4, "start_count": 0, "start_fde": None, "fde": None, "count": 0, "end": 4}
+
+    def on_event(ev) -> None:
+        state["count"] += 1
+        state["end"] = ev.end
+        if ev.type_code == _FDE:
+            state["fde"] = ev.data
+        if scanner.parser.in_group:
+            return
+        size = ev.end - state["start"]
+        count = state["count"] - state["start_count"]
+        if size >= split_bytes or count >= split_events:
+            cuts.append((state["start"], ev.end, state["start_fde"], count))
+            state.update(start=ev.end, start_count=state["count"], start_fde=state["fde"])
+
+    scanner = BinlogScanner(on_event=on_event, track_gtids=False, path=path)
+    view = memoryview(data)
+    for offset in range(0, len(data), SCAN_CHUNK):
+        scanner.feed(view[offset : offset + SCAN_CHUNK])
+    result = scanner.finish()
+    if state["count"] > state["start_count"]:
+        cuts.append((state["start"], state["end"], state["start_fde"], state["count"] - state["start_count"]))
+    info.events = state["count"]
+    info.splits = len(cuts)
+    info.server_version = result.server_version
+    if result.error or result.crc_errors:
+        info.error = result.error or f"{result.crc_errors} CRC32 mismatch(es)"
+    splits = [Split(path, stream, n, s, e, count, fde, bytes(view[s:e])) for n, (s, e, fde, count) in enumerate(cuts)]
+    return info, splits
+
+
+def plan_rows(rows, roots, split_bytes: int, split_events: int):
+    for row in rows:
+        info, splits = plan_file(row.path, stream_of(row.path, roots), bytes(row.content), split_bytes, split_events)
+        yield info
+        yield from splits
+
+
+# ---------------------------------------------------------------------------------------------
+# Job 2 (executors): the timing loops. Each returns the ns one batch of k calls took.
+def _time_boundary(parser: TransactionBoundaryParser, data: bytes, pos: int, k: int) -> int:
+    rollback = parser.rollback
+    if data[pos + 4] == _FDE:  # as the relay does: adopt the new format, then feed the event
+        t0 = _clock()
+        for _ in range(k):
+            rollback()
+            _ts, type_code, _sid, size, _log_pos, flags = _unpack_from(data, pos)
+            parser.set_format(FormatDescription.parse(data, pos, size))
+            parser.feed(type_code, flags, data, pos, size)
+        return _clock() - t0
+    feed = parser.feed
+    t0 = _clock()
+    for _ in range(k):
+        rollback()
+        _ts, type_code, _sid, size, _log_pos, flags = _unpack_from(data, pos)
+        feed(type_code, flags, data, pos, size)
+    return _clock() - t0
+
+
+def _time_rollback_only(parser: TransactionBoundaryParser, k: int) -> int:
+    rollback = parser.rollback
+    t0 = _clock()
+    for _ in range(k):
+        rollback()
+    return _clock() - t0
+
+
+def _time_view(data: bytes, pos: int, fde, fields: tuple[str, ...], k: int) -> tuple[int, bool]:
+    ok = True
+    t0 = _clock()
+    for _ in range(k):
+        try:
+            ev = view_event(data, pos, fde)
+            for name in fields:
+                getattr(ev, name)
+        except Exception:  # a view that rejects the event (BinlogFormatError, ChecksumError): still timed
+            ok = False
+    return _clock() - t0, ok
+
+
+def _time_empty(k: int) -> int:
+    t0 = _clock()
+    for _ in range(k):
+        pass
+    return _clock() - t0
+
+
+_NOT_DECODED = object()
+_RAISED = object()
+
+
+def _time_library(decode, data: bytes, pos: int, end: int, checksum: bool, k: int) -> tuple[int, object]:
+    ev = None
+    t0 = _clock()
+    for _ in range(k):
+        try:
+            ev = decode(data[pos:end], checksum=checksum)
+        except ReferenceDecodeError:
+            ev = _RAISED
+    return _clock() - t0, ev
+
+
+@dataclass
+class Calibration:
+    """What a batch costs besides the parser, per k: the reference subtracted, the spreads reported."""
+
+    clock_ns: list[int]
+    empty: dict[int, list[int]]  # raw samples, in the order taken
+    rollback: dict[int, list[int]]
+    repeats: int
+
+    @classmethod
+    def measure(cls, ks: list[int], repeats: int, samples: int = CALIBRATION_SAMPLES) -> "Calibration":
+        parser = TransactionBoundaryParser()
+        parser.checkpoint()
+        for _ in range(50):  # warm the loops themselves
+            _time_empty(ks[-1])
+            _time_rollback_only(parser, ks[-1])
+        clock_ns = []
+        for _ in range(samples * 2):
+            t0 = _clock()
+            clock_ns.append(_clock() - t0)
+        empty = {k: [_time_empty(k) for _ in range(samples)] for k in ks}
+        rollback = {k: [_time_rollback_only(parser, k) for _ in range(samples)] for k in ks}
+        cal = cls(sorted(clock_ns), empty, rollback, repeats)
+        # What is subtracted from an event's best-of-r batch: the median of the best of r empty batches.
+        cal.empty_ref = {k: cal._best_of_median(v) for k, v in empty.items()}
+        cal.rollback_ref = {k: cal._best_of_median(v) for k, v in rollback.items()}
+        return cal
+
+    def _best_of_median(self, values: list[int]) -> float:
+        r = self.repeats
+        bests = sorted(min(values[i : i + r]) for i in range(0, len(values) - r + 1, r))
+        return bests[len(bests) // 2]
+
+    def summary(self) -> dict:
+        def pct(values: list[int], q: float) -> int:
+            return values[min(len(values) - 1, int(q * len(values)))]
+
+        def describe(table: dict[int, list[int]], refs: dict[int, float]) -> dict:
+            out = {}
+            for k, raw in table.items():
+                v = sorted(raw)
+                out[str(k)] = {"p5": pct(v, 0.05), "p50": pct(v, 0.5), "p95": pct(v, 0.95), "ref": refs[k]}
+            return out
+
+        return {
+            "clock": {"p5": pct(self.clock_ns, 0.05), "p50": pct(self.clock_ns, 0.5), "p95": pct(self.clock_ns, 0.95)},
+            "empty": describe(self.empty, self.empty_ref),
+            "rollback": describe(self.rollback, self.rollback_ref),
+        }
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    ks = [1]
+    while ks[-1] * 2 <= max_batch:
+        ks.append(ks[-1] * 2)
+    return ks
+
+
+def choose_k(estimate_ns: int, batch_ns: int, ks: list[int]) -> int:
+    for k in ks:
+        if k * estimate_ns >= batch_ns:
+            return k
+    return ks[-1]
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    batch_ns: int
+    max_batch: int
+    repeats: int
+    recheck_every: int
+
+
+def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list[int], recheck: dict, counter: list[int]):
+    """Time every event of one split with each parser; yields one row per event."""
+    data = split.data
+    n = len(data)
+    parser = TransactionBoundaryParser()
+    decoder = ReferenceDecoder()
+    decode = decoder.decode
+    fde = None
+    if split.fde is not None:
+        fde = FormatDescription.parse(split.fde, 0)
+        parser.set_format(fde)
+        decoder.set_format(fde)
+    fields_for = _VIEW_FIELDS.get
+    batch_ns = timing.batch_ns
+    repeats = timing.repeats
+    pos = 0
+    while pos + 19 <= n:
+        size = _unpack_from(data, pos)[3]
+        end = pos + size
+        if size < 19 or end > n:  # cannot happen: splits hold only the scanner's complete events
+            raise ValueError(f"{split.path} @{split.start + pos}: event of {size} bytes does not fit its split")
+        type_code = data[pos + 4]
+        if type_code == _FDE:
+            fde = FormatDescription.parse(data, pos, size)
+        checksum = fde is not None and fde.checksum_len != 0 and type_code != _FDE
+        fields = fields_for(type_code, _HEADER_FIELDS)
+
+        # Per parser: a warm-up call (k=1) gives the estimate, then the best of r batches of k calls.
+        parser.checkpoint()
+        kb = choose_k(_time_boundary(parser, data, pos, 1), batch_ns, ks)
+        boundary_ns = (min(_time_boundary(parser, data, pos, kb) for _ in range(repeats)) - cal.rollback_ref[kb]) / kb
+
+        estimate, view_ok = _time_view(data, pos, fde, fields, 1)
+        kv = choose_k(estimate, batch_ns, ks)
+        view_ns = (min(_time_view(data, pos, fde, fields, kv)[0] for _ in range(repeats)) - cal.empty_ref[kv]) / kv
+
+        estimate, lib_event = _time_library(decode, data, pos, end, checksum, 1)
+        if lib_event is _RAISED and type_code == _FDE and fde is not None:
+            decoder.set_format(fde)  # e.g. "5.1.34sp1": the library cannot read the version; go on with ours
+        kl = choose_k(estimate, batch_ns, ks)
+        library_ns = (min(_time_library(decode, data, pos, end, checksum, kl)[0] for _ in range(repeats))
+                      - cal.empty_ref[kl]) / kl
+        outcome = "error" if lib_event is _RAISED else "not_decoded" if lib_event is None else "decoded"
+
+        counter[0] += 1
+        if timing.recheck_every and counter[0] % timing.recheck_every == 0:
+            # The same measurement again: how far apart two timings of one event are is the method's error.
+            # (the batch's rollback() goes back to the checkpoint taken before this event)
+            again = (
+                (min(_time_boundary(parser, data, pos, kb) for _ in range(repeats)) - cal.rollback_ref[kb]) / kb,
+                (min(_time_view(data, pos, fde, fields, kv)[0] for _ in range(repeats)) - cal.empty_ref[kv]) / kv,
+                (min(_time_library(decode, data, pos, end, checksum, kl)[0] for _ in range(repeats))
+                 - cal.empty_ref[kl]) / kl,
+            )
+            for name, first, second in zip(PARSERS, (boundary_ns, view_ns, library_ns), again):
+                mean = (first + second) / 2
+                if mean > 0:
+                    recheck[name].append(abs(first - second) / mean)
+        if counter[0] % GC_EVERY == 0:
+            gc.collect()
+        yield (
+            split.stream, split.path, split.number, split.start + pos, C.event_name(type_code), type_code, size,
+            fde.flavour if fde is not None else "mysql", fde.server_version if fde is not None else "unknown",
+            round(boundary_ns, 1), round(view_ns, 1), round(library_ns, 1), outcome, view_ok, kb, kv, kl,
+        )
+        pos = end
+
+
+def measure_partition(index: int, items, timing: TimingConfig):
+    """Calibrate, then measure every split dealt to this task; rows are tagged ("event", ...) / ("calibration", ...)."""
+    ks = batch_sizes(timing.max_batch)
+    gc.collect()
+    gc.disable()
+    try:
+        cal = Calibration.measure(ks, timing.repeats)
+        recheck = {name: [] for name in PARSERS}
+        counter = [0]
+        began = time.monotonic()
+        for _key, split in items:
+            for row in measure_split(split, timing, cal, ks, recheck, counter):
+                yield ("event", row)
+        yield ("calibration", (index, json.dumps({"partition": index, "events": counter[0],
+                                                   "seconds": time.monotonic() - began,
+                                                   "recheck": recheck, **cal.summary()})))
+    finally:
+        gc.enable()
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+EVENT_SCHEMA_FIELDS = [
+    ("stream", "string"), ("path", "string"), ("split", "int"), ("offset", "long"), ("event_type", "string"),
+    ("type_code", "int"), ("size", "long"), ("flavour", "string"), ("server_version", "string"),
+    ("boundary_ns", "double"), ("view_ns", "double"), ("pymysqlreplication_ns", "double"),
+    ("pymysqlreplication_outcome", "string"), ("view_ok", "boolean"), ("k_boundary", "int"), ("k_view", "int"),
+    ("k_pymysqlreplication", "int"),
+]
+
+
+@dataclass
+class InputSpec:
+    path: str
+    label: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> "InputSpec":
+        label, sep, rest = text.partition("=")
+        if sep and label and "/" not in label and ":" not in label:
+            if not rest:
+                raise ValueError(f"--input {text!r}: no path after {label}=")
+            return cls(rest, label)
+        return cls(text, None)
+
+
+class Progress(threading.Thread):
+    """Prints the active stages' task counts to stderr (plain lines, at most every 2 s, only on change)."""
+
+    def __init__(self, sc, began: float, interval: float = 2.0):
+        super().__init__(daemon=True, name="spark-progress")
+        self.tracker = sc.statusTracker()
+        self.began = began
+        self.interval = interval
+        self.phase = "starting"
+        self._stop_event = threading.Event()
+        self._last = ""
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                parts = []
+                for stage_id in sorted(self.tracker.getActiveStageIds()):
+                    info = self.tracker.getStageInfo(stage_id)
+                    if info is not None:
+                        parts.append(f"stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks done, "
+                                     f"{info.numActiveTasks} running")
+            except Exception:  # noqa: BLE001 - the context is stopping
+                return
+            line = f"{self.phase}: " + ("; ".join(parts) if parts else "driver")
+            if line != self._last:
+                self._last = line
+                log(f"{time.monotonic() - self.began:7.1f} s  {line}")
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        log(f"{time.monotonic() - self.began:7.1f} s  -- {phase}")
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+_LOG4J2 = """# written by benchmarks/spark_parse_cost.py: errors only (the shell's log-level banner too)
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
+logger.submit.name = org.apache.spark.deploy.SparkSubmit
+logger.submit.level = error
+logger.context.name = org.apache.spark.SparkContext
+logger.context.level = error
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def under_spark_submit() -> bool:
+    """True when spark-submit launched this script (its JVM is already up and owns the master setting)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def start_spark(args, workdir: Path):
+    master = args.master or (None if under_spark_submit() else "local[*]")
+    if master and master.startswith("local"):
+        # Local workers must run this interpreter (it has relayproxy and python-mysql-replication).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    log4j = workdir / "log4j2.properties"
+    log4j.write_text(_LOG4J2)
+    builder = (
+        SparkSession.builder.appName("relayproxy spark_parse_cost")
+        .config("spark.ui.enabled", "true" if args.ui else "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.sources.ignoreCorruptFiles", "false")
+        .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
+        # Binary rows are whole files: fewer per task keeps the heap small and spreads large files over tasks.
+        .config("spark.sql.files.maxPartitionBytes", str(32 << 20))
+    )
+    if master:
+        builder = builder.master(master)
+    if not under_spark_submit():  # JVM options only matter when this script starts the JVM
+        builder = (builder.config("spark.driver.memory", args.driver_memory)
+                   .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    ship_code(spark.sparkContext, workdir)
+    return spark
+
+
+def ship_code(sc, workdir: Path) -> None:
+    """Send executors this job's code: relayproxy (zipped from the checkout) and the benchmark modules.
+
+    Executors still need relayproxy's third-party imports (PyMySQL, mysql-replication): docs/spark.md.
+    """
+    package = REPO_ROOT / "relayproxy"
+    if package.is_dir():
+        archive = workdir / "relayproxy.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+            for source in sorted(package.rglob("*.py")):
+                zf.write(source, source.relative_to(REPO_ROOT))
+        sc.addPyFile(str(archive))
+    for name in ("benchinfo.py", "parse_cost.py", "spark_parse_cost.py"):
+        sc.addPyFile(str(BENCH_DIR / name))
+
+
+def resolve_inputs(spark, specs: list[InputSpec], *, required: bool) -> list[tuple[str, str | None, str]]:
+    """(path as given, label, qualified root) of each input that matches something; a missing one is an error
+    when ``required``, otherwise it is reported and left out."""
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    found = []
+    for spec in specs:
+        hpath = jvm.org.apache.hadoop.fs.Path(spec.path)
+        fs = hpath.getFileSystem(conf)
+        matches = fs.globStatus(hpath)
+        if matches is None or len(matches) == 0:
+            if required:
+                raise SystemExit(f"spark_parse_cost: --input {spec.path!r} matches no file or folder")
+            log(f"input {spec.path} does not exist: left out")
+            continue
+        glob_at = min([i for i, ch in enumerate(spec.path) if ch in "*?[{"] or [len(spec.path)])
+        if glob_at < len(spec.path):
+            root_text = spec.path[:glob_at].rsplit("/", 1)[0] or "/"
+            root = fs.makeQualified(jvm.org.apache.hadoop.fs.Path(root_text)).toString()
+        else:
+            status = matches[0]
+            root_path = status.getPath() if status.isDirectory() else status.getPath().getParent()
+            root = fs.makeQualified(root_path).toString()
+        found.append((spec.path, spec.label, root))
+    return found
+
+
+def deal_splits(metas: list[dict], partitions: int) -> dict[str, int]:
+    """Longest-processing-time-first: each split (by estimated cost) to the least loaded task."""
+    loads = [0.0] * partitions
+    assignment = {}
+    for meta in sorted(metas, key=lambda m: -m["cost"]):
+        target = min(range(partitions), key=loads.__getitem__)
+        loads[target] += meta["cost"]
+        assignment[meta["key"]] = target
+    return assignment
+
+
+def run_job(args, spark, inputs, progress: Progress) -> dict:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    sc = spark.sparkContext
+    roots = [(root, label) for _path, label, root in inputs]
+    split_bytes, split_events = args.split_bytes, args.split_events
+    timing = TimingConfig(args.batch_ns, args.max_batch, args.repeats, args.recheck_every)
+
+    progress.set_phase("job 1: read files, find binlogs, cut splits")
+    sc.setJobDescription("read and split binlog files")
+    files_df = (
+        spark.read.format("binaryFile").option("recursiveFileLookup", "true").load([p for p, _l, _r in inputs])
+    )
+    planned = files_df.select("path", "content").rdd.mapPartitions(
+        lambda rows: plan_rows(rows, roots, split_bytes, split_events)
+    ).persist(StorageLevel.DISK_ONLY)  # the split bytes: on local disk, not in the JVM's heap
+    metas = planned.map(
+        lambda item: {"kind": "file", **vars(item)} if isinstance(item, FileInfo)
+        else {"kind": "split", "key": item.key, "cost": item.cost, "events": item.events, "bytes": len(item.data)}
+    ).collect()
+    files = [m for m in metas if m["kind"] == "file"]
+    split_metas = [m for m in metas if m["kind"] == "split"]
+    binlogs = [f for f in files if f["binlog"]]
+    total_events = sum(m["events"] for m in split_metas)
+    if not total_events:
+        raise SystemExit("spark_parse_cost: no binlog events found under the inputs")
+    partitions = args.partitions or min(len(split_metas), sc.defaultParallelism * 3)
+    assignment = deal_splits(split_metas, partitions)
+    log(f"{len(files)} files, {len(binlogs)} binlog files, {len(split_metas)} splits, {total_events:,} events, "
+        f"{sum(m['bytes'] for m in split_metas) / 1e6:,.1f} MB -> {partitions} measuring tasks")
+
+    progress.set_phase(f"job 2: measure {total_events:,} events x {len(PARSERS)} parsers")
+    sc.setJobDescription("measure per-event parse cost")
+    dealt = sc.broadcast(assignment)
+    measured = (
+        planned.filter(lambda item: isinstance(item, Split))
+        .map(lambda split: (dealt.value[split.key], split))
+        .partitionBy(partitions, lambda target: target)
+        .mapPartitionsWithIndex(lambda index, items: measure_partition(index, items, timing))
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    types = {"string": T.StringType(), "int": T.IntegerType(), "long": T.LongType(), "double": T.DoubleType(),
+             "boolean": T.BooleanType()}
+    schema = T.StructType([T.StructField(name, types[kind], True) for name, kind in EVENT_SCHEMA_FIELDS])
+    events_df = spark.createDataFrame(measured.filter(lambda r: r[0] == "event").map(lambda r: r[1]), schema)
+    events_df.write.mode("overwrite").parquet(f"{args.parquet_output}/events")
+    calibration_rows = measured.filter(lambda r: r[0] == "calibration").map(lambda r: r[1]).collect()
+    calibrations = [json.loads(text) for _index, text in calibration_rows]
+    measured.unpersist()
+    planned.unpersist()
+
+    progress.set_phase("aggregate")
+    sc.setJobDescription("aggregate")
+    events = spark.read.parquet(f"{args.parquet_output}/events").cache()
+    events.createOrReplaceTempView("events")
+    percentiles = ("percentile(ns, array(0.5, 0.9, 0.99))" if args.percentiles == "exact"
+                   else "percentile_approx(ns, array(0.5, 0.9, 0.99), 10000)")
+    # One pass for every level reported: the summary's rows and the roll-ups of the markdown and plots.
+    levels = spark.sql(f"""
+        WITH long AS (
+          SELECT stream, server_version, flavour, event_type, size,
+                 stack(3, 'boundary', boundary_ns, 'view', view_ns,
+                       'pymysqlreplication', IF(pymysqlreplication_outcome = 'decoded', pymysqlreplication_ns, NULL))
+                   AS (parser, ns)
+          FROM events)
+        SELECT stream, server_version, event_type, parser, flavour, grouping_id() AS level,
+               count(*) AS events, sum(size) AS bytes, avg(ns) AS mean_ns, {percentiles} AS p, sum(ns) AS total_ns
+        FROM long WHERE ns IS NOT NULL
+        GROUP BY stream, server_version, event_type, parser, flavour
+          GROUPING SETS ((stream, server_version, event_type, parser, flavour), (stream, parser), (parser),
+                         (event_type, parser))""").cache()
+    summary_df = levels.where("level = 0").select(
+        "stream", "server_version", "event_type", "parser", "events", "bytes", "mean_ns",
+        F.col("p")[0].alias("p50_ns"), F.col("p")[1].alias("p90_ns"), F.col("p")[2].alias("p99_ns"), "flavour",
+        (F.lit(1e9) / F.col("mean_ns")).alias("events_per_s"),
+        (F.col("bytes") / F.col("total_ns") * F.lit(1e3)).alias("mb_per_s"), "total_ns",
+    ).orderBy("stream", "server_version", "event_type", "parser")
+    summary_df.coalesce(1).write.mode("overwrite").parquet(f"{args.parquet_output}/summary")
+    rows = [r.asDict() for r in levels.collect()]
+    for r in rows:
+        r["p50_ns"], r["p90_ns"], r["p99_ns"] = r.pop("p")
+    levels.unpersist()
+    # grouping_id(): one bit per GROUP BY column left out of the set, the first column (stream) the highest bit
+    by_level = {level: [r for r in rows if r["level"] == level] for level in (0, 0b01101, 0b11101, 0b11001)}
+    summary_rows = sorted(by_level[0], key=lambda r: (r["stream"], r["server_version"], r["event_type"], r["parser"]))
+    for r in summary_rows:
+        r["events_per_s"] = 1e9 / r["mean_ns"] if r["mean_ns"] else None
+        r["mb_per_s"] = r["bytes"] / r["total_ns"] * 1e3 if r["total_ns"] else None
+    by_stream = sorted(by_level[0b01101], key=lambda r: (r["stream"], r["parser"]))
+    overall = sorted(by_level[0b11101], key=lambda r: r["parser"])
+    by_type = by_level[0b11001]
+
+    file_counts_df = (
+        events.where(F.col("boundary_ns").isNotNull())
+        .groupBy("stream", "path", "event_type").agg(F.count("*").alias("events"), F.sum("size").alias("bytes"))
+        .withColumn("parser", F.lit("boundary"))
+        .select("stream", "path", "event_type", "parser", "events", "bytes")
+    )
+    file_counts = sorted((r.asDict() for r in file_counts_df.collect()), key=lambda r: (r["path"], r["event_type"]))
+    spark.createDataFrame(file_counts, file_counts_df.schema).coalesce(1).write.mode("overwrite").parquet(
+        f"{args.parquet_output}/file_counts")
+
+    decoded = F.col("pymysqlreplication_outcome") == "decoded"
+    sums = events.groupBy("stream", "event_type", "pymysqlreplication_outcome", "view_ok").agg(
+        F.count("*").alias("events"),
+        F.sum("boundary_ns").alias("boundary_all"), F.sum("view_ns").alias("view_all"),
+        F.sum(F.when(decoded, F.col("boundary_ns"))).alias("boundary_dec"),
+        F.sum(F.when(decoded, F.col("view_ns"))).alias("view_dec"),
+        F.sum(F.when(decoded, F.col("pymysqlreplication_ns"))).alias("library_dec"),
+    ).collect()
+    ratios = ratio_table(sums)
+    ratios_all = ratio_table(sums, everything="all streams")[0]
+    coverage: dict[str, dict[str, int]] = {}
+    for r in sums:
+        per = coverage.setdefault(r["event_type"], {})
+        per[r["pymysqlreplication_outcome"]] = per.get(r["pymysqlreplication_outcome"], 0) + r["events"]
+    view_rejected = sum(r["events"] for r in sums if not r["view_ok"])
+    sample = [r.asDict() for r in events.sample(fraction=min(1.0, 60_000 / max(total_events, 1)), seed=6)
+              .select("boundary_ns", "view_ns", "pymysqlreplication_ns", "pymysqlreplication_outcome").collect()]
+    events.unpersist()
+
+    files_schema = T.StructType([
+        T.StructField("path", T.StringType()), T.StructField("stream", T.StringType()),
+        T.StructField("bytes", T.LongType()), T.StructField("binlog", T.BooleanType()),
+        T.StructField("events", T.LongType()), T.StructField("splits", T.LongType()),
+        T.StructField("server_version", T.StringType()), T.StructField("error", T.StringType()),
+    ])
+    spark.createDataFrame([tuple(f[c.name] for c in files_schema.fields) for f in files], files_schema) \
+        .coalesce(1).write.mode("overwrite").parquet(f"{args.parquet_output}/files")
+
+    return {
+        "files": files, "splits": len(split_metas), "partitions": partitions, "events": total_events,
+        "bytes": sum(m["bytes"] for m in split_metas), "summary": summary_rows, "by_stream": by_stream,
+        "overall": overall, "by_type": by_type, "file_counts": file_counts, "ratios": ratios,
+        "ratios_all": ratios_all, "coverage": coverage, "view_rejected": view_rejected,
+        "calibrations": calibrations, "sample": sample,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+def ratio_table(sums, everything: str | None = None) -> list[dict]:
+    """Per stream (or over ``everything``), the sums behind the ratios: sums of ns are additive, ratios of them are
+    ratios of means over the same events."""
+    table: dict[str, dict] = {}
+    for r in sums:
+        key = everything or r["stream"]
+        t = table.setdefault(key, {"stream": key, "events": 0, "decoded_events": 0, "boundary_all": 0.0,
+                                   "view_all": 0.0, "boundary_dec": 0.0, "view_dec": 0.0, "library_dec": 0.0})
+        t["events"] += r["events"]
+        if r["pymysqlreplication_outcome"] == "decoded":
+            t["decoded_events"] += r["events"]
+        for name in ("boundary_all", "view_all", "boundary_dec", "view_dec", "library_dec"):
+            t[name] += r[name] or 0.0
+    return [table[k] for k in sorted(table)]
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_csv_value(row.get(c)) for c in columns])
+
+
+def _csv_value(value):
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) >= 100 else f"{value:.3f}"
+    return "" if value is None else value
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def method_error(calibrations: list[dict]) -> dict:
+    """The timing method's own error, over every measuring task."""
+    def across(path: list[str]) -> list[float]:
+        values = []
+        for cal in calibrations:
+            node = cal
+            for key in path:
+                node = node[key]
+            values.append(node)
+        return values
+
+    recheck = {name: sorted(v for cal in calibrations for v in cal["recheck"][name]) for name in PARSERS}
+
+    def q(values: list[float], p: float) -> float | None:
+        return values[min(len(values) - 1, int(p * len(values)))] if values else None
+
+    ks = sorted(int(k) for k in calibrations[0]["empty"])
+    return {
+        "tasks": len(calibrations),
+        "clock_p50": statistics.median(across(["clock", "p50"])),
+        "clock_p5": min(across(["clock", "p5"])),
+        "clock_p95": max(across(["clock", "p95"])),
+        "baseline": {
+            kind: {k: {"p50": statistics.median(across([kind, str(k), "p50"])),
+                       "ref": statistics.median(across([kind, str(k), "ref"])),
+                       "spread": statistics.median([a - b for a, b in zip(across([kind, str(k), "p95"]),
+                                                                           across([kind, str(k), "p5"]))])}
+                   for k in ks}
+            for kind in ("empty", "rollback")
+        },
+        "recheck": {name: {"n": len(v), "p50": q(v, 0.5), "p90": q(v, 0.9)} for name, v in recheck.items()},
+    }
+
+
+def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_version: str, master: str,
+                    inputs) -> str:
+    ra = report["ratios_all"]
+    overall = {r["parser"]: r for r in report["overall"]}
+
+    def p50(parser: str) -> float | None:
+        return overall[parser]["p50_ns"] if parser in overall else None
+
+    lines = [
+        "# Per-event parse cost across recorded streams (Spark)",
+        "",
+        f"Produced by `{benchinfo.command_line(Path(__file__), argv)}` in {seconds:.0f} s wall time "
+        f"(Spark {spark_version}, master `{master}`, {report['partitions']} measuring tasks).",
+        "",
+        f"Inputs: {', '.join(f'`{p}`' + (f' (stream `{l}`)' if l else '') for p, l, _r in inputs)}: "
+        f"{sum(1 for f in report['files'] if f['binlog'])} binlog files of {len(report['files'])} files, "
+        f"{report['splits']} splits, {report['events']:,} events, {report['bytes'] / 1e6:,.1f} MB.",
+        "",
+        "## Headline",
+        "",
+        f"Over the {ra['decoded_events']:,} events python-mysql-replication decodes (of {ra['events']:,}), its mean "
+        f"cost per event is **{_fmt(_ratio(ra['library_dec'], ra['boundary_dec']), 1)}x** relayproxy's boundary "
+        f"parser and **{_fmt(_ratio(ra['library_dec'], ra['view_dec']), 1)}x** relayproxy's full event view. Over all "
+        f"events, the view costs {_fmt(_ratio(ra['view_all'], ra['boundary_all']), 1)}x the boundary parser.",
+        "",
+        "These are ratios of total CPU time over the same events, so the costliest events weigh most (python-mysql-"
+        "replication's time grows with event size, relayproxy's barely does). For the typical event, the ratio of "
+        f"medians: library / boundary {_fmt(_ratio(p50('pymysqlreplication'), p50('boundary')), 1)}x, "
+        f"library / view {_fmt(_ratio(p50('pymysqlreplication'), p50('view')), 1)}x (per-stream ratios below).",
+        "",
+        "Absolute numbers come from a shared 2-core machine on which other jobs were running; they are noisy from "
+        "run to run. The ratios between parsers measured on the same events in the same tasks are the result.",
+        "",
+        "## Ratios per stream",
+        "",
+        "| stream | events | decoded by the library | library / boundary | library / view | view / boundary |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["ratios"] + [ra]:
+        lines.append(
+            f"| {r['stream']} | {r['events']:,} | {r['decoded_events']:,} | "
+            f"{_fmt(_ratio(r['library_dec'], r['boundary_dec']), 1)}x | {_fmt(_ratio(r['library_dec'], r['view_dec']), 1)}x | "
+            f"{_fmt(_ratio(r['view_all'], r['boundary_all']), 2)}x |"
+        )
+    lines += [
+        "",
+        "The library ratios are over the events the library decodes (sums of ns over the same events, i.e. ratios "
+        "of means); view / boundary is over all events.",
+        "",
+        "## Cost per stream and parser",
+        "",
+        "MB/s is the events' bytes over the parser's time: the boundary parser reads headers and a few body bytes "
+        "(CRC32 verification, which the relay does as well, is not part of any row), so its MB/s grows with event "
+        "size.",
+        "",
+        "| stream | parser | events | mean ns | p50 ns | p90 ns | p99 ns | events/s | MB/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["by_stream"] + [dict(o, stream="**all**") for o in report["overall"]]:
+        lines.append(
+            f"| {r['stream']} | {r['parser']} | {r['events']:,} | {_fmt(r['mean_ns'])} | {_fmt(r['p50_ns'])} | "
+            f"{_fmt(r['p90_ns'])} | {_fmt(r['p99_ns'])} | {_fmt(1e9 / r['mean_ns'] if r['mean_ns'] else None)} | "
+            f"{_fmt(r['bytes'] / r['total_ns'] * 1e3 if r['total_ns'] else None, 1)} |"
+        )
+    by_type: dict[str, dict] = {}
+    for r in report["by_type"]:
+        by_type.setdefault(r["event_type"], {})[r["parser"]] = r
+    ordered = sorted(by_type.items(), key=lambda kv: -kv[1]["boundary"]["events"])
+    lines += [
+        "",
+        "## Cost per event type (all streams)",
+        "",
+        "| event type | events | mean bytes | boundary mean / p99 ns | view mean / p99 ns | library mean / p99 ns | library / boundary |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, per in ordered:
+        b, v, lib = per["boundary"], per.get("view"), per.get("pymysqlreplication")
+        lines.append(
+            f"| {name} | {b['events']:,} | {_fmt(b['bytes'] / b['events'])} | {_fmt(b['mean_ns'])} / {_fmt(b['p99_ns'])} | "
+            f"{_fmt(v and v['mean_ns'])} / {_fmt(v and v['p99_ns'])} | "
+            + (f"{_fmt(lib['mean_ns'])} / {_fmt(lib['p99_ns'])} ({lib['events']:,} decoded) | "
+               f"{_fmt(_ratio(lib['mean_ns'], b['mean_ns']), 1)}x |" if lib else "not decoded | - |")
+        )
+    lines += [
+        "",
+        "(The library column's ratio compares its mean over the events it decodes with the boundary mean over all "
+        "events of the type; they differ only for types it sometimes drops.) Per (stream, server version, event "
+        "type, parser) rows: `summary.csv` in the output folder.",
+        "",
+        "## python-mysql-replication coverage",
+        "",
+    ]
+    outcomes = report["coverage"]
+    not_decoded = {t: o for t, o in outcomes.items() if set(o) - {"decoded"}}
+    lines.append(
+        f"python-mysql-replication {LIBRARY_VERSION} (`relayproxy.baseline.ReferenceDecoder`, row values left lazy) "
+        "decoded every event of the other types. Events it has no decoder for (`not_decoded`) or raises on (`error`) "
+        "are timed but left out of its rows and ratios:"
+    )
+    lines.append("")
+    for t, o in sorted(not_decoded.items()):
+        lines.append(f"- {t}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(o.items())))
+    lines += [
+        "",
+        f"relayproxy's views rejected {report['view_rejected']:,} event(s) (timed and counted all the same).",
+        "",
+        "## Timing method and its measured error",
+        "",
+        "`time.perf_counter_ns`, GC off while a task measures. Per event and parser: one warm-up call (also the cost "
+        f"estimate), then {args.repeats} batches of k calls of that event (k a power of two, batch ~{args.batch_ns:,} "
+        f"ns, k <= {args.max_batch}), each between one pair of clock reads; the fastest batch counts (preemption and "
+        "interrupts only ever add time). The boundary parser's state is restored with `rollback()` to a "
+        "`checkpoint()` before each call. What a batch costs besides the parser (clock pair, loop, rollback) is "
+        "measured in every task by timing the same loops with an empty body (500 batches per k); the median of the "
+        f"fastest of {args.repeats} such batches is subtracted: `ns = (best batch - baseline[k]) / k`. Percentiles: "
+        + ("exact (Spark SQL `percentile`, linear interpolation between closest ranks)." if args.percentiles == "exact"
+           else "`percentile_approx`, accuracy 10,000."),
+        "",
+        f"Measured over {err['tasks']} tasks:",
+        "",
+        f"- clock pair (`perf_counter_ns` twice): median {err['clock_p50']:.0f} ns (p5 {err['clock_p5']} - p95 "
+        f"{err['clock_p95']} ns over all tasks);",
+        "- baseline of a batch, ns: subtracted (median of best-of-r) / median / p5-p95 spread:",
+        "",
+        "| k | empty loop (view, library) | rollback loop (boundary) | boundary's spread per call |",
+        "|---:|---:|---:|---:|",
+    ]
+    for k, e in err["baseline"]["empty"].items():
+        r = err["baseline"]["rollback"][k]
+        lines.append(f"| {k} | {e['ref']:.0f} / {e['p50']:.0f} / {e['spread']:.0f} | "
+                     f"{r['ref']:.0f} / {r['p50']:.0f} / {r['spread']:.0f} | {r['spread'] / k:.1f} |")
+    lines += [
+        "",
+        f"- repeatability: every {args.recheck_every}-th event was measured twice (best of {args.repeats} batches "
+        "each); relative difference |a-b|/mean of the two results:",
+        "",
+        "| parser | events rechecked | median | p90 |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in PARSERS:
+        rc = err["recheck"][name]
+        lines.append(f"| {name} | {rc['n']:,} | {_fmt(rc['p50'] and rc['p50'] * 100, 1)}% | "
+                     f"{_fmt(rc['p90'] and rc['p90'] * 100, 1)}% |")
+    lines += [
+        "",
+        "A batch runs the same event k times in a row, so caches are warm: these are the costs of the parser's code "
+        "on an event that was just received, not of fetching it from memory.",
+        "",
+        "## Plots",
+        "",
+        "![cost per stream](by_stream.png)",
+        "",
+        "![cost per event type](by_event_type.png)",
+        "",
+        "![distribution](distribution.png)",
+        "",
+        "![ratios per stream](ratios.png)",
+        "",
+        "## Machine",
+        "",
+    ]
+    info = benchinfo.machine_info(**{"spark": spark_version, "spark master": master,
+                                     "python-mysql-replication": LIBRARY_VERSION})
+    lines += [f"- {k}: {v}" for k, v in info.items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+PARSER_COLOURS = {"boundary": "#2f7ed8", "view": "#76b7e8", "pymysqlreplication": "#d9534f"}
+
+
+def write_plots(out: Path, report: dict) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no plots")
+        return []
+    written = []
+    note = "(shared 2-core machine: compare parsers within a run, not absolute numbers)"
+
+    # 1. mean ns per stream and parser
+    streams = sorted({r["stream"] for r in report["by_stream"]})
+    table = {(r["stream"], r["parser"]): r for r in report["by_stream"]}
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(streams) * len(PARSERS) / 2 + 2))
+    height = 0.8 / len(PARSERS)
+    for i, parser in enumerate(PARSERS):
+        ys = [s + i * height for s in range(len(streams))]
+        values = [table[(s, parser)]["mean_ns"] if (s, parser) in table else 0 for s in streams]
+        ax.barh(ys, values, height=height, color=PARSER_COLOURS[parser], label=parser)
+        for y, v in zip(ys, values):
+            if v:
+                ax.text(v * 1.05, y, f"{v:,.0f}", va="center", fontsize=7)
+    ax.set_yticks([s + height for s in range(len(streams))], streams)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("mean ns per event (log scale; lower is better)")
+    ax.set_title(f"Per-event parse cost per stream\n{note}", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "by_stream.png", dpi=110)
+    plt.close(fig)
+    written.append("by_stream.png")
+
+    # 2. mean ns per event type (most frequent 20 types)
+    per_type: dict[str, dict] = {}
+    for r in report["by_type"]:
+        per_type.setdefault(r["event_type"], {})[r["parser"]] = r
+    types = sorted(per_type, key=lambda t: -per_type[t]["boundary"]["events"])[:20]
+    fig, ax = plt.subplots(figsize=(10, 0.5 * len(types) + 2))
+    for i, parser in enumerate(PARSERS):
+        ys = [t + i * height for t in range(len(types))]
+        values = [per_type[t][parser]["mean_ns"] if parser in per_type[t] else 0 for t in types]
+        ax.barh(ys, values, height=height, color=PARSER_COLOURS[parser], label=parser)
+    ax.set_yticks([t + height for t in range(len(types))],
+                  [f"{t} ({per_type[t]['boundary']['events']:,})" for t in types], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("mean ns per event (log scale), all streams; (n) = events")
+    ax.set_title(f"Per-event parse cost per event type\n{note}", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "by_event_type.png", dpi=110)
+    plt.close(fig)
+    written.append("by_event_type.png")
+
+    # 3. distribution (CDF) of per-event ns from a sample of events
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for parser in PARSERS:
+        column = f"{parser}_ns"
+        values = sorted(r[column] for r in report["sample"] if r[column] is not None and r[column] > 0
+                        and (parser != "pymysqlreplication" or r["pymysqlreplication_outcome"] == "decoded"))
+        if values:
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], color=PARSER_COLOURS[parser],
+                    label=f"{parser} ({len(values):,} sampled events)")
+    ax.set_xscale("log")
+    ax.set_xlabel("ns per event (log scale)")
+    ax.set_ylabel("fraction of events")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(f"Distribution of per-event parse cost (all streams)\n{note}", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "distribution.png", dpi=110)
+    plt.close(fig)
+    written.append("distribution.png")
+
+    # 4. ratios per stream
+    rows = report["ratios"] + [report["ratios_all"]]
+    names = [r["stream"] for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 2))
+    for i, (label, num, den, colour) in enumerate((("library / boundary", "library_dec", "boundary_dec", "#2f7ed8"),
+                                                   ("library / view", "library_dec", "view_dec", "#76b7e8"))):
+        ys = [j + i * 0.4 for j in range(len(rows))]
+        values = [_ratio(r[num], r[den]) or 1 for r in rows]
+        ax.barh(ys, values, height=0.4, color=colour, label=label)
+        for y, v in zip(ys, values):
+            ax.text(v * 1.01, y, f"{v:.1f}x", va="center", fontsize=7)
+    ax.set_yticks([j + 0.2 for j in range(len(rows))], names)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("python-mysql-replication's CPU time / relayproxy's, same events "
+                  "(log scale; higher: relayproxy cheaper)")
+    ax.set_title(f"Cost ratios per stream, over the events the library decodes\n{note}", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "ratios.png", dpi=110)
+    plt.close(fig)
+    written.append("ratios.png")
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--input", action="append", metavar="[LABEL=]PATH",
+                    help="Hadoop-filesystem path, folder or glob of binlog files (repeatable; default: the recorded "
+                         "dataset benchmarks/data/streams and corpus=$RELAYPROXY_CORPUS or ../shared/corpus/binlogs)")
+    ap.add_argument("--master", help="Spark master (default local[*]; under spark-submit, spark-submit's)")
+    ap.add_argument("--parquet-output", help="where the Parquet tables go (default OUTPUT/parquet; on a cluster a "
+                                            "shared filesystem URI, e.g. hdfs:///tmp/parse_cost/parquet)")
+    ap.add_argument("--output", help=f"output folder (default {DEFAULT_OUTPUT.relative_to(REPO_ROOT)}; the default "
+                                     f"run also copies summary.md and the plots to "
+                                     f"{RESULTS_DIR.relative_to(REPO_ROOT)})")
+    ap.add_argument("--split-bytes", type=int, default=8 << 20, help="cut files into splits of about this many bytes "
+                                                                      "(default 8 MiB)")
+    ap.add_argument("--split-events", type=int, default=20_000, help="... or this many events (default 20000)")
+    ap.add_argument("--partitions", type=int, help="measuring tasks (default: 3 x Spark's default parallelism)")
+    ap.add_argument("--batch-ns", type=int, default=10_000, help="target duration of one timed batch (default 10000)")
+    ap.add_argument("--max-batch", type=int, default=64, help="largest batch k (default 64)")
+    ap.add_argument("--repeats", type=int, default=3, help="batches per event and parser; the fastest counts (default 3)")
+    ap.add_argument("--recheck-every", type=int, default=50, help="time every N-th event twice (0: never; default 50)")
+    ap.add_argument("--percentiles", choices=("exact", "approx"), default="exact",
+                    help="exact (Spark SQL percentile) or approx (percentile_approx, accuracy 10000)")
+    ap.add_argument("--shuffle-partitions", type=int, default=8,
+                    help="spark.sql.shuffle.partitions of the aggregations (default 8; raise it on a cluster)")
+    ap.add_argument("--ui", action="store_true", help="turn Spark's web UI on (off by default)")
+    ap.add_argument("--driver-memory", default="4g", help="spark.driver.memory when this script starts Spark (4g)")
+    args = ap.parse_args(argv)
+    for name in ("split_bytes", "split_events", "batch_ns", "max_batch", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.partitions is not None and args.partitions < 1:
+        ap.error("--partitions must be at least 1")
+    if args.recheck_every < 0:
+        ap.error("--recheck-every must be 0 or more")
+    args.publish = args.output is None
+    args.output = args.output or str(DEFAULT_OUTPUT)
+    args.parquet_output = (args.parquet_output or str(Path(args.output).resolve() / "parquet")).rstrip("/")
+    try:
+        args.inputs = [InputSpec.parse(text) for text in args.input] if args.input else None
+    except ValueError as exc:
+        ap.error(str(exc))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    began = time.monotonic()
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="spark-parse-cost-"))
+    spark = start_spark(args, workdir)
+    progress = Progress(spark.sparkContext, began)
+    progress.start()
+    try:
+        if args.inputs is None:
+            specs = [InputSpec(str(DEFAULT_DATASET), None), InputSpec(str(corpus_path(None)), "corpus")]
+            inputs = resolve_inputs(spark, specs, required=False)
+            if not any(p == str(DEFAULT_DATASET) for p, _l, _r in inputs):
+                log(f"no recorded dataset at {DEFAULT_DATASET}: record it with `.venv/bin/python "
+                    f"benchmarks/workloads.py` (about a minute); going on with the corpus alone")
+            if not inputs:
+                raise SystemExit("spark_parse_cost: neither the recorded dataset nor the corpus exists; give --input")
+        else:
+            inputs = resolve_inputs(spark, args.inputs, required=True)
+        report = run_job(args, spark, inputs, progress)
+        progress.set_phase("write reports")
+        write_csv(out / "summary.csv", report["summary"], SUMMARY_COLUMNS)
+        write_csv(out / "file_counts.csv", report["file_counts"],
+                  ["stream", "path", "event_type", "parser", "events", "bytes"])
+        write_csv(out / "files.csv", report["files"], ["path", "stream", "bytes", "binlog", "events", "splits",
+                                                        "server_version", "error"])
+        err = method_error(report["calibrations"])
+        (out / "method_error.json").write_text(json.dumps(err, indent=1, default=str) + "\n")
+        plots = write_plots(out, report)
+        seconds = time.monotonic() - began
+        text = render_markdown(args, argv, report, err, seconds, spark.version, spark.sparkContext.master, inputs)
+        (out / "summary.md").write_text(text)
+        if args.publish:
+            RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+            for name in ["summary.md", *plots]:
+                shutil.copyfile(out / name, RESULTS_DIR / name)
+            log(f"published summary.md and {len(plots)} plots to {RESULTS_DIR}")
+        ra = report["ratios_all"]
+        log(f"done in {seconds:.0f} s: {report['events']:,} events; library/boundary "
+            f"{_fmt(_ratio(ra['library_dec'], ra['boundary_dec']), 1)}x, library/view "
+            f"{_fmt(_ratio(ra['library_dec'], ra['view_dec']), 1)}x; wrote {out}")
+    finally:
+        progress.stop()
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    # Run through the importable module, so the functions shipped to executors are found there by name
+    # (the file is sent to them with addPyFile) instead of being pickled from __main__.
+    import spark_parse_cost
+
+    sys.exit(spark_parse_cost.main())

@@ -1,0 +1,414 @@
+"""Recorded binlog streams of named workload shapes: a real mariadbd master, relayed by relayproxy into a dataset.
+
+Each shape is one recording, in its own folder of the dataset::
+
+    <dataset>/<shape>/master-bin.000001 ...   the relay's files: the recording (relayproxy.index beside them)
+    <dataset>/<shape>.log                     the relay's log
+    <dataset>/manifest.json                   per shape: what was driven, files, events by type, bytes
+
+How a shape is recorded: one local master (``relayproxy.sandbox.MariaDBSandbox``, row format,
+CRC32, ``max_allowed_packet=1G``); per shape ``RESET MASTER``, then ``relayproxy run`` (a
+subprocess, ``tests.relayharness.RelayProcess``) starts from the master's first file into
+``<dataset>/<shape>/``, the shape's workload runs against the master while the relay follows it,
+and once the relay's horizon equals the master's end position (re-read on every poll: MariaDB
+writes a BINLOG_CHECKPOINT some time after a rotation) the relay is stopped. The relay's files
+are byte for byte the master's, so the recording is what a replica of the relay would receive.
+
+Shapes (``--scale`` multiplies every count; 1.0 is the default dataset of about 200,000 events):
+
+* ``oltp``      -- small transactions: autocommit single-row INSERTs, BEGIN/INSERT/UPDATE/COMMIT, DELETEs;
+* ``bulk``      -- multi-row INSERTs of 1,000 rows a statement (rows events of about 100 KB);
+* ``blobs``     -- LONGBLOB rows of 17 to 24 MB, so events over 16 MB (more than one wire packet: the rows
+                   event and the ANNOTATE_ROWS holding the statement), rows of 64 KB to 1 MB, and one
+                   UPDATE of a large row (before and after images);
+* ``ddl``       -- DDL-heavy: CREATE/ALTER/RENAME/DROP TABLE, indexes, views, databases, a little DML;
+* ``xa``        -- XA transactions: two-phase commit, rollback after prepare, and one-phase commit;
+* ``domains``   -- four GTID domains (``SET SESSION gtid_domain_id``) interleaved, one connection each;
+* ``statement`` -- statement-based (``binlog_format=STATEMENT``): auto-increment INSERTs (INTVAR),
+                   RAND() (RAND), user variables (USER_VAR), multi-statement transactions.
+
+    .venv/bin/python benchmarks/workloads.py                          # every shape, default dataset
+    .venv/bin/python benchmarks/workloads.py --shapes oltp,xa --scale 0.05 --output /tmp/streams
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+from pymysql.constants import CLIENT  # noqa: E402
+
+from relayproxy.binlog import constants as C  # noqa: E402
+from relayproxy.binlog.reader import scan_file  # noqa: E402
+from relayproxy.sandbox import MariaDBSandbox  # noqa: E402
+from tests.relayharness import RelayProcess, master_status, prepare_master  # noqa: E402
+
+DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"
+BINLOG_MAGIC = C.BINLOG_MAGIC
+MAX_BINLOG_SIZE = 32 << 20  # several files per stream, and files larger than the Spark job's default split
+BLOB_OVER_16MB = (17 << 20, 24 << 20)
+CATCH_UP_TIMEOUT = 300.0
+
+
+def log(message: str) -> None:
+    print(f"[workloads {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def scaled(count: int, scale: float, minimum: int = 1) -> int:
+    return max(minimum, int(round(count * scale)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads. Each one drives the master and returns what it did (recorded in the manifest).
+def _batched(conn, statements: list[str], per_round_trip: int = 50) -> None:
+    """Run statements in multi-statement round trips; each statement still commits on its own."""
+    with conn.cursor() as cur:
+        for i in range(0, len(statements), per_round_trip):
+            cur.execute(";\n".join(statements[i : i + per_round_trip]))
+            while cur.nextset():
+                pass
+
+
+def _connect(master: MariaDBSandbox, **kwargs):
+    return master.connect(client_flag=CLIENT.MULTI_STATEMENTS, max_allowed_packet=256 << 20, **kwargs)
+
+
+def _pad(rng: random.Random, low: int, high: int) -> str:
+    return "".join(rng.choices("abcdefghijklmnopqrstuvwxyz0123456789", k=rng.randint(low, high)))
+
+
+def oltp(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
+    transactions = scaled(15_000, scale)
+    master.execute("CREATE TABLE w.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, c VARCHAR(120) NOT NULL)")
+    conn = _connect(master)
+    statements: list[str] = []
+    for i in range(transactions):
+        roll = rng.random()
+        if roll < 0.6 or i < 10:
+            statements.append(f"INSERT INTO w.oltp (k, c) VALUES ({i}, '{_pad(rng, 40, 110)}')")
+        elif roll < 0.9:
+            target = rng.randint(1, i)
+            statements.append(
+                f"START TRANSACTION; INSERT INTO w.oltp (k, c) VALUES ({i}, '{_pad(rng, 40, 110)}'); "
+                f"UPDATE w.oltp SET k = k + 1 WHERE id = {target}; COMMIT"
+            )
+        else:
+            statements.append(f"DELETE FROM w.oltp WHERE id = {rng.randint(1, i)}")
+    _batched(conn, statements)
+    conn.close()
+    return {"transactions": transactions}
+
+
+def bulk(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
+    statements_count = scaled(150, scale)
+    rows = 1000
+    master.execute("CREATE TABLE w.bulk (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(200) NOT NULL)")
+    conn = _connect(master)
+    with conn.cursor() as cur:
+        for s in range(statements_count):
+            values = ",".join(f"({s * rows + r}, {r}, '{_pad(rng, 60, 140)}')" for r in range(rows))
+            cur.execute(f"INSERT INTO w.bulk (id, k, c) VALUES {values}")
+    conn.close()
+    return {"statements": statements_count, "rows_per_statement": rows}
+
+
+def blobs(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
+    huge = scaled(3, scale)
+    medium = scaled(40, scale)
+    master.execute("CREATE TABLE w.blobs (id INT PRIMARY KEY, note VARCHAR(40), b LONGBLOB NOT NULL)")
+    conn = _connect(master)
+    total = medium + huge
+    huge_at = set(range(0, total, max(1, total // huge))[:huge])  # spread through the stream
+    sizes = []
+    with conn.cursor() as cur:
+        for i in range(total):
+            size = rng.randint(*BLOB_OVER_16MB) if i in huge_at else rng.randint(64 << 10, 1 << 20)
+            cur.execute("INSERT INTO w.blobs (id, note, b) VALUES (%s, %s, %s)", (i, f"blob {size}", rng.randbytes(size)))
+            sizes.append(size)
+        big_id = next(i for i, s in enumerate(sizes) if s >= 16 << 20)
+        cur.execute("UPDATE w.blobs SET b = CONCAT(b, 'x') WHERE id = %s", (big_id,))  # before + after image
+    conn.close()
+    return {"rows": len(sizes), "rows_over_16mb": sum(s >= 16 << 20 for s in sizes), "largest_blob": max(sizes)}
+
+
+def ddl(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
+    rounds = scaled(250, scale)
+    conn = _connect(master)
+    statements: list[str] = []
+    for i in range(rounds):
+        t = f"w.ddl_{i}"
+        statements += [
+            f"CREATE TABLE {t} (id INT PRIMARY KEY, a INT, b VARCHAR(40)) ENGINE=InnoDB",
+            f"ALTER TABLE {t} ADD COLUMN c DATETIME NULL, ALGORITHM=INPLACE",
+            f"CREATE INDEX ix_a ON {t} (a)",
+            f"INSERT INTO {t} (id, a, b) VALUES (1, {i}, 'row'), (2, {i + 1}, 'row')",
+            f"CREATE OR REPLACE VIEW w.v_{i} AS SELECT id, a FROM {t} WHERE a > {rng.randint(0, 9)}",
+            f"RENAME TABLE {t} TO {t}_renamed",
+            f"DROP VIEW w.v_{i}",
+            f"TRUNCATE TABLE {t}_renamed",
+            f"DROP TABLE {t}_renamed",
+        ]
+        if i % 25 == 0:
+            statements += [f"CREATE DATABASE w_db_{i}", f"DROP DATABASE w_db_{i}"]
+    _batched(conn, statements, per_round_trip=20)
+    conn.close()
+    return {"statements": len(statements), "rounds": rounds}
+
+
+def xa(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
+    transactions = scaled(2_500, scale)
+    master.execute("CREATE TABLE w.xa (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(100) NOT NULL)")
+    conn = _connect(master)
+    statements: list[str] = []
+    outcomes = {"commit": 0, "rollback": 0, "one_phase": 0}
+    for i in range(transactions):
+        xid = f"'xa-{i}', 'branch', 7"
+        body = [f"XA START {xid}", f"INSERT INTO w.xa VALUES ({i}, {i}, '{_pad(rng, 20, 90)}')"]
+        if i > 0:
+            body.append(f"UPDATE w.xa SET k = k + 1 WHERE id = {rng.randrange(i)}")
+        body.append(f"XA END {xid}")
+        roll = rng.random()
+        if roll < 0.7:
+            body += [f"XA PREPARE {xid}", f"XA COMMIT {xid}"]
+            outcomes["commit"] += 1
+        elif roll < 0.85:
+            body += [f"XA PREPARE {xid}", f"XA ROLLBACK {xid}"]
+            outcomes["rollback"] += 1
+        else:
+            body.append(f"XA COMMIT {xid} ONE PHASE")
+            outcomes["one_phase"] += 1
+        statements.append("; ".join(body))
+    _batched(conn, statements, per_round_trip=20)
+    conn.close()
+    return {"transactions": transactions, **outcomes}
+
+
+def domains(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
+    transactions = scaled(10_000, scale)
+    domain_ids = (0, 1, 2, 3)
+    master.execute("CREATE TABLE w.domains (id INT AUTO_INCREMENT PRIMARY KEY, d INT NOT NULL, c VARCHAR(100))")
+    conns = {}
+    for d in domain_ids:
+        conns[d] = _connect(master)
+        with conns[d].cursor() as cur:
+            cur.execute(f"SET SESSION gtid_domain_id = {d}")
+    pending: dict[int, list[str]] = {d: [] for d in domain_ids}
+    for i in range(transactions):
+        d = rng.choice(domain_ids)
+        if rng.random() < 0.7:
+            pending[d].append(f"INSERT INTO w.domains (d, c) VALUES ({d}, '{_pad(rng, 30, 90)}')")
+        else:
+            pending[d].append(
+                f"START TRANSACTION; INSERT INTO w.domains (d, c) VALUES ({d}, '{_pad(rng, 30, 90)}'); "
+                f"UPDATE w.domains SET c = 'u' WHERE id = {rng.randint(1, i + 1)}; COMMIT"
+            )
+        if len(pending[d]) >= 20:  # connections take turns, so the domains interleave in the binlog
+            _batched(conns[d], pending[d])
+            pending[d] = []
+    for d, statements in pending.items():
+        _batched(conns[d], statements)
+        conns[d].close()
+    return {"transactions": transactions, "domains": list(domain_ids)}
+
+
+def statement(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
+    rounds = scaled(6_000, scale)
+    master.execute(
+        "CREATE TABLE w.sbr (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, r DOUBLE, c VARCHAR(100)) ENGINE=InnoDB"
+    )
+    conn = _connect(master)
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION binlog_format = 'STATEMENT'")
+    statements: list[str] = []
+    for i in range(rounds):
+        kind = i % 4
+        if kind == 0:  # auto-increment: INTVAR before the QUERY
+            statements.append(f"INSERT INTO w.sbr (k, c) VALUES ({i}, '{_pad(rng, 20, 90)}')")
+        elif kind == 1:  # RAND() in a statement: a RAND event carries the seeds
+            statements.append(f"INSERT INTO w.sbr (k, r) VALUES ({i}, RAND())")
+        elif kind == 2:  # a user variable read by the statement: USER_VAR
+            statements.append(f"SET @v = {i}; UPDATE w.sbr SET k = @v WHERE id = {rng.randint(1, i)}")
+        else:  # a multi-statement transaction: BEGIN ... XID
+            statements.append(
+                f"START TRANSACTION; INSERT INTO w.sbr (k, c) VALUES ({i}, 'trx'); "
+                f"UPDATE w.sbr SET c = CONCAT(c, '.') WHERE id = {rng.randint(1, i)}; COMMIT"
+            )
+    _batched(conn, statements)
+    conn.close()
+    return {"statements": rounds, "binlog_format": "STATEMENT"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    description: str
+    drive: Callable[[MariaDBSandbox, float, random.Random], dict]
+
+
+SHAPES: dict[str, Shape] = {
+    s.name: s
+    for s in (
+        Shape("oltp", "OLTP small transactions (row format)", oltp),
+        Shape("bulk", "bulk multi-row INSERTs of 1,000 rows (row format)", bulk),
+        Shape("blobs", "LONGBLOB rows, rows events over 16 MB (row format)", blobs),
+        Shape("ddl", "DDL-heavy: tables, indexes, views, databases", ddl),
+        Shape("xa", "XA: two-phase commit, rollback after prepare, one-phase commit", xa),
+        Shape("domains", "four GTID domains interleaved", domains),
+        Shape("statement", "statement-based: INTVAR, RAND, USER_VAR, multi-statement transactions", statement),
+    )
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording
+def wait_relay_caught_up(relay: RelayProcess, master: MariaDBSandbox, timeout: float = CATCH_UP_TIMEOUT) -> tuple[str, int]:
+    """Until the relay's horizon equals the master's end, re-reading the master's end on every poll."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        end = master_status(master)
+        try:
+            status = relay.status()
+        except OSError:
+            status = None
+        if status is not None:
+            last = (status.get("master_log_file"), status.get("read_master_log_pos"))
+            if last == end and master_status(master) == end:
+                return end
+        time.sleep(0.1)
+    raise RuntimeError(f"relay did not catch up with the master within {timeout:.0f} s (last {last}):\n{relay.log_tail()}")
+
+
+def describe_recording(folder: Path) -> dict:
+    """Files and events by type of one recording, found by the binlog magic (not by name)."""
+    files = []
+    counts: dict[str, int] = {}
+    largest = 0
+    for path in sorted(folder.iterdir()):
+        if not path.is_file():
+            continue
+        with open(path, "rb") as f:
+            if f.read(4) != BINLOG_MAGIC:
+                continue
+        sizes: list[int] = []
+        result = scan_file(path, on_event=lambda ev: sizes.append(ev.size))
+        if not result.ok:
+            raise RuntimeError(f"recorded file {path} does not scan cleanly: {result.error}")
+        for type_code, n in result.counts_by_type.items():
+            counts[C.event_name(type_code)] = counts.get(C.event_name(type_code), 0) + n
+        largest = max([largest, *sizes])
+        files.append({"file": path.name, "bytes": path.stat().st_size, "events": result.events,
+                      "server_version": result.server_version})
+    return {
+        "files": files,
+        "events": sum(f["events"] for f in files),
+        "bytes": sum(f["bytes"] for f in files),
+        "largest_event": largest,
+        "counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def record_shape(master: MariaDBSandbox, shape: Shape, dataset: Path, scale: float, seed: int, server_id: int) -> dict:
+    target = dataset / shape.name
+    if target.exists():
+        shutil.rmtree(target)
+    log_file = dataset / f"{shape.name}.log"
+    log_file.unlink(missing_ok=True)
+    master.execute("DROP DATABASE IF EXISTS w")
+    master.execute("CREATE DATABASE w")
+    master.execute("RESET MASTER")
+    relay = RelayProcess(target, master.port, server_id=server_id, gtid_mode="off")
+    began = time.monotonic()
+    relay.start()
+    try:
+        info = shape.drive(master, scale, random.Random(seed))
+        end = wait_relay_caught_up(relay, master)
+    finally:
+        relay.stop()
+    seconds = time.monotonic() - began
+    described = describe_recording(target)
+    if not described["files"]:
+        raise RuntimeError(f"{shape.name}: the relay wrote no binlog file into {target}")
+    log(f"{shape.name}: {described['events']:,} events, {described['bytes'] / 1e6:,.1f} MB in "
+        f"{len(described['files'])} file(s), master end {end[0]}:{end[1]}, {seconds:.1f} s")
+    return {"description": shape.description, "workload": info, "master_end": list(end),
+            "seconds": round(seconds, 1), **described}
+
+
+def record(dataset: Path, shapes: list[str], scale: float, seed: int = 6, workdir: Path | None = None) -> dict:
+    """Record every shape of ``shapes`` into ``dataset`` and write its manifest.json."""
+    dataset.mkdir(parents=True, exist_ok=True)
+    own_workdir = workdir is None
+    base = Path(tempfile.mkdtemp(prefix="rp-workloads-")) if own_workdir else workdir
+    master = MariaDBSandbox(
+        base / "master",
+        binlog_format="ROW",
+        extra_config={
+            "max_binlog_size": MAX_BINLOG_SIZE,
+            "sync_binlog": 0,
+            "innodb_flush_log_at_trx_commit": 2,
+            "binlog_row_event_max_size": 8192,
+        },
+    )
+    manifest_path = dataset / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"shapes": {}}
+    try:
+        master.start()
+        prepare_master(master)
+        version = master.execute("SELECT VERSION()")[0][0]
+        log(f"master mariadbd {version} on port {master.port}; dataset {dataset}")
+        for name in shapes:
+            index = list(SHAPES).index(name)  # the same seed for a shape whichever subset is recorded
+            manifest["shapes"][name] = record_shape(master, SHAPES[name], dataset, scale, seed + index, 100 + index)
+            manifest["shapes"][name]["scale"] = scale
+            manifest["server_version"] = version
+            manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")  # after each shape: a crash keeps the rest
+    finally:
+        master.stop()
+        if own_workdir:
+            shutil.rmtree(base, ignore_errors=True)
+    return manifest
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--output", default=str(DEFAULT_DATASET),
+                    help=f"dataset folder (default {DEFAULT_DATASET.relative_to(REPO_ROOT)})")
+    ap.add_argument("--shapes", default=",".join(SHAPES),
+                    help=f"comma-separated subset of: {', '.join(SHAPES)} (default all)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies every workload's size (default 1.0)")
+    ap.add_argument("--seed", type=int, default=6, help="random seed of the workloads (default 6)")
+    args = ap.parse_args(argv)
+    args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in args.shape_list if s not in SHAPES]
+    if unknown or not args.shape_list:
+        ap.error(f"--shapes: unknown shape(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(SHAPES)}")
+    if not 0 < args.scale <= 100:
+        ap.error(f"--scale must be in (0, 100], got {args.scale}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    began = time.monotonic()
+    manifest = record(Path(args.output), args.shape_list, args.scale, args.seed)
+    total = sum(manifest["shapes"][s]["events"] for s in args.shape_list)
+    log(f"recorded {len(args.shape_list)} shape(s), {total:,} events, in {time.monotonic() - began:.0f} s "
+        f"into {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
