@@ -12,7 +12,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("relayproxy.run", "replicate from a master into durable relay files (the relay)"),
     "serve": ("relayproxy.serve", "serve existing binlog files read-only to replicas and tools, as their master"),
     "status": ("relayproxy.status_cmd", "show a running relay's horizon and upstream health"),
-    "demo": ("relayproxy.demo", "start a local MariaDB master, write transactions, inspect its binlogs"),
+    "demo": (
+        "relayproxy.demo",
+        "local master, relay and replicas: a live workload, then a master crash mid-transaction, side by side",
+    ),
 }
 
 

@@ -1,149 +1,280 @@
-"""`relayproxy demo`: start a throwaway MariaDB master, write transactions of every shape, inspect its binlogs."""
+"""`relayproxy demo`: the master-crash-mid-transaction story (relayproxy.story) shown live, then cleaned away.
+
+A local MariaDB master, relayproxy, a replica through it and one direct, in a temporary folder; a live view of a
+mixed workload, then the master killed mid-transaction, and which replica an HA controller may promote. Nothing is
+left running or on disk afterwards (unless --keep), also after Ctrl-C, SIGTERM or an error.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import shutil
+import signal
 import sys
 import tempfile
+import textwrap
+import time
 from pathlib import Path
+from typing import TextIO
 
 import pymysql
 
-from .log import get_logger
-from .sandbox import MariaDBSandbox, SandboxError
+from .faultproxy import FaultProxyError
+from .log import configure_logging, get_logger
+from .sandbox import SandboxError
+from .story import CrashStory, Snapshot, StoryError, StoryResult
 
 log = get_logger(__name__)
 
-# (what the transaction shows, statements run on one connection with autocommit on). Each shape ends a
-# transaction group differently in the binlog, which is what the boundary parser has to get right.
-TRANSACTIONS: list[tuple[str, list[str]]] = [
-    (
-        "DDL: CREATE DATABASE and two CREATE TABLEs (each its own group, no BEGIN)",
-        [
-            "CREATE DATABASE demo",
-            "CREATE TABLE demo.accounts (id INT AUTO_INCREMENT PRIMARY KEY, owner VARCHAR(40) NOT NULL,"
-            " balance DECIMAL(12,2) NOT NULL) ENGINE=InnoDB",
-            "CREATE TABLE demo.ledger (id INT AUTO_INCREMENT PRIMARY KEY, account_id INT NOT NULL,"
-            " amount DECIMAL(12,2) NOT NULL, note VARCHAR(80) NOT NULL) ENGINE=InnoDB",
-        ],
-    ),
-    (
-        "autocommit INSERT in row format (TABLE_MAP, WRITE_ROWS, ends with XID)",
-        [
-            "SET SESSION binlog_format = 'ROW'",
-            "INSERT INTO demo.accounts (owner, balance) VALUES ('alice', 100.00), ('bob', 50.00)",
-        ],
-    ),
-    (
-        "BEGIN .. COMMIT with three statements in row format (one group, ends with XID)",
-        [
-            "BEGIN",
-            "UPDATE demo.accounts SET balance = balance - 25 WHERE owner = 'alice'",
-            "UPDATE demo.accounts SET balance = balance + 25 WHERE owner = 'bob'",
-            "INSERT INTO demo.ledger (account_id, amount, note) VALUES (1, -25, 'to bob'), (2, 25, 'from alice')",
-            "COMMIT",
-        ],
-    ),
-    (
-        "XA transaction: XA PREPARE (ends with XA_PREPARE) then XA COMMIT (its own group)",
-        [
-            "XA START 'demo-xa'",
-            "INSERT INTO demo.ledger (account_id, amount, note) VALUES (2, 0, 'xa audit')",
-            "XA END 'demo-xa'",
-            "XA PREPARE 'demo-xa'",
-            "XA COMMIT 'demo-xa'",
-        ],
-    ),
-    (
-        "statement format: user variable, INSERT .. SELECT with RAND() (INTVAR, RAND, USER_VAR before the QUERYs)",
-        [
-            "SET SESSION binlog_format = 'STATEMENT'",
-            "SET @bonus = 7.5",
-            "BEGIN",
-            "INSERT INTO demo.ledger (account_id, amount, note)"
-            " SELECT id, ROUND(RAND() * @bonus, 2), CONCAT('bonus for ', owner) FROM demo.accounts ORDER BY id",
-            "UPDATE demo.accounts SET balance = balance + @bonus",
-            "COMMIT",
-        ],
-    ),
-    ("FLUSH BINARY LOGS: rotate to a second binlog file", ["FLUSH BINARY LOGS"]),
-    (
-        "autocommit UPDATE in the second file, MIXED format (logged as a statement, ends with XID)",
-        [
-            "SET SESSION binlog_format = DEFAULT",
-            "UPDATE demo.accounts SET balance = balance + 1 WHERE owner = 'alice'",
-        ],
-    ),
-]
+INTRO = """\
+relayproxy demo: what an HA controller sees when the master dies while a large transaction is half sent.
+Its rule: a replica may be promoted once Read_Master_Log_Pos == Exec_Master_Log_Pos (it applied all it received).
+
+  master --forwarder--> relayproxy --> replica "via relay"
+  master --forwarder--> replica "direct"
+  (the forwarders hold both links at the same byte of the big transaction, so the crash lands there every time)
+"""
+
+LEGEND = (
+    "live view: master file:position, relay horizon file:position and Retrieved_Gtid_Set, "
+    "replicas file:Read_Master_Log_Pos/Exec_Master_Log_Pos"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep",
         action="store_true",
-        help="keep the temporary directory (datadir, my.cnf, binlogs, error log) instead of removing it",
+        help="keep the temporary directory (datadirs, binlogs, relay files, logs) instead of removing it",
     )
-    parser.add_argument("--port", type=int, default=None, help="TCP port for the master (default: a free one)")
+    parser.add_argument(
+        "--workload-seconds",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="how long the mixed workload runs (default 10)",
+    )
+    parser.add_argument(
+        "--stuck-seconds",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="how long to watch the direct replica after the crash before calling it stuck (default 10)",
+    )
+    parser.add_argument(
+        "--big-mb", type=int, default=16, metavar="MB", help="size of the transaction the crash cuts (default 16)"
+    )
+    parser.add_argument(
+        "--no-live",
+        action="store_true",
+        help="print a status line every second instead of one line refreshed in place (always so when stdout "
+        "is not a terminal)",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show info logs (servers started and stopped; default: warnings only); the relay logs to "
+        "relay/relay.log in the folder either way",
+    )
+
+
+class LiveView:
+    """The status line: refreshed in place on a terminal, one line a second otherwise; narration goes between."""
+
+    def __init__(self, out: TextIO, live: bool, every: float = 1.0) -> None:
+        self.out = out
+        self.live = live
+        self.every = every
+        self._showing = False
+        self._last = 0.0
+
+    def show(self, snapshot: Snapshot) -> None:
+        line = snapshot.line()
+        if self.live:
+            width = shutil.get_terminal_size((120, 24)).columns
+            self.out.write("\r" + line[: max(width - 1, 20)] + "\x1b[K")
+            self.out.flush()
+            self._showing = True
+        elif time.monotonic() - self._last >= self.every:
+            self._last = time.monotonic()
+            print(line, file=self.out, flush=True)
+
+    def say(self, text: str) -> None:
+        self.end_line()
+        print(_wrap(text, "* ", "  "), file=self.out, flush=True)
+
+    def end_line(self) -> None:
+        if self._showing:
+            self.out.write("\n")
+            self.out.flush()
+            self._showing = False
+
+
+def _wrap(text: str, first: str = "  ", rest: str = "  ") -> str:
+    width = min(shutil.get_terminal_size((110, 24)).columns, 110)
+    # "kill -9" stays on one line: a NUL is no whitespace to textwrap.
+    text = text.replace("kill -9", "kill\0-9")
+    wrapped = textwrap.fill(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+    return wrapped.replace("\0", " ")
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: handled like Ctrl-C, so every cleanup step runs."""
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise _Terminated(signal.Signals(signum).name)
 
 
 def run(args: argparse.Namespace) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="relayproxy-demo-"))
-    master = MariaDBSandbox(workdir / "master", port=args.port)
-    try:
-        try:
-            master.start()
-        except SandboxError as exc:
-            log.error("demo could not start MariaDB", error=str(exc))
-            return 1
-        version = master.execute("SELECT VERSION()")[0][0]
-        print(f"MariaDB {version} master on {master.host}:{master.port}, files in {workdir}")
-        print()
-        try:
-            _write_transactions(master)
-        except pymysql.MySQLError as exc:
-            log.error("demo transaction failed", error=str(exc), tail_of_error_log=master.error_log_tail(10))
-            return 1
-        files = master.binlog_files()
-        gtid_state = master.execute("SELECT @@gtid_binlog_state")[0][0]
-
-        print()
-        print(f"$ relayproxy inspect {' '.join(str(f) for f in files)}")
-        sys.stdout.flush()
-        from . import cli
-
-        code = cli.main(
-            [
-                "--log-format",
-                getattr(args, "log_format", "auto"),
-                "--log-level",
-                str(getattr(args, "log_level", "info")),
-                "inspect",
-                *(str(f) for f in files),
-            ]
+    problems = [
+        f"{flag} must be {rule}, got {value}"
+        for flag, value, ok, rule in (
+            ("--workload-seconds", args.workload_seconds, args.workload_seconds >= 0, ">= 0"),
+            ("--stuck-seconds", args.stuck_seconds, args.stuck_seconds > 0, "> 0"),
+            ("--big-mb", args.big_mb, 1 <= args.big_mb <= 1024, "between 1 and 1024"),
         )
-        sys.stdout.flush()
+        if not ok
+    ]
+    if problems:
+        print("relayproxy demo: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    if not args.verbose:
+        # The story narrates on stdout; info logs (servers started, stopped) would only break the live line.
+        configure_logging(fmt=getattr(args, "log_format", "auto"), level="warning")
 
-        print("demo summary:")
-        print(f"  binlog files: {', '.join(f'{f.name} ({f.stat().st_size} bytes)' for f in files)}")
-        print(f"  server's @@gtid_binlog_state: {gtid_state}  (compare with inspect's GTID set after the last file)")
-        print(f"  relayproxy inspect exit code: {code}")
-        return code
-    finally:
-        master.stop()
-        if args.keep:
-            print(f"kept {workdir}; start the master again with: {' '.join(master.server_command())}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _write_transactions(master: MariaDBSandbox) -> None:
-    conn = master.connect()
+    out = sys.stdout
+    view = LiveView(out, live=out.isatty() and not args.no_live)
+    workdir = Path(tempfile.mkdtemp(prefix="relayproxy-demo-"))
+    print(INTRO, file=out)
+    print(f"files in {workdir}", file=out)
+    print(LEGEND, file=out, flush=True)
+    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    story = CrashStory(workdir, observe=view.show, narrate=view.say)
+    result: StoryResult | None = None
+    code = 1
     try:
-        with conn.cursor() as cursor:
-            for number, (what, statements) in enumerate(TRANSACTIONS, start=1):
-                for sql in statements:
-                    cursor.execute(sql)
-                print(f"  {number}. {what}")
+        with story:
+            story.start()
+            story.run_workload(args.workload_seconds)
+            result = story.crash_mid_transaction(
+                big_bytes=args.big_mb * 1024 * 1024,
+                direct_cap=args.stuck_seconds,
+                relay_cap=max(30.0, args.stuck_seconds),
+            )
+        view.end_line()
+        code = _report(result, out)
+    except KeyboardInterrupt as exc:
+        view.end_line()
+        terminated = isinstance(exc, _Terminated)
+        why = f"terminated by {exc}" if terminated else "interrupted"
+        print(f"relayproxy demo: {why}; stopping everything", file=sys.stderr)
+        code = 143 if terminated else 130
+    except (StoryError, SandboxError, FaultProxyError, pymysql.MySQLError, OSError) as exc:
+        view.end_line()
+        print(f"relayproxy demo failed: {exc}", file=sys.stderr)
+        if story.relay is not None:
+            print(f"tail of the relay's log:\n{story.relay.log_tail(15)}", file=sys.stderr)
+        code = 1
     finally:
-        conn.close()
+        # A second Ctrl-C (or a SIGTERM) must not cut the cleanup short.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            code = _clean_up(story, workdir, args.keep, out, code)
+            if args.json and result is not None:
+                try:
+                    Path(args.json).write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+                except OSError as exc:
+                    print(f"relayproxy demo: cannot write --json {args.json}: {exc.strerror}", file=sys.stderr)
+                    code = code or 1
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return code
+
+
+def _report(result: StoryResult, out: TextIO) -> int:
+    direct, through = result.direct, result.through_relay
+
+    def say(text: str = "") -> None:
+        print(_wrap(text) if text else "", file=out)
+
+    say()
+    print("demo summary:", file=out)
+    say(
+        f"MariaDB {result.mariadb_version}; {result.workload_transactions} transactions of mixed workload in "
+        f"{result.workload_seconds:.0f} s; then the master was killed (kill -9) while transaction "
+        f"{result.big_transaction_gtid} ({result.big_transaction_bytes // (1024 * 1024)} MB) was half sent."
+    )
+    say()
+    for line in result.summary_lines():
+        print(line, file=out)
+    say()
+    if direct.stuck:
+        say(
+            "The direct replica received half of the transaction and can never finish it: Read stays ahead of Exec, "
+            f"so the HA rule never lets the controller promote it ({direct.verdict()})."
+        )
+    else:
+        say("The direct replica was not stuck this time (it satisfied the HA rule): unexpected.")
+    if through.stuck:
+        say("The replica through relayproxy did NOT reach Read == Exec: that breaks relayproxy's promise.")
+        out.flush()
+        return 1
+    say(
+        "relayproxy kept the incomplete transaction to itself: its Read_Master_Log_Pos stayed at the end of the last "
+        f"complete transaction, and its replica was at Read == Exec {through.seconds_to_switch:.2f} s after the kill, "
+        "so the HA controller may promote it at once."
+    )
+    out.flush()
+    return 0
+
+
+def _clean_up(story: CrashStory, workdir: Path, keep: bool, out: TextIO, code: int) -> int:
+    """Stop whatever still runs, make sure no process of the demo is left, remove the folder unless kept."""
+    try:
+        story.close()
+    except StoryError as exc:
+        print(f"relayproxy demo: {exc}", file=sys.stderr)
+        code = code or 1
+    leftovers = processes_mentioning(workdir)
+    for pid in leftovers:  # only processes whose command line names our own temporary folder: ours
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if leftovers:
+        print(f"relayproxy demo: processes left running were killed: {leftovers}", file=sys.stderr)
+        code = code or 1
+    if keep:
+        print(f"kept {workdir} (relay files in {workdir / 'relay' / 'data'}; relayproxy inspect reads them)", file=out)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if workdir.exists():
+            print(f"relayproxy demo: could not remove {workdir}", file=sys.stderr)
+            code = code or 1
+        else:
+            print(f"stopped the servers and the relay, removed {workdir}; no process left behind", file=out)
+    out.flush()
+    return code
+
+
+def processes_mentioning(path: Path) -> list[int]:
+    """Ids of running processes (this one excepted) whose command line contains `path` (a /proc scan)."""
+    needle = os.fsencode(str(path))
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(entry.name))
+    return sorted(found)
+

@@ -1,0 +1,142 @@
+"""`relayproxy demo` as a user runs it (stdout not a terminal): the crash story's summary, JSON logs, bad flags, and
+no process or file left behind, whether it ends normally or by Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from relayproxy.demo import processes_mentioning
+
+SHORT_RUN = ["--workload-seconds", "2", "--stuck-seconds", "4", "--big-mb", "8"]
+
+
+def demo_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "relayproxy.cli", "demo", *args]
+
+
+def demo_env(tmp_path: Path) -> dict[str, str]:
+    """The demo's temporary folder goes under the test's own, so what it leaves is easy to see."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp)}
+
+
+def workdir_of(stdout: str) -> Path:
+    found = re.search(r"^files in (\S+)$", stdout, re.MULTILINE)
+    assert found, f"the demo did not say where its files are:\n{stdout}"
+    return Path(found.group(1))
+
+
+def table_row(summary: str, label: str) -> list[str]:
+    """The cells of one row of the side-by-side table (columns are separated by two or more spaces)."""
+    for line in summary.splitlines():
+        if line.strip().startswith(label):
+            return re.split(r"\s{2,}", line.strip()[len(label) :].strip())
+    raise AssertionError(f"no row {label!r} in the summary:\n{summary}")
+
+
+def assert_nothing_left(workdir: Path, tmp_path: Path) -> None:
+    assert not workdir.exists(), f"the demo left {workdir} behind"
+    assert list((tmp_path / "tmp").iterdir()) == [], "the demo left files in its temporary folder"
+    assert processes_mentioning(workdir) == [], "a server or the relay of the demo is still running"
+
+
+@pytest.mark.server
+def test_demo_shows_the_direct_replica_stuck_and_the_relay_replica_at_rest(tmp_path):
+    figures = tmp_path / "figures.json"
+    result = subprocess.run(
+        demo_command(*SHORT_RUN, "--json", str(figures), "--verbose"),
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180, env=demo_env(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    workdir = workdir_of(result.stdout)
+    assert_nothing_left(workdir, tmp_path)
+
+    # Not a terminal: plain status lines, never refreshed in place.
+    assert "\r" not in result.stdout and "\x1b[" not in result.stdout
+    status_line = r"^\s*\d+\.\d+s workload +master \d+:\d+  relay \d+:\d+ 0-1-\d+  direct \d+:\d+/\d+  via relay"
+    assert re.search(status_line, result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"kill\+\d+\.\ds +master down", result.stdout), "no status line after the kill"
+
+    summary = result.stdout.split("demo summary:", 1)[1]
+    assert table_row(summary, "Read == Exec") == ["no", "yes"]
+    assert table_row(summary, "stuck mid-transaction") == ["yes", "no"]
+    direct_verdict, relay_verdict = table_row(summary, "HA may switch")
+    assert direct_verdict == "never within 4 s"
+    assert re.fullmatch(r"\d+\.\d\d s after the kill", relay_verdict)
+    assert f"removed {workdir}; no process left behind" in result.stdout
+
+    data = json.loads(figures.read_text())
+    last_complete = data["last_complete"]
+    assert data["relay"]["read"] == last_complete
+    assert data["through_relay"]["read"] == data["through_relay"]["exec"] == last_complete
+    assert data["direct"]["exec"] == last_complete
+    assert data["direct"]["read"] == [last_complete[0], data["big_transaction"]["cut_after_master_pos"]]
+    assert data["direct"]["seconds_to_ha_may_switch"] is None
+
+    # stderr is not a terminal either, so every log line is JSON with the stable keys.
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    assert any(r["event"] == "sandbox started" for r in records)
+    for record in records:
+        assert {"timestamp", "level", "event", "logger"} <= record.keys(), record
+
+
+@pytest.mark.server
+def test_ctrl_c_during_the_workload_stops_everything(tmp_path):
+    log = tmp_path / "demo.out"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            demo_command("--workload-seconds", "60"), stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, text=True, env=demo_env(tmp_path),
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while "mixed workload" not in log.read_text() and proc.poll() is None:
+                assert time.monotonic() < deadline, f"the workload never started:\n{log.read_text()}"
+                time.sleep(0.2)
+            workdir = workdir_of(log.read_text())
+            assert processes_mentioning(workdir), "the demo's servers should be running during the workload"
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    output = log.read_text()
+    assert code == 130, output
+    assert "interrupted; stopping everything" in output
+    assert_nothing_left(workdir, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "flags, complaint",
+    [
+        (["--stuck-seconds", "0"], "--stuck-seconds must be > 0"),
+        (["--workload-seconds", "-1"], "--workload-seconds must be >= 0"),
+        (["--big-mb", "0"], "--big-mb must be between 1 and 1024"),
+    ],
+)
+def test_bad_flags_are_refused_before_anything_starts(tmp_path, flags, complaint):
+    result = subprocess.run(
+        demo_command(*flags), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        env=demo_env(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert complaint in result.stderr
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_demo_help_names_its_flags():
+    result = subprocess.run(demo_command("--help"), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for flag in ("--keep", "--workload-seconds", "--stuck-seconds", "--big-mb", "--no-live", "--json"):
+        assert flag in result.stdout
