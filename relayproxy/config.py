@@ -66,6 +66,24 @@ def _users(value: Any):
     return parse_users(value)
 
 
+def _duration(value: Any) -> float:
+    from .relay.retention import parse_duration
+
+    return parse_duration(value)
+
+
+def _size(value: Any) -> int:
+    from .relay.retention import parse_size
+
+    return parse_size(value)
+
+
+def _file_count(value: Any) -> int:
+    from .relay.retention import parse_file_count
+
+    return parse_file_count(value)
+
+
 def _server_id(value: Any) -> int:
     number = int(value)
     if not 1 <= number <= 0xFFFFFFFF:
@@ -103,7 +121,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("listen", _host_port, None, "serve replicas and tools on this address, as their master", "HOST:PORT"),
     Option("users", _users, None,
            "accounts for --listen: TOML [[users]] tables (name, password | password_env | password_file, plugin, "
-           "tls), or NAME:PASSWORDSPEC[:tls][:plugin],... with PASSWORDSPEC env:VAR, file:PATH or the password",
+           "tls, admin), or NAME:PASSWORDSPEC[:tls][:plugin][:admin],... with PASSWORDSPEC env:VAR, file:PATH or "
+           "the password; admin accounts may PURGE BINARY LOGS",
            "SPECS", secret=True),
     Option("tls_cert", str, None, "certificate (PEM) offered to replicas on --listen", "PATH"),
     Option("tls_key", str, None, "its private key (PEM; default: in the certificate file)", "PATH"),
@@ -131,6 +150,17 @@ OPTIONS: tuple[Option, ...] = (
            "semi-sync: ACK the master only after this many semi-sync replicas of the relay have the transaction"),
     Option("semi_sync_timeout", _positive_float, 10.0,
            "semi-sync: seconds to wait for those replicas before ACKing the master anyway (counted as a timeout)"),
+    Option("retention_max_age", _duration, None,
+           "purge relay files last written longer ago than this: seconds, or a number with s, m, h, d, w (7d)",
+           "DURATION"),
+    Option("retention_max_bytes", _size, None,
+           "purge the oldest relay files while all of them take more than this: bytes, or with K, M, G, T (20G)",
+           "SIZE"),
+    Option("retention_max_files", _file_count, None, "purge the oldest relay files beyond this many", "N"),
+    Option("retention_interval", _duration, 60.0, "seconds between retention checks (a duration, as for max age)",
+           "DURATION"),
+    Option("retention_force", _bool, False,
+           "retention purges files connected replicas still read too (their dumps end with error 1236)"),
 )
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
 

@@ -154,6 +154,13 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
     environ = os.environ if environ is None else environ
     cfg = config.load(args, environ)
     cfg.require("listen", "users")
+    retention = [name for name in ("retention_max_age", "retention_max_bytes", "retention_max_files", "retention_force")
+                 if cfg.values.get(name) and cfg.sources.get(name) != "default"]
+    if retention:
+        raise config.ConfigError(
+            f"relayproxy serve is read-only and never purges the files it serves: {', '.join(retention)} "
+            f"({cfg.sources[retention[0]]}) only apply to relayproxy run"
+        )
     if "binlog_dir" in config.OPTION_BY_NAME:
         cfg.require("binlog_dir")
         binlog_dir = cfg.binlog_dir

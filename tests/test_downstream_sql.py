@@ -687,7 +687,7 @@ def three_files(tmp_path):
     }
     d = relay_dir_with(tmp_path, files)
     store = RelayStore.open(d)
-    relay = Relay(store, d, gtid_mode="mysql")
+    relay = Relay(store, d, gtid_mode="mysql", users="repl:secret:admin")  # PURGE needs an admin account
     relay.dir = d
     relay.sizes = {n: len(b) for n, b in files.items()}
     yield relay

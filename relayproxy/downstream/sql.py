@@ -44,8 +44,10 @@ from ..binlog.gtid import GtidSet, MariaBinlogState
 from ..binlog.reader import BinlogScanner
 from ..log import get_logger
 from ..relay.catalog import CatalogError, FileCatalog
+from ..relay.retention import readers_in, readers_of
 from ..status import relay_status
 from .context import ConnectionState, ErrorResponse, OkResponse, Response, ResultSet
+from .users import find_user
 
 __all__ = ["execute", "execute_sync", "SqlError", "SysVar", "SYSTEM_VARIABLES", "STATUS_VARIABLES", "tokenize"]
 
@@ -71,6 +73,7 @@ ER_BAD_DB_ERROR = 1049
 ER_UNKNOWN_TARGET_BINLOG = 1373
 ER_LOG_IN_USE = 1378
 ER_LOG_PURGE_UNKNOWN_ERR = 1379
+ER_SPECIFIC_ACCESS_DENIED_ERROR = 1227
 ER_WRONG_ARGUMENTS = 1210
 ER_WRONG_PARAMCOUNT_TO_NATIVE_FCT = 1582
 ER_MALFORMED_GTID_SET_SPECIFICATION = 1772
@@ -2184,8 +2187,10 @@ def _purge(p: _Parser, env: _Env) -> Response:
     """PURGE BINARY|MASTER LOGS TO 'file' | BEFORE <datetime>: delete relay files before a point.
 
     Refused, with nothing deleted, while a connected replica's dump still reads one of those files
-    (it would lose its stream); the error names the file and the connection. The relay's current file
-    is never purged.
+    (it would lose its stream); the error names the file and the connection (the same readers the
+    retention policy respects: ``relay.retention.readers_of``). The relay's current file is never
+    purged. Needs an ``admin`` account (MySQL: SUPER or BINLOG_ADMIN), checked once the target is
+    known to exist, so a missing file gets 1373 as on a server.
     """
     p.expect_word("PURGE")
     p.expect_word("BINARY", "MASTER")
@@ -2199,6 +2204,7 @@ def _purge(p: _Parser, env: _Env) -> Response:
             listing = f"{files[0]} .. {files[-1]}" if files else "none"
             raise SqlError(ER_UNKNOWN_TARGET_BINLOG, "HY000",
                            f"Target log not found in binlog index: '{target}' is not a relay file (relay files: {listing})")
+        _require_binlog_admin(env)
         keep_from = target
     else:
         p.expect_word("BEFORE")
@@ -2207,6 +2213,7 @@ def _purge(p: _Parser, env: _Env) -> Response:
         cutoff = _to_datetime(when) if when is not None else None
         if cutoff is None:
             raise SqlError(ER_WRONG_ARGUMENTS, "HY000", f"Incorrect arguments to PURGE LOGS BEFORE: {when!r} is not a datetime")
+        _require_binlog_admin(env)
         keep_from = files[-1] if files else None
         limit = cutoff.timestamp()
         for name in files[:-1]:  # the current file always stays
@@ -2221,19 +2228,14 @@ def _purge(p: _Parser, env: _Env) -> Response:
     doomed = files[:files.index(keep_from)]
     if not doomed:
         return OkResponse()
-    readers = sorted(
-        (c.conn_id, c.dump.file, c.registration.server_id if c.registration else None)
-        for c in env.ctx.connections.values()
-        if c.dump is not None and c.dump.file in doomed
-    )
+    readers = readers_in(readers_of(env.ctx.connections), doomed)
     if readers:
-        conn_id, file, server_id = readers[0]
-        who = f"connection {conn_id}" + (f" (replica server_id {server_id})" if server_id else "")
+        first = readers[0]
         others = f" and {len(readers) - 1} more" if len(readers) > 1 else ""
-        oldest = min(doomed.index(f) for _, f, _ in readers)
+        oldest = min(doomed.index(r.file) for r in readers)
         raise SqlError(
             ER_LOG_IN_USE, "HY000",
-            f"A purgeable log is in use, will not purge: {file} is being read by {who}{others}; "
+            f"A purgeable log is in use, will not purge: {first.file} is being read by {first.who}{others}; "
             f"nothing was purged (PURGE BINARY LOGS TO '{doomed[oldest]}' is possible now)",
         )
     try:
@@ -2246,6 +2248,23 @@ def _purge(p: _Parser, env: _Env) -> Response:
         env.catalog.forget(name)
     log.info("relay files purged", files=purged, conn_id=env.conn.conn_id, user=env.conn.user)
     return OkResponse(info=f"purged {len(purged)} relay file(s): {purged[0]} .. {purged[-1]}" if purged else "")
+
+
+def _require_binlog_admin(env: _Env) -> None:
+    """PURGE deletes files: only an account declared with ``admin = true`` may (MySQL's SUPER /
+    BINLOG_ADMIN, MariaDB's BINLOG ADMIN). ``relayproxy serve`` refuses every purge itself (read-only),
+    whoever asks, so its refusal is the one a client sees there."""
+    if getattr(env.ctx.store, "read_only", False):
+        return
+    account = find_user(getattr(env.ctx.cfg, "users", None) or (), env.conn.user, env.conn.host)
+    if account is not None and account.admin:
+        return
+    privileges = "SUPER or BINLOG_ADMIN" if env.mysql else "BINLOG ADMIN"
+    raise SqlError(
+        ER_SPECIFIC_ACCESS_DENIED_ERROR, "42000",
+        f"Access denied; you need (at least one of) the {privileges} privilege(s) for this operation "
+        f"(relayproxy: the account needs admin = true in [[users]])",
+    )
 
 
 # -- USE -----------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ TLS_MODES = ("optional", "required")
 
 # Keys a [[users]] table may carry; exactly one of the password sources.
 _PASSWORD_SOURCES = ("password", "password_env", "password_file")
-_TABLE_KEYS = frozenset(("name", "plugin", "tls", "host", *_PASSWORD_SOURCES))
+_TABLE_KEYS = frozenset(("name", "plugin", "tls", "host", "admin", *_PASSWORD_SOURCES))
+ADMIN_FLAG = "admin"  # the trailing field of a NAME:PASSWORDSPEC[:tls][:plugin][:admin] spec
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class DownstreamUser:
     `password` is the cleartext secret, which the server needs: mysql_native_password and caching_sha2_password
     both verify a scramble derived from it. It never appears in repr() or in an error message.
     `host` is a MySQL-style host pattern (``%`` and ``_`` wildcards) matched against the client's address.
+    `admin` lets the account manage the relay's files (``PURGE BINARY LOGS``: MySQL's SUPER / BINLOG_ADMIN).
     """
 
     name: str
@@ -36,6 +38,7 @@ class DownstreamUser:
     plugin: str = AUTO_PLUGIN
     tls: str = "optional"
     host: str = "%"
+    admin: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or "\0" in self.name:
@@ -53,11 +56,13 @@ class DownstreamUser:
             raise ValueError(f"user {self.name!r}: tls must be one of {', '.join(TLS_MODES)}, got {self.tls!r}")
         if not self.host:
             raise ValueError(f"user {self.name!r}: host pattern must not be empty (use '%' for any host)")
+        if not isinstance(self.admin, bool):
+            raise ValueError(f"user {self.name!r}: admin must be true or false, got {self.admin!r}")
 
     def __repr__(self) -> str:
         return (
             f"DownstreamUser(name={self.name!r}, password='***', plugin={self.plugin!r}, tls={self.tls!r}, "
-            f"host={self.host!r})"
+            f"host={self.host!r}, admin={self.admin!r})"
         )
 
     @property
@@ -99,11 +104,12 @@ def parse_users(value: Any, *, environ: Mapping[str, str] | None = None) -> list
 
     `value` is either what TOML gives for ``[[users]]`` tables (a list of dicts with ``name``, exactly one of
     ``password`` / ``password_env`` (an environment variable's name) / ``password_file`` (its first line), and
-    optionally ``plugin``, ``tls``, ``host``; a string in the list is read as below), or a string from a flag or an
-    environment variable:
-    comma-separated ``name:passwordspec[:tls][:plugin]`` entries where passwordspec is ``env:VAR``, ``file:PATH``
-    or the password itself (a literal password cannot contain a comma, nor start with ``env:``/``file:``; use
-    those forms then). A list of DownstreamUser is returned as is (after the duplicate check).
+    optionally ``plugin``, ``tls``, ``host``, ``admin`` (a boolean); a string in the list is read as below), or a
+    string from a flag or an environment variable:
+    comma-separated ``name:passwordspec[:tls][:plugin][:admin]`` entries where passwordspec is ``env:VAR``,
+    ``file:PATH`` or the password itself (a literal password cannot contain a comma, nor start with
+    ``env:``/``file:``, nor end with ``:admin`` or a tls/plugin value; use those forms then). A list of
+    DownstreamUser is returned as is (after the duplicate check).
 
     Raises ValueError naming the entry (by index and name), never showing a password.
     """
@@ -170,6 +176,10 @@ def _parse_table(index: int, entry: Any, env: Mapping[str, str]) -> DownstreamUs
     for key, item in options.items():
         if not isinstance(item, str):
             raise ValueError(f"{where}: {key} must be a string")
+    if "admin" in normalized:
+        if not isinstance(normalized["admin"], bool):
+            raise ValueError(f"{where}: admin must be true or false")
+        options["admin"] = normalized["admin"]
     return _build(where, name, password, options)
 
 
@@ -181,12 +191,14 @@ def _parse_spec(index: int, spec: str, env: Mapping[str, str]) -> DownstreamUser
         raise ValueError(f"{_where(index)}: expected name:password (or name:env:VAR, name:file:PATH), got {what}")
     where = _where(index, name)
     # Optional trailing fields are recognised by their value, so that file paths may contain ':'.
-    options: dict[str, str] = {}
+    options: dict[str, Any] = {}
     while True:
         head, sep, last = rest.rpartition(":")
         if not sep:
             break
-        if last in TLS_MODES and "tls" not in options:
+        if last == ADMIN_FLAG and "admin" not in options:
+            options["admin"] = True
+        elif last in TLS_MODES and "tls" not in options:
             options["tls"] = last
         elif last in PLUGINS and "plugin" not in options:
             options["plugin"] = last
@@ -225,7 +237,7 @@ def _from_file(where: str, path: str) -> str:
     return lines[0] if lines else ""
 
 
-def _build(where: str, name: str, password: str, options: Mapping[str, str]) -> DownstreamUser:
+def _build(where: str, name: str, password: str, options: Mapping[str, Any]) -> DownstreamUser:
     try:
         return DownstreamUser(name, password, **options)
     except ValueError as exc:
