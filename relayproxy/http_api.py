@@ -6,10 +6,10 @@ import asyncio
 import json
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import generate_latest
 
 from .log import get_logger
+from .metrics import FsyncStats, build_registry
 
 log = get_logger("relayproxy.http")
 
@@ -17,48 +17,18 @@ MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT = 10.0
 
 
-class StatusCollector:
-    """Prometheus collector reading the status document at scrape time (no double bookkeeping)."""
-
-    def __init__(self, status: Callable[[], dict[str, Any]]):
-        self._status = status
-
-    def collect(self):
-        s = self._status()
-        labels = ["master_log_file"]
-        g = GaugeMetricFamily("relayproxy_horizon_position_bytes", "Read_Master_Log_Pos: end of the last durable transaction", labels=labels)
-        g.add_metric([s["master_log_file"] or ""], s["read_master_log_pos"] or 0)
-        yield g
-        yield GaugeMetricFamily("relayproxy_io_running", "1 while the upstream connection streams", value=int(bool(s["io_running"])))
-        if s.get("lag_bytes") is not None:
-            yield GaugeMetricFamily("relayproxy_lag_bytes", "master position minus horizon (same file)", value=s["lag_bytes"])
-        if s.get("seconds_behind_master") is not None:
-            yield GaugeMetricFamily("relayproxy_lag_seconds", "seconds behind the master", value=s["seconds_behind_master"])
-        for key, help_text in (
-            ("events_received", "binlog events received from the master"),
-            ("bytes_received", "binlog bytes received from the master"),
-            ("transactions_received", "complete transactions received"),
-            ("connects", "successful connections to the master"),
-            ("connect_failures", "upstream connections that ended in an error"),
-            ("semi_sync_acks", "semi-sync ACKs sent to the master after durable writes"),
-        ):
-            yield CounterMetricFamily(f"relayproxy_{key}", help_text, value=s.get(key) or 0)
-        yield GaugeMetricFamily("relayproxy_relay_files", "relay files on disk", value=s.get("relay_files") or 0)
-
-
 class HttpApi:
     """A deliberately small HTTP/1.1 server: two read-only GET endpoints, one request per connection."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]]):
+    def __init__(self, status: Callable[[], dict[str, Any]], *, fsync: FsyncStats | None = None):
         self._status = status
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(StatusCollector(status))
+        self._registry = build_registry(status, fsync)
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._server = await asyncio.start_server(self._handle, host, port)
         sock = self._server.sockets[0].getsockname()
-        log.info("http api listening", address=f"{sock[0]}:{sock[1]}")
+        log.info("http api listening", host=sock[0], port=sock[1])
         return sock[0], sock[1]
 
     async def close(self) -> None:

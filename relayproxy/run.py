@@ -45,19 +45,23 @@ class RelayStartupError(Exception):
 async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     """Run the relay until SIGTERM/SIGINT (or until the returned task is cancelled)."""
     from .http_api import HttpApi
+    from .metrics import FsyncStats
     from .relay.store import RelayStore, SyncPolicy
     from .status import relay_status
     from .upstream.session import UpstreamSession
 
     policy = SyncPolicy(mode=cfg.sync_mode, max_transactions=cfg.sync_max_transactions, max_delay=cfg.sync_max_delay)
+    fsync = FsyncStats()  # survives store reopens: the session passes on_fsync to the new store
     try:
-        store = RelayStore.open(cfg.relay_dir, sync=policy)
+        store = RelayStore.open(cfg.relay_dir, sync=policy, on_fsync=fsync.observe)
     except Exception as exc:  # the store's errors name file and offset; nothing is served from a bad store
         raise RelayStartupError(f"cannot open relay directory {cfg.relay_dir}: {exc}") from exc
     report = getattr(store, "recovery", None)
     if report is not None:
         log.info("relay recovered from its files", report=str(report))
     session = UpstreamSession(cfg, store)
+    session.retention = None  # the RetentionTask (its .stats) when a retention_* limit is set
+    retention_task = None
     http = None
     downstream = None
     loop = asyncio.get_running_loop()
@@ -75,19 +79,23 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
             except OSError as exc:
                 raise RelayStartupError(f"cannot listen on --listen {cfg.listen[0]}:{cfg.listen[1]}: {exc.strerror}") from exc
         if cfg.http:
-            http = HttpApi(lambda: relay_status(cfg, session.store, session, downstream))
+            http = HttpApi(lambda: relay_status(cfg, session.store, session, downstream, fsync=fsync), fsync=fsync)
             try:
                 address = await http.start(*cfg.http)
             except OSError as exc:
                 raise RelayStartupError(f"cannot listen on --http {cfg.http[0]}:{cfg.http[1]}: {exc.strerror}") from exc
         else:
             address = None
+        retention_task = _start_retention(cfg, session, downstream)
         if ready is not None and not ready.done():
             ready.set_result({"http": address, "listen": listen_address, "store": store, "session": session,
-                              "downstream": downstream})
+                              "downstream": downstream, "retention": session.retention})
         await session.run()
     finally:
         session.stop()
+        if retention_task is not None:
+            retention_task.cancel()
+            await asyncio.wait({retention_task})
         if downstream is not None:
             await downstream.close()
         if http is not None:
@@ -99,6 +107,23 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
             except (NotImplementedError, RuntimeError):
                 pass
     return 0
+
+
+def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":
+    """Purge old relay files by the retention_* limits, on this loop (the thread that owns the store)."""
+    from .relay.retention import RetentionPolicy, RetentionTask
+
+    policy = RetentionPolicy.from_config(cfg)
+    if not policy.enabled:
+        return None
+    ctx = downstream.ctx if downstream is not None else None
+    retention = RetentionTask(
+        policy, cfg.retention_interval, lambda: session.store,
+        connections=lambda: ctx.connections if ctx is not None else {},
+        catalog=lambda: ctx.catalog if ctx is not None else None,
+    )
+    session.retention = retention
+    return asyncio.get_running_loop().create_task(retention.run(), name="relay-retention")
 
 
 def _downstream_server(cfg, session):

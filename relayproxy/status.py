@@ -1,13 +1,20 @@
-"""The relay's status document: the horizon (all the relay advertises) plus upstream health and counters."""
+"""The relay's status document: the horizon (all the relay advertises), upstream health, disk and replicas."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
+from . import __version__
 
-def relay_status(cfg, store, session, downstream=None) -> dict[str, Any]:
-    """One consistent snapshot for GET /status, `relayproxy status` and (later) SHOW REPLICA STATUS."""
+
+def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[str, Any]:
+    """One consistent snapshot for GET /status, /metrics, `relayproxy status` and SHOW REPLICA STATUS.
+
+    Cheap enough for every scrape: counters already kept, plus one stat() per relay file and one
+    statvfs() of the relay directory; no file is read. ``fsync`` is the relay's ``FsyncStats``.
+    """
     horizon = store.horizon.snapshot()
     up = session.status
     receiver = session.receiver
@@ -23,18 +30,25 @@ def relay_status(cfg, store, session, downstream=None) -> dict[str, Any]:
             seconds_behind = 0
         else:
             seconds_behind = max(int(time.time() - up.clock_diff - receiver.master_timestamp), 0)
-    return {
+    names = store.files()
+    disk = _disk_usage(store, names)
+    errors = dict.fromkeys(_error_kinds(), 0)
+    errors.update(getattr(up, "errors", None) or {})
+    doc = {
+        "version": __version__,
         "master_host": cfg.master[0] if cfg.master else None,
         "master_port": cfg.master[1] if cfg.master else None,
         "master_log_file": horizon.file,
         "read_master_log_pos": horizon.position,
         "retrieved_gtid_set": horizon.text,
+        "horizon_file_index": file_index(horizon.file),
         "io_running": up.io_running,
         "last_io_error": up.last_io_error,
         "last_io_error_time": up.last_io_error_time,
         "master_position": (
             {"file": master_position[0], "position": master_position[1]} if master_position is not None else None
         ),
+        "master_file_index": file_index(master_position[0]) if master_position is not None else None,
         "lag_bytes": lag_bytes,
         "seconds_behind_master": seconds_behind,
         "state": up.state,
@@ -43,14 +57,22 @@ def relay_status(cfg, store, session, downstream=None) -> dict[str, Any]:
         "master_server_version": up.master_server_version,
         "master_uuid": up.master_uuid,
         "master_flavour": up.master_flavour,
+        "flavour": up.master_flavour or store.flavour,
         "server_id": cfg.server_id,
         "relay_dir": str(cfg.relay_dir),
-        "relay_files": len(store.files()),
+        "relay_files": len(names),
+        "relay_disk_bytes": disk["bytes"],
+        "relay_fs_free_bytes": disk["fs_free"],
+        "relay_fs_size_bytes": disk["fs_size"],
+        "relay_oldest_file": disk["oldest"],
+        "relay_oldest_file_age_seconds": disk["oldest_age"],
         "sync_mode": cfg.sync_mode,
         "semi_sync": up.semi_sync,
         "semi_sync_acks": up.semi_sync_acks,
         "connects": up.connects,
+        "reconnects": max(up.connects - 1, 0),
         "connect_failures": up.connect_failures,
+        "errors_by_kind": errors,
         "events_received": counters.events,
         "bytes_received": counters.bytes,
         "transactions_received": counters.transactions,
@@ -59,18 +81,111 @@ def relay_status(cfg, store, session, downstream=None) -> dict[str, Any]:
         "horizon_seq": horizon.seq,
         "semi_sync_replica_waits": up.semi_sync_replica_waits,
         "semi_sync_replica_timeouts": up.semi_sync_replica_timeouts,
-        "replicas": _replicas(downstream) if downstream is not None else [],
+        "replicas": _replicas(downstream, horizon, names, disk["sizes"]) if downstream is not None else [],
+    }
+    if fsync is not None:
+        doc.update(fsync.summary())
+    retention = getattr(session, "retention", None)  # run.py's RetentionTask, when a retention_* limit is set
+    if retention is not None:
+        doc["retention"] = retention.stats.as_dict()
+    return doc
+
+
+def file_index(name: str | None) -> int | None:
+    """The sequence number of a binlog file name (``mysql-bin.000042`` -> 42), None when it has none."""
+    if not name:
+        return None
+    _base, _dot, suffix = name.rpartition(".")
+    return int(suffix) if _dot and suffix.isdigit() else None
+
+
+def _error_kinds() -> tuple[str, ...]:
+    from .upstream.session import UPSTREAM_ERROR_KINDS
+
+    return UPSTREAM_ERROR_KINDS
+
+
+def _disk_usage(store, names: list[str]) -> dict[str, Any]:
+    """Sizes of the relay files (stat only), the oldest file's age and the file system's free space."""
+    sizes: dict[str, int] = {}
+    oldest = oldest_age = None
+    now = time.time()
+    for name in names:
+        try:
+            st = os.stat(store.path(name))
+        except (OSError, KeyError):
+            continue  # purged between files() and here
+        sizes[name] = st.st_size
+        if oldest is None:
+            oldest, oldest_age = name, max(now - st.st_mtime, 0.0)
+    fs_free = fs_size = None
+    directory = getattr(store, "relay_dir", None)
+    if directory is not None:
+        try:
+            vfs = os.statvfs(directory)
+        except OSError:
+            pass
+        else:
+            fs_free, fs_size = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
+    return {
+        "sizes": sizes,
+        "bytes": sum(sizes.values()),
+        "fs_free": fs_free,
+        "fs_size": fs_size,
+        "oldest": oldest,
+        "oldest_age": None if oldest_age is None else round(oldest_age, 3),
     }
 
 
-def _replicas(downstream) -> list[dict[str, Any]]:
-    """Connected dump clients: who they are and how far each has been sent / has acknowledged."""
+def bytes_behind(names: list[str], sizes: dict[str, int], at: tuple[str, int], horizon: tuple[str | None, int]) -> int | None:
+    """Event bytes from ``at`` up to the horizon, across files (a file's 4-byte magic is not counted).
+
+    Same file: the difference. An older file: what is left of it, then every following file up to
+    the horizon. None when a file is unknown (purged, not yet in the index) or ``at`` is past it.
+    """
+    file, position = at
+    h_file, h_position = horizon
+    if file is None or h_file is None:
+        return None
+    if file == h_file:
+        return max(h_position - position, 0)
+    try:
+        first, last = names.index(file), names.index(h_file)
+    except ValueError:
+        return None
+    if first > last:
+        return None
+    total = 0
+    for name in names[first:last]:
+        size = sizes.get(name)
+        if size is None:
+            return None
+        total += max(size - (position if name == file else 4), 0)
+    return total + max(h_position - 4, 0)
+
+
+def _replicas(downstream, horizon, names: list[str], sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """Connected dump clients: who they are, how far each has been sent / has acknowledged, how far behind.
+
+    ``lag_seconds`` is 0 while the replica has every durable byte (``lag_bytes`` 0), else the time
+    since it last had: since its sender last waited at the horizon, or since the dump started when
+    it has not caught up on this connection yet.
+    """
     out = []
+    now = time.time()
     for conn in list(downstream.ctx.connections.values()):
         dump = conn.dump
         if dump is None and conn.registration is None:
             continue
         reg = conn.registration
+        lag_bytes = lag_seconds = None
+        if dump is not None and dump.file is not None:
+            lag_bytes = bytes_behind(names, sizes, (dump.file, dump.position), (horizon.file, horizon.position))
+            if lag_bytes == 0:
+                lag_seconds = 0.0
+            elif lag_bytes is not None:
+                since = getattr(dump, "caught_up_at", None) or dump.started
+                lag_seconds = round(max(now - since, 0.0), 3)
         out.append({
             "connection_id": conn.conn_id,
             "user": conn.user,
@@ -79,6 +194,8 @@ def _replicas(downstream) -> list[dict[str, Any]]:
             "mode": dump.mode if dump else None,
             "file": dump.file if dump else None,
             "position": dump.position if dump else None,
+            "lag_bytes": lag_bytes,
+            "lag_seconds": lag_seconds,
             "events_sent": dump.events_sent if dump else 0,
             "bytes_sent": dump.bytes_sent if dump else 0,
             "semi_sync": dump.semi_sync if dump else False,
@@ -103,6 +220,50 @@ def format_status(status: dict[str, Any]) -> str:
         f"Received:               {status.get('transactions_received')} transactions, "
         f"{status.get('events_received')} events, {status.get('bytes_received')} bytes",
         f"Semi-sync:              {'on' if status.get('semi_sync') else 'off'} ({status.get('semi_sync_acks')} acks)",
+        f"Reconnects:             {status.get('reconnects')}; errors: "
+        + (", ".join(f"{kind} {n}" for kind, n in (status.get("errors_by_kind") or {}).items() if n) or "none"),
         f"Relay dir:              {status.get('relay_dir')} ({status.get('relay_files')} files, sync {status.get('sync_mode')})",
+        f"Disk:                   {_size(status.get('relay_disk_bytes'))} in relay files, "
+        f"{_size(status.get('relay_fs_free_bytes'))} free, oldest file {status.get('relay_oldest_file')} "
+        f"({_age(status.get('relay_oldest_file_age_seconds'))} old)",
     ]
+    if status.get("fsyncs") is not None:
+        last = status.get("fsync_last_seconds")
+        total = status.get("fsync_seconds_sum") or 0.0
+        mean = total / status["fsyncs"] if status["fsyncs"] else None
+        lines.append(
+            f"Fsync:                  {status['fsyncs']} syncs, {_size(status.get('fsync_bytes'))}; last {_ms(last)}, "
+            f"mean {_ms(mean)}, max {_ms(status.get('fsync_max_seconds'))}"
+        )
+    replicas = [r for r in status.get("replicas") or [] if r.get("file") is not None]
+    lines.append(f"Replicas:               {len(replicas)}")
+    for r in replicas:
+        lines.append(
+            f"  server_id {r.get('server_id')} (conn {r.get('connection_id')}, {r.get('user')}@{r.get('host')}): "
+            f"{r.get('file')}:{r.get('position')}, behind {r.get('lag_bytes')} bytes / {r.get('lag_seconds')} s"
+            + (f", acked {r['last_ack'][0]}:{r['last_ack'][1]}" if r.get("last_ack") else "")
+        )
     return "\n".join(lines)
+
+
+def _size(n) -> str:
+    if n is None:
+        return "?"
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.2f} ms"
+
+
+def _age(seconds) -> str:
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"

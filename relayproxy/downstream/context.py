@@ -73,6 +73,7 @@ class DumpProgress:
     semi_sync: bool = False
     last_ack: tuple[str, int] | None = None
     mode: str = "file"  # file | mysql-gtid | mariadb-gtid
+    caught_up_at: float | None = None  # time.time() the sender last had sent everything durable (replica lag)
 
 
 @dataclass

@@ -93,6 +93,9 @@ MSG_NO_FDE_MYSQL = "Could not find format_description_event in binlog file"
 MSG_NO_FDE_MARIADB = "Failed to find format descriptor event in start of binlog"
 MSG_NEXT_LOG = "could not find next log"
 MSG_OPEN = "Could not open log file"
+# A forced retention purge (or anything else) removed the file this dump reads: the dump stops at
+# once (not at the end of the file) so the file's disk space is really freed.
+MSG_FILE_PURGED = "Could not open log file: %s was purged from the relay while this replica was reading it"
 MSG_GTID_MODE_OFF = (
     "The replication sender thread cannot start in AUTO_POSITION mode: this server has GTID_MODE = OFF instead of ON."
 )
@@ -556,7 +559,7 @@ class _DumpSender:
             except _Finished:
                 pass
         except _ReplicaGone:
-            log.debug("replica left the dump", conn=conn.conn_id, file=self.file, position=self.pos)
+            log.debug("replica left the dump", conn_id=conn.conn_id, file=self.file, position=self.pos)
         finally:
             if self.tracker is not None:
                 self.tracker.forget(conn.conn_id)
@@ -574,7 +577,7 @@ class _DumpSender:
                 f"{message}; the first event '{self.request.file}' at {self.request.position}, "
                 f"the last event read from '{name}' at {last}, the last byte read from '{name}' at {byte}."
             )
-        log.info("dump refused or ended with an error", conn=self.conn.conn_id, code=failure.code, error=message)
+        log.info("dump refused or ended with an error", conn_id=self.conn.conn_id, code=failure.code, error=message)
         try:
             await self.channel.send(encode_error(failure.code, failure.sqlstate, message))  # cut to 511 bytes
         except (ConnectionError, OSError, EOFError):
@@ -815,6 +818,7 @@ class _DumpSender:
             first = False
 
     def _next_file(self, name: str) -> str:
+        self._check_not_purged(name)
         names = self._durable_names()
         try:
             return names[names.index(name) + 1]
@@ -876,8 +880,10 @@ class _DumpSender:
         """send_binlog(): events up to the durable end; at the horizon wait; return at the end of a closed file."""
         while True:
             limit, closed = await self._available(rf, pos + 1)
+            if closed:
+                self._check_not_purged(rf.name)  # only a closed file can be purged
             if pos < limit:
-                pos = await self._send_range(rf, pos, limit)
+                pos = await self._send_range(rf, pos, limit, watch_purge=closed)
                 continue
             if pos > limit:
                 raise _read_failure(MSG_TRUNCATED, pos, limit)
@@ -904,7 +910,10 @@ class _DumpSender:
                 await self._send(eof_payload(self.conn.capabilities))
                 raise _Finished
             timeout = self.heartbeat_period if self.heartbeat_period > 0 else _IDLE_RECHECK
+            # Everything durable is sent: the replica is caught up until the horizon moves (status' replica lag).
+            self.progress.caught_up_at = time.time()
             advanced = await self._wait(horizon, snap.seq, timeout)
+            self.progress.caught_up_at = time.time()
             if not advanced and self.heartbeat_period > 0:
                 await self._heartbeat(self.pos)
 
@@ -934,10 +943,22 @@ class _DumpSender:
             raise _ReplicaGone
         return waiter.result().seq > seq
 
-    async def _send_range(self, rf: _RelayFile, pos: int, limit: int) -> int:
-        """Every event of ``[pos, limit)``; ``limit`` is an event boundary, else the file is damaged."""
+    def _check_not_purged(self, name: str) -> None:
+        """ERR 1236 once ``name`` left the relay's index (retention with ``retention_force``): the open
+        descriptor could keep reading a deleted file, but that would hold its disk space for as long
+        as a slow replica takes, and the replica cannot continue past it anyway."""
+        if name not in self.ctx.store.files():
+            raise _DumpFailure(MSG_FILE_PURGED % name, with_position=True)
+
+    async def _send_range(self, rf: _RelayFile, pos: int, limit: int, *, watch_purge: bool = False) -> int:
+        """Every event of ``[pos, limit)``; ``limit`` is an event boundary, else the file is damaged.
+        ``watch_purge``: the file is closed, so it may be purged meanwhile: checked at every chunk."""
         crc = self.event_alg == _CRC32
+        first = True
         while pos < limit:
+            if watch_purge and not first:
+                self._check_not_purged(rf.name)
+            first = False
             want = min(limit - pos, READ_CHUNK)
             try:
                 data = await rf.read(pos, want)
@@ -1232,7 +1253,7 @@ class _DumpSender:
         except (ConnectionError, OSError, EOFError, asyncio.IncompleteReadError):
             pass
         except Exception:  # a broken packet from the replica must not leave the dump waiting forever
-            log.exception("reading from a dumping replica failed", conn=self.conn.conn_id)
+            log.exception("reading from a dumping replica failed", conn_id=self.conn.conn_id)
         finally:
             if self.gone is not None and not self.gone.done():
                 self.gone.set_result(None)
@@ -1240,7 +1261,7 @@ class _DumpSender:
     def _on_packet(self, packet: bytes) -> None:
         """A semi-sync ACK: 0xEF, the end position (u64) of the acknowledged event, the file name."""
         if not self.semi_sync or len(packet) < 10 or packet[0] != SEMI_SYNC_MAGIC:
-            log.debug("ignored a packet from a dumping replica", conn=self.conn.conn_id, length=len(packet))
+            log.debug("ignored a packet from a dumping replica", conn_id=self.conn.conn_id, length=len(packet))
             return
         pos = _U64.unpack_from(packet, 1)[0]
         name = bytes(packet[9:]).decode("utf-8", "surrogateescape")

@@ -1,0 +1,259 @@
+"""Prometheus metrics: the status document and the fsync timings as metric families, built at scrape time.
+
+Nothing here sits on the per-event path. The receiver, the session and the dump senders keep plain
+counters; ``RelayCollector`` reads one status document per scrape (stat()s of the relay files, no
+reads) and turns it into metric families. Per-replica series come and go with the replica's
+connection, because a custom collector only reports what exists at scrape time. The one thing
+recorded as it happens is each fdatasync's latency, into ``FsyncStats`` (a plain histogram: the
+relay store calls ``observe`` once per sync, and knows nothing of Prometheus).
+Names, labels and meanings are documented in docs/metrics.md; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Any, Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+# From a fast NVMe fdatasync (well under 1 ms) to a busy spinning disk or network volume (~1 s).
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+
+REPLICA_LABELS = ("server_id", "connection_id", "user", "host")
+
+
+class FsyncStats:
+    """Cumulative latency histogram of the relay store's fdatasyncs, plus bytes made durable.
+
+    Plain Python so the store needs no Prometheus import: pass ``observe`` as the store's
+    ``on_fsync``. Called once per sync (never per event) on the event loop's thread, which is also
+    where scrapes read it.
+    """
+
+    def __init__(self, buckets: Iterable[float] = FSYNC_BUCKETS):
+        bounds = tuple(float(b) for b in buckets)
+        if not bounds or any(b <= 0 for b in bounds) or list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"fsync histogram buckets must be positive and strictly increasing, not {bounds!r}")
+        self.buckets = bounds
+        self._counts = [0] * (len(bounds) + 1)  # the last slot is +Inf
+        self.count = 0
+        self.sum_seconds = 0.0
+        self.bytes = 0
+        self.last_seconds: float | None = None
+        self.max_seconds = 0.0
+
+    def observe(self, seconds: float, nbytes: int = 0) -> None:
+        """One fdatasync took ``seconds`` and made ``nbytes`` durable."""
+        self._counts[bisect_left(self.buckets, seconds)] += 1  # first bound >= seconds: Prometheus' "le"
+        self.count += 1
+        self.sum_seconds += seconds
+        self.bytes += nbytes
+        self.last_seconds = seconds
+        if seconds > self.max_seconds:
+            self.max_seconds = seconds
+
+    def cumulative_buckets(self) -> list[tuple[str, int]]:
+        """``[(le, count of syncs <= le), ..., ("+Inf", count)]`` as Prometheus exposes them."""
+        out = []
+        running = 0
+        for bound, n in zip(self.buckets, self._counts):
+            running += n
+            out.append((_le(bound), running))
+        out.append(("+Inf", running + self._counts[-1]))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """The /status view: how many, how long, how much."""
+        return {
+            "fsyncs": self.count,
+            "fsync_bytes": self.bytes,
+            "fsync_seconds_sum": round(self.sum_seconds, 6),
+            "fsync_last_seconds": None if self.last_seconds is None else round(self.last_seconds, 6),
+            "fsync_max_seconds": round(self.max_seconds, 6),
+        }
+
+
+def _le(bound: float) -> str:
+    return repr(bound)  # "0.0005", "1.0", "2.0": what prometheus_client's own Histogram prints
+
+
+class RelayCollector:
+    """Turns one status document (``relayproxy.status.relay_status``) per scrape into metric families."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]], fsync: FsyncStats | None = None):
+        self._status = status
+        self._fsync = fsync
+
+    def describe(self) -> list:
+        return []  # series depend on the relay's state; nothing to check at registration
+
+    def collect(self) -> Iterator:
+        s = self._status()
+        yield from _info(s)
+        yield from _upstream(s)
+        yield from _fsync(s, self._fsync)
+        yield from _disk(s)
+        yield from _retention(s.get("retention"))
+        yield from _replicas(s.get("replicas") or [])
+
+
+def _gauge(name: str, help_text: str, value) -> Iterator[GaugeMetricFamily]:
+    if value is not None:
+        yield GaugeMetricFamily(name, help_text, value=value)
+
+
+def _counter(name: str, help_text: str, value) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help_text, value=value or 0)
+
+
+def _info(s: dict[str, Any]) -> Iterator:
+    info = GaugeMetricFamily(
+        "relayproxy_info", "Always 1; the labels describe the relay and its master",
+        labels=["version", "flavour", "master_server_version", "gtid_mode"],
+    )
+    info.add_metric(
+        [s.get("version") or "", s.get("flavour") or "", s.get("master_server_version") or "",
+         s.get("gtid_mode") or ""],
+        1,
+    )
+    yield info
+
+
+def _upstream(s: dict[str, Any]) -> Iterator:
+    horizon = GaugeMetricFamily(
+        "relayproxy_horizon_position_bytes",
+        "Read_Master_Log_Pos: end of the last complete, durable transaction, in the master's file",
+        labels=["master_log_file"],
+    )
+    horizon.add_metric([s.get("master_log_file") or ""], s.get("read_master_log_pos") or 0)
+    yield horizon
+    yield from _gauge("relayproxy_horizon_file_index", "Sequence number of the horizon's file name (binlog.000042: 42)",
+                      s.get("horizon_file_index"))
+    master = s.get("master_position")
+    if master:
+        family = GaugeMetricFamily(
+            "relayproxy_master_position_bytes", "Latest master position the relay has seen (events, heartbeats)",
+            labels=["master_log_file"],
+        )
+        family.add_metric([master["file"]], master["position"])
+        yield family
+    yield from _gauge("relayproxy_master_file_index", "Sequence number of the master's latest seen file name",
+                      s.get("master_file_index"))
+    yield GaugeMetricFamily("relayproxy_io_running", "1 while the upstream connection streams", value=int(bool(s.get("io_running"))))
+    yield GaugeMetricFamily("relayproxy_semi_sync_active", "1 while the upstream connection uses semi-sync",
+                            value=int(bool(s.get("semi_sync") and s.get("io_running"))))
+    yield from _gauge("relayproxy_lag_bytes", "Master position minus horizon (absent while they are in different files)",
+                      s.get("lag_bytes"))
+    yield from _gauge("relayproxy_lag_seconds", "Seconds_Behind_Master of the relay (absent while not streaming)",
+                      s.get("seconds_behind_master"))
+    for name, key, help_text in (
+        ("events_received", "events_received", "Binlog events received from the master"),
+        ("bytes_received", "bytes_received", "Binlog event bytes received from the master"),
+        ("transactions_received", "transactions_received", "Complete transactions received from the master"),
+        ("duplicate_events_skipped", "duplicate_events_skipped",
+         "Re-sent events after a reconnect, verified against the stored bytes and not written again"),
+        ("heartbeats_received", "heartbeats_received", "Heartbeat events received from the master"),
+        ("connects", "connects", "Successful connections to the master"),
+        ("reconnects", "reconnects", "Successful connections to the master after the first one"),
+        ("connect_failures", "connect_failures", "Upstream connections or attempts that ended in an error"),
+        ("semi_sync_acks", "semi_sync_acks", "Semi-sync ACKs sent to the master, each after a durable write"),
+        ("semi_sync_replica_waits", "semi_sync_replica_waits",
+         "Upstream ACKs that first waited for semi-sync replicas of the relay"),
+        ("semi_sync_replica_timeouts", "semi_sync_replica_timeouts",
+         "Upstream ACKs sent after giving up waiting for semi-sync replicas of the relay"),
+    ):
+        yield _counter(f"relayproxy_{name}", help_text, s.get(key))
+    errors = CounterMetricFamily(
+        "relayproxy_errors", "Errors that ended an upstream connection (network, master, stream, store), by kind",
+        labels=["kind"],
+    )
+    for kind, n in sorted((s.get("errors_by_kind") or {}).items()):
+        errors.add_metric([kind], n)
+    yield errors
+
+
+def _fsync(s: dict[str, Any], stats: FsyncStats | None) -> Iterator:
+    if stats is None:
+        return
+    yield HistogramMetricFamily(
+        "relayproxy_fsync_seconds", "Latency of each fdatasync of relay data (one per group commit)",
+        buckets=stats.cumulative_buckets(), sum_value=stats.sum_seconds,
+    )
+    yield _counter("relayproxy_fsync_bytes", "Relay bytes made durable by fdatasync", stats.bytes)
+
+
+def _disk(s: dict[str, Any]) -> Iterator:
+    yield GaugeMetricFamily("relayproxy_relay_files", "Relay files in the index", value=s.get("relay_files") or 0)
+    yield from _gauge("relayproxy_relay_disk_bytes", "Sum of the relay files' sizes", s.get("relay_disk_bytes"))
+    yield from _gauge("relayproxy_relay_fs_free_bytes", "Bytes free for the relay on its file system (statvfs f_bavail)",
+                      s.get("relay_fs_free_bytes"))
+    yield from _gauge("relayproxy_relay_fs_size_bytes", "Size of the relay's file system", s.get("relay_fs_size_bytes"))
+    yield from _gauge("relayproxy_relay_oldest_file_age_seconds", "Age (mtime) of the oldest relay file",
+                      s.get("relay_oldest_file_age_seconds"))
+
+
+def _retention(stats: dict[str, Any] | None) -> Iterator:
+    if not stats:
+        return  # no retention_* limit set: no retention task
+    for key, help_text in (
+        ("runs", "Retention checks run"),
+        ("purges", "Retention checks that purged at least one relay file"),
+        ("files_purged", "Relay files purged by retention"),
+        ("bytes_purged", "Bytes of relay files purged by retention"),
+        ("blocked_by_readers", "Retention checks held back by a replica still reading a file due for purge"),
+        ("readers_evicted", "Dumps ended because retention_force purged the file they read"),
+    ):
+        if key in stats:
+            yield _counter(f"relayproxy_retention_{key}", help_text, stats[key])
+    yield from _gauge("relayproxy_retention_last_purge_timestamp_seconds", "Unix time of the last purge by retention",
+                      stats.get("last_purge"))
+
+
+def _replicas(replicas: list[dict[str, Any]]) -> Iterator:
+    dumping = [r for r in replicas if r.get("file") is not None]
+    yield GaugeMetricFamily("relayproxy_replicas_connected", "Dump connections (replicas and binlog tools) being served",
+                            value=len(dumping))
+    position = GaugeMetricFamily("relayproxy_replica_position_bytes", "End of the last event sent to the replica",
+                                 labels=[*REPLICA_LABELS, "master_log_file"])
+    lag_bytes = GaugeMetricFamily("relayproxy_replica_lag_bytes",
+                                  "Durable binlog bytes not yet sent to the replica (across files)", labels=REPLICA_LABELS)
+    lag_seconds = GaugeMetricFamily("relayproxy_replica_lag_seconds",
+                                    "0 when the replica has everything durable, else seconds since it last had",
+                                    labels=REPLICA_LABELS)
+    events = CounterMetricFamily("relayproxy_replica_events_sent", "Events sent to the replica on this connection",
+                                 labels=REPLICA_LABELS)
+    sent = CounterMetricFamily("relayproxy_replica_bytes_sent", "Bytes sent to the replica on this connection",
+                               labels=REPLICA_LABELS)
+    acked = GaugeMetricFamily("relayproxy_replica_semi_sync_acked_position_bytes",
+                              "Last position the semi-sync replica acknowledged", labels=[*REPLICA_LABELS, "master_log_file"])
+    for r in dumping:
+        ident = [_text(r.get("server_id")), _text(r.get("connection_id")), _text(r.get("user")), _text(r.get("host"))]
+        position.add_metric([*ident, r["file"]], r.get("position") or 0)
+        if r.get("lag_bytes") is not None:
+            lag_bytes.add_metric(ident, r["lag_bytes"])
+        if r.get("lag_seconds") is not None:
+            lag_seconds.add_metric(ident, r["lag_seconds"])
+        events.add_metric(ident, r.get("events_sent") or 0)
+        sent.add_metric(ident, r.get("bytes_sent") or 0)
+        if r.get("last_ack"):
+            acked.add_metric([*ident, r["last_ack"][0]], r["last_ack"][1])
+    yield from (position, lag_bytes, lag_seconds, events, sent, acked)
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)
+
+
+def build_registry(status: Callable[[], dict[str, Any]], fsync: FsyncStats | None = None, *,
+                   process: bool = True) -> CollectorRegistry:
+    """The registry /metrics serves: the relay's families, plus process_* and python_info when ``process``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RelayCollector(status, fsync))
+    if process:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+    return registry
+
+
+__all__ = ["FSYNC_BUCKETS", "FsyncStats", "RelayCollector", "build_registry"]
