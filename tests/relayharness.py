@@ -8,13 +8,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import pymysql
+
 from relayproxy.binlog import constants as C
+from relayproxy.faultproxy import ThreadedFaultProxy
+from relayproxy.packetwatch import MysqlStreamWatcher
 
 REPO = Path(__file__).resolve().parent.parent
+FIRST_FILE = "master-bin.000001"  # a fresh MariaDBSandbox master's first binlog
 
 
 def free_port() -> int:
@@ -111,6 +117,58 @@ class RelayProcess:
             return "(no log)"
 
 
+class StreamMap:
+    """Follows every proxied connection's server-to-client bytes and finds the binlog events in them."""
+
+    def __init__(self, proxy: ThreadedFaultProxy):
+        self._lock = threading.Lock()
+        self._watchers: dict[int, MysqlStreamWatcher] = {}
+        proxy.on_server_bytes(self._tap)
+
+    def _tap(self, conn_id: int, offset: int, data: bytes) -> None:
+        with self._lock:
+            self._watchers.setdefault(conn_id, MysqlStreamWatcher()).feed(data)
+
+    def events_ending_in(self, start: int, end: int, timeout: float = 20.0):
+        """(conn_id, events) of the newest connection once it has seen every event in master range (start, end]."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._watchers:
+                    conn_id = max(self._watchers)
+                    events = [e for e in self._watchers[conn_id].events if start < e.log_pos <= end and not e.artificial]
+                    if events and events[-1].log_pos == end:
+                        return conn_id, events
+            time.sleep(0.02)
+        with self._lock:
+            seen = {c: [(e.name, e.log_pos) for e in w.events][-8:] for c, w in self._watchers.items()}
+            problems = {c: w.problems for c, w in self._watchers.items() if w.problems}
+        raise AssertionError(
+            f"the proxy never received the events of master range ({start}, {end}]; last events seen {seen}; {problems}"
+        )
+
+    def wait_settled_at(self, proxy: ThreadedFaultProxy, position: int, timeout: float = 20.0) -> int:
+        """Wait until the newest connection has carried an event ending at master `position` and the proxy has
+        forwarded all it received on it; returns that connection's id.
+
+        Transactions are located by pausing the link and watching what arrives; a paused proxy holds the one chunk
+        it has read and reads no more, so a chunk still in flight at the pause (the rest of a dump's opening
+        events, say) would hide them. Pause only a settled link.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                newest = max(self._watchers, default=None)
+                reached = newest is not None and any(e.log_pos == position for e in self._watchers[newest].events)
+            if reached:
+                info = proxy.connection(newest)
+                if info.open and info.server_to_client_received == info.server_to_client:
+                    return newest
+            time.sleep(0.02)
+        raise AssertionError(f"the link did not settle at master position {position}: {proxy.connections()}")
+
+
+
 def master_status(master) -> tuple[str, int]:
     row = master.execute("SHOW MASTER STATUS")[0]
     return row[0], int(row[1])
@@ -142,3 +200,142 @@ def assert_files_equal_master(relay_dir: Path, master, *, up_to: tuple[str, int]
             if len(buf) > 4 + 19:
                 buf[4 + 17] &= ~C.LOG_EVENT_BINLOG_IN_USE_F & 0xFF
         assert a == b, f"{name}: relay file differs from the master's (sizes {len(mine)} / {len(theirs)})"
+
+
+# -- replicas of the relay, data checks and load (shared by the end-to-end tests) ------------------------------------
+
+
+def replica_status(replica) -> dict:
+    conn = replica.connect()
+    try:
+        cur = conn.cursor()
+        cur.execute("SHOW SLAVE STATUS")
+        row = cur.fetchone()
+        return dict(zip([d[0] for d in cur.description], row)) if row else {}
+    finally:
+        conn.close()
+
+
+def wait_relay(relay: RelayProcess, master, timeout: float = 60.0) -> dict:
+    """Wait until the relay's horizon is the master's current position, read afresh at every poll: MariaDB writes
+    a BINLOG_CHECKPOINT event some time after a rotation, so a position read once may already be behind
+    (relayharness.wait_caught_up compares with one snapshot). An upstream error on the relay fails at once: no
+    relay in these topologies has a reason to lose its master."""
+    deadline = time.monotonic() + timeout
+    status: dict = {}
+    while time.monotonic() < deadline:
+        assert relay.proc is not None and relay.proc.poll() is None, f"relay exited:\n{relay.log_tail()}"
+        want = master_status(master)
+        try:
+            status = relay.status()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        assert status["last_io_error"] is None, f"{relay.relay_dir.name}: {status['last_io_error']}"
+        if (status["master_log_file"], status["read_master_log_pos"]) == want:
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"{relay.relay_dir.name} did not reach the master's position: {status}\n{relay.log_tail()}")
+
+
+def wait_replica(replica, master, timeout: float = 60.0) -> dict:
+    """Wait until the replica has executed up to the master's current position (read afresh, see wait_relay);
+    a stopped replication thread fails at once."""
+    deadline = time.monotonic() + timeout
+    status: dict = {}
+    while time.monotonic() < deadline:
+        want = master_status(master)
+        status = replica_status(replica)
+        # A connection error while the IO thread retries (a relay restarting) is fine; a stopped thread is not.
+        assert status.get("Slave_IO_Running") != "No" and status.get("Slave_SQL_Running") != "No", (
+            f"replica stopped: {status.get('Last_IO_Error')} {status.get('Last_SQL_Error')}")
+        if (status.get("Relay_Master_Log_File"), int(status.get("Exec_Master_Log_Pos") or 0)) == want:
+            return status
+        time.sleep(0.1)
+    raise AssertionError(f"replica did not reach the master's position: {status}")
+
+
+def change_master(replica, port: int, *, file: str | None = FIRST_FILE, pos: int = 4) -> None:
+    where = (f"MASTER_LOG_FILE='{file}', MASTER_LOG_POS={pos}, MASTER_USE_GTID=no" if file is not None
+             else "MASTER_USE_GTID=slave_pos")
+    replica.execute(
+        f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={port}, MASTER_USER='repl', MASTER_PASSWORD='replpw', "
+        f"MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1, {where}"
+    )
+
+
+def user_tables(server) -> list[str]:
+    rows = server.execute(
+        "SELECT CONCAT(table_schema, '.', table_name) FROM information_schema.tables WHERE table_type = 'BASE TABLE' "
+        "AND table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys') ORDER BY 1"
+    )
+    return [row[0] for row in rows]
+
+
+def assert_same_data(master, replica) -> None:
+    """Same tables, each with the same CHECKSUM TABLE and row count."""
+    tables = user_tables(master)
+    assert tables and user_tables(replica) == tables
+    for table in tables:
+        theirs = master.execute(f"CHECKSUM TABLE {table}")[0][1], master.execute(f"SELECT COUNT(*) FROM {table}")[0][0]
+        mine = replica.execute(f"CHECKSUM TABLE {table}")[0][1], replica.execute(f"SELECT COUNT(*) FROM {table}")[0][0]
+        assert mine == theirs, f"{table}: replica (checksum, rows) {mine} != master {theirs}"
+
+
+class Writer:
+    """Small transactions on the master from a thread, a rotation every `rotate_every`, until stop()."""
+
+    def __init__(self, master, *, rotate_every: int = 150, limit: int = 20_000):
+        self.master = master
+        self.rotate_every = rotate_every
+        self.limit = limit
+        self.done = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        master.execute("CREATE DATABASE IF NOT EXISTS app")
+        master.execute("CREATE TABLE IF NOT EXISTS app.w (id INT AUTO_INCREMENT PRIMARY KEY, v VARCHAR(100), "
+                       "n INT) ENGINE=InnoDB")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Writer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            conn = self.master.connect()
+            cur = conn.cursor()
+            while not self._stop.is_set() and self.done < self.limit:
+                cur.execute("BEGIN")
+                cur.execute("INSERT INTO app.w (v, n) VALUES (%s, %s)", (f"row-{self.done}", self.done))
+                cur.execute("UPDATE app.w SET n = n + 1 WHERE id = LAST_INSERT_ID()")
+                cur.execute("COMMIT")
+                self.done += 1
+                if self.done % self.rotate_every == 0:
+                    cur.execute("FLUSH BINARY LOGS")
+                time.sleep(0.002)
+            conn.close()
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "writer thread did not stop"
+        if self.error is not None:
+            raise AssertionError(f"writer failed: {self.error!r}")
+
+
+def listener_query(port: int, statement: str, *, user: str = "repl", password: str = "replpw") -> list[dict]:
+    """One statement on a relay's --listen port as any SQL client sends it; the rows as dicts by column name."""
+    conn = pymysql.connect(host="127.0.0.1", port=port, user=user, password=password)
+    try:
+        cur = conn.cursor()
+        cur.execute(statement)
+        columns = [d[0] for d in cur.description or ()]
+        return [dict(zip(columns, row)) for row in cur.fetchall()]
+    finally:
+        conn.close()

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from .relayharness import RelayProcess, assert_files_equal_master, free_port, master_status, prepare_master
+from .relayharness import (
+    RelayProcess, assert_files_equal_master, free_port, master_status, prepare_master, replica_status,
+)
 from .test_relay_e2e import mixed_load
 
 pytestmark = pytest.mark.server
@@ -36,17 +38,6 @@ def chain(mariadb, tmp_path):
     relay.start()
     yield master, relay
     relay.stop()
-
-
-def replica_status(replica) -> dict:
-    conn = replica.connect()
-    try:
-        cur = conn.cursor()
-        cur.execute("SHOW SLAVE STATUS")
-        row = cur.fetchone()
-        return dict(zip([d[0] for d in cur.description], row)) if row else {}
-    finally:
-        conn.close()
 
 
 def wait_replica(replica, master, timeout: float = 60.0) -> dict:

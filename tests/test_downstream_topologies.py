@@ -8,15 +8,16 @@ import concurrent.futures
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pymysql
 import pytest
 
-from .relayharness import RelayProcess, assert_files_equal_master, free_port, master_status, prepare_master
-from .test_downstream_e2e import replica_status
+from .relayharness import (  # noqa: F401 - re-exported: other test modules import them from here
+    FIRST_FILE, RelayProcess, Writer, assert_files_equal_master, assert_same_data, change_master, free_port,
+    master_status, prepare_master, replica_status, user_tables, wait_relay, wait_replica,
+)
 from .test_relay_e2e import mixed_load
 
 pytestmark = pytest.mark.server
@@ -27,8 +28,6 @@ name = "repl"
 password = "replpw"
 plugin = "mysql_native_password"
 """
-
-FIRST_FILE = "master-bin.000001"
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -95,54 +94,6 @@ def stop_never_args(port: int, out: Path, server_id: int, first: str = FIRST_FIL
     ]
 
 
-def wait_relay(relay: RelayProcess, master, timeout: float = 60.0) -> dict:
-    """Wait until the relay's horizon is the master's current position, read afresh at every poll: MariaDB writes
-    a BINLOG_CHECKPOINT event some time after a rotation, so a position read once may already be behind
-    (relayharness.wait_caught_up compares with one snapshot). An upstream error on the relay fails at once: no
-    relay in these topologies has a reason to lose its master."""
-    deadline = time.monotonic() + timeout
-    status: dict = {}
-    while time.monotonic() < deadline:
-        assert relay.proc is not None and relay.proc.poll() is None, f"relay exited:\n{relay.log_tail()}"
-        want = master_status(master)
-        try:
-            status = relay.status()
-        except OSError:
-            time.sleep(0.05)
-            continue
-        assert status["last_io_error"] is None, f"{relay.relay_dir.name}: {status['last_io_error']}"
-        if (status["master_log_file"], status["read_master_log_pos"]) == want:
-            return status
-        time.sleep(0.05)
-    raise AssertionError(f"{relay.relay_dir.name} did not reach the master's position: {status}\n{relay.log_tail()}")
-
-
-def wait_replica(replica, master, timeout: float = 60.0) -> dict:
-    """Wait until the replica has executed up to the master's current position (read afresh, see wait_relay);
-    a stopped replication thread fails at once."""
-    deadline = time.monotonic() + timeout
-    status: dict = {}
-    while time.monotonic() < deadline:
-        want = master_status(master)
-        status = replica_status(replica)
-        # A connection error while the IO thread retries (a relay restarting) is fine; a stopped thread is not.
-        assert status.get("Slave_IO_Running") != "No" and status.get("Slave_SQL_Running") != "No", (
-            f"replica stopped: {status.get('Last_IO_Error')} {status.get('Last_SQL_Error')}")
-        if (status.get("Relay_Master_Log_File"), int(status.get("Exec_Master_Log_Pos") or 0)) == want:
-            return status
-        time.sleep(0.1)
-    raise AssertionError(f"replica did not reach the master's position: {status}")
-
-
-def change_master(replica, port: int, *, file: str | None = FIRST_FILE, pos: int = 4) -> None:
-    where = (f"MASTER_LOG_FILE='{file}', MASTER_LOG_POS={pos}, MASTER_USE_GTID=no" if file is not None
-             else "MASTER_USE_GTID=slave_pos")
-    replica.execute(
-        f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={port}, MASTER_USER='repl', MASTER_PASSWORD='replpw', "
-        f"MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1, {where}"
-    )
-
-
 def stop_replica(replica) -> tuple[str, int]:
     """STOP SLAVE; the (Relay_Master_Log_File, Exec_Master_Log_Pos) the SQL thread stopped at."""
     replica.execute("STOP SLAVE")
@@ -163,24 +114,6 @@ def wait_connected(replica, port: int, timeout: float = 30.0) -> dict:
             return status
         time.sleep(0.05)
     raise AssertionError(f"replica did not connect to port {port}: {status}")
-
-
-def user_tables(server) -> list[str]:
-    rows = server.execute(
-        "SELECT CONCAT(table_schema, '.', table_name) FROM information_schema.tables WHERE table_type = 'BASE TABLE' "
-        "AND table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys') ORDER BY 1"
-    )
-    return [row[0] for row in rows]
-
-
-def assert_same_data(master, replica) -> None:
-    """Same tables, each with the same CHECKSUM TABLE and row count."""
-    tables = user_tables(master)
-    assert tables and user_tables(replica) == tables
-    for table in tables:
-        theirs = master.execute(f"CHECKSUM TABLE {table}")[0][1], master.execute(f"SELECT COUNT(*) FROM {table}")[0][0]
-        mine = replica.execute(f"CHECKSUM TABLE {table}")[0][1], replica.execute(f"SELECT COUNT(*) FROM {table}")[0][0]
-        assert mine == theirs, f"{table}: replica (checksum, rows) {mine} != master {theirs}"
 
 
 def wait_files(
@@ -213,53 +146,6 @@ def assert_download_equals_master(out: Path, master) -> None:
     assert names == [p.name for p in master.binlog_files()]
     (out / "relayproxy.index").write_text("".join(f"{n}\n" for n in names))
     assert_files_equal_master(out, master, up_to=master_status(master))
-
-
-class Writer:
-    """Small transactions on the master from a thread, a rotation every `rotate_every`, until stop()."""
-
-    def __init__(self, master, *, rotate_every: int = 150, limit: int = 20_000):
-        self.master = master
-        self.rotate_every = rotate_every
-        self.limit = limit
-        self.done = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        master.execute("CREATE DATABASE IF NOT EXISTS app")
-        master.execute("CREATE TABLE IF NOT EXISTS app.w (id INT AUTO_INCREMENT PRIMARY KEY, v VARCHAR(100), "
-                       "n INT) ENGINE=InnoDB")
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "Writer":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        try:
-            conn = self.master.connect()
-            cur = conn.cursor()
-            while not self._stop.is_set() and self.done < self.limit:
-                cur.execute("BEGIN")
-                cur.execute("INSERT INTO app.w (v, n) VALUES (%s, %s)", (f"row-{self.done}", self.done))
-                cur.execute("UPDATE app.w SET n = n + 1 WHERE id = LAST_INSERT_ID()")
-                cur.execute("COMMIT")
-                self.done += 1
-                if self.done % self.rotate_every == 0:
-                    cur.execute("FLUSH BINARY LOGS")
-                time.sleep(0.002)
-            conn.close()
-        except BaseException as exc:  # reported by stop()
-            self.error = exc
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        assert not self._thread.is_alive(), "writer thread did not stop"
-        if self.error is not None:
-            raise AssertionError(f"writer failed: {self.error!r}")
 
 
 # -- repointing ---------------------------------------------------------------------------------------------------

@@ -500,6 +500,41 @@ def test_rotation_keeps_master_names_and_coordinates(tmp_path):
     reopened.close()
 
 
+def test_rotation_adopts_previous_gtids_naming_purged_gtids_but_refuses_one_that_goes_back(tmp_path):
+    """MySQL's 5.6.22 case: after SET GLOBAL gtid_purged the next file's PREVIOUS_GTIDS names GTIDs no file holds.
+    The relay mirrors that file (its set grows; FileCatalog.purged counts them); a set lacking GTIDs the relay
+    holds is another history and is still refused."""
+    first = mysql_image("binlog.000002")
+    after = scan_bytes(first).gtids_after
+    restored = after.copy()
+    restored.add_interval(OTHER_SID, 100, 111)
+    second = mysql_image("binlog.000003", rotate=False, groups=2, start=restored)
+    store = fresh_store(tmp_path)
+    feeder = Feeder(store)
+    feeder.feed_all(first)
+    store.start_file("binlog.000002")
+    feeder.parser = B.TransactionBoundaryParser()
+    feeder.feed_all(second)
+    assert store.horizon.snapshot().gtids == scan_bytes(second).gtids_after
+    store.close()
+    assert (tmp_path / "relay" / "binlog.000002").read_bytes() == second
+    reopened = RelayStore.open(tmp_path / "relay")
+    assert reopened.horizon.snapshot().gtids == scan_bytes(second).gtids_after
+    reopened.close()
+
+    behind = GtidSet()
+    behind.add_interval(OTHER_SID, 1, 3)  # lacks OTHER_SID:3-5 and the first file's own GTIDs
+    store = fresh_store(tmp_path / "other")
+    feeder = Feeder(store)
+    feeder.feed_all(first)
+    store.start_file("binlog.000002")
+    feeder.parser = B.TransactionBoundaryParser()
+    with pytest.raises(RelayMismatchError, match="does not continue the relay's set"):
+        feeder.feed_all(mysql_image("binlog.000003", rotate=False, groups=2, start=behind))
+    assert store.horizon.snapshot().gtids == after
+    store.close()
+
+
 def test_start_file_rules(tmp_path):
     store = fresh_store(tmp_path)
     store.start_file("binlog.000001")  # still only the magic: a no-op
@@ -919,8 +954,11 @@ def test_fsync_failure_in_a_worker_thread_fails_the_store(tmp_path, monkeypatch)
     with pytest.raises(RelayStoreFailed):
         store.begin_sync()
     store.close()  # still possible: the failed ticket is over
+    # After a failed fsync the written bytes may be in the page cache only: close() cut the file back
+    # to the last successful fsync (start_file's magic here), so recovery cannot trust them.
+    assert (tmp_path / "relay" / "binlog.000001").stat().st_size == 4
     reopened = RelayStore.open(tmp_path / "relay")
-    assert reopened.horizon.snapshot().position == len(image)  # the files had it all after all
+    assert reopened.horizon.snapshot().position == 4
     reopened.close()
 
 

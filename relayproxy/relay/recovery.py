@@ -423,6 +423,19 @@ def _damage_followed_by_data(path: Path, bad: int) -> str | None:
     return None
 
 
+def _write_magic(path: Path) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, C.BINLOG_MAGIC, 0)
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno is not None and exc.filename is None:
+            exc.filename = os.fspath(path)  # "No space left on device" says where
+        raise
+    finally:
+        os.close(fd)
+
+
 def _truncate(path: Path, size: int) -> None:
     fd = os.open(path, os.O_RDWR)
     try:
@@ -563,12 +576,7 @@ def _adopt_unlisted(path: Path, warn) -> bool:
         if C.BINLOG_MAGIC.startswith(head):
             # Created by a start_file that never reached the index write: only (part of) the magic.
             if head != C.BINLOG_MAGIC:
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    os.pwrite(fd, C.BINLOG_MAGIC, 0)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _write_magic(path)
             warn(f"adopted {path.name}: created but not yet listed when the relay stopped (no events yet)")
             return True
         warn(f"{path.name} is not listed and is not a binlog file: left alone")
@@ -593,12 +601,7 @@ def _recover_newest(relay_dir: Path, path: Path, name: str, mark: DurableMark | 
                     f"{path}: not a binlog file (starts with {head.hex() or 'nothing'})", file=name, offset=0
                 )
             # Listed, but the magic never reached the disk: it holds nothing, write the magic.
-            fd = os.open(path, os.O_RDWR)
-            try:
-                os.pwrite(fd, C.BINLOG_MAGIC, 0)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _write_magic(path)
             warn(f"{name}: completed its binlog magic ({size} of 4 bytes were on disk)")
         _check_mark(mark, name, 4, warn)
         return 4, None, None, None, None

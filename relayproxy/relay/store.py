@@ -22,7 +22,10 @@ buffer), ``ticket.make_durable()`` in a worker thread, ``store.complete_sync(tic
 loop; events may keep arriving in between.
 
 Errors from the file system (full disk, EIO) poison the store: every later call raises
-``RelayStoreFailed``. Reopen it; recovery cuts the unfinished tail and the horizon is unchanged.
+``RelayStoreFailed``; the OSError names the file. Reopen it; recovery cuts the unfinished tail and the
+horizon is unchanged. After a failed fsync, ``close()`` first cuts the current file back to the last
+successful fsync: the kernel may keep such pages in its cache without their being on disk, and
+recovery, which reads through that cache, could not tell.
 """
 
 from __future__ import annotations
@@ -154,10 +157,11 @@ class SyncTicket:
     """One fsync in flight: what it covers and where the horizon goes once it is done."""
 
     __slots__ = (
-        "file", "position", "gtids", "moves", "_fd", "_marks", "_synced_end", "durable", "needs_fsync", "error", "_on_error"
+        "file", "position", "gtids", "moves", "_fd", "_marks", "_synced_end", "durable", "needs_fsync", "error", "_on_error",
+        "fsync_seconds", "fsync_bytes",
     )
 
-    def __init__(self, file, position, gtids, moves, fd, marks, synced_end, needs_fsync, on_error):
+    def __init__(self, file, position, gtids, moves, fd, marks, synced_end, needs_fsync, on_error, fsync_bytes=0):
         self.file = file
         self.position = position
         self.gtids = gtids
@@ -169,6 +173,8 @@ class SyncTicket:
         self.durable = False
         self.error: OSError | None = None
         self._on_error = on_error
+        self.fsync_seconds = 0.0  # how long the fdatasync took (for the fsync latency metric)
+        self.fsync_bytes = fsync_bytes  # bytes written since the previous fdatasync of this file
 
     def make_durable(self) -> None:
         """fdatasync the file and record the durable mark; safe to run in a worker thread.
@@ -179,7 +185,9 @@ class SyncTicket:
         """
         try:
             if self.needs_fsync:
+                began = time.perf_counter()
                 os.fdatasync(self._fd)
+                self.fsync_seconds = time.perf_counter() - began
             if self.moves:
                 self._marks.write(self.file, self.position)
         except OSError as exc:
@@ -210,11 +218,12 @@ def _add_gtid(target, gtid):
 class RelayStore:
     """Relay files in master coordinates, their index, and the durable horizon over them."""
 
-    def __init__(self, relay_dir: Path, sync: SyncPolicy, recovered, *, _token=None):
+    def __init__(self, relay_dir: Path, sync: SyncPolicy, recovered, *, on_fsync=None, _token=None):
         if _token is not _OPEN_TOKEN:
             raise TypeError("use RelayStore.open(relay_dir)")
         self.relay_dir = relay_dir
         self.sync_policy = sync
+        self.on_fsync = on_fsync  # called as on_fsync(seconds, bytes) after each fdatasync of relay data
         self.recovery: RecoveryReport = recovered.report
         self._index: list[str] = list(recovered.files)
         self._file: str | None = recovered.current_file
@@ -239,6 +248,7 @@ class RelayStore:
         self._pending_since: float | None = None
         self._ticket: SyncTicket | None = None
         self._failed: BaseException | None = None
+        self._unsynced_cut: tuple[str, int] | None = None  # (file, length) to cut to after a failed fsync
         self._closed = False
         self._appendable = False  # fast-path guard: a current file, not failed, not closed
         self.fsyncs = 0
@@ -261,12 +271,15 @@ class RelayStore:
     # -- opening ---------------------------------------------------------------------------------
     @classmethod
     def open(
-        cls, relay_dir: str | os.PathLike, *, sync: SyncPolicy = SyncPolicy(), create: bool = True
+        cls, relay_dir: str | os.PathLike, *, sync: SyncPolicy = SyncPolicy(), create: bool = True, on_fsync=None
     ) -> "RelayStore":
-        """Open (or create) a relay directory: runs recovery (``store.recovery`` says what it did)."""
+        """Open (or create) a relay directory: runs recovery (``store.recovery`` says what it did).
+
+        ``on_fsync(seconds, bytes)``, when given, hears of each completed fdatasync (e.g. a metrics histogram).
+        """
         relay_dir = Path(relay_dir)
         recovered = recover(relay_dir, create=create)
-        return cls(relay_dir, sync, recovered, _token=_OPEN_TOKEN)
+        return cls(relay_dir, sync, recovered, on_fsync=on_fsync, _token=_OPEN_TOKEN)
 
     def __enter__(self) -> "RelayStore":
         return self
@@ -338,7 +351,17 @@ class RelayStore:
         if self._closed:
             raise RelayStateError("relay store is closed")
 
-    def _fail(self, exc: BaseException) -> None:
+    @property
+    def failure(self) -> BaseException | None:
+        """The file-system error that poisoned the store (it names the file), or None."""
+        return self._failed
+
+    def _fail(self, exc: BaseException, path: Path | None = None) -> None:
+        # pwrite / fdatasync on a descriptor raise an OSError without a file name: name the file, so
+        # "No space left on device" says where (status, logs).
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            where = path if path is not None else (self.relay_dir / self._file if self._file else self.relay_dir)
+            exc.filename = os.fspath(where)
         self._failed = exc
         self._appendable = False
 
@@ -378,7 +401,7 @@ class RelayStore:
         except RelayStoreError:
             raise
         except OSError as exc:
-            self._fail(exc)
+            self._fail(exc, path)  # a sync error already named the old file; this names the new one
             raise
         old_fd = self._fd
         try:
@@ -386,7 +409,7 @@ class RelayStore:
             self._marks.write(name, 4)
         except OSError as exc:
             os.close(fd)
-            self._fail(exc)
+            self._fail(exc, self.relay_dir)
             raise
         if old_fd >= 0:
             os.close(old_fd)
@@ -546,10 +569,15 @@ class RelayStore:
         except (BinlogFormatError, ValueError) as exc:
             raise RelayEventError(f"{C.event_name(type_code)} event at offset {offset}: {exc}") from None
         carried = self._carried_gtids
-        if carried is not None and gtids != carried:
-            # The new file does not continue what the relay holds (another master's history, or
-            # transactions we never saw): adopting its set would move the GTID set backwards or
-            # skip transactions. Refuse; the session reports it and nothing is written.
+        # A MySQL PREVIOUS_GTIDS may name more than the relay holds: GTIDs the master counts as executed
+        # but no file holds (SET GLOBAL gtid_purged after a restore, MySQL's 5.6.22 case). Adopting it
+        # moves nothing backwards, and FileCatalog.purged() counts those GTIDs, so replicas lacking them
+        # get error 1236 instead of a silent stream.
+        restored_gap = isinstance(gtids, GtidSet) and isinstance(carried, GtidSet) and carried.is_subset(gtids)
+        if carried is not None and gtids != carried and not restored_gap:
+            # The new file does not continue what the relay holds (another master's history: its set
+            # lacks GTIDs the relay has): adopting it would move the GTID set backwards and store
+            # transactions twice. Refuse; the session reports it and nothing is written.
             raise RelayMismatchError(
                 offset, len(event), self._file,
                 f"its {C.event_name(type_code)} set {gtids} does not continue the relay's set {carried} "
@@ -740,7 +768,8 @@ class RelayStore:
         need_fsync = self._written != self._synced
         gtids = None if (self._gtids is None or not moves) else self._gtids.copy()
         ticket = SyncTicket(
-            self._file, self._boundary, gtids, moves, self._fd, self._marks, self._written, need_fsync, self._ticket_failed
+            self._file, self._boundary, gtids, moves, self._fd, self._marks, self._written, need_fsync, self._ticket_failed,
+            max(self._written - self._synced, 0),
         )
         self._ticket = ticket
         self._pending_groups = 0
@@ -750,6 +779,11 @@ class RelayStore:
     def _ticket_failed(self, ticket: SyncTicket, exc: OSError) -> None:
         # May run in the worker thread: only plain attribute stores.
         self._fail(exc)
+        if ticket.needs_fsync and ticket.file == self._file:
+            # After a failed fsync the written bytes may sit in the page cache without being on disk
+            # (Linux marks them clean): recovery would read them back and trust them. close() cuts
+            # the file to the last successful fsync first; the master re-sends the rest.
+            self._unsynced_cut = (ticket.file, self._synced)
         if self._ticket is ticket:
             self._ticket = None
 
@@ -767,6 +801,8 @@ class RelayStore:
             self.fsyncs += 1
             if ticket.file == self._file:
                 self._synced = max(self._synced, min(ticket._synced_end, self._end))
+            if self.on_fsync is not None:
+                self.on_fsync(ticket.fsync_seconds, ticket.fsync_bytes)
         if not ticket.moves:
             return False
         self.horizon.advance(ticket.file, ticket.position, ticket.gtids, copy=False)
@@ -800,8 +836,14 @@ class RelayStore:
         return drop
 
     def close(self) -> None:
-        """Sync what is complete and close the files (idempotent)."""
+        """Sync what is complete and close the files (idempotent).
+
+        After a failed fsync it also cuts the current file back to the last successful fsync; if
+        that fails, close raises (and retries when called again): do not reopen the directory then.
+        """
         if self._closed:
+            if self._unsynced_cut is not None:
+                self._cut_unsynced_tail()
             return
         if self._ticket is not None:
             raise RelayStateError("close while a sync is in flight: complete it first")
@@ -816,6 +858,19 @@ class RelayStore:
                 os.close(self._fd)
                 self._fd = -1
             self._marks.close()
+            if self._unsynced_cut is not None:
+                self._cut_unsynced_tail()
+
+    def _cut_unsynced_tail(self) -> None:
+        name, keep = self._unsynced_cut
+        fd = os.open(self.relay_dir / name, os.O_RDWR)
+        try:
+            if os.fstat(fd).st_size > keep:
+                os.ftruncate(fd, keep)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._unsynced_cut = None
 
     def __repr__(self) -> str:
         return f"<RelayStore {self.relay_dir} {self._file}:{self._end} horizon={self.horizon.snapshot().coordinates}>"

@@ -8,6 +8,8 @@ by file/position, by MySQL GTID auto-position, or by MariaDB GTID, never from th
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import struct
 import time
 import uuid
@@ -16,7 +18,8 @@ from pathlib import Path
 
 from ..binlog.gtid import GtidSet, MariaBinlogState
 from ..log import get_logger
-from ..relay.store import RelayStore, RelayStoreError
+from ..relay.recovery import fsync_dir
+from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed
 from ..wire.packets import MySQLError
 from .connection import UpstreamConnection
 from .receiver import MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
@@ -46,6 +49,7 @@ class UpstreamStatus:
     semi_sync_acks: int = 0
     semi_sync_replica_waits: int = 0  # upstream ACKs that waited for downstream semi-sync replicas
     semi_sync_replica_timeouts: int = 0  # ... and gave up waiting (the master was ACKed anyway)
+    errors: dict = field(default_factory=dict)  # upstream errors by kind (UPSTREAM_ERROR_KINDS)
     clock_diff: float = 0.0
     connected_since: float | None = None
     state: str = "starting"
@@ -67,6 +71,9 @@ class UpstreamSession:
         # semi-sync replicas of the relay to have the transaction; False = gave up, ACK anyway).
         self.ack_gate = None
         self._replica_uuid = _persistent_uuid(Path(cfg.relay_dir))
+        # A store failure (full disk, EIO) stays in last_io_error until the store writes again: a
+        # reconnect alone does not clear it (the next write would fail the same way).
+        self._store_failing = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -115,19 +122,30 @@ class UpstreamSession:
             text = f"error {exc.code} from master: {exc.message}"
         elif isinstance(exc, asyncio.TimeoutError):
             text = "master silent for more than two heartbeat periods (or connect timeout): treated as gone"
+        elif isinstance(exc, (RelayStoreError, OSError)) and getattr(self.store, "failure", None) is not None:
+            failure = self.store.failure
+            cause = failure if isinstance(exc, RelayStoreFailed) or exc is failure else exc
+            text = (f"relay store in {self.store.relay_dir} cannot write: {cause}; not receiving until it can "
+                    "(replicas are served up to the durable horizon; retrying)")
+            self._store_failing = True
         else:
             text = str(exc) or exc.__class__.__name__
         self.status.last_io_error = text
         self.status.last_io_error_time = time.time()
         self.status.connect_failures += 1
-        log.warning("upstream connection ended", error=text, master=f"{self.cfg.master[0]}:{self.cfg.master[1]}")
+        kind = upstream_error_kind(exc)
+        self.status.errors[kind] = self.status.errors.get(kind, 0) + 1
+        log.warning("upstream connection ended", error=text, kind=kind, master=f"{self.cfg.master[0]}:{self.cfg.master[1]}")
 
     def _finish_connection(self) -> None:
+        connected = self._conn is not None
         self.status.io_running = False
         self.status.connected_since = None
         if self._conn is not None:
             self._conn.abort()
             self._conn = None
+        if not connected and getattr(self.store, "failure", None) is not None:
+            return  # no stream this round: _connect_and_stream has just retried the reopen
         try:
             dropped = self.receiver.end_stream()
         except (RelayStoreError, OSError) as exc:
@@ -138,26 +156,38 @@ class UpstreamSession:
         if dropped:
             log.info("dropped the partial transaction of the lost connection", bytes=dropped)
 
-    def _reopen_store(self, cause: BaseException) -> None:
+    def _reopen_store(self, cause: BaseException) -> bool:
+        """Replace a failed store by a recovered one; False (failed store kept) when that fails."""
         old = self.store
         try:
             old.close()
-        except (RelayStoreError, OSError):
-            pass
+        except (RelayStoreError, OSError) as exc:
+            # After a failed fsync close() cuts the unsynced tail; until that worked, reopening could
+            # trust bytes that are not on disk. Keep the failed store and retry at the next round.
+            self._record_error(exc)
+            return False
         try:
-            store = RelayStore.open(old.relay_dir, sync=old.sync_policy)
+            store = RelayStore.open(old.relay_dir, sync=old.sync_policy, on_fsync=old.on_fsync)
         except (RelayStoreError, OSError) as exc:
             # Keep the failed store: status still shows the durable horizon; retry at the next round.
             self._record_error(exc)
-            return
+            return False
         log.warning("relay store reopened after a failure", cause=str(cause), recovery=str(store.recovery))
         self.store = store
         self.receiver.store = store
         self.receiver.parser.reset()
+        # Dump senders wait on the old store's horizon: wake them so they follow the new one at once
+        # (else they would notice only at their next heartbeat timeout).
+        snap = old.horizon.snapshot()
+        if snap.file is not None:
+            old.horizon.advance(snap.file, snap.position, snap.gtids)
+        return True
 
     # -- one connection --------------------------------------------------------------------------
     async def _connect_and_stream(self) -> bool:
         cfg = self.cfg
+        if getattr(self.store, "failure", None) is not None and not self._reopen_store(self.store.failure):
+            return False  # still cannot write (disk full?): back off without asking the master for anything
         self.status.state = "connecting"
         host, port = cfg.master
         conn = await UpstreamConnection.connect(
@@ -184,10 +214,12 @@ class UpstreamSession:
         self.status.state = "streaming"
         self.status.io_running = True
         self.status.connected_since = time.time()
-        self.status.last_io_error = None
-        self.status.last_io_error_time = None
-        log.info("streaming from master", server_version=conn.server_version, semi_sync=semi_sync,
-                 horizon=self.store.horizon.snapshot().position)
+        if not self._store_failing:
+            self.status.last_io_error = None
+            self.status.last_io_error_time = None
+        horizon = self.store.horizon.snapshot()
+        log.info("streaming from master", master=f"{host}:{port}", server_version=conn.server_version,
+                 semi_sync=semi_sync, file=horizon.file, position=horizon.position)
         await self._stream(conn)
         return True
 
@@ -325,7 +357,11 @@ class UpstreamSession:
         if store.sync_due():
             ticket = store.begin_sync()
             await asyncio.get_running_loop().run_in_executor(None, ticket.make_durable)
-            store.complete_sync(ticket)
+            if store.complete_sync(ticket) and self._store_failing:
+                self._store_failing = False
+                self.status.last_io_error = None
+                self.status.last_io_error_time = None
+                log.info("relay store writes again: receiving resumed", horizon=str(store.horizon.snapshot().coordinates))
         pending = self.receiver.ack_pending
         if pending is None:
             return
@@ -349,6 +385,39 @@ class UpstreamSession:
             self.status.semi_sync_acks += 1
 
 
+UPSTREAM_ERROR_KINDS = ("io", "timeout", "master", "protocol", "crc", "store", "disk_full", "internal")
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_STORAGE_ONLY = (errno.EIO, errno.EROFS, errno.EFBIG)
+
+
+def upstream_error_kind(exc: BaseException) -> str:
+    """The bounded ``kind`` label of an error that ended an upstream connection (see docs/metrics.md).
+
+    io: the connection failed or was lost (including the master ending the stream); timeout: connect
+    timeout or a silent master; master: an error the master sent (e.g. 1236); protocol: the stream
+    broke a rule; crc: an event's CRC32 did not match; store: the relay store failed; disk_full:
+    ... because the disk or quota is full; internal: a bug.
+    """
+    cause: BaseException | None = exc
+    while cause is not None:  # a store failure carries the OSError that caused it
+        if isinstance(cause, OSError) and cause.errno in _DISK_FULL:
+            return "disk_full"
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timeout"
+    if isinstance(exc, MySQLError):
+        return "io" if exc.code >= 2000 else "master"  # 2000+: client-side CR_* codes (connection lost ...)
+    if isinstance(exc, MasterStreamEnded):
+        return "io"
+    if isinstance(exc, StreamError):
+        return "crc" if "CRC32 mismatch" in str(exc) else "protocol"
+    if isinstance(exc, RelayStoreError):
+        return "store"
+    if isinstance(exc, OSError):
+        return "store" if exc.errno in _STORAGE_ONLY else "io"  # sockets never fail with these
+    return "internal"
+
+
 def _persistent_uuid(relay_dir: Path) -> str:
     """A replica UUID kept in the relay directory, so the master recognises reconnects of the same relay."""
     path = relay_dir / "relayproxy.uuid"
@@ -359,9 +428,13 @@ def _persistent_uuid(relay_dir: Path) -> str:
         value = str(uuid.uuid4())
         relay_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(value + "\n")
+        with open(tmp, "w") as f:
+            f.write(value + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # else an OS crash can leave the renamed file empty: a new UUID next start
         tmp.replace(path)
+        fsync_dir(relay_dir)
         return value
 
 
-__all__ = ["UpstreamSession", "UpstreamStatus", "MasterStreamEnded"]
+__all__ = ["UpstreamSession", "UpstreamStatus", "MasterStreamEnded", "UPSTREAM_ERROR_KINDS", "upstream_error_kind"]
