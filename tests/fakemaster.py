@@ -192,6 +192,12 @@ class BinlogIndex:
 
     def __init__(self, files: list[tuple[str, bytes]]):
         self.files = [BinlogFile(name, data) for name, data in files]
+        self.gtid_purged_extra = GtidSet()  # what SET GLOBAL gtid_purged added beyond the files
+
+    def gtid_purged(self) -> GtidSet:
+        """MySQL's lost_gtids: the oldest file's PREVIOUS_GTIDS, plus what SET GLOBAL gtid_purged added."""
+        oldest = self.files[0].previous_gtids
+        return (oldest or GtidSet()).union(self.gtid_purged_extra)
 
     def names(self) -> list[str]:
         return [f.name for f in self.files]
@@ -204,6 +210,15 @@ class BinlogIndex:
 
     def executed(self) -> GtidSet:
         return self.files[-1].gtids_after()
+
+
+def _purged_message(gtids: GtidSet, missing: GtidSet) -> str:
+    return (
+        "Cannot replicate because the source purged required binary logs. Replicate the missing transactions "
+        "from elsewhere, or provision a new replica from backup. Consider increasing the source's binary log "
+        f"expiration period. The GTID set sent by the replica is '{gtids.format(',')}', and the missing "
+        f"transactions are '{missing.format(',')}'"
+    )
 
 
 class DumpError(Exception):
@@ -269,6 +284,10 @@ class DumpCursor:
                 "that master has rolled back from slave to master, and/or commit empty transactions on master to "
                 "account for transactions that have been committed on master but are not included in GTID_EXECUTED.",
             )
+        # gtid_purged must be in the replica's set (the 5.6.22 fix, Bug #19012085), before the file search.
+        missing = self.index.gtid_purged().subtract(gtids)
+        if missing:
+            raise DumpError(ER_MASTER_FATAL_ERROR_READING_BINLOG, _purged_message(gtids, missing))
         # find_first_log_not_in_gtid_set: newest -> oldest, the first whose PREVIOUS_GTIDS is a subset.
         for i in range(len(self.index.files) - 1, -1, -1):
             prev = self.index.files[i].previous_gtids
@@ -281,13 +300,7 @@ class DumpCursor:
             if prev.is_subset(gtids):
                 return i
         missing = self.index.files[0].previous_gtids.subtract(gtids)
-        raise DumpError(
-            ER_MASTER_FATAL_ERROR_READING_BINLOG,
-            "Cannot replicate because the source purged required binary logs. Replicate the missing transactions "
-            "from elsewhere, or provision a new replica from backup. Consider increasing the source's binary log "
-            f"expiration period. The GTID set sent by the replica is '{gtids.format(',')}', and the missing "
-            f"transactions are '{missing.format(',')}'",
-        )
+        raise DumpError(ER_MASTER_FATAL_ERROR_READING_BINLOG, _purged_message(gtids, missing))
 
     def take(self) -> list[SentEvent]:
         """Every event the dump would send now, in order (empty when it has caught up)."""
@@ -448,6 +461,20 @@ class FakeMySQLMaster:
     def add_file(self, name: str, data: bytes) -> None:
         self.index.files.append(BinlogFile(name, data))
         self._changed.set()
+
+    def purge_to(self, name: str) -> list[str]:
+        """PURGE BINARY LOGS TO 'name': drop the files before it (the oldest file's PREVIOUS_GTIDS becomes the
+        new gtid_purged, as on MySQL); returns the names dropped."""
+        found = self.index.get(name)
+        if found is None:
+            raise ValueError(f"{name} is not one of the master's binlog files {self.index.names()}")
+        dropped = self.index.names()[: found[0]]
+        del self.index.files[: found[0]]
+        return dropped
+
+    def set_gtid_purged(self, gtids: GtidSet) -> None:
+        """SET GLOBAL gtid_purged = '+gtids': MySQL counts them as purged whatever the files say."""
+        self.index.gtid_purged_extra = self.index.gtid_purged_extra.union(gtids)
 
     @property
     def dumps(self) -> list[DumpRequest]:
@@ -630,6 +657,13 @@ class FakeMySQLMaster:
         match = re.fullmatch(r"SELECT @(\w+)", text, re.IGNORECASE)
         if match:
             return self._result([f"@{match.group(1)}"], [[log.user_vars.get(match.group(1).lower())]], caps)
+        match = re.fullmatch(r"SHOW (?:GLOBAL )?VARIABLES LIKE '(\w+)'", text, re.IGNORECASE)
+        if match:  # what python-mysql-replication asks before it dumps
+            known = {"binlog_checksum": "CRC32" if self.index.files[-1].checksum else "NONE",
+                     "binlog_row_metadata": "MINIMAL"}
+            name = match.group(1).lower()
+            rows = [[name, known[name]]] if name in known else []
+            return self._result(["Variable_name", "Value"], rows, caps)
         if upper in ("SHOW BINARY LOGS", "SHOW MASTER LOGS"):
             rows = [[f.name, str(f.size), "No"] for f in self.index.files]
             return self._result(["Log_name", "File_size", "Encrypted"], rows, caps)

@@ -2,48 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 from relayproxy.faultproxy import SERVER_TO_CLIENT, ThreadedFaultProxy
-from relayproxy.packetwatch import MysqlStreamWatcher
 
-from .relayharness import RelayProcess, assert_files_equal_master, master_status, prepare_master
+from .relayharness import RelayProcess, StreamMap, assert_files_equal_master, master_status, prepare_master
 
 pytestmark = pytest.mark.server
-
-
-class StreamMap:
-    """Follows every proxied connection's server-to-client bytes and finds the binlog events in them."""
-
-    def __init__(self, proxy: ThreadedFaultProxy):
-        self._lock = threading.Lock()
-        self._watchers: dict[int, MysqlStreamWatcher] = {}
-        proxy.on_server_bytes(self._tap)
-
-    def _tap(self, conn_id: int, offset: int, data: bytes) -> None:
-        with self._lock:
-            self._watchers.setdefault(conn_id, MysqlStreamWatcher()).feed(data)
-
-    def events_ending_in(self, start: int, end: int, timeout: float = 20.0):
-        """(conn_id, events) of the newest connection once it has seen every event in master range (start, end]."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._watchers:
-                    conn_id = max(self._watchers)
-                    events = [e for e in self._watchers[conn_id].events if start < e.log_pos <= end and not e.artificial]
-                    if events and events[-1].log_pos == end:
-                        return conn_id, events
-            time.sleep(0.02)
-        with self._lock:
-            seen = {c: [(e.name, e.log_pos) for e in w.events][-8:] for c, w in self._watchers.items()}
-            problems = {c: w.problems for c, w in self._watchers.items() if w.problems}
-        raise AssertionError(
-            f"the proxy never received the events of master range ({start}, {end}]; last events seen {seen}; {problems}"
-        )
 
 
 @pytest.fixture

@@ -175,8 +175,8 @@ def _record_queries(downstream, queries: list) -> None:
 # python-mysql-replication, bounded in time
 
 
-def settings(port: int) -> dict:
-    return {"host": "127.0.0.1", "port": port, "user": "repl", "password": PASSWORD}
+def settings(port: int, password: str = PASSWORD) -> dict:
+    return {"host": "127.0.0.1", "port": port, "user": "repl", "password": password}
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class Got:
 
 
 def read_stream(port: int, *, timeout: float = READ_TIMEOUT, stop_at_gtid: str | None = None,
-                **kwargs) -> tuple[list[Got], Exception | None]:
+                password: str = PASSWORD, **kwargs) -> tuple[list[Got], Exception | None]:
     """Everything a non-blocking BinLogStreamReader returns (in a thread: peers.md saw it spin)."""
     got: list[Got] = []
     failure: list[Exception] = []
@@ -197,7 +197,8 @@ def read_stream(port: int, *, timeout: float = READ_TIMEOUT, stop_at_gtid: str |
 
     def work() -> None:
         stream = BinLogStreamReader(
-            connection_settings=settings(port), ctl_connection_settings=settings(port), server_id=CLIENT_ID,
+            connection_settings=settings(port, password), ctl_connection_settings=settings(port, password),
+            server_id=CLIENT_ID,
             only_events=ONLY_EVENTS, ignore_decode_errors=True, **kwargs,
         )
         try:
