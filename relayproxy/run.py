@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
+import os
 import signal
 import sys
 
@@ -42,6 +44,38 @@ class RelayStartupError(Exception):
     """The relay cannot start (unreadable relay directory, corrupt durable data, port in use)."""
 
 
+LOCK_NAME = "relayproxy.lock"  # the relay's own files start with "relayproxy.": recovery never takes it for a binlog
+
+
+def lock_relay_dir(relay_dir) -> int:
+    """Hold an exclusive lock on the relay directory for the life of the process.
+
+    Two relays writing the same files would interleave two streams and corrupt both: the second one is
+    refused at start, naming the holder. The lock is an flock on ``relayproxy.lock``; the kernel drops it
+    when the process dies, however it dies, so a crash never leaves a stale lock behind.
+    """
+    from pathlib import Path
+
+    path = Path(relay_dir) / LOCK_NAME
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise RelayStartupError(f"cannot open relay directory {relay_dir}: {exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RelayStartupError(
+            f"relay directory {relay_dir} is in use by another relayproxy (pid {holder}); "
+            "one relay per directory"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     """Run the relay until SIGTERM/SIGINT (or until the returned task is cancelled)."""
     from .http_api import HttpApi
@@ -52,9 +86,11 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
 
     policy = SyncPolicy(mode=cfg.sync_mode, max_transactions=cfg.sync_max_transactions, max_delay=cfg.sync_max_delay)
     fsync = FsyncStats()  # survives store reopens: the session passes on_fsync to the new store
+    dir_lock = lock_relay_dir(cfg.relay_dir)
     try:
         store = RelayStore.open(cfg.relay_dir, sync=policy, on_fsync=fsync.observe)
     except Exception as exc:  # the store's errors name file and offset; nothing is served from a bad store
+        os.close(dir_lock)
         raise RelayStartupError(f"cannot open relay directory {cfg.relay_dir}: {exc}") from exc
     report = getattr(store, "recovery", None)
     if report is not None:
@@ -101,6 +137,7 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         if http is not None:
             await http.close()
         session.store.close()
+        os.close(dir_lock)
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.remove_signal_handler(sig)
