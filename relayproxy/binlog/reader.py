@@ -300,7 +300,9 @@ class BinlogScanner:
                 fde = FormatDescription.parse(buf, pos, size)
             except ChecksumError as exc:
                 r.crc_errors += 1
-                self._fail(offset, f"FORMAT_DESCRIPTION_EVENT: {exc}")
+                # Not str(exc): its offset is into the scanner's buffer, which depends on how the bytes were fed.
+                self._fail(offset, f"FORMAT_DESCRIPTION_EVENT: CRC32 mismatch: stored 0x{exc.stored:08x}, "
+                                   f"computed 0x{exc.computed:08x}")
                 return
             except BinlogFormatError as exc:
                 self._fail(offset, str(exc).removeprefix(f"at offset {pos}: "))
@@ -399,7 +401,12 @@ class BinlogScanner:
 
     def _add_gtid(self, gtid) -> None:
         target = self.result.gtids_after
-        if len(gtid) == 3 and isinstance(gtid[0], int):
+        maria = len(gtid) == 3 and isinstance(gtid[0], int)
+        if maria != isinstance(target, MariaBinlogState):
+            # A damaged file can mix flavours (a MariaDB GTID event under a MySQL FDE): no set can hold both.
+            raise ValueError(f"a {'MariaDB' if maria else 'MySQL'} GTID in a file whose GTID state is "
+                             f"{'MariaDB' if isinstance(target, MariaBinlogState) else 'MySQL'}'s")
+        if maria:
             target.update(MariaGtid(*gtid))
         elif len(gtid) == 3:
             sid, tag, gno = gtid

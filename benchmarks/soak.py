@@ -1,0 +1,1399 @@
+"""Chaos soak: a live MariaDB topology through relayproxy under load and random faults, then fuzzing, then checksums.
+
+Topology (every server a ``relayproxy.sandbox`` mariadbd, GTIDs on as MariaDB always has them, binlog_format ROW,
+``max_binlog_size`` 1 MB so that files rotate often)::
+
+    load threads --> master --+--> direct replica (MASTER_USE_GTID=slave_pos: the control)
+                              |
+                              +--> fault proxy --> relayproxy run --listen --> replica 1 (MASTER_USE_GTID=slave_pos)
+                                                                          +--> replica 2 (file/position, USE_GTID=no)
+                                                                          +--> ... (--replicas-through-relay)
+
+Load (two threads, ``--rate`` transactions a second in all): autocommit inserts, multi-statement transactions
+(BEGIN; INSERT/UPDATE/DELETE ...; COMMIT), an occasional big transaction (a few MB), DDL on scratch tables
+(CREATE / ALTER / DROP), on tables with primary keys.
+
+For ``--minutes`` a seeded chaos loop injects one fault at a time, in shuffled rounds of every kind: kill -9 and
+restart the relay; SIGTERM and restart it; cut the upstream link (drop_connections); corrupt one byte of the
+upstream stream (the relay must notice: CRC or framing, and reconnect); pause the link for a few seconds; STOP /
+START SLAVE on a replica; kill -9 and restart a replica (crash-safe ones: GTID mode, relay_log_recovery=ON,
+gtid_slave_pos in InnoDB); clean restart of a replica (the file/position one too); PURGE BINARY LOGS on the relay
+(SQL port, an admin account; never past a file a replica still needs; half of them first tried while a stalled
+replica reads the oldest file, which the relay must refuse with 1378 and delete nothing: counted as the expected
+answer); PURGE on the master; kill -9 of the direct replica (the control). After each fault the topology must converge: the relay's horizon reaches the
+master's position (read after the fault) and every replica's gtid_slave_pos its GTID, within
+``--converge-timeout`` seconds; a fault that does not converge is a failure, with details.
+
+Invariants checked while it runs: the relay's advertised horizon never moves backwards, across restarts too (every
+value it advertises is durable); closed relay files equal the master's byte for byte (checked after every fault,
+and every file up to the horizon at the end, purged files excepted).
+
+After the chaos: stop the load, converge, compare row counts and CHECKSUM TABLE of every table on the master, the
+direct replica and every relay replica. Then fuzz (``benchmarks/fuzz.py``): the binlog parser (mutated events of
+this run's own master binlogs and of the corpus) and the live relay's MySQL port (while a light load runs and the
+replicas keep replicating through the relay: their gtid_slave_pos must advance during fuzzing, the relay process
+must survive, its open file descriptors return to what they were). Then converge and compare every table again.
+
+    .venv/bin/python benchmarks/soak.py --minutes 10 --seed 1 --fuzz-inputs 100000 --output benchmarks/results/soak.md
+    .venv/bin/python benchmarks/soak.py --minutes 0.75 --fuzz-inputs 3000 --json     # what tests/test_soak.py runs
+
+Exit status 0 when every fault survived, every invariant held, every table matched and the fuzzers found nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+for _path in (REPO_ROOT, REPO_ROOT / "benchmarks"):  # run as a plain script from anywhere, or imported by tests
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import pymysql  # noqa: E402
+
+import benchinfo  # noqa: E402
+import fanout  # noqa: E402  (its Relay: `relayproxy run --listen` as a subprocess, with an account for replicas)
+import fuzz  # noqa: E402
+from relayproxy.binlog import constants as C  # noqa: E402
+from relayproxy.faultproxy import SERVER_TO_CLIENT, FaultProxyError, ThreadedFaultProxy  # noqa: E402
+from relayproxy.sandbox import MariaDBSandbox  # noqa: E402
+
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
+REPL_USER, REPL_PASSWORD = fanout.REPL_USER, fanout.REPL_PASSWORD
+ADMIN_USER, ADMIN_PASSWORD = "soakadmin", "soakadminpw"  # may PURGE the relay's files; the fuzzer never uses it
+ADMIN_TOML = f"""
+[[users]]
+name = "{ADMIN_USER}"
+password = "{ADMIN_PASSWORD}"
+plugin = "mysql_native_password"
+admin = true
+"""
+SCHEMA = "soak"
+MASTER_CONFIG = {
+    "max_binlog_size": "1M",
+    "sync_binlog": 0,
+    "innodb_flush_log_at_trx_commit": 2,
+    "innodb_buffer_pool_size": "64M",
+    "max_connections": 500,
+}
+# Crash-safe replicas: relay logs are thrown away and fetched again from gtid_slave_pos (InnoDB) after a crash.
+REPLICA_CONFIG = {
+    "relay_log_recovery": "ON",
+    "innodb_flush_log_at_trx_commit": 1,
+    "slave_net_timeout": 10,
+    "innodb_buffer_pool_size": "32M",
+}
+# Fault kinds and their weight in each shuffled round.
+FAULT_WEIGHTS = {
+    "relay kill -9": 3,
+    "relay SIGTERM": 2,
+    "upstream cut": 3,
+    "upstream corrupt byte": 3,
+    "upstream pause": 2,
+    "replica STOP/START SLAVE": 2,
+    "replica kill -9": 2,
+    "replica clean restart": 1,
+    "relay PURGE": 2,
+    "master PURGE": 1,
+    "direct replica kill -9": 1,
+}
+KEEP_FILES = 3  # PURGE keeps at least the newest this many files
+STALLED_DUMP_SERVER_ID = 999_999  # the replica that stalls in the oldest relay file before some PURGEs
+
+
+def log(msg: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def file_key(name: str) -> int:
+    """Binlog files sort by their numeric suffix."""
+    return int(name.rsplit(".", 1)[1])
+
+
+def position_key(file: str | None, pos: int | None) -> tuple[int, int]:
+    return (file_key(file), int(pos)) if file else (-1, -1)
+
+
+def gtid_seq(text: str | None) -> dict[int, int]:
+    """'0-1-57,1-2-3' -> {domain: seq_no}."""
+    out: dict[int, int] = {}
+    for part in (text or "").replace("\n", "").split(","):
+        part = part.strip()
+        if part:
+            domain, _server, seq = part.split("-")
+            out[int(domain)] = int(seq)
+    return out
+
+
+def gtid_at_least(have: str | None, want: str | None) -> bool:
+    h = gtid_seq(have)
+    return all(h.get(d, -1) >= s for d, s in gtid_seq(want).items())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The relay: fanout.py's `relayproxy run --listen` subprocess, pointed at the fault proxy, resuming by MariaDB GTID.
+class SoakRelay(fanout.Relay):
+    def __init__(self, work: Path, upstream) -> None:
+        super().__init__(work, upstream)  # `upstream` has .port: the fault proxy in front of the master
+        self.cmd += ["--gtid-mode", "mariadb", "--heartbeat-period", "0.5", "--reconnect-max-delay", "0.5"]
+        config = work / "relay.toml"  # fanout's replica account, plus an admin account for PURGE
+        config.write_text(config.read_text() + ADMIN_TOML)
+        self.incarnations = 0
+
+    def start(self, timeout: float = 60.0) -> "SoakRelay":
+        super().start(timeout)
+        self.incarnations += 1
+        return self
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+        self.stop()  # forgets the process and closes its log
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def sql(self, statement: str, timeout: float = 10.0):
+        conn = pymysql.connect(host="127.0.0.1", port=self.listen_port, user=ADMIN_USER, password=ADMIN_PASSWORD,
+                               connect_timeout=timeout, read_timeout=timeout)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement)
+                return cur.fetchall()
+        finally:
+            conn.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Replicas
+@dataclass
+class Replica:
+    name: str
+    sandbox: MariaDBSandbox
+    via: str  # "relay" or "master"
+    use_gtid: str  # "slave_pos" or "no"
+    port_of_source: int = 0
+    restarts: int = 0
+
+    @property
+    def crash_safe(self) -> bool:
+        # File/position replicas keep their position in relay-log.info, not transactionally with the data.
+        return self.use_gtid == "slave_pos"
+
+    def change_master(self) -> None:
+        where = ("MASTER_USE_GTID=slave_pos" if self.use_gtid == "slave_pos"
+                 else "MASTER_LOG_FILE='master-bin.000001', MASTER_LOG_POS=4, MASTER_USE_GTID=no")
+        self.sandbox.execute(
+            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.port_of_source}, MASTER_USER='{REPL_USER}', "
+            f"MASTER_PASSWORD='{REPL_PASSWORD}', MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1, {where}")
+
+    def start_slave(self) -> None:
+        self.sandbox.execute("START SLAVE")
+
+    def status(self) -> dict:
+        conn = self.sandbox.connect(read_timeout=10)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW SLAVE STATUS")
+                row = cur.fetchone()
+                status = dict(zip([d[0] for d in cur.description], row)) if row else {}
+                cur.execute("SELECT @@gtid_slave_pos")
+                status["gtid_slave_pos"] = cur.fetchone()[0]
+            return status
+        finally:
+            conn.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Load
+@dataclass
+class LoadStats:
+    transactions: collections.Counter = field(default_factory=collections.Counter)
+    rows: int = 0
+    errors: list[str] = field(default_factory=list)
+    deadlocks: int = 0
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.transactions.values())
+
+
+class Load:
+    """Mixed write load on the master, in `threads` threads, about `rate` transactions a second in all."""
+
+    def __init__(self, master: MariaDBSandbox, seed: int, rate: float, threads: int = 2,
+                 big_mb: float = 3.0, big_every: float = 25.0) -> None:
+        self.master = master
+        self.seed = seed
+        self.rate = rate
+        self.threads_n = threads
+        self.big_mb = big_mb
+        self.big_every = big_every
+        self.stats = LoadStats()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._scratch = 0
+        self._started = 0.0
+        self.starts = 0
+
+    @staticmethod
+    def create_schema(master: MariaDBSandbox) -> None:
+        master.execute(f"CREATE DATABASE {SCHEMA}")
+        master.execute(f"CREATE TABLE {SCHEMA}.accounts (id INT PRIMARY KEY, balance BIGINT NOT NULL, "
+                       "note VARCHAR(200) NOT NULL, version INT NOT NULL DEFAULT 0) ENGINE=InnoDB")
+        master.execute(f"INSERT INTO {SCHEMA}.accounts (id, balance, note) SELECT seq, 1000, CONCAT('acct-', seq) "
+                       f"FROM {SCHEMA}.seq_1_to_2000")
+        master.execute(f"CREATE TABLE {SCHEMA}.events (id BIGINT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
+                       "payload VARCHAR(255) NOT NULL, at DATETIME(6) NOT NULL) ENGINE=InnoDB")
+        master.execute(f"CREATE TABLE {SCHEMA}.ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY, account INT NOT NULL, "
+                       "amount INT NOT NULL, memo VARCHAR(100) NOT NULL) ENGINE=InnoDB")
+        master.execute(f"CREATE TABLE {SCHEMA}.blobs (id INT AUTO_INCREMENT PRIMARY KEY, tag INT NOT NULL, "
+                       "data MEDIUMTEXT NOT NULL) ENGINE=InnoDB")
+
+    def start(self) -> "Load":
+        self.starts += 1
+        self._stop.clear()
+        self._started = time.monotonic()
+        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"load-{i}", daemon=True)
+                         for i in range(self.threads_n)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> LoadStats:
+        self._stop.set()
+        for t in self._threads:
+            t.join(120)
+        self.stats.seconds += time.monotonic() - self._started
+        self._threads = []
+        return self.stats
+
+    def _run(self, index: int) -> None:
+        rng = random.Random(f"{self.seed}/load/{index}/{self.starts}")
+        interval = self.threads_n / self.rate
+        conn = None
+        next_at = time.monotonic()
+        last_big = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now < next_at:
+                time.sleep(min(next_at - now, 0.2))
+                continue
+            next_at = max(next_at + interval, now - 1.0)
+            try:
+                if conn is None:
+                    conn = self.master.connect(database=SCHEMA, read_timeout=120)
+                cur = conn.cursor()
+                if index == 0 and now - last_big > self.big_every * rng.uniform(0.5, 1.5):
+                    kind, rows = self._big(cur, rng)
+                    last_big = time.monotonic()
+                else:
+                    kind, rows = self._one(cur, rng, index)
+                with self._lock:
+                    self.stats.transactions[kind] += 1
+                    self.stats.rows += rows
+            except pymysql.err.OperationalError as exc:
+                if exc.args and exc.args[0] == 1213:  # deadlock: InnoDB rolled it back, the load goes on
+                    with self._lock:
+                        self.stats.deadlocks += 1
+                    with contextlib.suppress(Exception):
+                        conn.rollback()
+                    continue
+                self._error(exc)
+                conn = None
+            except Exception as exc:  # noqa: BLE001 - the master is never faulted: any error is reported
+                self._error(exc)
+                with contextlib.suppress(Exception):
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    def _error(self, exc: BaseException) -> None:
+        with self._lock:
+            self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+        time.sleep(0.5)
+
+    def _one(self, cur, rng: random.Random, index: int) -> tuple[str, int]:
+        r = rng.random()
+        if index == 1:  # the second thread: its own table, small transactions
+            if r < 0.6:
+                cur.execute("INSERT INTO ledger (account, amount, memo) VALUES (%s, %s, %s)",
+                            (rng.randrange(1, 2001), rng.randrange(-500, 500), "memo-" + "m" * rng.randrange(80)))
+                return "autocommit insert", 1
+            cur.execute("BEGIN")
+            n = 0
+            for _ in range(rng.randrange(2, 6)):
+                cur.execute("INSERT INTO ledger (account, amount, memo) VALUES (%s, %s, 'batch')",
+                            (rng.randrange(1, 2001), rng.randrange(-500, 500)))
+                n += 1
+            n += cur.execute("DELETE FROM ledger WHERE id = %s", (rng.randrange(1, 1 + 5 * self.stats.total + 10),))
+            cur.execute("COMMIT")
+            return "multi-statement transaction", n
+        if r < 0.45:
+            n = rng.randrange(1, 4)
+            cur.execute("INSERT INTO events (k, payload, at) VALUES " + ",".join(["(%s, %s, NOW(6))"] * n),
+                        [x for _ in range(n) for x in (rng.randrange(1 << 30), "p" * rng.randrange(10, 250))])
+            return "autocommit insert", n
+        if r < 0.55:
+            n = cur.execute("UPDATE accounts SET balance = balance + 1, version = version + 1 WHERE id = %s",
+                            (rng.randrange(1, 2001),))
+            return "autocommit update", n
+        if r < 0.965:
+            cur.execute("BEGIN")
+            n = 0
+            for _ in range(rng.randrange(2, 8)):
+                op = rng.random()
+                if op < 0.45:
+                    a, b = rng.randrange(1, 2001), rng.randrange(1, 2001)
+                    amount = rng.randrange(1, 50)
+                    n += cur.execute("UPDATE accounts SET balance = balance - %s, version = version + 1 WHERE id = %s",
+                                     (amount, a))
+                    n += cur.execute("UPDATE accounts SET balance = balance + %s, version = version + 1 WHERE id = %s",
+                                     (amount, b))
+                elif op < 0.8:
+                    n += cur.execute("INSERT INTO events (k, payload, at) VALUES (%s, %s, NOW(6))",
+                                     (rng.randrange(1 << 30), "t" * rng.randrange(10, 250)))
+                else:
+                    n += cur.execute("DELETE FROM events WHERE k < %s ORDER BY id LIMIT 2", (rng.randrange(1 << 24),))
+            cur.execute("COMMIT")
+            return "multi-statement transaction", n
+        return self._ddl(cur, rng)
+
+    def _ddl(self, cur, rng: random.Random) -> tuple[str, int]:
+        cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                    "AND table_name LIKE 'scratch%%'", (SCHEMA,))
+        existing = sorted(row[0] for row in cur.fetchall())
+        r = rng.random()
+        if not existing or (r < 0.4 and len(existing) < 4):
+            self._scratch += 1
+            name = f"scratch_{self.seed % 1000}_{self._scratch}_{rng.randrange(1 << 20)}"
+            cur.execute(f"CREATE TABLE {name} (id INT PRIMARY KEY, v VARCHAR(50)) ENGINE=InnoDB")
+            n = cur.execute(f"INSERT INTO {name} SELECT seq, CONCAT('v', seq) FROM seq_1_to_{rng.randrange(1, 50)}")
+            return "DDL (CREATE + fill)", n
+        name = rng.choice(existing)
+        if r < 0.75:
+            column = f"c{rng.randrange(1 << 20)}"
+            cur.execute(f"ALTER TABLE {name} ADD COLUMN {column} INT NOT NULL DEFAULT {rng.randrange(100)}")
+            return "DDL (ALTER)", 0
+        cur.execute(f"DROP TABLE {name}")
+        return "DDL (DROP)", 0
+
+    def _big(self, cur, rng: random.Random) -> tuple[str, int]:
+        rows = max(1, int(self.big_mb * 1e6 / 2000))
+        tag = rng.randrange(1 << 30)
+        cur.execute("BEGIN")
+        n = cur.execute(f"INSERT INTO blobs (tag, data) SELECT {tag}, REPEAT(CHAR(65 + seq % 26), 2000) "
+                        f"FROM seq_1_to_{rows}")
+        cur.execute("COMMIT")
+        # Keep the table small: the next big transaction deletes most of the previous ones' rows (a big one too).
+        n += cur.execute("DELETE FROM blobs WHERE tag <> %s", (tag,))
+        return "big transaction", n
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Invariants
+class HorizonMonitor:
+    """Polls the relay's /status: its advertised horizon must never move backwards, across restarts included."""
+
+    def __init__(self, relay: SoakRelay, period: float = 0.2) -> None:
+        self.relay = relay
+        self.period = period
+        self.checks = 0
+        self.violations: list[str] = []
+        self.best: tuple[int, int] = (-1, -1)
+        self.best_text = ""
+        self.restarts_seen = 0
+        self._last_pid = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="horizon-monitor", daemon=True)
+
+    def start(self) -> "HorizonMonitor":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def observe(self) -> dict | None:
+        relay = self.relay
+        pid = relay.proc.pid if relay.proc is not None else None
+        if pid is None:
+            return None
+        try:
+            status = relay.status()
+        except OSError:
+            return None
+        if (relay.proc.pid if relay.proc is not None else None) != pid:
+            return None  # restarted under us: cannot tell which process answered
+        key = position_key(status["master_log_file"], status["read_master_log_pos"])
+        self.checks += 1
+        if pid != self._last_pid:
+            if self._last_pid is not None:
+                self.restarts_seen += 1
+            self._last_pid = pid
+        if key < self.best:
+            self.violations.append(
+                f"horizon moved back from {self.best_text} to {status['master_log_file']}:"
+                f"{status['read_master_log_pos']} (relay pid {pid})")
+        elif key > self.best:
+            self.best = key
+            self.best_text = f"{status['master_log_file']}:{status['read_master_log_pos']}"
+        return status
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            with contextlib.suppress(Exception):
+                self.observe()
+
+
+def masked(data: bytes) -> bytes:
+    """A binlog file's bytes with LOG_EVENT_BINLOG_IN_USE_F of its FDE cleared (the master clears it on send)."""
+    if len(data) > 4 + 19:
+        buf = bytearray(data)
+        buf[4 + 17] &= ~C.LOG_EVENT_BINLOG_IN_USE_F & 0xFF
+        return bytes(buf)
+    return data
+
+
+class FileChecker:
+    """Relay files against the master's, byte for byte; each closed file once, the active one up to a position."""
+
+    def __init__(self, relay_dir: Path, master: MariaDBSandbox) -> None:
+        self.relay_dir = relay_dir
+        self.master = master
+        self.verified: set[str] = set()
+        self.bytes_compared = 0
+        self.checks = 0
+        self.mismatches: list[str] = []
+        self.skipped_purged: set[str] = set()
+
+    def relay_files(self) -> list[str]:
+        try:
+            return (self.relay_dir / "relayproxy.index").read_text().split()
+        except OSError:
+            return []
+
+    def check(self, up_to: tuple[str, int] | None = None) -> None:
+        """Closed files not yet verified; with `up_to` (the horizon at rest), the active file up to it as well."""
+        names = self.relay_files()
+        if not names:
+            return
+        closed = names[:-1]
+        for name in closed + ([names[-1]] if up_to is not None else []):
+            if name in self.verified and name != names[-1]:
+                continue
+            master_path = self.master.binlog_dir / name
+            try:
+                mine = (self.relay_dir / name).read_bytes()
+            except FileNotFoundError:
+                continue  # purged on the relay meanwhile
+            try:
+                theirs = master_path.read_bytes()
+            except FileNotFoundError:
+                self.skipped_purged.add(name)
+                continue
+            if name == names[-1] and up_to is not None:
+                if up_to[0] != name:
+                    self.mismatches.append(f"relay's newest file is {name} but the horizon is {up_to}")
+                    continue
+                theirs = theirs[:up_to[1]]  # the relay's file ends exactly at its horizon
+            self.checks += 1
+            self.bytes_compared += len(theirs)
+            if masked(mine) != masked(theirs):
+                first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+                self.mismatches.append(f"{name}: relay {len(mine)} bytes, master {len(theirs)} bytes, "
+                                       f"first difference at offset {first}")
+            self.verified.add(name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The soak
+@dataclass
+class Fault:
+    number: int
+    kind: str
+    target: str = ""
+    detail: str = ""
+    injected: bool = False
+    survived: bool | None = None
+    converge_s: float | None = None
+    failure: str | None = None
+    relay_said: dict = field(default_factory=dict)  # "upstream connection ended" kinds the relay logged after it
+    relay_error: str | None = None  # the first of those messages
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.rng = random.Random(args.seed)
+        self.master: MariaDBSandbox | None = None
+        self.proxy: ThreadedFaultProxy | None = None
+        self.relay: SoakRelay | None = None
+        self.replicas: list[Replica] = []
+        self.load: Load | None = None
+        self.monitor: HorizonMonitor | None = None
+        self.files: FileChecker | None = None
+        self.faults: list[Fault] = []
+        self.binlog_sizes: dict[str, int] = {}
+        self.report: dict = {"seed": args.seed}
+
+    # -- set-up ------------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        a = self.args
+        self.master = MariaDBSandbox(self.work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
+        specs = [("direct replica", "master", "slave_pos")]
+        for i in range(a.replicas_through_relay):
+            specs.append((f"relay replica {i + 1}", "relay", "no" if i % 2 == 1 else "slave_pos"))
+        for i, (name, via, use_gtid) in enumerate(specs):
+            box = MariaDBSandbox(self.work / f"replica{i}", server_id=11 + i, log_bin=False, extra_config=REPLICA_CONFIG)
+            self.replicas.append(Replica(name, box, via, use_gtid))
+        log(f"starting the master and {len(self.replicas)} replicas in {self.work}")
+        with ThreadPoolExecutor(len(self.replicas) + 1) as pool:
+            list(pool.map(lambda s: s.start(), [self.master] + [r.sandbox for r in self.replicas]))
+        self.master.create_user(REPL_USER, REPL_PASSWORD)
+        Load.create_schema(self.master)
+        self.proxy = ThreadedFaultProxy("127.0.0.1", self.master.port).start()
+        self.relay = SoakRelay(self.work, self.proxy).start()
+        self.files = FileChecker(self.relay.relay_dir, self.master)
+        for r in self.replicas:
+            r.port_of_source = self.master.port if r.via == "master" else self.relay.listen_port
+            r.change_master()
+            r.start_slave()
+        self.load = Load(self.master, a.seed, a.rate)
+        self.monitor = HorizonMonitor(self.relay).start()
+        self.load.start()
+        ok, seconds, detail = self.converge(timeout=a.converge_timeout)
+        if not ok:
+            raise RuntimeError(f"the topology did not converge after set-up: {detail}")
+        log(f"topology up and converged in {seconds:.1f}s: relay {self.relay.listen_port}, proxy {self.proxy.port}, "
+            f"master {self.master.port}")
+
+    def teardown(self) -> None:
+        for step in (lambda: self.load and self.load._threads and self.load.stop(),
+                     lambda: self.monitor and self.monitor.stop(),
+                     lambda: self.relay and self.relay.stop(),
+                     lambda: self.proxy and self.proxy.stop(),
+                     *[(lambda r=r: r.sandbox.stop()) for r in self.replicas],
+                     lambda: self.master and self.master.stop()):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - keep tearing down the rest
+                log(f"teardown: {type(exc).__name__}: {exc}")
+
+    # -- observation -------------------------------------------------------------------------------------------
+    def master_position(self) -> tuple[str, int, str]:
+        row = self.master.execute("SHOW MASTER STATUS")[0]
+        gtid = self.master.execute("SELECT @@gtid_binlog_pos")[0][0]
+        return row[0], int(row[1]), gtid
+
+    def note_binlog_sizes(self) -> None:
+        for name, size, *_ in self.master.execute("SHOW BINARY LOGS"):
+            self.binlog_sizes[name] = int(size)
+
+    def converge(self, timeout: float, exact: bool = False) -> tuple[bool, float, str]:
+        """Wait until the relay's horizon and every replica's gtid_slave_pos reach the master's current position
+        (read now; with `exact`, re-read at every poll and required equal: the load is stopped)."""
+        began = time.monotonic()
+        want_file, want_pos, want_gtid = self.master_position()
+        deadline = began + timeout
+        detail = ""
+        while True:
+            if exact:
+                want_file, want_pos, want_gtid = self.master_position()
+            problems = []
+            relay_status = None
+            if self.relay.alive:
+                with contextlib.suppress(OSError):
+                    relay_status = self.relay.status()
+            if relay_status is None:
+                problems.append("relay not answering")
+            else:
+                have = position_key(relay_status["master_log_file"], relay_status["read_master_log_pos"])
+                want = position_key(want_file, want_pos)
+                if have < want or (exact and have != want):
+                    problems.append(f"relay at {relay_status['master_log_file']}:{relay_status['read_master_log_pos']}"
+                                    f" < {want_file}:{want_pos} (last_io_error {relay_status.get('last_io_error')})")
+            for r in self.replicas:
+                try:
+                    st = r.status()
+                except Exception as exc:  # noqa: BLE001 - a restarting server: not converged yet
+                    problems.append(f"{r.name}: {type(exc).__name__}: {exc}")
+                    continue
+                if st.get("Last_SQL_Error"):
+                    return False, time.monotonic() - began, f"{r.name}: SQL thread error: {st['Last_SQL_Error']}"
+                if not gtid_at_least(st["gtid_slave_pos"], want_gtid) or (
+                        exact and gtid_seq(st["gtid_slave_pos"]) != gtid_seq(want_gtid)):
+                    problems.append(f"{r.name}: gtid_slave_pos {st['gtid_slave_pos']} < {want_gtid}, IO "
+                                    f"{st.get('Slave_IO_Running')} SQL {st.get('Slave_SQL_Running')}, "
+                                    f"Last_IO_Error {st.get('Last_IO_Error')!r}")
+            if not problems:
+                return True, time.monotonic() - began, ""
+            detail = "; ".join(problems)
+            if time.monotonic() > deadline:
+                return False, time.monotonic() - began, detail
+            time.sleep(0.2)
+
+    # -- faults ------------------------------------------------------------------------------------------------
+    def schedule(self):
+        kinds = [k for k, w in FAULT_WEIGHTS.items() for _ in range(w)]
+        while True:
+            round_ = list(kinds)
+            self.rng.shuffle(round_)
+            yield from round_
+
+    def inject(self, fault: Fault) -> None:
+        rng = self.rng
+        kind = fault.kind
+        if kind == "relay kill -9":
+            down = rng.uniform(0, 2)
+            self.relay.kill9()
+            time.sleep(down)
+            self.relay.start()
+            fault.detail = f"down {down:.1f}s before the restart"
+        elif kind == "relay SIGTERM":
+            self.relay.stop()
+            self.relay.start()
+        elif kind == "upstream cut":
+            reset = rng.random() < 0.5
+            n = self.proxy.drop_connections(reset=reset)
+            fault.detail = f"{n} connection(s) dropped{' with RST' if reset else ''}"
+        elif kind == "upstream corrupt byte":
+            self._corrupt(fault)
+            return
+        elif kind == "upstream pause":
+            seconds = rng.uniform(1, 6)
+            self.proxy.pause()
+            time.sleep(seconds)
+            self.proxy.resume()
+            fault.detail = f"paused {seconds:.1f}s"
+        elif kind in ("replica STOP/START SLAVE", "replica kill -9", "replica clean restart",
+                      "direct replica kill -9"):
+            self._replica_fault(fault)
+            return
+        elif kind == "relay PURGE":
+            self._relay_purge(fault)
+            return
+        elif kind == "master PURGE":
+            self._master_purge(fault)
+            return
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        fault.injected = True
+
+    def _corrupt(self, fault: Fault) -> None:
+        rng = self.rng
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                info = self.proxy.connection("current")
+                offset = info.forwarded(SERVER_TO_CLIENT) + rng.randrange(64, 40_000)
+                mask = 1 << rng.randrange(8) if rng.random() < 0.7 else rng.randrange(1, 256)
+                self.proxy.corrupt(offset, mask, on=info.id)
+                break
+            except (FaultProxyError, ValueError):
+                if time.monotonic() > deadline:
+                    fault.detail = "the relay had no upstream connection to corrupt"
+                    return
+                time.sleep(0.1)
+        while time.monotonic() < deadline:
+            info = self.proxy.connection(info.id)
+            if info.corruptions or not info.open:
+                break
+            time.sleep(0.05)
+        fault.injected = bool(info.corruptions)
+        fault.detail = (f"connection {info.id}: byte at stream offset {offset} XOR 0x{mask:02x}"
+                        + ("" if info.corruptions else " (not reached: the connection ended first)"))
+
+    def _replica_fault(self, fault: Fault) -> None:
+        rng = self.rng
+        kind = fault.kind
+        if kind == "direct replica kill -9":
+            candidates = [r for r in self.replicas if r.via == "master"]
+        elif kind == "replica kill -9":
+            candidates = [r for r in self.replicas if r.via == "relay" and r.crash_safe]
+        else:
+            candidates = [r for r in self.replicas if r.via == "relay"]
+        if not candidates:
+            fault.detail = "no replica of that kind"
+            return
+        r = rng.choice(candidates)
+        fault.target = r.name
+        if kind == "replica STOP/START SLAVE":
+            r.sandbox.execute("STOP SLAVE")
+            time.sleep(rng.uniform(0.2, 3))
+            r.start_slave()
+        elif kind in ("replica kill -9", "direct replica kill -9"):
+            r.sandbox.kill()
+            time.sleep(rng.uniform(0, 2))
+            r.sandbox.start()
+            r.start_slave()
+        else:
+            r.sandbox.stop()
+            r.sandbox.start()
+            r.start_slave()
+        r.restarts += 1
+        fault.injected = True
+
+    def _oldest_needed_by(self, replicas: list[Replica]) -> str | None:
+        """The oldest master file any of these replicas still needs: where its SQL thread is (after a crash it
+        fetches again from there)."""
+        needed = []
+        for r in replicas:
+            st = r.status()
+            if st.get("Relay_Master_Log_File"):
+                needed.append(st["Relay_Master_Log_File"])
+        return min(needed, key=file_key) if needed else None
+
+    def _purge_target(self, files: list[str], oldest_needed: str | None) -> str | None:
+        if len(files) <= KEEP_FILES:
+            return None
+        target = files[-KEEP_FILES]
+        if oldest_needed is not None and file_key(oldest_needed) < file_key(target):
+            target = oldest_needed
+        return target if file_key(target) > file_key(files[0]) else None
+
+    def _relay_purge(self, fault: Fault) -> None:
+        files = [row[0] for row in self.relay.sql("SHOW BINARY LOGS")]
+        target = self._purge_target(files, self._oldest_needed_by([r for r in self.replicas if r.via == "relay"]))
+        fault.injected = True
+        if target is None:
+            fault.detail = f"nothing old enough to purge ({len(files)} files)"
+            self.report.setdefault("relay_purges", collections.Counter())["nothing to purge"] += 1
+            return
+        outcomes = self.report.setdefault("relay_purges", collections.Counter())
+        notes = []
+        if self.rng.random() < 0.5:
+            # First with a stalled replica reading the oldest file: the relay must refuse, and delete nothing.
+            held = fuzz.stalled_dump(fuzz.LiveTarget("127.0.0.1", self.relay.listen_port, REPL_USER, REPL_PASSWORD,
+                                                     files), files[0], STALLED_DUMP_SERVER_ID)
+            try:
+                self._wait_for_dump(STALLED_DUMP_SERVER_ID, present=True)
+                try:
+                    self.relay.sql(f"PURGE BINARY LOGS TO '{target}'")
+                    notes.append("a stalled dump had already left the doomed files: purged")
+                    outcomes["purged (stalled dump already past)"] += 1
+                except pymysql.err.MySQLError as exc:
+                    if not exc.args or exc.args[0] != 1378:
+                        raise
+                    outcomes["refused while a stalled dump read a doomed file (1378)"] += 1
+                    notes.append("refused while a stalled dump read the oldest file (1378)")
+                    if [row[0] for row in self.relay.sql("SHOW BINARY LOGS")] != files:
+                        raise AssertionError("PURGE was refused but files were deleted")
+            finally:
+                held.close(reset=True)
+            self._wait_for_dump(STALLED_DUMP_SERVER_ID, present=False)
+        try:
+            self.relay.sql(f"PURGE BINARY LOGS TO '{target}'")
+        except pymysql.err.MySQLError as exc:
+            code = exc.args[0] if exc.args else None
+            if code == 1378:
+                fault.detail = "; ".join(notes + [f"refused: {exc.args[1][:160]}"])
+                outcomes["refused: a replica reads the file (1378)"] += 1
+                return
+            raise
+        after = [row[0] for row in self.relay.sql("SHOW BINARY LOGS")]
+        fault.detail = "; ".join(notes + [f"TO '{target}': {len(files) - len(after)} file(s) purged, "
+                                          f"{len(after)} left"])
+        outcomes["purged"] += 1
+        self.report.setdefault("relay_files_purged", 0)
+        self.report["relay_files_purged"] += len(files) - len(after)
+
+    def _wait_for_dump(self, server_id: int, present: bool, timeout: float = 10.0) -> None:
+        """Until the relay's /status lists (or no longer lists) a dump of `server_id`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            listed = any(rep.get("server_id") == server_id and rep.get("file")
+                         for rep in self.relay.status().get("replicas", []))
+            if listed == present:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the relay {'never listed' if present else 'still lists'} the dump of "
+                                     f"server_id {server_id} after {timeout}s")
+            time.sleep(0.05)
+
+    def _master_purge(self, fault: Fault) -> None:
+        self.note_binlog_sizes()
+        files = [row[0] for row in self.master.execute("SHOW BINARY LOGS")]
+        status = self.relay.status()
+        needed = [status["master_log_file"]] if status.get("master_log_file") else []
+        direct = self._oldest_needed_by([r for r in self.replicas if r.via == "master"])
+        needed += [direct] if direct else []
+        oldest = min(needed, key=file_key) if needed else None
+        # One more file of margin: a GTID lookup may start from the file before the one holding the position.
+        if oldest is not None and oldest in files and files.index(oldest) > 0:
+            oldest = files[files.index(oldest) - 1]
+        target = self._purge_target(files, oldest)
+        fault.injected = True
+        if target is None:
+            fault.detail = f"nothing old enough to purge ({len(files)} files)"
+            return
+        self.master.execute(f"PURGE BINARY LOGS TO '{target}'")
+        after = [row[0] for row in self.master.execute("SHOW BINARY LOGS")]
+        fault.detail = f"TO '{target}': {len(files) - len(after)} file(s) purged"
+        self.report.setdefault("master_files_purged", 0)
+        self.report["master_files_purged"] += len(files) - len(after)
+
+    def chaos(self) -> None:
+        a = self.args
+        end = time.monotonic() + a.minutes * 60
+        kinds = self.schedule()
+        number = 0
+        while time.monotonic() < end:
+            number += 1
+            fault = Fault(number, next(kinds))
+            log_offset = relay_log_size(self.relay)
+            try:
+                self.inject(fault)
+            except Exception as exc:  # noqa: BLE001 - an injection that breaks is a failure to report
+                fault.survived = False
+                fault.failure = f"injection failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+                self.faults.append(fault)
+                log(f"fault {number} {fault.kind}: INJECTION FAILED {exc}")
+                break
+            ok, seconds, detail = self.converge(timeout=a.converge_timeout)
+            fault.converge_s = round(seconds, 2)
+            fault.survived = ok
+            fault.relay_said, fault.relay_error = upstream_errors_logged(self.relay, log_offset)
+            if not ok:
+                fault.failure = f"did not converge within {a.converge_timeout}s: {detail}\nrelay log:\n" + \
+                                self.relay.log_tail(15)
+            self.faults.append(fault)
+            self.files.check()
+            self.note_binlog_sizes()
+            log(f"fault {number:3d} {fault.kind:26s} {fault.target:16s} injected={fault.injected} "
+                f"survived={ok} in {seconds:5.1f}s {fault.detail[:90]}")
+            if not ok:
+                break  # the topology is broken: later faults would say nothing more
+            time.sleep(self.rng.uniform(a.gap_min, a.gap_max))
+
+    # -- comparison --------------------------------------------------------------------------------------------
+    def compare_tables(self) -> dict:
+        servers = [("master", self.master)] + [(r.name, r.sandbox) for r in self.replicas]
+        tables = sorted(row[0] for row in self.master.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_type = 'BASE TABLE'",
+            (SCHEMA,)))
+        result = {"tables": [], "all_match": True, "table_sets_match": True}
+        for name, box in servers[1:]:
+            theirs = sorted(row[0] for row in box.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "AND table_type = 'BASE TABLE'", (SCHEMA,)))
+            if theirs != tables:
+                result["table_sets_match"] = result["all_match"] = False
+                result.setdefault("table_set_differences", {})[name] = {"master": tables, name: theirs}
+        for table in tables:
+            row = {"table": table, "servers": {}}
+            for name, box in servers:
+                try:
+                    count = box.execute(f"SELECT COUNT(*) FROM {SCHEMA}.`{table}`")[0][0]
+                    checksum = box.execute(f"CHECKSUM TABLE {SCHEMA}.`{table}`")[0][1]
+                except pymysql.err.MySQLError as exc:
+                    count, checksum = None, f"error: {exc}"
+                row["servers"][name] = {"rows": count, "checksum": checksum}
+            values = {(v["rows"], v["checksum"]) for v in row["servers"].values()}
+            row["match"] = len(values) == 1
+            result["all_match"] &= row["match"]
+            result["tables"].append(row)
+        return result
+
+    # -- fuzzing -----------------------------------------------------------------------------------------------
+    def fuzz_parser(self) -> dict:
+        a = self.args
+        paths = [p for p in sorted(self.master.binlog_dir.glob("master-bin.[0-9]*"))]
+        corpus = Path(os.environ.get("RELAYPROXY_CORPUS") or DEFAULT_CORPUS)
+        if (corpus / "manifest.json").is_file():
+            paths += fuzz.corpus_binlog_paths(corpus)
+        samples = fuzz.load_binlog_samples(paths)
+        log(f"binlog parser fuzz: {a.fuzz_inputs} inputs from {len(samples)} files")
+        report = fuzz.fuzz_binlog_parser(samples, a.fuzz_inputs, a.seed, progress=log)
+        out = report.as_dict()
+        out["master_files"] = sum(1 for s in samples if s.name.startswith(str(self.master.binlog_dir)))
+        return out
+
+    def fuzz_port(self) -> dict:
+        a = self.args
+        relay_replicas = [r for r in self.replicas if r.via == "relay"]
+        pid = self.relay.proc.pid
+        fds_before = fd_count(pid)
+        files = [row[0] for row in self.relay.sql("SHOW BINARY LOGS")]
+        target = fuzz.LiveTarget("127.0.0.1", self.relay.listen_port, REPL_USER, REPL_PASSWORD, files)
+        progress_samples: dict[str, list[str]] = {r.name: [] for r in relay_replicas}
+        stop = threading.Event()
+
+        def sample() -> None:
+            for r in relay_replicas:
+                with contextlib.suppress(Exception):
+                    progress_samples[r.name].append(r.status()["gtid_slave_pos"])
+
+        def watch() -> None:  # the replicas through the relay keep replicating while the fuzzer runs
+            while not stop.wait(0.25):
+                sample()
+
+        watcher = threading.Thread(target=watch, name="fuzz-watch", daemon=True)
+        self.load = Load(self.master, a.seed + 1, a.fuzz_load_rate).start()
+        sample()
+        watcher.start()
+        log(f"downstream fuzz: {a.fuzz_inputs} inputs against the live relay (pid {pid}, {fds_before} fds)")
+        try:
+            report = fuzz.fuzz_downstream(target, a.fuzz_inputs, a.seed, workers=a.fuzz_workers, progress=log)
+        finally:
+            stop.set()
+            watcher.join(10)
+            sample()
+            load_stats = self.load.stop()
+        out = report.as_dict()
+        out["load_during_fuzz_transactions"] = load_stats.total
+        out["relay_pid_before"] = pid
+        out["relay_alive_after"] = self.relay.alive and self.relay.proc.pid == pid
+        out["replica_gtid_advances"] = {
+            name: sum(1 for x, y in zip(seq, seq[1:]) if gtid_seq(y) != gtid_seq(x)) for name, seq in progress_samples.items()
+        }
+        out["replica_gtid_samples"] = {name: len(seq) for name, seq in progress_samples.items()}
+        # Open descriptors back to where they were (connections drain asynchronously: give them a moment).
+        deadline = time.monotonic() + 30
+        fds_after = fd_count(pid)
+        while fds_after is not None and fds_before is not None and fds_after > fds_before and time.monotonic() < deadline:
+            time.sleep(0.5)
+            fds_after = fd_count(pid)
+        out["relay_fds_before"] = fds_before
+        out["relay_fds_after"] = fds_after
+        out["fd_leak"] = fds_before is None or fds_after is None or fds_after > fds_before
+        return out
+
+    # -- the whole run -----------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        a = self.args
+        began = time.monotonic()
+        self.setup()
+        chaos_began = time.monotonic()
+        self.chaos()
+        chaos_s = time.monotonic() - chaos_began
+        load_stats = self.load.stop()
+        ok, seconds, detail = self.converge(timeout=a.converge_timeout * 2, exact=True)
+        self.note_binlog_sizes()
+        final_file, final_pos, final_gtid = self.master_position()
+        self.monitor.observe()
+        self.files.check(up_to=(final_file, final_pos) if ok else None)
+        tables_after_chaos = self.compare_tables()
+        log(f"after the chaos: converged={ok} in {seconds:.1f}s; tables match={tables_after_chaos['all_match']}")
+        r = self.report
+        r.update({
+            "minutes": a.minutes, "chaos_seconds": round(chaos_s, 1),
+            "replicas": [{"name": x.name, "via": x.via, "use_gtid": x.use_gtid, "restarts": x.restarts}
+                         for x in self.replicas],
+            "load": {
+                "seconds": round(load_stats.seconds, 1), "transactions": load_stats.total,
+                "transactions_per_s": round(load_stats.total / load_stats.seconds, 1) if load_stats.seconds else 0,
+                "by_kind": dict(load_stats.transactions), "rows": load_stats.rows, "deadlocks_retried":
+                load_stats.deadlocks, "errors": load_stats.errors[:10], "error_count": len(load_stats.errors),
+                "binlog_bytes": sum(self.binlog_sizes.values()), "binlog_files": len(self.binlog_sizes),
+                "files_rotated": max(0, len(self.binlog_sizes) - 1), "final_position": f"{final_file}:{final_pos}",
+                "final_gtid": final_gtid,
+            },
+            "faults": [f.__dict__ for f in self.faults],
+            "final_convergence": {"ok": ok, "seconds": round(seconds, 1), "detail": detail},
+            "invariants": {
+                "horizon_checks": self.monitor.checks, "horizon_violations": self.monitor.violations,
+                "relay_restarts_seen": self.monitor.restarts_seen,
+                "file_checks": self.files.checks, "file_bytes_compared": self.files.bytes_compared,
+                "file_mismatches": self.files.mismatches,
+                "files_not_compared_purged_on_master": sorted(self.files.skipped_purged, key=file_key),
+            },
+            "tables_after_chaos": tables_after_chaos,
+        })
+        if a.fuzz_inputs > 0 and ok:
+            r["fuzz_parser"] = self.fuzz_parser()
+            r["fuzz_port"] = self.fuzz_port()
+            ok2, seconds2, detail2 = self.converge(timeout=a.converge_timeout * 2, exact=True)
+            r["convergence_after_fuzz"] = {"ok": ok2, "seconds": round(seconds2, 1), "detail": detail2}
+            self.files.check(up_to=self.master_position()[:2] if ok2 else None)
+            r["invariants"]["file_checks"] = self.files.checks
+            r["invariants"]["file_bytes_compared"] = self.files.bytes_compared
+            r["invariants"]["file_mismatches"] = self.files.mismatches
+            r["tables_final"] = self.compare_tables()
+        self.monitor.stop()
+        r["invariants"]["horizon_checks"] = self.monitor.checks
+        r["invariants"]["horizon_violations"] = self.monitor.violations
+        r["relay_purges"] = dict(r.get("relay_purges") or {})
+        levels: collections.Counter = collections.Counter()
+        error_events: collections.Counter = collections.Counter()
+        for entry in relay_log_entries(self.relay):
+            levels[str(entry.get("level"))] += 1
+            if entry.get("level") in ("error", "critical"):
+                error_events[str(entry.get("event"))] += 1
+        r["relay_log"] = {"entries": sum(levels.values()), "levels": dict(levels), "error_events": dict(error_events)}
+        r["wall_seconds"] = round(time.monotonic() - began, 1)
+        r["verdict"] = verdict(r)
+        return r
+
+
+def relay_log_size(relay: SoakRelay) -> int:
+    try:
+        return relay.log_path.stat().st_size
+    except OSError:
+        return 0
+
+
+def relay_log_entries(relay: SoakRelay, offset: int = 0):
+    """The relay's JSON log entries from byte `offset` on (lines that are not JSON are skipped)."""
+    try:
+        with open(relay.log_path, "rb") as f:
+            f.seek(offset)
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict):
+                yield entry
+
+
+def upstream_errors_logged(relay: SoakRelay, offset: int) -> tuple[dict, str | None]:
+    """How the relay's upstream connections ended since `offset` of its log: {kind: count}, first message."""
+    kinds: collections.Counter = collections.Counter()
+    first = None
+    for entry in relay_log_entries(relay, offset):
+        if entry.get("event") == "upstream connection ended":
+            kinds[str(entry.get("kind"))] += 1
+            first = first or str(entry.get("error"))
+    return dict(kinds), first
+
+
+def fd_count(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def fault_summary(faults: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for f in faults:
+        s = out.setdefault(f["kind"], {"attempted": 0, "injected": 0, "survived": 0, "converge_s": []})
+        s["attempted"] += 1
+        s["injected"] += bool(f["injected"])
+        s["survived"] += bool(f["survived"])
+        if f["converge_s"] is not None:
+            s["converge_s"].append(f["converge_s"])
+    return out
+
+
+def verdict(r: dict) -> dict:
+    """Every check of the run, named, and whether the whole run passed."""
+    faults = r.get("faults", [])
+    checks = {
+        "every fault survived": bool(faults) and all(f["survived"] for f in faults),
+        "final convergence": r["final_convergence"]["ok"],
+        "horizon never moved back": not r["invariants"]["horizon_violations"],
+        "relay files equal the master's": not r["invariants"]["file_mismatches"] and r["invariants"]["file_checks"] > 0,
+        "every table matches after the chaos": r["tables_after_chaos"]["all_match"],
+        "every corruption that reached the relay was detected": all(
+            f["relay_said"] for f in faults if f["kind"] == "upstream corrupt byte" and f["injected"]),
+        "no load errors": r["load"]["error_count"] == 0,
+    }
+    if "fuzz_parser" in r:
+        p, d = r["fuzz_parser"], r["fuzz_port"]
+        checks["binlog parser fuzz: no crash, no hang"] = p["crashes"] == 0 and p["hangs"] == 0
+        checks["downstream fuzz: no failure"] = d["failures"] == 0 and not d["worker_errors"]
+        checks["downstream fuzz: relay alive"] = d["relay_alive_after"]
+        checks["downstream fuzz: no fd leak"] = not d["fd_leak"]
+        checks["downstream fuzz: replicas kept replicating"] = all(v > 0 for v in d["replica_gtid_advances"].values())
+        checks["convergence after fuzzing"] = r["convergence_after_fuzz"]["ok"]
+        checks["every table matches at the end"] = r["tables_final"]["all_match"]
+    return {"checks": checks, "passed": all(checks.values())}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The results file
+def write_markdown(path: Path, r: dict, argv: list[str], machine: dict) -> None:
+    L: list[str] = []
+    add = L.append
+    add("# Chaos soak and fuzzing")
+    add("")
+    add("Produced by `benchmarks/soak.py` (see its docstring for the design). Command:")
+    add("")
+    add(f"    {benchinfo.command_line(__file__, argv)}")
+    add("")
+    add(f"**Verdict: {'PASSED' if r['verdict']['passed'] else 'FAILED'}**: seed {r['seed']}, "
+        f"{r['chaos_seconds'] / 60:.1f} minutes of chaos, {len(r['faults'])} faults, "
+        f"wall time {r['wall_seconds'] / 60:.1f} minutes.")
+    add("")
+    add("| check | result |")
+    add("|---|---|")
+    for name, ok in r["verdict"]["checks"].items():
+        add(f"| {name} | {'yes' if ok else '**NO**'} |")
+    add("")
+    add("## Machine")
+    add("")
+    for k, v in machine.items():
+        add(f"- {k}: {v}")
+    add("")
+    add("## Topology")
+    add("")
+    add("MariaDB master (binlog_format ROW, GTIDs, max_binlog_size 1 MB) → fault proxy → `relayproxy run --listen` "
+        "(`--gtid-mode mariadb`, default sync mode) → replicas; plus one replica directly on the master as the "
+        "control. Replicas: relay_log_recovery=ON, gtid_slave_pos in InnoDB, MASTER_CONNECT_RETRY=1.")
+    add("")
+    add("| replica | source | MASTER_USE_GTID | restarts during the run |")
+    add("|---|---|---|---|")
+    for x in r["replicas"]:
+        add(f"| {x['name']} | {x['via']} | {x['use_gtid']} | {x['restarts']} |")
+    add("")
+    ld = r["load"]
+    add("## Load held")
+    add("")
+    add(f"- {ld['transactions']:,} transactions in {ld['seconds']:.0f} s of chaos ({ld['transactions_per_s']} "
+        f"transactions/s), {ld['rows']:,} rows written; deadlocks retried: {ld['deadlocks_retried']}; "
+        f"load errors: {ld['error_count']}")
+    add("- by kind: " + ", ".join(f"{k} {v:,}" for k, v in sorted(ld["by_kind"].items())))
+    add(f"- master binlog: {ld['binlog_bytes'] / 1e6:.1f} MB in {ld['binlog_files']} files "
+        f"({ld['files_rotated']} rotations), final position {ld['final_position']}, GTID {ld['final_gtid']}")
+    add(f"- files purged: {r.get('relay_files_purged', 0)} on the relay, {r.get('master_files_purged', 0)} on the "
+        f"master; relay PURGE outcomes: {r['relay_purges'] or 'none'}")
+    add("")
+    add("## Faults injected and survived")
+    add("")
+    add("Survived = afterwards the relay's horizon reached the master's position and every replica's gtid_slave_pos "
+        "reached the master's GTID (positions read right after the fault) within the convergence timeout.")
+    add("")
+    add("| fault | attempted | injected | survived | convergence median / max (s) |")
+    add("|---|---|---|---|---|")
+    summary = fault_summary(r["faults"])
+    for kind in FAULT_WEIGHTS:
+        s = summary.get(kind)
+        if not s:
+            continue
+        times = s["converge_s"]
+        t = f"{statistics.median(times):.1f} / {max(times):.1f}" if times else "-"
+        add(f"| {kind} | {s['attempted']} | {s['injected']} | {s['survived']} | {t} |")
+    tot = {k: sum(s[k] for s in summary.values()) for k in ("attempted", "injected", "survived")}
+    add(f"| **all** | **{tot['attempted']}** | **{tot['injected']}** | **{tot['survived']}** | |")
+    add("")
+    add("How the relay's upstream connection ended after each kind of fault (the `upstream connection ended` "
+        "entries of its log between the fault and the convergence, by kind):")
+    add("")
+    add("| fault | faults followed by a logged upstream end | kinds logged | first message (digits as N) |")
+    add("|---|---|---|---|")
+    for kind in FAULT_WEIGHTS:
+        mine = [f for f in r["faults"] if f["kind"] == kind and f["injected"]]
+        said = [f for f in mine if f["relay_said"]]
+        if not said:
+            continue
+        kinds: collections.Counter = collections.Counter()
+        for f in said:
+            kinds.update(f["relay_said"])
+        add(f"| {kind} | {len(said)} of {len(mine)} | " + ", ".join(f"{k} ({v})" for k, v in kinds.most_common())
+            + f" | {_error_class(said[0]['relay_error'] or '')} |")
+    add("")
+    levels = r.get("relay_log", {})
+    if levels:
+        add(f"Relay log over the whole run: {levels['entries']:,} entries, by level: {levels['levels']}; "
+            f"error-level events: {levels['error_events'] or 'none'}.")
+        add("")
+    failed = [f for f in r["faults"] if not f["survived"]]
+    for f in failed:
+        add(f"**Fault {f['number']} ({f['kind']}, {f['target']}) not survived**: ")
+        add("")
+        add("```")
+        add(str(f["failure"])[:3000])
+        add("```")
+        add("")
+    add("## Invariants checked during the run")
+    add("")
+    inv = r["invariants"]
+    add(f"- relay horizon never moved backwards: {inv['horizon_checks']:,} /status samples across "
+        f"{inv['relay_restarts_seen']} relay restarts, {len(inv['horizon_violations'])} violations")
+    add(f"- relay files equal the master's byte for byte (FDE in-use flag masked): {inv['file_checks']} file "
+        f"comparisons, {inv['file_bytes_compared'] / 1e6:.1f} MB, {len(inv['file_mismatches'])} mismatches"
+        + (f"; not comparable (purged on the master first): {len(inv['files_not_compared_purged_on_master'])}"
+           if inv["files_not_compared_purged_on_master"] else ""))
+    for v in inv["horizon_violations"][:5] + inv["file_mismatches"][:5]:
+        add(f"  - {v}")
+    fc = r["final_convergence"]
+    add(f"- after the chaos, load stopped: converged exactly (relay horizon = master position, every gtid_slave_pos "
+        f"= gtid_binlog_pos) in {fc['seconds']} s: {'yes' if fc['ok'] else 'NO: ' + fc['detail']}")
+    add("")
+    for key, title in (("tables_after_chaos", "Data compared after the chaos"),
+                       ("tables_final", "Data compared at the end (after fuzzing)")):
+        if key not in r:
+            continue
+        t = r[key]
+        add(f"## {title}")
+        add("")
+        names = list(t["tables"][0]["servers"]) if t["tables"] else []
+        add("| table | " + " | ".join(f"{n}: rows / checksum" for n in names) + " | match |")
+        add("|---|" + "---|" * (len(names) + 1))
+        for row in t["tables"]:
+            add(f"| {row['table']} | " + " | ".join(f"{v['rows']} / {v['checksum']}" for v in row["servers"].values())
+                + f" | {'yes' if row['match'] else '**NO**'} |")
+        add("")
+        add(f"Same set of tables on every server: {'yes' if t['table_sets_match'] else 'NO'}.")
+        add("")
+    if "fuzz_parser" in r:
+        p = r["fuzz_parser"]
+        add("## Fuzzing the binlog parser")
+        add("")
+        add(f"{p['inputs']:,} inputs in {p['seconds']} s ({p['inputs_per_s']:,}/s), mutated from {p['events']:,} real "
+            f"events of {p['files']} files ({p['master_files']} of them this run's master binlogs, the rest the "
+            f"corpus): {p['crashes']} crashes, {p['hangs']} hangs (cap 2 s an input; slowest {p['slowest_input_ms']} "
+            f"ms).")
+        add("")
+        add("| target | inputs |")
+        add("|---|---|")
+        for k, v in p["by_target"].items():
+            add(f"| {k} | {v:,} |")
+        add("")
+        add("| outcome | count |")
+        add("|---|---|")
+        for k, v in sorted(p["outcomes"].items()):
+            add(f"| {k} | {v:,} |")
+        add("")
+        d = r["fuzz_port"]
+        add("## Fuzzing the relay's MySQL port (live relay of this run)")
+        add("")
+        add(f"{d['inputs']:,} inputs in {d['seconds']} s ({d['inputs_per_s']:,}/s) over {d['connections']:,} TCP "
+            f"connections ({d['logins']:,} logged in), {r['args']['fuzz_workers']} at a time, while a light load "
+            f"({d['load_during_fuzz_transactions']:,} transactions) replicated through the relay.")
+        add("")
+        add(f"- failures (no answer within the deadline, a close inside a packet, an internal error): {d['failures']}")
+        add(f"- ERR packets returned: {d['errors_returned']:,}; connections closed by the relay: "
+            f"{d['connections_closed_by_server']:,}")
+        closes = {k.removeprefix("closed by the relay after "): v for k, v in d["replies"].items()
+                  if k.startswith("closed by the relay after ")}
+        if closes:
+            add("- logged-in connections the relay closed, by the input and answer just before the close: "
+                + ", ".join(f"{k} ({v:,})" for k, v in sorted(closes.items(), key=lambda kv: -kv[1])))
+        add(f"- connections closed right after a successful answer: {d['closed_after_success']}"
+            + (f" (e.g. `{d['closed_after_success_examples'][0][:150]}`)" if d["closed_after_success"] else ""))
+        add(f"- relay process alive afterwards, same pid: {'yes' if d['relay_alive_after'] else 'NO'}; open fds "
+            f"before {d['relay_fds_before']}, after {d['relay_fds_after']}")
+        add("- replicas through the relay kept replicating during the fuzzing (gtid_slave_pos changes seen, one "
+            "sample every 0.25 s): " + ", ".join(f"{k} {v}" for k, v in d["replica_gtid_advances"].items()))
+        add("")
+        add("| input kind | count |")
+        add("|---|---|")
+        for k, v in sorted(d["kinds"].items(), key=lambda kv: -kv[1]):
+            add(f"| {k} | {v:,} |")
+        add("")
+        add("| ERR code | count | first message | the input that got it |")
+        add("|---|---|---|---|")
+        examples = {str(k): v for k, v in d.get("error_examples", {}).items()}
+        for code, count in d["error_codes"].items():
+            message, what = examples.get(str(code), ("", ""))
+            add(f"| {code} | {count:,} | {_cell(message)} | {_cell(what[:100])} |")
+        add("")
+        for f in d["failure_details"]:
+            add(f"- failure: `{f['input'][:200]}`: {f['detail'][:300]}")
+        cf = r["convergence_after_fuzz"]
+        add(f"After fuzzing, load stopped: converged exactly in {cf['seconds']} s: {'yes' if cf['ok'] else 'NO'}.")
+        add("")
+    add("## Fault log")
+    add("")
+    add("| # | fault | target | detail | survived | converged in (s) |")
+    add("|---|---|---|---|---|---|")
+    for f in r["faults"]:
+        add(f"| {f['number']} | {f['kind']} | {f['target']} | {f['detail'][:110].replace('|', '/')} | "
+            f"{'yes' if f['survived'] else '**NO**'} | {f['converge_s']} |")
+    add("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(L))
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return "`" + text.replace("|", "/").replace("`", "'").replace("\n", " ") + "`" if text else ""
+
+
+def _error_class(text: str) -> str:
+    """A relay error message without its variable parts (offsets, positions, counts)."""
+    return re.sub(r"\d+", "N", text)[:110]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=10.0, help="minutes of chaos (default 10)")
+    p.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: random, printed)")
+    p.add_argument("--replicas-through-relay", type=int, default=2,
+                   help="MariaDB replicas through the relay; odd-numbered ones (2nd, 4th, ...) use file/position")
+    p.add_argument("--fuzz-inputs", type=int, default=100_000, help="inputs for each fuzzer (0: no fuzzing)")
+    p.add_argument("--fuzz-workers", type=int, default=6, help="parallel connections of the port fuzzer")
+    p.add_argument("--rate", type=float, default=120.0, help="load: transactions a second (two threads)")
+    p.add_argument("--fuzz-load-rate", type=float, default=20.0, help="load while the port fuzzer runs")
+    p.add_argument("--converge-timeout", type=float, default=120.0, help="seconds a fault may take to converge")
+    p.add_argument("--gap-min", type=float, default=1.0, help="seconds between faults, at least")
+    p.add_argument("--gap-max", type=float, default=4.0, help="seconds between faults, at most")
+    p.add_argument("--output", type=Path, default=None, help="write the markdown results here")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("--report-json", type=Path, default=None, help="also write the report as JSON to this file")
+    p.add_argument("--workdir", type=Path, default=None, help="where the servers live (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory afterwards")
+    args = p.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 31)
+    if args.replicas_through_relay < 1:
+        p.error("--replicas-through-relay must be at least 1")
+    if args.minutes <= 0:
+        p.error("--minutes must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    log(f"seed {args.seed}")
+    base = args.workdir or Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="soak-", dir=base))
+    soak = Soak(args, work)
+    try:
+        report = soak.run()
+    except BaseException:
+        log(f"soak aborted; servers' files kept in {work}")
+        args.keep = True
+        raise
+    finally:
+        soak.teardown()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    report["machine"] = benchinfo.machine_info(server=True)
+    if args.output:
+        write_markdown(args.output, report, argv, report["machine"])
+        log(f"wrote {args.output}")
+    if args.report_json:
+        args.report_json.write_text(json.dumps(report, default=str, indent=1))
+    if args.json:
+        print(json.dumps(report, default=str))
+    passed = report["verdict"]["passed"]
+    log("PASSED" if passed else f"FAILED: {[k for k, v in report['verdict']['checks'].items() if not v]}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
