@@ -991,6 +991,20 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
 PARSER_COLOURS = {"boundary": "#2f7ed8", "view": "#76b7e8", "pymysqlreplication": "#d9534f"}
 
 
+def _finish_log_barh(fig, ax, path, xlabel: str, title: str) -> None:
+    """The common end of the horizontal log-scale bar charts: axes, legend, save, free the figure."""
+    import matplotlib.pyplot as plt
+
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_plots(out: Path, report: dict) -> list[str]:
     try:
         import matplotlib
@@ -1016,14 +1030,8 @@ def write_plots(out: Path, report: dict) -> list[str]:
             if v:
                 ax.text(v * 1.05, y, f"{v:,.0f}", va="center", fontsize=7)
     ax.set_yticks([s + height for s in range(len(streams))], streams)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("mean ns per event (log scale; lower is better)")
-    ax.set_title(f"Per-event parse cost per stream\n{note}", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "by_stream.png", dpi=110)
-    plt.close(fig)
+    _finish_log_barh(fig, ax, out / "by_stream.png", "mean ns per event (log scale; lower is better)",
+                     f"Per-event parse cost per stream\n{note}")
     written.append("by_stream.png")
 
     # 2. mean ns per event type (most frequent 20 types)
@@ -1038,14 +1046,8 @@ def write_plots(out: Path, report: dict) -> list[str]:
         ax.barh(ys, values, height=height, color=PARSER_COLOURS[parser], label=parser)
     ax.set_yticks([t + height for t in range(len(types))],
                   [f"{t} ({per_type[t]['boundary']['events']:,})" for t in types], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("mean ns per event (log scale), all streams; (n) = events")
-    ax.set_title(f"Per-event parse cost per event type\n{note}", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "by_event_type.png", dpi=110)
-    plt.close(fig)
+    _finish_log_barh(fig, ax, out / "by_event_type.png", "mean ns per event (log scale), all streams; (n) = events",
+                     f"Per-event parse cost per event type\n{note}")
     written.append("by_event_type.png")
 
     # 3. distribution (CDF) of per-event ns from a sample of events

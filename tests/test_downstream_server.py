@@ -74,6 +74,8 @@ from relayproxy.wire.server_auth import (
     server_capabilities,
 )
 
+from .relayharness import replica_status
+
 NATIVE_PW = "native-Secret-1"  # ASCII: PyMySQL sends str passwords as latin-1
 UNI_PW = "ünï-Sëcret-4"  # UTF-8 on the wire, as the mariadb client and UpstreamConnection send it
 SHA_PW = "sha2-Secret-2"
@@ -1347,14 +1349,7 @@ def test_mariadb_replica_connects_registers_and_dumps(
     replica = mariadb("replica", server_id=3)
 
     def status() -> dict[str, Any]:
-        conn = replica.connect()
-        try:
-            cur = conn.cursor()
-            cur.execute("SHOW SLAVE STATUS")
-            row = cur.fetchone()
-            return dict(zip([d[0] for d in cur.description], row)) if row else {}
-        finally:
-            conn.close()
+        return replica_status(replica)
 
     async def wait_for(predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         current: dict[str, Any] = {}

@@ -24,7 +24,7 @@ from relayproxy.upstream.receiver import MasterStreamEnded, ReceiverCounters, St
 from relayproxy.upstream.session import UPSTREAM_ERROR_KINDS, UpstreamStatus, upstream_error_kind
 from relayproxy.wire.packets import MySQLError
 
-from .relayharness import master_status, wait_replica
+from .relayharness import change_master, master_status, wait_replica
 from .test_downstream_e2e import chain  # noqa: F401  (a fixture: master + relayproxy run --listen)
 from .test_relay_e2e import mixed_load
 from .test_relay_store import Feeder, mysql_image, split_events
@@ -386,10 +386,7 @@ def test_metrics_of_a_real_chain_follow_the_master_the_replica_and_a_lost_upstre
     mixed_load(master, big=False)
     relay.wait_caught_up(master)
     replica = mariadb("replica", server_id=3)
-    replica.execute(
-        f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={relay.listen_port}, MASTER_USER='repl', "
-        "MASTER_PASSWORD='replpw', MASTER_CONNECT_RETRY=1, MASTER_USE_GTID=slave_pos"
-    )
+    change_master(replica, relay.listen_port, file=None)  # MASTER_USE_GTID=slave_pos
     replica.execute("START SLAVE")
     wait_replica(replica, master)
     fams = wait_metrics(relay, in_step(master, 3), "relay and replica in step with the master")

@@ -100,6 +100,18 @@ def _start_replica(mariadb, relay, *, gtid: bool):
     return replica
 
 
+def _loaded_chain(mariadb, relays, *, gtid: bool):
+    """master -> relay -> replica, after a mixed load that everyone has caught up with."""
+    master = mariadb("master")
+    prepare_master(master)
+    relay = relays("relay", master.port, gtid_mode="mariadb" if gtid else "off")
+    mixed_load(master, big=False)
+    wait_relay(relay, master)
+    replica = _start_replica(mariadb, relay, gtid=gtid)
+    wait_replica(replica, master)
+    return master, relay, replica
+
+
 def _assert_writer_rows(replica, writer) -> None:
     """Every transaction of the Writer exactly once: n runs 1..done without a gap or a repeat."""
     got = replica.execute("SELECT COUNT(*), COUNT(DISTINCT n), MIN(n), MAX(n) FROM app.w")[0]
@@ -134,13 +146,7 @@ def test_relay_kill9_at_random_points_nothing_lost(mariadb, relays):
     good is thrown away), the replica never has more than the relay advertised, and at the end the replica equals
     the master (every Writer transaction exactly once) and the relay files equal the master's."""
     rng = _rng("kill9")
-    master = mariadb("master")
-    prepare_master(master)
-    relay = relays("relay", master.port, gtid_mode="mariadb")
-    mixed_load(master, big=False)
-    wait_relay(relay, master)
-    replica = _start_replica(mariadb, relay, gtid=True)
-    wait_replica(replica, master)
+    master, relay, replica = _loaded_chain(mariadb, relays, gtid=True)
 
     master.execute("CREATE TABLE app.big (id INT PRIMARY KEY, b LONGTEXT) ENGINE=InnoDB")
     kinds = ["under-load"] * 4 + ["right-after-start"] * 3 + ["during-replica-dump"] * 3 + ["mid-big-transaction"] * 2
@@ -311,13 +317,7 @@ def test_simulated_os_crash_only_fsynced_bytes_survive(mariadb, relays):
     (horizon >= mark), cuts only the debris, refetches the rest; a file/position replica resumes from where it
     was (it never got anything the relay lost) and ends equal to the master; the files equal the master's."""
     rng = _rng("os-crash")
-    master = mariadb("master")
-    prepare_master(master)
-    relay = relays("relay", master.port, gtid_mode="off")
-    mixed_load(master, big=False)
-    wait_relay(relay, master)
-    replica = _start_replica(mariadb, relay, gtid=False)
-    wait_replica(replica, master)
+    master, relay, replica = _loaded_chain(mariadb, relays, gtid=False)
 
     rows = []
     with Writer(master, rotate_every=60) as writer:
@@ -364,13 +364,7 @@ def test_simulated_os_crash_at_rotation_boundary(mariadb, relays):
     crash there can leave is recovered without losing N, the relay refetches N+1 from the master and a replica
     started afterwards ends equal to the master."""
     rng = _rng("rotation")
-    master = mariadb("master")
-    prepare_master(master)
-    relay = relays("relay", master.port, gtid_mode="mariadb")
-    mixed_load(master, big=False)
-    wait_relay(relay, master)
-    replica = _start_replica(mariadb, relay, gtid=True)
-    wait_replica(replica, master)
+    master, relay, replica = _loaded_chain(mariadb, relays, gtid=True)
     master.execute("CREATE TABLE app.r (id INT PRIMARY KEY, state VARCHAR(40)) ENGINE=InnoDB")
     next_id = 1
     rows = []
