@@ -19,6 +19,13 @@ from relayproxy.demo import processes_mentioning
 SHORT_RUN = ["--workload-seconds", "2", "--stuck-seconds", "4", "--big-mb", "8"]
 
 
+def _ctrl_c_enabled() -> None:
+    """A terminal's Ctrl-C reaches a foreground program; a test run started in the background (nohup, `&` in a
+    script) inherits SIGINT ignored, which Python and the demo rightly keep ignoring. Give the demo a terminal's
+    default so the test exercises what a person pressing Ctrl-C gets, wherever the suite runs."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def demo_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "relayproxy.cli", "demo", *args]
 
@@ -96,7 +103,7 @@ def test_ctrl_c_during_the_workload_stops_everything(tmp_path):
     with open(log, "w") as out:
         proc = subprocess.Popen(
             demo_command("--workload-seconds", "60"), stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, text=True, env=demo_env(tmp_path),
+            stderr=subprocess.STDOUT, text=True, env=demo_env(tmp_path), preexec_fn=_ctrl_c_enabled,
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 120
