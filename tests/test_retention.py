@@ -610,3 +610,37 @@ def test_run_purges_by_count_behind_a_real_master_and_respects_a_paused_reader(m
         if client is not None:
             client.close()
         relay.stop()
+
+
+def test_a_rotation_triggers_a_check_long_before_the_interval(monkeypatch):
+    """A new file is when a limit is crossed: the task looks for rotations between its (long) interval checks."""
+    from relayproxy.relay import retention
+
+    monkeypatch.setattr(retention, "ROTATION_POLL", 0.01)
+
+    class Rotating:
+        current_file = "binlog.000001"
+
+    store = Rotating()
+    task = RetentionTask(RetentionPolicy(max_files=2), 3600, lambda: store)
+    seen: list[str] = []
+
+    async def check():
+        seen.append(store.current_file)
+
+    task.check = check
+
+    async def scenario():
+        runner = asyncio.create_task(task.run())
+        while not seen:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        assert seen == ["binlog.000001"]  # no rotation, an hour to the next interval: no check
+        store.current_file = "binlog.000002"
+        while len(seen) < 2:
+            await asyncio.sleep(0.005)
+        runner.cancel()
+        await asyncio.wait({runner})
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert seen == ["binlog.000001", "binlog.000002"]

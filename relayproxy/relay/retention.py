@@ -429,6 +429,9 @@ def purge_with_policy(store, connections, policy: RetentionPolicy, stats: Retent
     return plan
 
 
+ROTATION_POLL = 1.0  # seconds between looks for a rotation (a new current file) between checks
+
+
 class RetentionTask:
     """Runs the policy every ``interval`` seconds on the event loop (``run()``), until cancelled.
 
@@ -450,10 +453,22 @@ class RetentionTask:
         self.stats = RetentionStats()
 
     async def run(self) -> None:
+        """Check now, then every ``interval`` seconds, and within ``ROTATION_POLL`` seconds of each rotation:
+        a new file is when a limit is crossed, so waiting for the interval would overshoot it by up to an
+        interval of binlog. Noticing a rotation costs one comparison of the current file's name."""
         log.info("retention enabled", policy=self.policy.describe(), interval=self.interval)
+        loop = asyncio.get_running_loop()
         while True:
             await self.check()
-            await asyncio.sleep(self.interval)
+            checked = self._current_file()
+            deadline = loop.time() + self.interval
+            while (left := deadline - loop.time()) > 0:
+                await asyncio.sleep(min(ROTATION_POLL, left))
+                if self._current_file() != checked:
+                    break
+
+    def _current_file(self) -> str | None:
+        return getattr(self._store(), "current_file", None)
 
     async def check(self) -> PurgePlan | None:
         """One check now; never raises (a failure is logged and kept in ``stats.last_error``)."""
