@@ -20,7 +20,7 @@ from relayproxy.metrics import FSYNC_BUCKETS, FsyncStats, build_registry
 from relayproxy.relay import RelayStore, RelayStoreFailed, SyncPolicy
 from relayproxy.relay.retention import RetentionStats
 from relayproxy.status import bytes_behind, file_index, format_status, relay_status
-from relayproxy.upstream.receiver import MasterStreamEnded, ReceiverCounters, StreamError
+from relayproxy.upstream.receiver import ChecksumMismatch, MasterStreamEnded, ReceiverCounters, StreamError
 from relayproxy.upstream.session import UPSTREAM_ERROR_KINDS, UpstreamStatus, upstream_error_kind
 from relayproxy.wire.packets import MySQLError
 
@@ -331,7 +331,7 @@ def test_upstream_errors_are_classified_into_a_small_fixed_set_of_kinds():
         "timeout": [asyncio.TimeoutError()],
         "master": [MySQLError(1236, "HY000", "Could not find first log file name in binary log index file")],
         "protocol": [StreamError("unexpected packet in the binlog stream")],
-        "crc": [StreamError("CRC32 mismatch in WRITE_ROWS_EVENT event at binlog.000001:500")],
+        "crc": [ChecksumMismatch("CRC32 mismatch in WRITE_ROWS_EVENT event at binlog.000001:500")],
         "store": [failed_store(errno.EIO), OSError(errno.EIO, "I/O error")],
         "disk_full": [failed_store(errno.ENOSPC), OSError(errno.EDQUOT, "quota"), OSError(errno.ENOSPC, "full")],
         "internal": [RuntimeError("bug")],

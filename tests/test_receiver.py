@@ -24,7 +24,7 @@ from relayproxy.binlog import encoders as E
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_bytes, scan_file
 from relayproxy.relay.store import RelayGapError, RelayMismatchError, RelayStore, RelayStoreError
-from relayproxy.upstream.receiver import MasterStreamEnded, RelayReceiver, StreamError
+from relayproxy.upstream.receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, StreamError
 from relayproxy.wire.packets import MySQLError
 
 from . import eventgen as G
@@ -501,7 +501,7 @@ def test_crc_mismatch_names_file_and_offset(mysql_half):
     bad = bytearray(ev)
     bad[C.HEADER_LEN + 3] ^= 0x01
     receiver.feed([payload(rest[0][1])])
-    with pytest.raises(StreamError, match=rf"CRC32 mismatch in \w+ event at {name}:{off}$"):
+    with pytest.raises(ChecksumMismatch, match=rf"CRC32 mismatch in \w+ event at {name}:{off}$"):
         receiver.feed([payload(bytes(bad))])
     assert_resumes_to_image(store, receiver, name, image)
 

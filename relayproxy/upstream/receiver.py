@@ -35,6 +35,10 @@ class StreamError(Exception):
     """The master's stream broke a rule (CRC, event sequence, offsets): the connection must be dropped."""
 
 
+class ChecksumMismatch(StreamError):
+    """An event's CRC32 does not match its bytes: damaged on the way (or on the master's disk)."""
+
+
 class MasterStreamEnded(StreamError):
     """The master sent the end-of-stream packet (non-blocking dump, or an apparent master shutdown)."""
 
@@ -130,7 +134,7 @@ class RelayReceiver:
         elif self._checksum_len and self.verify_checksums:
             if zlib.crc32(ev[: size - 4]) != _U32.unpack_from(ev, size - 4)[0]:
                 where = f"{self.master_file}:{log_pos - size if log_pos else self._next_offset}"
-                raise StreamError(f"CRC32 mismatch in {C.event_name(type_code)} event at {where}")
+                raise ChecksumMismatch(f"CRC32 mismatch in {C.event_name(type_code)} event at {where}")
         if type_code == C.ROTATE_EVENT and (flags & C.LOG_EVENT_ARTIFICIAL_F or log_pos == 0):
             self._artificial_rotate(ev, size)
             return
@@ -179,7 +183,7 @@ class RelayReceiver:
         try:
             fde = FormatDescription.parse(ev, 0, len(ev))
         except ChecksumError as exc:
-            raise StreamError(f"FORMAT_DESCRIPTION_EVENT from the master: {exc}") from None
+            raise ChecksumMismatch(f"FORMAT_DESCRIPTION_EVENT from the master: {exc}") from None
         except BinlogFormatError as exc:
             raise StreamError(f"FORMAT_DESCRIPTION_EVENT from the master: {exc}") from None
         self._fde = fde

@@ -22,7 +22,7 @@ from ..relay.recovery import fsync_dir
 from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed
 from ..wire.packets import MySQLError
 from .connection import UpstreamConnection
-from .receiver import MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
+from .receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
 
 log = get_logger("relayproxy.upstream")
 
@@ -410,7 +410,7 @@ def upstream_error_kind(exc: BaseException) -> str:
     if isinstance(exc, MasterStreamEnded):
         return "io"
     if isinstance(exc, StreamError):
-        return "crc" if "CRC32 mismatch" in str(exc) else "protocol"
+        return "crc" if isinstance(exc, ChecksumMismatch) else "protocol"
     if isinstance(exc, RelayStoreError):
         return "store"
     if isinstance(exc, OSError):
