@@ -157,6 +157,7 @@ def _upstream(s: dict[str, Any]) -> Iterator:
         ("connects", "connects", "Successful connections to the master"),
         ("reconnects", "reconnects", "Successful connections to the master after the first one"),
         ("connect_failures", "connect_failures", "Upstream connections or attempts that ended in an error"),
+        ("store_failures", "store_failures", "Rounds that ended because the relay store could not write (full disk, EIO)"),
         ("semi_sync_acks", "semi_sync_acks", "Semi-sync ACKs sent to the master, each after a durable write"),
         ("semi_sync_replica_waits", "semi_sync_replica_waits",
          "Upstream ACKs that first waited for semi-sync replicas of the relay"),

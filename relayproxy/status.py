@@ -72,6 +72,7 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "connects": up.connects,
         "reconnects": max(up.connects - 1, 0),
         "connect_failures": up.connect_failures,
+        "store_failures": up.store_failures,
         "errors_by_kind": errors,
         "events_received": counters.events,
         "bytes_received": counters.bytes,

@@ -58,7 +58,7 @@ def base_status(**overrides) -> dict:
         "master_file_index": 7, "io_running": True, "semi_sync": False, "lag_bytes": 300,
         "seconds_behind_master": 2, "events_received": 50, "bytes_received": 9000, "transactions_received": 10,
         "duplicate_events_skipped": 3, "heartbeats_received": 4, "connects": 3, "reconnects": 2,
-        "connect_failures": 2, "semi_sync_acks": 0, "semi_sync_replica_waits": 0, "semi_sync_replica_timeouts": 0,
+        "connect_failures": 2, "store_failures": 5, "semi_sync_acks": 0, "semi_sync_replica_waits": 0, "semi_sync_replica_timeouts": 0,
         "errors_by_kind": {**dict.fromkeys(UPSTREAM_ERROR_KINDS, 0), "io": 1, "timeout": 1},
         "relay_files": 2, "relay_disk_bytes": 5000, "relay_fs_free_bytes": 10**9, "relay_fs_size_bytes": 10**10,
         "relay_oldest_file_age_seconds": 86.5,
@@ -94,7 +94,8 @@ def test_collector_exposes_every_family_with_its_type_labels_and_value():
     assert value(fams, "relayproxy_io_running") == 1
     for name, expected in (("events_received", 50), ("bytes_received", 9000), ("transactions_received", 10),
                            ("duplicate_events_skipped", 3), ("heartbeats_received", 4), ("connects", 3),
-                           ("reconnects", 2), ("connect_failures", 2), ("semi_sync_acks", 0)):
+                           ("reconnects", 2), ("connect_failures", 2), ("store_failures", 5),
+                           ("semi_sync_acks", 0)):
         family = f"relayproxy_{name}"
         assert fams[family].type == "counter", family
         assert value(fams, family, f"{family}_total") == expected, family

@@ -508,14 +508,14 @@ def _check_full_disk_period(relay, replica, master, connection_id: int, label: s
     # retries settle, then the horizon must stay where it is while the disk stays full.
     time.sleep(1.5)
     settled = relay.status()
-    failures_before = settled["connect_failures"]
+    failures_before = settled["store_failures"]
     horizon = (settled["master_log_file"], settled["read_master_log_pos"], settled["retrieved_gtid_set"])
     for _ in range(6):
         time.sleep(0.4)
         now = relay.status()
         assert (now["master_log_file"], now["read_master_log_pos"], now["retrieved_gtid_set"]) == horizon
         assert "No space left on device" in (now["last_io_error"] or ""), now["last_io_error"]
-    assert now["connect_failures"] > failures_before, "the relay does not retry while the disk is full"
+    assert now["store_failures"] > failures_before, "the relay does not retry while the disk is full"
     assert master_status(master) > horizon[:2], "the master must be ahead: the relay could not store the rest"
     # Everything durable reaches the replica, over the same dump connection.
     deadline = time.monotonic() + 30
@@ -534,7 +534,7 @@ def _check_full_disk_period(relay, replica, master, connection_id: int, label: s
     print(f"{label}: error {error!r}\n  horizon held at {horizon[0]}:{horizon[1]} gtid {horizon[2]} "
           f"(master at {master_status(master)}); replica gtid {horizon[2]} rows "
           f"{replica.execute('SELECT COUNT(*) FROM app.d')[0][0]} vs master "
-          f"{master.execute('SELECT COUNT(*) FROM app.d')[0][0]}; retries {now['connect_failures'] - failures_before} "
+          f"{master.execute('SELECT COUNT(*) FROM app.d')[0][0]}; retries {now['store_failures'] - failures_before} "
           f"in {6 * 0.4:.1f}s")
     return now
 

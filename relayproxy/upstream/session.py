@@ -44,7 +44,8 @@ class UpstreamStatus:
     master_uuid: str | None = None
     master_flavour: str | None = None
     connects: int = 0
-    connect_failures: int = 0
+    connect_failures: int = 0  # connections or attempts that ended in an error (not the store's)
+    store_failures: int = 0  # rounds that ended because the relay store could not write (full disk, EIO)
     semi_sync: bool = False
     semi_sync_acks: int = 0
     semi_sync_replica_waits: int = 0  # upstream ACKs that waited for downstream semi-sync replicas
@@ -118,11 +119,14 @@ class UpstreamSession:
             self._conn.abort()
 
     def _record_error(self, exc: BaseException) -> None:
+        store_cannot_write = False
         if isinstance(exc, MySQLError):
             text = f"error {exc.code} from master: {exc.message}"
         elif isinstance(exc, asyncio.TimeoutError):
             text = "master silent for more than two heartbeat periods (or connect timeout): treated as gone"
-        elif isinstance(exc, (RelayStoreError, OSError)) and getattr(self.store, "failure", None) is not None:
+        elif store_cannot_write := (
+            isinstance(exc, (RelayStoreError, OSError)) and getattr(self.store, "failure", None) is not None
+        ):
             failure = self.store.failure
             cause = failure if isinstance(exc, RelayStoreFailed) or exc is failure else exc
             text = (f"relay store in {self.store.relay_dir} cannot write: {cause}; not receiving until it can "
@@ -132,10 +136,15 @@ class UpstreamSession:
             text = str(exc) or exc.__class__.__name__
         self.status.last_io_error = text
         self.status.last_io_error_time = time.time()
-        self.status.connect_failures += 1
         kind = upstream_error_kind(exc)
         self.status.errors[kind] = self.status.errors.get(kind, 0) + 1
-        log.warning("upstream connection ended", error=text, kind=kind, master=f"{self.cfg.master[0]}:{self.cfg.master[1]}")
+        if store_cannot_write:
+            self.status.store_failures += 1
+            log.warning("relay store cannot write", error=text, kind=kind, relay_dir=str(self.store.relay_dir))
+        else:
+            self.status.connect_failures += 1
+            log.warning("upstream connection ended", error=text, kind=kind,
+                        master=f"{self.cfg.master[0]}:{self.cfg.master[1]}")
 
     def _finish_connection(self) -> None:
         connected = self._conn is not None
