@@ -86,11 +86,13 @@ class RelayProcess:
         raise AssertionError(f"timed out waiting for {what}; last status {status}\n{self.log_tail()}")
 
     def wait_caught_up(self, master, timeout: float = 60.0) -> dict:
-        file, pos = master_status(master)
-        return self.wait_for(
-            lambda s: s["master_log_file"] == file and s["read_master_log_pos"] == pos,
-            timeout, f"horizon at {file}:{pos}",
-        )
+        """Until the horizon equals the master's position, read again at each poll: MariaDB writes a
+        BINLOG_CHECKPOINT a moment after a rotation, so a position read once can be one that never lasts."""
+
+        def caught_up(s: dict) -> bool:
+            return (s["master_log_file"], s["read_master_log_pos"]) == master_status(master)
+
+        return self.wait_for(caught_up, timeout, "horizon at the master's position")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
