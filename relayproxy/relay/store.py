@@ -521,6 +521,37 @@ class RelayStore:
             raise RelayEventError(f"event at offset {offset}: events start at offset 4, after the magic")
         return self._verify_duplicate(offset, event)
 
+    def append_event(self, offset: int, event, log_pos: int, type_code: int) -> str:
+        """``write_event`` for a caller that has already unpacked and checked the event's header.
+
+        The caller guarantees what write_event would otherwise check from the header: its size field
+        is ``len(event)``, ``log_pos`` and ``type_code`` are the header's, and the event is not
+        artificial. Only a plain append (at the current end of an open, healthy store, ``log_pos ==
+        offset + len(event)``, not an event the store must look into, not the file's first event) is
+        done here; anything else (duplicate, gap, special event, file past 4 GB, failed or closed
+        store) goes through write_event and gets all of its checks.
+        """
+        end = self._end
+        n = len(event)
+        if offset != end or log_pos != end + n or not self._appendable or _SPECIAL[type_code] or end == 4:
+            return self.write_event(offset, event)
+        self._last_type = type_code
+        try:
+            if n >= DIRECT_BYTES:
+                if self._buf:
+                    self._flush()
+                self._write_all(event)
+            else:
+                buf = self._buf
+                buf += event
+                if len(buf) >= FLUSH_BYTES:
+                    self._flush()
+        except OSError as exc:
+            self._fail(exc)
+            raise
+        self._end = end + n
+        return "appended"
+
     def _bad_header(self, offset: int, n: int, header) -> None:
         _ts, type_code, _sid, size, log_pos, flags = header
         name = C.event_name(type_code)

@@ -79,6 +79,7 @@ class RelayReceiver:
         self._semi_sync = False
         self._fde: FormatDescription | None = None
         self._by_position = True
+        self.fast_path = True  # False: every event through _event (tests compare the two paths)
 
     # -- stream lifecycle ----------------------------------------------------------------------
     def start_stream(self, *, announced_checksum: str, semi_sync: bool, by_position: bool = True) -> None:
@@ -103,22 +104,131 @@ class RelayReceiver:
 
     # -- payloads ----------------------------------------------------------------------------------
     def feed(self, payloads) -> None:
-        """Process a batch of packet payloads; raises StreamError / MasterStreamEnded / MySQLError."""
-        for payload in payloads:
-            first = payload[0] if payload else -1
-            if first == 0x00:
-                if self._semi_sync:
-                    if len(payload) < 3 or payload[1] != SEMI_SYNC_MAGIC:
-                        raise StreamError("Missing magic number for semi-sync packet")
-                    self._event(memoryview(payload)[3:], need_ack=bool(payload[2] & SEMI_SYNC_NEED_ACK))
+        """Process a batch of packet payloads; raises StreamError / MasterStreamEnded / MySQLError.
+
+        Plain events (placed by their log_pos, below 4 GB, not artificial, not FDE / ROTATE /
+        heartbeat) take an inline path: header unpacked once, CRC32 checked by its residue, the store's
+        append_event, counters and master position updated once per run of them. Everything else,
+        and every packet of a semi-sync stream, goes through ``_packet`` / ``_event`` one by one.
+        Both paths write, count, place boundaries and fail identically (tests compare them).
+        """
+        append = getattr(self.store, "append_event", None)
+        if self._semi_sync or append is None or not self.fast_path:
+            packet = self._packet
+            for payload in payloads:
+                packet(payload)
+            return
+        store = self.store
+        parser = self.parser
+        parser_feed = parser.feed
+        group_complete = store.group_complete
+        boundary_outside = store.boundary_outside
+        crc32 = zlib.crc32
+        unpack_header = _header_unpack_from
+        header_len = C.HEADER_LEN
+        slow_type = _SLOW_TYPE
+        # Per-run state, written back to self before any slow-path event and when the batch ends or fails.
+        file = self.master_file
+        next_offset = self._next_offset
+        verify = self._checksum_len and self.verify_checksums
+        events = nbytes = transactions = duplicates = 0
+        timestamp_seen = 0
+        unnoted_end = 0  # end of the latest appended event not yet in master_position
+        try:
+            for payload in payloads:
+                size = len(payload) - 1
+                if size >= header_len and payload[0] == 0x00:
+                    ev = payload[1:] if size < _COPY_BELOW else memoryview(payload)[1:]
+                    timestamp, type_code, _server_id, event_size, log_pos, flags = unpack_header(ev, 0)
+                    offset = log_pos - size
+                    if (
+                        event_size == size
+                        and offset >= 4  # also excludes log_pos 0
+                        and next_offset <= _U32_MAX - size  # else a file past 4 GB: _unwrap_offset
+                        and not slow_type[type_code]
+                        and not flags & _ARTIFICIAL
+                        and file is not None
+                    ):
+                        if verify and crc32(ev) != _CRC32_RESIDUE:
+                            name = C.event_name(type_code)
+                            raise ChecksumMismatch(f"CRC32 mismatch in {name} event at {file}:{offset}")
+                        outcome = append(offset, ev, log_pos, type_code)
+                        result = parser_feed(type_code, flags, ev, 0, size)
+                        if result & _FLAG_ERROR:
+                            raise StreamError(
+                                f"unexpected event sequence at {file}:{offset} "
+                                f"({C.event_name(type_code)}): {parser.error}"
+                            )
+                        next_offset = log_pos
+                        if outcome == "duplicate":
+                            duplicates += 1
+                            # master_position is the max of the ends noted in order; a duplicate may end
+                            # before the appended events of this run, so note those first, then this one.
+                            if unnoted_end:
+                                self._note_master_position(file, unnoted_end)
+                                unnoted_end = 0
+                            self._note_master_position(file, log_pos)
+                        else:
+                            kind = result & _RESULT_MASK
+                            if kind == _GROUP_END:
+                                group_complete(log_pos, parser.gtid)
+                                transactions += 1
+                            elif kind == _EVENT_OUTSIDE:
+                                boundary_outside(log_pos)
+                            unnoted_end = log_pos
+                        events += 1
+                        nbytes += size
+                        if timestamp:
+                            timestamp_seen = timestamp
+                        continue
+                # Anything else: hand the run's state back, take the per-event path, pick it up again.
+                self._next_offset = next_offset
+                if events:  # timestamp_seen and unnoted_end are only set along with events
+                    self._end_run(file, events, nbytes, transactions, duplicates, timestamp_seen, unnoted_end)
+                    events = nbytes = transactions = duplicates = timestamp_seen = unnoted_end = 0
+                next_offset = None  # _event owns self._next_offset now, even if it raises
+                if size >= header_len and payload[0] == 0x00:
+                    self._event(memoryview(payload)[1:], need_ack=False)  # what _packet does with it
                 else:
-                    self._event(memoryview(payload)[1:], need_ack=False)
-            elif first == 0xFF:
-                raise parse_err(bytes(payload))
-            elif first == 0xFE and len(payload) < 9:
-                raise MasterStreamEnded("the master sent the end of the binlog stream (apparent master shutdown)")
+                    self._packet(payload)
+                file = self.master_file
+                next_offset = self._next_offset
+                verify = self._checksum_len and self.verify_checksums
+                parser_feed = parser.feed  # an FDE rebinds it to the flavour's parser
+        finally:
+            if next_offset is not None:
+                self._next_offset = next_offset
+            self._end_run(file, events, nbytes, transactions, duplicates, timestamp_seen, unnoted_end)
+
+    def _end_run(self, file, events, nbytes, transactions, duplicates, timestamp, unnoted_end) -> None:
+        """Apply a run of inline events' bookkeeping, as their per-event handling would have."""
+        if events:
+            counters = self.counters
+            counters.events += events
+            counters.bytes += nbytes
+            counters.transactions += transactions
+            counters.duplicates += duplicates
+        if timestamp:
+            self.master_timestamp = timestamp
+        if unnoted_end:
+            self._note_master_position(file, unnoted_end)
+
+    def _packet(self, payload) -> None:
+        """One payload through the per-event path."""
+        first = payload[0] if payload else -1
+        if first == 0x00:
+            if self._semi_sync:
+                if len(payload) < 3 or payload[1] != SEMI_SYNC_MAGIC:
+                    raise StreamError("Missing magic number for semi-sync packet")
+                self._event(memoryview(payload)[3:], need_ack=bool(payload[2] & SEMI_SYNC_NEED_ACK))
             else:
-                raise StreamError(f"unexpected packet in the binlog stream (first byte {first}, {len(payload)} bytes)")
+                self._event(memoryview(payload)[1:], need_ack=False)
+        elif first == 0xFF:
+            raise parse_err(bytes(payload))
+        elif first == 0xFE and len(payload) < 9:
+            raise MasterStreamEnded("the master sent the end of the binlog stream (apparent master shutdown)")
+        else:
+            raise StreamError(f"unexpected packet in the binlog stream (first byte {first}, {len(payload)} bytes)")
 
     def _event(self, ev: memoryview, *, need_ack: bool) -> None:
         size = len(ev)
@@ -259,6 +369,22 @@ def _unwrap_offset(log_pos: int, size: int, running: int) -> int:
     candidates = (base - (1 << 32) + low, base + low, base + (1 << 32) + low)
     return min((c for c in candidates if c >= 4), key=lambda c: abs(c - running), default=log_pos - size)
 
+
+# CRC-32 of any data followed by its own little-endian CRC-32: checking this residue over the whole
+# event equals comparing the trailer with the CRC of the rest, without slicing the event.
+_CRC32_RESIDUE = 0x2144DF1C
+_COPY_BELOW = 4096  # smaller payloads are copied out (one object); larger ones are viewed, not copied
+_ARTIFICIAL = C.LOG_EVENT_ARTIFICIAL_F
+_FLAG_ERROR = B.FLAG_ERROR
+_RESULT_MASK = B.RESULT_MASK
+_GROUP_END = B.GROUP_END
+_EVENT_OUTSIDE = B.EVENT_OUTSIDE
+# Event types feed always leaves to _event: the FDE (sets the checksum length and the parser's flavour),
+# ROTATE (may switch files) and heartbeats (never stored).
+_SLOW_TYPE = [False] * 256
+for _t in (C.FORMAT_DESCRIPTION_EVENT, C.ROTATE_EVENT, C.HEARTBEAT_LOG_EVENT, C.HEARTBEAT_LOG_EVENT_V2):
+    _SLOW_TYPE[_t] = True
+del _t
 
 # Events a MariaDB master may invent at the start of a dump (log_pos 0 or artificial flag).
 _ARTIFICIAL_ONLY = frozenset({C.MARIA_GTID_LIST_EVENT, C.MARIA_BINLOG_CHECKPOINT_EVENT, C.PREVIOUS_GTIDS_LOG_EVENT})
