@@ -43,7 +43,7 @@ def machine_info(*, server: bool = False, **extra: str) -> dict[str, str]:
         "relayproxy commit": commit,
     }
     if server:
-        from relayproxy.sandbox import find_binary
+        from relayproxy.lab.sandbox import find_binary
 
         try:
             info["mariadbd"] = subprocess.run(

@@ -1,6 +1,6 @@
 """Fan-out: N replicas streaming a live OLTP load through relayproxy, against the same N on the master itself.
 
-One MariaDB master (``relayproxy.sandbox``, row format, CRC32) receives a steady OLTP-shaped write load for
+One MariaDB master (``relayproxy.lab.sandbox``, row format, CRC32) receives a steady OLTP-shaped write load for
 ``--seconds`` (a writer *process*, so that its commit timestamps do not wait for the clients' GIL): at ``--rate``
 transactions a second it alternates an autocommit single-row INSERT with ``START TRANSACTION; INSERT; UPDATE;
 COMMIT`` (~150-byte events, as in ``relay_catchup.py``), and records ``time.monotonic()`` right after each COMMIT
@@ -58,12 +58,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
+import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 import pymysql  # noqa: E402
 
-import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
-from relayproxy.sandbox import MariaDBSandbox  # noqa: E402
+from relayproxy.lab.sandbox import MariaDBSandbox
 from relayproxy.upstream.connection import UpstreamConnection  # noqa: E402
 from relayproxy.wire.packets import parse_err  # noqa: E402
 
@@ -298,7 +298,7 @@ class Relay:
         config.write_text(USERS_TOML)
         self.log_path = work / "relay.log"
         cmd = [
-            sys.executable, "-m", "relayproxy.cli", "--log-format", "json", "run",
+            sys.executable, "-m", "relayproxy.commands.cli", "--log-format", "json", "run",
             "--master", f"127.0.0.1:{master.port}", "--user", REPL_USER, "--server-id", "100",
             "--relay-dir", str(self.relay_dir), "--http", f"127.0.0.1:{self.http_port}",
             "--listen", f"127.0.0.1:{self.listen_port}", "--config", str(config),

@@ -7,7 +7,7 @@ Loads every corpus file into memory once, then measures in one run, per event:
                           (+ ``set_format`` on FORMAT_DESCRIPTION events), no per-event objects;
 * ``boundary + CRC32`` -- the same plus ``zlib.crc32`` over a memoryview of every checksummed event;
 * ``views``            -- ``view_event(...)`` + reading its main fields (when relayproxy.binlog.views exists);
-* ``pymysqlreplication`` -- python-mysql-replication's decoders via ``relayproxy.baseline.ReferenceDecoder``
+* ``pymysqlreplication`` -- python-mysql-replication's decoders via ``relayproxy.lab.reference.ReferenceDecoder``
                           (the event object a ``BinLogStreamReader`` returns; row values stay lazy);
 * ``pymysqlreplication + rows`` -- the same with row values materialised (``.rows``), as a CDC consumer does.
 
@@ -50,10 +50,15 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
 import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
-from relayproxy.baseline import LIBRARY_VERSION, ReferenceDecodeError, ReferenceDecoder  # noqa: E402
+
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
-from relayproxy.binlog.events import HEADER, FormatDescription  # noqa: E402
+from relayproxy.binlog.events import HEADER, FormatDescription
+from relayproxy.lab.reference import (
+    LIBRARY_VERSION,
+    ReferenceDecodeError,
+    ReferenceDecoder,
+)
 
 try:  # written concurrently by others; the views row is reported as missing until it exists
     from relayproxy.binlog.views import view_event  # noqa: E402

@@ -1,6 +1,6 @@
 """Catch-up throughput and memory: relayproxy against the MariaDB replica IO thread and mariadb-binlog.
 
-Builds a real MariaDB master (``relayproxy.sandbox``) holding a backlog in two shapes, one after
+Builds a real MariaDB master (``relayproxy.lab.sandbox``) holding a backlog in two shapes, one after
 the other (``RESET MASTER`` in between):
 
 * ``oltp`` (``--backlog-mb``, 100 MB) -- small transactions, about 150 bytes an event: a stored
@@ -75,12 +75,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
+import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 import pymysql  # noqa: E402
 
-import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
-from relayproxy.sandbox import MariaDBSandbox, find_binary  # noqa: E402
+from relayproxy.lab.sandbox import MariaDBSandbox, find_binary
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 POLL = 0.01  # seconds between status polls, the same for every reader
@@ -425,7 +425,7 @@ class Relay:
         self.src_root = src_root
         self.log_path = relay_dir.parent / f"{relay_dir.name}.log"
         relay_cmd = [
-            sys.executable, "-m", "relayproxy.cli", "--log-format", "json", "run",
+            sys.executable, "-m", "relayproxy.commands.cli", "--log-format", "json", "run",
             "--master", f"127.0.0.1:{master.port}", "--user", REPL_USER, "--server-id", str(server_id),
             "--relay-dir", str(relay_dir), "--http", f"127.0.0.1:{self.http_port}", "--sync-mode", sync_mode,
         ]
@@ -846,8 +846,8 @@ def _source_line(path: str, lineno: int) -> str:
 
 def cprofile_inprocess(master, backlog: Backlog, workdir: Path, timeout: float, top: int = 25) -> dict:
     """An in-process `serve()` catch-up under cProfile (deterministic: adds per-call overhead)."""
-    from relayproxy import config
-    from relayproxy.run import serve
+    from relayproxy.commands import config
+    from relayproxy.commands.run import serve
 
     relay_dir = Path(tempfile.mkdtemp(prefix="relay-cprofile-", dir=workdir)) / "relay"
     env = {

@@ -1,6 +1,6 @@
 """Chaos soak: a live MariaDB topology through relayproxy under load and random faults, then fuzzing, then checksums.
 
-Topology (every server a ``relayproxy.sandbox`` mariadbd, GTIDs on as MariaDB always has them, binlog_format ROW,
+Topology (every server a ``relayproxy.lab.sandbox`` mariadbd, GTIDs on as MariaDB always has them, binlog_format ROW,
 ``max_binlog_size`` 1 MB so that files rotate often)::
 
     load threads --> master --+--> direct replica (MASTER_USE_GTID=slave_pos: the control)
@@ -66,14 +66,18 @@ for _path in (REPO_ROOT, REPO_ROOT / "benchmarks"):  # run as a plain script fro
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-import pymysql  # noqa: E402
-
 import benchinfo  # noqa: E402
 import fanout  # noqa: E402  (its Relay: `relayproxy run --listen` as a subprocess, with an account for replicas)
 import fuzz  # noqa: E402
+import pymysql  # noqa: E402
+
 from relayproxy.binlog import constants as C  # noqa: E402
-from relayproxy.faultproxy import SERVER_TO_CLIENT, FaultProxyError, ThreadedFaultProxy  # noqa: E402
-from relayproxy.sandbox import MariaDBSandbox  # noqa: E402
+from relayproxy.lab.faultproxy import (
+    SERVER_TO_CLIENT,
+    FaultProxyError,
+    ThreadedFaultProxy,
+)
+from relayproxy.lab.sandbox import MariaDBSandbox
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"

@@ -10,7 +10,7 @@ ns per event, events/s and MB/s, plus the ratios between the parsers, overall an
 * ``view``               -- relayproxy's full event view: ``view_event(...)`` (header + typed view) and
                             reading the fields its consumer reads (``parse_cost._VIEW_FIELDS``);
 * ``pymysqlreplication`` -- python-mysql-replication's decoder from the event's bytes
-                            (``relayproxy.baseline.ReferenceDecoder.decode``, row values lazy), counted only
+                            (``relayproxy.lab.reference.ReferenceDecoder.decode``, row values lazy), counted only
                             for the events it decodes; events it has no decoder for, or raises on, are
                             reported apart.
 
@@ -91,12 +91,17 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
 
 import benchinfo  # noqa: E402
 from parse_cost import _HEADER_FIELDS, _VIEW_FIELDS, corpus_path  # noqa: E402  (one definition of what a view's consumer reads)
-from relayproxy.baseline import LIBRARY_VERSION, ReferenceDecodeError, ReferenceDecoder  # noqa: E402
+
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
-from relayproxy.binlog.events import HEADER, FormatDescription  # noqa: E402
+from relayproxy.binlog.events import HEADER, FormatDescription
 from relayproxy.binlog.reader import BinlogScanner  # noqa: E402
 from relayproxy.binlog.views import view_event  # noqa: E402
+from relayproxy.lab.reference import (
+    LIBRARY_VERSION,
+    ReferenceDecodeError,
+    ReferenceDecoder,
+)
 
 DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "data" / "spark_parse_cost"
@@ -915,7 +920,7 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
     outcomes = report["coverage"]
     not_decoded = {t: o for t, o in outcomes.items() if set(o) - {"decoded"}}
     lines.append(
-        f"python-mysql-replication {LIBRARY_VERSION} (`relayproxy.baseline.ReferenceDecoder`, row values left lazy) "
+        f"python-mysql-replication {LIBRARY_VERSION} (`relayproxy.lab.reference.ReferenceDecoder`, row values left lazy) "
         "decoded every event of the other types. Events it has no decoder for (`not_decoded`) or raises on (`error`) "
         "are timed but left out of its rows and ratios:"
     )

@@ -6,7 +6,7 @@ Each shape is one recording, in its own folder of the dataset::
     <dataset>/<shape>.log                     the relay's log
     <dataset>/manifest.json                   per shape: what was driven, files, events by type, bytes
 
-How a shape is recorded: one local master (``relayproxy.sandbox.MariaDBSandbox``, row format,
+How a shape is recorded: one local master (``relayproxy.lab.sandbox.MariaDBSandbox``, row format,
 CRC32, ``max_allowed_packet=1G``); per shape ``RESET MASTER``, then ``relayproxy run`` (a
 subprocess, ``tests.relayharness.RelayProcess``) starts from the master's first file into
 ``<dataset>/<shape>/``, the shape's workload runs against the master while the relay follows it,
@@ -52,7 +52,7 @@ from pymysql.constants import CLIENT  # noqa: E402
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.reader import scan_file  # noqa: E402
-from relayproxy.sandbox import MariaDBSandbox  # noqa: E402
+from relayproxy.lab.sandbox import MariaDBSandbox
 from tests.relayharness import RelayProcess, master_status, prepare_master  # noqa: E402
 
 DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"

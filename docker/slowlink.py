@@ -17,7 +17,7 @@ import asyncio
 import signal
 import sys
 
-from relayproxy.faultproxy import SERVER_TO_CLIENT, FaultProxy, FaultProxyError
+from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, FaultProxy, FaultProxyError
 from relayproxy.log import configure_logging, get_logger
 
 log = get_logger("relayproxy.slowlink")

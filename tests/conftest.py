@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from relayproxy.sandbox import MariaDBSandbox, SandboxError
+from relayproxy.lab.sandbox import MariaDBSandbox, SandboxError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pymysql
 
 from relayproxy.binlog import constants as C
-from relayproxy.faultproxy import ThreadedFaultProxy
-from relayproxy.packetwatch import MysqlStreamWatcher
+from relayproxy.lab.faultproxy import ThreadedFaultProxy
+from relayproxy.lab.packetwatch import MysqlStreamWatcher
 
 REPO = Path(__file__).resolve().parent.parent
 FIRST_FILE = "master-bin.000001"  # a fresh MariaDBSandbox master's first binlog
@@ -37,7 +37,7 @@ class RelayProcess:
         self.relay_dir = Path(relay_dir)
         self.http_port = free_port()
         self.args = [
-            sys.executable, "-m", "relayproxy.cli", "--log-format", "json", "run",
+            sys.executable, "-m", "relayproxy.commands.cli", "--log-format", "json", "run",
             "--master", f"127.0.0.1:{master_port}", "--user", user, "--server-id", str(server_id),
             "--relay-dir", str(self.relay_dir), "--http", f"127.0.0.1:{self.http_port}",
             "--gtid-mode", gtid_mode, "--heartbeat-period", "0.5", "--reconnect-max-delay", "0.5",

@@ -12,7 +12,7 @@ from relayproxy import __version__
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "relayproxy.cli", *args],
+        [sys.executable, "-m", "relayproxy.commands.cli", *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from relayproxy import config
+from relayproxy.commands import config
 
 
 def parse(argv):

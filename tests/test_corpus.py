@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from relayproxy import cli
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.events import FormatDescription, split_version
 from relayproxy.binlog.reader import ScannedEvent, ScannedGroup, scan_file
+from relayproxy.commands import cli
 
 TRUNCATED_FILES = {
     # magic + 10 bytes: not even one event header

@@ -1,6 +1,6 @@
 """python-mysql-replication, driven from the corpus bytes, agrees with relayproxy on every corpus event.
 
-The reference decoder (``relayproxy.baseline.ReferenceDecoder``) is fed each file's events in
+The reference decoder (``relayproxy.lab.reference.ReferenceDecoder``) is fed each file's events in
 order, as a live ``BinLogStreamReader`` would receive them; our side is the reader (event cuts,
 positions), the boundary parser (GTIDs) and the typed views (fields). Where the library is known
 to be wrong or unable, the test says so explicitly -- a table of known failures that must keep
@@ -18,12 +18,16 @@ from typing import Any
 
 import pytest
 
-from relayproxy.baseline import ReferenceDecodeError, ReferenceDecoder, library_decodes
 from relayproxy.binlog import boundary as B
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.events import BinlogFormatError, FormatDescription
 from relayproxy.binlog.reader import ScannedEvent, ScanResult, scan_file
 from relayproxy.binlog.views import format_uuid, view_event
+from relayproxy.lab.reference import (
+    ReferenceDecodeError,
+    ReferenceDecoder,
+    library_decodes,
+)
 
 BLACKBEAM = "blackbeam-rust_mysql_common/test-data/binlogs/"
 MARIADB_POC = "mariadb-operator-mariadb-poc/mariadb-binlog/binlogs/"

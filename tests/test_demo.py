@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from relayproxy.demo import processes_mentioning
+from relayproxy.commands.demo import processes_mentioning
 
 SHORT_RUN = ["--workload-seconds", "2", "--stuck-seconds", "4", "--big-mb", "8"]
 
@@ -27,7 +27,7 @@ def _ctrl_c_enabled() -> None:
 
 
 def demo_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "relayproxy.cli", "demo", *args]
+    return [sys.executable, "-m", "relayproxy.commands.cli", "demo", *args]
 
 
 def demo_env(tmp_path: Path) -> dict[str, str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from relayproxy import cli, config
+from relayproxy.commands import cli, config
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
@@ -336,7 +336,7 @@ def test_dockerfile_runs_the_relayproxy_console_script_as_a_non_root_user():
                    if line.strip())
     (entrypoint,) = dockerfile("ENTRYPOINT")
     assert json.loads(entrypoint) == ["relayproxy"]
-    assert {k.strip(): v.strip() for k, v in scripts.items()}["relayproxy"] == "relayproxy.cli:main"
+    assert {k.strip(): v.strip() for k, v in scripts.items()}["relayproxy"] == "relayproxy.commands.cli:main"
     (cmd,) = dockerfile("CMD")
     args = relayproxy_args(json.loads(cmd))
     env = dockerfile_env()

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymysql import _auth as pymysql_auth
 
-from relayproxy import config
 from relayproxy.binlog import constants as C
+from relayproxy.commands import config
 from relayproxy.downstream.context import DownstreamContext
 from relayproxy.downstream.server import DownstreamServer
 from relayproxy.downstream.users import DownstreamUser
@@ -38,8 +38,17 @@ from relayproxy.relay.store import RelayStore
 from relayproxy.upstream.receiver import ReceiverCounters
 from relayproxy.upstream.session import UpstreamStatus
 from relayproxy.wire import packets as P
-from relayproxy.wire.handshake import build_handshake_response, client_capabilities, parse_handshake
-from relayproxy.wire.packets import PacketDecoder, TextResultReader, encode_packet, parse_err
+from relayproxy.wire.handshake import (
+    build_handshake_response,
+    client_capabilities,
+    parse_handshake,
+)
+from relayproxy.wire.packets import (
+    PacketDecoder,
+    TextResultReader,
+    encode_packet,
+    parse_err,
+)
 
 MARIA_DIR = "mariadb-operator-mariadb-poc/mariadb-binlog/binlogs/domain_id_1"
 MARIA_FILES = ("mariadb-repl-bin.000001", "mariadb-repl-bin.000002")  # 11.8.5, domain 1: '' -> 1-10-12

@@ -33,9 +33,6 @@ from relayproxy.downstream.context import (
     ConnectionState,
     DownstreamContext,
     DumpRequest,
-    ErrorResponse,
-    OkResponse,
-    ResultSet,
 )
 from relayproxy.downstream.server import (
     ClientConnectionLost,
@@ -55,8 +52,22 @@ from relayproxy.wire.handshake import (
     client_capabilities,
     parse_handshake,
 )
-from relayproxy.wire.packets import MySQLError, PacketDecoder, TextResultReader, encode_packet, parse_err, parse_ok
-from relayproxy.wire.results import encode_error, encode_result_set, infer_column
+from relayproxy.wire.packets import (
+    MySQLError,
+    PacketDecoder,
+    TextResultReader,
+    encode_packet,
+    parse_err,
+    parse_ok,
+)
+from relayproxy.wire.results import (
+    ErrorResponse,
+    OkResponse,
+    ResultSet,
+    encode_error,
+    encode_result_set,
+    infer_column,
+)
 from relayproxy.wire.server_auth import (
     AuthAccepted,
     AuthRejected,

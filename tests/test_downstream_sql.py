@@ -19,24 +19,22 @@ from pathlib import Path
 
 import pytest
 
-from relayproxy import config
 from relayproxy.binlog import boundary as B
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from relayproxy.binlog.reader import scan_file
+from relayproxy.commands import config
 from relayproxy.downstream.context import (
     ConnectionState,
     DownstreamContext,
     DumpProgress,
-    ErrorResponse,
-    OkResponse,
     ReplicaRegistration,
-    ResultSet,
 )
 from relayproxy.downstream.sql import SYSTEM_VARIABLES, execute, execute_sync, tokenize
 from relayproxy.relay.store import RelayStore, SyncPolicy
 from relayproxy.upstream.receiver import ReceiverCounters
 from relayproxy.upstream.session import UpstreamStatus
+from relayproxy.wire.results import ErrorResponse, OkResponse, ResultSet
 
 from . import eventgen as E
 

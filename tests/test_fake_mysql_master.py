@@ -1,4 +1,4 @@
-"""The whole relay (``relayproxy.run.serve`` in-process, and once ``relayproxy run`` as a process) against a
+"""The whole relay (``relayproxy.commands.run.serve`` in-process, and once ``relayproxy run`` as a process) against a
 scripted fake MySQL 8.0 master (tests/fakemaster.py) that serves real MySQL corpus binlogs.
 
 What is checked is what a MySQL master would see and what the relay ends up holding: the queries and
@@ -17,13 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from relayproxy import config
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_bytes
-from relayproxy.run import serve
+from relayproxy.commands import config
+from relayproxy.commands.run import serve
 
-from .fakemaster import FakeMySQLMaster, clear_in_use, next_binlog, split_events, wire_bytes
+from .fakemaster import (
+    FakeMySQLMaster,
+    clear_in_use,
+    next_binlog,
+    split_events,
+    wire_bytes,
+)
 from .relayharness import RelayProcess
 
 MYSQL80 = "zendesk-maxwell/src/test/resources/sql/replay/binlog.000004"  # 8.0.29, PREVIOUS_GTIDS 1-5, 21 GTIDs

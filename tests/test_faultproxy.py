@@ -14,7 +14,7 @@ import pymysql
 import pytest
 
 from relayproxy.binlog import constants as C
-from relayproxy.faultproxy import (
+from relayproxy.lab.faultproxy import (
     CLIENT_TO_SERVER,
     SERVER_TO_CLIENT,
     ConnectionClosedError,
@@ -22,8 +22,12 @@ from relayproxy.faultproxy import (
     FaultProxy,
     ThreadedFaultProxy,
 )
-from relayproxy.packetwatch import MAX_PACKET_PAYLOAD, EventLocation, MysqlStreamWatcher
-from relayproxy.sandbox import MariaDBSandbox
+from relayproxy.lab.packetwatch import (
+    MAX_PACKET_PAYLOAD,
+    EventLocation,
+    MysqlStreamWatcher,
+)
+from relayproxy.lab.sandbox import MariaDBSandbox
 
 from . import eventgen as E
 

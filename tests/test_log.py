@@ -66,7 +66,7 @@ def test_console_format_is_for_people(capsys):
 
 def test_auto_is_json_when_stderr_is_not_a_terminal(capsys):
     configure_logging("auto", "info")
-    get_logger("relayproxy.run").info("relay recovered from its files", report="nothing to do")
+    get_logger("relayproxy.commands.run").info("relay recovered from its files", report="nothing to do")
     [line] = capsys.readouterr().err.splitlines()
     assert list(json.loads(line))[:4] == LEADING
 
@@ -81,7 +81,7 @@ def test_bad_format_or_level_names_the_choices():
 def run_relay_until_it_logs(tmp_path, log_format: str, wanted: str) -> str:
     """`relayproxy --log-format X run` against a closed port: it logs its failed connection attempts."""
     err = tmp_path / f"{log_format}.log"
-    args = [sys.executable, "-m", "relayproxy.cli", "--log-format", log_format, "run",
+    args = [sys.executable, "-m", "relayproxy.commands.cli", "--log-format", log_format, "run",
             "--master", f"127.0.0.1:{free_port()}", "--user", "repl", "--server-id", "7",
             "--relay-dir", str(tmp_path / f"relay-{log_format}"), "--reconnect-max-delay", "0.2"]
     with open(err, "wb") as out:

@@ -14,14 +14,27 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from relayproxy import __version__
-from relayproxy.downstream.context import ConnectionState, DumpProgress, ReplicaRegistration
-from relayproxy.http_api import HttpApi
-from relayproxy.metrics import FSYNC_BUCKETS, FsyncStats, build_registry
+from relayproxy.downstream.context import (
+    ConnectionState,
+    DumpProgress,
+    ReplicaRegistration,
+)
+from relayproxy.ops.http import HttpApi
+from relayproxy.ops.metrics import FSYNC_BUCKETS, FsyncStats, build_registry
+from relayproxy.ops.status import bytes_behind, file_index, format_status, relay_status
 from relayproxy.relay import RelayStore, RelayStoreFailed, SyncPolicy
 from relayproxy.relay.retention import RetentionStats
-from relayproxy.status import bytes_behind, file_index, format_status, relay_status
-from relayproxy.upstream.receiver import ChecksumMismatch, MasterStreamEnded, ReceiverCounters, StreamError
-from relayproxy.upstream.session import UPSTREAM_ERROR_KINDS, UpstreamStatus, upstream_error_kind
+from relayproxy.upstream.receiver import (
+    ChecksumMismatch,
+    MasterStreamEnded,
+    ReceiverCounters,
+    StreamError,
+)
+from relayproxy.upstream.session import (
+    UPSTREAM_ERROR_KINDS,
+    UpstreamStatus,
+    upstream_error_kind,
+)
 from relayproxy.wire.packets import MySQLError
 
 from .relayharness import change_master, master_status, wait_replica

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from relayproxy import config
+from relayproxy.commands import config
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()

@@ -14,7 +14,7 @@ def test_second_relay_on_the_same_directory_is_refused(tmp_path):
     first = RelayProcess(relay_dir, free_port()).start()
     try:
         second = subprocess.run(
-            [sys.executable, "-m", "relayproxy.cli", "run", "--master", f"127.0.0.1:{free_port()}", "--user", "repl",
+            [sys.executable, "-m", "relayproxy.commands.cli", "run", "--master", f"127.0.0.1:{free_port()}", "--user", "repl",
              "--password", "x", "--server-id", "101", "--relay-dir", str(relay_dir)],
             capture_output=True, text=True, timeout=60, cwd=REPO,
         )

@@ -10,7 +10,12 @@ import time
 
 import pytest
 
-from .relayharness import RelayProcess, assert_files_equal_master, master_status, prepare_master
+from .relayharness import (
+    RelayProcess,
+    assert_files_equal_master,
+    master_status,
+    prepare_master,
+)
 
 pytestmark = pytest.mark.server
 
@@ -90,14 +95,14 @@ def test_file_position_mode_mirrors_the_master(master, relay_factory):
     assert "relayproxy_horizon_position_bytes" in text and "relayproxy_transactions_received_total" in text
     file, pos = master_status(master)
     shown = subprocess.run(
-        [sys.executable, "-m", "relayproxy.cli", "status", "--http", f"127.0.0.1:{relay.http_port}"],
+        [sys.executable, "-m", "relayproxy.commands.cli", "status", "--http", f"127.0.0.1:{relay.http_port}"],
         capture_output=True, text=True, timeout=30,
     )
     assert shown.returncode == 0, shown.stderr
     assert f"Read_Master_Log_Pos:    {pos}" in shown.stdout and f"Master_Log_File:        {file}" in shown.stdout
     relay.stop()
     gone = subprocess.run(
-        [sys.executable, "-m", "relayproxy.cli", "status", "--http", f"127.0.0.1:{relay.http_port}"],
+        [sys.executable, "-m", "relayproxy.commands.cli", "status", "--http", f"127.0.0.1:{relay.http_port}"],
         capture_output=True, text=True, timeout=30,
     )
     assert gone.returncode == 1 and "cannot read" in gone.stderr

@@ -6,9 +6,15 @@ import time
 
 import pytest
 
-from relayproxy.faultproxy import SERVER_TO_CLIENT, ThreadedFaultProxy
+from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, ThreadedFaultProxy
 
-from .relayharness import RelayProcess, StreamMap, assert_files_equal_master, master_status, prepare_master
+from .relayharness import (
+    RelayProcess,
+    StreamMap,
+    assert_files_equal_master,
+    master_status,
+    prepare_master,
+)
 
 pytestmark = pytest.mark.server
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayproxy import config
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import MariaBinlogState
+from relayproxy.commands import config
 from relayproxy.downstream import dump as D
 from relayproxy.downstream.context import DumpProgress, ReplicaRegistration
 from relayproxy.downstream.users import parse_users
@@ -249,7 +249,7 @@ def test_bad_retention_values_name_the_option_and_the_source(option, value, frag
 def test_relayproxy_serve_refuses_retention_options(tmp_path):
     import argparse
 
-    from relayproxy import serve as S
+    from relayproxy.commands import serve as S
 
     parser = argparse.ArgumentParser()
     S.add_arguments(parser)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pymysql
 import pytest
 
-import relayproxy.sandbox as sandbox_module
-from relayproxy.sandbox import MariaDBSandbox, SandboxError
+import relayproxy.lab.sandbox as sandbox_module
+from relayproxy.lab.sandbox import MariaDBSandbox, SandboxError
 
 BINLOG_MAGIC = b"\xfebin"
 

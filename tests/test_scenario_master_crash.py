@@ -1,7 +1,7 @@
 """Issue 5, scenario 1: the master dies (kill -9) while a large transaction is half sent. A MariaDB replica of the
 master directly is left with Read_Master_Log_Pos != Exec_Master_Log_Pos, so an HA controller's rule never lets it
 switch; the replica through relayproxy is at Read == Exec at the last complete transaction. Both in one run
-(relayproxy.story), with the side-by-side figures reported."""
+(relayproxy.lab.story), with the side-by-side figures reported."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from relayproxy.story import StoryResult, run_crash_story
+from relayproxy.lab.story import StoryResult, run_crash_story
 
 pytestmark = pytest.mark.server
 

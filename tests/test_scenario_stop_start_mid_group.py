@@ -19,12 +19,21 @@ from dataclasses import dataclass
 
 import pytest
 
-from relayproxy.faultproxy import SERVER_TO_CLIENT, ThreadedFaultProxy
-from relayproxy.packetwatch import EventLocation
+from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, ThreadedFaultProxy
+from relayproxy.lab.packetwatch import EventLocation
 
 from .relayharness import (
-    RelayProcess, StreamMap, assert_files_equal_master, assert_same_data, change_master, listener_query,
-    master_status, prepare_master, replica_status, wait_relay, wait_replica,
+    RelayProcess,
+    StreamMap,
+    assert_files_equal_master,
+    assert_same_data,
+    change_master,
+    listener_query,
+    master_status,
+    prepare_master,
+    replica_status,
+    wait_relay,
+    wait_replica,
 )
 from .test_downstream_topologies import relays  # noqa: F401 - a fixture
 

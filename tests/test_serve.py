@@ -42,12 +42,17 @@ from pymysqlreplication.event import (
     XidEvent,
 )
 from pymysqlreplication.packet import BinLogPacketWrapper
-from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
 
-from relayproxy import serve as S
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_file
+from relayproxy.commands import serve as S
 
 from . import eventgen as E
 
@@ -749,7 +754,7 @@ def test_follow_stops_at_what_it_cannot_serve(corpus_dir, tmp_path):
 
 def test_command_line_errors(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    run = [sys.executable, "-m", "relayproxy.serve", "--log-format", "json"]
+    run = [sys.executable, "-m", "relayproxy.commands.serve", "--log-format", "json"]
     missing = subprocess.run(run + ["--listen", "127.0.0.1:0", "--users", USERS], capture_output=True, text=True,
                              timeout=30, env=env)
     assert missing.returncode == 2 and "binlog_dir" in missing.stderr
@@ -772,7 +777,7 @@ def test_command_line_serves_until_sigterm(corpus_dir):
     before = snapshot(directory)
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO), RELAYPROXY_BINLOG_DIR=str(directory), RELAYPROXY_USERS=USERS)
-    proc = subprocess.Popen([sys.executable, "-m", "relayproxy.serve", "--log-format", "json",
+    proc = subprocess.Popen([sys.executable, "-m", "relayproxy.commands.serve", "--log-format", "json",
                              "--listen", f"127.0.0.1:{port}", "--server-id", "77"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

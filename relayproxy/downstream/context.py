@@ -13,37 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
-
-# ---------------------------------------------------------------------------------------------
-# Responses the SQL layer returns; the server encodes them (wire/results.py).
-
-
-@dataclass(frozen=True)
-class OkResponse:
-    affected_rows: int = 0
-    last_insert_id: int = 0
-    info: str = ""
-    warnings: int = 0
-
-
-@dataclass(frozen=True)
-class ResultSet:
-    """A text-protocol result set. Values are str, bytes, int, float or None (SQL NULL)."""
-
-    columns: Sequence[str]
-    rows: Sequence[Sequence[Any]]
-
-
-@dataclass(frozen=True)
-class ErrorResponse:
-    code: int
-    sqlstate: str
-    message: str
-
-
-Response = OkResponse | ResultSet | ErrorResponse
-
+from typing import Any, Protocol
 
 # ---------------------------------------------------------------------------------------------
 # Per-connection state.

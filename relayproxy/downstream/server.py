@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
 from ..log import get_logger
-from ..wire.tls import MemoryTls
+from ..wire.accounts import DownstreamUser, find_user
 from ..wire.packets import (
     CLIENT_SSL,
     COM_BINLOG_DUMP,
@@ -40,10 +40,16 @@ from ..wire.packets import (
     encode_packet,
     packet_count,
 )
-from ..wire.results import encode_error, encode_ok, encode_response
+from ..wire.results import (
+    ErrorResponse,
+    Response,
+    encode_error,
+    encode_ok,
+    encode_response,
+)
 from ..wire.server_auth import (
-    AuthAccepted,
     ER_HANDSHAKE_ERROR,
+    AuthAccepted,
     AuthRejected,
     HandshakeError,
     RsaKeyPair,
@@ -59,17 +65,15 @@ from ..wire.server_auth import (
     parse_handshake_response,
     server_capabilities,
 )
+from ..wire.tls import MemoryTls
 from .context import (
     ConnectionState,
     DownstreamContext,
     DumpChannel,
     DumpProgress,
     DumpRequest,
-    ErrorResponse,
     ReplicaRegistration,
-    Response,
 )
-from .users import DownstreamUser, find_user
 
 log = get_logger(__name__)
 

@@ -43,10 +43,11 @@ from ..binlog.events import split_version
 from ..binlog.gtid import GtidSet, MariaBinlogState
 from ..binlog.reader import BinlogScanner
 from ..log import get_logger
+from ..ops.status import relay_status
 from ..relay.catalog import CatalogError, FileCatalog
 from ..relay.retention import readers_in, readers_of
-from ..status import relay_status
-from .context import ConnectionState, ErrorResponse, OkResponse, Response, ResultSet
+from ..wire.results import ErrorResponse, OkResponse, Response, ResultSet
+from .context import ConnectionState
 from .users import find_user
 
 __all__ = ["execute", "execute_sync", "SqlError", "SysVar", "SYSTEM_VARIABLES", "STATUS_VARIABLES", "tokenize"]

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..downstream.context import ErrorResponse, OkResponse, Response, ResultSet
 from .packets import (
     CHARSET_UTF8MB4_GENERAL_CI,
     CLIENT_DEPRECATE_EOF,
@@ -23,6 +22,36 @@ from .packets import (
     lenenc_bytes,
     lenenc_int,
 )
+
+# ---------------------------------------------------------------------------------------------
+# Responses: what the SQL layer answers with, encoded below into packets.
+
+
+@dataclass(frozen=True)
+class OkResponse:
+    affected_rows: int = 0
+    last_insert_id: int = 0
+    info: str = ""
+    warnings: int = 0
+
+
+@dataclass(frozen=True)
+class ResultSet:
+    """A text-protocol result set. Values are str, bytes, int, float or None (SQL NULL)."""
+
+    columns: Sequence[str]
+    rows: Sequence[Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class ErrorResponse:
+    code: int
+    sqlstate: str
+    message: str
+
+
+Response = OkResponse | ResultSet | ErrorResponse
+
 
 _U16 = struct.Struct("<H")
 _ERR_HEAD = struct.Struct("<BH")

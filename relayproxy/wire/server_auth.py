@@ -23,8 +23,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from ..downstream.context import ErrorResponse
-from ..downstream.users import CACHING_SHA2_PASSWORD, NATIVE_PASSWORD, DownstreamUser, find_user
+from .accounts import CACHING_SHA2_PASSWORD, NATIVE_PASSWORD, DownstreamUser, find_user
 from .auth import (
     AUTH_MORE_DATA,
     AUTH_SWITCH_REQUEST,
@@ -60,6 +59,7 @@ from .packets import (
     read_lenenc_bytes,
     read_lenenc_int,
 )
+from .results import ErrorResponse
 
 # Server error codes of the connection phase (include/mysqld_error.h).
 ER_HANDSHAKE_ERROR = 1043

@@ -8,19 +8,19 @@ import sys
 
 # subcommand -> (module, one-line help). Each module exposes add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "inspect": ("relayproxy.inspect", "walk binlog or relay-log files: events, transaction groups, CRCs"),
-    "run": ("relayproxy.run", "replicate from a master into durable relay files (the relay)"),
-    "serve": ("relayproxy.serve", "serve existing binlog files read-only to replicas and tools, as their master"),
-    "status": ("relayproxy.status_cmd", "show a running relay's horizon and upstream health"),
+    "inspect": ("relayproxy.commands.inspect", "walk binlog or relay-log files: events, transaction groups, CRCs"),
+    "run": ("relayproxy.commands.run", "replicate from a master into durable relay files (the relay)"),
+    "serve": ("relayproxy.commands.serve", "serve existing binlog files read-only to replicas and tools, as their master"),
+    "status": ("relayproxy.commands.status", "show a running relay's horizon and upstream health"),
     "demo": (
-        "relayproxy.demo",
+        "relayproxy.commands.demo",
         "local master, relay and replicas: a live workload, then a master crash mid-transaction, side by side",
     ),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(
         prog="relayproxy",
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .log import configure_logging
+    from ..log import configure_logging
 
     configure_logging(fmt=args.log_format, level=args.log_level)
     return int(args._run(args) or 0)

@@ -15,7 +15,11 @@ from bisect import bisect_left
 from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
 # From a fast NVMe fdatasync (well under 1 ms) to a busy spinning disk or network volume (~1 s).
 FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
@@ -79,7 +83,7 @@ def _le(bound: float) -> str:
 
 
 class RelayCollector:
-    """Turns one status document (``relayproxy.status.relay_status``) per scrape into metric families."""
+    """Turns one status document (``relayproxy.ops.status.relay_status``) per scrape into metric families."""
 
     def __init__(self, status: Callable[[], dict[str, Any]], fsync: FsyncStats | None = None):
         self._status = status

@@ -1,4 +1,4 @@
-"""`relayproxy demo`: the master-crash-mid-transaction story (relayproxy.story) shown live, then cleaned away.
+"""`relayproxy demo`: the master-crash-mid-transaction story (relayproxy.lab.story) shown live, then cleaned away.
 
 A local MariaDB master, relayproxy, a replica through it and one direct, in a temporary folder; a live view of a
 mixed workload, then the master killed mid-transaction, and which replica an HA controller may promote. Nothing is
@@ -22,10 +22,10 @@ from typing import TextIO
 
 import pymysql
 
-from .faultproxy import FaultProxyError
-from .log import configure_logging, get_logger
-from .sandbox import SandboxError
-from .story import CrashStory, Snapshot, StoryError, StoryResult
+from ..lab.faultproxy import FaultProxyError
+from ..lab.sandbox import SandboxError
+from ..lab.story import CrashStory, Snapshot, StoryError, StoryResult
+from ..log import configure_logging, get_logger
 
 log = get_logger(__name__)
 

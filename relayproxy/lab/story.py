@@ -8,7 +8,7 @@ Topology (everything on 127.0.0.1, in one working directory)::
     master M ──P1── relayproxy R ── replica T ("through the relay")
              └─P2── replica D ("direct")
 
-P1 and P2 are fault-injecting forwarders (`relayproxy.faultproxy`). They make the crash deterministic: both links
+P1 and P2 are fault-injecting forwarders (`relayproxy.lab.faultproxy`). They make the crash deterministic: both links
 are held right after the same event in the middle of the big transaction, the master is killed with SIGKILL, and
 the links then drop, as a dead master's connections do. An HA controller's usual rule is "promote a replica once
 `Read_Master_Log_Pos == Exec_Master_Log_Pos`" (it has applied everything it received). The direct replica received
@@ -40,9 +40,9 @@ from typing import Any
 
 import pymysql
 
-from .binlog import constants as C
+from ..binlog import constants as C
+from ..log import get_logger
 from .faultproxy import ThreadedFaultProxy
-from .log import get_logger
 from .packetwatch import EventLocation, MysqlStreamWatcher
 from .sandbox import MariaDBSandbox
 
@@ -305,7 +305,7 @@ class RelayRunner:
         self.listen_port = _free_port()
         self.log_path = relay_dir.parent / "relay.log"
         self.command = [
-            sys.executable, "-m", "relayproxy.cli", "--log-format", "json", "run",
+            sys.executable, "-m", "relayproxy.commands.cli", "--log-format", "json", "run",
             "--master", f"127.0.0.1:{master_port}", "--user", REPL_USER, "--server-id", str(server_id),
             "--relay-dir", str(relay_dir), "--http", f"127.0.0.1:{self.http_port}",
             "--listen", f"127.0.0.1:{self.listen_port}", "--gtid-mode", "mariadb",
@@ -365,7 +365,7 @@ class MidTransactionHold:
 
     Taps follow every connection's bytes with a MysqlStreamWatcher; once `hold_after(log_pos)` is armed, the first
     binlog event whose header shows log_pos >= that position gets `pause_at_stream_offset(its end)`, armed from
-    the tap before any byte of it has been forwarded (see relayproxy.faultproxy).
+    the tap before any byte of it has been forwarded (see relayproxy.lab.faultproxy).
     """
 
     def __init__(self, proxy: ThreadedFaultProxy, name: str) -> None:

@@ -9,10 +9,10 @@ import os
 import signal
 import sys
 
+from ..log import get_logger
 from . import config
-from .log import get_logger
 
-log = get_logger("relayproxy.run")
+log = get_logger("relayproxy.commands.run")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,11 +78,11 @@ def lock_relay_dir(relay_dir) -> int:
 
 async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     """Run the relay until SIGTERM/SIGINT (or until the returned task is cancelled)."""
-    from .http_api import HttpApi
-    from .metrics import FsyncStats
-    from .relay.store import RelayStore, SyncPolicy
-    from .status import relay_status
-    from .upstream.session import UpstreamSession
+    from ..ops.http import HttpApi
+    from ..ops.metrics import FsyncStats
+    from ..ops.status import relay_status
+    from ..relay.store import RelayStore, SyncPolicy
+    from ..upstream.session import UpstreamSession
 
     policy = SyncPolicy(mode=cfg.sync_mode, max_transactions=cfg.sync_max_transactions, max_delay=cfg.sync_max_delay)
     fsync = FsyncStats()  # survives store reopens: the session passes on_fsync to the new store
@@ -148,7 +148,7 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
 
 def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":
     """Purge old relay files by the retention_* limits, on this loop (the thread that owns the store)."""
-    from .relay.retention import RetentionPolicy, RetentionTask
+    from ..relay.retention import RetentionPolicy, RetentionTask
 
     policy = RetentionPolicy.from_config(cfg)
     if not policy.enabled:
@@ -165,8 +165,8 @@ def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":
 
 def _downstream_server(cfg, session):
     """The listener for replicas and tools (--listen), with its users and optional TLS."""
-    from .downstream.context import DownstreamContext
-    from .downstream.server import DownstreamServer, server_tls_context
+    from ..downstream.context import DownstreamContext
+    from ..downstream.server import DownstreamServer, server_tls_context
 
     if not cfg.users:
         raise RelayStartupError("--listen needs at least one account: users / RELAYPROXY_USERS / [[users]]")

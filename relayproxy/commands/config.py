@@ -61,25 +61,25 @@ def _positive_float(value: Any) -> float:
 
 
 def _users(value: Any):
-    from .downstream.users import parse_users
+    from ..downstream.users import parse_users
 
     return parse_users(value)
 
 
 def _duration(value: Any) -> float:
-    from .relay.retention import parse_duration
+    from ..relay.retention import parse_duration
 
     return parse_duration(value)
 
 
 def _size(value: Any) -> int:
-    from .relay.retention import parse_size
+    from ..relay.retention import parse_size
 
     return parse_size(value)
 
 
 def _file_count(value: Any) -> int:
-    from .relay.retention import parse_file_count
+    from ..relay.retention import parse_file_count
 
     return parse_file_count(value)
 

@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from . import __version__
+from .. import __version__
 
 
 def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def file_index(name: str | None) -> int | None:
 
 
 def _error_kinds() -> tuple[str, ...]:
-    from .upstream.session import UPSTREAM_ERROR_KINDS
+    from ..upstream.session import UPSTREAM_ERROR_KINDS
 
     return UPSTREAM_ERROR_KINDS
 

@@ -33,7 +33,7 @@ Observing
 ---------
 `on_server_bytes(cb)` calls ``cb(connection_id, stream_offset, data)`` for every chunk read from the server,
 *before* any of it is forwarded and before faults change it. That ordering is deliberate: a callback that feeds a
-`relayproxy.packetwatch.MysqlStreamWatcher` learns where event k starts and ends while none of its bytes has left
+`relayproxy.lab.packetwatch.MysqlStreamWatcher` learns where event k starts and ends while none of its bytes has left
 yet, and can arm `cut_at_stream_offset` / `corrupt` / `pause_at_stream_offset` at any offset >= the chunk's own
 offset, for the same connection, and have it honoured. The bytes a callback sees may therefore include bytes
 that a later cut prevents from being forwarded, and are the original bytes, not the corrupted ones.
@@ -71,7 +71,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, Self, TypeVar
 
-from .log import get_logger
+from ..log import get_logger
 
 log = get_logger(__name__)
 

@@ -69,8 +69,8 @@ from pymysqlreplication import event as _lib_event
 from pymysqlreplication import row_event as _lib_row_event
 from pymysqlreplication.packet import BinLogPacketWrapper
 
-from .binlog import constants as C
-from .binlog.events import FormatDescription
+from ..binlog import constants as C
+from ..binlog.events import FormatDescription
 
 __all__ = [
     "OfflineControlConnection",

@@ -8,9 +8,9 @@ import sys
 import uuid
 from typing import TextIO
 
-from .binlog import constants as C
-from .binlog.events import BinlogFormatError, FormatDescription
-from .binlog.reader import ScanResult, ScannedEvent, ScannedGroup, scan_file
+from ..binlog import constants as C
+from ..binlog.events import BinlogFormatError, FormatDescription
+from ..binlog.reader import ScannedEvent, ScannedGroup, ScanResult, scan_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +94,7 @@ def _event_info(ev: ScannedEvent, fde: FormatDescription | None) -> str:
     if ev.streamed:
         return "(large event: head only)"
     try:
-        from .binlog.views import view_event
+        from ..binlog.views import view_event
 
         return view_event(ev.data, 0, fde).describe()
     except (BinlogFormatError, ValueError) as exc:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from prometheus_client import generate_latest
 
-from .log import get_logger
+from ..log import get_logger
 from .metrics import FsyncStats, build_registry
 
 log = get_logger("relayproxy.http")

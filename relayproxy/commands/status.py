@@ -8,8 +8,8 @@ import sys
 import urllib.error
 import urllib.request
 
+from ..ops.status import format_status
 from . import config
-from .status import format_status
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -61,13 +61,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config
-from .binlog import constants as C
-from .binlog.events import HEADER, FormatDescription
-from .binlog.reader import BinlogScanner, ScanResult, scan_file
-from .log import get_logger
-from .relay.horizon import Horizon
-from .relay.recovery import (
+from ..binlog import constants as C
+from ..binlog.events import HEADER, FormatDescription
+from ..binlog.reader import BinlogScanner, ScanResult, scan_file
+from ..log import get_logger
+from ..relay.horizon import Horizon
+from ..relay.recovery import (
     INDEX_NAME,
     RESERVED_PREFIX,
     RelayRecoveryError,
@@ -78,10 +77,11 @@ from .relay.recovery import (
     next_file_name,
     read_index,
 )
-from .upstream.receiver import ReceiverCounters
-from .upstream.session import UpstreamStatus
+from ..upstream.receiver import ReceiverCounters
+from ..upstream.session import UpstreamStatus
+from . import config
 
-log = get_logger("relayproxy.serve")
+log = get_logger("relayproxy.commands.serve")
 
 __all__ = [
     "ServeError",
@@ -768,9 +768,9 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = None) -> int:
     """Serve ``options.binlog_dir`` on ``cfg.listen`` until SIGTERM/SIGINT, ``stop()`` or cancellation."""
-    from .http_api import HttpApi
+    from ..ops.http import HttpApi
+    from ..ops.status import relay_status
     from .run import RelayStartupError, _downstream_server
-    from .status import relay_status
 
     store = await asyncio.to_thread(ReadOnlyBinlogDir.open, options)
     if cfg.values.get("server_id") is None:
@@ -849,8 +849,8 @@ async def _follow(store: ReadOnlyBinlogDir, interval: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m relayproxy.serve ...`` (before the subcommand is registered in cli.py)."""
-    from .log import configure_logging
+    """``python -m relayproxy.commands.serve ...`` (before the subcommand is registered in cli.py)."""
+    from ..log import configure_logging
 
     parser = argparse.ArgumentParser(prog="relayproxy serve", description=__doc__.splitlines()[0])
     parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")

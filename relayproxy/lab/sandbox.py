@@ -18,7 +18,7 @@ from typing import Any
 
 import pymysql
 
-from .log import get_logger
+from ..log import get_logger
 
 log = get_logger(__name__)
 
@@ -193,7 +193,7 @@ class MariaDBSandbox:
         return options
 
     def _write_config(self) -> None:
-        lines = ["# written by relayproxy.sandbox; rewritten on every start", "[mariadbd]"]
+        lines = ["# written by relayproxy.lab.sandbox; rewritten on every start", "[mariadbd]"]
         lines += [_option_line(key, value) for key, value in self.config().items()]
         lines += [
             "",

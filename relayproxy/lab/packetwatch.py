@@ -4,7 +4,7 @@ Fault tests need to break a replication stream at a chosen place ("after event 7
 of the third transaction"), and the place has to be a byte offset in the TCP stream, which also carries the
 handshake, the authentication exchange and the replies to the client's setup queries before the dump starts.
 `MysqlStreamWatcher` is fed that stream in chunks of any size (typically from
-`relayproxy.faultproxy.FaultProxy.on_server_bytes`) and reports, for every binlog event packet, its stream
+`relayproxy.lab.faultproxy.FaultProxy.on_server_bytes`) and reports, for every binlog event packet, its stream
 offsets, type and log_pos, as soon as the event's 19-byte header has arrived, which is before the rest of the
 event has been forwarded, so a tap can still arm a fault inside it.
 
@@ -40,7 +40,7 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
-from .binlog.constants import (
+from ..binlog.constants import (
     HEADER_LEN,
     LOG_EVENT_ARTIFICIAL_F,
     ROTATE_EVENT,
