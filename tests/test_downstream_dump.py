@@ -23,9 +23,16 @@ from relayproxy.binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from relayproxy.binlog.reader import scan_file
 from relayproxy.binlog.views import view_event
 from relayproxy.downstream import dump as D
-from relayproxy.downstream.context import ConnectionState, DownstreamContext, DumpRequest
+from relayproxy.downstream.context import (
+    ConnectionState,
+    DownstreamContext,
+    DumpRequest,
+)
+from relayproxy.downstream.dump import errors as DE
+from relayproxy.ops.status import relay_status
 from relayproxy.relay import RelayStore, SyncPolicy
 from relayproxy.relay import recovery as R
+from relayproxy.wire import packets as P
 
 from . import eventgen as E
 
@@ -110,22 +117,23 @@ def make_ctx(store: RelayStore, *, master_uuid: str | None = None, semi_sync: bo
     cfg = SimpleNamespace(server_id=RELAY_ID, semi_sync=semi_sync)
     status = SimpleNamespace(master_uuid=master_uuid, master_flavour=None, master_server_version=version)
     session = SimpleNamespace(store=store, status=status)
-    return DownstreamContext(cfg, session, server_uuid="4f0c8f0e-0000-4000-8000-000000000001")
+    return DownstreamContext(cfg, session, server_uuid="4f0c8f0e-0000-4000-8000-000000000001",
+                             status_document=lambda: relay_status(cfg, session.store, session))
 
 
 def make_conn(**user_vars) -> ConnectionState:
     return ConnectionState(conn_id=7, user_vars=dict(user_vars))
 
 
-def file_request(name: str = "binlog.000001", pos: int = 4, flags: int = D.BINLOG_DUMP_NON_BLOCK) -> DumpRequest:
+def file_request(name: str = "binlog.000001", pos: int = 4, flags: int = P.BINLOG_DUMP_NON_BLOCK) -> DumpRequest:
     return DumpRequest("file", server_id=2, flags=flags, file=name, position=pos)
 
 
-def gtid_request(gtids: GtidSet, flags: int = D.BINLOG_DUMP_NON_BLOCK) -> DumpRequest:
+def gtid_request(gtids: GtidSet, flags: int = P.BINLOG_DUMP_NON_BLOCK) -> DumpRequest:
     return DumpRequest("mysql-gtid", server_id=2, flags=flags, file="", position=4, gtid_set=gtids.encode())
 
 
-def maria_request(flags: int = D.BINLOG_DUMP_NON_BLOCK) -> DumpRequest:
+def maria_request(flags: int = P.BINLOG_DUMP_NON_BLOCK) -> DumpRequest:
     return DumpRequest("mariadb-gtid", server_id=2, flags=flags, file="", position=4)
 
 
@@ -405,7 +413,7 @@ def test_real_mariadb_files_stream_whole_with_a_preamble_at_each_rotation(tmp_pa
     names = [f"mariadb-repl-bin.{n:06d}" for n in (4, 5, 6, 7)]
     files = {name: (corpus_dir / MARIA_CORPUS / name).read_bytes() for name in names}
     store = relay_with(tmp_path, files)
-    flags = D.BINLOG_DUMP_NON_BLOCK | D.BINLOG_SEND_ANNOTATE_ROWS_EVENT
+    flags = P.BINLOG_DUMP_NON_BLOCK | P.BINLOG_SEND_ANNOTATE_ROWS_EVENT
     channel = run(dump_all(make_ctx(store), make_conn(**CRC32, mariadb_slave_capability=4),
                            file_request(names[0], 4, flags=flags)))
     events, tail = decode(channel.payloads)
@@ -456,7 +464,7 @@ def test_a_position_past_the_horizon_is_past_the_file_size(tmp_path):
     assert store.current_end > store.horizon.snapshot().position
     assert (tmp_path / "relay" / "binlog.000001").stat().st_size == store.current_end
     channel = run(dump_all(make_ctx(store), make_conn(**CRC32), file_request("binlog.000001", store.current_end)))
-    assert error_of(channel.payloads[-1]) == (1236, D.MSG_POS_GT_SIZE)
+    assert error_of(channel.payloads[-1]) == (1236, DE.MSG_POS_GT_SIZE)
     store.close()
 
 
@@ -597,12 +605,12 @@ def test_never_a_byte_past_the_horizon_and_a_waiting_dump_wakes_for_new_groups(t
 
 def test_non_block_sends_eof_at_the_horizon_and_server_id_0_too(tmp_path):
     store = relay_with(tmp_path, {"binlog.000001": mysql_file(GtidSet(), [1])})
-    for request in (file_request("binlog.000001", 4, D.BINLOG_DUMP_NON_BLOCK),
+    for request in (file_request("binlog.000001", 4, P.BINLOG_DUMP_NON_BLOCK),
                     DumpRequest("file", server_id=0, flags=0, file="binlog.000001", position=4)):
         channel = run(dump_all(make_ctx(store), make_conn(**CRC32), request))
         assert channel.payloads[-1] == b"\xfe\x00\x00\x02\x00"
     conn = make_conn(**CRC32)
-    conn.capabilities = D.CLIENT_DEPRECATE_EOF
+    conn.capabilities = P.CLIENT_DEPRECATE_EOF
     channel = run(dump_all(make_ctx(store), conn, file_request("binlog.000001", 4)))
     assert channel.payloads[-1] == b"\xfe\x00\x00\x02\x00\x00\x00"  # the OK-as-EOF of DEPRECATE_EOF
     store.close()
@@ -621,7 +629,7 @@ def test_heartbeat_v2_only_for_mysql_replicas_that_ask(tmp_path):
         await task
         return [e for e in decode(channel.payloads)[0] if e.type in (27, 41)][0]
 
-    v2 = run(first_heartbeat(D.USE_HEARTBEAT_EVENT_V2))
+    v2 = run(first_heartbeat(P.USE_HEARTBEAT_EVENT_V2))
     assert v2.type == C.HEARTBEAT_LOG_EVENT_V2 and v2.view.log_file == "binlog.000001"
     assert v2.view.position == store.horizon.snapshot().position and crc_ok(v2.raw)
     v1 = run(first_heartbeat(0))
@@ -664,8 +672,8 @@ def big_file(size: int) -> bytes:
 
 
 def test_a_large_event_streams_in_pieces_and_a_corrupt_one_is_not_half_sent(tmp_path, monkeypatch):
-    monkeypatch.setattr(D, "_STREAM_PIECE", 64 << 10)
-    monkeypatch.setattr(D, "READ_CHUNK", 32 << 10)
+    monkeypatch.setattr(D.sender, "_STREAM_PIECE", 64 << 10)
+    monkeypatch.setattr(D.sender, "READ_CHUNK", 32 << 10)
     image = big_file(1 << 20)
     store = relay_with(tmp_path, {"binlog.000001": image})
     channel = run(dump_all(make_ctx(store), make_conn(**CRC32), file_request("binlog.000001", 4)))
@@ -919,7 +927,7 @@ def test_files_without_previous_gtids(tmp_path):
     old = E.binlog_file(E.query("CREATE TABLE t (a INT)"), E.rotate("binlog.000002"))
     store = relay_with(tmp_path, {"binlog.000001": old, "binlog.000002": E.binlog_file(E.query("DROP TABLE t"))})
     channel = run(dump_all(make_ctx(store), make_conn(**CRC32), gtid_request(GtidSet())))
-    assert error_of(channel.payloads[-1]) == (1236, D.MSG_GTID_MODE_OFF)
+    assert error_of(channel.payloads[-1]) == (1236, DE.MSG_GTID_MODE_OFF)
     store.close()
     store = relay_with(tmp_path / "b", {"binlog.000001": old, "binlog.000002": mysql_file(sid_set(SID, 1, 5), [6])})
     channel = run(dump_all(make_ctx(store), make_conn(**CRC32), gtid_request(sid_set(SID, 1, 2))))
@@ -936,7 +944,7 @@ def test_a_file_that_is_no_binlog_is_refused(tmp_path):
     store = relay_with(tmp_path, {"binlog.000001": image, "binlog.000002": mysql_file(sid_set(SID, 1, 1), [2])})
     (tmp_path / "relay" / "binlog.000001").write_bytes(b"\x00bin" + image[4:])
     channel = run(dump_all(make_ctx(store), make_conn(**CRC32), file_request("binlog.000001", 4)))
-    assert error_of(channel.payloads[-1]) == (1236, D.MSG_BAD_MAGIC)
+    assert error_of(channel.payloads[-1]) == (1236, DE.MSG_BAD_MAGIC)
     store.close()
 
 
@@ -1084,7 +1092,7 @@ def test_mariadb_capabilities_and_annotate_rows(tmp_path):
     store = relay_with(tmp_path, {"mariadb-bin.000001": image})
     file_events = split_events(image, struct.unpack_from("<I", image, 13)[0] + 4)
 
-    def dump(capability, flags=D.BINLOG_DUMP_NON_BLOCK):
+    def dump(capability, flags=P.BINLOG_DUMP_NON_BLOCK):
         conn = make_conn(**CRC32, mariadb_slave_capability=capability)
         channel = run(dump_all(make_ctx(store), conn, file_request("mariadb-bin.000001", 4, flags)))
         events, tail = decode(channel.payloads)
@@ -1092,7 +1100,7 @@ def test_mariadb_capabilities_and_annotate_rows(tmp_path):
         return events[2:]
 
     # GTID-aware replica that asked for ANNOTATE_ROWS: everything as stored
-    assert [e.raw for e in dump(4, D.BINLOG_DUMP_NON_BLOCK | D.BINLOG_SEND_ANNOTATE_ROWS_EVENT)] == \
+    assert [e.raw for e in dump(4, P.BINLOG_DUMP_NON_BLOCK | P.BINLOG_SEND_ANNOTATE_ROWS_EVENT)] == \
         [ev for _o, ev in file_events]
     # without the flag: ANNOTATE_ROWS left out (such a replica takes positions from log_pos)
     sent = dump(4)

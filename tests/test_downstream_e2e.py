@@ -9,7 +9,12 @@ import time
 import pytest
 
 from .relayharness import (
-    RelayProcess, assert_files_equal_master, free_port, master_status, prepare_master, replica_status,
+    RelayProcess,
+    assert_files_equal_master,
+    free_port,
+    master_status,
+    prepare_master,
+    replica_status,
 )
 from .test_relay_e2e import mixed_load
 

@@ -34,6 +34,7 @@ from relayproxy.commands import config
 from relayproxy.downstream.context import DownstreamContext
 from relayproxy.downstream.server import DownstreamServer
 from relayproxy.downstream.users import DownstreamUser
+from relayproxy.ops.status import relay_status
 from relayproxy.relay.store import RelayStore
 from relayproxy.upstream.receiver import ReceiverCounters
 from relayproxy.upstream.session import UpstreamStatus
@@ -77,7 +78,8 @@ class InProcessRelay:
         status = UpstreamStatus(io_running=True, state="streaming", master_server_id=10)
         receiver = types.SimpleNamespace(master_position=None, master_timestamp=0, counters=ReceiverCounters())
         self.session = types.SimpleNamespace(store=self.store, status=status, receiver=receiver)
-        self.ctx = DownstreamContext(self.cfg, self.session, server_uuid="5b0e9c4e-7a31-4c55-9d1e-2a6f3b8c9d10")
+        self.ctx = DownstreamContext(self.cfg, self.session, server_uuid="5b0e9c4e-7a31-4c55-9d1e-2a6f3b8c9d10",
+                                     status_document=lambda: relay_status(self.cfg, self.session.store, self.session))
         self.users = [DownstreamUser(USER, PASSWORD, plugin="mysql_native_password")]
         self.options = server_options
         self.loop = uvloop.new_event_loop()

@@ -43,6 +43,7 @@ from relayproxy.downstream.server import (
     server_tls_context,
 )
 from relayproxy.downstream.users import DownstreamUser, find_user, parse_users
+from relayproxy.ops.status import relay_status
 from relayproxy.upstream import ConnectionLost, UpstreamConnection
 from relayproxy.wire import packets as P
 from relayproxy.wire.auth import AuthSucceeded, ClientAuthentication, SendAuthData
@@ -140,7 +141,9 @@ def make_ctx(flavour: str = "mysql", version: str | None = None) -> DownstreamCo
     cfg = types.SimpleNamespace(server_id=77)
     status = types.SimpleNamespace(master_flavour=flavour, master_server_version=version)
     store = types.SimpleNamespace(flavour=flavour, format_description=None, horizon=None)
-    return DownstreamContext(cfg, types.SimpleNamespace(store=store, status=status), server_uuid="relay-uuid")
+    session = types.SimpleNamespace(store=store, status=status)
+    return DownstreamContext(cfg, session, server_uuid="relay-uuid",
+                             status_document=lambda: relay_status(cfg, session.store, session))
 
 
 _SET = re.compile(r"SET\s+@(\w+)\s*=\s*'?([^',]*)'?", re.IGNORECASE)

@@ -31,6 +31,7 @@ from relayproxy.downstream.context import (
     ReplicaRegistration,
 )
 from relayproxy.downstream.sql import SYSTEM_VARIABLES, execute, execute_sync, tokenize
+from relayproxy.ops.status import relay_status
 from relayproxy.relay.store import RelayStore, SyncPolicy
 from relayproxy.upstream.receiver import ReceiverCounters
 from relayproxy.upstream.session import UpstreamStatus
@@ -124,7 +125,8 @@ class Relay:
                                                master_uuid=MYSQL_CORPUS_UUID)
         self.receiver = types.SimpleNamespace(master_position=None, master_timestamp=0, counters=ReceiverCounters())
         self.session = types.SimpleNamespace(store=store, status=self.status, receiver=self.receiver)
-        self.ctx = DownstreamContext(self.cfg, self.session, server_uuid=RELAY_UUID)
+        self.ctx = DownstreamContext(self.cfg, self.session, server_uuid=RELAY_UUID,
+                                     status_document=lambda: relay_status(self.cfg, self.session.store, self.session))
         self.conn = self.connect(7)
 
     def connect(self, conn_id: int, user: str = "repl", host: str = "10.0.0.9") -> ConnectionState:
@@ -905,7 +907,7 @@ def test_system_variable_scopes_and_errors(mysql_relay):
 def test_every_variable_in_the_table_answers(mysql_relay, maria_relay):
     """Each table entry answers SELECT and SHOW VARIABLES on the flavours where it exists, 1193 elsewhere."""
     for r in (mysql_relay, maria_relay):
-        from relayproxy.downstream.sql import _Env
+        from relayproxy.downstream.sql.env import Env as _Env
 
         env = _Env(r.ctx, r.conn)
         shown = dict(map(tuple, r.rows("SHOW GLOBAL VARIABLES")))
@@ -997,7 +999,7 @@ def test_an_internal_failure_is_an_error_not_a_crash(mysql_relay, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr("relayproxy.downstream.sql.relay_status", broken)
+    monkeypatch.setattr(r.ctx, "status_document", broken)
     err = r.error("SHOW SLAVE STATUS", 1105)
     assert "SHOW SLAVE STATUS" in err.message and "disk on fire" in err.message
     assert r.one("SELECT 1") == 1
@@ -1117,18 +1119,19 @@ def test_async_execute_scans_for_binlog_gtid_pos_off_the_event_loop(maria_relay,
     import asyncio
     import threading
 
-    from relayproxy.downstream import sql as sql_module
+    from relayproxy.downstream.sql import dispatch, functions
 
     r = maria_relay
     size = (corpus_dir / MARIA_CORPUS_DIR / MARIA_FILES[1]).stat().st_size
     threads = []
-    real = sql_module._gtids_at
+    real = functions._gtids_at
 
     def recording(path, position):
         threads.append(threading.current_thread() is threading.main_thread())
         return real(path, position)
 
-    monkeypatch.setattr(sql_module, "_gtids_at", recording)
+    monkeypatch.setattr(dispatch, "_gtids_at", recording)  # prefetched in a worker thread
+    monkeypatch.setattr(functions, "_gtids_at", recording)  # computed inline
     answer = asyncio.run(execute(r.ctx, r.conn, f"SELECT binlog_gtid_pos('{MARIA_FILES[1]}',{size})"))
     assert answer.rows == [["1-10-12"]]
     assert threads == [False]  # scanned once, in a worker thread, not again on the loop

@@ -15,8 +15,19 @@ import pymysql
 import pytest
 
 from .relayharness import (  # noqa: F401 - re-exported: other test modules import them from here
-    FIRST_FILE, RelayProcess, Writer, assert_files_equal_master, assert_same_data, change_master, free_port,
-    master_status, prepare_master, replica_status, user_tables, wait_relay, wait_replica,
+    FIRST_FILE,
+    RelayProcess,
+    Writer,
+    assert_files_equal_master,
+    assert_same_data,
+    change_master,
+    free_port,
+    master_status,
+    prepare_master,
+    replica_status,
+    user_tables,
+    wait_relay,
+    wait_replica,
 )
 from .test_relay_e2e import mixed_load
 

@@ -178,7 +178,10 @@ def _downstream_server(cfg, session):
             raise RelayStartupError(f"cannot load the TLS certificate for --listen: {exc}") from exc
     elif any(user.tls == "required" for user in cfg.users):
         raise RelayStartupError("a user requires TLS but no tls_cert is configured for --listen")
-    ctx = DownstreamContext(cfg, session, server_uuid=session.replica_uuid)
+    from ..ops.status import relay_status
+
+    ctx = DownstreamContext(cfg, session, server_uuid=session.replica_uuid,
+                            status_document=lambda: relay_status(cfg, session.store, session))
     if cfg.semi_sync_replicas > 0:
         tracker, wanted, timeout = ctx.semi_sync, cfg.semi_sync_replicas, cfg.semi_sync_timeout
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
+
+from .semisync import SemiSyncTracker
 
 # ---------------------------------------------------------------------------------------------
 # Per-connection state.
@@ -96,17 +98,19 @@ class DumpChannel(Protocol):
 class DownstreamContext:
     """The relay as the downstream side sees it. ``store`` follows the session (it can be reopened)."""
 
-    def __init__(self, cfg, session, *, server_uuid: str, started: float | None = None):
+    def __init__(self, cfg, session, *, server_uuid: str, status_document: Callable[[], dict[str, Any]],
+                 started: float | None = None):
         self.cfg = cfg
         self.session = session
+        # The relay's status document (ops/status.py's relay_status, bound by the command that wires the
+        # relay): SHOW SLAVE STATUS reports the upstream IO thread, which this layer does not import.
+        self.status_document = status_document
         self.server_uuid = server_uuid
         self.started = started or time.time()
         self.connections: dict[int, ConnectionState] = {}
         self.semi_sync_waiters: list[asyncio.Future] = []
         self._catalog = None
         self._catalog_store = None
-        from .dump import SemiSyncTracker
-
         self.semi_sync = SemiSyncTracker()  # ACKs of semi-sync replicas of the relay
 
     @property

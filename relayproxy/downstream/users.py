@@ -11,7 +11,6 @@ from typing import Any
 
 from ..wire.accounts import (
     ADMIN_FLAG,
-    AUTO_PLUGIN,
     CACHING_SHA2_PASSWORD,
     NATIVE_PASSWORD,
     PLUGINS,

@@ -1,0 +1,693 @@
+"""The streaming loop of a dump: per file a fake ROTATE and the FDE, then the events up to the horizon, GTID
+skipping, heartbeats, semi-sync ACK requests, waiting on the horizon, EOF for NON_BLOCK."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ...binlog import boundary as B
+from ...binlog import constants as C
+from ...binlog import encoders
+from ...binlog.checksum import ChecksumError
+from ...binlog.events import BinlogFormatError, FormatDescription, split_version
+from ...binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
+from ...log import get_logger
+from ...wire.packets import (
+    BINLOG_DUMP_NON_BLOCK,
+    BINLOG_SEND_ANNOTATE_ROWS_EVENT,
+    USE_HEARTBEAT_EVENT_V2,
+)
+from ...wire.results import encode_error
+from ..context import DumpProgress
+from ..semisync import semi_sync_tracker
+from .errors import (
+    MSG_ANONYMOUS,
+    MSG_BAD_MAGIC,
+    MSG_BOGUS,
+    MSG_CHECKSUM,
+    MSG_CRC,
+    MSG_FILE_PURGED,
+    MSG_IO,
+    MSG_MARIA_ANNOTATE_DUMMY,
+    MSG_MARIA_GTID_COMPAT,
+    MSG_MARIA_HOLE,
+    MSG_MARIA_LIST_DUMMY,
+    MSG_NEXT_LOG,
+    MSG_NO_FDE_MARIADB,
+    MSG_NO_FDE_MYSQL,
+    MSG_OPEN,
+    MSG_TRUNCATED,
+    _DumpFailure,
+    _Finished,
+    _read_failure,
+    _ReplicaGone,
+    eof_payload,
+)
+from .files import _CRC32, _GTID_TYPES, _U32, _U64, _header_unpack_from, _RelayFile
+from .rewrite import (
+    _MARIA_GTID_HEADER_LEN,
+    MARIA_SLAVE_CAPABILITY_ANNOTATE,
+    MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT,
+    MARIA_SLAVE_CAPABILITY_GTID,
+    MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES,
+    begin_event,
+    dummy_event,
+)
+from .start import DumpStart, _checksum_alg, _int, _MariaStart, _truthy, _user_var
+
+if TYPE_CHECKING:
+    from ..context import ConnectionState, DownstreamContext, DumpChannel, DumpRequest
+
+log = get_logger("relayproxy.downstream.dump")
+
+# -- reading and sending ---------------------------------------------------------------------------
+READ_CHUNK = 1 << 20  # bytes read from a relay file at once
+_HEAD = 64 << 10  # what the boundary parser may look at of an event that is streamed
+_STREAM_PIECE = 4 << 20  # bytes of a large event read (and held) at a time while it is sent
+SEMI_SYNC_MAGIC = 0xEF
+_PREFIX_PLAIN = b"\x00"
+_PREFIX_SEMI = (b"\x00\xef\x00", b"\x00\xef\x01")
+_IDLE_RECHECK = 30.0  # without heartbeats, re-read the horizon object this often (the store may be reopened)
+
+# Per-event outcomes of _decide().
+_SEND, _SKIP, _OMIT, _REPLACE = range(4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class StreamingChannel(Protocol):
+    """What a DumpChannel may offer on top of ``send`` for events that need more than one packet.
+
+    ``send_stream(total, chunks)`` sends one payload of ``total`` bytes whose bytes arrive from the
+    async iterator ``chunks`` (the first chunk starts with the 0x00 / 0xEF header), framed exactly as
+    ``send`` frames a payload: 0xFFFFFF-byte packets, then a shorter one (empty when the payload
+    ends on a packet boundary), and the semi-sync numbering rule after an ACK request. The sender
+    reads a large event from disk piece by piece while it goes out, so memory stays bounded
+    whatever the event's size (design invariant 4). A channel without it gets the whole payload
+    through ``send``: correct, but the event is held in memory while it is sent.
+    """
+
+    async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None: ...
+
+
+async def serve_dump(ctx: DownstreamContext, conn: ConnectionState, request: DumpRequest, channel: DumpChannel) -> None:
+    """Serve one binlog dump until the replica leaves, an error ends it (sent as ERR), or NON_BLOCK ends it (EOF).
+
+    Returns normally in every case; a replica that disconnects ends the dump quietly. ``conn.dump``
+    shows the progress (file, position, counters, last semi-sync ACK) while it runs.
+    """
+    await DumpSender(ctx, conn, request, channel).run()
+
+
+# ---------------------------------------------------------------------------------------------
+# The sender
+# ---------------------------------------------------------------------------------------------
+
+
+class DumpSender(DumpStart):
+    """One dump: decides where to start, then streams; all protocol state of the connection lives here."""
+
+    def __init__(self, ctx: DownstreamContext, conn: ConnectionState, request: DumpRequest, channel: DumpChannel):
+        self.ctx = ctx
+        self.conn = conn
+        self.request = request
+        self.channel = channel
+        self.flavour = ctx.flavour
+        uv = conn.user_vars
+        self.mode = request.kind
+        if self.mode == "mariadb-gtid" and self.flavour != "mariadb":
+            self.mode = "file"  # a MySQL master does not know @slave_connect_state: plain file/position
+        self.server_id = ctx.server_id
+        # init_checksum_alg(): the replica is checksum-aware iff it set the variable; fake events
+        # sent before the first FDE use its value, later ones the FDE's (m_event_checksum_alg).
+        self.announced_alg = _checksum_alg(_user_var(uv, "source_binlog_checksum", "master_binlog_checksum"))
+        self.event_alg = self.announced_alg
+        period_ns = _int(_user_var(uv, "source_heartbeat_period", "master_heartbeat_period"))
+        self.heartbeat_period = max(period_ns, 0) / 1e9
+        # BINLOG_DUMP_NON_BLOCK, or server_id 0 (mysqlbinlog -R): both servers then stop at the end.
+        self.non_block = bool(request.flags & BINLOG_DUMP_NON_BLOCK) or request.server_id == 0
+        # 0x02 is USE_HEARTBEAT_EVENT_V2 for MySQL and BINLOG_SEND_ANNOTATE_ROWS_EVENT for MariaDB.
+        self.heartbeat_v2 = self.flavour == "mysql" and bool(request.flags & USE_HEARTBEAT_EVENT_V2)
+        self.send_annotate = self.flavour == "mariadb" and bool(request.flags & BINLOG_SEND_ANNOTATE_ROWS_EVENT)
+        self.capability = _int(_user_var(uv, "mariadb_slave_capability"))
+        self.skip_replication = self.flavour == "mariadb" and _truthy(conn.session_vars.get("skip_replication"))
+        wants_semi_sync = _truthy(_user_var(uv, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
+        self.semi_sync = wants_semi_sync and bool(getattr(ctx.cfg, "semi_sync", False))
+        # The server may have put a DumpProgress on the connection already: keep that object.
+        self.progress = conn.dump if isinstance(conn.dump, DumpProgress) else DumpProgress()
+        self.progress.mode = self.mode
+        self.progress.semi_sync = self.semi_sync
+        self.tracker = semi_sync_tracker(ctx) if self.semi_sync else None
+        self.parser = B.TransactionBoundaryParser("auto")
+        modern = split_version(ctx.server_version) >= (8, 0, 26)
+        self.modern_terms = modern
+        # Where the stream is: the file being sent and the end of the last event read from it.
+        self.file: str | None = None
+        self.pos = 0
+        # MySQL GTID protocol.
+        self.exclude: GtidSet | None = None
+        self.clear_created = False  # m_gtid_clear_fd_created_flag
+        self.skip_end = 0  # exclude_group_end_pos: end of the last skipped group not yet told
+        # MariaDB GTID.
+        self.maria_state: dict[int, _MariaStart] = {}
+        self.maria_seen = MariaBinlogState()  # until_binlog_state: GTIDs met while skipping
+        self.maria_strict = _truthy(_user_var(uv, "slave_gtid_strict_mode"))
+        self.maria_ignore_duplicates = _truthy(_user_var(uv, "slave_gtid_ignore_duplicates"))
+        self.fake_gtid_list = False
+        self.skipping = False
+        self.last_sent = time.monotonic()
+        self.send_stream = getattr(channel, "send_stream", None)
+        self.gone: asyncio.Future | None = None
+        self.reader_task: asyncio.Task | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def run(self) -> None:
+        conn = self.conn
+        conn.dump = self.progress
+        self.gone = asyncio.get_running_loop().create_future()
+        try:
+            try:
+                first_file, start_pos = await self._plan()
+                if self.tracker is not None:
+                    self.tracker.register(conn.conn_id)
+                self.reader_task = asyncio.create_task(self._read_replica(), name=f"dump-reader-{conn.conn_id}")
+                await self._stream(first_file, start_pos)
+            except _DumpFailure as failure:
+                await self._send_error(failure)
+            except _Finished:
+                pass
+        except _ReplicaGone:
+            log.debug("replica left the dump", conn_id=conn.conn_id, file=self.file, position=self.pos)
+        finally:
+            if self.tracker is not None:
+                self.tracker.forget(conn.conn_id)
+            if self.reader_task is not None:
+                self.reader_task.cancel()
+                await asyncio.wait({self.reader_task})  # (a cancellation of this task still propagates)
+
+    async def _send_error(self, failure: _DumpFailure) -> None:
+        message = failure.message
+        if failure.with_position:
+            last = failure.last_event if failure.last_event is not None else self.pos
+            byte = failure.last_byte if failure.last_byte is not None else last
+            name = self.file or ""
+            message = (
+                f"{message}; the first event '{self.request.file}' at {self.request.position}, "
+                f"the last event read from '{name}' at {last}, the last byte read from '{name}' at {byte}."
+            )
+        log.info("dump refused or ended with an error", conn_id=self.conn.conn_id, code=failure.code, error=message)
+        try:
+            await self.channel.send(encode_error(failure.code, failure.sqlstate, message))  # cut to 511 bytes
+        except (ConnectionError, OSError, EOFError):
+            pass
+
+    # -- streaming ---------------------------------------------------------------------------------
+    async def _stream(self, name: str, pos: int) -> None:
+        """Binlog_sender::run(): per file, a fake ROTATE, the FDE, the events; then the next file."""
+        first = True
+        while True:
+            self.file = name
+            self.pos = pos
+            self.progress.file = name
+            self.progress.position = pos
+            # The fake rotate goes out before every file, even after the real ROTATE that ended the
+            # previous one (MySQL keeps it for mysqlbinlog; the replica records two rotates).
+            await self._send_event(
+                encoders.artificial_rotate(name, pos, self.server_id, self.event_alg == _CRC32), False
+            )
+            try:
+                rf = _RelayFile(name, self.ctx.store.path(name))
+            except (OSError, KeyError) as exc:
+                log.warning("cannot open a relay file for a dump", file=name, error=str(exc))
+                raise _DumpFailure(MSG_OPEN) from None  # Binlog_read_error::CANNOT_OPEN
+            try:
+                fde_end = await self._send_format_description(rf, pos, first)
+                if pos == 4:
+                    pos = fde_end
+                self.pos = pos
+                await self._send_file(rf, pos)
+            finally:
+                rf.close()
+            name = self._next_file(name)
+            pos = 4
+            first = False
+
+    def _next_file(self, name: str) -> str:
+        self._check_not_purged(name)
+        names = self._durable_names()
+        try:
+            return names[names.index(name) + 1]
+        except (ValueError, IndexError):
+            raise _DumpFailure(MSG_NEXT_LOG, with_position=True) from None
+
+    async def _send_format_description(self, rf: _RelayFile, start_pos: int, first: bool) -> int:
+        """send_format_description_event(): the file's FDE, adjusted as the server adjusts it."""
+        limit, _closed = await self._available(rf, 4 + C.HEADER_LEN)
+        head = await rf.read(0, 4 + C.HEADER_LEN)
+        if len(head) < 4 + C.HEADER_LEN:
+            raise _read_failure(MSG_TRUNCATED, 4, len(head))
+        if head[:4] != C.BINLOG_MAGIC:
+            raise _DumpFailure(MSG_BAD_MAGIC)
+        _ts, type_code, _sid, size, _lp, _flags = _header_unpack_from(head, 4)
+        if type_code != C.FORMAT_DESCRIPTION_EVENT:
+            raise _read_failure(MSG_NO_FDE_MYSQL if self.flavour == "mysql" else MSG_NO_FDE_MARIADB, 4, 4 + size)
+        if size < C.HEADER_LEN:
+            raise _read_failure(MSG_BOGUS, 4, 4 + C.HEADER_LEN)
+        limit, closed = await self._available(rf, 4 + size)
+        if 4 + size > limit:
+            raise _read_failure(MSG_TRUNCATED, 4, limit)
+        raw = await rf.read(4, size)
+        try:
+            fde = FormatDescription.parse(raw, 0, size)
+        except ChecksumError:
+            raise _read_failure(MSG_CRC, 4, 4 + size) from None
+        except BinlogFormatError:
+            raise _read_failure(MSG_BOGUS, 4, 4 + size) from None
+        self.event_alg = fde.checksum_alg
+        if self.announced_alg == C.CHECKSUM_UNDEF and fde.checksum_alg == _CRC32:
+            # Masters never strip CRCs: a replica that did not announce a checksum cannot read these.
+            raise _read_failure(MSG_CHECKSUM, 4, 4 + size)
+        self.parser.set_format(fde)
+        log_pos = created = None
+        if self.flavour == "mysql":
+            if self.exclude is not None:
+                # GTID protocol: only "created" goes, and only when the first transaction is skipped.
+                created = 0 if self.clear_created else None
+            elif start_pos > 4:
+                log_pos = created = 0  # mid-file: the replica must not count the FDE nor drop temp tables
+        else:
+            if first and start_pos > 4:
+                log_pos = created = 0  # clear_initial_log_pos, first file only
+            elif self.mode == "mariadb-gtid" and not self._maria_position_reached():
+                created = 0  # the replica may hold temporary tables of GTIDs it already has
+        try:
+            event = encoders.fde_copy(raw, clear_in_use=True, log_pos=log_pos, created=created)
+        except (BinlogFormatError, ValueError):
+            raise _read_failure(MSG_BOGUS, 4, 4 + size) from None
+        await self._send_event(event, False)
+        return 4 + size
+
+    def _maria_position_reached(self) -> bool:
+        """slave_connection_state::is_pos_reached(): only empty-domain entries are left."""
+        return all(entry.empty_domain for entry in self.maria_state.values())
+
+    async def _send_file(self, rf: _RelayFile, pos: int) -> None:
+        """send_binlog(): events up to the durable end; at the horizon wait; return at the end of a closed file."""
+        while True:
+            limit, closed = await self._available(rf, pos + 1)
+            if closed:
+                self._check_not_purged(rf.name)  # only a closed file can be purged
+            if pos < limit:
+                pos = await self._send_range(rf, pos, limit, watch_purge=closed)
+                continue
+            if pos > limit:
+                raise _read_failure(MSG_TRUNCATED, pos, limit)
+            return  # the end of a closed file: on to the next one
+
+    async def _available(self, rf: _RelayFile, need_end: int) -> tuple[int, bool]:
+        """The durable end of ``rf`` once it reaches ``need_end`` or the file is closed.
+
+        At the horizon this is where the sender waits: a heartbeat after skipped groups first, EOF
+        for NON_BLOCK, then ``wait_for_advance`` with the heartbeat period as timeout and a
+        heartbeat on every timeout (wait_new_events / wait_with_heartbeat)."""
+        while True:
+            if self.gone is not None and self.gone.done():
+                raise _ReplicaGone
+            horizon = self.ctx.horizon
+            snap = horizon.snapshot()
+            limit, closed = self._durable_end(rf, snap)
+            if limit >= need_end or closed:
+                return limit, closed
+            if self.skip_end:
+                await self._heartbeat(self.skip_end)
+                self.skip_end = 0
+            if self.non_block:
+                await self._send(eof_payload(self.conn.capabilities))
+                raise _Finished
+            timeout = self.heartbeat_period if self.heartbeat_period > 0 else _IDLE_RECHECK
+            # Everything durable is sent: the replica is caught up until the horizon moves (status' replica lag).
+            self.progress.caught_up_at = time.time()
+            advanced = await self._wait(horizon, snap.seq, timeout)
+            self.progress.caught_up_at = time.time()
+            if not advanced and self.heartbeat_period > 0:
+                await self._heartbeat(self.pos)
+
+    def _durable_end(self, rf: _RelayFile, snap) -> tuple[int, bool]:
+        """(bytes of ``rf`` a reader may send, whether the file is closed)."""
+        if snap.file == rf.name:
+            return snap.position, False
+        if snap.file is None:
+            return 4, False
+        names = self.ctx.store.files()
+        if rf.name in names and snap.file in names and names.index(rf.name) > names.index(snap.file):
+            return 4, False  # started, but nothing of it is durable yet
+        # Older than the horizon's file: complete and synced (the store syncs a file before it
+        # starts the next), so its whole size is durable.
+        return rf.size(), True
+
+    async def _wait(self, horizon, seq: int, timeout: float) -> bool:
+        """Wait for the horizon to pass ``seq``; False on timeout. A departing replica ends the wait."""
+        waiter = asyncio.ensure_future(horizon.wait_for_advance(seq, timeout))
+        try:
+            await asyncio.wait({waiter, self.gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+                await asyncio.wait({waiter})  # its clean-up unregisters it from the horizon
+        if self.gone.done():
+            raise _ReplicaGone
+        return waiter.result().seq > seq
+
+    def _check_not_purged(self, name: str) -> None:
+        """ERR 1236 once ``name`` left the relay's index (retention with ``retention_force``): the open
+        descriptor could keep reading a deleted file, but that would hold its disk space for as long
+        as a slow replica takes, and the replica cannot continue past it anyway."""
+        if name not in self.ctx.store.files():
+            raise _DumpFailure(MSG_FILE_PURGED % name, with_position=True)
+
+    async def _send_range(self, rf: _RelayFile, pos: int, limit: int, *, watch_purge: bool = False) -> int:
+        """Every event of ``[pos, limit)``; ``limit`` is an event boundary, else the file is damaged.
+        ``watch_purge``: the file is closed, so it may be purged meanwhile: checked at every chunk."""
+        crc = self.event_alg == _CRC32
+        first = True
+        while pos < limit:
+            if watch_purge and not first:
+                self._check_not_purged(rf.name)
+            first = False
+            want = min(limit - pos, READ_CHUNK)
+            try:
+                data = await rf.read(pos, want)
+            except OSError:
+                raise _read_failure(MSG_IO, pos, pos) from None
+            n = len(data)
+            if n < want:
+                raise _read_failure(MSG_TRUNCATED, pos, pos + n)
+            view = memoryview(data)
+            off = 0
+            while off + C.HEADER_LEN <= n:
+                _ts, type_code, _sid, size, _lp, flags = _header_unpack_from(data, off)
+                end = off + size
+                if size < C.HEADER_LEN:
+                    raise _read_failure(MSG_BOGUS, pos + off, pos + off + C.HEADER_LEN)
+                if end > n:
+                    break
+                if crc and zlib.crc32(view[off : end - 4]) != _U32.unpack_from(data, end - 4)[0]:
+                    raise _read_failure(MSG_CRC, pos + off, pos + end)
+                await self._handle(view, off, size, pos + off, type_code, flags, None)
+                off = end
+            if off:
+                pos += off
+                continue
+            # The event at ``pos`` does not fit the chunk.
+            if n < C.HEADER_LEN:
+                raise _read_failure(MSG_TRUNCATED, pos, pos + n)
+            _ts, type_code, _sid, size, _lp, flags = _header_unpack_from(data, 0)
+            if pos + size > limit:
+                raise _read_failure(MSG_TRUNCATED, pos, limit)
+            if size <= _STREAM_PIECE or self.send_stream is None:
+                event = await rf.read(pos, size)
+                if len(event) < size:
+                    raise _read_failure(MSG_TRUNCATED, pos, pos + len(event))
+                if crc and zlib.crc32(memoryview(event)[:-4]) != _U32.unpack_from(event, size - 4)[0]:
+                    raise _read_failure(MSG_CRC, pos, pos + size)
+                await self._handle(memoryview(event), 0, size, pos, type_code, flags, None)
+            else:
+                await self._big_event(rf, pos, size, type_code, flags, crc)
+            pos += size
+        return pos
+
+    async def _big_event(self, rf: _RelayFile, pos: int, size: int, type_code: int, flags: int, crc: bool) -> None:
+        """A large event: CRC-checked in a first pass over the file (a corrupt event must not be half
+        sent), then streamed from the file (``_stream_event``); only its head is ever held."""
+        if crc:
+            running = 0
+            at = pos
+            body_end = pos + size - C.CHECKSUM_LEN
+            while at < body_end:
+                chunk = await rf.read(at, min(_STREAM_PIECE, body_end - at))
+                if not chunk:
+                    raise _read_failure(MSG_TRUNCATED, pos, at)
+                running = zlib.crc32(chunk, running)
+                at += len(chunk)
+            stored = await rf.read(body_end, C.CHECKSUM_LEN)
+            if len(stored) < C.CHECKSUM_LEN:
+                raise _read_failure(MSG_TRUNCATED, pos, body_end + len(stored))
+            if running != _U32.unpack(stored)[0]:
+                raise _read_failure(MSG_CRC, pos, pos + size)
+        head = await rf.read(pos, min(size, _HEAD))
+        await self._handle(memoryview(head), 0, size, pos, type_code, flags, rf)
+
+    async def _handle(self, buf: memoryview, off: int, size: int, file_pos: int, type_code: int, flags: int,
+                      rf: _RelayFile | None) -> None:
+        """One event: skip it, leave it out, rewrite it or send it; then move the replica's position.
+
+        ``buf[off:off + size]`` is the event, or only its head when ``rf`` is given (a large event,
+        streamed from the file)."""
+        action, replacement, need_ack = self._decide(buf, off, size, file_pos, type_code, flags)
+        end_pos = file_pos + size
+        if action == _SKIP:
+            if self.exclude is not None:
+                # MySQL: a heartbeat tells the replica how far the skipped groups went, before the
+                # next event sent or before waiting; and at least every heartbeat period while
+                # skipping long stretches (send_events).
+                if self.heartbeat_period > 0 and time.monotonic() - self.last_sent >= self.heartbeat_period:
+                    await self._heartbeat(end_pos)
+                    self.skip_end = 0
+                else:
+                    self.skip_end = end_pos
+        else:
+            if self.skip_end:
+                await self._heartbeat(self.skip_end)
+                self.skip_end = 0
+            if action == _SEND:
+                if rf is None:
+                    await self._send_event(buf[off : off + size], need_ack)
+                else:
+                    await self._stream_event(rf, file_pos, size, need_ack)
+            elif action == _REPLACE:
+                await self._send_event(replacement, need_ack)
+        self.pos = end_pos
+        self.progress.position = end_pos
+        if self.fake_gtid_list and not self.skipping:
+            # MariaDB: once a domain reaches the requested GTID, a fake GTID_LIST (the GTIDs met so
+            # far, log_pos = here) lets MASTER_GTID_WAIT() on the replica see the position.
+            self.fake_gtid_list = False
+            await self._send_event(
+                encoders.gtid_list(self.maria_seen, self.server_id, end_pos & 0xFFFFFFFF, self.event_alg == _CRC32,
+                                   header_flags=C.LOG_EVENT_ARTIFICIAL_F),
+                False,
+            )
+
+    def _decide(
+        self, buf, off: int, size: int, file_pos: int, type_code: int, flags: int
+    ) -> tuple[int, bytes | None, bool]:
+        """(action, replacement event, ask for a semi-sync ACK) for one event; groups come from the
+        boundary parser, the one parser of the relay."""
+        result = self.parser.feed(type_code, flags, buf, off, size)
+        kind = result & B.RESULT_MASK
+        if kind == B.GROUP_START:
+            self.skipping = self._skip_group(buf, off, type_code, file_pos)
+        skip = self.skipping and kind != B.EVENT_OUTSIDE
+        group_end = kind == B.GROUP_END
+        if group_end:
+            self.skipping = False
+        if skip:
+            return _SKIP, None, False
+        need_ack = group_end and self.semi_sync
+        if self.flavour == "mariadb":
+            action, replacement = self._maria_filter(buf, off, size, type_code, flags)
+            return action, replacement, need_ack
+        return _SEND, None, need_ack
+
+    def _skip_group(self, buf, off: int, type_code: int, file_pos: int) -> bool:
+        """Whether the group opening here is one the replica already has."""
+        if self.exclude is not None:
+            if type_code == C.ANONYMOUS_GTID_LOG_EVENT:
+                # Binlog_sender::check_event_type(): never send anonymous groups to auto-position.
+                raise _read_failure(MSG_ANONYMOUS % (self.file, file_pos), file_pos, file_pos)
+            if type_code in _GTID_TYPES:
+                gtid = self.parser.gtid
+                return gtid is not None and gtid in self.exclude
+            return False
+        if self.maria_state and type_code == C.MARIA_GTID_EVENT:
+            return self._maria_skip(self.parser.gtid)
+        return False
+
+    def _maria_skip(self, gtid: tuple[int, int, int] | None) -> bool:
+        """send_event_to_slave(): skip the domain's groups until the requested GTID, then stop skipping."""
+        if gtid is None:
+            return False
+        domain, server_id, seq_no = gtid
+        self.maria_seen.update(MariaGtid(domain, server_id, seq_no))
+        entry = self.maria_state.get(domain)
+        if entry is None:
+            return False
+        start = entry.gtid
+        if entry.empty_domain:
+            binlog = self.ctx.horizon.snapshot().gtids
+            if not isinstance(binlog, MariaBinlogState):
+                binlog = MariaBinlogState()
+            mine = binlog.get(start.domain_id, start.server_id)
+            if mine is None or mine.seq_no < start.seq_no:
+                raise self._maria_not_in_binlog(start, binlog)
+            entry.empty_domain = False
+        skip = server_id != start.server_id or seq_no <= start.seq_no
+        if server_id == start.server_id and seq_no >= start.seq_no:
+            if self.maria_strict and seq_no > start.seq_no:
+                raise _DumpFailure(MSG_MARIA_HOLE % (start,))
+            self.fake_gtid_list = True
+            del self.maria_state[domain]
+        return skip
+
+    def _maria_filter(self, buf, off: int, size: int, type_code: int, flags: int) -> tuple[int, bytes | None]:
+        """What a MariaDB master does to an event for this replica's capabilities (send_event_to_slave)."""
+        cap = self.capability
+        crc = self.event_alg == _CRC32
+        if type_code == C.MARIA_ANNOTATE_ROWS_EVENT and not self.send_annotate:
+            if cap >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES:
+                return _OMIT, None  # the replica takes positions from log_pos: holes are fine
+            if cap < MARIA_SLAVE_CAPABILITY_ANNOTATE:
+                dummy = dummy_event(bytes(buf[off : off + C.HEADER_LEN]), size, crc)
+                if dummy is None:
+                    raise _read_failure(MSG_MARIA_ANNOTATE_DUMMY, self.pos, self.pos + size)
+                return _REPLACE, dummy
+            # capability 1 understands the event and ignores it: sent as is
+        elif type_code == C.MARIA_GTID_EVENT and cap < MARIA_SLAVE_CAPABILITY_GTID:
+            # Gtid_log_event::make_compatible_event(): BEGIN for a transaction; a standalone GTID
+            # is left out, or replaced by a same-size dummy for replicas that cannot take holes.
+            header = bytes(buf[off : off + C.HEADER_LEN])
+            if size - (C.CHECKSUM_LEN if crc else 0) < C.HEADER_LEN + _MARIA_GTID_HEADER_LEN:
+                raise _read_failure(MSG_MARIA_GTID_COMPAT, self.pos, self.pos + size)
+            flags2 = buf[off + C.HEADER_LEN + 12]
+            if flags2 & C.FL_STANDALONE:
+                if cap >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES:
+                    return _OMIT, None
+                dummy = dummy_event(header, size, crc)
+                if dummy is None:
+                    raise _read_failure(MSG_MARIA_GTID_COMPAT, self.pos, self.pos + size)
+                return _REPLACE, dummy
+            begin = begin_event(header, size, crc)
+            if begin is None:
+                raise _read_failure(MSG_MARIA_GTID_COMPAT, self.pos, self.pos + size)
+            return _REPLACE, begin
+        elif (type_code == C.MARIA_BINLOG_CHECKPOINT_EVENT and cap < MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT) or (
+            type_code == C.MARIA_GTID_LIST_EVENT and cap < MARIA_SLAVE_CAPABILITY_GTID
+        ):
+            if cap >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES:
+                return _OMIT, None
+            dummy = dummy_event(bytes(buf[off : off + C.HEADER_LEN]), size, crc)
+            if dummy is None:
+                raise _read_failure(MSG_MARIA_LIST_DUMMY, self.pos, self.pos + size)
+            return _REPLACE, dummy
+        if self.skip_replication and flags & C.LOG_EVENT_SKIP_REPLICATION_F:
+            return _OMIT, None  # SET skip_replication=1: events marked @@skip_replication stay here
+        return _SEND, None
+
+    # -- sending -----------------------------------------------------------------------------------
+    def _prefix(self, need_ack: bool) -> bytes:
+        if self.semi_sync:
+            return _PREFIX_SEMI[need_ack]
+        return _PREFIX_PLAIN
+
+    async def _send_event(self, event, need_ack: bool) -> None:
+        await self._send(self._prefix(need_ack) + event)
+        self.progress.events_sent += 1
+
+    async def _stream_event(self, rf: _RelayFile, pos: int, size: int, need_ack: bool) -> None:
+        """Send a large event straight from the file, a piece at a time (see ``StreamingChannel``)."""
+        prefix = self._prefix(need_ack)
+        if self.send_stream is None:
+            event = await rf.read(pos, size)  # no streaming channel: hold the event to send it whole
+            if len(event) < size:
+                raise _read_failure(MSG_TRUNCATED, pos, pos + len(event))
+            await self._send_event(event, need_ack)
+            return
+
+        async def pieces() -> AsyncIterator[bytes]:
+            yield prefix
+            at, end = pos, pos + size
+            while at < end:
+                piece = await rf.read(at, min(_STREAM_PIECE, end - at))
+                if not piece:
+                    raise _read_failure(MSG_TRUNCATED, pos, at)
+                at += len(piece)
+                yield piece
+
+        try:
+            await self.send_stream(len(prefix) + size, pieces())
+        except (ConnectionError, OSError, EOFError) as exc:
+            raise _ReplicaGone from exc
+        except _DumpFailure as failure:
+            # The file changed under a large event after its CRC pass (it was fine a moment ago).
+            # Part of the payload is out: an ERR now would be read as the rest of the event, so the
+            # dump just stops; the replica times out, reconnects, and then gets the error cleanly.
+            log.error("relay file changed while a large event was sent", file=self.file, position=pos,
+                      error=failure.message)
+            raise _ReplicaGone from failure
+        if self.channel.closed:
+            raise _ReplicaGone
+        self.last_sent = time.monotonic()
+        self.progress.events_sent += 1
+        self.progress.bytes_sent += len(prefix) + size
+
+    async def _heartbeat(self, pos: int) -> None:
+        """HEARTBEAT for the current file: v2 when a MySQL replica asked for it, else v1 (MariaDB's
+        v1 carries positions past 4 GB in a sub-header; MySQL's v1 truncates them, as the server does)."""
+        name = self.file or ""
+        crc = self.event_alg == _CRC32
+        if self.flavour == "mariadb":
+            event = encoders.heartbeat_v1(name, pos, self.server_id, crc, mariadb=True)
+        elif self.heartbeat_v2:
+            event = encoders.heartbeat_v2(name, pos, self.server_id, crc)
+        else:
+            event = encoders.heartbeat_v1(name, pos & 0xFFFFFFFF, self.server_id, crc)
+        await self._send(self._prefix(False) + event)
+
+    async def _send(self, payload) -> None:
+        try:
+            await self.channel.send(payload)
+        except (ConnectionError, OSError, EOFError) as exc:
+            raise _ReplicaGone from exc
+        if self.channel.closed:
+            raise _ReplicaGone
+        self.last_sent = time.monotonic()
+        self.progress.bytes_sent += len(payload)
+
+    # -- the replica's side of the connection ------------------------------------------------------
+    async def _read_replica(self) -> None:
+        """Read what the replica sends during the dump: semi-sync ACKs, and the end of the connection,
+        which wakes a dump waiting at the horizon so it ends at once."""
+        try:
+            while True:
+                packet = await self.channel.receive(None)
+                if packet is None:
+                    break  # no timeout was asked for: None means the connection is over
+                self._on_packet(packet)
+        except asyncio.CancelledError:
+            raise
+        except (ConnectionError, OSError, EOFError, asyncio.IncompleteReadError):
+            pass
+        except Exception:  # a broken packet from the replica must not leave the dump waiting forever
+            log.exception("reading from a dumping replica failed", conn_id=self.conn.conn_id)
+        finally:
+            if self.gone is not None and not self.gone.done():
+                self.gone.set_result(None)
+
+    def _on_packet(self, packet: bytes) -> None:
+        """A semi-sync ACK: 0xEF, the end position (u64) of the acknowledged event, the file name."""
+        if not self.semi_sync or len(packet) < 10 or packet[0] != SEMI_SYNC_MAGIC:
+            log.debug("ignored a packet from a dumping replica", conn_id=self.conn.conn_id, length=len(packet))
+            return
+        pos = _U64.unpack_from(packet, 1)[0]
+        name = bytes(packet[9:]).decode("utf-8", "surrogateescape")
+        self.progress.last_ack = (name, pos)
+        if self.tracker is not None:
+            self.tracker.acked(name, pos, self.conn.conn_id)

@@ -1,0 +1,147 @@
+"""Running one statement: ``execute`` (the coroutine the server awaits, disk reads moved to a worker thread),
+``execute_sync``, and the dispatch from a statement's first word to its handler."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from ...log import get_logger
+from ...relay.catalog import CatalogError, FileCatalog
+from ...wire.results import ErrorResponse, Response
+from ..context import ConnectionState
+from .admin import _purge
+from .env import Env, _catalog_for
+from .errors import ER_EMPTY_QUERY, ER_UNKNOWN_ERROR, SqlError, _unsupported
+from .functions import _gtids_at
+from .parser import Parser, Token, tokenize
+from .select import _do, _select, _set, _transaction, _use
+from .show import _show
+
+log = get_logger("relayproxy.downstream.sql")
+
+# ---------------------------------------------------------------------------------------------
+# Statements
+
+
+async def execute(ctx, conn: ConnectionState, sql: str) -> Response:
+    """Answer one COM_QUERY (what ``downstream/server.py`` awaits): OkResponse, ResultSet or ErrorResponse.
+
+    The statement runs on the caller's thread, as ``execute_sync``, except the two answers that may read
+    a lot of relay data, which are computed in a worker thread first so the event loop (the upstream
+    session, every dump) never stalls on them: ``BINLOG_GTID_POS('file', pos)`` with literal arguments
+    (a MariaDB replica's form; it reads the file up to ``pos``) and the first ``gtid_purged`` (the
+    catalog scans each closed file once). Never raises.
+    """
+    if isinstance(sql, (bytes, bytearray)):
+        sql = bytes(sql).decode("utf-8", "replace")
+    prefetched: dict[tuple[str, int], Any] = {}
+    try:
+        tokens = tokenize(sql)
+    except SqlError as exc:
+        return exc.response()
+    try:
+        await _prefetch(ctx, tokens, prefetched)
+    except Exception:  # only an optimisation: the statement computes what is missing itself
+        log.exception("prefetch for SQL statement failed", statement=sql[:200])
+    return _execute(ctx, conn, sql, prefetched)
+
+
+async def _prefetch(ctx, tokens: list[Token], prefetched: dict[tuple[str, int], Any]) -> None:
+    kinds = [(t.kind, t.value.upper() if t.kind == "word" else t.value) for t in tokens]
+    catalog: FileCatalog | None = None
+    for i, (kind, value) in enumerate(kinds):
+        if kind == "word" and value == "BINLOG_GTID_POS" and [k for k, _ in kinds[i + 1:i + 6]] == [
+            "op", "string", "op", "number", "op"
+        ] and kinds[i + 1][1] == "(" and kinds[i + 3][1] == "," and kinds[i + 5][1] == ")":
+            name, position = kinds[i + 2][1], kinds[i + 4][1]
+            catalog = catalog or _catalog_for(ctx)
+            try:
+                info = next((f for f in catalog.files() if f.name == name), None)
+                if info is None or not isinstance(position, int) or not 4 < position <= info.size:
+                    continue
+                path = ctx.store.path(name)
+            except (CatalogError, KeyError):
+                continue  # the statement itself answers NULL
+            prefetched[(str(path), position)] = await asyncio.to_thread(_gtids_at, path, position)
+    mentions_purged = any(k == "sysvar" and v[1] == "gtid_purged" for k, v in kinds) or (
+        kinds and kinds[0] == ("word", "SHOW") and ("word", "VARIABLES") in kinds
+    )
+    if mentions_purged and ctx.flavour != "mariadb":
+        catalog = catalog or _catalog_for(ctx)
+        try:
+            await asyncio.to_thread(catalog.purged)  # fills the catalog's per-file cache
+        except CatalogError:
+            pass  # the statement reports it, naming the file
+
+
+def execute_sync(ctx, conn: ConnectionState, sql: str) -> Response:
+    """Answer one COM_QUERY synchronously (sans I/O callers and tests): never raises.
+
+    An unexpected failure is logged and reported as ERR 1105 naming the statement, so one bad answer
+    ends one statement, not the connection or the relay.
+    """
+    if isinstance(sql, (bytes, bytearray)):
+        sql = bytes(sql).decode("utf-8", "replace")
+    return _execute(ctx, conn, sql, {})
+
+
+def _execute(ctx, conn: ConnectionState, sql: str, prefetched: dict[tuple[str, int], Any]) -> Response:
+    env = Env(ctx, conn, prefetched)
+    try:
+        tokens = tokenize(sql)
+        if tokens[0].kind == "eof" or (tokens[0].kind == "op" and tokens[0].value == ";" and tokens[1].kind == "eof"):
+            return ErrorResponse(ER_EMPTY_QUERY, "42000", "Query was empty")
+        parser = Parser(sql, tokens, env.flavour)
+        return _dispatch(parser, env)
+    except SqlError as exc:
+        return exc.response()
+    except Exception as exc:  # a bug must not take the connection down: say which statement hit it
+        log.exception("SQL statement failed unexpectedly", statement=sql[:200], conn_id=conn.conn_id)
+        return ErrorResponse(ER_UNKNOWN_ERROR, "HY000",
+                             f"relayproxy internal error answering '{sql[:80]}': {exc.__class__.__name__}: {exc}")
+
+
+# Statements MySQL knows that a relay refuses: named in the error, never silently accepted.
+_KNOWN_UNSUPPORTED = frozenset({
+    "ALTER", "ANALYZE", "BINLOG", "CACHE", "CALL", "CHANGE", "CHECK", "CHECKSUM", "CLONE", "CREATE", "DEALLOCATE",
+    "DELETE", "DESC", "DESCRIBE", "DROP", "EXECUTE", "EXPLAIN", "FLUSH", "GET", "GRANT", "HANDLER", "HELP", "IMPORT",
+    "INSERT", "INSTALL", "KILL", "LOAD", "LOCK", "OPTIMIZE", "PREPARE", "RELEASE", "RENAME", "REPAIR", "REPLACE",
+    "RESET", "RESIGNAL", "RESTART", "REVOKE", "SAVEPOINT", "SHUTDOWN", "SIGNAL", "STOP", "TABLE", "TRUNCATE",
+    "UNINSTALL", "UNLOCK", "UPDATE", "VALUES", "WITH", "XA",
+})
+
+
+def _statement_name(parser: Parser) -> str:
+    words = [t.value.upper() for t in parser.tokens[:2] if t.kind == "word"]
+    return " ".join(words) or parser.sql.strip()[:40]
+
+
+def _dispatch(p: Parser, env: Env) -> Response:
+    first = p.cur
+    word = first.value.upper() if first.kind == "word" else None
+    handler = _HANDLERS.get(word or "")
+    if handler is not None:
+        return handler(p, env)
+    if word == "START":
+        if p.is_word("TRANSACTION", offset=1):
+            return _transaction(p, env)
+        raise _unsupported(f"'{_statement_name(p)}'")
+    if word in _KNOWN_UNSUPPORTED:
+        raise _unsupported(f"'{_statement_name(p)}' statements")
+    if first.kind == "op" and first.value == "(":
+        raise _unsupported("parenthesised queries")
+    raise p.error()
+
+
+_HANDLERS: dict[str, Callable[[Parser, Env], Response]] = {
+    "SELECT": _select,
+    "SET": _set,
+    "SHOW": _show,
+    "PURGE": _purge,
+    "DO": _do,
+    "USE": _use,
+    "BEGIN": _transaction,
+    "COMMIT": _transaction,
+    "ROLLBACK": _transaction,
+}

@@ -1,0 +1,120 @@
+"""What one statement sees: the downstream context, the connection, and one snapshot of the horizon, so every
+value in one answer agrees."""
+
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from typing import Any
+
+from ...binlog.events import split_version
+from ...binlog.gtid import GtidSet, MariaBinlogState
+from ...relay.catalog import FileCatalog
+from ..context import ConnectionState
+from .errors import ER_INCORRECT_GLOBAL_LOCAL_VAR, SqlError, _unknown_variable
+from .variables import _lookup_variable
+
+# ---------------------------------------------------------------------------------------------
+# Per-statement view of the relay: one horizon snapshot, so every value in one answer agrees.
+
+_cached_catalog: tuple["weakref.ref[Any]", FileCatalog] | None = None
+
+
+def _catalog_for(ctx) -> FileCatalog:
+    """The FileCatalog of the context's current store, kept between statements.
+
+    Keeping it matters: ``gtid_purged`` scans closed files once and file headers are read once. A
+    ``ctx.catalog`` for that store is used when the server provides one; otherwise the last one built
+    here is reused while the store is the same object (a store reopened after a failure gets a fresh
+    one, and only one is ever kept, so nothing accumulates).
+    """
+    global _cached_catalog
+    store = ctx.store
+    shared = getattr(ctx, "catalog", None)
+    if isinstance(shared, FileCatalog) and getattr(shared, "_store", None) is store:
+        return shared
+    if _cached_catalog is not None and _cached_catalog[0]() is store:
+        return _cached_catalog[1]
+    catalog = FileCatalog(store)
+    _cached_catalog = (weakref.ref(store), catalog)
+    return catalog
+
+
+class Env:
+    """What one statement sees: the context, the connection, and one snapshot of the horizon."""
+
+    def __init__(self, ctx, conn: ConnectionState, prefetched: dict[tuple[str, int], Any] | None = None):
+        self.ctx = ctx
+        self.conn = conn
+        self.now = time.time()
+        # BINLOG_GTID_POS scans done off the event loop before the statement ran: (path, pos) -> result.
+        self.prefetched = prefetched or {}
+
+    @functools.cached_property
+    def snapshot(self):
+        return self.ctx.horizon.snapshot()
+
+    @functools.cached_property
+    def flavour(self) -> str:
+        return self.ctx.flavour
+
+    @property
+    def mysql(self) -> bool:
+        return self.flavour != "mariadb"
+
+    @functools.cached_property
+    def version(self) -> str:
+        """The version string clients see in @@version (MariaDB's "5.5.5-" handshake prefix removed)."""
+        version = self.ctx.server_version
+        return version[6:] if version.startswith("5.5.5-") else version
+
+    @functools.cached_property
+    def version_tuple(self) -> tuple[int, int, int]:
+        return split_version(self.version)
+
+    def at_least(self, *version: int) -> bool:
+        return self.version_tuple >= version
+
+    @functools.cached_property
+    def catalog(self) -> FileCatalog:
+        return _catalog_for(self.ctx)
+
+    def master_var(self, name: str) -> Any:
+        """A variable of the upstream master, when the session recorded it (``status.extra["master_variables"]``).
+
+        Some answers (binlog_format, binlog_row_image, gtid_mode ...) describe the stream, whose truth
+        is on the master; the upstream session may capture them at connect time, and they are used
+        here when present.
+        """
+        extra = getattr(self.ctx.session.status, "extra", None) or {}
+        variables = extra.get("master_variables") or {}
+        return variables.get(name)
+
+    @property
+    def mysql_gtids(self) -> GtidSet | None:
+        gtids = self.snapshot.gtids
+        return gtids if isinstance(gtids, GtidSet) else None
+
+    @property
+    def maria_state(self) -> MariaBinlogState:
+        gtids = self.snapshot.gtids
+        return gtids if isinstance(gtids, MariaBinlogState) else MariaBinlogState()
+
+    def read_variable(self, name: str, scope: str | None) -> Any:
+        """``@@name`` / ``@@global.name`` / ``@@session.name`` as SELECT shows it (booleans as 1/0)."""
+        var = _lookup_variable(self, name)
+        session = self.conn.session_vars
+        if var is None:
+            if scope != "global" and name in session:
+                return session[name]
+            raise _unknown_variable(name)
+        if scope == "global":
+            if not var.has_global:
+                raise SqlError(ER_INCORRECT_GLOBAL_LOCAL_VAR, "HY000", f"Variable '{name}' is a SESSION variable")
+            return var.select_value(self)
+        if scope == "session" and not var.has_session:
+            raise SqlError(ER_INCORRECT_GLOBAL_LOCAL_VAR, "HY000", f"Variable '{name}' is a GLOBAL variable")
+        if var.has_session and name in session:
+            return session[name]
+        return var.select_value(self)

@@ -1,0 +1,277 @@
+"""Expression trees the parser builds (literals, variables, calls, operators, LIKE, IN, BETWEEN, IS) and how each
+evaluates against one statement's ``Env``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ER_BAD_FIELD_ERROR,
+    ER_SP_DOES_NOT_EXIST,
+    ER_WRONG_PARAMCOUNT_TO_NATIVE_FCT,
+    SqlError,
+)
+from .functions import _FUNCTIONS
+from .values import _compare, _like_regex, _to_datetime, _to_number, _to_text, _truthy
+
+if TYPE_CHECKING:
+    from .env import Env
+
+# ---------------------------------------------------------------------------------------------
+# Expressions: a small tree and its evaluation. MySQL semantics where a client could notice them:
+# NULL propagates, strings compare case-insensitively, a string meets a number as a number.
+
+
+class _Node:
+    __slots__ = ()
+
+    def eval(self, ev: "Evaluator") -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class _Literal(_Node):
+    value: Any
+
+    def eval(self, ev: "Evaluator") -> Any:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class _SysVarRef(_Node):
+    scope: str | None
+    name: str
+
+    def eval(self, ev: "Evaluator") -> Any:
+        return ev.env.read_variable(self.name, self.scope)
+
+
+@dataclass(frozen=True, slots=True)
+class _UserVarRef(_Node):
+    name: str
+
+    def eval(self, ev: "Evaluator") -> Any:
+        return ev.env.conn.user_vars.get(self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class _ColumnRef(_Node):
+    name: str
+
+    def eval(self, ev: "Evaluator") -> Any:
+        if ev.row is not None:
+            key = self.name.lower()
+            if key in ev.row:
+                return ev.row[key]
+        if ev.bare_words_are_strings:
+            return self.name  # SET sql_mode = ANSI, SET autocommit = ON
+        raise SqlError(ER_BAD_FIELD_ERROR, "42S22", f"Unknown column '{self.name}' in 'field list'")
+
+
+@dataclass(frozen=True, slots=True)
+class _Call(_Node):
+    name: str  # upper case
+    args: tuple[_Node, ...]
+
+    def eval(self, ev: "Evaluator") -> Any:
+        spec = _FUNCTIONS.get(self.name)
+        if spec is None or not spec.exists(ev.env):
+            raise SqlError(
+                ER_SP_DOES_NOT_EXIST, "42000",
+                f"FUNCTION {self.name.lower()} does not exist (relayproxy evaluates only "
+                f"{', '.join(sorted(n for n, f in _FUNCTIONS.items() if f.exists(ev.env)))})",
+            )
+        if not spec.min_args <= len(self.args) <= spec.max_args:
+            raise SqlError(ER_WRONG_PARAMCOUNT_TO_NATIVE_FCT, "42000",
+                           f"Incorrect parameter count in the call to native function '{self.name}'")
+        return spec.fn(ev.env, [a.eval(ev) for a in self.args])
+
+
+@dataclass(frozen=True, slots=True)
+class _Unary(_Node):
+    op: str  # "-", "+", "NOT", "~"
+    operand: _Node
+
+    def eval(self, ev: "Evaluator") -> Any:
+        v = self.operand.eval(ev)
+        if v is None:
+            return None
+        if self.op == "NOT":
+            return int(not _truthy(v))
+        if self.op == "~":
+            return ~int(_to_number(v)) & 0xFFFFFFFFFFFFFFFF
+        number = _to_number(v)
+        return -number if self.op == "-" else number
+
+
+@dataclass(frozen=True, slots=True)
+class _Logic(_Node):
+    op: str  # "AND" | "OR"
+    left: _Node
+    right: _Node
+
+    def eval(self, ev: "Evaluator") -> Any:
+        a = self.left.eval(ev)
+        b = self.right.eval(ev)
+        ta = None if a is None else _truthy(a)
+        tb = None if b is None else _truthy(b)
+        if self.op == "AND":
+            if ta is False or tb is False:
+                return 0
+            return None if ta is None or tb is None else 1
+        if ta or tb:
+            return 1
+        return None if ta is None or tb is None else 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Compare(_Node):
+    op: str
+    left: _Node
+    right: _Node
+
+    def eval(self, ev: "Evaluator") -> Any:
+        a = self.left.eval(ev)
+        b = self.right.eval(ev)
+        if self.op == "<=>":
+            if a is None or b is None:
+                return int(a is None and b is None)
+            return int(_compare(a, b) == 0)
+        c = _compare(a, b)
+        if c is None:
+            return None
+        return int({"=": c == 0, "!=": c != 0, "<>": c != 0, "<": c < 0, ">": c > 0, "<=": c <= 0,
+                    ">=": c >= 0}[self.op])
+
+
+@dataclass(frozen=True, slots=True)
+class _Arith(_Node):
+    op: str
+    left: _Node
+    right: _Node
+
+    def eval(self, ev: "Evaluator") -> Any:
+        a = self.left.eval(ev)
+        b = self.right.eval(ev)
+        if a is None or b is None:
+            return None
+        x, y = _to_number(a), _to_number(b)
+        if self.op == "+":
+            return x + y
+        if self.op == "-":
+            return x - y
+        if self.op == "*":
+            return x * y
+        if y == 0:
+            return None  # MySQL: division by zero is NULL (with a warning)
+        if self.op == "/":
+            return x / y
+        if self.op == "DIV":
+            return int(x / y)
+        return x - y * int(x / y)  # MOD / %: the sign follows the dividend, as in MySQL
+
+
+_INTERVAL_UNITS = {
+    "MICROSECOND": _dt.timedelta(microseconds=1), "SECOND": _dt.timedelta(seconds=1),
+    "MINUTE": _dt.timedelta(minutes=1), "HOUR": _dt.timedelta(hours=1), "DAY": _dt.timedelta(days=1),
+    "WEEK": _dt.timedelta(weeks=1),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _IntervalArith(_Node):
+    """``<datetime> + INTERVAL n unit`` / ``- INTERVAL`` (``PURGE BINARY LOGS BEFORE NOW() - INTERVAL 3 DAY``)."""
+
+    left: _Node
+    sign: int
+    amount: _Node
+    unit: str
+
+    def eval(self, ev: "Evaluator") -> Any:
+        base = self.left.eval(ev)
+        amount = self.amount.eval(ev)
+        if base is None or amount is None:
+            return None
+        moment = _to_datetime(base)
+        if moment is None:
+            return None
+        return moment + self.sign * _to_number(amount) * _INTERVAL_UNITS[self.unit]
+
+
+@dataclass(frozen=True, slots=True)
+class _Like(_Node):
+    subject: _Node
+    pattern: _Node
+    negate: bool
+    escape: str = "\\"
+
+    def eval(self, ev: "Evaluator") -> Any:
+        s = self.subject.eval(ev)
+        p = self.pattern.eval(ev)
+        if s is None or p is None:
+            return None
+        hit = _like_regex(_to_text(p), self.escape).match(_to_text(s)) is not None
+        return int(hit != self.negate)
+
+
+@dataclass(frozen=True, slots=True)
+class _In(_Node):
+    subject: _Node
+    items: tuple[_Node, ...]
+    negate: bool
+
+    def eval(self, ev: "Evaluator") -> Any:
+        s = self.subject.eval(ev)
+        if s is None:
+            return None
+        saw_null = False
+        for item in self.items:
+            v = item.eval(ev)
+            if v is None:
+                saw_null = True
+            elif _compare(s, v) == 0:
+                return int(not self.negate)
+        return None if saw_null else int(self.negate)
+
+
+@dataclass(frozen=True, slots=True)
+class _Between(_Node):
+    subject: _Node
+    low: _Node
+    high: _Node
+    negate: bool
+
+    def eval(self, ev: "Evaluator") -> Any:
+        s, lo, hi = self.subject.eval(ev), self.low.eval(ev), self.high.eval(ev)
+        a, b = _compare(s, lo), _compare(s, hi)
+        if a is None or b is None:
+            return None
+        return int((a >= 0 and b <= 0) != self.negate)
+
+
+@dataclass(frozen=True, slots=True)
+class _Is(_Node):
+    subject: _Node
+    what: str  # NULL | TRUE | FALSE
+    negate: bool
+
+    def eval(self, ev: "Evaluator") -> Any:
+        v = self.subject.eval(ev)
+        if self.what == "NULL":
+            hit = v is None
+        elif self.what == "TRUE":
+            hit = v is not None and _truthy(v)
+        else:
+            hit = v is not None and not _truthy(v)
+        return int(hit != self.negate)
+
+
+class Evaluator:
+    __slots__ = ("env", "row", "bare_words_are_strings")
+
+    def __init__(self, env: "Env", row: dict[str, Any] | None = None, *, bare_words_are_strings: bool = False):
+        self.env = env
+        self.row = row
+        self.bare_words_are_strings = bare_words_are_strings

@@ -1,0 +1,187 @@
+"""The SQL functions the relay evaluates (IFNULL, COALESCE, UNIX_TIMESTAMP, NOW, VERSION, GTID_SUBSET,
+GTID_SUBTRACT, BINLOG_GTID_POS ...): one table, ``_FUNCTIONS``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from ...binlog.gtid import GtidSet, MariaBinlogState
+from ...binlog.reader import BinlogScanner
+from ...relay.catalog import CatalogError
+from .errors import ER_MALFORMED_GTID_SET_SPECIFICATION, SqlError
+from .values import _compare, _to_datetime, _to_number, _to_text, _truthy
+from .variables import _always, _mysql_only
+
+if TYPE_CHECKING:
+    from .env import Env
+
+# ---------------------------------------------------------------------------------------------
+# Functions
+
+
+@dataclass(frozen=True)
+class _Function:
+    fn: Callable[[Env, list[Any]], Any]
+    min_args: int = 0
+    max_args: int = 0
+    exists: Callable[[Env], bool] = _always
+
+
+def _first_not_null(env: Env, args: list[Any]) -> Any:
+    return next((a for a in args if a is not None), None)
+
+
+def _if(env: Env, args: list[Any]) -> Any:
+    return args[1] if args[0] is not None and _truthy(args[0]) else args[2]
+
+
+def _nullif(env: Env, args: list[Any]) -> Any:
+    return None if _compare(args[0], args[1]) == 0 else args[0]
+
+
+def _unix_timestamp(env: Env, args: list[Any]) -> Any:
+    if not args:
+        return int(env.now)
+    if args[0] is None:
+        return None
+    moment = _to_datetime(args[0])
+    return int(moment.timestamp()) if moment is not None else None
+
+
+def _now(env: Env, args: list[Any]) -> Any:
+    return _dt.datetime.fromtimestamp(int(env.now))
+
+
+def _utc_now(env: Env, args: list[Any]) -> Any:
+    return _dt.datetime.fromtimestamp(int(env.now), _dt.timezone.utc).replace(tzinfo=None)
+
+
+def _user(env: Env, args: list[Any]) -> Any:
+    return f"{env.conn.user}@{env.conn.host}"
+
+
+def _concat(env: Env, args: list[Any]) -> Any:
+    return None if any(a is None for a in args) else "".join(_to_text(a) for a in args)
+
+
+def _gtid_set_arg(value: Any) -> GtidSet:
+    try:
+        return GtidSet.parse(_to_text(value))
+    except ValueError:
+        raise SqlError(ER_MALFORMED_GTID_SET_SPECIFICATION, "HY000",
+                       f"Malformed GTID set specification '{_to_text(value)[:200]}'.") from None
+
+
+def _gtid_subset(env: Env, args: list[Any]) -> Any:
+    if args[0] is None or args[1] is None:
+        return None
+    return int(_gtid_set_arg(args[0]).is_subset(_gtid_set_arg(args[1])))
+
+
+def _gtid_subtract(env: Env, args: list[Any]) -> Any:
+    if args[0] is None or args[1] is None:
+        return None
+    return _gtid_set_arg(args[0]).subtract(_gtid_set_arg(args[1])).format(",\n")
+
+
+def _binlog_gtid_pos(env: Env, args: list[Any]) -> Any:
+    """MariaDB's BINLOG_GTID_POS(file, pos): the GTID position at a file/position of the relay's binlog.
+
+    It is the file's starting state plus every group that completes before ``pos``. A position that is
+    not at a group boundary, beyond the durable horizon, or in no relay file gives NULL (a MariaDB
+    replica in file/position mode asks it to learn its GTID position and tolerates NULL). The relay
+    never names a position inside a transaction, where MariaDB would count the open group as done.
+    """
+    name, pos = args
+    if name is None or pos is None:
+        return None
+    position = _to_number(pos)
+    if not isinstance(position, int) or position < 4:
+        return None
+    try:
+        info = next((f for f in env.catalog.files() if f.name == _to_text(name)), None)
+    except CatalogError:
+        return None
+    if info is None or position > info.size:
+        return None
+    if position == 4:
+        gtids = info.start_gtids
+    else:
+        try:
+            path = env.ctx.store.path(info.name)
+        except KeyError:
+            return None  # purged meanwhile
+        key = (str(path), position)
+        gtids = env.prefetched[key] if key in env.prefetched else _gtids_at(path, position)
+        if gtids is _NOT_A_BOUNDARY:
+            return None
+        if gtids is None:
+            gtids = info.start_gtids  # before the file's PREVIOUS_GTIDS / GTID_LIST: its starting set
+    if isinstance(gtids, MariaBinlogState):
+        return str(gtids.current_position())
+    if isinstance(gtids, GtidSet):
+        return gtids.format(",")
+    return None
+
+
+_NOT_A_BOUNDARY = object()
+_SCAN_CHUNK = 1 << 20
+
+
+def _gtids_at(path, position: int) -> Any:
+    """GTID set after the groups that end at or before ``position`` (which must be a group boundary)."""
+    scanner = BinlogScanner()
+    remaining = position
+    try:
+        with open(path, "rb") as f:
+            while remaining > 0:
+                chunk = f.read(min(_SCAN_CHUNK, remaining))
+                if not chunk:
+                    return _NOT_A_BOUNDARY  # the file is shorter than asked: purged or cut under us
+                scanner.feed(chunk)
+                remaining -= len(chunk)
+    except OSError:
+        return _NOT_A_BOUNDARY
+    result = scanner.finish()
+    if not result.ok or result.partial_tail or result.good_end != position:
+        return _NOT_A_BOUNDARY
+    return result.gtids_after
+
+
+_FUNCTIONS: dict[str, _Function] = {
+    "IFNULL": _Function(_first_not_null, 2, 2),
+    "COALESCE": _Function(_first_not_null, 1, 255),
+    "IF": _Function(_if, 3, 3),
+    "NULLIF": _Function(_nullif, 2, 2),
+    "UNIX_TIMESTAMP": _Function(_unix_timestamp, 0, 1),
+    "NOW": _Function(_now, 0, 1),
+    "CURRENT_TIMESTAMP": _Function(_now, 0, 1),
+    "LOCALTIME": _Function(_now, 0, 1),
+    "LOCALTIMESTAMP": _Function(_now, 0, 1),
+    "SYSDATE": _Function(_now, 0, 1),
+    "UTC_TIMESTAMP": _Function(_utc_now, 0, 1),
+    "CURDATE": _Function(lambda e, a: _now(e, a).date()),
+    "CURRENT_DATE": _Function(lambda e, a: _now(e, a).date()),
+    "VERSION": _Function(lambda e, a: e.version),
+    "DATABASE": _Function(lambda e, a: e.conn.database),
+    "SCHEMA": _Function(lambda e, a: e.conn.database),
+    "USER": _Function(_user),
+    "SESSION_USER": _Function(_user),
+    "SYSTEM_USER": _Function(_user),
+    "CURRENT_USER": _Function(_user),
+    "CONNECTION_ID": _Function(lambda e, a: e.conn.conn_id),
+    "LAST_INSERT_ID": _Function(lambda e, a: 0, 0, 1),
+    "CONCAT": _Function(_concat, 1, 255),
+    "LOWER": _Function(lambda e, a: None if a[0] is None else _to_text(a[0]).lower(), 1, 1),
+    "LCASE": _Function(lambda e, a: None if a[0] is None else _to_text(a[0]).lower(), 1, 1),
+    "UPPER": _Function(lambda e, a: None if a[0] is None else _to_text(a[0]).upper(), 1, 1),
+    "UCASE": _Function(lambda e, a: None if a[0] is None else _to_text(a[0]).upper(), 1, 1),
+    "BINLOG_GTID_POS": _Function(_binlog_gtid_pos, 2, 2),
+    "GTID_SUBSET": _Function(_gtid_subset, 2, 2, exists=_mysql_only),
+    "GTID_SUBTRACT": _Function(_gtid_subtract, 2, 2, exists=_mysql_only),
+}
+
+# Functions MySQL lets you call without parentheses.
+_BARE_FUNCTIONS = frozenset({"CURRENT_TIMESTAMP", "CURRENT_USER", "CURRENT_DATE", "LOCALTIME", "LOCALTIMESTAMP"})

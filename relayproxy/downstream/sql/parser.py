@@ -1,0 +1,448 @@
+"""The SQL tokenizer and the recursive-descent parser: statement text in, tokens and expression trees out (no
+evaluation here). MySQL's lexical rules: quotes, escapes, comments, executable comments, backquoted names."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ER_PARSE_ERROR, SqlError, _unsupported
+from .expressions import (
+    _INTERVAL_UNITS,
+    _Arith,
+    _Between,
+    _Call,
+    _ColumnRef,
+    _Compare,
+    _In,
+    _IntervalArith,
+    _Is,
+    _Like,
+    _Literal,
+    _Logic,
+    _Node,
+    _SysVarRef,
+    _Unary,
+    _UserVarRef,
+)
+from .functions import _BARE_FUNCTIONS, _FUNCTIONS
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One lexical token. ``start``/``end`` index the original text (column names are slices of it).
+
+    kinds: ``word`` (keyword or bare identifier, value as written), ``qident`` (`quoted`), ``string``,
+    ``number`` (int or float), ``sysvar`` (value ``(scope or None, lower-case name)``), ``uservar``
+    (lower-case name), ``op``, ``eof``.
+    """
+
+    kind: str
+    value: Any
+    start: int
+    end: int
+
+
+_WORD_RE = re.compile(r"[A-Za-z0-9_$\u0080-\U0010ffff]+")
+_USERVAR_RE = re.compile(r"[A-Za-z0-9_$.\u0080-\U0010ffff]+")
+_NUMBER_RE = re.compile(r"0[xX][0-9A-Fa-f]+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_OPERATORS = ("<=>", ":=", "<=", ">=", "<>", "!=", "||", "&&", "(", ")", ",", ".", "=", "<", ">", "+", "-",
+              "*", "/", "%", ";", "!", "~", "^", "&", "|")
+# MySQL string escapes; \% and \_ keep their backslash (they only mean something to LIKE).
+_ESCAPES = {"0": "\0", "'": "'", '"': '"', "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a",
+            "\\": "\\", "%": "\\%", "_": "\\_"}
+_SCOPES = {"global": "global", "session": "session", "local": "session"}
+_EXECUTABLE_COMMENT_RE = re.compile(r"/\*M?!\d*")
+
+
+def _line_of(sql: str, pos: int) -> int:
+    return sql.count("\n", 0, pos) + 1
+
+
+def _syntax_error(sql: str, pos: int, flavour: str = "mysql") -> SqlError:
+    near = sql[pos:pos + 80]
+    product = "MariaDB" if flavour == "mariadb" else "MySQL"
+    return SqlError(
+        ER_PARSE_ERROR,
+        "42000",
+        f"You have an error in your SQL syntax; check the manual that corresponds to your {product} server "
+        f"version for the right syntax to use near '{near}' at line {_line_of(sql, pos)}",
+    )
+
+
+def _read_quoted(sql: str, i: int, quote: str, *, escapes: bool) -> tuple[str, int]:
+    """The text of a quoted string or identifier opening at ``sql[i]``, and the index after it."""
+    out: list[str] = []
+    j, n = i + 1, len(sql)
+    while j < n:
+        c = sql[j]
+        if escapes and c == "\\" and j + 1 < n:
+            out.append(_ESCAPES.get(sql[j + 1], sql[j + 1]))
+            j += 2
+            continue
+        if c == quote:
+            if j + 1 < n and sql[j + 1] == quote:
+                out.append(quote)
+                j += 2
+                continue
+            return "".join(out), j + 1
+        out.append(c)
+        j += 1
+    raise _syntax_error(sql, i)
+
+
+def _read_name(sql: str, i: int) -> tuple[str, int]:
+    """A bare or `quoted` name at ``i`` (for @@variables)."""
+    if i < len(sql) and sql[i] == "`":
+        return _read_quoted(sql, i, "`", escapes=False)
+    m = _WORD_RE.match(sql, i)
+    if m is None:
+        raise _syntax_error(sql, i)
+    return m.group(), m.end()
+
+
+def tokenize(sql: str) -> list[Token]:
+    """Split a statement into tokens, dropping comments.
+
+    ``/*! ... */`` and ``/*M! ... */`` (executable comments, as mysqldump and clients write them) are
+    read as SQL, their version number skipped; other ``/* */``, ``-- `` and ``#`` comments are dropped.
+    """
+    tokens: list[Token] = []
+    i, n = 0, len(sql)
+    in_executable = False
+    while True:
+        # Whitespace and comments.
+        while i < n:
+            c = sql[i]
+            if c.isspace():
+                i += 1
+            elif sql.startswith("/*", i):
+                m = _EXECUTABLE_COMMENT_RE.match(sql, i)
+                if m is not None and not in_executable:
+                    in_executable = True
+                    i = m.end()
+                    continue
+                end = sql.find("*/", i + 2)
+                if end < 0:
+                    raise _syntax_error(sql, i)
+                i = end + 2
+            elif in_executable and sql.startswith("*/", i):
+                in_executable = False
+                i += 2
+            elif c == "#" or (sql.startswith("--", i) and (i + 2 >= n or sql[i + 2].isspace() or ord(sql[i + 2]) < 32)):
+                end = sql.find("\n", i)
+                i = n if end < 0 else end + 1
+            else:
+                break
+        if i >= n:
+            tokens.append(Token("eof", None, n, n))
+            return tokens
+        c = sql[i]
+        start = i
+        if c in "'\"":
+            value, i = _read_quoted(sql, i, c, escapes=True)
+            tokens.append(Token("string", value, start, i))
+        elif c == "`":
+            value, i = _read_quoted(sql, i, "`", escapes=False)
+            tokens.append(Token("qident", value, start, i))
+        elif sql.startswith("@@", i):
+            name, i = _read_name(sql, i + 2)
+            scope = None
+            if i < n and sql[i] == "." and name.lower() in _SCOPES:
+                scope = _SCOPES[name.lower()]
+                name, i = _read_name(sql, i + 1)
+            tokens.append(Token("sysvar", (scope, name.lower()), start, i))
+        elif c == "@":
+            if i + 1 < n and sql[i + 1] in "'\"`":
+                name, i = _read_quoted(sql, i + 1, sql[i + 1], escapes=sql[i + 1] != "`")
+            else:
+                m = _USERVAR_RE.match(sql, i + 1)
+                if m is None:
+                    raise _syntax_error(sql, i)
+                name, i = m.group(), m.end()
+            tokens.append(Token("uservar", name.lower(), start, i))
+        else:
+            m = _NUMBER_RE.match(sql, i)
+            word = _WORD_RE.match(sql, i)
+            if m is not None and not (word is not None and word.end() > m.end()):
+                text = m.group()
+                if text[:2].lower() == "0x":
+                    value: int | float = int(text, 16)
+                elif any(ch in text for ch in ".eE"):
+                    value = float(text)
+                else:
+                    value = int(text)
+                i = m.end()
+                tokens.append(Token("number", value, start, i))
+            elif word is not None:
+                i = word.end()
+                tokens.append(Token("word", word.group(), start, i))
+            else:
+                for op in _OPERATORS:
+                    if sql.startswith(op, i):
+                        i += len(op)
+                        tokens.append(Token("op", op, start, i))
+                        break
+                else:
+                    raise _syntax_error(sql, i)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser (recursive descent over the token list)
+
+# Words that end a select item: after them comes a clause, not an alias.
+_CLAUSE_WORDS = frozenset({
+    "FROM", "WHERE", "LIMIT", "INTO", "FOR", "UNION", "ORDER", "GROUP", "HAVING", "LOCK", "WINDOW", "AND", "OR",
+    "XOR", "NOT", "LIKE", "IN", "IS", "BETWEEN", "DIV", "MOD", "REGEXP", "RLIKE", "ESCAPE", "EXCEPT", "INTERSECT",
+})
+
+
+class Parser:
+    def __init__(self, sql: str, tokens: list[Token], flavour: str):
+        self.sql = sql
+        self.tokens = tokens
+        self.i = 0
+        self.flavour = flavour
+        self.last_end = 0
+
+    # -- token helpers ---------------------------------------------------------------------------
+    @property
+    def cur(self) -> Token:
+        return self.tokens[self.i]
+
+    def peek(self, offset: int = 1) -> Token:
+        return self.tokens[min(self.i + offset, len(self.tokens) - 1)]
+
+    def advance(self) -> Token:
+        tok = self.tokens[self.i]
+        if tok.kind != "eof":
+            self.i += 1
+            self.last_end = tok.end
+        return tok
+
+    def is_word(self, *words: str, offset: int = 0) -> bool:
+        tok = self.peek(offset) if offset else self.cur
+        return tok.kind == "word" and tok.value.upper() in words
+
+    def accept_word(self, *words: str) -> str | None:
+        if self.is_word(*words):
+            return self.advance().value.upper()
+        return None
+
+    def expect_word(self, *words: str) -> str:
+        word = self.accept_word(*words)
+        if word is None:
+            raise self.error()
+        return word
+
+    def is_op(self, *ops: str) -> bool:
+        return self.cur.kind == "op" and self.cur.value in ops
+
+    def accept_op(self, *ops: str) -> str | None:
+        if self.is_op(*ops):
+            return self.advance().value
+        return None
+
+    def expect_op(self, op: str) -> None:
+        if self.accept_op(op) is None:
+            raise self.error()
+
+    def error(self, tok: Token | None = None) -> SqlError:
+        return _syntax_error(self.sql, (tok or self.cur).start, self.flavour)
+
+    def name(self) -> str:
+        """An identifier: bare word, `quoted`, or (where MySQL allows it) a string."""
+        tok = self.cur
+        if tok.kind in ("word", "qident", "string"):
+            self.advance()
+            return tok.value
+        raise self.error()
+
+    def string(self) -> str:
+        tok = self.cur
+        if tok.kind != "string":
+            raise self.error()
+        self.advance()
+        return tok.value
+
+    def end_of_statement(self) -> None:
+        self.accept_op(";")
+        if self.cur.kind != "eof":
+            if self.tokens[self.i - 1].kind == "op" and self.tokens[self.i - 1].value == ";":
+                raise SqlError(ER_PARSE_ERROR, "42000",
+                               "relayproxy runs one statement per query; send the statements separately "
+                               f"(near '{self.sql[self.cur.start:self.cur.start + 80]}')")
+            raise self.error()
+
+    # -- expressions -----------------------------------------------------------------------------
+    def expr(self) -> _Node:
+        left = self.and_expr()
+        while self.accept_word("OR") or self.accept_op("||"):
+            left = _Logic("OR", left, self.and_expr())
+        return left
+
+    def and_expr(self) -> _Node:
+        left = self.not_expr()
+        while self.accept_word("AND") or self.accept_op("&&"):
+            left = _Logic("AND", left, self.not_expr())
+        return left
+
+    def not_expr(self) -> _Node:
+        if self.accept_word("NOT"):
+            return _Unary("NOT", self.not_expr())
+        return self.predicate()
+
+    def predicate(self) -> _Node:
+        left = self.additive()
+        while True:
+            op = self.accept_op("=", "<=>", "!=", "<>", "<", ">", "<=", ">=")
+            if op is not None:
+                left = _Compare(op, left, self.additive())
+                continue
+            if self.accept_word("IS"):
+                negate = self.accept_word("NOT") is not None
+                what = self.expect_word("NULL", "TRUE", "FALSE")
+                left = _Is(left, what, negate)
+                continue
+            negate = False
+            if self.is_word("NOT") and self.is_word("LIKE", "IN", "BETWEEN", offset=1):
+                self.advance()
+                negate = True
+            if self.accept_word("LIKE"):
+                pattern = self.additive()
+                escape = "\\"
+                if self.accept_word("ESCAPE"):
+                    escape = self.string()[:1] or "\\"
+                left = _Like(left, pattern, negate, escape)
+            elif self.accept_word("IN"):
+                self.expect_op("(")
+                items = [self.expr()]
+                while self.accept_op(","):
+                    items.append(self.expr())
+                self.expect_op(")")
+                left = _In(left, tuple(items), negate)
+            elif self.accept_word("BETWEEN"):
+                low = self.additive()
+                self.expect_word("AND")
+                left = _Between(left, low, self.additive(), negate)
+            else:
+                return left
+
+    def additive(self) -> _Node:
+        left = self.multiplicative()
+        while True:
+            op = self.accept_op("+", "-")
+            if op is None:
+                return left
+            if self.accept_word("INTERVAL"):
+                amount = self.unary()
+                unit = self.expect_word(*_INTERVAL_UNITS)
+                left = _IntervalArith(left, 1 if op == "+" else -1, amount, unit)
+            else:
+                left = _Arith(op, left, self.multiplicative())
+
+    def multiplicative(self) -> _Node:
+        left = self.unary()
+        while True:
+            op = self.accept_op("*", "/", "%") or self.accept_word("DIV", "MOD")
+            if op is None:
+                return left
+            left = _Arith("MOD" if op == "%" else op, left, self.unary())
+
+    def unary(self) -> _Node:
+        op = self.accept_op("-", "+", "!", "~")
+        if op is not None:
+            return _Unary("NOT" if op == "!" else op, self.unary())
+        return self.primary()
+
+    def primary(self) -> _Node:
+        tok = self.cur
+        if tok.kind == "number":
+            self.advance()
+            return _Literal(tok.value)
+        if tok.kind == "string":
+            self.advance()
+            text = tok.value
+            while self.cur.kind == "string":  # 'a' 'b' is 'ab'
+                text += self.advance().value
+            return _Literal(text)
+        if tok.kind == "sysvar":
+            self.advance()
+            return _SysVarRef(*tok.value)
+        if tok.kind == "uservar":
+            self.advance()
+            return _UserVarRef(tok.value)
+        if tok.kind == "qident":
+            self.advance()
+            return self._qualified(tok.value)
+        if tok.kind == "op" and tok.value == "(":
+            self.advance()
+            if self.is_word("SELECT"):
+                raise _unsupported("subqueries")
+            node = self.expr()
+            self.expect_op(")")
+            return node
+        if tok.kind == "word":
+            word = tok.value.upper()
+            nxt = self.peek()
+            if word == "NULL":
+                self.advance()
+                return _Literal(None)
+            if word in ("TRUE", "FALSE"):
+                self.advance()
+                return _Literal(int(word == "TRUE"))
+            if (word.startswith("_") or word == "N") and nxt.kind == "string" and nxt.start == tok.end:
+                self.advance()  # a character-set introducer: _utf8mb4'text', N'text'
+                return self.primary()
+            if nxt.kind == "op" and nxt.value == "(" and nxt.start == tok.end or (
+                nxt.kind == "op" and nxt.value == "(" and word in _FUNCTIONS
+            ):
+                self.advance()
+                self.advance()
+                args: list[_Node] = []
+                if not self.accept_op(")"):
+                    args.append(self.expr())
+                    while self.accept_op(","):
+                        args.append(self.expr())
+                    self.expect_op(")")
+                return _Call(word, tuple(args))
+            if word in _BARE_FUNCTIONS:
+                self.advance()
+                return _Call(word, ())
+            if word in _CLAUSE_WORDS or word in ("SELECT", "INTERVAL"):
+                raise self.error()
+            self.advance()
+            return self._qualified(tok.value)
+        raise self.error()
+
+    def _qualified(self, name: str) -> _Node:
+        while self.is_op(".") and self.peek().kind in ("word", "qident"):
+            self.advance()
+            name = self.advance().value
+        return _ColumnRef(name)
+
+
+def _limit(p: Parser) -> tuple[int, int | None]:
+    if not p.accept_word("LIMIT"):
+        return 0, None
+    first = p.cur
+    if first.kind != "number" or not isinstance(first.value, int):
+        raise p.error()
+    p.advance()
+    if p.accept_op(","):
+        second = p.cur
+        if second.kind != "number" or not isinstance(second.value, int):
+            raise p.error()
+        p.advance()
+        return first.value, second.value
+    if p.accept_word("OFFSET"):
+        second = p.cur
+        if second.kind != "number" or not isinstance(second.value, int):
+            raise p.error()
+        p.advance()
+        return second.value, first.value
+    return 0, first.value

@@ -1,0 +1,301 @@
+"""The relay's system and status variables: ``SYSTEM_VARIABLES`` and ``STATUS_VARIABLES``, one entry each. Add an
+entry here to answer a new ``@@variable`` or ``SHOW STATUS`` row; say only what the relay knows (design.md)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from ... import __version__
+from ...binlog.gtid import GtidSet
+from ...relay.catalog import CatalogError
+from .errors import (
+    ER_UNKNOWN_ERROR,
+    ER_WRONG_TYPE_FOR_VAR,
+    ER_WRONG_VALUE_FOR_VAR,
+    SqlError,
+)
+from .values import _to_number, _to_text, _truthy
+
+if TYPE_CHECKING:
+    from .env import Env
+
+# ---------------------------------------------------------------------------------------------
+# System variables: the one table of answers.
+
+
+def _always(env: Env) -> bool:
+    return True
+
+
+def _mysql_only(env: Env) -> bool:
+    return env.mysql
+
+
+def _mariadb_only(env: Env) -> bool:
+    return not env.mysql
+
+
+def _mysql_since(*version: int) -> Callable[[Env], bool]:
+    def check(env: Env) -> bool:
+        return env.mysql and env.at_least(*version)
+
+    return check
+
+
+def _not_mysql8(env: Env) -> bool:
+    return not (env.mysql and env.at_least(8, 0, 0))
+
+
+@dataclass(frozen=True)
+class SysVar:
+    """One system variable the relay answers.
+
+    ``value(env)`` gives the global value; ``kind`` says how it prints (``bool``: 1/0 in SELECT, ON/OFF
+    in SHOW VARIABLES). ``has_session``: a session may read ``@@session.x`` and ``SET x``;
+    ``has_global``: ``@@global.x`` exists. ``exists(env)`` hides variables the emulated server does not
+    have, so ``SELECT @@x`` gets the ERR 1193 a real server of that flavour/version would send (a MySQL
+    replica treats 1193 on GTID_MODE and semi-sync as "feature absent").
+    """
+
+    name: str
+    value: Callable[[Env], Any]
+    kind: str = "str"  # str | int | bool
+    has_session: bool = True
+    has_global: bool = True
+    exists: Callable[[Env], bool] = _always
+    doc: str = ""
+
+    def select_value(self, env: Env) -> Any:
+        value = self.value(env)
+        if self.kind == "bool" and value is not None:
+            return int(bool(value))
+        return value
+
+    def show_value(self, value: Any) -> str:
+        if value is None:
+            return ""
+        if self.kind == "bool":
+            return "ON" if _truthy(value) else "OFF"
+        return str(value)
+
+    def coerce(self, value: Any) -> Any:
+        """A value assigned with SET, normalised to this variable's kind."""
+        if value is None:
+            return None
+        if self.kind == "bool":
+            if isinstance(value, str):
+                word = value.strip().upper()
+                if word in ("ON", "TRUE", "YES"):
+                    return 1
+                if word in ("OFF", "FALSE", "NO"):
+                    return 0
+            number = _to_number(value)
+            if number not in (0, 1):
+                raise SqlError(ER_WRONG_VALUE_FOR_VAR, "42000",
+                               f"Variable '{self.name}' can't be set to the value of '{_to_text(value)}'")
+            return int(number)
+        if self.kind == "int":
+            if isinstance(value, str) and not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+                raise SqlError(ER_WRONG_TYPE_FOR_VAR, "42000", f"Incorrect argument type to variable '{self.name}'")
+            return int(_to_number(value))
+        return _to_text(value)
+
+
+def _binlog_checksum(env: Env) -> str:
+    """The relay's checksum algorithm, from its current file's FORMAT_DESCRIPTION (what the dump sends)."""
+    fde = env.ctx.store.format_description
+    if fde is None:
+        return "CRC32"  # nothing received yet; every supported master writes CRC32 by default
+    return fde.checksum_name or "NONE"  # a pre-5.6 file carries no checksums
+
+
+def _gtid_mode(env: Env) -> str:
+    override = env.master_var("gtid_mode")
+    if override:
+        return str(override).upper()
+    gtids = env.mysql_gtids
+    return "ON" if env.ctx.cfg.gtid_mode == "mysql" or (gtids is not None and bool(gtids)) else "OFF"
+
+
+def _gtid_executed(env: Env) -> str:
+    gtids = env.mysql_gtids
+    return gtids.format(",\n") if gtids is not None else ""
+
+
+def _gtid_purged(env: Env) -> str:
+    try:
+        purged = env.catalog.purged()
+    except CatalogError as exc:
+        raise SqlError(ER_UNKNOWN_ERROR, "HY000", f"cannot compute gtid_purged: {exc}") from None
+    return purged.format(",\n") if isinstance(purged, GtidSet) else ""
+
+
+def _default_collation(env: Env) -> str:
+    return "utf8mb4_0900_ai_ci" if env.mysql and env.at_least(8, 0, 0) else "utf8mb4_general_ci"
+
+
+def _sql_mode(env: Env) -> str:
+    if not env.mysql:
+        return "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION"
+    if env.at_least(8, 0, 0):
+        return ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
+                "NO_ENGINE_SUBSTITUTION")
+    return ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
+            "NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION")
+
+
+def _listen_port(env: Env) -> int:
+    listen = getattr(env.ctx.cfg, "listen", None)
+    return int(listen[1]) if listen else 3306
+
+
+def _system_time_zone(env: Env) -> str:
+    return time.strftime("%Z") or "UTC"
+
+
+def _version_comment(env: Env) -> str:
+    return f"relayproxy {__version__} binlog relay"
+
+
+def _semi_sync(env: Env) -> bool:
+    return bool(getattr(env.ctx.cfg, "semi_sync", False))
+
+
+def _from_master(name: str, default: Any) -> Callable[[Env], Any]:
+    """The master's value when the upstream session recorded it, else ``default`` (a value or ``f(env)``)."""
+
+    def value(env: Env) -> Any:
+        found = env.master_var(name)
+        if found is not None:
+            return found
+        return default(env) if callable(default) else default
+
+    return value
+
+
+SYSTEM_VARIABLES: tuple[SysVar, ...] = (
+    # -- identity: the relay's own, never the master's (a replica refuses a master with its own id/uuid)
+    SysVar("server_id", lambda e: e.ctx.server_id, "int", has_session=False, doc="the relay's --server-id"),
+    SysVar("server_uuid", lambda e: e.ctx.server_uuid, has_session=False, exists=_mysql_only),
+    SysVar("hostname", lambda e: socket.gethostname(), has_session=False),
+    SysVar("port", _listen_port, "int", has_session=False),
+    SysVar("report_host", lambda e: None, has_session=False),
+    SysVar("report_port", _listen_port, "int", has_session=False),
+    SysVar("version", lambda e: e.version, has_session=False),
+    SysVar("version_comment", _version_comment, has_session=False),
+    SysVar("license", lambda e: "GPL", has_session=False),
+    # -- what kind of server this is: a read-only binlog server that logs its master's events
+    SysVar("read_only", lambda e: True, "bool", has_session=False),
+    SysVar("super_read_only", lambda e: True, "bool", has_session=False, exists=_mysql_only),
+    SysVar("log_bin", lambda e: True, "bool", has_session=False),
+    SysVar("log_slave_updates", lambda e: True, "bool", has_session=False,
+           doc="1: the relay's binlogs are its master's events, so replicas below it can be relocated"),
+    SysVar("log_replica_updates", lambda e: True, "bool", has_session=False, exists=_mysql_since(8, 0, 26)),
+    SysVar("binlog_format", _from_master("binlog_format", lambda e: "ROW" if e.mysql else "MIXED")),
+    SysVar("binlog_row_image", _from_master("binlog_row_image", "FULL")),
+    SysVar("binlog_row_metadata", lambda e: e.master_var("binlog_row_metadata") or "MINIMAL", has_session=False,
+           # MySQL 8.0.1+ always has it (default MINIMAL); MariaDB 10.5+ too; earlier servers do not.
+           exists=lambda e: e.master_var("binlog_row_metadata") is not None
+           or (e.mysql and e.at_least(8, 0, 1)) or (not e.mysql and e.at_least(10, 5, 0)),
+           doc="only when the upstream session recorded the master's value"),
+    SysVar("binlog_checksum", _binlog_checksum, has_session=False),
+    SysVar("master_info_repository", lambda e: "TABLE", has_session=False, exists=_mysql_only),
+    SysVar("relay_log_info_repository", lambda e: "TABLE", has_session=False, exists=_mysql_only),
+    # -- GTIDs, from the horizon (MySQL) or the horizon's binlog state (MariaDB)
+    SysVar("gtid_mode", _gtid_mode, has_session=False, exists=_mysql_only),
+    SysVar("enforce_gtid_consistency", lambda e: "ON" if _gtid_mode(e) == "ON" else "OFF", has_session=False,
+           exists=_mysql_only),
+    SysVar("gtid_executed", _gtid_executed, has_session=False, exists=_mysql_only),
+    SysVar("gtid_purged", _gtid_purged, has_session=False, exists=_mysql_only),
+    SysVar("gtid_binlog_pos", lambda e: str(e.maria_state.current_position()), has_session=False,
+           exists=_mariadb_only),
+    SysVar("gtid_binlog_state", lambda e: str(e.maria_state), has_session=False, exists=_mariadb_only),
+    SysVar("gtid_current_pos", lambda e: str(e.maria_state.current_position()), has_session=False,
+           exists=_mariadb_only, doc="= gtid_binlog_pos: the relay applies nothing, it only logs"),
+    SysVar("gtid_slave_pos", lambda e: "", has_session=False, exists=_mariadb_only,
+           doc="empty: the relay applies no transaction"),
+    SysVar("gtid_domain_id", _from_master("gtid_domain_id", 0), "int", exists=_mariadb_only),
+    SysVar("gtid_strict_mode", _from_master("gtid_strict_mode", False), "bool", has_session=False,
+           exists=_mariadb_only),
+    SysVar("gtid_ignore_duplicates", lambda e: False, "bool", has_session=False, exists=_mariadb_only),
+    # -- semi-sync toward the relay's replicas (config semi_sync)
+    SysVar("rpl_semi_sync_master_enabled", _semi_sync, "bool", has_session=False),
+    SysVar("rpl_semi_sync_source_enabled", _semi_sync, "bool", has_session=False, exists=_mysql_since(8, 0, 26)),
+    # -- what drivers and client libraries read at connect time
+    SysVar("max_allowed_packet", lambda e: 1 << 30, "int"),
+    SysVar("net_write_timeout", lambda e: 60, "int"),
+    SysVar("net_read_timeout", lambda e: 30, "int"),
+    SysVar("net_buffer_length", lambda e: 16384, "int"),
+    SysVar("wait_timeout", lambda e: 28800, "int"),
+    SysVar("interactive_timeout", lambda e: 28800, "int"),
+    SysVar("connect_timeout", lambda e: 10, "int", has_session=False),
+    SysVar("character_set_client", lambda e: "utf8mb4"),
+    SysVar("character_set_connection", lambda e: "utf8mb4"),
+    SysVar("character_set_results", lambda e: "utf8mb4"),
+    SysVar("character_set_server", lambda e: "utf8mb4"),
+    SysVar("character_set_database", lambda e: "utf8mb4"),
+    SysVar("character_set_system", lambda e: "utf8mb3", has_session=False),
+    SysVar("collation_connection", _default_collation),
+    SysVar("collation_server", _default_collation),
+    SysVar("collation_database", _default_collation),
+    SysVar("sql_mode", _sql_mode),
+    SysVar("time_zone", lambda e: "SYSTEM"),
+    SysVar("system_time_zone", _system_time_zone, has_session=False),
+    SysVar("lower_case_table_names", lambda e: 0, "int", has_session=False),
+    SysVar("init_connect", lambda e: "", has_session=False),
+    SysVar("performance_schema", lambda e: False, "bool", has_session=False),
+    SysVar("autocommit", lambda e: True, "bool"),
+    SysVar("auto_increment_increment", lambda e: 1, "int"),
+    SysVar("auto_increment_offset", lambda e: 1, "int"),
+    SysVar("tx_isolation", lambda e: "REPEATABLE-READ"),
+    SysVar("transaction_isolation", lambda e: "REPEATABLE-READ"),
+    SysVar("tx_read_only", lambda e: False, "bool"),
+    SysVar("transaction_read_only", lambda e: False, "bool"),
+    SysVar("query_cache_size", lambda e: 0, "int", has_session=False, exists=_not_mysql8),
+    SysVar("query_cache_type", lambda e: "OFF", exists=_not_mysql8),
+    SysVar("sql_log_bin", lambda e: True, "bool", has_global=False),
+    SysVar("skip_replication", lambda e: False, "bool", has_global=False,
+           doc="MariaDB replicas SET it with replicate_events_marked_for_skip=FILTER_ON_MASTER"),
+)
+
+_VARIABLES_BY_NAME: dict[str, SysVar] = {v.name: v for v in SYSTEM_VARIABLES}
+
+
+def _lookup_variable(env: Env, name: str) -> SysVar | None:
+    var = _VARIABLES_BY_NAME.get(name)
+    return var if var is not None and var.exists(env) else None
+
+
+@dataclass(frozen=True)
+class StatusVar:
+    """One SHOW STATUS counter."""
+
+    name: str
+    value: Callable[[Env], Any]
+    exists: Callable[[Env], bool] = _always
+
+
+def _uptime(env: Env) -> int:
+    return max(int(env.now - env.ctx.started), 0)
+
+
+def _semi_sync_clients(env: Env) -> int:
+    return sum(1 for c in env.ctx.connections.values() if c.dump is not None and c.dump.semi_sync)
+
+
+STATUS_VARIABLES: tuple[StatusVar, ...] = (
+    StatusVar("Uptime", _uptime),
+    StatusVar("Uptime_since_flush_status", _uptime),
+    StatusVar("Threads_connected", lambda e: len(e.ctx.connections)),
+    StatusVar("Threads_running", lambda e: 1),
+    StatusVar("Slave_running", lambda e: "ON" if e.ctx.session.status.io_running else "OFF", exists=_mariadb_only),
+    StatusVar("Rpl_semi_sync_master_status", lambda e: "ON" if _semi_sync(e) else "OFF"),
+    StatusVar("Rpl_semi_sync_master_clients", _semi_sync_clients),
+    StatusVar("Rpl_semi_sync_source_status", lambda e: "ON" if _semi_sync(e) else "OFF",
+              exists=_mysql_since(8, 0, 26)),
+    StatusVar("Rpl_semi_sync_source_clients", _semi_sync_clients, exists=_mysql_since(8, 0, 26)),
+)
