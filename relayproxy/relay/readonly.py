@@ -1,0 +1,577 @@
+"""A directory of binlog files opened read-only, as the downstream side sees a relay store: which files in which
+order (``--files``, an index, ``relayproxy.index`` or the numbered series), their continuity, the horizon at the
+newest file's last complete group, and ``--follow`` for a directory that grows. ``relayproxy serve`` uses it;
+it scans with the relay's one scanner and boundary parser and shares recovery's rules for what a damaged tail,
+a file list and a GTID set mean. Nothing in the directory is ever written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..binlog import constants as C
+from ..binlog.events import HEADER, FormatDescription
+from ..binlog.reader import BinlogScanner, ScanResult, scan_file
+from ..log import get_logger
+from .horizon import Horizon
+from .recovery import (
+    INDEX_NAME,
+    RESERVED_PREFIX,
+    RelayRecoveryError,
+    RelayStoreError,
+    _damage_followed_by_data,
+    _merge_gtids,
+    _writes_gtid_set_event,
+    next_file_name,
+    read_index,
+)
+
+log = get_logger("relayproxy.relay.readonly")
+
+_NUMBERED = re.compile(r"^(?P<base>.+)\.(?P<number>\d+)$")
+_READ_CHUNK = 1 << 20
+_PLACEMENT_CHECK_BYTES = 1 << 16  # events at the head of a file checked for sitting at their log_pos
+
+class ServeError(Exception):
+    """The directory cannot be served as it is; the message names the file (and offset) and what to do."""
+
+
+class ReadOnlyStoreError(RelayStoreError):
+    """A write to the served directory was asked for (PURGE BINARY LOGS): refused, nothing changed."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What to serve and how (everything else comes from the relay's configuration)."""
+
+    binlog_dir: Path
+    index: Path | None = None
+    files: tuple[str, ...] | None = None
+    follow: bool = False
+    follow_interval: float = 1.0
+    allow_gaps: bool = False
+
+
+def _plain_name(name: str, where: str) -> str:
+    if not name or "/" in name or "\\" in name or name in (".", "..") or any(ord(ch) < 32 for ch in name):
+        raise ServeError(f"{where}: {name!r} is not a plain file name in --binlog-dir")
+    return name
+
+
+def read_server_index(path: Path) -> list[str]:
+    """The base names a MySQL/MariaDB ``*.index`` file lists (``./binlog.000001``, absolute paths ...)."""
+    try:
+        text = path.read_bytes().decode("utf-8", "surrogateescape")
+    except OSError as exc:
+        raise ServeError(f"cannot read the index file {path}: {exc.strerror}") from None
+    names: list[str] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        entry = line.strip()
+        if not entry:
+            continue
+        name = _plain_name(os.path.basename(entry), f"{path} line {lineno}")
+        if name in names:
+            raise ServeError(f"{path} line {lineno}: {name} is listed twice")
+        names.append(name)
+    return names
+
+
+def _numbered_files(binlog_dir: Path) -> list[str]:
+    series: dict[str, list[tuple[int, str]]] = {}
+    for entry in os.scandir(binlog_dir):
+        if not entry.is_file() or entry.name.startswith((".", RESERVED_PREFIX)):
+            continue
+        m = _NUMBERED.match(entry.name)
+        if m:
+            series.setdefault(m.group("base"), []).append((int(m.group("number")), entry.name))
+    if not series:
+        raise ServeError(
+            f"no binlog files (NAME.NNNNNN) in {binlog_dir}, and no relayproxy.index or *.index file: "
+            f"name the files with --files"
+        )
+    if len(series) > 1:
+        listing = ", ".join(f"{base}.* ({len(items)} files)" for base, items in sorted(series.items()))
+        raise ServeError(
+            f"{binlog_dir} holds several binlog series ({listing}): choose with --files or --index"
+        )
+    ((_base, items),) = series.items()
+    return [name for _number, name in sorted(items)]
+
+
+def list_binlog_files(binlog_dir: Path, *, index: Path | None = None,
+                      files: tuple[str, ...] | None = None) -> tuple[list[str], str, list[str]]:
+    """``(names oldest first, where the order came from, warnings)``; every name exists in ``binlog_dir``."""
+    warnings: list[str] = []
+    if files:
+        names = [_plain_name(n, "--files") for n in files]
+        if len(set(names)) != len(names):
+            raise ServeError("--files names a file twice")
+        missing = [n for n in names if not (binlog_dir / n).is_file()]
+        if missing:
+            raise ServeError(f"--files: not found in {binlog_dir}: {', '.join(missing)}")
+        return names, "--files", warnings
+    if index is None and (binlog_dir / INDEX_NAME).is_file():
+        try:
+            names = read_index(binlog_dir) or []
+        except RelayRecoveryError as exc:
+            raise ServeError(str(exc)) from None
+        source = INDEX_NAME
+    else:
+        if index is None:
+            candidates = sorted(
+                p for p in binlog_dir.glob("*.index")
+                if p.is_file() and not p.name.startswith(RESERVED_PREFIX)
+            )
+            if len(candidates) > 1:
+                raise ServeError(
+                    f"{binlog_dir} holds several index files ({', '.join(p.name for p in candidates)}): "
+                    f"choose one with --index"
+                )
+            index = candidates[0] if candidates else None
+        if index is None:
+            return _numbered_files(binlog_dir), "file names by number", warnings
+        names = read_server_index(index)
+        source = f"index file {index}"
+    present = [(binlog_dir / n).is_file() for n in names]
+    if names and not any(present):
+        raise ServeError(f"none of the files {source} lists is in {binlog_dir}")
+    first = present.index(True) if any(present) else 0
+    for name in names[:first]:
+        warnings.append(f"{name} is listed in {source} but missing (purged?): not served")
+    names, present = names[first:], present[first:]
+    missing = [n for n, ok in zip(names, present) if not ok]
+    if missing:
+        raise ServeError(
+            f"{source} lists files missing from {binlog_dir} after files that exist: {', '.join(missing)}; "
+            f"serving around them would leave a hole in the binlog (choose files with --files)"
+        )
+    return names, source, warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks on one file
+
+
+def _misplaced_event(path: Path) -> str | None:
+    """Why the events at the head of the file do not sit at their ``log_pos`` (a relay log), or None.
+
+    A binlog's every event ends at the offset its ``log_pos`` names; the dump sender sends the files'
+    bytes as they are, so a replica takes its position from those fields. A replica's relay log
+    carries its master's positions instead and cannot be served as a binlog.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_PLACEMENT_CHECK_BYTES)
+    except OSError:
+        return None  # the scan reports unreadable files
+    pos = 4
+    while pos + C.HEADER_LEN <= len(head):
+        _ts, type_code, _sid, size, log_pos, flags = HEADER.unpack_from(head, pos)
+        if size < C.HEADER_LEN or pos + size > len(head):
+            break
+        # 0: MariaDB 11 leaves end_log_pos of the events inside a group out (binlog_legacy_event_pos=OFF).
+        if log_pos and log_pos != (pos + size) & 0xFFFFFFFF:
+            return (
+                f"its {C.event_name(type_code)} event at offset {pos} has log_pos {log_pos}, not its end offset "
+                f"{pos + size}: the events do not sit at their binlog positions (a replica's relay log?), so a "
+                f"replica of this server would record wrong positions"
+            )
+        pos += size
+    return None
+
+
+def _fde_server_id(path: Path) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4 + C.HEADER_LEN)
+    except OSError:
+        return None
+    if len(head) < 4 + C.HEADER_LEN or head[:4] != C.BINLOG_MAGIC:
+        return None
+    _ts, type_code, server_id, _size, _lp, _flags = HEADER.unpack_from(head, 4)
+    return server_id if type_code == C.FORMAT_DESCRIPTION_EVENT else None
+
+
+class _Tail:
+    """Incremental scan of the newest file: the scanner is fed only the bytes appended since the last look,
+    so ``--follow`` costs what the file grew by. Never finished (``finish()`` would call a pending
+    event or group an error): ``good_end`` is the last boundary, and pending bytes wait for more."""
+
+    def __init__(self, name: str, path: Path, carried):
+        self.name = name
+        self.path = path
+        self.carried = carried  # the previous file's set after it (a file cut before its PREVIOUS_GTIDS)
+        self._restart()
+
+    def _restart(self) -> None:
+        self.scanner = BinlogScanner(path=os.fspath(self.path))
+        self.fed = 0
+        self.size = 0
+        self._stat: tuple[int, int] | None = None  # (size, mtime) at the last look
+
+    @property
+    def result(self) -> ScanResult:
+        return self.scanner.result
+
+    def read_more(self) -> None:
+        """Feed the bytes appended since the last call. A file that shrank is scanned again from the start,
+        and so is a damaged one that changed since (a live server's torn tail may be complete by now)."""
+        with open(self.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            size = st.st_size
+            if size < self.fed or (self.damage is not None and (size, st.st_mtime_ns) != self._stat):
+                self._restart()
+            self._stat = (size, st.st_mtime_ns)
+            f.seek(self.fed)
+            while self.fed < size:
+                chunk = f.read(min(_READ_CHUNK, size - self.fed))
+                if not chunk:
+                    break
+                self.fed += len(chunk)
+                self.scanner.feed(chunk)
+                if self.scanner._stopped:
+                    break
+        self.size = size
+
+    @property
+    def damage(self) -> str | None:
+        r = self.result
+        if r.error is not None:
+            return r.error
+        if r.crc_errors:
+            return f"{r.crc_errors} CRC32 mismatch(es)"
+        return None
+
+    @property
+    def good_end(self) -> int:
+        return self.result.good_end
+
+    @property
+    def whole(self) -> bool:
+        """Every byte read so far is complete events ending at a group boundary."""
+        return self.damage is None and self.result.fde is not None and self.good_end == self.size == self.fed
+
+    def gtids(self):
+        """The GTID set at ``good_end`` (a copy), continuing the previous file's when this one has none yet."""
+        r = self.result
+        after = r.gtids_after
+        if r.start_gtids is None and self.carried is not None and _writes_gtid_set_event(r.fde):
+            return _merge_gtids(self.carried, after)
+        return None if after is None else after.copy()
+
+
+def _damage_offset(result: ScanResult) -> int | None:
+    m = re.match(r"^at offset (\d+):", result.error or "")
+    return int(m.group(1)) if m else None
+
+
+def _continuity_problem(older: str, older_scan: ScanResult, newer: str, newer_start) -> str | None:
+    """Why ``newer`` does not continue ``older`` (None when it does)."""
+    after = older_scan.gtids_after
+    if after is not None and newer_start is not None and type(after) is type(newer_start) and after == newer_start:
+        return None
+    rotate = older_scan.rotate_to
+    if rotate is not None:
+        if rotate[0] == newer:
+            return None
+        return f"{older} ends with a ROTATE to {rotate[0]}, but the next file served is {newer}"
+    expected = next_file_name(older)
+    if expected == newer:
+        return None
+    detail = f"its GTID set at the end is {after}, {newer} starts at {newer_start}" if after is not None else ""
+    return (f"{older} does not end with a ROTATE and {newer} is not the next file by number ({expected})"
+            + (f"; {detail}" if detail else ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# The read-only store
+
+
+@dataclass
+class _Publish:
+    """What one look at the directory found, applied on the event loop's thread (see ``apply``)."""
+
+    names: list[str]
+    fde: FormatDescription | None
+    horizon: tuple[str, int, Any] | None  # (file, position, gtids) when the horizon moves
+    errors: list[str] = field(default_factory=list)
+
+
+class ReadOnlyBinlogDir:
+    """A directory of binlog files seen as the downstream side sees a RelayStore, opened read-only.
+
+    The read interface of ``RelayStore`` (``files()``, ``path()``, ``current_file``, ``horizon``,
+    ``flavour``, ``format_description``), nothing of its write path; ``purge_to`` is refused.
+    """
+
+    read_only = True
+
+    def __init__(self, options: ServeOptions, names: list[str], order_source: str, tail: _Tail,
+                 flavour: str, warnings: list[str], server_id: int | None):
+        self.options = options
+        self.binlog_dir = options.binlog_dir
+        self.order_source = order_source
+        self.warnings = warnings
+        self.server_id = server_id  # the FORMAT_DESCRIPTION's: the server that wrote the files
+        self._names = list(names)
+        self._tail = tail
+        self._flavour = flavour
+        self._fde = tail.result.fde
+        self.horizon = Horizon(tail.name, tail.good_end, tail.gtids())
+        self.follow_error: str | None = None
+        self._reported: set[str] = set()  # problems --follow logged already (logged again only once they clear)
+        self._closed = False
+
+    # -- opening ---------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, options: ServeOptions) -> "ReadOnlyBinlogDir":
+        """Scan the files (never writing anything) and place the horizon; ServeError says why not."""
+        binlog_dir = options.binlog_dir
+        if not binlog_dir.is_dir():
+            raise ServeError(f"--binlog-dir {binlog_dir} is not a directory")
+        names, source, warnings = list_binlog_files(binlog_dir, index=options.index, files=options.files)
+        if not names:
+            raise ServeError(f"{source} lists no binlog files: nothing to serve")
+        for name in names:
+            reason = _misplaced_event(binlog_dir / name)
+            if reason:
+                raise ServeError(f"cannot serve {binlog_dir / name}: {reason}")
+
+        # A file without its FORMAT_DESCRIPTION yet may end the list (a server just rotated): it is
+        # served once it has one (--follow), never before.
+        scans: list[ScanResult] = []
+        tail: _Tail | None = None
+        for i, name in enumerate(names):
+            path = binlog_dir / name
+            log.info("scanning", file=name)
+            if i < len(names) - 1:
+                try:
+                    scans.append(scan_file(path))
+                except OSError as exc:
+                    raise ServeError(f"cannot read {path}: {exc.strerror}") from None
+                continue
+            carried = scans[-1].gtids_after if scans else None
+            tail = _Tail(name, path, carried)
+            try:
+                tail.read_more()
+            except OSError as exc:
+                raise ServeError(f"cannot read {path}: {exc.strerror}") from None
+        while tail.result.fde is None and tail.damage is None and len(names) > 1:
+            warnings.append(f"{tail.name} holds no event yet: not served" + (" until it does" if options.follow else ""))
+            names.pop()
+            scans.pop()  # the file before it becomes the newest: read again as the tail
+            tail = _Tail(names[-1], binlog_dir / names[-1], scans[-1].gtids_after if scans else None)
+            try:
+                tail.read_more()
+            except OSError as exc:
+                raise ServeError(f"cannot read {tail.path}: {exc.strerror}") from None
+        if tail.result.fde is None:
+            raise ServeError(
+                f"{tail.path} has no FORMAT_DESCRIPTION_EVENT"
+                + (f" ({tail.damage})" if tail.damage else "") + ": nothing to serve"
+            )
+
+        for name, scan in zip(names, scans):
+            cls._check_closed_file(binlog_dir / name, scan, newest=names[-1])
+        cls._check_newest(tail, warnings)
+
+        flavours = {scan.flavour for scan in scans} | {tail.result.flavour}
+        if len(flavours) > 1:
+            kinds = ", ".join(f"{n} ({s.flavour})" for n, s in zip(names, [*scans, tail.result]))
+            raise ServeError(f"the files mix MySQL and MariaDB binlogs: {kinds}")
+        starts = [s.start_gtids for s in scans[1:]] + [tail.result.start_gtids]
+        for (older, scan), newer, newer_start in zip(zip(names, scans), names[1:], starts):
+            problem = _continuity_problem(older, scan, newer, newer_start)
+            if problem is None:
+                continue
+            if not options.allow_gaps:
+                raise ServeError(
+                    f"the files do not continue each other: {problem}. A file/position replica would skip what "
+                    f"lies between without an error. Serve consecutive files (--files), or pass --allow-gaps"
+                )
+            warnings.append(f"gap served (--allow-gaps): {problem}")
+
+        store = cls(options, names, source, tail, flavours.pop(), warnings, _fde_server_id(binlog_dir / names[-1]))
+        for warning in warnings:
+            log.warning(warning)
+        snap = store.horizon.snapshot()
+        log.info("serving binlog files read-only", binlog_dir=str(binlog_dir), order=source, files=len(names),
+                 first=names[0], horizon=f"{snap.file}:{snap.position}", gtids=snap.text, flavour=store.flavour)
+        return store
+
+    @staticmethod
+    def _check_closed_file(path: Path, scan: ScanResult, *, newest: str) -> None:
+        if scan.fde is None or scan.crc_errors or (scan.error and not scan.truncated_event):
+            where = f" ({scan.error})" if scan.error else f" ({scan.crc_errors} CRC32 mismatches)"
+            raise ServeError(f"cannot serve {path}: damaged before its end{where}; nothing was changed")
+        if scan.partial_tail or scan.truncated_event:
+            raise ServeError(
+                f"cannot serve {path}: it ends inside an unfinished transaction (complete up to offset "
+                f"{scan.good_end} of {os.path.getsize(path)}), but it is not the newest file ({newest} is). Only the "
+                f"newest file's unfinished tail can be left out; serve the files before it with --files"
+            )
+
+    @staticmethod
+    def _check_newest(tail: _Tail, warnings: list[str]) -> None:
+        damage = tail.damage
+        if damage is not None:
+            bad = _damage_offset(tail.result)
+            reason = _damage_followed_by_data(tail.path, bad) if bad is not None else "the damage has no offset"
+            if reason is not None:
+                raise ServeError(
+                    f"cannot serve {tail.path}: damaged before its end ({damage}), and {reason}; nothing was changed"
+                )
+            warnings.append(
+                f"{tail.name}: damaged tail ({damage}): served up to offset {tail.good_end}, the rest is left out"
+            )
+        elif tail.good_end < tail.size:
+            warnings.append(
+                f"{tail.name}: ends inside an unfinished transaction or event: served up to offset {tail.good_end} "
+                f"of {tail.size}"
+            )
+
+    # -- the RelayStore read interface -----------------------------------------------------------
+    def files(self) -> list[str]:
+        return list(self._names)
+
+    def path(self, name: str) -> Path:
+        if name not in self._names:
+            raise KeyError(f"{name!r} is not a served binlog file")
+        return self.binlog_dir / name
+
+    @property
+    def relay_dir(self) -> Path:
+        return self.binlog_dir
+
+    @property
+    def current_file(self) -> str | None:
+        return self._names[-1] if self._names else None
+
+    @property
+    def flavour(self) -> str:
+        return self._flavour
+
+    @property
+    def format_description(self) -> FormatDescription | None:
+        return self._fde
+
+    def purge_to(self, name: str) -> list[str]:
+        raise ReadOnlyStoreError(
+            f"relayproxy serve is read-only: it never deletes the binlog files it serves (nothing before {name} "
+            f"was purged); purge them on the server that wrote them"
+        )
+
+    def close(self) -> None:
+        self._closed = True
+
+    # -- --follow --------------------------------------------------------------------------------
+    def poll(self) -> _Publish | None:
+        """Look at the directory again (file I/O: run it off the event loop); ``apply`` publishes the result.
+
+        Reads what the newest file gained, then moves on to files that appeared after it once it is whole.
+        Never raises for what it finds: problems come back in ``errors`` and the horizon stays put.
+        """
+        if self._closed or self.follow_error is not None:
+            return None
+        errors: list[str] = []
+        names = list(self._names)
+        tail = self._tail
+        try:
+            tail.read_more()
+        except OSError as exc:
+            errors.append(f"cannot read {tail.path}: {exc.strerror}")
+            return _Publish(names, self._fde, None, errors)
+        snap = self.horizon.snapshot()
+        if tail.size < snap.position:
+            self.follow_error = (
+                f"{tail.name} shrank to {tail.size} bytes, below what was served ({snap.position}): its server "
+                f"truncated it. Stopped following; restart relayproxy serve"
+            )
+            return _Publish(names, self._fde, None, [self.follow_error])
+        if self.options.files is None:
+            try:
+                order, _source, _warnings = list_binlog_files(self.binlog_dir, index=self.options.index)
+            except (ServeError, OSError) as exc:
+                order = names
+                errors.append(f"cannot list the binlog files again: {exc}")
+            if tail.name in order:
+                at = order.index(tail.name)
+                head, newer = order[: at + 1], order[at + 1 :]
+                if set(head) <= set(names):
+                    names = head  # files purged at the head by their server drop out
+                else:
+                    errors.append(f"files appeared before {tail.name} in the list: ignored")
+                while newer and self._tail_whole_for_rotation(tail, newer[0], errors):
+                    path = self.binlog_dir / newer[0]
+                    nxt = _Tail(newer[0], path, tail.gtids())
+                    try:
+                        nxt.read_more()
+                    except OSError as exc:
+                        errors.append(f"cannot read {path}: {exc.strerror}")
+                        break
+                    if nxt.result.fde is None:
+                        if nxt.damage is not None:
+                            errors.append(f"{newer[0]}: {nxt.damage}: not served")
+                        break  # just created: served once its FORMAT_DESCRIPTION is there
+                    if nxt.result.flavour != self._flavour:
+                        errors.append(f"{newer[0]} is a {nxt.result.flavour} binlog, the others are {self._flavour}")
+                        break
+                    problem = _continuity_problem(tail.name, tail.result, newer[0], nxt.result.start_gtids)
+                    if problem is not None and not self.options.allow_gaps:
+                        errors.append(f"not moving on to {newer[0]}: {problem} (--allow-gaps serves it anyway)")
+                        break
+                    names.append(newer[0])
+                    tail = nxt
+                    newer = newer[1:]
+            elif tail.name in names:
+                errors.append(f"{tail.name} is no longer listed: keeping the files served so far")
+        if tail.damage is not None:
+            errors.append(f"{tail.name}: {tail.damage}: served up to offset {tail.good_end} only")
+        position = max(tail.good_end, 4)
+        moved = tail is not self._tail or position > snap.position
+        self._tail = tail
+        horizon = (tail.name, position, tail.gtids()) if moved else None
+        return _Publish(names, tail.result.fde or self._fde, horizon, errors)
+
+    @staticmethod
+    def _tail_whole_for_rotation(tail: _Tail, newer: str, errors: list[str]) -> bool:
+        if tail.whole and not tail.scanner.parser.in_group:
+            return True
+        errors.append(
+            f"{newer} appeared, but {tail.name} is not whole (served up to {tail.good_end} of {tail.size} bytes"
+            + (f", {tail.damage}" if tail.damage else "") + "): not moving on yet"
+        )
+        return False
+
+    def apply(self, publish: _Publish | None) -> bool:
+        """Publish a ``poll`` result: the file list first, then the horizon (readers never see a horizon
+        in a file they cannot list). Runs on the event loop's thread. Returns whether the horizon moved."""
+        if publish is None:
+            return False
+        for error in publish.errors:
+            if error not in self._reported:
+                log.warning("follow: " + error)
+        self._reported = set(publish.errors)
+        self._names = publish.names
+        self._fde = publish.fde
+        if publish.horizon is None:
+            return False
+        file, position, gtids = publish.horizon
+        self.horizon.advance(file, position, gtids, copy=False)
+        return True
+
+    def refresh(self) -> bool:
+        """``apply(poll())`` in one call (tests, single-threaded use)."""
+        return self.apply(self.poll())
+
+    def __repr__(self) -> str:
+        snap = self.horizon.snapshot()
+        return f"<ReadOnlyBinlogDir {self.binlog_dir} {len(self._names)} files horizon={snap.file}:{snap.position}>"
