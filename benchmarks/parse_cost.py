@@ -216,7 +216,7 @@ def walk_boundary_crc(files: list[CorpusFile]) -> int:
 
 
 # What a consumer of each view reads: the fields it exists for (header fields for the rest).
-_VIEW_FIELDS: dict[int, tuple[str, ...]] = {
+VIEW_FIELDS: dict[int, tuple[str, ...]] = {
     C.QUERY_EVENT: ("db", "query"),
     C.EXECUTE_LOAD_QUERY_EVENT: ("db", "query"),
     C.XID_EVENT: ("xid",),
@@ -229,7 +229,7 @@ _VIEW_FIELDS: dict[int, tuple[str, ...]] = {
     C.MARIA_GTID_LIST_EVENT: ("gtids",),
     C.FORMAT_DESCRIPTION_EVENT: ("server_version",),
 }
-_HEADER_FIELDS = ("log_pos", "event_size")
+HEADER_FIELDS = ("log_pos", "event_size")
 
 
 @dataclass
@@ -240,7 +240,7 @@ class ViewStats:
 def make_walk_views(stats: ViewStats) -> Callable[[list[CorpusFile]], int]:
     from relayproxy.binlog.events import BinlogFormatError
 
-    fields_for = _VIEW_FIELDS.get
+    fields_for = VIEW_FIELDS.get
 
     def walk_views(files: list[CorpusFile]) -> int:
         """relayproxy's typed views: view_event + reading its main fields, per event."""
@@ -255,7 +255,7 @@ def make_walk_views(stats: ViewStats) -> Callable[[list[CorpusFile]], int]:
                     fde = FormatDescription.parse(data, pos, size)
                 try:
                     ev = view_event(data, pos, fde)
-                    for name in fields_for(type_code, _HEADER_FIELDS):
+                    for name in fields_for(type_code, HEADER_FIELDS):
                         getattr(ev, name)
                 except BinlogFormatError as exc:
                     rejected.append(f"`{cf.name}` @{pos}: {exc}")

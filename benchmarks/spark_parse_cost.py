@@ -8,7 +8,7 @@ ns per event, events/s and MB/s, plus the ratios between the parsers, overall an
                             (``FormatDescription.parse`` + ``set_format`` on a FORMAT_DESCRIPTION), exactly
                             the per-event work of ``benchmarks/parse_cost.py``'s "boundary" walk;
 * ``view``               -- relayproxy's full event view: ``view_event(...)`` (header + typed view) and
-                            reading the fields its consumer reads (``parse_cost._VIEW_FIELDS``);
+                            reading the fields its consumer reads (``parse_cost.VIEW_FIELDS``);
 * ``pymysqlreplication`` -- python-mysql-replication's decoder from the event's bytes
                             (``relayproxy.lab.reference.ReferenceDecoder.decode``, row values lazy), counted only
                             for the events it decodes; events it has no decoder for, or raises on, are
@@ -90,7 +90,7 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
         sys.path.insert(0, _p)
 
 import benchinfo  # noqa: E402
-from parse_cost import _HEADER_FIELDS, _VIEW_FIELDS, corpus_path  # noqa: E402  (one definition of what a view's consumer reads)
+from parse_cost import HEADER_FIELDS, VIEW_FIELDS, corpus_path  # noqa: E402  (one definition of what a view's consumer reads)
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
@@ -365,7 +365,7 @@ def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list
         fde = FormatDescription.parse(split.fde, 0)
         parser.set_format(fde)
         decoder.set_format(fde)
-    fields_for = _VIEW_FIELDS.get
+    fields_for = VIEW_FIELDS.get
     batch_ns = timing.batch_ns
     repeats = timing.repeats
     pos = 0
@@ -378,7 +378,7 @@ def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list
         if type_code == _FDE:
             fde = FormatDescription.parse(data, pos, size)
         checksum = fde is not None and fde.checksum_len != 0 and type_code != _FDE
-        fields = fields_for(type_code, _HEADER_FIELDS)
+        fields = fields_for(type_code, HEADER_FIELDS)
 
         # Per parser: a warm-up call (k=1) gives the estimate, then the best of r batches of k calls.
         parser.checkpoint()

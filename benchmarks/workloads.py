@@ -8,7 +8,7 @@ Each shape is one recording, in its own folder of the dataset::
 
 How a shape is recorded: one local master (``relayproxy.lab.sandbox.MariaDBSandbox``, row format,
 CRC32, ``max_allowed_packet=1G``); per shape ``RESET MASTER``, then ``relayproxy run`` (a
-subprocess, ``tests.relayharness.RelayProcess``) starts from the master's first file into
+subprocess, ``relayproxy.lab.harness.RelayProcess``) starts from the master's first file into
 ``<dataset>/<shape>/``, the shape's workload runs against the master while the relay follows it,
 and once the relay's horizon equals the master's end position (re-read on every poll: MariaDB
 writes a BINLOG_CHECKPOINT some time after a rotation) the relay is stopped. The relay's files
@@ -52,8 +52,8 @@ from pymysql.constants import CLIENT  # noqa: E402
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.reader import scan_file  # noqa: E402
-from relayproxy.lab.sandbox import MariaDBSandbox
-from tests.relayharness import RelayProcess, master_status, prepare_master  # noqa: E402
+from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
+from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 
 DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"
 BINLOG_MAGIC = C.BINLOG_MAGIC

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .relayharness import (
+from relayproxy.lab.harness import (
     RelayProcess,
     assert_files_equal_master,
     free_port,

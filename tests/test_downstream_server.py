@@ -86,7 +86,7 @@ from relayproxy.wire.server_auth import (
     server_capabilities,
 )
 
-from .relayharness import replica_status
+from relayproxy.lab.harness import replica_status
 
 NATIVE_PW = "native-Secret-1"  # ASCII: PyMySQL sends str passwords as latin-1
 UNI_PW = "ünï-Sëcret-4"  # UTF-8 on the wire, as the mariadb client and UpstreamConnection send it

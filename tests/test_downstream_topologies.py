@@ -14,7 +14,7 @@ from pathlib import Path
 import pymysql
 import pytest
 
-from .relayharness import (  # noqa: F401 - re-exported: other test modules import them from here
+from relayproxy.lab.harness import (  # noqa: F401 - re-exported: other test modules import them from here
     FIRST_FILE,
     RelayProcess,
     Writer,

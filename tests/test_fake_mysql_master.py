@@ -30,7 +30,7 @@ from .fakemaster import (
     split_events,
     wire_bytes,
 )
-from .relayharness import RelayProcess
+from relayproxy.lab.harness import RelayProcess
 
 MYSQL80 = "zendesk-maxwell/src/test/resources/sql/replay/binlog.000004"  # 8.0.29, PREVIOUS_GTIDS 1-5, 21 GTIDs
 MYSQL96_TAGGED = "blackbeam-rust_mysql_common/test-data/binlogs/binlog_transaction_with_GTID_TAG.000001"

@@ -14,7 +14,7 @@ import pytest
 
 from relayproxy.log import configure_logging, get_logger
 
-from .relayharness import REPO, free_port
+from relayproxy.lab.harness import REPO, free_port
 
 LEADING = ["timestamp", "level", "logger", "event"]
 

@@ -37,7 +37,7 @@ from relayproxy.upstream.session import (
 )
 from relayproxy.wire.packets import MySQLError
 
-from .relayharness import change_master, master_status, wait_replica
+from relayproxy.lab.harness import change_master, master_status, wait_replica
 from .test_downstream_e2e import chain  # noqa: F401  (a fixture: master + relayproxy run --listen)
 from .test_relay_e2e import mixed_load
 from .test_relay_store import Feeder, mysql_image, split_events

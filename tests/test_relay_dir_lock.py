@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from .relayharness import REPO, RelayProcess, free_port
+from relayproxy.lab.harness import REPO, RelayProcess, free_port
 
 
 def test_second_relay_on_the_same_directory_is_refused(tmp_path):

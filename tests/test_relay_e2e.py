@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .relayharness import (
+from relayproxy.lab.harness import (
     RelayProcess,
     assert_files_equal_master,
     master_status,

@@ -8,7 +8,7 @@ import pytest
 
 from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, ThreadedFaultProxy
 
-from .relayharness import (
+from relayproxy.lab.harness import (
     RelayProcess,
     StreamMap,
     assert_files_equal_master,

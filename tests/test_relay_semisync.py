@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .relayharness import RelayProcess, master_status, prepare_master
+from relayproxy.lab.harness import RelayProcess, master_status, prepare_master
 
 pytestmark = pytest.mark.server
 
@@ -54,7 +54,7 @@ def test_master_counts_every_commit_as_acknowledged_by_the_relay(mariadb, tmp_pa
 
 def test_relay_acks_the_master_only_after_its_semi_sync_replica(mariadb, tmp_path):
     """master (semi-sync) -> relay (--semi-sync-replicas 1) -> MariaDB replica (semi-sync): no peer does this."""
-    from .relayharness import free_port
+    from relayproxy.lab.harness import free_port
 
     master = mariadb("master", extra_config={
         "rpl_semi_sync_master_enabled": 1,

@@ -40,7 +40,7 @@ from relayproxy.relay.retention import (
     relay_disk_usage,
 )
 
-from .relayharness import RelayProcess, free_port, prepare_master
+from relayproxy.lab.harness import RelayProcess, free_port, prepare_master
 from .test_downstream_dump import (
     CRC32,
     OTHER,

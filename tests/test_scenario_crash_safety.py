@@ -33,7 +33,7 @@ from relayproxy.binlog.reader import scan_bytes
 from relayproxy.relay import recovery as R
 from relayproxy.relay.store import RelayStore, RelayStoreError
 
-from .relayharness import (
+from relayproxy.lab.harness import (
     Writer, assert_files_equal_master, assert_same_data, change_master, master_status, prepare_master,
     replica_status, user_tables, wait_relay, wait_replica,
 )

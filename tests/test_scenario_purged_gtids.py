@@ -25,7 +25,7 @@ from relayproxy.binlog.gtid import GtidSet
 
 from . import eventgen as E
 from .fakemaster import split_events
-from .relayharness import (
+from relayproxy.lab.harness import (
     RelayProcess, change_master, free_port, listener_query, master_status, prepare_master, replica_status, wait_relay,
 )
 from .test_downstream_topologies import relays  # noqa: F401 - a fixture

@@ -22,7 +22,7 @@ import pytest
 from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, ThreadedFaultProxy
 from relayproxy.lab.packetwatch import EventLocation
 
-from .relayharness import (
+from relayproxy.lab.harness import (
     RelayProcess,
     StreamMap,
     assert_files_equal_master,

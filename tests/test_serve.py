@@ -771,7 +771,7 @@ def test_command_line_errors(tmp_path):
 
 
 def test_command_line_serves_until_sigterm(corpus_dir):
-    from .relayharness import free_port
+    from relayproxy.lab.harness import free_port
 
     directory = corpus_dir / Path(MYSQL_GTID_FILES[0]).parent
     before = snapshot(directory)

@@ -19,7 +19,7 @@ from relayproxy.binlog import constants as C
 from relayproxy.lab.faultproxy import ThreadedFaultProxy
 from relayproxy.lab.packetwatch import MysqlStreamWatcher
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout holding relayproxy/ (cwd of the relay processes)
 FIRST_FILE = "master-bin.000001"  # a fresh MariaDBSandbox master's first binlog
 
 
@@ -221,7 +221,7 @@ def replica_status(replica) -> dict:
 def wait_relay(relay: RelayProcess, master, timeout: float = 60.0) -> dict:
     """Wait until the relay's horizon is the master's current position, read afresh at every poll: MariaDB writes
     a BINLOG_CHECKPOINT event some time after a rotation, so a position read once may already be behind
-    (relayharness.wait_caught_up compares with one snapshot). An upstream error on the relay fails at once: no
+    (harness.wait_caught_up compares with one snapshot). An upstream error on the relay fails at once: no
     relay in these topologies has a reason to lose its master."""
     deadline = time.monotonic() + timeout
     status: dict = {}
