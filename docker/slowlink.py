@@ -1,7 +1,7 @@
 """A rate-limited TCP link for the docker failure story: the master's stream trickles through it, so a large
 transaction takes seconds to reach the relay and the direct replica and the master can be killed mid-send.
 
-It is relayproxy's FaultProxy (relayproxy/faultproxy.py) with two flow-wide faults on the server→client flow:
+It is relayproxy's FaultProxy (relayproxy/lab/faultproxy.py) with two flow-wide faults on the server→client flow:
 `fragment` (forward at most --piece bytes per write) and `delay` (wait piece/rate seconds before each write).
 The proxy reads one chunk from the master and forwards it before reading the next, so the master's TCP window
 closes behind it and its binlog sender is throttled too. The rate is per connection. Plain TCP: TLS between the

@@ -66,7 +66,7 @@ def test_console_format_is_for_people(capsys):
 
 def test_auto_is_json_when_stderr_is_not_a_terminal(capsys):
     configure_logging("auto", "info")
-    get_logger("relayproxy.commands.run").info("relay recovered from its files", report="nothing to do")
+    get_logger("relayproxy.run").info("relay recovered from its files", report="nothing to do")
     [line] = capsys.readouterr().err.splitlines()
     assert list(json.loads(line))[:4] == LEADING
 

@@ -27,7 +27,7 @@ from ..lab.sandbox import SandboxError
 from ..lab.story import CrashStory, Snapshot, StoryError, StoryResult
 from ..log import configure_logging, get_logger
 
-log = get_logger(__name__)
+log = get_logger("relayproxy.demo")
 
 INTRO = """\
 relayproxy demo: what an HA controller sees when the master dies while a large transaction is half sent.

@@ -12,7 +12,7 @@ import sys
 from ..log import get_logger
 from . import config
 
-log = get_logger("relayproxy.commands.run")
+log = get_logger("relayproxy.run")  # the logger name operators match on (docs/metrics.md)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -71,7 +71,7 @@ from ..upstream.receiver import ReceiverCounters
 from ..upstream.session import UpstreamStatus
 from . import config
 
-log = get_logger("relayproxy.commands.serve")
+log = get_logger("relayproxy.serve")
 
 __all__ = [
     "ServeError",

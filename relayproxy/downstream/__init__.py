@@ -1,1 +1,2 @@
-"""Serving replicas and tools: the relay acting as their master."""
+"""The replica side: the relay acting as a master to replicas and tools. The server (connections, auth), the
+SQL it answers (sql/), the binlog dump sender (dump/), and what they share (context, semisync, users)."""

@@ -30,7 +30,7 @@ from .recovery import (
     read_index,
 )
 
-log = get_logger("relayproxy.relay.readonly")
+log = get_logger("relayproxy.serve")  # logs as the command it serves
 
 _NUMBERED = re.compile(r"^(?P<base>.+)\.(?P<number>\d+)$")
 _READ_CHUNK = 1 << 20
