@@ -95,7 +95,13 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     report = getattr(store, "recovery", None)
     if report is not None:
         log.info("relay recovered from its files", report=str(report))
-    session = UpstreamSession(cfg, store)
+    try:
+        session = UpstreamSession(cfg, store)
+    except Exception as exc:  # a damaged relayproxy.master.json, or no master at all: named, nothing started
+        store.close()
+        os.close(dir_lock)
+        raise RelayStartupError(f"cannot choose the master: {exc}") from exc
+    log.info("master in force", master=session.master.address, reason=session.master_reason)
     session.retention = None  # the RetentionTask (its .stats) when a retention_* limit is set
     retention_task = None
     http = None
@@ -181,7 +187,8 @@ def _downstream_server(cfg, session):
     from ..ops.status import relay_status
 
     ctx = DownstreamContext(cfg, session, server_uuid=session.replica_uuid,
-                            status_document=lambda: relay_status(cfg, session.store, session))
+                            status_document=lambda: relay_status(cfg, session.store, session),
+                            replication=session if hasattr(session, "change_master") else None)
     if cfg.semi_sync_replicas > 0:
         tracker, wanted, timeout = ctx.semi_sync, cfg.semi_sync_replicas, cfg.semi_sync_timeout
 

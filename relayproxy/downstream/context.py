@@ -91,6 +91,20 @@ class DumpChannel(Protocol):
     def closed(self) -> bool: ...
 
 
+class ReplicationControl(Protocol):
+    """The relay's upstream as the replication admin statements drive it (the upstream session implements it;
+    ``commands/run.py`` binds it: this layer does not import the upstream one)."""
+
+    async def stop_replica(self) -> bool:
+        """STOP SLAVE: stop at a transaction boundary; False when already stopped."""
+
+    def start_replica(self) -> bool:
+        """START SLAVE: connect at once; False when already running."""
+
+    def change_master(self, options: dict, *, flavour: str) -> Any:
+        """CHANGE MASTER TO (canonical option keys): validate and persist; raises with code/sqlstate/message."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Relay-wide state for the downstream side.
 
@@ -99,9 +113,10 @@ class DownstreamContext:
     """The relay as the downstream side sees it. ``store`` follows the session (it can be reopened)."""
 
     def __init__(self, cfg, session, *, server_uuid: str, status_document: Callable[[], dict[str, Any]],
-                 started: float | None = None):
+                 replication: ReplicationControl | None = None, started: float | None = None):
         self.cfg = cfg
         self.session = session
+        self.replication = replication  # None for `relayproxy serve`: no master to repoint
         # The relay's status document (ops/status.py's relay_status, bound by the command that wires the
         # relay): SHOW SLAVE STATUS reports the upstream IO thread, which this layer does not import.
         self.status_document = status_document

@@ -34,10 +34,23 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     disk = _disk_usage(store, names)
     errors = dict.fromkeys(_error_kinds(), 0)
     errors.update(getattr(up, "errors", None) or {})
+    master = getattr(session, "master", None)  # the master in force (relay/master_info.py), None for `serve`
+    identity = getattr(session, "identity", None)
+    upstream_at = getattr(store, "upstream_position", None)
+    upstream_at = upstream_at() if upstream_at is not None else None
     doc = {
         "version": __version__,
-        "master_host": cfg.master[0] if cfg.master else None,
-        "master_port": cfg.master[1] if cfg.master else None,
+        "master_host": master.host if master is not None else cfg.master[0] if cfg.master else None,
+        "master_port": master.port if master is not None else cfg.master[1] if cfg.master else None,
+        # Which master is in force and why (a CHANGE MASTER choice overrides --master); never the password.
+        "master": master.describe() if master is not None else None,
+        "master_source": getattr(session, "master_reason", None),
+        # The master the relay's newest files came from (recorded when it first streamed from it).
+        "master_identity": ({"server_id": identity.server_id, "server_uuid": identity.server_uuid,
+                             "host": identity.host, "port": identity.port} if identity is not None else None),
+        # The horizon in the current master's own coordinates (after a switch, relay names differ from its).
+        "upstream_log_file": upstream_at[0] if upstream_at else horizon.file,
+        "upstream_log_pos": upstream_at[1] if upstream_at else horizon.position,
         "master_log_file": horizon.file,
         "read_master_log_pos": horizon.position,
         "retrieved_gtid_set": horizon.text,
@@ -52,7 +65,7 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "lag_bytes": lag_bytes,
         "seconds_behind_master": seconds_behind,
         "state": up.state,
-        "gtid_mode": cfg.gtid_mode,
+        "gtid_mode": master.gtid_mode if master is not None else cfg.gtid_mode,
         "master_server_id": up.master_server_id,
         "master_server_version": up.master_server_version,
         "master_uuid": up.master_uuid,

@@ -3,6 +3,13 @@
 The master connection and its queries live here (asyncio); every byte of the stream goes through
 ``RelayReceiver`` (sans-I/O). The session resumes from the store's horizon after any disconnect:
 by file/position, by MySQL GTID auto-position, or by MariaDB GTID, never from the middle of a group.
+
+The relay is repointed like a replica (STOP SLAVE; CHANGE MASTER TO ...; START SLAVE, through the SQL
+layer's ``ReplicationControl``): the master in force is ``self.master`` (a CHANGE MASTER choice, kept in
+``relayproxy.master.json``, overrides ``--master``), and the identity of the master the relay's files came
+from (server_id, server_uuid) is recorded there too. A master that is another server than the recorded one
+is followed only when a CHANGE MASTER chose its address, only by GTID, and only when it has every GTID the
+relay holds; otherwise the relay refuses it with a clear ``Last_IO_Error`` and writes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +25,14 @@ from pathlib import Path
 
 from ..binlog.gtid import GtidSet, MariaBinlogState
 from ..log import get_logger
+from ..relay.master_info import (
+    MasterChoiceError,
+    MasterIdentity,
+    MasterInfo,
+    MasterInfoFile,
+    apply_change,
+    effective_master,
+)
 from ..relay.recovery import fsync_dir
 from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed
 from ..wire.packets import MySQLError
@@ -30,6 +45,38 @@ BINLOG_DUMP_NON_BLOCK = 0x01
 BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02  # MariaDB: without it the master leaves holes where ANNOTATE_ROWS were
 MARIA_SLAVE_CAPABILITY_MINE = 4
 ER_UNKNOWN_SYSTEM_VARIABLE = 1193
+
+
+class MasterRefused(StreamError):
+    """The master is not one the relay may stream from (another server than its files came from, or one that
+    lacks GTIDs the relay holds): nothing is written; the operator decides (CHANGE MASTER)."""
+
+
+class ReplicationAdminError(Exception):
+    """A replication admin statement the session refuses; ``code``/``sqlstate``/``message`` are the SQL answer."""
+
+    def __init__(self, code: int, sqlstate: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.sqlstate = sqlstate
+        self.message = message
+
+
+ER_SLAVE_MUST_STOP = 1198  # "This operation cannot be performed with a running slave; run STOP SLAVE first"
+
+
+def config_values(cfg) -> dict:
+    """The master-related options of a RelayConfig, as ``relay.master_info.effective_master`` takes them."""
+    get = getattr(cfg, "values", None)
+    names = ("master", "user", "ssl_mode", "ssl_ca", "ssl_cert", "ssl_key", "server_public_key",
+             "heartbeat_period", "gtid_mode", "start_file")
+    values = {name: getattr(cfg, name, None) for name in names}
+    if get is not None:
+        values.update({name: get.get(name, values[name]) for name in names})
+    resolve = getattr(cfg, "resolved_password", None)
+    values["password"] = resolve() if resolve is not None and values["master"] is not None else getattr(
+        cfg, "password", None)
+    return values
 
 
 @dataclass
@@ -72,6 +119,16 @@ class UpstreamSession:
         # semi-sync replicas of the relay to have the transaction; False = gave up, ACK anyway).
         self.ack_gate = None
         self._replica_uuid = _persistent_uuid(Path(cfg.relay_dir))
+        # The master in force (a CHANGE MASTER choice overrides --master) and the identity of the master the
+        # relay's files came from.
+        self.master_info_file = MasterInfoFile(Path(cfg.relay_dir))
+        choice, self.identity = self.master_info_file.load()
+        self.master, self.master_reason = effective_master(
+            config_values(cfg), choice, config_sources=getattr(cfg, "sources", None))
+        self.io_enabled = True  # False after STOP SLAVE, until START SLAVE
+        self._wake = asyncio.Event()  # START SLAVE / stop(): end a reconnect wait at once
+        self._idle = asyncio.Event()  # set while no connection is open or being opened
+        self._idle.set()
         # A store failure (full disk, EIO) stays in last_io_error until the store writes again: a
         # reconnect alone does not clear it (the next write would fail the same way).
         self._store_failing = False
@@ -80,7 +137,14 @@ class UpstreamSession:
     async def run(self) -> None:
         delay = self.cfg.reconnect_min_delay
         while not self._stopping.is_set():
+            if not self.io_enabled:
+                self.status.state = "stopped by STOP SLAVE"
+                self._wake.clear()
+                await self._wait_woken(None)
+                delay = self.cfg.reconnect_min_delay  # START SLAVE connects at once, no backoff left over
+                continue
             streamed = False
+            self._idle.clear()
             try:
                 streamed = await self._connect_and_stream()
             except asyncio.CancelledError:
@@ -98,15 +162,23 @@ class UpstreamSession:
                 self._record_error(exc)
             finally:
                 self._finish_connection()
-            if self._stopping.is_set():
-                break
+                self._idle.set()
+            if self._stopping.is_set() or not self.io_enabled:
+                continue
             delay = self.cfg.reconnect_min_delay if streamed else min(max(delay * 2, 0.05), self.cfg.reconnect_max_delay)
             self.status.state = f"waiting {delay:.2f}s to reconnect"
-            try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
+            self._wake.clear()
+            await self._wait_woken(delay)
         self.status.state = "stopped"
+
+    async def _wait_woken(self, timeout: float | None) -> None:
+        """Sleep until stop(), START SLAVE / STOP SLAVE, or the timeout."""
+        waits = [asyncio.ensure_future(self._stopping.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     @property
     def replica_uuid(self) -> str:
@@ -117,6 +189,68 @@ class UpstreamSession:
         self._stopping.set()
         if self._conn is not None:
             self._conn.abort()
+
+    # -- replication admin (STOP SLAVE, CHANGE MASTER TO, START SLAVE: downstream's ReplicationControl) ----------
+    @property
+    def master_address(self) -> tuple[str, int]:
+        return self.master.host, self.master.port
+
+    async def stop_replica(self, timeout: float = 30.0) -> bool:
+        """STOP SLAVE: end the upstream connection at a transaction boundary (the partial transaction is dropped,
+        the complete ones are durable); replicas keep being served. False when it was already stopped."""
+        if not self.io_enabled:
+            return False
+        self.io_enabled = False
+        self._wake.set()
+        if self._conn is not None:
+            self._conn.abort()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        self.status.io_running = False
+        self.status.state = "stopped by STOP SLAVE"
+        log.info("replication stopped by STOP SLAVE", master=self.master.address,
+                 horizon=str(self.store.horizon.snapshot().coordinates))
+        return True
+
+    def start_replica(self) -> bool:
+        """START SLAVE: connect at once (no backoff left from an earlier master). False when already running."""
+        if self.io_enabled:
+            return False
+        self.io_enabled = True
+        self.status.last_io_error = None
+        self.status.last_io_error_time = None
+        self._wake.set()
+        log.info("replication started by START SLAVE", master=self.master.address)
+        return True
+
+    def change_master(self, options: dict, *, flavour: str) -> MasterInfo:
+        """CHANGE MASTER TO: validate, persist (atomically, fsynced), put in force at the next START SLAVE.
+
+        Refused while replication runs (1198, as the servers do). Raises ReplicationAdminError; nothing is
+        written then."""
+        if self.io_enabled or not self._idle.is_set():
+            raise ReplicationAdminError(ER_SLAVE_MUST_STOP, "HY000", "This operation cannot be performed with a "
+                                        "running slave; run STOP SLAVE first")
+        try:
+            info = apply_change(self.master, options, flavour=flavour)
+        except MasterChoiceError as exc:
+            raise ReplicationAdminError(exc.code, exc.sqlstate, exc.message) from None
+        old = self.master
+        self.master_info_file.save_choice(info)
+        self.master = info
+        self.master_reason = f"CHANGE MASTER to {info.address}"
+        log.info("master changed by CHANGE MASTER", old_master=old.address, new_master=info.address,
+                 gtid_mode=info.gtid_mode, user=info.user, log_file=info.log_file, log_pos=info.log_pos)
+        return info
+
+    def _switch_permitted(self, identity: MasterIdentity) -> bool:
+        """A CHANGE MASTER chose this master's address since the relay last streamed (from another address)."""
+        recorded = self.identity
+        return (self.master.source == "change_master" and recorded is not None
+                and (recorded.host, recorded.port) != (self.master.host, self.master.port)
+                and (identity.host, identity.port) == (self.master.host, self.master.port))
 
     def _record_error(self, exc: BaseException) -> None:
         store_cannot_write = False
@@ -143,8 +277,7 @@ class UpstreamSession:
             log.warning("relay store cannot write", error=text, kind=kind, relay_dir=str(self.store.relay_dir))
         else:
             self.status.connect_failures += 1
-            log.warning("upstream connection ended", error=text, kind=kind,
-                        master=f"{self.cfg.master[0]}:{self.cfg.master[1]}")
+            log.warning("upstream connection ended", error=text, kind=kind, master=self.master.address)
 
     def _finish_connection(self) -> None:
         connected = self._conn is not None
@@ -198,17 +331,18 @@ class UpstreamSession:
         if getattr(self.store, "failure", None) is not None and not self._reopen_store(self.store.failure):
             return False  # still cannot write (disk full?): back off without asking the master for anything
         self.status.state = "connecting"
-        host, port = cfg.master
+        master = self.master
+        host, port = master.host, master.port
         conn = await UpstreamConnection.connect(
             host,
             port,
-            cfg.user,
-            cfg.resolved_password(),
-            ssl_mode=cfg.ssl_mode,
-            ssl_ca=cfg.ssl_ca,
-            ssl_cert=cfg.ssl_cert,
-            ssl_key=cfg.ssl_key,
-            server_public_key=cfg.server_public_key,
+            master.user,
+            master.password,
+            ssl_mode=master.ssl_mode,
+            ssl_ca=master.ssl_ca,
+            ssl_cert=master.ssl_cert,
+            ssl_key=master.ssl_key,
+            server_public_key=master.public_key_path,
             connect_timeout=cfg.connect_timeout,
         )
         self._conn = conn
@@ -217,7 +351,8 @@ class UpstreamSession:
         self.status.master_flavour = "mariadb" if conn.is_mariadb else "mysql"
         checksum, semi_sync = await self._prepare(conn)
         conn.semi_sync = semi_sync
-        by_position = await self._request_dump(conn)
+        switching = await self._check_master(conn)
+        by_position = await self._request_dump(conn, switching=switching)
         self.receiver.start_stream(announced_checksum=checksum, semi_sync=semi_sync, by_position=by_position)
         self.status.semi_sync = semi_sync
         self.status.state = "streaming"
@@ -247,7 +382,7 @@ class UpstreamSession:
                 f"the master and the relay have the same server_id {master_id}: set a unique --server-id"
             )
         self.status.master_server_id = master_id
-        period_ns = int(cfg.heartbeat_period * 1_000_000_000)
+        period_ns = int(self.master.heartbeat_period * 1_000_000_000)
         if period_ns:
             sql = f"SET @master_heartbeat_period = {period_ns}"
             if not conn.is_mariadb:
@@ -298,22 +433,100 @@ class UpstreamSession:
             return False
         return False
 
-    async def _request_dump(self, conn: UpstreamConnection) -> bool:
+    async def _check_master(self, conn: UpstreamConnection) -> bool:
+        """Is this the master the relay's files came from? Returns True when the relay switches to it now.
+
+        The same server (server_id, and server_uuid where the master has one): go on. Another server: only when
+        a CHANGE MASTER chose its address, only by GTID, and only when it has every GTID the relay holds
+        (else MasterRefused names what is missing: those transactions are lost on it). Nothing is written
+        before these checks pass.
+        """
+        status = self.status
+        identity = MasterIdentity(server_id=int(status.master_server_id), server_uuid=status.master_uuid,
+                                  flavour=status.master_flavour, host=self.master.host, port=self.master.port)
+        recorded = self.identity
+        store = self.store
+        if recorded is None or store.current_file is None:
+            self._record_identity(identity)
+            return False
+        same = recorded.server_id == identity.server_id and (
+            recorded.server_uuid is None or identity.server_uuid is None or recorded.server_uuid == identity.server_uuid)
+        if same:
+            if (recorded.host, recorded.port) != (identity.host, identity.port):
+                self._record_identity(identity)  # the same server at another address
+            return False
+        was = f"server_id {recorded.server_id}" + (f" ({recorded.server_uuid})" if recorded.server_uuid else "")
+        now = f"server_id {identity.server_id}" + (f" ({identity.server_uuid})" if identity.server_uuid else "")
+        if not self._switch_permitted(identity):
+            raise MasterRefused(
+                f"the master at {self.master.address} is {now}, but the relay's files came from {was} at "
+                f"{recorded.host}:{recorded.port}; a resume on another server by file/position would relay a "
+                "different history. To switch masters, repoint the relay with STOP SLAVE; CHANGE MASTER TO ...; "
+                "START SLAVE (by GTID)")
+        horizon = store.horizon.snapshot()
+        if self.master.gtid_mode == "off" or not horizon.gtids:
+            raise MasterRefused(
+                f"switching from {was} to {now} at {self.master.address} needs GTIDs: the relay continues by its "
+                "GTID set on a new master (CHANGE MASTER TO ... MASTER_USE_GTID=slave_pos or MASTER_AUTO_POSITION=1), "
+                "never by a file/position on another server")
+        missing = await self._missing_on_master(conn, horizon.gtids)
+        if missing:
+            raise MasterRefused(
+                f"the new master {self.master.address} ({now}) lacks GTIDs the relay holds: {missing} (those "
+                "transactions are lost on it: it was behind the old master). Nothing was written; replicas are "
+                "served what is durable. Choose another master, or accept the loss by re-seeding the relay")
+        log.info("switching masters", old_master=f"{recorded.host}:{recorded.port}", old_server_id=recorded.server_id,
+                 new_master=self.master.address, new_server_id=identity.server_id, joined_at=horizon.text,
+                 relay_file=horizon.file, relay_position=horizon.position)
+        begin = getattr(store, "begin_epoch", None)
+        if begin is None:
+            raise MasterRefused("this relay store cannot start a new upstream epoch")
+        begin(master=_identity_dict(identity), relay_server_id=self.cfg.server_id)
+        self._record_identity(identity)
+        return True
+
+    def _record_identity(self, identity: MasterIdentity) -> None:
+        self.master_info_file.save_identity(identity)
+        self.identity = identity
+
+    async def _missing_on_master(self, conn: UpstreamConnection, relay_gtids) -> str:
+        """The relay's GTIDs the master does not have, as text ('' when it has them all)."""
+        if isinstance(relay_gtids, GtidSet):
+            rows = (await conn.query("SELECT @@GLOBAL.GTID_EXECUTED")).rows
+            executed = GtidSet.parse(str(rows[0][0] or "")) if rows else GtidSet()
+            return str(relay_gtids.subtract(executed))
+        rows = (await conn.query("SELECT @@GLOBAL.gtid_binlog_state")).rows
+        state = MariaBinlogState.parse(str(rows[0][0] or "")) if rows else MariaBinlogState()
+        missing = []
+        for gtid in relay_gtids.current_position():
+            latest = state.latest(gtid.domain_id)
+            if latest is None:
+                missing.append(f"{gtid} (the master has nothing of domain {gtid.domain_id})")
+            elif latest.seq_no < gtid.seq_no:
+                missing.append(f"{gtid.domain_id}-{gtid.server_id}-{latest.seq_no + 1}..{gtid} "
+                               f"(the master's domain {gtid.domain_id} ends at {latest})")
+        return ", ".join(missing)
+
+    async def _request_dump(self, conn: UpstreamConnection, *, switching: bool = False) -> bool:
         """Ask for the stream from the horizon; returns whether the dump is by file/position."""
         cfg = self.cfg
+        master = self.master
         store = self.store
         horizon = store.horizon.snapshot()
         flags = BINLOG_SEND_ANNOTATE_ROWS_EVENT if conn.is_mariadb else 0
         by_position, self._resume_by_position = self._resume_by_position, False
+        if switching:
+            by_position = False  # a new master is joined by GTID only
         if store.current_file is None:
-            start = cfg.start_file or await self._oldest_master_file(conn)
-            log.info("bootstrapping an empty relay", start_file=start)
-            await conn.binlog_dump(start, 4, cfg.server_id, flags)
+            start = master.log_file or cfg.start_file or await self._oldest_master_file(conn)
+            position = (master.log_pos or 4) if master.log_file else 4
+            log.info("bootstrapping an empty relay", start_file=start, position=position)
+            await conn.binlog_dump(start, position, cfg.server_id, flags)
             return True
-        if not by_position and cfg.gtid_mode == "mysql" and isinstance(horizon.gtids, GtidSet):
+        if not by_position and master.gtid_mode == "mysql" and isinstance(horizon.gtids, GtidSet):
             await conn.binlog_dump_gtid(cfg.server_id, horizon.gtids.encode(), flags=flags)
             return False
-        if not by_position and cfg.gtid_mode == "mariadb" and isinstance(horizon.gtids, MariaBinlogState):
+        if not by_position and master.gtid_mode == "mariadb" and isinstance(horizon.gtids, MariaBinlogState):
             position = str(horizon.gtids.current_position())
             await conn.query(f"SET @slave_connect_state = '{position}'")
             await conn.query("SET @slave_gtid_strict_mode = 1")
@@ -336,7 +549,8 @@ class UpstreamSession:
         cfg = self.cfg
         store = self.store
         receiver = self.receiver
-        silence_limit = 2 * cfg.heartbeat_period + 1.0 if cfg.heartbeat_period else None
+        heartbeat = self.master.heartbeat_period
+        silence_limit = 2 * heartbeat + 1.0 if heartbeat else None
         last_data = time.monotonic()
         while not self._stopping.is_set():
             wait = silence_limit
@@ -403,7 +617,8 @@ def upstream_error_kind(exc: BaseException) -> str:
     """The bounded ``kind`` label of an error that ended an upstream connection (see docs/metrics.md).
 
     io: the connection failed or was lost (including the master ending the stream); timeout: connect
-    timeout or a silent master; master: an error the master sent (e.g. 1236); protocol: the stream
+    timeout or a silent master; master: an error the master sent (e.g. 1236), or a master the relay refuses
+    (another server than its files came from, or one lacking GTIDs the relay holds); protocol: the stream
     broke a rule; crc: an event's CRC32 did not match; store: the relay store failed; disk_full:
     ... because the disk or quota is full; internal: a bug.
     """
@@ -418,6 +633,8 @@ def upstream_error_kind(exc: BaseException) -> str:
         return "io" if exc.code >= 2000 else "master"  # 2000+: client-side CR_* codes (connection lost ...)
     if isinstance(exc, MasterStreamEnded):
         return "io"
+    if isinstance(exc, MasterRefused):
+        return "master"
     if isinstance(exc, StreamError):
         return "crc" if isinstance(exc, ChecksumMismatch) else "protocol"
     if isinstance(exc, RelayStoreError):
@@ -425,6 +642,11 @@ def upstream_error_kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return "store" if exc.errno in _STORAGE_ONLY else "io"  # sockets never fail with these
     return "internal"
+
+
+def _identity_dict(identity: MasterIdentity) -> dict:
+    return {"host": identity.host, "port": identity.port, "server_id": identity.server_id,
+            "server_uuid": identity.server_uuid, "flavour": identity.flavour}
 
 
 def _persistent_uuid(relay_dir: Path) -> str:
@@ -446,4 +668,5 @@ def _persistent_uuid(relay_dir: Path) -> str:
         return value
 
 
-__all__ = ["UpstreamSession", "UpstreamStatus", "MasterStreamEnded", "UPSTREAM_ERROR_KINDS", "upstream_error_kind"]
+__all__ = ["UpstreamSession", "UpstreamStatus", "MasterStreamEnded", "MasterRefused", "ReplicationAdminError",
+           "UPSTREAM_ERROR_KINDS", "upstream_error_kind"]

@@ -15,6 +15,7 @@ from .env import Env, _catalog_for
 from .errors import ER_EMPTY_QUERY, ER_UNKNOWN_ERROR, SqlError, _unsupported
 from .functions import _gtids_at
 from .parser import Parser, Token, tokenize
+from .replication import is_replication_statement, replication_statement
 from .select import _do, _select, _set, _transaction, _use
 from .show import _show
 
@@ -40,6 +41,9 @@ async def execute(ctx, conn: ConnectionState, sql: str) -> Response:
         tokens = tokenize(sql)
     except SqlError as exc:
         return exc.response()
+    words = [t.value.upper() if t.kind == "word" else None for t in tokens[:2]]
+    if is_replication_statement(*words):
+        return await replication_statement(ctx, conn, sql)
     try:
         await _prefetch(ctx, tokens, prefetched)
     except Exception:  # only an optimisation: the statement computes what is missing itself
@@ -123,6 +127,9 @@ def _dispatch(p: Parser, env: Env) -> Response:
     handler = _HANDLERS.get(word or "")
     if handler is not None:
         return handler(p, env)
+    second = p.tokens[1].value.upper() if len(p.tokens) > 1 and p.tokens[1].kind == "word" else None
+    if is_replication_statement(word, second):
+        raise SqlError(ER_UNKNOWN_ERROR, "HY000", f"'{_statement_name(p)}' needs the relay's event loop (execute)")
     if word == "START":
         if p.is_word("TRANSACTION", offset=1):
             return _transaction(p, env)

@@ -358,7 +358,7 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
     if st["io_running"]:
         io_running = "Yes"
         io_state = "Waiting for source to send event" if new_terms else "Waiting for master to send event"
-    elif state == "stopped":
+    elif state in ("stopped", "stopped by STOP SLAVE"):
         io_running, io_state = "No", ""
     else:
         io_running = "Connecting"
@@ -379,16 +379,23 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
     except CatalogError:
         relay_space = sum(os.path.getsize(ctx.store.path(n)) for n in ctx.store.files()
                           if os.path.exists(ctx.store.path(n)))
-    ssl_mode = getattr(cfg, "ssl_mode", "disabled") or "disabled"
+    # The master in force (CHANGE MASTER's choice or the configuration), else the configuration (serve).
+    master = st.get("master") or {}
+    ssl_mode = master.get("ssl_mode") or getattr(cfg, "ssl_mode", "disabled") or "disabled"
+    gtid_mode = st.get("gtid_mode") or getattr(cfg, "gtid_mode", "off")
     counters = getattr(ctx.session.receiver, "counters", None)
+    # Master_Log_File / Read_Master_Log_Pos are the master's own coordinates of the horizon: the same as the
+    # relay's file and offset until a switch of masters, the new master's after it (SHOW BINARY LOGS keeps
+    # the relay's names).
+    same_epoch = st.get("upstream_log_file") in (None, env.snapshot.file)
     return {
         "io_state": io_state,
         "host": st.get("master_host") or "",
-        "user": getattr(cfg, "user", None) or "",
+        "user": master.get("user") or getattr(cfg, "user", None) or "",
         "port": st.get("master_port") or 0,
         "connect_retry": int(round(getattr(cfg, "reconnect_max_delay", 60) or 60)),
-        "log_file": env.snapshot.file or "",
-        "log_pos": env.snapshot.position if env.snapshot.file else 4,
+        "log_file": (env.snapshot.file if same_epoch else st.get("upstream_log_file")) or "",
+        "log_pos": (env.snapshot.position if same_epoch else st.get("upstream_log_pos")) if env.snapshot.file else 4,
         "io_running": io_running,
         "sql_running": "No",
         "empty": "",
@@ -397,9 +404,9 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
         "relay_space": relay_space,
         "until_none": "None",
         "ssl_allowed": "No" if ssl_mode == "disabled" else "Yes",
-        "ssl_ca": getattr(cfg, "ssl_ca", None) or "",
-        "ssl_cert": getattr(cfg, "ssl_cert", None) or "",
-        "ssl_key": getattr(cfg, "ssl_key", None) or "",
+        "ssl_ca": master.get("ssl_ca") or getattr(cfg, "ssl_ca", None) or "",
+        "ssl_cert": master.get("ssl_cert") or getattr(cfg, "ssl_cert", None) or "",
+        "ssl_key": master.get("ssl_key") or getattr(cfg, "ssl_key", None) or "",
         "ssl_verify": "Yes" if ssl_mode == "verify_identity" else "No",
         "seconds_behind": st.get("seconds_behind_master"),
         "io_errno": errno,
@@ -411,13 +418,13 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
         "sql_state": "",
         "retry_count": 0,  # the relay reconnects for ever
         "gtid_set": gtid_text,
-        "auto_position": int(getattr(cfg, "gtid_mode", "off") == "mysql"),
-        "using_gtid": "Slave_Pos" if getattr(cfg, "gtid_mode", "off") == "mariadb" else "No",
+        "auto_position": int(gtid_mode == "mysql"),
+        "using_gtid": "Slave_Pos" if gtid_mode == "mariadb" else "No",
         "gtid_io_pos": str(gtids.current_position()) if isinstance(gtids, MariaBinlogState) else "",
         "parallel_mode": "optimistic",
         "max_relay_log_size": 1 << 30,
         "heartbeats": getattr(counters, "heartbeats", 0) if counters is not None else 0,
-        "heartbeat_period": float(getattr(cfg, "heartbeat_period", 0.0) or 0.0),
+        "heartbeat_period": float(master.get("heartbeat_period") or getattr(cfg, "heartbeat_period", 0.0) or 0.0),
     }
 
 

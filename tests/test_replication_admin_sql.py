@@ -1,0 +1,177 @@
+"""STOP SLAVE / CHANGE MASTER TO / START SLAVE on the relay's SQL port, against a real UpstreamSession and relay
+directory (no master: the session is driven by the statements only). The scenario with real servers is
+tests/test_scenario_failover.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+
+import pytest
+
+from relayproxy.commands import config
+from relayproxy.downstream.context import ConnectionState, DownstreamContext
+from relayproxy.downstream.sql import execute
+from relayproxy.ops.status import relay_status
+from relayproxy.relay import RelayStore
+from relayproxy.relay.master_info import FILE_NAME
+from relayproxy.upstream.session import UpstreamSession
+from relayproxy.wire.results import ErrorResponse, OkResponse, ResultSet
+
+SECRET = "s3cret-pw-7f"
+
+
+class Relay:
+    def __init__(self, relay_dir, *, gtid_mode="mariadb", replication=True):
+        environ = {
+            "RELAYPROXY_SERVER_ID": "100",
+            "RELAYPROXY_MASTER": "127.0.0.1:3306",
+            "RELAYPROXY_USER": "repl",
+            "RELAYPROXY_PASSWORD": "replpw",
+            "RELAYPROXY_RELAY_DIR": str(relay_dir),
+            "RELAYPROXY_LISTEN": "127.0.0.1:3307",
+            "RELAYPROXY_GTID_MODE": gtid_mode,
+            "RELAYPROXY_USERS": "repl:replpw,ops:opspw:admin",
+        }
+        self.relay_dir = relay_dir
+        self.cfg = config.load(None, environ=environ)
+        self.store = RelayStore.open(relay_dir)
+        self.session = UpstreamSession(self.cfg, self.store)
+        self.session.status.master_flavour = "mariadb" if gtid_mode == "mariadb" else "mysql"
+        self.ctx = DownstreamContext(self.cfg, self.session, server_uuid="00000000-0000-4000-8000-000000000100",
+                                     status_document=lambda: relay_status(self.cfg, self.session.store, self.session),
+                                     replication=self.session if replication else None)
+
+    def conn(self, user: str) -> ConnectionState:
+        return ConnectionState(conn_id=len(self.ctx.connections) + 1, user=user, host="127.0.0.1")
+
+    def run(self, sql: str, user: str = "ops"):
+        return asyncio.run(execute(self.ctx, self.conn(user), sql))
+
+    def ok(self, sql: str, user: str = "ops") -> OkResponse:
+        answer = self.run(sql, user)
+        assert isinstance(answer, OkResponse), f"{sql!r} -> {answer}"
+        return answer
+
+    def error(self, sql: str, code: int, user: str = "ops") -> ErrorResponse:
+        answer = self.run(sql, user)
+        assert isinstance(answer, ErrorResponse) and answer.code == code, f"{sql!r} -> {answer}"
+        return answer
+
+    def slave_status(self) -> dict:
+        answer = self.run("SHOW SLAVE STATUS")
+        assert isinstance(answer, ResultSet) and len(answer.rows) == 1
+        return dict(zip(answer.columns, answer.rows[0]))
+
+    def close(self):
+        self.store.close()
+
+
+@pytest.fixture
+def relay(tmp_path):
+    r = Relay(tmp_path / "relay")
+    yield r
+    r.close()
+
+
+CHANGE = (f"CHANGE MASTER TO MASTER_HOST='127.0.0.2', MASTER_PORT=3310, MASTER_USER='repl2', "
+          f"MASTER_PASSWORD='{SECRET}', MASTER_USE_GTID=slave_pos")
+
+
+def test_the_three_statements_repoint_the_relay_and_the_choice_is_durable(relay):
+    assert relay.session.io_enabled
+    err = relay.error(CHANGE, 1198)  # as the servers: not while replication runs
+    assert "STOP SLAVE" in err.message
+    assert not (relay.relay_dir / FILE_NAME).exists()
+
+    relay.ok("STOP SLAVE")
+    assert not relay.session.io_enabled and relay.session.status.state == "stopped by STOP SLAVE"
+    assert relay.slave_status()["Slave_IO_Running"] == "No"
+    relay.ok(CHANGE)
+    assert relay.session.master.address == "127.0.0.2:3310" and relay.session.master.gtid_mode == "mariadb"
+    path = relay.relay_dir / FILE_NAME
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert json.loads(path.read_text())["choice"]["host"] == "127.0.0.2"
+
+    row = relay.slave_status()
+    assert (row["Master_Host"], row["Master_Port"], row["Master_User"]) == ("127.0.0.2", 3310, "repl2")
+    assert row["Using_Gtid"] == "Slave_Pos"
+    doc = relay.ctx.status_document()
+    assert doc["master_host"] == "127.0.0.2" and doc["master_port"] == 3310
+    assert doc["master"]["password_set"] is True and "CHANGE MASTER" in doc["master_source"]
+    assert SECRET not in json.dumps(doc, default=str) and SECRET not in str(row)
+
+    relay.ok("START SLAVE")
+    assert relay.session.io_enabled and relay.session._wake.is_set()  # the run loop connects at once
+    relay.close()
+
+    # A restart with the old command line (--master 127.0.0.1:3306) follows the CHANGE MASTER choice.
+    again = Relay(relay.relay_dir)
+    try:
+        assert again.session.master.address == "127.0.0.2:3310" and again.session.master.password == SECRET
+        assert "overrides --master 127.0.0.1:3306" in again.session.master_reason
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("sql", ["STOP SLAVE", "START SLAVE", "STOP REPLICA", CHANGE, "RESET SLAVE ALL"])
+def test_a_non_admin_account_gets_1227_and_nothing_changes(relay, sql):
+    err = relay.error(sql, 1227, user="repl")
+    assert "admin = true" in err.message
+    assert relay.session.io_enabled and relay.session.master.address == "127.0.0.1:3306"
+    assert not (relay.relay_dir / FILE_NAME).exists()
+
+
+@pytest.mark.parametrize("sql, code, named", [
+    ("CHANGE MASTER TO MASTER_HOSTT='h'", 1064, "MASTER_HOSTT"),
+    ("CHANGE MASTER TO MASTER_PORT='abc'", 1064, "abc"),
+    ("CHANGE MASTER TO MASTER_HOST='h', MASTER_HOST='i'", 1225, "MASTER_HOST"),  # MariaDB's answer
+    ("CHANGE MASTER TO MASTER_AUTO_POSITION=1", 1064, "MASTER_AUTO_POSITION"),  # MySQL's option, MariaDB relay
+    ("CHANGE MASTER TO MASTER_HOST=''", 1210, "MASTER_HOST"),
+    ("CHANGE MASTER TO MASTER_PORT=70000", 1210, "70000"),
+    ("START SLAVE UNTIL MASTER_LOG_FILE='b.000002', MASTER_LOG_POS=4", 1235, "UNTIL"),
+])
+def test_bad_change_master_is_a_clear_error_and_nothing_is_written(relay, sql, code, named):
+    relay.ok("STOP SLAVE")
+    err = relay.error(sql, code)
+    assert named in err.message
+    assert relay.session.master.address == "127.0.0.1:3306"
+    assert not (relay.relay_dir / FILE_NAME).exists()
+
+
+def test_reset_slave_is_refused_with_the_reason(relay):
+    relay.ok("STOP SLAVE")
+    err = relay.error("RESET SLAVE ALL", 1235)
+    assert "discard the relay files" in err.message
+    assert list((relay.relay_dir).iterdir()) == list(relay.relay_dir.iterdir())
+
+
+def test_stop_and_start_twice_answer_ok_and_say_so(relay):
+    assert relay.ok("STOP SLAVE").info == ""
+    assert "already" in relay.ok("STOP SLAVE").info
+    assert relay.ok("START SLAVE").info == ""
+    assert "already" in relay.ok("START REPLICA").info
+    assert "no SQL thread" in relay.ok("STOP SLAVE SQL_THREAD").info and relay.session.io_enabled
+
+
+def test_without_an_upstream_the_statements_say_so(tmp_path):
+    r = Relay(tmp_path / "served", replication=False)
+    try:
+        err = r.error("STOP SLAVE", 1200)
+        assert "not configured as slave" in err.message
+    finally:
+        r.close()
+
+
+def test_mysql_flavour_takes_the_source_spelling_and_auto_position(tmp_path):
+    r = Relay(tmp_path / "mysql", gtid_mode="mysql")
+    try:
+        r.ok("STOP REPLICA")
+        r.error("CHANGE MASTER TO MASTER_USE_GTID=slave_pos", 1064)  # MariaDB's option on a MySQL relay
+        r.ok("CHANGE REPLICATION SOURCE TO SOURCE_HOST='db2', SOURCE_PORT=3307, SOURCE_AUTO_POSITION=1")
+        assert r.session.master.address == "db2:3307" and r.session.master.gtid_mode == "mysql"
+        assert r.slave_status()["Auto_Position"] == 1
+    finally:
+        r.close()
