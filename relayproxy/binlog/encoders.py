@@ -12,6 +12,11 @@ servers' dump threads send, checked against their sources:
   ``send_format_descriptor_event``;
 * ``codecs/binary.cpp`` for the HEARTBEAT_V2 TLV body.
 
+Fillers (``filler_header``, ``filler_sizes``, ``filler_crc``) are the relay's own: IGNORABLE_LOG_EVENT
+(28) with LOG_EVENT_IGNORABLE_F and a zero body, covering a stretch of a relay file that a GTID dump
+skipped (see ``relay/epochs.py``). Large ones stay sparse on disk, so the CRC of the zeros is computed
+in chunks.
+
 Checksums in transit: neither MySQL nor MariaDB strips or adds CRCs to binlog events when
 serving a replica.  A replica that did not announce ``@master_binlog_checksum`` is refused
 (error 1236, "Slave can not handle replication events with the checksum that master is
@@ -46,6 +51,7 @@ from .constants import (
     HEARTBEAT_FIELD_LOG_POSITION,
     HEARTBEAT_LOG_EVENT,
     HEARTBEAT_LOG_EVENT_V2,
+    IGNORABLE_LOG_EVENT,
     LOG_EVENT_ARTIFICIAL_F,
     LOG_EVENT_BINLOG_IN_USE_F,
     LOG_EVENT_IGNORABLE_F,
@@ -71,6 +77,11 @@ __all__ = [
     "binlog_checkpoint",
     "strip_checksum",
     "add_checksum",
+    "filler_header",
+    "filler_sizes",
+    "filler_crc",
+    "filler",
+    "FILLER_MAX_SIZE",
     "net_store_length",
 ]
 
@@ -448,3 +459,56 @@ def add_checksum(event: bytes | bytearray | memoryview) -> bytes:
     out = bytearray(data)
     _U32.pack_into(out, _SIZE_OFFSET, _uint("event_size", header.event_size + CHECKSUM_LEN, _UINT32_MAX))
     return _checksum.append(bytes(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fillers (the relay's own IGNORABLE events over a skipped stretch)
+# ---------------------------------------------------------------------------------------------
+
+FILLER_MAX_SIZE = _UINT32_MAX - 0xFFFF  # event_size is a u32; keep some slack below its maximum
+_ZERO_CHUNK = bytes(1 << 20)
+
+
+def filler_sizes(gap: int, checksum: bool, max_size: int = FILLER_MAX_SIZE) -> list[int]:
+    """Sizes of the fewest filler events that cover exactly ``gap`` bytes (each at least a header and
+    CRC, at most ``max_size``); ValueError when the gap is smaller than one event."""
+    smallest = HEADER_LEN + (CHECKSUM_LEN if checksum else 0)
+    if gap < smallest:
+        raise ValueError(f"a gap of {gap} bytes is smaller than the smallest event ({smallest} bytes)")
+    count = -(-gap // max_size)
+    base, extra = divmod(gap, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+def filler_header(size: int, *, log_pos: int, server_id: int, timestamp: int = 0) -> bytes:
+    """The 19-byte header of a filler of ``size`` bytes (IGNORABLE_LOG_EVENT, LOG_EVENT_IGNORABLE_F)."""
+    return HEADER.pack(
+        _uint("timestamp", timestamp, _UINT32_MAX),
+        IGNORABLE_LOG_EVENT,
+        _uint("server_id", server_id, _UINT32_MAX),
+        _uint("event_size", size, _UINT32_MAX),
+        _uint("log_pos", log_pos, _UINT32_MAX),
+        LOG_EVENT_IGNORABLE_F,
+    )
+
+
+def filler_crc(header: bytes, size: int) -> int:
+    """CRC32 of a filler's header followed by its zero body (``size`` includes the 4 CRC bytes),
+    computed in 1 MB chunks: a 4 GB filler never exists in memory."""
+    crc = zlib.crc32(header)
+    left = size - len(header) - CHECKSUM_LEN
+    chunk = len(_ZERO_CHUNK)
+    while left >= chunk:
+        crc = zlib.crc32(_ZERO_CHUNK, crc)
+        left -= chunk
+    if left:
+        crc = zlib.crc32(_ZERO_CHUNK[:left], crc)
+    return crc
+
+
+def filler(size: int, *, log_pos: int, server_id: int, checksum: bool, timestamp: int = 0) -> bytes:
+    """A whole filler event in memory (for small ones; large ones are written sparse from the parts)."""
+    header = filler_header(size, log_pos=log_pos, server_id=server_id, timestamp=timestamp)
+    if not checksum:
+        return header + bytes(size - HEADER_LEN)
+    return header + bytes(size - HEADER_LEN - CHECKSUM_LEN) + _U32.pack(filler_crc(header, size))

@@ -5,6 +5,12 @@ oldest; MariaDB: GTID_LIST), and both it and the SQL layer need ``gtid_purged``:
 cannot serve. A file's starting set is read once (its header never changes) and cached by name.
 
 Sizes a reader may use are *durable* sizes: closed files whole, the current file up to the horizon.
+
+Upstream epochs (``relay/epochs.py``): the first file of an epoch >= 2 (a join file) starts with its new
+master's PREVIOUS_GTIDS / GTID_LIST, which may lack part of what the relay held at the join; its
+starting set here is ``join_gtids ∪ that set`` (``join_gtids`` when the file has no set event), so the
+dump sender positions GTID replicas across the join and ``purged()`` counts the GTIDs a join file's set
+names that the relay never had.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 from ..binlog import constants as C
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..binlog.gtid import GtidSet, MariaBinlogState
+from .epochs import is_filler
 
 _HEAD_READ = 1 << 20  # the FDE and the PREVIOUS_GTIDS / GTID_LIST event sit in the first bytes
 
@@ -70,6 +77,12 @@ class FileCatalog:
         except OSError as exc:
             raise CatalogError(f"cannot read relay file {name}: {exc.strerror}") from exc
         start, version, final = _parse_head(name, head)
+        epochs = getattr(self._store, "epochs", None)
+        if epochs is not None and epochs.join_epoch(name) is not None:
+            try:
+                start = epochs.file_start(name, start)
+            except ValueError as exc:
+                raise CatalogError(f"relay file {name}: its GTID set does not join the relay's: {exc}") from exc
         if final:
             self._starts[name] = (start, version)  # a file whose header is complete never changes
         return start, version
@@ -127,7 +140,8 @@ def _parse_head(name: str, head: bytes) -> tuple[object, str | None, bool]:
     pos = 4
     fde = None
     while pos + C.HEADER_LEN <= len(head):
-        _ts, type_code, _sid, size, _lp, _flags = HEADER.unpack_from(head, pos)
+        header = HEADER.unpack_from(head, pos)
+        type_code, size = header[1], header[3]
         if size < C.HEADER_LEN or pos + size > len(head):
             break
         if type_code == C.FORMAT_DESCRIPTION_EVENT:
@@ -142,7 +156,7 @@ def _parse_head(name: str, head: bytes) -> tuple[object, str | None, bool]:
             body = pos + C.HEADER_LEN
             state, _flags = MariaBinlogState.decode_gtid_list_body(head, body, size - C.HEADER_LEN - fde.checksum_len)
             return state, fde.server_version, True
-        elif type_code not in (C.ROTATE_EVENT, C.MARIA_BINLOG_CHECKPOINT_EVENT, C.STOP_EVENT):
+        elif type_code not in (C.ROTATE_EVENT, C.MARIA_BINLOG_CHECKPOINT_EVENT, C.STOP_EVENT) and not is_filler(header):
             return None, fde.server_version if fde else None, True  # a first group: no starting set, ever
         pos += size
     return None, fde.server_version if fde else None, False  # the header is not all there (yet)

@@ -22,6 +22,18 @@ Recovery at open:
    ``(newest file, good_end, PREVIOUS_GTIDS / GTID_LIST + every complete group's GTID)``.
 4. Older files are closed: each should end with a ROTATE to the next file (a warning otherwise).
 
+Upstream epochs (``relay/epochs.py``): ``relayproxy.epochs`` is read (a directory without it is one
+implicit epoch, as before); a damaged one refuses to start, its leftover temp file is removed. The
+first file of an epoch >= 2 (a *join file*) starts with the new master's GTID set, which may lack part
+of the relay's: the set at its start is ``join_gtids ∪ its own set``, so the horizon's set is rebuilt as
+``join_gtids ∪ PREVIOUS_GTIDS / GTID_LIST ∪ every complete group`` there (``join_gtids`` alone when the
+file was cut before its set event), and a newest file cut before its set event continues the previous
+file's set, join included. A switch cut by a crash (the epoch recorded, the ROTATE to its first file not
+yet appended or torn) is left for ``begin_epoch`` / ``start_file`` to complete; an unlisted first file
+of the epoch is adopted like any next file (it is the target of the ROTATE, or the next number).
+Fillers (IGNORABLE events of the relay's own over a stretch a GTID dump skipped) are events outside any
+group, scanned and CRC-checked like the rest.
+
 Nothing complete and intact is ever discarded.
 """
 
@@ -38,6 +50,7 @@ from ..binlog import constants as C
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription, split_version
 from ..binlog.gtid import GtidSet, MariaBinlogState
 from ..binlog.reader import BinlogScanner, ScanResult, scan_file
+from .epochs import EPOCHS_TMP_NAME, Epochs, EpochsError, gtid_missing, gtid_text, gtid_union, read_epochs
 from .horizon import HorizonSnapshot
 
 INDEX_NAME = "relayproxy.index"
@@ -336,6 +349,9 @@ class RecoveredState:
     start_set_seen: bool  # the newest file's PREVIOUS_GTIDS / GTID_LIST has been written
     file_start_gtids: object  # the set that event carries (None before it)
     flavour: str | None
+    epochs: Epochs = field(default_factory=Epochs)
+    join_extra_gtids: object = None  # GTIDs the newest (join) file's start set names beyond the join set
+    join_warnings: list[str] = field(default_factory=list)
 
 
 def _writes_gtid_set_event(fde: FormatDescription | None) -> bool:
@@ -462,6 +478,14 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredSt
     if tmp_index.exists():
         tmp_index.unlink()  # an index rewrite that never reached its rename: the old index stands
         warn(f"removed {INDEX_TMP_NAME} left by an interrupted index update")
+    tmp_epochs = relay_dir / EPOCHS_TMP_NAME
+    if tmp_epochs.exists():
+        tmp_epochs.unlink()  # an epochs rewrite that never reached its rename: the old record stands
+        warn(f"removed {EPOCHS_TMP_NAME} left by an interrupted epochs update")
+    try:
+        epochs = read_epochs(relay_dir)
+    except EpochsError as exc:
+        raise RelayRecoveryError(f"cannot read the relay's upstream epochs: {exc}") from None
 
     listed = read_index(relay_dir)
     index_dirty = False
@@ -503,7 +527,8 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredSt
     if unlisted:
         if names:
             rotate = read_final_rotate(relay_dir / names[-1])
-            expected = rotate[0] if rotate else next_file_name(names[-1])
+            candidates = epochs.rotate_targets(names[-1], rotate[0]) if rotate else [next_file_name(names[-1])]
+            expected = next((name for name in candidates if name in unlisted), None)
         else:
             expected = next(iter(unlisted)) if len(unlisted) == 1 else None
         if expected in unlisted:
@@ -530,7 +555,7 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredSt
         report.horizon = HorizonSnapshot(None, 0, None, 0)
         if mark is not None:
             warn(f"{DURABLE_MARK_NAME} names {mark.file} but the relay has no files")
-        return RecoveredState(report, [], None, 0, None, None, False, None, None)
+        return RecoveredState(report, [], None, 0, None, None, False, None, None, epochs)
 
     if mark is not None and mark.file not in names:
         warn(f"{DURABLE_MARK_NAME} names {mark.file}, which is not a relay file here: ignored")
@@ -540,7 +565,7 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredSt
         rotate = read_final_rotate(relay_dir / older)
         if rotate is None:
             warn(f"{older} does not end with a ROTATE (the master restarted or the file was cut): next is {newer}")
-        elif rotate[0] != newer:
+        elif newer not in epochs.rotate_targets(older, rotate[0]):
             warn(f"{older} ends with a ROTATE to {rotate[0]}, but the next relay file is {newer}")
 
     newest = names[-1]
@@ -549,12 +574,33 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredSt
     start_set_seen = start_set is not None
     report.scan = scan
 
-    if start_set_seen is False and len(names) > 1 and _writes_gtid_set_event(fde):
+    join = epochs.join_set(newest)
+    join_extra, join_warnings = None, []
+    if epochs.join_epoch(newest) is not None:
+        # A join file: the set at its start is join_gtids ∪ its own set (which may lack part of the relay's).
+        try:
+            gtids = gtid_union(join, gtids)
+            join_extra = gtid_missing(start_set, join) if start_set is not None and join is not None else None
+        except ValueError as exc:
+            raise RelayRecoveryError(f"{newest}: its GTID set does not join the relay's: {exc}", file=newest) from None
+        if join_extra is not None:
+            join_warnings.append(
+                f"{newest} (epoch {epochs.join_epoch(newest).epoch}) starts with the GTID set {gtid_text(start_set)}, "
+                f"which names {gtid_text(join_extra)} that the relay never had: counted as purged"
+            )
+            report.warnings.extend(join_warnings)
+    elif start_set_seen is False and len(names) > 1 and _writes_gtid_set_event(fde):
         # The newest file stops before its PREVIOUS_GTIDS / GTID_LIST: continue the previous file's set.
         previous = scan_file(relay_dir / names[-2])
         if previous.error or previous.crc_errors:
             warn(f"{names[-2]}: {previous.error or 'CRC errors'} (while reading its GTID set)")
-        gtids = _merge_gtids(previous.gtids_after, gtids)
+        previous_after = previous.gtids_after
+        if epochs.join_epoch(names[-2]) is not None:
+            try:
+                previous_after = gtid_union(epochs.join_set(names[-2]), previous_after)
+            except ValueError as exc:
+                raise RelayRecoveryError(f"{names[-2]}: its GTID set does not join the relay's: {exc}") from None
+        gtids = _merge_gtids(previous_after, gtids)
 
     fsync_path(path)
     fsync_dir(relay_dir)
@@ -566,7 +612,10 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredSt
             break
     report.horizon = HorizonSnapshot(newest, end, None if gtids is None else gtids.copy(), 0)
     file_start = None if start_set is None else start_set.copy()
-    return RecoveredState(report, list(names), newest, end, gtids, fde, start_set_seen, file_start, flavour)
+    return RecoveredState(
+        report, list(names), newest, end, gtids, fde, start_set_seen, file_start, flavour, epochs, join_extra,
+        join_warnings,
+    )
 
 
 def _adopt_unlisted(path: Path, warn) -> bool:

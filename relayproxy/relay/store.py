@@ -21,6 +21,17 @@ The session may run the fsync off the event loop: ``ticket = store.begin_sync()`
 buffer), ``ticket.make_durable()`` in a worker thread, ``store.complete_sync(ticket)`` back on the
 loop; events may keep arriving in between.
 
+Upstream epochs (``relay/epochs.py``): after a failover the session calls ``store.begin_epoch(master,
+upstream_first_file, relay_server_id=...)`` before it streams from the new master. The relay's files
+stay one monotonic sequence: ``start_file`` takes the master's file name and creates the relay name it
+maps to in the current epoch (epoch 1, and every relay without ``relayproxy.epochs``, maps names
+identically), ``current_upstream_file`` / ``upstream_position()`` give the master's coordinates. The
+switch is crash safe: the epochs record is its commit point; the ROTATE the relay then appends to its
+last file (to the new epoch's first file) is re-appended, byte-identical, by ``begin_epoch`` or
+``start_file`` when a crash cut it. ``write_filler`` covers the stretch a GTID dump skipped with
+IGNORABLE events of the relay's own (never inside a group); the first file of an epoch may start with
+a GTID set that lacks part of the relay's (``join_gtids ∪ its set`` is the set at its start).
+
 Errors from the file system (full disk, EIO) poison the store: every later call raises
 ``RelayStoreFailed``; the OSError names the file. Reopen it; recovery cuts the unfinished tail and the
 horizon is unchanged. After a failed fsync, ``close()`` first cuts the current file back to the last
@@ -37,8 +48,11 @@ from pathlib import Path
 from typing import Literal
 
 from ..binlog import constants as C
+from ..binlog import encoders as _enc
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
+from . import epochs as _epochs
+from .epochs import Epoch, Epochs, EpochsError, gtid_missing, gtid_text, gtid_union, write_epochs
 from .horizon import Horizon
 from .recovery import (
     DurableMarkWriter,
@@ -47,6 +61,7 @@ from .recovery import (
     RelayStoreError,
     check_file_name,
     fsync_dir,
+    read_final_rotate,
     recover,
     write_index,
 )
@@ -67,6 +82,8 @@ __all__ = [
 
 FLUSH_BYTES = 4 << 20  # write the buffer out once it holds this much
 DIRECT_BYTES = 1 << 20  # an event at least this large skips the buffer
+SPARSE_FILLER_BYTES = 1 << 20  # a filler at least this large is written sparse (header + CRC, a hole between)
+FILLER_MAX_SIZE = _enc.FILLER_MAX_SIZE  # a larger gap is covered by several fillers
 
 _header_unpack_from = HEADER.unpack_from
 _IN_USE = C.LOG_EVENT_BINLOG_IN_USE_F
@@ -244,6 +261,10 @@ class RelayStore:
         scan = getattr(recovered.report, "scan", None)
         self._last_type = scan.good_end_type if scan is not None and scan.good_end == recovered.end else None
         self._flavour = recovered.flavour
+        self._epochs: Epochs = recovered.epochs
+        self.warnings: list[str] = list(recovered.join_warnings)  # things recorded, not refused (see begin_epoch)
+        self.join_extra_gtids = recovered.join_extra_gtids  # GTIDs a join file's start set names beyond the relay's
+        self.fillers = 0  # filler events written by this store
         self._pending_groups = 0
         self._pending_since: float | None = None
         self._ticket: SyncTicket | None = None
@@ -327,8 +348,57 @@ class RelayStore:
 
     @property
     def current_file_closed(self) -> bool:
-        """The current file ends with the master's ROTATE or STOP: the master has moved past it."""
-        return self._last_type in (C.ROTATE_EVENT, C.STOP_EVENT)
+        """The current file ends with the master's ROTATE or STOP (the master has moved past it), or
+        a new epoch has begun (the relay has moved past it: its last event is or will be the ROTATE
+        to the epoch's first file)."""
+        return self._last_type in (C.ROTATE_EVENT, C.STOP_EVENT) or self.epoch_switch_pending
+
+    # -- epochs ----------------------------------------------------------------------------------
+    @property
+    def epochs(self) -> Epochs:
+        """The upstream epochs (immutable value; ``relay/epochs.py``)."""
+        return self._epochs
+
+    @property
+    def epoch_switch_pending(self) -> bool:
+        """The current epoch (>= 2) is recorded but its first relay file holds no events yet."""
+        cur = self._epochs.current
+        if cur.implicit or cur.epoch < 2:
+            return False
+        return cur.first_file not in self._index or (cur.first_file == self._file and self._end <= 4)
+
+    def _epoch_unused(self) -> bool:
+        """The current recorded epoch holds no data yet (its record may still be changed)."""
+        cur = self._epochs.current
+        if cur.implicit:
+            return False
+        if cur.epoch == 1:
+            return not self._index
+        return self.epoch_switch_pending
+
+    @property
+    def current_upstream_file(self) -> str | None:
+        """The master's name of the current relay file (its epoch's master)."""
+        if self._file is None:
+            return None
+        return self._epochs.upstream_name(self._file)[1]
+
+    def upstream_position(self) -> tuple[str | None, int]:
+        """``(the master's file name, offset)`` of the durable horizon: status, resume by position."""
+        snap = self.horizon.snapshot()
+        if snap.file is None:
+            return None, snap.position
+        return self._epochs.upstream_name(snap.file)[1], snap.position
+
+    def relay_name(self, upstream_name: str) -> str:
+        """The relay file ``start_file(upstream_name)`` would write: the master's file mapped through the
+        current epoch (an epoch that holds no file yet begins at its first relay file, whatever the
+        master's first file turns out to be). Raises ValueError (EpochsError) for a name the current
+        epoch cannot hold (another series, or before the epoch's first upstream file)."""
+        cur = self._epochs.current
+        if self._epoch_unused():
+            return cur.first_file if cur.epoch >= 2 else upstream_name
+        return self._epochs.relay_name(upstream_name)
 
     @property
     def pending_gtids(self):
@@ -367,13 +437,17 @@ class RelayStore:
 
     # -- files -----------------------------------------------------------------------------------
     def start_file(self, name: str) -> None:
-        """Start the next relay file (the master rotated to ``name``).
+        """Start the next relay file (the master rotated to ``name``, the master's file name).
 
+        ``name`` is mapped through the current upstream epoch (``relay_name``; identical in epoch 1).
         The previous file is synced first (it must end at a boundary: call ``discard_incomplete``
         after a cut stream), then the new file is created with the magic and fsynced, the index is
-        rewritten, the directory fsynced, and the horizon moves to ``(name, 4)``: all before this
-        returns. Starting the current file again is a no-op while it holds only the magic; an
-        existing file with events, or a name already in the index, raises RelayStateError.
+        rewritten, the directory fsynced, and the horizon moves to ``(relay name, 4)``: all before
+        this returns. Starting the current file again is a no-op while it holds only the magic; an
+        existing file with events, or a name already in the index, raises RelayStateError, as does a
+        name the current epoch cannot map. The first file of a new epoch: a ROTATE to it that a crash
+        cut from the previous file is appended first, and when the master began the epoch at another
+        file than ``begin_epoch`` was told, the epoch's record follows (relay names do not change).
         """
         self._check()
         try:
@@ -382,6 +456,15 @@ class RelayStore:
             raise RelayStateError(str(exc)) from None
         if self._ticket is not None:
             raise RelayStateError("start_file while a sync is in flight: complete it first")
+        upstream = name
+        try:
+            name = self.relay_name(upstream)
+        except EpochsError as exc:
+            raise RelayStateError(f"cannot start {upstream!r}: {exc}") from None
+        if self._epoch_unused() and self._epochs.current.upstream_first_file != upstream:
+            # The master began the epoch at another file than announced (a GTID dump picks its own):
+            # nothing of the epoch is stored, so its record may follow. Relay names do not change.
+            self._reanchor_epoch(upstream)
         if name == self._file:
             if self._end == 4:
                 return
@@ -393,6 +476,8 @@ class RelayStore:
                 f"start_file({name!r}) while a group is open in {self._file} "
                 f"({self._end - self._boundary} bytes after offset {self._boundary}): call discard_incomplete() first"
             )
+        if self.epoch_switch_pending:
+            self._complete_epoch_switch()  # a crash may have cut the switch before its ROTATE
         path = self.relay_dir / name
         try:
             if self._file is not None:
@@ -453,8 +538,196 @@ class RelayStore:
             raise
         return fd
 
+    # -- epochs: the switch ------------------------------------------------------------------------
+    def begin_epoch(self, master: dict, upstream_first_file: str, *, relay_server_id: int,
+                    now: float | None = None) -> Epoch:
+        """Begin a new upstream epoch: the session streams next from ``master`` (host, port, server_id,
+        server_uuid), starting with its binlog file ``upstream_first_file``.
+
+        Steps: the current file is made durable; the new epoch is recorded in ``relayproxy.epochs``
+        (first relay file = the relay's next sequence number, join set = the durable GTID set): that
+        record is the commit point; then a ROTATE to ``(first file, 4)`` made by the relay (timestamp
+        ``now``, server_id ``relay_server_id``, CRC32 when the file has checksums) is appended to the
+        current file, made durable, and the horizon moves past it, so file/position replicas of the
+        relay follow it into the new file. The receiver's next ``start_file(F)`` creates that file.
+
+        Idempotent: called again for the same master it completes a switch a crash cut (the ROTATE is
+        re-appended byte for byte from the record) and returns the current epoch. While the current
+        epoch holds no data its record is replaced (another master, or another first file) instead
+        of adding an epoch. A relay without files records epoch 1 (identity names), no ROTATE. A
+        newest file holding only the magic becomes the new epoch's first file (the ROTATE before it
+        already names it). Requires no open group (call ``discard_incomplete`` first).
+        """
+        self._check()
+        if self._ticket is not None:
+            raise RelayStateError("begin_epoch while a sync is in flight: complete it first")
+        try:
+            master = _epochs.normalise_master(master)
+            check_file_name(upstream_first_file)
+        except ValueError as exc:
+            raise RelayStateError(f"begin_epoch: {exc}") from None
+        if type(relay_server_id) is not int or not 0 <= relay_server_id <= _U32:
+            raise RelayStateError(f"begin_epoch: relay_server_id {relay_server_id!r} is not a server id")
+        if self._file is not None and self._end != self._boundary:
+            raise RelayStateError(
+                f"begin_epoch while a group is open in {self._file} ({self._end - self._boundary} bytes after "
+                f"offset {self._boundary}): call discard_incomplete() first"
+            )
+        if self._fd >= 0:
+            self._sync()  # the join set is the durable one, and nothing unsynced precedes the ROTATE
+        started = time.time() if now is None else float(now)
+        cur = self._epochs.current
+        try:
+            if not cur.implicit and cur.same_master(master):
+                planned = self._epochs
+                if self._epoch_unused() and cur.upstream_first_file != upstream_first_file:
+                    planned = self._reanchored(upstream_first_file)
+            elif self._epoch_unused():
+                join = gtid_text(self.horizon.snapshot().gtids)
+                changes = {"master": master, "upstream_first_file": upstream_first_file, "join_gtids": join,
+                           "started": started, "relay_server_id": relay_server_id}
+                if cur.epoch == 1:
+                    changes["first_file"] = upstream_first_file
+                planned = self._epochs.replaced_current(**changes)
+            else:
+                planned = self._epochs.next_epoch(
+                    index=self._index, current_empty=self._file is not None and self._end <= 4, master=master,
+                    upstream_first_file=upstream_first_file, join_gtids=gtid_text(self.horizon.snapshot().gtids),
+                    started=started, relay_server_id=relay_server_id,
+                )
+        except EpochsError as exc:
+            raise RelayStateError(f"begin_epoch: {exc}") from None
+        if planned != self._epochs:
+            self._record_epochs(planned)  # the commit point of the switch
+        if self.epoch_switch_pending:
+            self._complete_epoch_switch()
+        return self._epochs.current
+
+    def _reanchored(self, upstream_first_file: str) -> Epochs:
+        cur = self._epochs.current
+        changes = {"upstream_first_file": upstream_first_file}
+        if cur.epoch == 1:
+            changes["first_file"] = upstream_first_file
+        return self._epochs.replaced_current(**changes)
+
+    def _reanchor_epoch(self, upstream_first_file: str) -> None:
+        try:
+            planned = self._reanchored(upstream_first_file)
+        except EpochsError as exc:
+            raise RelayStateError(f"cannot start {upstream_first_file!r}: {exc}") from None
+        self._record_epochs(planned)
+
+    def _record_epochs(self, planned: Epochs) -> None:
+        try:
+            write_epochs(self.relay_dir, planned)
+        except OSError as exc:
+            self._fail(exc, self.relay_dir / _epochs.EPOCHS_NAME)
+            raise
+        self._epochs = planned
+
+    def _complete_epoch_switch(self) -> None:
+        """Append (unless the current file already ends with it) the ROTATE to the pending epoch's first
+        file, make it durable and move the horizon past it."""
+        cur = self._epochs.current
+        if self._file is None or cur.first_file == self._file:
+            return  # no earlier file, or the epoch reuses the empty newest file its predecessor's ROTATE names
+        if self._end != self._boundary:
+            raise RelayStateError(f"cannot end {self._file} with the epoch's ROTATE: a group is open")
+        if not self._ends_with_rotate_to(cur.first_file):
+            self._append_join_rotate(cur)
+        self._sync()
+
+    def _ends_with_rotate_to(self, name: str) -> bool:
+        if self._last_type != C.ROTATE_EVENT:
+            return False
+        try:
+            self._flush()
+        except OSError as exc:
+            self._fail(exc)
+            raise
+        rotate = read_final_rotate(self.relay_dir / self._file)
+        return rotate is not None and rotate[1] == 4 and name in self._epochs.rotate_targets(self._file, rotate[0])
+
+    def _append_join_rotate(self, epoch: Epoch) -> None:
+        if self._fde is None:
+            raise RelayStateError(
+                f"{self._file} has no FORMAT_DESCRIPTION_EVENT: it cannot end with the ROTATE to {epoch.first_file}"
+            )
+        end = self._end
+        size = C.HEADER_LEN + 8 + len(epoch.first_file.encode("utf-8", "surrogateescape")) + self._checksum_len
+        event = _enc.rotate(
+            epoch.first_file, 4, server_id=epoch.relay_server_id, checksum=self._checksum_len == C.CHECKSUM_LEN,
+            timestamp=int(epoch.started) & _U32, log_pos=(end + size) & _U32,
+        )
+        self.write_event(end, event)
+        self.boundary_outside(end + len(event))
+
+    # -- fillers ---------------------------------------------------------------------------------
+    def write_filler(self, offset: int, *, relay_server_id: int) -> int:
+        """Cover ``[current_end, offset)`` with the relay's filler events (a GTID dump skipped groups the
+        relay has); returns how many (one, unless the gap exceeds ``FILLER_MAX_SIZE``).
+
+        Only at a boundary (no open group). Each filler is IGNORABLE_LOG_EVENT with
+        LOG_EVENT_IGNORABLE_F, server_id ``relay_server_id``, log_pos its end, a zero body and a CRC32
+        when the file has checksums; large ones are written sparse. They end outside any group: the
+        horizon may move past them. Raises RelayGapError when the gap is smaller than an event.
+        """
+        self._check()
+        if self._fd < 0:
+            raise RelayStateError("write_filler before start_file: there is no current relay file")
+        end = self._end
+        if offset <= end:
+            raise RelayStateError(f"write_filler to {offset}: {self._file} already holds {end} bytes")
+        if end != self._boundary:
+            raise RelayStateError(
+                f"write_filler while a group is open in {self._file} (after offset {self._boundary}): "
+                "a filler never sits inside a group"
+            )
+        if self._fde is None:
+            raise RelayStateError(f"write_filler in {self._file} before its FORMAT_DESCRIPTION_EVENT")
+        checksum = self._checksum_len == C.CHECKSUM_LEN
+        try:
+            sizes = _enc.filler_sizes(offset - end, checksum, FILLER_MAX_SIZE)
+        except ValueError:
+            raise RelayGapError(offset, end, self._file) from None
+        at = end
+        try:
+            for size in sizes:
+                stop = at + size
+                if size < SPARSE_FILLER_BYTES:
+                    self.write_event(at, _enc.filler(size, log_pos=stop & _U32, server_id=relay_server_id,
+                                                     checksum=checksum))
+                else:
+                    self._write_sparse_filler(at, size, relay_server_id, checksum)
+                at = stop
+        except OSError as exc:
+            self._fail(exc)
+            raise
+        self._last_type = C.IGNORABLE_LOG_EVENT
+        self.fillers += len(sizes)
+        self.boundary_outside(offset)
+        return len(sizes)
+
+    def _write_sparse_filler(self, at: int, size: int, server_id: int, checksum: bool) -> None:
+        self._flush()
+        fd = self._fd
+        stop = at + size
+        header = _enc.filler_header(size, log_pos=stop & _U32, server_id=server_id)
+        os.ftruncate(fd, at)  # nothing stale in the hole: it reads as zeros
+        os.pwrite(fd, header, at)
+        if checksum:
+            os.pwrite(fd, _enc.filler_crc(header, size).to_bytes(4, "little"), stop - C.CHECKSUM_LEN)
+            self.bytes_written += len(header) + C.CHECKSUM_LEN
+        else:
+            os.ftruncate(fd, stop)
+            self.bytes_written += len(header)
+        self._written = self._end = stop
+
     def purge_to(self, name: str) -> list[str]:
-        """Delete the relay files before ``name`` (``PURGE BINARY LOGS TO``): index first, then files."""
+        """Delete the relay files before ``name`` (``PURGE BINARY LOGS TO``): index first, then files.
+
+        Then the epochs whose files are all gone are dropped from ``relayproxy.epochs`` (never the
+        current one; a crash before that leaves extra records, which are harmless)."""
         self._check()
         if name not in self._index:
             raise KeyError(f"{name!r} is not a relay file here")
@@ -470,6 +743,9 @@ class RelayStore:
             except FileNotFoundError:
                 pass
         fsync_dir(self.relay_dir)
+        pruned = self._epochs.pruned(self._index[0])
+        if pruned != self._epochs:
+            self._record_epochs(pruned)
         return purged
 
     # -- writing ---------------------------------------------------------------------------------
@@ -601,6 +877,10 @@ class RelayStore:
                 gtids, _flags = MariaBinlogState.decode_gtid_list_body(event, C.HEADER_LEN, length)
         except (BinlogFormatError, ValueError) as exc:
             raise RelayEventError(f"{C.event_name(type_code)} event at offset {offset}: {exc}") from None
+        join_epoch = self._epochs.join_epoch(self._file)
+        if join_epoch is not None:
+            self._join_start_set(gtids, join_epoch, offset, len(event), type_code)
+            return
         carried = self._carried_gtids
         # A MySQL PREVIOUS_GTIDS may name more than the relay holds: GTIDs the master counts as executed
         # but no file holds (SET GLOBAL gtid_purged after a restore, MySQL's 5.6.22 case). Adopting it
@@ -617,6 +897,28 @@ class RelayStore:
                 "(a different master history?)",
             )
         self._gtids = gtids
+        self._file_start_gtids = gtids.copy()
+        self._start_set_seen = True
+
+    def _join_start_set(self, gtids, epoch: Epoch, offset: int, size: int, type_code: int) -> None:
+        """The first file of an epoch starts with its new master's set, which may be a strict subset of
+        the relay's (that file began before the join point; fillers cover the groups the relay had):
+        the set at its start is ``join_gtids ∪ its set``. A set naming GTIDs the relay never had (the
+        new master had them before this file: errant or other-domain transactions) is recorded, not
+        refused: they count as purged (FileCatalog.purged), the relay cannot serve them."""
+        join = _epochs.parse_gtid_text(epoch.join_gtids)
+        try:
+            effective = gtid_union(join, gtids)
+            extra = gtid_missing(gtids, join) if join is not None else None
+        except ValueError as exc:
+            raise RelayMismatchError(offset, size, self._file, f"its {C.event_name(type_code)} set: {exc}") from None
+        if extra is not None:
+            self.join_extra_gtids = extra
+            self.warnings.append(
+                f"{self._file} (epoch {epoch.epoch}) starts with {C.event_name(type_code)} {gtid_text(gtids)}, "
+                f"which names {gtid_text(extra)} that the relay never had: counted as purged"
+            )
+        self._gtids = effective
         self._file_start_gtids = gtids.copy()
         self._start_set_seen = True
 

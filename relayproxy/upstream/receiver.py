@@ -10,6 +10,17 @@
 - tells the store where each group (or event outside any group) ends, so only complete groups
   ever reach the horizon;
 - keeps the master's latest known position from events, artificial rotates and heartbeats.
+
+File names: the receiver speaks the master's names (``master_file``, ``master_position``); the store maps
+them to relay names through the current upstream epoch (``store.relay_name``, ``relay/epochs.py``;
+identical in epoch 1). ``start_stream(epoch_master=...)`` begins a new epoch when the stream's first
+ROTATE arrives, if that master is not the current epoch's (the file it names is then known).
+
+Gaps: a GTID dump (``by_position=False``) skips the groups the relay already has, so an event can sit
+beyond the end of the relay file. When the stream is at a boundary (no open group) and the event opens a
+group or stands outside any (GTID, ROTATE, STOP, BINLOG_CHECKPOINT), the store covers the gap with
+filler events (``store.write_filler``); anything else, and every gap in a by-position dump, raises
+RelayGapError as before.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from ..binlog import boundary as B
 from ..binlog import constants as C
 from ..binlog.checksum import ChecksumError
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
+from ..relay.store import RelayGapError
 from ..wire.packets import parse_err
 
 _header_unpack_from = HEADER.unpack_from
@@ -59,13 +71,15 @@ class ReceiverCounters:
     transactions: int = 0
     duplicates: int = 0
     heartbeats: int = 0
+    fillers: int = 0  # filler events written over stretches a GTID dump skipped
 
 
 class RelayReceiver:
     """Feeds one dump stream at a time into a RelayStore through the transaction-boundary parser."""
 
-    def __init__(self, store, *, verify_checksums: bool = True, flavour: str = "auto"):
+    def __init__(self, store, *, verify_checksums: bool = True, flavour: str = "auto", relay_server_id: int = 0):
         self.store = store
+        self.relay_server_id = relay_server_id  # stamped on the relay's own events (fillers, the epoch ROTATE)
         self.parser = B.TransactionBoundaryParser(flavour)
         self.verify_checksums = verify_checksums
         self.counters = ReceiverCounters()
@@ -79,17 +93,29 @@ class RelayReceiver:
         self._semi_sync = False
         self._fde: FormatDescription | None = None
         self._by_position = True
+        self._epoch_master: dict | None = None
+        self._switching = False
         self.fast_path = True  # False: every event through _event (tests compare the two paths)
 
     # -- stream lifecycle ----------------------------------------------------------------------
-    def start_stream(self, *, announced_checksum: str, semi_sync: bool, by_position: bool = True) -> None:
+    def start_stream(self, *, announced_checksum: str, semi_sync: bool, by_position: bool = True,
+                     epoch_master: dict | None = None, switching: bool = False) -> None:
         """A new dump connection: the master re-sends whole groups from the horizon on.
 
         ``by_position``: the dump was requested by file/position, so a switch to the next file is the
-        master's word that the old one is over (a GTID dump may skip the end of the current file).
+        master's word that the old one is over (a GTID dump may skip the end of the current file), and
+        a gap is an error (a GTID dump's gaps become fillers).
+        ``epoch_master``: the master's identity (host, port, server_id, server_uuid); when it is not the
+        recorded current epoch's master, ``store.begin_epoch`` runs at the stream's first ROTATE (an
+        empty relay records its first epoch; a relay with files but no recorded epoch is left to the
+        session, which alone knows whether this master wrote them). None: the session handles epochs.
+        ``switching``: the session decided this master is a new one (a CHANGE MASTER chose it and it passed
+        the identity and GTID checks): the epoch begins at the first ROTATE whatever is recorded.
         """
         self.parser.reset()
         self._by_position = by_position
+        self._epoch_master = epoch_master
+        self._switching = switching
         self._announced_crc = announced_checksum.upper() == "CRC32"
         self._checksum_len = 4 if self._announced_crc else 0
         self._semi_sync = semi_sync
@@ -152,7 +178,12 @@ class RelayReceiver:
                         if verify and crc32(ev) != _CRC32_RESIDUE:
                             name = C.event_name(type_code)
                             raise ChecksumMismatch(f"CRC32 mismatch in {name} event at {file}:{offset}")
-                        outcome = append(offset, ev, log_pos, type_code)
+                        try:
+                            outcome = append(offset, ev, log_pos, type_code)
+                        except RelayGapError:
+                            if not self._fill_gap(offset, type_code):
+                                raise
+                            outcome = append(offset, ev, log_pos, type_code)
                         result = parser_feed(type_code, flags, ev, 0, size)
                         if result & _FLAG_ERROR:
                             raise StreamError(
@@ -263,7 +294,12 @@ class RelayReceiver:
             offset = self._next_offset
         if offset < 4:
             raise StreamError(f"{C.event_name(type_code)} event ends at {log_pos}, before the start of a binlog file")
-        outcome = self.store.write_event(offset, ev)
+        try:
+            outcome = self.store.write_event(offset, ev)
+        except RelayGapError:
+            if not self._fill_gap(offset, type_code):
+                raise
+            outcome = self.store.write_event(offset, ev)
         result = self.parser.feed(type_code, flags, ev, 0, size)
         if result & B.FLAG_ERROR:
             raise StreamError(
@@ -289,6 +325,20 @@ class RelayReceiver:
             self.master_timestamp = timestamp
         self._note_master_position(self.master_file, end)
 
+    def _fill_gap(self, offset: int, type_code: int) -> bool:
+        """Cover a gap a GTID dump left with fillers when that is sound; False: the gap is an error."""
+        store = self.store
+        if (
+            self._by_position
+            or self.parser.in_group
+            or not _FILLS_BEFORE[type_code]
+            or store.current_end != store.boundary_end
+            or getattr(store, "write_filler", None) is None
+        ):
+            return False
+        self.counters.fillers += store.write_filler(offset, relay_server_id=self.relay_server_id)
+        return True
+
     def _format_description(self, ev: memoryview, log_pos: int) -> None:
         try:
             fde = FormatDescription.parse(ev, 0, len(ev))
@@ -312,13 +362,34 @@ class RelayReceiver:
 
     def _switch_file(self, name: str, position: int) -> None:
         store = self.store
-        if store.current_file == name:
+        epoch_master, self._epoch_master = self._epoch_master, None
+        switching, self._switching = self._switching, False
+        if epoch_master is not None:
+            current = store.epochs.current
+            if switching:
+                begin = not current.same_master(epoch_master) or store.epoch_switch_pending
+            elif current.implicit:
+                # A relay with files but no recorded epoch does not know its master: the session decides.
+                begin = not store.files()
+            else:
+                begin = not current.same_master(epoch_master)
+            if begin:
+                store.begin_epoch(epoch_master, name, relay_server_id=self.relay_server_id)
+        to_relay = getattr(store, "relay_name", None)
+        try:
+            relay = name if to_relay is None else to_relay(name)
+        except ValueError as exc:
+            raise StreamError(f"master switched to {name}: {exc}") from None
+        if store.current_file == relay:
             if position > store.current_end:
                 raise StreamError(
                     f"master resumes {name} at {position} but the relay holds only {store.current_end} bytes of it"
                 )
-        elif name in store.files():
-            raise StreamError(f"master switched back to {name}, older than the relay's current file {store.current_file}")
+            if to_relay is not None and position == 4 and store.current_end == 4:
+                store.start_file(name)  # a no-op, or a new epoch beginning in this (empty) file follows the master
+        elif relay in store.files():
+            shown = name if relay == name else f"{name} (relay file {relay})"
+            raise StreamError(f"master switched back to {shown}, older than the relay's current file {store.current_file}")
         else:
             if position != 4:
                 raise StreamError(f"master starts {name} at position {position}, but the relay has no such file")
@@ -384,6 +455,14 @@ _EVENT_OUTSIDE = B.EVENT_OUTSIDE
 _SLOW_TYPE = [False] * 256
 for _t in (C.FORMAT_DESCRIPTION_EVENT, C.ROTATE_EVENT, C.HEARTBEAT_LOG_EVENT, C.HEARTBEAT_LOG_EVENT_V2):
     _SLOW_TYPE[_t] = True
+del _t
+
+# Events that may follow a gap in a GTID dump (it is then filled): a group opens with them, or they stand
+# outside any group.
+_FILLS_BEFORE = [False] * 256
+for _t in (C.GTID_LOG_EVENT, C.ANONYMOUS_GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT, C.MARIA_GTID_EVENT,
+           C.ROTATE_EVENT, C.STOP_EVENT, C.MARIA_BINLOG_CHECKPOINT_EVENT):
+    _FILLS_BEFORE[_t] = True
 del _t
 
 # Events a MariaDB master may invent at the start of a dump (log_pos 0 or artificial flag).

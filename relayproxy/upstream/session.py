@@ -110,7 +110,8 @@ class UpstreamSession:
     def __init__(self, cfg, store, *, receiver: RelayReceiver | None = None):
         self.cfg = cfg
         self.store = store
-        self.receiver = receiver or RelayReceiver(store, verify_checksums=cfg.verify_checksums)
+        self.receiver = receiver or RelayReceiver(store, verify_checksums=cfg.verify_checksums,
+                                                  relay_server_id=int(cfg.server_id))
         self.status = UpstreamStatus()
         self._stopping = asyncio.Event()
         self._conn: UpstreamConnection | None = None
@@ -129,6 +130,8 @@ class UpstreamSession:
         self._wake = asyncio.Event()  # START SLAVE / stop(): end a reconnect wait at once
         self._idle = asyncio.Event()  # set while no connection is open or being opened
         self._idle.set()
+        self._connected_identity: MasterIdentity | None = None
+        self._switch_to: MasterIdentity | None = None  # the new master, until its epoch is recorded
         # A store failure (full disk, EIO) stays in last_io_error until the store writes again: a
         # reconnect alone does not clear it (the next write would fail the same way).
         self._store_failing = False
@@ -353,7 +356,11 @@ class UpstreamSession:
         conn.semi_sync = semi_sync
         switching = await self._check_master(conn)
         by_position = await self._request_dump(conn, switching=switching)
-        self.receiver.start_stream(announced_checksum=checksum, semi_sync=semi_sync, by_position=by_position)
+        # A new upstream epoch begins at the stream's first ROTATE (its file is known only then): when
+        # switching masters, and for an empty relay (its first epoch, with this master's identity).
+        epoch_master = _identity_dict(self._connected_identity) if switching or not self.store.files() else None
+        self.receiver.start_stream(announced_checksum=checksum, semi_sync=semi_sync, by_position=by_position,
+                                   epoch_master=epoch_master, switching=switching)
         self.status.semi_sync = semi_sync
         self.status.state = "streaming"
         self.status.io_running = True
@@ -444,6 +451,8 @@ class UpstreamSession:
         status = self.status
         identity = MasterIdentity(server_id=int(status.master_server_id), server_uuid=status.master_uuid,
                                   flavour=status.master_flavour, host=self.master.host, port=self.master.port)
+        self._connected_identity = identity
+        self._switch_to = None
         recorded = self.identity
         store = self.store
         if recorded is None or store.current_file is None:
@@ -478,12 +487,22 @@ class UpstreamSession:
         log.info("switching masters", old_master=f"{recorded.host}:{recorded.port}", old_server_id=recorded.server_id,
                  new_master=self.master.address, new_server_id=identity.server_id, joined_at=horizon.text,
                  relay_file=horizon.file, relay_position=horizon.position)
-        begin = getattr(store, "begin_epoch", None)
-        if begin is None:
-            raise MasterRefused("this relay store cannot start a new upstream epoch")
-        begin(master=_identity_dict(identity), relay_server_id=self.cfg.server_id)
-        self._record_identity(identity)
+        # The identity is recorded once the new epoch is (relay/epochs.py: its record is the commit point of
+        # the switch); a crash before that switches again at the next start.
+        self._switch_to = identity
         return True
+
+    def _switch_done(self) -> None:
+        """After a batch: once the store has begun the new master's epoch, record that master's identity."""
+        identity = self._switch_to
+        if identity is None:
+            return
+        epochs = getattr(self.store, "epochs", None)
+        if epochs is not None and epochs.current.same_master(_identity_dict(identity)):
+            self._switch_to = None
+            self._record_identity(identity)
+            log.info("switched masters", master=self.master.address, server_id=identity.server_id,
+                     first_relay_file=epochs.current.first_file, upstream_file=epochs.current.upstream_first_file)
 
     def _record_identity(self, identity: MasterIdentity) -> None:
         self.master_info_file.save_identity(identity)
@@ -533,7 +552,10 @@ class UpstreamSession:
             await conn.query("SET @slave_gtid_ignore_duplicates = 0")
             await conn.binlog_dump("", 4, cfg.server_id, flags)
             return False
-        await conn.binlog_dump(horizon.file, horizon.position, cfg.server_id, flags)
+        # By file/position: the master's own coordinates of the horizon (the relay's names after a switch differ).
+        upstream = getattr(store, "upstream_position", None)
+        file, position = upstream() if upstream is not None else (horizon.file, horizon.position)
+        await conn.binlog_dump(file, position, cfg.server_id, flags)
         return True
 
     async def _oldest_master_file(self, conn: UpstreamConnection) -> str:
@@ -546,7 +568,6 @@ class UpstreamSession:
         return rows[0][0]
 
     async def _stream(self, conn: UpstreamConnection) -> None:
-        cfg = self.cfg
         store = self.store
         receiver = self.receiver
         heartbeat = self.master.heartbeat_period
@@ -571,6 +592,7 @@ class UpstreamSession:
                 finally:
                     # Whatever completed before an error in the batch is still made durable.
                     await self._sync_and_ack(conn)
+                    self._switch_done()
             else:
                 await self._sync_and_ack(conn)
 
@@ -646,7 +668,7 @@ def upstream_error_kind(exc: BaseException) -> str:
 
 def _identity_dict(identity: MasterIdentity) -> dict:
     return {"host": identity.host, "port": identity.port, "server_id": identity.server_id,
-            "server_uuid": identity.server_uuid, "flavour": identity.flavour}
+            "server_uuid": identity.server_uuid}
 
 
 def _persistent_uuid(relay_dir: Path) -> str:

@@ -73,6 +73,10 @@ _PREFIX_PLAIN = b"\x00"
 _PREFIX_SEMI = (b"\x00\xef\x00", b"\x00\xef\x01")
 _IDLE_RECHECK = 30.0  # without heartbeats, re-read the horizon object this often (the store may be reopened)
 
+# Relay-made fillers (relay/epochs.py is_filler): never sent.
+_IGNORABLE = C.IGNORABLE_LOG_EVENT
+_IGNORABLE_F = C.LOG_EVENT_IGNORABLE_F
+
 # Per-event outcomes of _decide().
 _SEND, _SKIP, _OMIT, _REPLACE = range(4)
 
@@ -156,6 +160,8 @@ class DumpSender(DumpStart):
         self.exclude: GtidSet | None = None
         self.clear_created = False  # m_gtid_clear_fd_created_flag
         self.skip_end = 0  # exclude_group_end_pos: end of the last skipped group not yet told
+        self.reposition = 0  # a fake ROTATE to (file, here) is due before the next event: a filler was skipped
+        self.file_epoch = None  # the upstream epoch of the file being sent when its master's names differ
         # MariaDB GTID.
         self.maria_state: dict[int, _MariaStart] = {}
         self.maria_seen = MariaBinlogState()  # until_binlog_state: GTIDs met while skipping
@@ -223,6 +229,7 @@ class DumpSender(DumpStart):
             await self._send_event(
                 encoders.artificial_rotate(name, pos, self.server_id, self.event_alg == _CRC32), False
             )
+            self.file_epoch = self._epoch_of(name)
             try:
                 rf = _RelayFile(name, self.ctx.store.path(name))
             except (OSError, KeyError) as exc:
@@ -239,6 +246,35 @@ class DumpSender(DumpStart):
             name = self._next_file(name)
             pos = 4
             first = False
+
+    def _epoch_of(self, name: str):
+        """The upstream epoch of a relay file when its master's names differ from the relay's (epoch 2 on,
+        relay/epochs.py), else None: the master's own ROTATEs in such a file name the master's next file."""
+        epochs = getattr(self.ctx.store, "epochs", None)
+        if epochs is None:
+            return None
+        try:
+            epoch = epochs.epoch_of(name)
+        except ValueError:
+            return None
+        return epoch if epoch.epoch >= 2 else None
+
+    def _relay_rotate(self, buf, off: int, size: int) -> bytes | None:
+        """A master's ROTATE in an epoch >= 2 file, naming the relay's file instead of the master's (else None:
+        send it as it is). A replica that reconnects after it asks for that name."""
+        crc = self.event_alg == _CRC32  # the file's FDE: its events carry a CRC32
+        body_end = off + size - (C.CHECKSUM_LEN if crc else 0)
+        position = _U64.unpack_from(buf, off + C.HEADER_LEN)[0]
+        target = bytes(buf[off + C.HEADER_LEN + 8 : body_end]).decode("utf-8", "replace")
+        try:
+            relay = self.ctx.store.epochs.relay_name(target, self.file_epoch)
+        except ValueError:
+            return None
+        if relay == target:
+            return None
+        ts, _type, server_id, _size, log_pos, flags = _header_unpack_from(buf, off)
+        return encoders.rotate(relay, position, server_id=server_id, checksum=crc, timestamp=ts, log_pos=log_pos,
+                               flags=flags)
 
     def _next_file(self, name: str) -> str:
         self._check_not_purged(name)
@@ -399,6 +435,10 @@ class DumpSender(DumpStart):
                     raise _read_failure(MSG_BOGUS, pos + off, pos + off + C.HEADER_LEN)
                 if end > n:
                     break
+                if type_code == _IGNORABLE and flags & _IGNORABLE_F:
+                    self._skip_filler(pos + end)
+                    off = end
+                    continue
                 if crc and zlib.crc32(view[off : end - 4]) != _U32.unpack_from(data, end - 4)[0]:
                     raise _read_failure(MSG_CRC, pos + off, pos + end)
                 await self._handle(view, off, size, pos + off, type_code, flags, None)
@@ -412,6 +452,10 @@ class DumpSender(DumpStart):
             _ts, type_code, _sid, size, _lp, flags = _header_unpack_from(data, 0)
             if pos + size > limit:
                 raise _read_failure(MSG_TRUNCATED, pos, limit)
+            if type_code == _IGNORABLE and flags & _IGNORABLE_F:  # a large filler: never read, never sent
+                pos += size
+                self._skip_filler(pos)
+                continue
             if size <= _STREAM_PIECE or self.send_stream is None:
                 event = await rf.read(pos, size)
                 if len(event) < size:
@@ -423,6 +467,20 @@ class DumpSender(DumpStart):
                 await self._big_event(rf, pos, size, type_code, flags, crc)
             pos += size
         return pos
+
+    def _skip_filler(self, end_pos: int) -> None:
+        """A relay-made filler (IGNORABLE_LOG_EVENT, flagged ignorable): it stands for transactions of the new
+        master's file that the relay got from the earlier master (docs/failover.md), so it is never sent.
+
+        The replica must still learn the position past it: an auto-position replica from a heartbeat before the
+        next event, as after skipped groups; a MariaDB replica that tolerates holes from the next event's
+        log_pos; any other replica (file/position: it counts bytes) from a fake ROTATE to (this file, here)."""
+        self.pos = end_pos
+        self.progress.position = end_pos
+        if self.exclude is not None:
+            self.skip_end = end_pos
+        elif not (self.flavour == "mariadb" and self.capability >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES):
+            self.reposition = end_pos
 
     async def _big_event(self, rf: _RelayFile, pos: int, size: int, type_code: int, flags: int, crc: bool) -> None:
         """A large event: CRC-checked in a first pass over the file (a corrupt event must not be half
@@ -452,6 +510,10 @@ class DumpSender(DumpStart):
         ``buf[off:off + size]`` is the event, or only its head when ``rf`` is given (a large event,
         streamed from the file)."""
         action, replacement, need_ack = self._decide(buf, off, size, file_pos, type_code, flags)
+        if type_code == C.ROTATE_EVENT and self.file_epoch is not None and action == _SEND and rf is None:
+            renamed = self._relay_rotate(buf, off, size)
+            if renamed is not None:
+                action, replacement = _REPLACE, renamed
         end_pos = file_pos + size
         if action == _SKIP:
             if self.exclude is not None:
@@ -467,6 +529,11 @@ class DumpSender(DumpStart):
             if self.skip_end:
                 await self._heartbeat(self.skip_end)
                 self.skip_end = 0
+            if self.reposition:
+                await self._send_event(
+                    encoders.artificial_rotate(self.file, self.reposition, self.server_id, self.event_alg == _CRC32),
+                    False)
+                self.reposition = 0
             if action == _SEND:
                 if rf is None:
                     await self._send_event(buf[off : off + size], need_ack)
