@@ -260,7 +260,8 @@ class UpstreamSession:
         if isinstance(exc, MySQLError):
             text = f"error {exc.code} from master: {exc.message}"
         elif isinstance(exc, asyncio.TimeoutError):
-            text = "master silent for more than two heartbeat periods (or connect timeout): treated as gone"
+            text = (f"master {self.master.address} silent for more than two heartbeat periods (or connect timeout): "
+                    "treated as gone")
         elif store_cannot_write := (
             isinstance(exc, (RelayStoreError, OSError)) and getattr(self.store, "failure", None) is not None
         ):
