@@ -592,8 +592,10 @@ def test_run_purges_by_count_behind_a_real_master_and_respects_a_paused_reader(m
         else:
             wait_until(lambda: relay_index(relay) == newest, "a forced purge of the files in use", relay)
             assert not (relay.relay_dir / second).exists()
-            purges = log_lines(relay, "relay files purged by retention")
-            assert purges and any(second in p["files"] for p in purges) and purges[-1]["gtid_purged"] is not None
+            # The index is rewritten before the purge is logged: wait for the line rather than race it.
+            purges = wait_until(lambda: log_lines(relay, "relay files purged by retention"),
+                                "the forced purge to be logged", relay)
+            assert any(second in p["files"] for p in purges) and purges[-1]["gtid_purged"] is not None
             # The paused client reads on: what was already sent, then a clean 1236 naming the purged file.
             with pytest.raises(pymysql.err.OperationalError) as err:
                 for _ in range(100_000):

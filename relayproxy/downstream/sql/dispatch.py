@@ -41,8 +41,8 @@ async def execute(ctx, conn: ConnectionState, sql: str) -> Response:
         tokens = tokenize(sql)
     except SqlError as exc:
         return exc.response()
-    words = [t.value.upper() if t.kind == "word" else None for t in tokens[:2]]
-    if is_replication_statement(*words):
+    first, second = ([t.value.upper() if t.kind == "word" else None for t in tokens[:2]] + [None, None])[:2]
+    if is_replication_statement(first, second):
         return await replication_statement(ctx, conn, sql)
     try:
         await _prefetch(ctx, tokens, prefetched)
