@@ -16,7 +16,7 @@ import pytest
 
 from relayproxy.commands.demo import processes_mentioning
 
-SHORT_RUN = ["--workload-seconds", "2", "--stuck-seconds", "4", "--big-mb", "8"]
+SHORT_RUN = ["--workload-seconds", "2", "--stuck-seconds", "4", "--big-mb", "8", "--failover-writes", "5"]
 
 
 def _ctrl_c_enabled() -> None:
@@ -90,6 +90,17 @@ def test_demo_shows_the_direct_replica_stuck_and_the_relay_replica_at_rest(tmp_p
     assert data["direct"]["read"] == [last_complete[0], data["big_transaction"]["cut_after_master_pos"]]
     assert data["direct"]["seconds_to_ha_may_switch"] is None
 
+    # Act 2: the direct replica promoted, relayproxy repointed with SQL, the replica behind it carries on.
+    act2 = result.stdout.split("act 2, after the failover:", 1)[1]
+    assert "STOP SLAVE;" in act2 and "MASTER_USE_GTID=slave_pos" in act2 and "START SLAVE;" in act2
+    assert "MASTER_PASSWORD='***'" in act2 and "replpw" not in act2
+    assert "CHECKSUM TABLE, new master vs replica through relayproxy: equal" in act2
+    failover = data["failover"]
+    assert failover["checksums_equal"] and failover["writes"] == 5
+    assert 0 < failover["seconds_to_first"] <= failover["seconds_to_all"]
+    files = failover["relay_files"]
+    assert files == sorted(files) and len(files) >= 2  # the new master's files continue the relay's sequence
+
     # stderr is not a terminal either, so every log line is JSON with the stable keys.
     records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
     assert any(r["event"] == "sandbox started" for r in records)
@@ -130,6 +141,7 @@ def test_ctrl_c_during_the_workload_stops_everything(tmp_path):
         (["--stuck-seconds", "0"], "--stuck-seconds must be > 0"),
         (["--workload-seconds", "-1"], "--workload-seconds must be >= 0"),
         (["--big-mb", "0"], "--big-mb must be between 1 and 1024"),
+        (["--failover-writes", "0"], "--failover-writes must be between 1 and 100000"),
     ],
 )
 def test_bad_flags_are_refused_before_anything_starts(tmp_path, flags, complaint):
@@ -145,5 +157,6 @@ def test_bad_flags_are_refused_before_anything_starts(tmp_path, flags, complaint
 def test_demo_help_names_its_flags():
     result = subprocess.run(demo_command("--help"), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    for flag in ("--keep", "--workload-seconds", "--stuck-seconds", "--big-mb", "--no-live", "--json"):
+    for flag in ("--keep", "--workload-seconds", "--stuck-seconds", "--big-mb", "--no-live", "--json",
+                 "--no-failover", "--failover-writes"):
         assert flag in result.stdout

@@ -50,6 +50,8 @@ log = get_logger(__name__)
 
 REPL_USER = "repl"
 REPL_PASSWORD = "replpw"
+ADMIN_USER = "ha"  # the account an HA tool repoints the relay with (admin = true)
+ADMIN_PASSWORD = "hapw"
 SCHEMA = "demo"
 # Bytes of payload per row of the big transaction: each row becomes its own WRITE_ROWS event of about this size.
 BIG_ROW_BYTES = 4000
@@ -317,7 +319,8 @@ class RelayRunner:
         self.relay_dir.mkdir(parents=True, exist_ok=True)
         # The caller's RELAYPROXY_* settings (a --config file, say) belong to their own relays, not to this one.
         env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYPROXY_")}
-        env.update(RELAYPROXY_PASSWORD=REPL_PASSWORD, RELAYPROXY_USERS=f"{REPL_USER}:{REPL_PASSWORD}")
+        env.update(RELAYPROXY_PASSWORD=REPL_PASSWORD,
+                   RELAYPROXY_USERS=f"{REPL_USER}:{REPL_PASSWORD},{ADMIN_USER}:{ADMIN_PASSWORD}:admin")
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -551,7 +554,9 @@ class CrashStory:
         self.narrate = narrate or (lambda _text: None)
         self.interval = interval
         self.master = MariaDBSandbox(self.workdir / "master", server_id=1, binlog_format="ROW")
-        self.direct = MariaDBSandbox(self.workdir / "direct-replica", server_id=2, log_bin=False)
+        # The direct replica logs what it applies (log_slave_updates): act 2 promotes it to master.
+        self.direct = MariaDBSandbox(self.workdir / "direct-replica", server_id=2, log_bin=True,
+                                     extra_config={"log_slave_updates": 1})
         self.through_relay = MariaDBSandbox(self.workdir / "relay-replica", server_id=3, log_bin=False)
         self.relay_link: ThreadedFaultProxy | None = None
         self.direct_link: ThreadedFaultProxy | None = None
@@ -906,6 +911,115 @@ class CrashStory:
                 raise StoryError(f"replica {name} did not answer SHOW SLAVE STATUS during the measurement")
             outcomes[name] = ReplicaOutcome(name, at_kill[name], state, switched[name], caps[name])
         return outcomes
+
+
+@dataclass
+class FailoverResult:
+    """Act 2: the direct replica promoted, the relay repointed to it with SQL, new writes through the relay."""
+
+    new_master_port: int
+    promoted_at_gtid: str  # the promoted replica's @@gtid_binlog_pos when it became master
+    statements: list[str]  # what was sent to the relay (the password masked)
+    writes: int  # transactions written on the new master
+    seconds_to_first: float  # START SLAVE on the relay -> the first new transaction applied behind it
+    seconds_to_all: float  # ... -> all of them
+    relay_files: list[str]  # the relay's files after the switch (one monotonic sequence)
+    relay_status: dict[str, Any]
+    checksums_new_master: dict[str, int | None]
+    checksums_through_relay: dict[str, int | None]
+
+    def summary_lines(self) -> list[str]:
+        same = self.checksums_new_master == self.checksums_through_relay
+        st = self.relay_status
+        return [
+            f"  promoted the direct replica (:{self.new_master_port}) at GTID {self.promoted_at_gtid}: "
+            "STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = 0 (its half transaction is dropped)",
+            "  repointed relayproxy as an HA tool repoints any replica:",
+            *(f"    {statement}" for statement in self.statements),
+            f"  {self.writes} transactions written on the new master; the replica through relayproxy had the first "
+            f"{self.seconds_to_first:.2f} s after START SLAVE, all of them after {self.seconds_to_all:.2f} s",
+            f"  relayproxy now follows :{st.get('master_port')} (server_id {st.get('master_server_id')}), "
+            f"Retrieved_Gtid_Set {st.get('retrieved_gtid_set')}",
+            f"  relay files: {', '.join(self.relay_files)} (one sequence: the new master's files follow the old's)",
+            f"  CHECKSUM TABLE, new master vs replica through relayproxy: {'equal' if same else 'DIFFERENT'}",
+        ]
+
+
+def _relay_sql(port: int, statements: list[str]) -> None:
+    conn = pymysql.connect(host="127.0.0.1", port=port, user=ADMIN_USER, password=ADMIN_PASSWORD,
+                           connect_timeout=10, read_timeout=60, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+    finally:
+        conn.close()
+
+
+def promote_and_repoint(story: CrashStory, *, writes: int = 50, timeout: float = 60.0) -> FailoverResult:
+    """Act 2 of the story, after the crash: promote the direct replica (an HA tool's three statements), repoint
+    the relay to it (STOP SLAVE; CHANGE MASTER TO ... MASTER_USE_GTID=slave_pos; START SLAVE), write on the new
+    master and watch the replica through the relay receive it."""
+    if story.relay is None:
+        raise StoryError("promote_and_repoint() needs the crash story first")
+    story.phase = "failover"
+    new = story.direct
+    story.narrate(f"act 2: an HA tool promotes the direct replica (:{new.port}) and repoints relayproxy to it")
+    new.execute("STOP SLAVE")
+    new.execute("RESET SLAVE ALL")
+    new.execute("SET GLOBAL read_only = 0")
+    promoted_at = str(new.execute("SELECT @@gtid_binlog_pos")[0][0])
+    new.create_user(REPL_USER, REPL_PASSWORD)
+    change = (f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={new.port}, MASTER_USER='{REPL_USER}', "
+              "MASTER_PASSWORD='{password}', MASTER_USE_GTID=slave_pos")
+    _relay_sql(story.relay.listen_port, ["STOP SLAVE", change.format(password=REPL_PASSWORD)])
+    started = time.monotonic()
+    _relay_sql(story.relay.listen_port, ["START SLAVE"])
+    conn = new.connect()
+    try:
+        with conn.cursor() as cur:
+            for i in range(writes):
+                cur.execute(f"INSERT INTO {SCHEMA}.ledger (account_id, amount, note) VALUES (%s, %s, %s)",
+                            (1 + i % 20, 1, f"after the failover {i}"))
+                conn.commit()
+    finally:
+        conn.close()
+    target = str(new.execute("SELECT @@gtid_binlog_pos")[0][0])
+    first_seq = int(promoted_at.rsplit("-", 1)[1]) + 1 if promoted_at else 1
+    first_at = all_at = None
+    deadline = started + timeout
+    last_view = 0.0
+    row = ""
+    while time.monotonic() < deadline and all_at is None:
+        row = str(story.through_relay.execute("SELECT @@gtid_slave_pos")[0][0] or "")
+        seq = int(row.rsplit("-", 1)[1]) if row else 0
+        now = time.monotonic() - started
+        if first_at is None and seq >= first_seq:
+            first_at = now
+        if row == target:
+            all_at = now
+        else:
+            if time.monotonic() - last_view >= story.interval:
+                story.snapshot()
+                last_view = time.monotonic()
+            time.sleep(0.01)
+    if first_at is None or all_at is None:
+        raise StoryError(f"the replica through the relay did not receive the new master's writes within "
+                         f"{timeout:.0f}s: it is at {row}, the new master at {target}\n{story.relay.log_tail(10)}")
+    status = story.relay.status()
+    files = sorted(p.name for p in story.relay.relay_dir.iterdir() if p.name.startswith("master-bin."))
+    return FailoverResult(
+        new_master_port=new.port,
+        promoted_at_gtid=promoted_at,
+        statements=["STOP SLAVE;", change.format(password="***") + ";", "START SLAVE;"],
+        writes=writes,
+        seconds_to_first=first_at,
+        seconds_to_all=all_at,
+        relay_files=files,
+        relay_status=status,
+        checksums_new_master=story.checksums(new),
+        checksums_through_relay=story.checksums(story.through_relay),
+    )
 
 
 def run_crash_story(
