@@ -175,3 +175,21 @@ def test_mysql_flavour_takes_the_source_spelling_and_auto_position(tmp_path):
         assert r.slave_status()["Auto_Position"] == 1
     finally:
         r.close()
+
+
+def test_metrics_name_the_master_in_force_and_where_the_choice_came_from(relay):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from relayproxy.ops.metrics import build_registry
+
+    def master_labels():
+        text = generate_latest(build_registry(relay.ctx.status_document, process=False)).decode()
+        family = {f.name: f for f in text_string_to_metric_families(text)}["relayproxy_master_info"]
+        [sample] = family.samples
+        return sample.labels
+
+    assert master_labels() == {"host": "127.0.0.1", "port": "3306", "server_id": "", "source": "config"}
+    relay.ok("STOP SLAVE")
+    relay.ok(CHANGE)
+    assert master_labels() == {"host": "127.0.0.2", "port": "3310", "server_id": "", "source": "change_master"}

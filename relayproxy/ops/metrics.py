@@ -95,6 +95,7 @@ class RelayCollector:
     def collect(self) -> Iterator:
         s = self._status()
         yield from _info(s)
+        yield from _master(s)
         yield from _upstream(s)
         yield from _fsync(s, self._fsync)
         yield from _disk(s)
@@ -122,6 +123,24 @@ def _info(s: dict[str, Any]) -> Iterator:
         1,
     )
     yield info
+
+
+def _master(s: dict[str, Any]) -> Iterator:
+    """Which master the relay follows (the one in force: CHANGE MASTER's choice or --master) and its epoch."""
+    master = s.get("master")
+    if master:
+        family = GaugeMetricFamily(
+            "relayproxy_master_info", "Always 1; the labels name the master in force and where the choice came from",
+            labels=["host", "port", "server_id", "source"],
+        )
+        family.add_metric([str(master.get("host") or ""), str(master.get("port") or ""),
+                           _text(s.get("master_server_id")), str(master.get("source") or "")], 1)
+        yield family
+    epochs = s.get("epochs")
+    if epochs:
+        yield GaugeMetricFamily("relayproxy_upstream_epoch",
+                                "Upstream epochs the relay's files span: 1 until the first switch of masters",
+                                value=epochs[-1]["epoch"])
 
 
 def _upstream(s: dict[str, Any]) -> Iterator:

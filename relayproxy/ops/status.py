@@ -49,6 +49,8 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "master_identity": ({"server_id": identity.server_id, "server_uuid": identity.server_uuid,
                              "host": identity.host, "port": identity.port} if identity is not None else None),
         # The horizon in the current master's own coordinates (after a switch, relay names differ from its).
+        # Which master each of the relay's files came from (relay/epochs.py; docs/failover.md).
+        "epochs": _epochs(store),
         "upstream_log_file": upstream_at[0] if upstream_at else horizon.file,
         "upstream_log_pos": upstream_at[1] if upstream_at else horizon.position,
         "master_log_file": horizon.file,
@@ -103,6 +105,23 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     if retention is not None:
         doc["retention"] = retention.stats.as_dict()
     return doc
+
+
+def _epochs(store) -> list[dict[str, Any]]:
+    """The relay's upstream epochs, oldest first (an epoch whose files were all purged is gone)."""
+    epochs = getattr(store, "epochs", None)
+    if epochs is None:
+        return []
+    out = []
+    for e in epochs.epochs:
+        out.append({
+            "epoch": e.epoch,
+            "first_file": e.first_file,
+            "upstream_first_file": e.upstream_first_file,
+            "master": dict(e.master) if e.master else None,
+            "join_gtids": e.join_gtids,
+        })
+    return out
 
 
 def file_index(name: str | None) -> int | None:
