@@ -193,3 +193,36 @@ def test_metrics_name_the_master_in_force_and_where_the_choice_came_from(relay):
     relay.ok("STOP SLAVE")
     relay.ok(CHANGE)
     assert master_labels() == {"host": "127.0.0.2", "port": "3310", "server_id": "", "source": "change_master"}
+
+
+def test_stop_slave_while_connecting_to_a_master_that_never_answers_stops_at_once(tmp_path):
+    """The round still connecting is cancelled, not waited for (connect_timeout is long here), and no error is
+    recorded: the operator stopped it."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts (the kernel does), never greets
+    port = silent.getsockname()[1]
+    r = Relay(tmp_path / "relay")
+    r.session.master = r.session.master.__class__(**{**r.session.master.__dict__, "port": port})
+
+    async def scenario():
+        r.cfg.values["connect_timeout"] = 120.0
+        task = asyncio.create_task(r.session.run())
+        while r.session.status.state != "connecting":
+            await asyncio.sleep(0.01)
+        stopped = await r.session.stop_replica(timeout=10)
+        idle = r.session._idle.is_set()
+        state = r.session.status.state
+        r.session.stop()
+        await asyncio.wait_for(task, 10)
+        return stopped, idle, state
+
+    try:
+        stopped, idle, state = asyncio.run(scenario())
+        assert stopped and idle, "STOP SLAVE waited for the connect timeout instead of cancelling the attempt"
+        assert state == "stopped by STOP SLAVE" and r.session.status.last_io_error is None
+    finally:
+        silent.close()
+        r.close()

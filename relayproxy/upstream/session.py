@@ -131,7 +131,11 @@ class UpstreamSession:
         self._idle = asyncio.Event()  # set while no connection is open or being opened
         self._idle.set()
         self._connected_identity: MasterIdentity | None = None
+        self._round: asyncio.Future | None = None  # the current connect-and-stream round
         self._switch_to: MasterIdentity | None = None  # the new master, until its epoch is recorded
+        # A CHANGE MASTER in this run that no stream has followed yet: it chose whatever server now answers at its
+        # address, even the recorded master's address (a VIP moved to the promoted replica).
+        self._chosen_since_streamed = False
         # A store failure (full disk, EIO) stays in last_io_error until the store writes again: a
         # reconnect alone does not clear it (the next write would fail the same way).
         self._store_failing = False
@@ -148,8 +152,15 @@ class UpstreamSession:
                 continue
             streamed = False
             self._idle.clear()
+            round_task = self._round = asyncio.ensure_future(self._connect_and_stream())
             try:
-                streamed = await self._connect_and_stream()
+                try:
+                    await asyncio.wait({round_task})
+                except asyncio.CancelledError:  # the session itself is cancelled: so is its round
+                    round_task.cancel()
+                    raise
+                # STOP SLAVE cancels a round that is still connecting (see stop_replica).
+                streamed = True if round_task.cancelled() else round_task.result()
             except asyncio.CancelledError:
                 raise
             except ResumeByPosition as exc:
@@ -159,7 +170,10 @@ class UpstreamSession:
             except (OSError, ConnectionError, asyncio.TimeoutError, MySQLError, StreamError, RelayStoreError) as exc:
                 if self._stopping.is_set():
                     break
-                self._record_error(exc)
+                if not self.io_enabled and not isinstance(exc, RelayStoreError):
+                    pass  # STOP SLAVE closed the connection: not an error
+                else:
+                    self._record_error(exc)
             except Exception as exc:  # a bug must not end replication silently: report and retry
                 log.exception("upstream session failed unexpectedly")
                 self._record_error(exc)
@@ -206,7 +220,9 @@ class UpstreamSession:
         self.io_enabled = False
         self._wake.set()
         if self._conn is not None:
-            self._conn.abort()
+            self._conn.abort()  # streaming: the round ends at its next read, after any fsync in flight
+        elif self._round is not None and not self._round.done():
+            self._round.cancel()  # still connecting (a host that does not answer): nothing to keep
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except asyncio.TimeoutError:
@@ -244,15 +260,19 @@ class UpstreamSession:
         self.master_info_file.save_choice(info)
         self.master = info
         self.master_reason = f"CHANGE MASTER to {info.address}"
+        self._chosen_since_streamed = True
         log.info("master changed by CHANGE MASTER", old_master=old.address, new_master=info.address,
                  gtid_mode=info.gtid_mode, user=info.user, log_file=info.log_file, log_pos=info.log_pos)
         return info
 
     def _switch_permitted(self, identity: MasterIdentity) -> bool:
-        """A CHANGE MASTER chose this master's address since the relay last streamed (from another address)."""
+        """A CHANGE MASTER chose this master's address since the relay last streamed: an address other than the
+        recorded master's (durable), or any address by a CHANGE MASTER of this run that no stream has followed yet
+        (the VIP case: the same address, another server behind it)."""
         recorded = self.identity
         return (self.master.source == "change_master" and recorded is not None
-                and (recorded.host, recorded.port) != (self.master.host, self.master.port)
+                and ((recorded.host, recorded.port) != (self.master.host, self.master.port)
+                     or self._chosen_since_streamed)
                 and (identity.host, identity.port) == (self.master.host, self.master.port))
 
     def _record_error(self, exc: BaseException) -> None:
@@ -462,6 +482,7 @@ class UpstreamSession:
         same = recorded.server_id == identity.server_id and (
             recorded.server_uuid is None or identity.server_uuid is None or recorded.server_uuid == identity.server_uuid)
         if same:
+            self._chosen_since_streamed = False  # the choice found the recorded master: it is followed now
             if (recorded.host, recorded.port) != (identity.host, identity.port):
                 self._record_identity(identity)  # the same server at another address
             return False
@@ -508,6 +529,7 @@ class UpstreamSession:
     def _record_identity(self, identity: MasterIdentity) -> None:
         self.master_info_file.save_identity(identity)
         self.identity = identity
+        self._chosen_since_streamed = False
 
     async def _missing_on_master(self, conn: UpstreamConnection, relay_gtids) -> str:
         """The relay's GTIDs the master does not have, as text ('' when it has them all)."""
@@ -574,7 +596,7 @@ class UpstreamSession:
         heartbeat = self.master.heartbeat_period
         silence_limit = 2 * heartbeat + 1.0 if heartbeat else None
         last_data = time.monotonic()
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and self.io_enabled:
             wait = silence_limit
             deadline = store.sync_deadline
             if deadline is not None:
