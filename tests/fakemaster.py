@@ -7,7 +7,8 @@ Two layers, as in the relay itself:
   in-use flag cleared (log_pos/created zeroed when starting mid-file), PREVIOUS_GTIDS, the events,
   GTID skipping with a heartbeat at the end of the skipped groups, file switches);
 * asyncio: ``FakeMySQLMaster`` on 127.0.0.1: handshake v10 (mysql_native_password, or the
-  caching_sha2_password fast path), the queries a MySQL 8 replica sends (protocol-reference §3.5),
+  caching_sha2_password fast path), the queries a MySQL 8 replica sends (protocol-reference §3.5)
+  and @@GLOBAL.GTID_EXECUTED / GTID_PURGED (what a relay repointed to this master checks),
   COM_REGISTER_SLAVE, both dump commands, heartbeats, semi-sync headers and ACKs, and a scripted
   cut of the connection after N bytes of the dump stream. Everything a client sends is logged in
   ``master.connections`` so that tests can assert on it.
@@ -411,7 +412,7 @@ class FakeMySQLMaster:
 
     def __init__(self, files: list[tuple[str, bytes]], *, server_id: int = 1, server_uuid: str | None = None,
                  version: str | None = None, user: str = "repl", password: str = "replpw",
-                 auth_plugin: str = "mysql_native_password", semi_sync: bool = False):
+                 auth_plugin: str = "mysql_native_password", semi_sync: bool = False, port: int = 0):
         self.index = BinlogIndex(files)
         self.server_id = server_id
         uuids = self.index.executed().sids()
@@ -426,11 +427,11 @@ class FakeMySQLMaster:
         self._server: asyncio.AbstractServer | None = None
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
-        self.port = 0
+        self.port = port  # 0: any free port; a given one lets another server answer at a dead master's address
 
     # -- control ---------------------------------------------------------------------------------------------------
     async def start(self) -> FakeMySQLMaster:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -647,6 +648,11 @@ class FakeMySQLMaster:
             return self._result(["@@GLOBAL.SERVER_ID"], [[str(self.server_id)]], caps)
         if upper == "SELECT @@GLOBAL.SERVER_UUID":
             return self._result(["@@GLOBAL.SERVER_UUID"], [[self.server_uuid]], caps)
+        if upper in ("SELECT @@GLOBAL.GTID_EXECUTED", "SELECT @@GLOBAL.GTID_PURGED"):
+            # MySQL's gtid_executed holds what SET GLOBAL gtid_purged added, too; both as MySQL prints them.
+            value = (self.index.executed().union(self.index.gtid_purged_extra) if upper.endswith("EXECUTED")
+                     else self.index.gtid_purged())
+            return self._result([text.split(" ", 1)[1]], [[value.format(",\n")]], caps)
         if upper == "SELECT @@GLOBAL.GTID_MODE":
             return self._result(["@@GLOBAL.GTID_MODE"], [["ON"]], caps)
         if upper == "SELECT @@GLOBAL.RPL_SEMI_SYNC_SOURCE_ENABLED" and self.semi_sync:
