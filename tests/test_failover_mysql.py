@@ -387,6 +387,7 @@ def test_a_new_master_lacking_gtids_the_relay_holds_is_refused_naming_them(tmp_p
         "served what is durable. Choose another master, or accept the loss by re-seeding the relay"), error
     assert text(lacking) == f"{A}:6-7"
     assert slave["Last_IO_Error"] == error and slave["Slave_IO_Running"] == "Connecting"  # retries, refused each time
+    assert slave["Last_IO_Errno"] == 1593  # ER_SLAVE_FATAL_ERROR: the relay refused it, the master said nothing
     assert status["errors_by_kind"]["master"] >= 2
     # The attempts asked M2's gtid_executed, and for no dump.
     assert m2.dumps == [] and sum("SELECT @@GLOBAL.GTID_EXECUTED" in c.queries for c in m2.connections) >= 2

@@ -60,6 +60,7 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "io_running": up.io_running,
         "last_io_error": up.last_io_error,
         "last_io_error_time": up.last_io_error_time,
+        "last_io_errno": getattr(up, "last_io_errno", None),
         "master_position": (
             {"file": master_position[0], "position": master_position[1]} if master_position is not None else None
         ),

@@ -86,6 +86,7 @@ class UpstreamStatus:
     io_running: bool = False
     last_io_error: str | None = None
     last_io_error_time: float | None = None
+    last_io_errno: int | None = None  # for SHOW SLAVE STATUS's Last_IO_Errno when the text carries no master code
     master_server_version: str | None = None
     master_server_id: int | None = None
     master_uuid: str | None = None
@@ -294,6 +295,9 @@ class UpstreamSession:
             text = str(exc) or exc.__class__.__name__
         self.status.last_io_error = text
         self.status.last_io_error_time = time.time()
+        # ER_SLAVE_FATAL_ERROR for a master the relay refuses (as a replica stops on equal server UUIDs).
+        self.status.last_io_errno = exc.code if isinstance(exc, MySQLError) else 1593 if isinstance(
+            exc, MasterRefused) else None
         kind = upstream_error_kind(exc)
         self.status.errors[kind] = self.status.errors.get(kind, 0) + 1
         if store_cannot_write:

@@ -367,7 +367,8 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
     errno = 0
     if error:
         m = _MASTER_ERROR_RE.search(error)
-        errno = int(m.group(1)) if m else 2013  # CR_SERVER_LOST: the connection to the master ended
+        # The master's own code; else the session's (1593 for a master the relay refuses); else CR_SERVER_LOST.
+        errno = int(m.group(1)) if m else int(st.get("last_io_errno") or 2013)
     error_time = st.get("last_io_error_time")
     gtids = env.snapshot.gtids
     if isinstance(gtids, GtidSet):
