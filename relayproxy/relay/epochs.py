@@ -42,7 +42,6 @@ the basename and width stay in the header.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -515,7 +514,7 @@ class Epochs:
 
 
 # ---------------------------------------------------------------------------------------------
-# The file (the only I/O here)
+# The file (the only I/O here; ``recovery.write_epochs`` replaces it, atomically as the relay's other small files)
 
 
 def read_epochs(relay_dir: Path) -> Epochs:
@@ -530,24 +529,3 @@ def read_epochs(relay_dir: Path) -> Epochs:
         return Epochs.from_json(text)
     except EpochsError as exc:
         raise EpochsError(f"{Path(relay_dir) / EPOCHS_NAME}: {exc}") from None
-
-
-def write_epochs(relay_dir: Path, epochs: Epochs) -> None:
-    """Replace the epochs file atomically: temp file in the directory, fsync, rename, fsync the directory."""
-    relay_dir = Path(relay_dir)
-    tmp = relay_dir / EPOCHS_TMP_NAME
-    data = epochs.to_json().encode("utf-8")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, relay_dir / EPOCHS_NAME)
-    dfd = os.open(relay_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)

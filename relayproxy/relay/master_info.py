@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .recovery import write_file_atomically
+
 __all__ = [
     "FILE_NAME",
     "FORMAT_VERSION",
@@ -275,23 +277,10 @@ class MasterInfoFile:
         self._remove_leftovers()
         tmp = self.dir / f"{_TMP_PREFIX}{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.fchmod(fd, 0o600)  # whatever the umask: the file holds a password
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
+            # 0600 whatever the umask: the file holds a password.
+            write_file_atomically(self.path, payload, mode=0o600, ignore_umask=True, tmp=tmp)
         except OSError as exc:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
             raise MasterInfoError(f"cannot write master info file {self.path}: {exc.strerror or exc}") from None
-        self._fsync_dir()
 
     def _fsync_dir(self) -> None:
         try:

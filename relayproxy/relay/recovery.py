@@ -50,7 +50,16 @@ from ..binlog import constants as C
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription, split_version
 from ..binlog.gtid import GtidSet, MariaBinlogState
 from ..binlog.reader import BinlogScanner, ScanResult, scan_file
-from .epochs import EPOCHS_TMP_NAME, Epochs, EpochsError, gtid_missing, gtid_text, gtid_union, read_epochs
+from .epochs import (
+    EPOCHS_NAME,
+    EPOCHS_TMP_NAME,
+    Epochs,
+    EpochsError,
+    gtid_missing,
+    gtid_text,
+    gtid_union,
+    read_epochs,
+)
 from .horizon import HorizonSnapshot
 
 INDEX_NAME = "relayproxy.index"
@@ -155,20 +164,56 @@ def read_index(relay_dir: Path) -> list[str] | None:
     return names
 
 
-def write_index(relay_dir: Path, names: list[str]) -> None:
-    """Replace the index atomically: temp file, fsync, rename, fsync the directory."""
-    tmp = relay_dir / INDEX_TMP_NAME
-    data = "".join(f"{name}\n" for name in names).encode("utf-8")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def write_file_atomically(path: Path, data: bytes, *, mode: int = 0o644, ignore_umask: bool = False,
+                          tmp: Path | None = None) -> None:
+    """Replace the small file ``path`` with ``data``: a crash leaves the old content or the new, never a mix.
+
+    ``data`` goes to a temporary file in the same directory (``tmp``, by default ``<name>.tmp``), which is
+    fsynced and renamed over ``path``; then the directory is fsynced, so the rename is durable too. The
+    temporary file is created afresh (a leftover at that name is removed first) with ``mode`` less the umask,
+    or exactly ``mode`` with ``ignore_umask`` (a file holding a secret). An OSError propagates, the temporary
+    file removed first unless the rename was done; one a crash leaves behind is its caller's to remove
+    (``recover`` at open, ``MasterInfoFile`` at its next save).
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp") if tmp is None else Path(tmp)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, relay_dir / INDEX_NAME)
-    fsync_dir(relay_dir)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            if ignore_umask:
+                os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def write_index(relay_dir: Path, names: list[str]) -> None:
+    """Replace the index atomically (its temporary file is ``INDEX_TMP_NAME``)."""
+    data = "".join(f"{name}\n" for name in names).encode("utf-8")
+    write_file_atomically(relay_dir / INDEX_NAME, data, tmp=relay_dir / INDEX_TMP_NAME)
+
+
+def write_epochs(relay_dir: Path, epochs: Epochs) -> None:
+    """Replace ``relayproxy.epochs`` atomically (its temporary file is ``EPOCHS_TMP_NAME``; the format is
+    ``relay/epochs.py``'s, which cannot import this module: recovery reads the epochs)."""
+    relay_dir = Path(relay_dir)
+    data = epochs.to_json().encode("utf-8")
+    write_file_atomically(relay_dir / EPOCHS_NAME, data, tmp=relay_dir / EPOCHS_TMP_NAME)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from ..binlog import encoders as _enc
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from . import epochs as _epochs
-from .epochs import Epoch, Epochs, EpochsError, gtid_missing, gtid_text, gtid_union, write_epochs
+from .epochs import Epoch, Epochs, EpochsError, gtid_missing, gtid_text, gtid_union
 from .horizon import Horizon
 from .recovery import (
     DurableMarkWriter,
@@ -63,6 +63,7 @@ from .recovery import (
     fsync_dir,
     read_final_rotate,
     recover,
+    write_epochs,
     write_index,
 )
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import struct
 import time
 import uuid
@@ -33,7 +32,7 @@ from ..relay.master_info import (
     apply_change,
     effective_master,
 )
-from ..relay.recovery import fsync_dir
+from ..relay.recovery import write_file_atomically
 from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed
 from ..wire.packets import MySQLError
 from .connection import UpstreamConnection
@@ -707,13 +706,8 @@ def _persistent_uuid(relay_dir: Path) -> str:
     except (OSError, ValueError):
         value = str(uuid.uuid4())
         relay_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(value + "\n")
-            f.flush()
-            os.fsync(f.fileno())  # else an OS crash can leave the renamed file empty: a new UUID next start
-        tmp.replace(path)
-        fsync_dir(relay_dir)
+        # fsynced before the rename, else an OS crash can leave the renamed file empty: a new UUID next start.
+        write_file_atomically(path, (value + "\n").encode(), tmp=path.with_suffix(".tmp"))
         return value
 
 

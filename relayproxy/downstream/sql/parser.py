@@ -49,14 +49,15 @@ class Token:
 
 _WORD_RE = re.compile(r"[A-Za-z0-9_$\u0080-\U0010ffff]+")
 _USERVAR_RE = re.compile(r"[A-Za-z0-9_$.\u0080-\U0010ffff]+")
-_NUMBER_RE = re.compile(r"0[xX][0-9A-Fa-f]+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+# ASCII digits only, as MySQL (my_isdigit): other scripts' digits are identifier characters.
+_NUMBER_RE = re.compile(r"0[xX][0-9A-Fa-f]+|(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _OPERATORS = ("<=>", ":=", "<=", ">=", "<>", "!=", "||", "&&", "(", ")", ",", ".", "=", "<", ">", "+", "-",
               "*", "/", "%", ";", "!", "~", "^", "&", "|")
 # MySQL string escapes; \% and \_ keep their backslash (they only mean something to LIKE).
 _ESCAPES = {"0": "\0", "'": "'", '"': '"', "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a",
             "\\": "\\", "%": "\\%", "_": "\\_"}
 _SCOPES = {"global": "global", "session": "session", "local": "session"}
-_EXECUTABLE_COMMENT_RE = re.compile(r"/\*M?!\d*")
+_EXECUTABLE_COMMENT_RE = re.compile(r"/\*M?![0-9]*")
 
 
 def _line_of(sql: str, pos: int) -> int:
@@ -105,11 +106,61 @@ def _read_name(sql: str, i: int) -> tuple[str, int]:
     return m.group(), m.end()
 
 
-def tokenize(sql: str) -> list[Token]:
-    """Split a statement into tokens, dropping comments.
+def _read_token(sql: str, i: int) -> Token:
+    """The token opening at ``sql[i]`` (not whitespace, not a comment); raises SqlError if there is none."""
+    n = len(sql)
+    c = sql[i]
+    if c in "'\"":
+        value, end = _read_quoted(sql, i, c, escapes=True)
+        return Token("string", value, i, end)
+    if c == "`":
+        value, end = _read_quoted(sql, i, "`", escapes=False)
+        return Token("qident", value, i, end)
+    if sql.startswith("@@", i):
+        name, end = _read_name(sql, i + 2)
+        scope = None
+        if end < n and sql[end] == "." and name.lower() in _SCOPES:
+            scope = _SCOPES[name.lower()]
+            name, end = _read_name(sql, end + 1)
+        return Token("sysvar", (scope, name.lower()), i, end)
+    if c == "@":
+        if i + 1 < n and sql[i + 1] in "'\"`":
+            name, end = _read_quoted(sql, i + 1, sql[i + 1], escapes=sql[i + 1] != "`")
+        else:
+            m = _USERVAR_RE.match(sql, i + 1)
+            if m is None:
+                raise _syntax_error(sql, i)
+            name, end = m.group(), m.end()
+        return Token("uservar", name.lower(), i, end)
+    m = _NUMBER_RE.match(sql, i)
+    word = _WORD_RE.match(sql, i)
+    if m is not None:
+        text = m.group()
+        hexadecimal = text[:2].lower() == "0x"
+        real = not hexadecimal and any(ch in text for ch in ".eE")
+        # Digits running into letters make a word (1abc, 0x1G), as in MySQL; a real number does not (1e5x is
+        # 1e5 then x: sql_lex.cc returns FLOAT_NUM as soon as the exponent's digits end).
+        if real or word is None or word.end() <= m.end():
+            value: int | float = int(text, 16) if hexadecimal else float(text) if real else int(text)
+            return Token("number", value, i, m.end())
+    if word is not None:
+        return Token("word", word.group(), i, word.end())
+    for op in _OPERATORS:
+        if sql.startswith(op, i):
+            return Token("op", op, i, i + len(op))
+    raise _syntax_error(sql, i)
+
+
+def tokenize(sql: str, *, strict: bool = True) -> list[Token]:
+    """Split a statement into tokens, dropping comments; the last token is ``eof``.
 
     ``/*! ... */`` and ``/*M! ... */`` (executable comments, as mysqldump and clients write them) are
     read as SQL, their version number skipped; other ``/* */``, ``-- `` and ``#`` comments are dropped.
+
+    What cannot be read (an unclosed quote or comment, a stray character) raises SqlError, or with
+    ``strict=False`` becomes a ``bad`` token and tokenizing goes on: an unclosed quote (value None) or comment
+    (value ``"/*"``) runs to the end of the text; otherwise the token is the one character (value that
+    character; ``@`` of a variable that cannot be read), and the next token starts after it.
     """
     tokens: list[Token] = []
     i, n = 0, len(sql)
@@ -128,7 +179,11 @@ def tokenize(sql: str) -> list[Token]:
                     continue
                 end = sql.find("*/", i + 2)
                 if end < 0:
-                    raise _syntax_error(sql, i)
+                    if strict:
+                        raise _syntax_error(sql, i)
+                    tokens.append(Token("bad", "/*", i, n))
+                    i = n
+                    break
                 i = end + 2
             elif in_executable and sql.startswith("*/", i):
                 in_executable = False
@@ -141,54 +196,15 @@ def tokenize(sql: str) -> list[Token]:
         if i >= n:
             tokens.append(Token("eof", None, n, n))
             return tokens
-        c = sql[i]
-        start = i
-        if c in "'\"":
-            value, i = _read_quoted(sql, i, c, escapes=True)
-            tokens.append(Token("string", value, start, i))
-        elif c == "`":
-            value, i = _read_quoted(sql, i, "`", escapes=False)
-            tokens.append(Token("qident", value, start, i))
-        elif sql.startswith("@@", i):
-            name, i = _read_name(sql, i + 2)
-            scope = None
-            if i < n and sql[i] == "." and name.lower() in _SCOPES:
-                scope = _SCOPES[name.lower()]
-                name, i = _read_name(sql, i + 1)
-            tokens.append(Token("sysvar", (scope, name.lower()), start, i))
-        elif c == "@":
-            if i + 1 < n and sql[i + 1] in "'\"`":
-                name, i = _read_quoted(sql, i + 1, sql[i + 1], escapes=sql[i + 1] != "`")
-            else:
-                m = _USERVAR_RE.match(sql, i + 1)
-                if m is None:
-                    raise _syntax_error(sql, i)
-                name, i = m.group(), m.end()
-            tokens.append(Token("uservar", name.lower(), start, i))
-        else:
-            m = _NUMBER_RE.match(sql, i)
-            word = _WORD_RE.match(sql, i)
-            if m is not None and not (word is not None and word.end() > m.end()):
-                text = m.group()
-                if text[:2].lower() == "0x":
-                    value: int | float = int(text, 16)
-                elif any(ch in text for ch in ".eE"):
-                    value = float(text)
-                else:
-                    value = int(text)
-                i = m.end()
-                tokens.append(Token("number", value, start, i))
-            elif word is not None:
-                i = word.end()
-                tokens.append(Token("word", word.group(), start, i))
-            else:
-                for op in _OPERATORS:
-                    if sql.startswith(op, i):
-                        i += len(op)
-                        tokens.append(Token("op", op, start, i))
-                        break
-                else:
-                    raise _syntax_error(sql, i)
+        try:
+            token = _read_token(sql, i)
+        except SqlError:
+            if strict:
+                raise
+            quote = sql[i] in "'\"`"
+            token = Token("bad", None if quote else sql[i], i, n if quote else i + 1)
+        tokens.append(token)
+        i = token.end
 
 
 # ---------------------------------------------------------------------------------------------

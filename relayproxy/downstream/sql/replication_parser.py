@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .parser import Token, tokenize
+
 __all__ = [
     "HEARTBEAT_PERIOD_MAX",
     "MAX_OPTIONS",
@@ -201,158 +203,37 @@ _QUOTABLE_OPTIONS = frozenset(kw for kw, o in _OPTION_BY_KEYWORD.items() if o.ke
 
 
 # ---------------------------------------------------------------------------------------------
-# Tokenizer: never raises; what it cannot read becomes a ``bad`` token the parser then reports.
-
-
-class _Token(NamedTuple):
-    kind: str  # word | string | qident | number | op | bad | eof
-    value: Any
-    start: int
-    end: int
-
-
-_ESCAPES = {"0": "\0", "'": "'", '"': '"', "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a",
-            "\\": "\\", "%": "\\%", "_": "\\_"}  # MySQL's; \% and \_ keep their backslash
-_OPERATOR_CHARS = "=,;()-+.@<>!*/%&|^~:?[]{}"
-
-
-def _is_word_char(c: str) -> bool:
-    return c.isascii() and (c.isalnum() or c in "_$") or not c.isascii()
-
-
-def _is_digit(c: str) -> bool:
-    return "0" <= c <= "9"
-
-
-def _read_quoted(sql: str, i: int) -> tuple[str | None, int]:
-    """The value of the quoted string or `identifier` opening at ``sql[i]`` and the index after it;
-    ``(None, len(sql))`` when it is not closed."""
-    quote = sql[i]
-    escapes = quote != "`"
-    out: list[str] = []
-    j, n = i + 1, len(sql)
-    while j < n:
-        c = sql[j]
-        if escapes and c == "\\" and j + 1 < n:
-            out.append(_ESCAPES.get(sql[j + 1], sql[j + 1]))
-            j += 2
-        elif c == quote:
-            if j + 1 < n and sql[j + 1] == quote:  # doubled quote
-                out.append(quote)
-                j += 2
-            else:
-                return "".join(out), j + 1
-        else:
-            out.append(c)
-            j += 1
-    return None, n
-
-
-def _read_number(sql: str, i: int) -> tuple[_Token, int]:
-    """A number at ``sql[i]`` (``12``, ``0x1F``, ``1.5``, ``.5``, ``2e3``); digits running into letters make a word,
-    as in MySQL (``1abc`` is an identifier)."""
-    n = len(sql)
-    if sql.startswith(("0x", "0X"), i):
-        j = i + 2
-        while j < n and sql[j] in "0123456789abcdefABCDEF":
-            j += 1
-        if j > i + 2 and (j >= n or not _is_word_char(sql[j])):
-            return _Token("number", int(sql[i + 2:j], 16), i, j), j
-    j = i
-    while j < n and sql[j].isascii() and sql[j].isdigit():
-        j += 1
-    is_float = False
-    if j < n and sql[j] == ".":
-        is_float = True
-        j += 1
-        while j < n and sql[j].isascii() and sql[j].isdigit():
-            j += 1
-    if j < n and sql[j] in "eE":
-        k = j + 1
-        if k < n and sql[k] in "+-":
-            k += 1
-        if k < n and sql[k].isascii() and sql[k].isdigit():
-            while k < n and sql[k].isascii() and sql[k].isdigit():
-                k += 1
-            is_float, j = True, k
-    if j < n and _is_word_char(sql[j]) and not is_float:
-        while j < n and _is_word_char(sql[j]):
-            j += 1
-        return _Token("word", sql[i:j], i, j), j
-    text = sql[i:j]
-    return _Token("number", float(text) if is_float else int(text), i, j), j
-
-
-def _tokenize(sql: str) -> list[_Token]:
-    """Tokens of ``sql``, comments dropped; ``/*! ... */`` and ``/*M! ... */`` are read as SQL (their version
-    number skipped), as the servers and mysqldump do. Ends with an ``eof`` token."""
-    tokens: list[_Token] = []
-    i, n = 0, len(sql)
-    in_executable = False
-    while True:
-        while i < n:  # whitespace and comments
-            c = sql[i]
-            if c.isspace():
-                i += 1
-            elif sql.startswith("/*", i):
-                prefix = 3 if sql.startswith("/*!", i) else 4 if sql.startswith("/*M!", i) else 0
-                if prefix and not in_executable:
-                    in_executable = True
-                    i += prefix
-                    while i < n and sql[i].isascii() and sql[i].isdigit():
-                        i += 1
-                    continue
-                end = sql.find("*/", i + 2)
-                if end < 0:
-                    tokens.append(_Token("bad", "/*", i, n))
-                    i = n
-                    break
-                i = end + 2
-            elif in_executable and sql.startswith("*/", i):
-                in_executable = False
-                i += 2
-            elif c == "#" or (sql.startswith("--", i) and (i + 2 >= n or sql[i + 2].isspace() or ord(sql[i + 2]) < 32)):
-                end = sql.find("\n", i)
-                i = n if end < 0 else end + 1
-            else:
-                break
-        if i >= n:
-            tokens.append(_Token("eof", None, n, n))
-            return tokens
-        c = sql[i]
-        if c in "'\"`":
-            value, j = _read_quoted(sql, i)
-            kind = "bad" if value is None else "qident" if c == "`" else "string"
-            tokens.append(_Token(kind, value, i, j))
-            i = j
-        elif _is_digit(c) or (c == "." and i + 1 < n and _is_digit(sql[i + 1])):
-            token, i = _read_number(sql, i)
-            tokens.append(token)
-        elif _is_word_char(c):
-            j = i + 1
-            while j < n and _is_word_char(sql[j]):
-                j += 1
-            tokens.append(_Token("word", sql[i:j], i, j))
-            i = j
-        else:
-            tokens.append(_Token("op" if c in _OPERATOR_CHARS else "bad", c, i, i + 1))
-            i += 1
-
+# Error text. The tokens are the SQL layer's (``parser.tokenize``, MySQL's lexical rules) read with
+# ``strict=False``: what cannot be read is a ``bad`` token, reported here like any other syntax error.
 
 _STATEMENT_WORDS = frozenset({
     "CHANGE", "MASTER", "REPLICATION", "SOURCE", "FILTER", "TO", "STOP", "START", "RESET", "SLAVE", "REPLICA",
     "SLAVES", "REPLICAS", "ALL", "IO_THREAD", "SQL_THREAD", "RELAY_THREAD", "UNTIL", "FOR", "CHANNEL", "USER",
     "DEFAULT_AUTH", "PLUGIN_DIR", "SLAVE_POS", "CURRENT_POS", "NO",
 })
+# Characters MySQL reads as one-character tokens that the SQL tokenizer has no operator for (``bad`` tokens
+# here; ``@`` only when no variable name follows it): like operators, shown even where a password may be.
+_PUNCTUATION = frozenset("@:?[]{}")
 
 
-def _shown_tokens(tokens: list[_Token]) -> set[int]:
+def _is_punctuation(tok: Token) -> bool:
+    return tok.kind == "op" or (tok.kind == "bad" and tok.value in _PUNCTUATION)
+
+
+def _names_a_password(tok: Token) -> bool:
+    """A word or an @variable (``@x``, ``@@x``) whose name contains PASSWORD."""
+    name = tok.value if tok.kind in ("word", "uservar") else tok.value[1] if tok.kind == "sysvar" else ""
+    return "PASSWORD" in name.upper()
+
+
+def _shown_tokens(tokens: list[Token]) -> set[int]:
     """Indexes of the tokens an error message may quote; the others show as ``***``.
 
     A whitelist, because a statement an error is about may be damaged anywhere: operators and stray characters;
     the statement's keywords and option names (a word followed by ``=``, so a mistyped option is named); the value
     right after ``=`` of a known option that holds no secret. Never anything up to the next comma after a word
-    naming a password, nor an unclosed quote or comment (it swallows the rest of the statement).
+    naming a password, nor an unclosed quote or comment (it swallows the rest of the statement). An @variable
+    is never shown.
     """
     shown: set[int] = set()
     hidden: set[int] = set()
@@ -365,21 +246,21 @@ def _shown_tokens(tokens: list[_Token]) -> set[int]:
             if upper in _STATEMENT_WORDS or upper in _OPTION_BY_KEYWORD or upper in _UNSUPPORTED_OPTIONS or (
                     nxt is not None and nxt.kind == "op" and nxt.value == "="):
                 shown.add(i)
-            if "PASSWORD" in upper:
-                j = i + 1
-                while j < len(tokens) and not (tokens[j].kind == "op" and tokens[j].value == ","):
-                    hidden.add(j)
-                    j += 1
+        if _names_a_password(tok):
+            j = i + 1
+            while j < len(tokens) and not (tokens[j].kind == "op" and tokens[j].value == ","):
+                hidden.add(j)
+                j += 1
         if (tok.kind == "op" and tok.value == "=" and i > 0 and tokens[i - 1].kind == "word"
                 and tokens[i - 1].value.upper() in _QUOTABLE_OPTIONS and nxt is not None):
             negative = nxt.kind == "op" and nxt.value == "-"
             value = i + 2 if negative else i + 1
             if value < len(tokens) and tokens[value].kind in ("string", "number", "word"):
                 shown.add(value)
-    return shown - {j for j in hidden if tokens[j].kind != "op"}
+    return shown - {j for j in hidden if not _is_punctuation(tokens[j])}
 
 
-def _near(sql: str, tokens: list[_Token], index: int, shown: set[int], limit: int = 80) -> str:
+def _near(sql: str, tokens: list[Token], index: int, shown: set[int], limit: int = 80) -> str:
     """The servers' ``near '...'`` text from token ``index`` on, what may not be shown as ``***``."""
     parts: list[str] = []
     size = 0
@@ -414,7 +295,7 @@ def _syntax_error_text(near: str, line: int, product: str) -> str:
 
 
 class _Parser:
-    def __init__(self, sql: str, tokens: list[_Token], product: str) -> None:
+    def __init__(self, sql: str, tokens: list[Token], product: str) -> None:
         self.sql = sql
         self.tokens = tokens
         self.product = product
@@ -422,10 +303,10 @@ class _Parser:
         self._shown: set[int] | None = None
 
     @property
-    def cur(self) -> _Token:
+    def cur(self) -> Token:
         return self.tokens[self.i]
 
-    def advance(self) -> _Token:
+    def advance(self) -> Token:
         tok = self.tokens[self.i]
         if tok.kind != "eof":
             self.i += 1
@@ -671,7 +552,7 @@ def parse_admin_statement(sql: str, *, flavour: str = "mysql") -> AdminStatement
     if len(sql) > MAX_STATEMENT_BYTES or len(sql.encode("utf-8", "surrogatepass")) > MAX_STATEMENT_BYTES:
         raise AdminStatementError(ER_UNKNOWN_ERROR, "HY000",
                                   f"replication admin statement of more than {MAX_STATEMENT_BYTES} bytes refused")
-    parser = _Parser(sql, _tokenize(sql), product)
+    parser = _Parser(sql, tokenize(sql, strict=False), product)
     return parser.statement()
 
 
