@@ -586,6 +586,39 @@ def test_begin_epoch_killed_at_every_step_completes_the_switch_identically(tmp_p
     assert state_of(d) == expected
 
 
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_resume_by_position_in_a_later_epoch_covers_the_groups_the_relay_holds_with_fillers(tmp_path, corpus_dir,
+                                                                                              restart):
+    """The GTID dump that joined M2 sent M2's head (FDE, PREVIOUS_GTIDS) and was then skipping M2's copies of
+    M1's transactions when the connection ended (kill -9 of the relay, or a network cut). When the relay then
+    resumes by position in M2's file (ResumeByPosition: M2's next GTID dump began at a later file), M2 sends
+    those copies again, this time whole: the relay covers them with fillers, exactly as the GTID dump would have
+    (stored, a file/position replica of the relay would apply M1's transactions twice)."""
+    p = mysql_parts(corpus_dir)
+    done, _ = failover_run(tmp_path / "done", p)
+    done.close()
+    expected = state_of(tmp_path / "done")
+
+    d = tmp_path / "resumed"
+    store, receiver = new_relay(d)
+    m1_phase(store, receiver, m1_image(p))
+    store.begin_epoch(M2, "binlog.000002", relay_server_id=RELAY_ID, now=T)
+    sent = m2_dump(store, p.image)
+    p0 = 4 + len(p.fde) + len(p.prev)
+    stream(receiver, sent[:3], by_position=False)  # the artificial ROTATE, the FDE, PREVIOUS_GTIDS
+    store.sync()
+    assert store.horizon.snapshot().coordinates == ("binlog.000005", p0)
+    if restart:
+        kill(store)
+        store, receiver = new_relay(d)
+    resent = master_events([("binlog.000002", p.image)], "binlog.000002", p0, server_id=2)
+    stream(receiver, resent, by_position=True)
+    store.sync()
+    assert receiver.counters.fillers == 2
+    store.close()
+    assert state_of(d) == expected
+
+
 def test_the_receiver_begins_the_epoch_at_the_first_rotate_of_a_new_master(tmp_path, corpus_dir):
     p = mysql_parts(corpus_dir)
     done, _ = failover_run(tmp_path / "done", p)

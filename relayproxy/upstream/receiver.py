@@ -21,6 +21,13 @@ beyond the end of the relay file. When the stream is at a boundary (no open grou
 group or stands outside any (GTID, ROTATE, STOP, BINLOG_CHECKPOINT), the store covers the gap with
 filler events (``store.write_filler``); anything else, and every gap in a by-position dump, raises
 RelayGapError as before.
+
+Held groups in a later epoch: a by-position dump from a master of epoch >= 2 (the session resumes by position
+when a GTID dump moved past a relay file it has not seen close, ``ResumeByPosition``) sends whole what a GTID
+dump skips: that master's copies of the transactions the relay already holds (an old master's, replicated to
+it before the switch). A group whose GTID is in the relay's set when the stream began is not stored again: its
+events are checked by the boundary parser but not written, and the stretch they cover becomes filler when the
+next event is written, as the GTID dump's gap would have (``_held_group``). Epoch 1 keeps the master's bytes.
 """
 
 from __future__ import annotations
@@ -95,6 +102,9 @@ class RelayReceiver:
         self._by_position = True
         self._epoch_master: dict | None = None
         self._switching = False
+        self._held = None  # by-position dump in a later epoch: the GTIDs the relay held when it began
+        self._skipping = False  # inside a held group (its events are not stored)
+        self._skipped_to: int | None = None  # end of the held groups not yet covered by filler
         self.fast_path = True  # False: every event through _event (tests compare the two paths)
 
     # -- stream lifecycle ----------------------------------------------------------------------
@@ -121,11 +131,20 @@ class RelayReceiver:
         self._semi_sync = semi_sync
         self.master_file = None
         self.ack_pending = None
+        self._skipping = False
+        self._skipped_to = None
+        self._held = None
+        epochs = getattr(self.store, "epochs", None)
+        if by_position and epochs is not None and epochs.current.epoch >= 2:
+            held = self.store.pending_gtids
+            self._held = held.current_position() if hasattr(held, "current_position") else held
 
     def end_stream(self) -> int:
         """The connection is gone: drop whatever partial group was written past the last boundary."""
         self.parser.reset()
         self.ack_pending = None
+        self._skipping = False
+        self._skipped_to = None
         return self.store.discard_incomplete()
 
     # -- payloads ----------------------------------------------------------------------------------
@@ -152,7 +171,8 @@ class RelayReceiver:
         crc32 = zlib.crc32
         unpack_header = _header_unpack_from
         header_len = C.HEADER_LEN
-        slow_type = _SLOW_TYPE
+        slow_type = _SLOW_TYPE if self._held is None else _SLOW_TYPE_HELD
+        skipping = self._skipping
         # Per-run state, written back to self before any slow-path event and when the batch ends or fails.
         file = self.master_file
         next_offset = self._next_offset
@@ -174,6 +194,7 @@ class RelayReceiver:
                         and not slow_type[type_code]
                         and not flags & _ARTIFICIAL
                         and file is not None
+                        and not skipping
                     ):
                         if verify and crc32(ev) != _CRC32_RESIDUE:
                             name = C.event_name(type_code)
@@ -226,6 +247,7 @@ class RelayReceiver:
                 next_offset = self._next_offset
                 verify = self._checksum_len and self.verify_checksums
                 parser_feed = parser.feed  # an FDE rebinds it to the flavour's parser
+                skipping = self._skipping
         finally:
             if next_offset is not None:
                 self._next_offset = next_offset
@@ -294,6 +316,15 @@ class RelayReceiver:
             offset = self._next_offset
         if offset < 4:
             raise StreamError(f"{C.event_name(type_code)} event ends at {log_pos}, before the start of a binlog file")
+        if self._held is not None and (self._skipping or _GTID_TYPE[type_code]) and self._held_group(
+                ev, type_code, flags, offset, size):
+            self.counters.events += 1
+            self.counters.bytes += size
+            self.counters.duplicates += 1
+            if timestamp:
+                self.master_timestamp = timestamp
+            self._note_master_position(self.master_file, offset + size)
+            return
         try:
             outcome = self.store.write_event(offset, ev)
         except RelayGapError:
@@ -325,11 +356,39 @@ class RelayReceiver:
             self.master_timestamp = timestamp
         self._note_master_position(self.master_file, end)
 
+    def _held_group(self, ev: memoryview, type_code: int, flags: int, offset: int, size: int) -> bool:
+        """In a by-position dump of a later epoch: True when the event belongs to a group the relay holds (its
+        GTID is in ``_held``), which is then not stored; its stretch is filled before the next stored event."""
+        parser = self.parser
+        if not self._skipping:
+            if parser.in_group or offset < self.store.current_end:
+                return False  # inside a group being stored, or a re-sent event the store verifies
+            parser.checkpoint()
+            result = parser.feed(type_code, flags, ev, 0, size)
+            gtid = parser.gtid
+            if result & B.FLAG_ERROR or gtid is None or gtid not in self._held:
+                parser.rollback()  # not held: stored as usual (and an error raised there)
+                return False
+            self._skipping = True
+        else:
+            result = parser.feed(type_code, flags, ev, 0, size)
+            if result & B.FLAG_ERROR:
+                raise StreamError(
+                    f"unexpected event sequence at {self.master_file}:{offset} "
+                    f"({C.event_name(type_code)}): {parser.error}"
+                )
+        end = offset + size
+        self._next_offset = end
+        if result & B.RESULT_MASK == B.GROUP_END:
+            self._skipping = False
+            self._skipped_to = end
+        return True
+
     def _fill_gap(self, offset: int, type_code: int) -> bool:
         """Cover a gap a GTID dump left with fillers when that is sound; False: the gap is an error."""
         store = self.store
         if (
-            self._by_position
+            (self._by_position and offset != self._skipped_to)  # by position: only over held groups
             or self.parser.in_group
             or not _FILLS_BEFORE[type_code]
             or store.current_end != store.boundary_end
@@ -337,6 +396,7 @@ class RelayReceiver:
         ):
             return False
         self.counters.fillers += store.write_filler(offset, relay_server_id=self.relay_server_id)
+        self._skipped_to = None
         return True
 
     def _format_description(self, ev: memoryview, log_pos: int) -> None:
@@ -455,6 +515,12 @@ _EVENT_OUTSIDE = B.EVENT_OUTSIDE
 _SLOW_TYPE = [False] * 256
 for _t in (C.FORMAT_DESCRIPTION_EVENT, C.ROTATE_EVENT, C.HEARTBEAT_LOG_EVENT, C.HEARTBEAT_LOG_EVENT_V2):
     _SLOW_TYPE[_t] = True
+del _t
+# With held groups to leave out (a by-position dump in a later epoch), the events that open a group too.
+_GTID_TYPE = [False] * 256
+for _t in (C.GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT, C.MARIA_GTID_EVENT):
+    _GTID_TYPE[_t] = True
+_SLOW_TYPE_HELD = [slow or gtid for slow, gtid in zip(_SLOW_TYPE, _GTID_TYPE)]
 del _t
 
 # Events that may follow a gap in a GTID dump (it is then filled): a group opens with them, or they stand
