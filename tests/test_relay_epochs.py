@@ -928,3 +928,22 @@ def test_name_mapping_round_trips_and_the_relay_sequence_is_monotonic(first, rel
         assert pruned.current == restored.current
         for relay in index[cut:]:
             assert pruned.upstream_name(relay) == upstream[relay]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.integers(min_value=0, max_value=70_000))
+def test_extending_a_crc32_by_zeros_equals_zlib(prefix, count):
+    from relayproxy.binlog.checksum import crc32_zeros
+
+    start = zlib.crc32(prefix)
+    assert crc32_zeros(start, count) == zlib.crc32(bytes(count), start)
+
+
+def test_a_large_fillers_crc_equals_the_crc_of_its_bytes():
+    from relayproxy.binlog.checksum import crc32_zeros
+
+    header = ENC.filler_header(64 << 20, log_pos=(64 << 20) + 4, server_id=RELAY_ID)
+    body = bytes((64 << 20) - len(header) - 4)
+    assert ENC.filler_crc(header, 64 << 20) == zlib.crc32(body, zlib.crc32(header))
+    with pytest.raises(ValueError, match="must not be negative"):
+        crc32_zeros(0, -1)
