@@ -1,0 +1,848 @@
+"""Failover time: seconds from START SLAVE on the relay until a replica behind it has applied the new master's first
+transaction, at relay backlogs of 0, 100 MB and 1 GB of relay files, against a plain MariaDB replica repointed the
+same way in the same run (issue 11).
+
+For each backlog size a topology of real servers is built (``relayproxy.lab``'s building blocks, without the fault
+proxies of ``FailoverLab``: nothing is held mid-transaction here, and a Python proxy would slow a 1 GB backlog)::
+
+    M1 ─┬─ relayproxy run --listen ─┬─ R2  by GTID     (MASTER_USE_GTID=slave_pos)
+        │   (a real process)        └─ R3  by file/pos (MASTER_LOG_FILE=<relay's first file>, MASTER_USE_GTID=no)
+        ├─ D   "R2'": a plain MariaDB replica of M1 by GTID, no binlog (as R2): the peer, the ratio base
+        └─ C1 .. Cn  candidates (binlog basename mysql-bin, log_slave_updates, read_only), one per repeat
+
+The backlog is written through M1 before any switch: multi-row ``INSERT ... SELECT`` of 8,000-byte rows from the
+sequence engine (ROW format, one ~8 KB WRITE_ROWS event per row, ~8 MB transactions) until M1's binlog, and so the
+relay's files, hold the size asked for; every server then takes it in (progress on stderr, bounded by
+``--gen-timeout``). The backlog table is ``ENGINE=BLACKHOLE`` on every server: the binlogs, relay logs and relay
+files carry exactly the same bytes as with InnoDB, but 7 servers take in 1 GB each in about a minute on 2 cores.
+The marker table is InnoDB.
+
+Repeat k (``--repeats``, default 3) is one failover: the current master (M1, then C(k-1)) is killed with SIGKILL
+(nothing in flight), Ck is promoted as an HA tool does (``STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only=0``),
+the other candidates are repointed to it and caught up (untimed), the relay gets ``STOP SLAVE`` and ``CHANGE MASTER
+TO ... MASTER_USE_GTID=slave_pos`` on its SQL port and D the same on its own (untimed), one marker row with a known
+id is written on Ck, ``sync`` runs, and then, in turns (relay first in odd repeats, D first in even ones):
+
+* relay: ``START SLAVE`` is sent on an already open admin session of the relay; timed from just before it is sent
+  until the marker row is visible on R2 (``SELECT ... WHERE id = <marker>``, polled every 5 ms on an open
+  connection), likewise on R3, and until the relay's ``GET /status`` ``retrieved_gtid_set`` holds the marker's GTID
+  (the relay's own time to the new master's first transaction on disk: the horizon only covers durable
+  transactions). Three pollers, one thread each;
+* direct: ``START SLAVE`` on D, timed the same way until the marker row is visible on D.
+
+Reported per backlog: median and [min - max] over the repeats, the ratio relay/direct of the medians (R2, GTID, is
+the like-for-like one), the relay's horizon time, the relay process's RSS (VmRSS and VmHWM after the last switch),
+how long generating and taking in the backlog took, and the size of the new master's binlog file before the marker
+(a MariaDB master finds a GTID by reading its binlog file from the start: both paths pay that).
+
+    .venv/bin/python benchmarks/failover_time.py                          # 0, 100M, 1G x 3 repeats
+    .venv/bin/python benchmarks/failover_time.py --backlogs 0 --repeats 1 --out /tmp/ft/failover_time.md
+
+Sizes are decimal (100M = 100,000,000 bytes; 1G = 1,000,000,000: below max_binlog_size, so a 1 GB backlog stays
+one binlog file, as it would on a default-configured master). Absolute times on a shared 2-core machine are noise;
+the relay/direct ratios of one run and the ranges are the result. Timings are never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+import benchinfo  # benchmarks/benchinfo.py: this script's folder is on sys.path
+import pymysql
+
+from relayproxy.lab.failover import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    BASENAME,
+    REPL_PASSWORD,
+    REPL_USER,
+    binlog_pos,
+    change_master_sql,
+    covers,
+    promote,
+    slave_pos,
+)
+from relayproxy.lab.harness import RelayProcess, change_master, free_port, master_status, replica_status
+from relayproxy.lab.sandbox import MariaDBSandbox
+
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+POLL = 0.005  # seconds between probes, every poller
+ROW_BYTES = 8000  # one row, so about one WRITE_ROWS event of binlog_row_event_max_size (8 KB)
+ROWS_PER_TRX = 1000  # ~8 MB transactions
+GOAL_SECONDS = 1.0
+SCHEMA = "bench"
+# Every server: the BLACKHOLE engine for the backlog table (see the docstring).
+COMMON_CONFIG = {"plugin_load_add": "ha_blackhole"}
+PATHS = ("relay_r2", "relay_r3", "relay_horizon", "direct")
+PATH_LABELS = {
+    "relay_r2": "relay -> R2 (GTID)",
+    "relay_r3": "relay -> R3 (file/pos)",
+    "relay_horizon": "relay horizon (/status)",
+    "direct": "direct: D repointed (MariaDB)",
+}
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[failover_time {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_size(text: str) -> int:
+    """'0', '100M', '1G', '250k', '1500000' -> bytes (decimal multiples)."""
+    t = text.strip().upper().removesuffix("B")
+    mult = {"K": 10**3, "M": 10**6, "G": 10**9}.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in "KMG" and t[-1:] else t
+    try:
+        value = int(float(number) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 0, 100M, 1G)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"negative size {text!r}")
+    return value
+
+
+def size_label(n: int) -> str:
+    if n == 0:
+        return "0"
+    for unit, mult in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if n >= mult and n % (mult // 10 or 1) == 0:
+            v = n / mult
+            return f"{v:g} {unit}B" if unit != "k" else f"{v:g} kB"
+    return f"{n} B"
+
+
+def proc_status_kb(pid: int) -> dict[str, int]:
+    values = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                values[key] = int(rest.split()[0])
+    except OSError:
+        pass
+    return values
+
+
+def _connect(server: MariaDBSandbox) -> pymysql.connections.Connection:
+    return pymysql.connect(host=server.host, port=server.port, user="root", password="", autocommit=True,
+                           connect_timeout=10, read_timeout=120)
+
+
+def _relay_admin(port: int) -> pymysql.connections.Connection:
+    return pymysql.connect(host="127.0.0.1", port=port, user=ADMIN_USER, password=ADMIN_PASSWORD, connect_timeout=10,
+                           read_timeout=120)
+
+
+# -- the topology ----------------------------------------------------------------------------------------------------
+
+
+class Topology:
+    """M1, candidates C1..Cn, D (direct replica of M1), the relay on M1, R2 (GTID) and R3 (file/pos) behind it."""
+
+    def __init__(self, workdir: Path, candidates: int):
+        self.workdir = workdir
+        self.m1 = self._binlogged(workdir / "m1", 1)
+        self.cands = [self._binlogged(workdir / f"c{i + 1}", 11 + i, read_only=True) for i in range(candidates)]
+        self.d = MariaDBSandbox(workdir / "d", server_id=7, log_bin=False, extra_config=COMMON_CONFIG)
+        self.r2 = MariaDBSandbox(workdir / "r2", server_id=5, log_bin=False, extra_config=COMMON_CONFIG)
+        self.r3 = MariaDBSandbox(workdir / "r3", server_id=6, log_bin=False, extra_config=COMMON_CONFIG)
+        self.relay: RelayProcess | None = None
+        self.relay_port = 0
+        self.master = self.m1  # the master in force
+        self.first_file = ""
+
+    @staticmethod
+    def _binlogged(basedir: Path, server_id: int, *, read_only: bool = False) -> MariaDBSandbox:
+        """As relayproxy.lab.failover.server(): ROW, basename mysql-bin, log_slave_updates; plus BLACKHOLE."""
+        return MariaDBSandbox(basedir, server_id=server_id, binlog_format="ROW", log_bin_name=BASENAME,
+                              extra_config={**COMMON_CONFIG, "log_slave_updates": 1,
+                                            "read_only": 1 if read_only else None})
+
+    def servers(self) -> list[MariaDBSandbox]:
+        return [self.m1, *self.cands, self.d, self.r2, self.r3]
+
+    def replicas_of_master(self) -> list[MariaDBSandbox]:
+        """Everyone following the master in force directly: remaining candidates and D."""
+        return [c for c in self.cands if c is not self.master and c.running] + [self.d]
+
+    def start(self) -> None:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two at a time: a 2-core machine
+            for future in [pool.submit(s.start) for s in self.servers()]:
+                future.result()
+        m1 = self.m1
+        m1.create_user(REPL_USER, REPL_PASSWORD)  # replicated: every candidate can serve as a master later
+        m1.execute(f"CREATE DATABASE {SCHEMA}")
+        m1.execute(f"CREATE TABLE {SCHEMA}.backlog (id BIGINT NOT NULL, b VARBINARY(8192) NOT NULL) ENGINE=BLACKHOLE")
+        m1.execute(f"CREATE TABLE {SCHEMA}.marker (id INT PRIMARY KEY, master_server_id INT NOT NULL, "
+                   "note VARCHAR(100) NOT NULL) ENGINE=InnoDB")
+        self.relay_port = free_port()
+        self.relay = RelayProcess(
+            self.workdir / "relay", m1.port, server_id=100, gtid_mode="mariadb",
+            extra=["--listen", f"127.0.0.1:{self.relay_port}",
+                   "--users", f"{REPL_USER}:{REPL_PASSWORD},{ADMIN_USER}:{ADMIN_PASSWORD}:admin"])
+        self.relay.start()
+        for replica in [*self.cands, self.d]:
+            change_master(replica, m1.port, file=None)  # MASTER_USE_GTID=slave_pos
+            replica.execute("START SLAVE")
+        self.wait_all(timeout=60, downstream=False)  # R2 and R3 are wired below, once the relay has a file
+        with _relay_admin(self.relay_port) as conn, conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            self.first_file = cur.fetchall()[0][0]
+        change_master(self.r2, self.relay_port, file=None)
+        change_master(self.r3, self.relay_port, file=self.first_file, pos=4)
+        for replica in (self.r2, self.r3):
+            replica.execute("START SLAVE")
+        self.wait_all(timeout=60)
+
+    def close(self) -> None:
+        problems = []
+        for step in [*(lambda s=s: s.stop(timeout=15) for s in (self.r2, self.r3, self.d)),
+                     lambda: self.relay.stop() if self.relay else None,
+                     *(lambda s=s: s.stop(timeout=15) if s.running else None for s in (*self.cands, self.m1))]:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - stop the rest, report at the end
+                problems.append(repr(exc))
+        if problems:
+            log("could not stop everything cleanly: " + "; ".join(problems))
+
+    # -- waits --------------------------------------------------------------------------------------------------
+
+    def lagging(self, downstream: bool = True) -> list[str]:
+        """Who does not yet hold the master's gtid_binlog_pos (read afresh); a stopped thread raises."""
+        want = binlog_pos(self.master)
+        behind = []
+        status = self.relay.status()
+        if not covers(status["retrieved_gtid_set"], want):
+            behind.append(f"relay ({(status['read_master_log_pos'] or 0) / 1e6:,.0f} MB into "
+                          f"{status['master_log_file']}" + (f"; error: {status['last_io_error']}"
+                                                           if status.get("last_io_error") else "") + ")")
+        for replica in [*self.replicas_of_master(), *((self.r2, self.r3) if downstream else ())]:
+            state = replica_status(replica)
+            if "No" in (state.get("Slave_IO_Running"), state.get("Slave_SQL_Running")):
+                raise BenchError(f"{replica.basedir.name} stopped: {state.get('Last_IO_Error')} "
+                                 f"{state.get('Last_SQL_Error')}")
+            if not covers(slave_pos(replica), want):
+                behind.append(f"{replica.basedir.name} (Exec {int(state.get('Exec_Master_Log_Pos') or 0) / 1e6:,.0f}"
+                              f" MB of {state.get('Relay_Master_Log_File')})")
+        return behind
+
+    def wait_all(self, timeout: float, progress: float | None = None, downstream: bool = True) -> float:
+        """Until every server and the relay hold the master's GTIDs; returns the seconds it took."""
+        began = time.monotonic()
+        last_print = began
+        while True:
+            behind = self.lagging(downstream)
+            if not behind:
+                return time.monotonic() - began
+            now = time.monotonic()
+            if now - began > timeout:
+                raise BenchError(f"not caught up after {timeout:.0f} s: {behind}")
+            if progress is not None and now - last_print >= progress:
+                log(f"  taking in the backlog, {now - began:.0f} s: behind: {', '.join(behind)}")
+                last_print = now
+            time.sleep(0.1)
+
+    # -- the backlog ----------------------------------------------------------------------------------------------
+
+    def binlog_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.m1.binlog_files())
+
+    def generate(self, target: int, timeout: float) -> dict:
+        """Write bulk rows on M1 until its binlog holds `target` bytes; wait until everyone has them."""
+        began = time.monotonic()
+        start_bytes = self.binlog_bytes()
+        trx = rows = 0
+        conn = _connect(self.m1)
+        last_print = began
+        try:
+            cur = conn.cursor()
+            while True:
+                done = self.binlog_bytes()
+                if done >= target:
+                    break
+                n = max(1, min(ROWS_PER_TRX, -(-(target - done) // (ROW_BYTES + 44))))
+                cur.execute(f"INSERT INTO {SCHEMA}.backlog (id, b) SELECT seq + {rows}, REPEAT('x', {ROW_BYTES}) "
+                            f"FROM {SCHEMA}.seq_1_to_{n}")
+                trx += 1
+                rows += n
+                now = time.monotonic()
+                if now - began > timeout:
+                    raise BenchError(f"generating {target / 1e6:,.0f} MB took more than {timeout:.0f} s")
+                if now - last_print >= 2:
+                    log(f"  M1 binlog {done / 1e6:,.0f} / {target / 1e6:,.0f} MB, relay "
+                        f"{self.relay.status()['relay_disk_bytes'] / 1e6:,.0f} MB")
+                    last_print = now
+        finally:
+            conn.close()
+        written = time.monotonic() - began
+        log(f"  M1 wrote {(self.binlog_bytes() - start_bytes) / 1e6:,.1f} MB in {trx} transactions in {written:.1f} s; "
+            "waiting for the relay, its replicas, D and the candidates")
+        catchup = self.wait_all(timeout=max(timeout - written, 10), progress=5)
+        status = self.relay.status()
+        return {"target_bytes": target, "transactions": trx, "rows": rows, "m1_binlog_bytes": self.binlog_bytes(),
+                "m1_files": [(p.name, p.stat().st_size) for p in self.m1.binlog_files()],
+                "relay_disk_bytes": status["relay_disk_bytes"], "relay_files": status["relay_files"],
+                "write_seconds": round(written, 2), "catchup_seconds": round(catchup, 2),
+                "total_seconds": round(time.monotonic() - began, 2)}
+
+    # -- one failover -----------------------------------------------------------------------------------------------
+
+    def flush_replica_relay_logs(self) -> None:
+        """FLUSH RELAY LOGS on R2, R3 and D (untimed), until each SQL thread has purged the file that held the
+        backlog: else R2 and R3 delete it inside the timed window (their IO thread starts a new relay log at the
+        relay's epoch ROTATE, and the SQL thread then purges the old one), while D's CHANGE MASTER to a new host
+        deletes its relay logs before START SLAVE, outside the window."""
+        deadline = time.monotonic() + 60
+        for attempt in range(1, 1000):
+            for replica in (self.r2, self.r3, self.d):
+                replica.execute("FLUSH RELAY LOGS")
+            # A SQL thread leaves (and purges) a relay log when the next event comes: one small transaction.
+            self.master.execute(f"REPLACE INTO {SCHEMA}.marker (id, master_server_id, note) VALUES (1, %s, %s)",
+                                (self.master.server_id, f"after FLUSH RELAY LOGS #{attempt}"))
+            self.wait_all(timeout=60)
+            time.sleep(0.1)
+            files = {r.basedir.name: {p.name: p.stat().st_size for p in r.datadir.glob("relay-bin.[0-9]*")}
+                     for r in (self.r2, self.r3, self.d)}
+            if all(sum(f.values()) < 1 << 20 for f in files.values()):
+                return
+            log(f"  relay logs after FLUSH RELAY LOGS #{attempt}: {files}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"the replicas keep their relay logs after FLUSH RELAY LOGS: {files}")
+
+    def failover(self, k: int, relay_first: bool, timeout: float, profile: Path | None = None) -> dict:
+        """Repeat k (1-based): kill the master in force, promote C_k, repoint, marker, then the timed STARTs.
+        `profile`: record the relay with py-spy during its START SLAVE (raw output there)."""
+        self.wait_all(timeout=60)
+        old, new = self.master, self.cands[k - 1]
+        old.kill()
+        promote(new)
+        self.master = new
+        for cand in self.cands[k:]:  # the later candidates follow the new master (untimed), as an HA tool does
+            cand.execute("STOP SLAVE")
+            cand.execute(change_master_sql(new.port) + ", MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1")
+            cand.execute("START SLAVE")
+        deadline = time.monotonic() + 60
+        while not all(covers(slave_pos(c), binlog_pos(new)) for c in self.cands[k:]):
+            if time.monotonic() > deadline:
+                raise BenchError(f"candidates {[c.basedir.name for c in self.cands[k:]]} did not follow {new.basedir.name}")
+            time.sleep(0.05)
+
+        admin = _relay_admin(self.relay_port)
+        d_conn = _connect(self.d)
+        probes: dict[str, pymysql.connections.Connection] = {}
+        try:
+            admin_cur, d_cur = admin.cursor(), d_conn.cursor()
+            admin_cur.execute("STOP SLAVE")
+            admin_cur.execute(change_master_sql(new.port))
+            d_cur.execute("STOP SLAVE")
+            d_cur.execute(change_master_sql(new.port) + ", MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1")
+
+            # The marker: the new master's first transaction.
+            marker_id = 1000 + k
+            join_file, join_pos = master_status(new)
+            new.execute(f"INSERT INTO {SCHEMA}.marker (id, master_server_id, note) VALUES (%s, %s, %s)",
+                        (marker_id, new.server_id, f"first transaction of {new.basedir.name}"))
+            marker_gtid = binlog_pos(new)
+            end_file, end_pos = master_status(new)
+            while not all(covers(slave_pos(c), marker_gtid) for c in self.cands[k:]):
+                time.sleep(0.01)
+            os.sync()  # no writeback of the backlog left to compete with the timed part
+            time.sleep(0.2)
+
+            for name, server in (("r2", self.r2), ("r3", self.r3), ("d", self.d)):
+                probes[name] = _connect(server)
+            sql = f"SELECT 1 FROM {SCHEMA}.marker WHERE id = {marker_id}"
+
+            def row_probe(conn):
+                def probe() -> bool:
+                    with conn.cursor() as c:
+                        c.execute(sql)
+                        return c.fetchone() is not None
+                return probe
+
+            def horizon_probe() -> bool:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.relay.http_port}/status", timeout=5) as r:
+                    return covers(json.load(r)["retrieved_gtid_set"], marker_gtid)
+
+            result = {"repeat": k, "old_master": old.basedir.name, "new_master": new.basedir.name,
+                      "order": "relay, direct" if relay_first else "direct, relay", "marker_id": marker_id,
+                      "marker_gtid": marker_gtid, "new_master_file_before_marker": [join_file, join_pos],
+                      "new_master_end": [end_file, end_pos]}
+
+            def run_relay() -> None:
+                pollers = {"relay_r2": Poller(row_probe(probes["r2"])), "relay_r3": Poller(row_probe(probes["r3"])),
+                           "relay_horizon": Poller(horizon_probe)}
+                spy = start_py_spy(self.relay.proc.pid, profile) if profile is not None else None
+                t0 = time.perf_counter()
+                for p in pollers.values():
+                    p.t0 = t0
+                    p.start()
+                admin_cur.execute("START SLAVE")
+                result["relay_start_slave_returned"] = round(time.perf_counter() - t0, 4)
+                for key, p in pollers.items():
+                    result[key] = p.result(timeout)
+                if spy is not None:
+                    spy.wait(60)
+
+            def run_direct() -> None:
+                poller = Poller(row_probe(probes["d"]))
+                t0 = time.perf_counter()
+                poller.t0 = t0
+                poller.start()
+                d_cur.execute("START SLAVE")
+                result["direct_start_slave_returned"] = round(time.perf_counter() - t0, 4)
+                result["direct"] = poller.result(timeout)
+
+            for step in ((run_relay, run_direct) if relay_first else (run_direct, run_relay)):
+                step()
+                time.sleep(0.2)
+        finally:
+            for conn in (admin, d_conn, *probes.values()):
+                with contextlib.suppress(Exception):
+                    conn.close()
+        status = self.relay.status()
+        if status.get("last_io_error"):
+            raise BenchError(f"relay reports {status['last_io_error']} after the switch\n{self.relay.log_tail()}")
+        result["relay_files_after"] = status["relay_files"]
+        result["relay_disk_bytes_after"] = status["relay_disk_bytes"]
+        return result
+
+
+PROFILE_SECONDS = 3
+
+
+def py_spy_exe() -> str | None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return exe if Path(exe).exists() else None
+
+
+def start_py_spy(pid: int, output: Path) -> subprocess.Popen | None:
+    """py-spy attached to the relay for PROFILE_SECONDS (CPU samples only: idle threads are not sampled)."""
+    exe = py_spy_exe()
+    if exe is None:
+        return None
+    proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", "1000", "--threads", "--format", "raw",
+                             "--duration", str(PROFILE_SECONDS), "--output", str(output), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # attached and sampling before START SLAVE goes out
+    return proc
+
+
+def summarise_py_spy(raw: Path, top: int = 12) -> dict:
+    """Samples per thread; the main thread's hottest functions (self) and relayproxy functions (inclusive)."""
+    if py_spy_exe() is None:
+        return {"error": "py-spy is not installed (`.venv/bin/pip install py-spy`)"}
+    if not raw.exists() or not raw.stat().st_size:
+        return {"error": "py-spy wrote nothing (not allowed to attach? see ptrace_scope)"}
+    threads: dict[str, int] = {}
+    selfs: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        thread = frames[0] if frames and frames[0].startswith(("thread (", "process ")) else "?"
+        frames = [f for f in frames if not f.startswith(("thread (", "process "))]
+        threads[thread] = threads.get(thread, 0) + n
+        total += n
+        if thread != "?" and "MainThread" not in thread:
+            continue  # worker threads: counted per thread only
+        if frames:
+            selfs[_short_frame(frames[-1])] = selfs.get(_short_frame(frames[-1]), 0) + n
+        seen = set()
+        for f in frames:
+            key = _short_frame(f, with_line=False)
+            if "relayproxy/" in f and key not in seen and not key.startswith(_WRAPPERS):
+                seen.add(key)
+                incl[key] = incl.get(key, 0) + n
+    rank = lambda d: [{"where": k, "samples": v} for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:top]]
+    return {"samples": total, "rate": 1000, "threads": threads, "self": rank(selfs), "inclusive": rank(incl)}
+
+
+_WRAPPERS = ("<module> (relayproxy/commands/cli.py)", "main (relayproxy/commands/cli.py)",
+             "run (relayproxy/commands/run.py)")  # around everything: left out of the inclusive table
+
+
+def _short_frame(frame: str, with_line: bool = True) -> str:
+    func, _, where = frame.partition(" (")
+    path, _, line = where.rstrip(")").rpartition(":")
+    for marker in (str(REPO_ROOT) + "/", "site-packages/", "/lib/python3.11/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{func} ({path}:{line})" if with_line else f"{func} ({path})"
+
+
+class Poller(threading.Thread):
+    """Runs `probe` every POLL seconds from start(); `seconds` = first success - t0 (probe errors: not yet)."""
+
+    def __init__(self, probe):
+        super().__init__(daemon=True)
+        self.probe = probe
+        self.t0 = 0.0
+        self.seconds: float | None = None
+        self.error: BaseException | None = None
+        self.polls = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        last: BaseException | None = None
+        while not self._halt.is_set():
+            try:
+                self.polls += 1
+                if self.probe():
+                    self.seconds = time.perf_counter() - self.t0
+                    return
+            except (pymysql.MySQLError, OSError, KeyError, ValueError) as exc:
+                last = exc
+            time.sleep(POLL)
+        self.error = last
+
+    def result(self, timeout: float) -> float:
+        self.join(timeout)
+        if self.seconds is None:
+            self._halt.set()
+            self.join(5)
+            raise BenchError(f"not seen within {timeout:.0f} s (last probe error: {self.error!r})")
+        return round(self.seconds, 4)
+
+
+# -- one backlog size ----------------------------------------------------------------------------------------------
+
+
+def measure_backlog(size: int, repeats: int, parent: Path, args) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix=f"ft-{size_label(size).replace(' ', '')}-", dir=parent))
+    topo = Topology(workdir, repeats + (1 if args.profile else 0))
+    profile = None
+    began = time.monotonic()
+    try:
+        log(f"backlog {size_label(size)}: starting {len(topo.servers())} servers and the relay in {workdir}")
+        topo.start()
+        setup = time.monotonic() - began
+        log(f"backlog {size_label(size)}: generating ({size / 1e6:,.0f} MB through M1)")
+        backlog = topo.generate(size, args.gen_timeout)
+        log(f"backlog {size_label(size)}: relay holds {backlog['relay_disk_bytes'] / 1e6:,.1f} MB in "
+            f"{backlog['relay_files']} file(s); written in {backlog['write_seconds']:.1f} s, everyone had it "
+            f"{backlog['catchup_seconds']:.1f} s later")
+        if not args.keep_replica_relay_logs:
+            topo.flush_replica_relay_logs()
+        runs = []
+        for k in range(1, repeats + 1):
+            relay_first = k % 2 == 1
+            run = topo.failover(k, relay_first, args.timeout)
+            runs.append(run)
+            log(f"backlog {size_label(size)} #{k} ({run['order']}): relay->R2 {run['relay_r2']:.3f} s, "
+                f"relay->R3 {run['relay_r3']:.3f} s, horizon {run['relay_horizon']:.3f} s, "
+                f"direct {run['direct']:.3f} s")
+        mem = proc_status_kb(topo.relay.proc.pid)
+        if args.profile:
+            raw = workdir / "py-spy.txt"
+            run = topo.failover(repeats + 1, True, args.timeout, profile=raw)
+            profile = {"run": run, **summarise_py_spy(raw)}
+            log(f"backlog {size_label(size)}: profiled switch (py-spy attached, not in the statistics): relay->R2 "
+                f"{run['relay_r2']:.3f} s, horizon {run['relay_horizon']:.3f} s; {profile.get('samples')} samples")
+        markers = {}
+        for name, server in (("R2", topo.r2), ("R3", topo.r3), ("D", topo.d)):
+            rows = server.execute(f"SELECT id FROM {SCHEMA}.marker WHERE id >= 1000 ORDER BY id")
+            markers[name] = [int(r[0]) for r in rows]
+        want = [1000 + k for k in range(1, repeats + 1 + (1 if args.profile else 0))]
+        if any(got != want for got in markers.values()):
+            raise BenchError(f"markers differ from {want}: {markers}")
+        relay_files = {p.name: (p.stat().st_size, p.stat().st_blocks * 512)
+                       for p in sorted(topo.relay.relay_dir.glob(f"{BASENAME}.*")) if p.suffix[1:].isdigit()}
+    finally:
+        topo.close()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    out = {"backlog": size, "label": size_label(size), "generation": backlog, "runs": runs,
+           "setup_seconds": round(setup, 1), "seconds_total": round(time.monotonic() - began, 1),
+           "relay_rss_kb": mem.get("VmRSS"), "relay_hwm_kb": mem.get("VmHWM"), "markers": markers,
+           "relay_files": relay_files, "profile": profile,
+           "replica_relay_logs_flushed": not args.keep_replica_relay_logs}
+    for path in PATHS:
+        values = [r[path] for r in runs]
+        out[path] = {"median": round(statistics.median(values), 4), "min": min(values), "max": max(values),
+                     "samples": values}
+    direct = out["direct"]["median"]
+    out["ratio_r2"] = round(out["relay_r2"]["median"] / direct, 2) if direct else None
+    out["ratio_r3"] = round(out["relay_r3"]["median"] / direct, 2) if direct else None
+    per = [r["relay_r2"] / r["direct"] for r in runs if r["direct"]]
+    out["ratio_r2_per_repeat"] = [round(x, 2) for x in per]
+    return out
+
+
+# -- reporting -----------------------------------------------------------------------------------------------------
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n / 1e3:,.1f} kB"
+
+
+def _mr(d: dict) -> str:
+    return f"{d['median']:.3f} [{d['min']:.3f} - {d['max']:.3f}]"
+
+
+def write_markdown(path: Path, report: dict) -> None:
+    rows = report["backlogs"]
+    out = ["# Failover time: START SLAVE on the relay -> the new master's first transaction applied behind it", ""]
+    out += ["Produced by (from the repository root):", "", "```", report["command"], "```", ""]
+    out += [
+        "Seconds from the moment `START SLAVE` is sent to the relay (after `STOP SLAVE; CHANGE MASTER TO ... "
+        "MASTER_USE_GTID=slave_pos` to a freshly promoted candidate, the old master killed with SIGKILL) until a "
+        "marker row, the new master's first transaction, is visible on R2 (behind the relay by GTID) and on R3 "
+        "(behind the relay by file/position); and, measured the same way in the same run, until it is visible on "
+        "D, a plain MariaDB replica of the old master repointed with the same `CHANGE MASTER ... "
+        "MASTER_USE_GTID=slave_pos; START SLAVE` (the peer). Each poller probes every "
+        f"{POLL * 1000:.0f} ms on an open connection. Median [min - max] of {report['repeats']} failovers per "
+        "backlog (each repeat kills the master in force and promotes the next candidate; relay and direct take "
+        "turns going first). **Ratio = relay median / direct median**; absolute times on this shared 2-core "
+        "machine are noise, the ratios and ranges are the result. How it is done: the docstring of "
+        "`benchmarks/failover_time.py`.",
+        "",
+        "| backlog | relay files | relay -> R2 (GTID), s | relay -> R3 (file/pos), s | direct: D (MariaDB), s | "
+        "ratio R2 / direct | ratio R3 / direct | relay horizon, s | relay RSS / peak | backlog generated + taken in |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in rows:
+        g = b["generation"]
+        out.append(
+            f"| {b['label']} | {_size(g['relay_disk_bytes'])} in {g['relay_files']} | {_mr(b['relay_r2'])} | "
+            f"{_mr(b['relay_r3'])} | {_mr(b['direct'])} | {b['ratio_r2']:.2f} | {b['ratio_r3']:.2f} | "
+            f"{_mr(b['relay_horizon'])} | {(b['relay_rss_kb'] or 0) / 1024:,.0f} / {(b['relay_hwm_kb'] or 0) / 1024:,.0f}"
+            f" MB | {g['write_seconds']:.1f} s + {g['catchup_seconds']:.1f} s |")
+    worst = max(max(b["relay_r2"]["max"], b["relay_r3"]["max"]) for b in rows)
+    first, last = rows[0], rows[-1]
+    grow, grow_direct = last["relay_r2"]["median"], last["direct"]["median"]
+    # "Independent of the backlog": the largest backlog's median within 1.5x (or 0.05 s) of the smallest one's.
+    flat = grow <= max(1.5 * first["relay_r2"]["median"], first["relay_r2"]["median"] + 0.05)
+    out += ["", f"**Goal, under {GOAL_SECONDS:g} s: {'met' if worst < GOAL_SECONDS else 'MISSED'}** (slowest single "
+            f"switch behind the relay: {worst:.3f} s). "
+            + (f"**Independent of the backlog size: {'yes' if flat else 'NO'}** -- relay -> R2 median "
+               f"{first['relay_r2']['median']:.3f} s at {first['label']}, {grow:.3f} s at {last['label']} "
+               f"(direct: {first['direct']['median']:.3f} s, {grow_direct:.3f} s)." if len(rows) > 1 else "")]
+    out += [
+        "",
+        "- *relay horizon*: from `START SLAVE` until the relay's `GET /status` `retrieved_gtid_set` holds the "
+        "marker's GTID, i.e. the relay has the new master's first transaction durable in its files (it advertises "
+        "nothing else).",
+        "- *relay RSS / peak*: VmRSS and VmHWM of the relay process after the last switch of that backlog.",
+        "- *backlog generated + taken in*: seconds M1 took to write the backlog, then until the relay, R2, R3, D and "
+        "every candidate held it (all concurrently on the same 2 cores).",
+        "",
+        "## Every failover",
+        "",
+        "| backlog | # | order | new master's binlog before the marker | relay -> R2 | relay -> R3 | horizon | "
+        "direct | R2 / direct | relay START SLAVE returned | D START SLAVE returned |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in rows:
+        for r in b["runs"]:
+            f, p = r["new_master_file_before_marker"]
+            out.append(f"| {b['label']} | {r['repeat']} | {r['order']} | {f} at {_size(p)} | "
+                       f"{r['relay_r2']:.3f} | {r['relay_r3']:.3f} | {r['relay_horizon']:.3f} | {r['direct']:.3f} | "
+                       f"{r['relay_r2'] / r['direct']:.2f} | {r['relay_start_slave_returned']:.3f} | "
+                       f"{r['direct_start_slave_returned']:.3f} |")
+    out += [
+        "",
+        "*new master's binlog before the marker*: where the marker starts in the promoted candidate's binlog. A "
+        "MariaDB 10.11 master finds a replica's GTID position by reading the binlog file that holds it from its "
+        "start (no GTID index before 11.4), so the relay and D both wait for it to read that much.",
+        "",
+        "## Backlogs",
+        "",
+        "| backlog | M1 transactions | M1 binlog | relay files (name: size, allocated) | servers started | "
+        "generated | taken in by everyone | whole backlog (setup, generation, switches) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for b in rows:
+        g = b["generation"]
+        files = ", ".join(f"{n}: {_size(s)} / {_size(a)}" for n, (s, a) in b["relay_files"].items())
+        out.append(f"| {b['label']} | {g['transactions']:,} | {_size(g['m1_binlog_bytes'])} | {files} | "
+                   f"{b['setup_seconds']:.1f} s | {g['write_seconds']:.1f} s | {g['catchup_seconds']:.1f} s | "
+                   f"{b['seconds_total']:.0f} s |")
+    out += [
+        "",
+        f"Whole run: {report['run_seconds']:.0f} s. Relay files are listed after the switches: the first epoch's "
+        "files hold the backlog; each later epoch's file mirrors the new master's file, whose part before the join "
+        "point is filler (sparse: the allocated size is what is on disk). Markers on R2, R3 and D after the run: "
+        "each exactly once, in order, on every backlog (checked).",
+        "",
+        "Settings: every server MariaDB with binlog_format=ROW (M1 and candidates: basename mysql-bin, "
+        "log_slave_updates, gtid_strict_mode, default max_binlog_size 1 GB, sync_binlog=0, "
+        "innodb_flush_log_at_trx_commit=1); R2, R3, D without a binlog, MASTER_CONNECT_RETRY=1, "
+        "MASTER_HEARTBEAT_PERIOD=1. The relay: `relayproxy run --gtid-mode mariadb --listen ...` with the test "
+        "harness's `--heartbeat-period 0.5 --reconnect-max-delay 0.5`, default `--sync-mode transaction`. The "
+        "backlog table is BLACKHOLE everywhere (same binlog bytes, no table data to store); the marker table InnoDB.",
+        "",
+    ]
+    profiled = [b for b in rows if b.get("profile")]
+    if profiled:
+        out += ["## Where the relay's switch time goes (py-spy)", "",
+                "One more failover per backlog, after the timed ones and not in the statistics: py-spy "
+                f"(`record --rate 1000 --threads --nonblocking`, no `--idle`: only samples where a thread is on a "
+                f"CPU) attached to the relay for {PROFILE_SECONDS} s from 0.5 s before `START SLAVE`. At 1,000 "
+                "samples a second, one sample is about 1 ms of CPU.", ""]
+        for b in profiled:
+            prof = b["profile"]
+            run = prof.get("run") or {}
+            head = (f"### {b['label']}: relay -> R2 {run.get('relay_r2', 0):.3f} s, horizon "
+                    f"{run.get('relay_horizon', 0):.3f} s, direct {run.get('direct', 0):.3f} s with the profiler attached")
+            out += [head, ""]
+            if "error" in prof:
+                out += [f"No profile: {prof['error']}.", ""]
+                continue
+            out += ["Samples per thread: " + ", ".join(f"{t} {n}" for t, n in prof["threads"].items()) + ".", "",
+                    "| main thread, innermost frame | samples |", "|---|---:|"]
+            out += [f"| `{r['where']}` | {r['samples']} |" for r in prof["self"][:8]]
+            out += ["", "| relayproxy function or anything it calls (main thread) | samples |", "|---|---:|"]
+            out += [f"| `{r['where']}` | {r['samples']} |" for r in prof["inclusive"][:10]]
+            out.append("")
+    if report.get("notes"):
+        out += [report["notes"].rstrip(), ""]
+    out += ["## Machine", ""]
+    out += [f"- {k}: {v}" for k, v in report["machine"].items()]
+    out.append("")
+    path.write_text("\n".join(out))
+
+
+def write_plot(path: Path, report: dict) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = report["backlogs"]
+    xs = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    styles = {"relay_r2": ("#c44e52", "o", "-"), "relay_r3": ("#dd8452", "s", "-"),
+              "relay_horizon": ("#937860", "^", ":"), "direct": ("#4c72b0", "D", "--")}
+    for i, path_name in enumerate(PATHS):
+        color, marker, ls = styles[path_name]
+        med = [b[path_name]["median"] for b in rows]
+        lo = [b[path_name]["median"] - b[path_name]["min"] for b in rows]
+        hi = [b[path_name]["max"] - b[path_name]["median"] for b in rows]
+        offset = (i - 1.5) * 0.05
+        ax.errorbar([x + offset for x in xs], med, yerr=[lo, hi], color=color, marker=marker, ls=ls, capsize=3,
+                    label=PATH_LABELS[path_name])
+    ax.set_xlim(-0.5, len(rows) - 0.5)
+    ax.axhline(GOAL_SECONDS, color="gray", lw=0.8, ls="--")
+    ax.text(xs[-1], GOAL_SECONDS, " goal 1 s", va="bottom", ha="right", fontsize=8, color="gray")
+    ax.set_xticks(xs, [f"{b['label']}\n({b['generation']['relay_disk_bytes'] / 1e6:,.0f} MB of relay files)"
+                       for b in rows], fontsize=8)
+    ax.set_xlabel("relay backlog")
+    ax.set_ylabel("seconds from START SLAVE (median, bar: min-max)")
+    top = max(max(b[p]["max"] for p in PATHS) for b in rows)
+    ax.set_ylim(0, max(top * 1.2, GOAL_SECONDS * 1.15))
+    ax.set_title(f"Failover: START SLAVE -> new master's first transaction applied ({report['repeats']} repeats)",
+                 fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backlogs", default="0,100M,1G", help="comma-separated relay backlog sizes (decimal: 100M = "
+                   "100,000,000 bytes; default 0,100M,1G)")
+    p.add_argument("--repeats", type=int, default=3, help="failovers per backlog (default 3; one candidate each)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "failover_time.md",
+                   help="markdown results; the plot goes beside it with the suffix .png")
+    p.add_argument("--save-json", type=Path, default=None, help="also write the whole report as JSON here")
+    p.add_argument("--notes", type=Path, default=None, help="markdown appended to the results (written by hand)")
+    p.add_argument("--render", type=Path, default=None, metavar="JSON", help="measure nothing: write the markdown "
+                   "and plot again from a report saved by --save-json (the command recorded is the one that measured)")
+    p.add_argument("--workdir", type=Path, default=None, help="parent of the temporary directories (default $TMPDIR)")
+    p.add_argument("--gen-timeout", type=float, default=420.0, help="seconds generating a backlog and everyone "
+                   "taking it in may take (default 420)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds one switch may take (default 60)")
+    p.add_argument("--keep", action="store_true", help="keep the servers' directories")
+    p.add_argument("--keep-replica-relay-logs", action="store_true", help="do not FLUSH RELAY LOGS on R2, R3 and D "
+                   "before the switches: R2 and R3 then purge the relay log that held the backlog inside the timed "
+                   "window (D's CHANGE MASTER purges its own before it)")
+    p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiled failover: by "
+                   "default one more failover per backlog (one more candidate), not in the statistics, runs with "
+                   f"py-spy attached to the relay for {PROFILE_SECONDS} s from just before START SLAVE, and its "
+                   "hottest functions go into the results (without py-spy the results say so)")
+    args = p.parse_args(argv)
+    try:
+        args.sizes = [parse_size(s) for s in args.backlogs.split(",") if s.strip()]
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    if not args.sizes:
+        p.error("--backlogs is empty")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    out_md = args.out
+    out_png = out_md.with_suffix(".png")
+    if args.render is not None:
+        report = json.loads(args.render.read_text())
+        if args.notes:
+            report["notes"] = args.notes.read_text()
+        out_md.parent.mkdir(parents=True, exist_ok=True)
+        write_markdown(out_md, report)
+        write_plot(out_png, report)
+        log(f"wrote {out_md} from {args.render}")
+        return 0
+    from relayproxy.log import configure_logging
+
+    configure_logging(fmt="json", level="warning")
+    began = time.monotonic()
+    report: dict = {"command": benchinfo.command_line(__file__, argv), "repeats": args.repeats, "backlogs": []}
+    parent = args.workdir
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    for size in args.sizes:
+        report["backlogs"].append(measure_backlog(size, args.repeats, parent, args))
+    report["run_seconds"] = round(time.monotonic() - began, 1)
+    report["machine"] = benchinfo.machine_info(server=True)
+    if args.notes:
+        report["notes"] = args.notes.read_text()
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    if args.save_json:
+        args.save_json.write_text(json.dumps(report, indent=1))
+    write_markdown(out_md, report)
+    plotted = write_plot(out_png, report)
+    log(f"wrote {out_md}" + (f" and {out_png}" if plotted else " (no plot: matplotlib missing)")
+        + f"; the run took {report['run_seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
