@@ -226,3 +226,21 @@ def test_stop_slave_while_connecting_to_a_master_that_never_answers_stops_at_onc
     finally:
         silent.close()
         r.close()
+
+
+def test_a_relay_with_files_refuses_a_file_and_position_other_than_its_horizon(tmp_path, corpus_dir):
+    """The relay's files are one history: CHANGE MASTER cannot move where it continues (a gap or a repeat)."""
+    from .test_downstream_sql import MYSQL_CORPUS, relay_dir_with
+
+    d = relay_dir_with(tmp_path, {"binlog.000004": corpus_dir / MYSQL_CORPUS})
+    r = Relay(d, gtid_mode="off")
+    try:
+        size = (d / "binlog.000004").stat().st_size
+        r.ok("STOP SLAVE")
+        err = r.error("CHANGE MASTER TO MASTER_LOG_FILE='binlog.000004', MASTER_LOG_POS=4", 1210)
+        assert f"continues from its horizon binlog.000004:{size}" in err.message
+        assert not (d / FILE_NAME).exists()
+        r.ok(f"CHANGE MASTER TO MASTER_LOG_FILE='binlog.000004', MASTER_LOG_POS={size}, MASTER_CONNECT_RETRY=7")
+        assert r.session.master.connect_retry == 7  # it caps the reconnect backoff
+    finally:
+        r.close()

@@ -61,7 +61,8 @@ class ReplicationAdminError(Exception):
         self.message = message
 
 
-ER_SLAVE_MUST_STOP = 1198  # "This operation cannot be performed with a running slave; run STOP SLAVE first"
+ER_SLAVE_MUST_STOP = 1198
+ER_WRONG_ARGUMENTS = 1210  # "This operation cannot be performed with a running slave; run STOP SLAVE first"
 
 
 def config_values(cfg) -> dict:
@@ -182,7 +183,9 @@ class UpstreamSession:
                 self._idle.set()
             if self._stopping.is_set() or not self.io_enabled:
                 continue
-            delay = self.cfg.reconnect_min_delay if streamed else min(max(delay * 2, 0.05), self.cfg.reconnect_max_delay)
+            # MASTER_CONNECT_RETRY, when a CHANGE MASTER set it, caps the backoff as it spaces a replica's retries.
+            cap = self.master.connect_retry or self.cfg.reconnect_max_delay
+            delay = self.cfg.reconnect_min_delay if streamed else min(max(delay * 2, 0.05), cap)
             self.status.state = f"waiting {delay:.2f}s to reconnect"
             self._wake.clear()
             await self._wait_woken(delay)
@@ -256,6 +259,16 @@ class UpstreamSession:
             info = apply_change(self.master, options, flavour=flavour)
         except MasterChoiceError as exc:
             raise ReplicationAdminError(exc.code, exc.sqlstate, exc.message) from None
+        if ("log_file" in options or "log_pos" in options) and self.store.current_file is not None:
+            at = self.store.upstream_position() if hasattr(self.store, "upstream_position") else (
+                self.store.horizon.snapshot().file, self.store.horizon.position)
+            if (options.get("log_file", at[0]), options.get("log_pos", at[1])) != tuple(at):
+                # A relay's files are one continuous history: it resumes from its horizon, never from a position
+                # a client names (that would leave a gap or repeat transactions in the files replicas read).
+                raise ReplicationAdminError(
+                    ER_WRONG_ARGUMENTS, "HY000",
+                    f"Incorrect arguments to MASTER_LOG_FILE/MASTER_LOG_POS: the relay continues from its horizon "
+                    f"{at[0]}:{at[1]}; a file and position only choose where an empty relay starts")
         old = self.master
         self.master_info_file.save_choice(info)
         self.master = info
