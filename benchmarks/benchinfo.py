@@ -69,3 +69,21 @@ def command_line(script: str | os.PathLike, argv: list[str]) -> str:
             return str(path)
 
     return shlex.join([rel(Path(sys.executable)), rel(Path(script).resolve()), *argv])
+
+
+def pyplot():
+    """matplotlib's pyplot on the non-interactive Agg backend, or None when matplotlib is not installed (the
+    benchmarks then write their tables without plots)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def machine_section(machine: dict[str, str]) -> list[str]:
+    """The "## Machine" section every results file ends with (markdown lines)."""
+    return ["## Machine", "", *(f"- {k}: {v}" for k, v in machine.items()), ""]

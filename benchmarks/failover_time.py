@@ -723,19 +723,13 @@ def write_markdown(path: Path, report: dict) -> None:
             out.append("")
     if report.get("notes"):
         out += [report["notes"].rstrip(), ""]
-    out += ["## Machine", ""]
-    out += [f"- {k}: {v}" for k, v in report["machine"].items()]
-    out.append("")
+    out += benchinfo.machine_section(report["machine"])
     path.write_text("\n".join(out))
 
 
 def write_plot(path: Path, report: dict) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchinfo.pyplot()
+    if plt is None:
         return False
     rows = report["backlogs"]
     xs = list(range(len(rows)))

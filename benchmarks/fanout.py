@@ -617,19 +617,14 @@ def write_markdown(path: Path, report: dict, notes: str | None) -> None:
         out.append("")
     if notes:
         out += [notes.rstrip(), ""]
-    out += ["![lag percentiles](fanout.png)", "", "## Machine", ""]
-    out += [f"- {k}: {v}" for k, v in report["machine"].items()]
-    out.append("")
+    out += ["![lag percentiles](fanout.png)", ""]
+    out += benchinfo.machine_section(report["machine"])
     path.write_text("\n".join(out))
 
 
 def write_plot(path: Path, report: dict) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchinfo.pyplot()
+    if plt is None:
         return False
     ph = report["phases"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -581,12 +581,8 @@ def _per_file_cost_ns(files: list[CorpusFile], rounds: int = 20) -> float:
 
 
 def write_chart(measures, results, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchinfo.pyplot()
+    if plt is None:
         return False
     labels = [m.label for m in measures]
     values = [m.ns_per_event for m in measures]

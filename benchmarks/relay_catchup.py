@@ -1114,9 +1114,7 @@ def write_markdown(path: Path, report: dict, argv: list[str], notes: str | None 
         out.append("")
     if notes:
         out += [notes.rstrip(), ""]
-    out += ["## Machine", ""]
-    out += [f"- {k}: {v}" for k, v in report["machine"].items()]
-    out.append("")
+    out += benchinfo.machine_section(report["machine"])
     path.write_text("\n".join(out))
 
 
@@ -1149,12 +1147,8 @@ def profile_markdown(prof: dict, shape: str) -> list[str]:
 
 
 def write_plot(path: Path, report: dict) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchinfo.pyplot()
+    if plt is None:
         return False
     shapes = list(report["shapes"])
     big = report.get("big_trx")

@@ -1011,12 +1011,8 @@ def _finish_log_barh(fig, ax, path, xlabel: str, title: str) -> None:
 
 
 def write_plots(out: Path, report: dict) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchinfo.pyplot()
+    if plt is None:
         log("matplotlib is not installed: no plots")
         return []
     written = []
