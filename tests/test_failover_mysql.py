@@ -351,8 +351,14 @@ async def refused_switch(relay_dir: Path, m2_files: list[Binlog], *, purge_to: s
             await ok(port, "START SLAVE")
             session = info["session"]
             await wait_for(lambda: session.status.errors.get("master", 0) >= 2, what="two attempts, both refused")
-            status = await http_status(info["http"])
-            (slave,) = await ok(port, "SHOW SLAVE STATUS")
+            # Each retry clears Last_IO_Error once its dump request is accepted (as a server's IO thread does),
+            # and a refusal sets it again: read both views while the error stands.
+            for _ in range(400):
+                status = await http_status(info["http"])
+                (slave,) = await ok(port, "SHOW SLAVE STATUS")
+                if status["last_io_error"] and slave["Last_IO_Error"] == status["last_io_error"]:
+                    break
+                await asyncio.sleep(0.01)
             served = await asyncio.to_thread(read_stream, port, password=REPL_PW, auto_position=f"{A}:1-2")
             await ok(port, "STOP SLAVE")
             after = everything(relay_dir)

@@ -58,6 +58,7 @@ def test_repr_str_and_describe_never_show_the_password():
     assert sorted(d) == sorted(["host", "port", "user", "password_set", "ssl_mode", "ssl_ca", "ssl_capath",
                                 "ssl_cert", "ssl_key", "ssl_cipher", "public_key_path", "get_public_key",
                                 "connect_retry", "heartbeat_period", "gtid_mode", "log_file", "log_pos", "source",
+                                "unfollowed",
                                 "changed_at"])
     assert info(password="").describe()["password_set"] is False
     assert info().describe()["changed_at"] is None
@@ -299,7 +300,7 @@ def test_options_not_given_keep_their_values():
     current = info(connect_retry=7, heartbeat_period=2.0, ssl_mode="required", gtid_mode="mariadb")
     new = apply_change(current, options("CHANGE MASTER TO MASTER_PASSWORD='new'"), flavour="mariadb", now=T0)
     assert new == info(password="new", connect_retry=7, heartbeat_period=2.0, ssl_mode="required",
-                       gtid_mode="mariadb", source="change_master", changed_at=T0)
+                       gtid_mode="mariadb", source="change_master", changed_at=T0, unfollowed=True)
 
 
 def test_a_failover_repoint_keeps_the_account_and_takes_the_new_host():
@@ -407,7 +408,7 @@ def test_a_first_change_master_defaults_port_and_heartbeat():
     new = apply_change(None, options(f"CHANGE MASTER TO MASTER_HOST='db2', MASTER_USER='r', "
                                      f"MASTER_PASSWORD='{SECRET}'"), flavour="mariadb", now=T0)
     assert new == MasterInfo(host="db2", port=3306, user="r", password=SECRET, source="change_master",
-                             changed_at=T0)
+                             changed_at=T0, unfollowed=True)
     assert new.heartbeat_period == 1.0 and new.ssl_mode == "preferred" and new.gtid_mode == "off"
 
 
@@ -436,7 +437,8 @@ def test_every_copied_option_lands_in_its_field():
     new = apply_change(None, cmd, flavour="mysql", now=T0)
     assert new == MasterInfo(host="db2", port=3307, user="u", password="p", ssl_ca="/ca", ssl_capath="/cas",
                              ssl_cert="/c", ssl_key="/k", ssl_cipher="AES", connect_retry=9, heartbeat_period=3.0,
-                             public_key_path="/pub", get_public_key=True, source="change_master", changed_at=T0)
+                             public_key_path="/pub", get_public_key=True, source="change_master", changed_at=T0,
+                             unfollowed=True)
     assert type(new.heartbeat_period) is float
 
 

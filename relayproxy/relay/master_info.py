@@ -112,6 +112,10 @@ class MasterInfo:
     log_pos: int | None = None
     source: str = "config"
     changed_at: float = 0.0
+    # A CHANGE MASTER no stream has followed yet: it chose whatever server answers at its address, even another
+    # server than the recorded one at the same address (a VIP moved to the promoted replica). Durable, so a
+    # crash between CHANGE MASTER and the first stream does not lose the operator's decision.
+    unfollowed: bool = False
 
     @property
     def address(self) -> str:
@@ -150,7 +154,7 @@ _CHOICE_TYPES: dict[str, tuple[type, ...]] = {
     "ssl_key": (str, type(None)), "ssl_cipher": (str, type(None)), "public_key_path": (str, type(None)),
     "get_public_key": (bool,), "connect_retry": (int, type(None)), "heartbeat_period": (int, float),
     "gtid_mode": (str,), "log_file": (str, type(None)), "log_pos": (int, type(None)), "source": (str,),
-    "changed_at": (int, float),
+    "changed_at": (int, float), "unfollowed": (bool,),
 }
 _IDENTITY_TYPES: dict[str, tuple[type, ...]] = {
     "server_id": (int,), "server_uuid": (str, type(None)), "flavour": (str,), "host": (str,), "port": (int,),
@@ -231,6 +235,8 @@ class MasterInfoFile:
             raise MasterInfoError(f"master info file {self.path}: unknown fields {', '.join(map(str, unknown))}")
         choice = identity = None
         if data.get("choice") is not None:
+            if isinstance(data["choice"], dict):
+                data["choice"].setdefault("unfollowed", False)  # files written before the field existed
             values = _check_section(self.path, "choice", data["choice"], _CHOICE_TYPES)
             choice = MasterInfo(**{**values, "heartbeat_period": float(values["heartbeat_period"]),
                                    "changed_at": float(values["changed_at"])})
@@ -402,6 +408,7 @@ def apply_change(current: MasterInfo | None, cmd_options: Mapping[str, Any], *, 
         values["heartbeat_period"] = float(values["heartbeat_period"])
     values["source"] = "change_master"
     values["changed_at"] = time.time() if now is None else now
+    values["unfollowed"] = True
     result = replace(base, **values)
 
     if not result.host.strip():

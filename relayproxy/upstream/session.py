@@ -19,7 +19,7 @@ import errno
 import struct
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..binlog.gtid import GtidSet, MariaBinlogState
@@ -134,9 +134,6 @@ class UpstreamSession:
         self._connected_identity: MasterIdentity | None = None
         self._round: asyncio.Future | None = None  # the current connect-and-stream round
         self._switch_to: MasterIdentity | None = None  # the new master, until its epoch is recorded
-        # A CHANGE MASTER in this run that no stream has followed yet: it chose whatever server now answers at its
-        # address, even the recorded master's address (a VIP moved to the promoted replica).
-        self._chosen_since_streamed = False
         # A store failure (full disk, EIO) stays in last_io_error until the store writes again: a
         # reconnect alone does not clear it (the next write would fail the same way).
         self._store_failing = False
@@ -273,20 +270,25 @@ class UpstreamSession:
         self.master_info_file.save_choice(info)
         self.master = info
         self.master_reason = f"CHANGE MASTER to {info.address}"
-        self._chosen_since_streamed = True
         log.info("master changed by CHANGE MASTER", old_master=old.address, new_master=info.address,
                  gtid_mode=info.gtid_mode, user=info.user, log_file=info.log_file, log_pos=info.log_pos)
         return info
 
     def _switch_permitted(self, identity: MasterIdentity) -> bool:
         """A CHANGE MASTER chose this master's address since the relay last streamed: an address other than the
-        recorded master's (durable), or any address by a CHANGE MASTER of this run that no stream has followed yet
-        (the VIP case: the same address, another server behind it)."""
+        recorded master's, or any address while no stream has followed that CHANGE MASTER yet (``unfollowed``,
+        durable: the VIP case, the same address with another server behind it)."""
         recorded = self.identity
         return (self.master.source == "change_master" and recorded is not None
                 and ((recorded.host, recorded.port) != (self.master.host, self.master.port)
-                     or self._chosen_since_streamed)
+                     or self.master.unfollowed)
                 and (identity.host, identity.port) == (self.master.host, self.master.port))
+
+    def _choice_followed(self) -> None:
+        """A stream follows the CHANGE MASTER choice now: it no longer stands for 'whatever server answers'."""
+        if self.master.unfollowed:
+            self.master = replace(self.master, unfollowed=False)
+            self.master_info_file.save_choice(self.master)
 
     def _record_error(self, exc: BaseException) -> None:
         store_cannot_write = False
@@ -498,7 +500,7 @@ class UpstreamSession:
         same = recorded.server_id == identity.server_id and (
             recorded.server_uuid is None or identity.server_uuid is None or recorded.server_uuid == identity.server_uuid)
         if same:
-            self._chosen_since_streamed = False  # the choice found the recorded master: it is followed now
+            self._choice_followed()  # the choice found the recorded master: it is followed now
             if (recorded.host, recorded.port) != (identity.host, identity.port):
                 self._record_identity(identity)  # the same server at another address
             return False
@@ -545,7 +547,7 @@ class UpstreamSession:
     def _record_identity(self, identity: MasterIdentity) -> None:
         self.master_info_file.save_identity(identity)
         self.identity = identity
-        self._chosen_since_streamed = False
+        self._choice_followed()
 
     async def _missing_on_master(self, conn: UpstreamConnection, relay_gtids) -> str:
         """The relay's GTIDs the master does not have, as text ('' when it has them all)."""
