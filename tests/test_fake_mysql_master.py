@@ -332,6 +332,61 @@ def test_semi_sync_master_gets_acks_for_durable_transactions(tmp_path, mysql80):
     assert set(positions) <= set(ends) and positions == sorted(positions)  # only transaction ends, in order
 
 
+def test_semi_sync_ack_waits_for_the_relays_fsync(tmp_path, mysql80, monkeypatch):
+    """Fault injection: the relay's fsync (SyncTicket.make_durable, run in a worker thread) is held on an
+    Event. While it is held the master receives no ACK for the new transaction; once it completes, the
+    ACK arrives for exactly that transaction, and it was not there when the fsync returned."""
+    from relayproxy.relay.store import SyncTicket
+
+    image = mysql80
+    ends = group_ends(image)
+    original = SyncTicket.make_durable
+    armed = threading.Event()
+    entered = threading.Event()
+    release = threading.Event()
+    held: dict = {}
+
+    def stalled_make_durable(ticket):
+        if armed.is_set() and not entered.is_set():
+            held["ticket"] = (ticket.file, ticket.position, ticket.needs_fsync)
+            entered.set()
+            release.wait(30)
+            original(ticket)
+            held["acks_when_durable"] = list(held["conn"].acks)
+            return
+        original(ticket)
+
+    monkeypatch.setattr(SyncTicket, "make_durable", stalled_make_durable)
+
+    async def scenario():
+        async with FakeMySQLMaster([(NAME, image[: ends[10]])], semi_sync=True) as master:
+            async with running_relay(master, tmp_path / "relay") as info:
+                try:
+                    await wait_for(lambda: master.connections and master.connections[0].acks
+                                   and master.connections[0].acks[-1] == (NAME, ends[10]), what="the ACK of group 11")
+                    conn = held["conn"] = master.connections[0]
+                    before = list(conn.acks)
+                    armed.set()
+                    master.append(image[ends[10] : ends[11]])  # one more transaction, flagged for an ACK
+                    await wait_for(entered.is_set, what="the relay's fsync of the new transaction")
+                    await asyncio.sleep(1.0)  # five heartbeat periods: time enough for any early ACK to arrive
+                    during = list(conn.acks)
+                    horizon_during = info["session"].store.horizon.snapshot().coordinates
+                    release.set()
+                    await wait_for(lambda: len(conn.acks) > len(before), what="the ACK after the fsync")
+                    await asyncio.sleep(0.3)
+                    return before, during, horizon_during, list(conn.acks)
+                finally:
+                    release.set()
+
+    before, during, horizon_during, after = asyncio.run(scenario())
+    assert held["ticket"] == (NAME, ends[11], True), held["ticket"]  # the held fsync covers the new transaction
+    assert during == before, f"the master got an ACK while the relay's fsync was held: {during[len(before):]}"
+    assert horizon_during == (NAME, ends[10])
+    assert held["acks_when_durable"] == before, "an ACK reached the master before the fsync completed"
+    assert after == before + [(NAME, ends[11])], after[len(before):]
+
+
 def test_caching_sha2_fast_path_and_a_wrong_password(tmp_path, mysql80):
     async def scenario():
         async with FakeMySQLMaster([(NAME, mysql80)], auth_plugin="caching_sha2_password") as master:

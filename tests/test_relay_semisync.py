@@ -39,6 +39,13 @@ def test_master_counts_every_commit_as_acknowledged_by_the_relay(mariadb, tmp_pa
         for i in range(commits):
             cur.execute("INSERT INTO app.t (v) VALUES (%s)", (i,))
             conn.commit()
+            # The commit returned, so the master had the relay's ACK: the relay's durable horizon (moved only
+            # after the fsync, and before the ACK is sent) already covers it. The stalled-fsync test in
+            # test_fake_mysql_master.py shows the order itself; this checks it against a real master.
+            file, pos = master_status(master)
+            status = relay.status()
+            horizon = (status["master_log_file"], status["read_master_log_pos"])
+            assert horizon >= (file, pos), f"commit {i} at {file}:{pos} returned; the relay's horizon is {horizon}"
         conn.close()
         assert int(status_var(master, "Rpl_semi_sync_master_yes_tx")) - yes_before == commits + 2
         assert int(status_var(master, "Rpl_semi_sync_master_no_tx")) == no_before
