@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.events import FormatDescription
-from relayproxy.binlog.gtid import GtidSet
+from relayproxy.binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
+from relayproxy.binlog.reader import scan_bytes
 from relayproxy.relay import RelayEventError, RelayGapError, RelayMismatchError, RelayStateError, RelayStore
 from relayproxy.relay import RelayStoreFailed
 from relayproxy.relay import store as S
@@ -24,7 +25,7 @@ from relayproxy.upstream.receiver import RelayReceiver
 from . import eventgen as G
 from .fakemaster import BinlogIndex, DumpCursor, clear_in_use, split_events
 from .test_receiver import MARIA100_NONE, MARIA_CHAIN, MYSQL57_ROTATE, MYSQL80, payload
-from .test_relay_store import Feeder, fresh_store, maria_image, mysql_image
+from .test_relay_store import MARIA, OTHER_SID, Feeder, fresh_store, maria_image, mysql_image
 
 # -- the CRC32 residue ---------------------------------------------------------------------------------------------
 
@@ -436,15 +437,77 @@ def test_append_event_large_events_skip_the_buffer(tmp_path):
     store.close()
 
 
-def test_previous_gtids_through_append_event_are_cross_checked(tmp_path):
-    start = GtidSet()
-    start.add_interval(bytes(range(100, 116)), 1, 6)
-    image = mysql_image(start=start)
+def _maria_start(state) -> bytes:
+    """A MariaDB file image (no groups) starting with GTID_LIST ``state``."""
+    return G.binlog_file(G.event(C.MARIA_GTID_LIST_EVENT, state.encode_gtid_list_body()), server_version=MARIA)
+
+
+def _mismatch_names_file_and_sets(exc: RelayMismatchError, file: str, *sets) -> None:
+    message = str(exc)
+    assert exc.file == file and f"{file}:" in message, message
+    for gtids in sets:
+        assert str(gtids) in message, f"{gtids} not named in: {message}"
+
+
+@pytest.mark.parametrize("flavour", ["mysql", "mariadb"])
+def test_previous_gtids_through_append_event_are_cross_checked(tmp_path, flavour):
+    """The store decodes the PREVIOUS_GTIDS / GTID_LIST it appends itself; set_start_gtids accepts the same set
+    from the session and refuses any other, naming the file and both sets."""
+    if flavour == "mysql":
+        start = GtidSet()
+        start.add_interval(OTHER_SID, 1, 6)
+        image = mysql_image(start=start)
+        other = start.copy()
+        other.add_interval(OTHER_SID, 6, 8)  # one more GTID than the file's set
+    else:
+        start = MariaBinlogState([MariaGtid(0, 1, 5), MariaGtid(1, 2, 9)])
+        image = maria_image()
+        other = MariaBinlogState([MariaGtid(0, 1, 5), MariaGtid(1, 2, 8)])
     store = fresh_store(tmp_path)
     for offset, ev in split_events(image)[:2]:
         store.append_event(offset, ev, *_header(ev))
     store.set_start_gtids(start)  # the store decoded the same set the session would
+    with pytest.raises(RelayMismatchError) as refused:
+        store.set_start_gtids(other)
+    _mismatch_names_file_and_sets(refused.value, "binlog.000001", other, start)
+    assert "differs from the file's" in str(refused.value)
+    store.set_start_gtids(start)  # the refusal changed nothing
     store.close()
+
+
+@pytest.mark.parametrize("flavour", ["mysql", "mariadb"])
+def test_a_new_files_set_that_does_not_continue_the_relays_is_refused_on_the_fast_path(tmp_path, flavour):
+    """After a rotation, a PREVIOUS_GTIDS / GTID_LIST lacking GTIDs the relay holds (another master's history)
+    is refused by append_event as by write_event: RelayMismatchError naming the new file and both sets, the
+    relay's set unchanged, nothing of the new file's set adopted."""
+    if flavour == "mysql":
+        first = mysql_image("binlog.000002")
+        behind = GtidSet()
+        behind.add_interval(OTHER_SID, 1, 3)
+        second = mysql_image("binlog.000003", rotate=False, groups=2, start=behind)
+    else:
+        first = maria_image("binlog.000002")
+        behind = MariaBinlogState([MariaGtid(0, 1, 5), MariaGtid(1, 2, 9)])  # the first file's own start set
+        second = _maria_start(behind)
+    after = scan_bytes(first).gtids_after
+    for write in ("append_event", "write_event"):
+        store = fresh_store(tmp_path / write)
+        Feeder(store).feed_all(first)
+        store.start_file("binlog.000002")
+        (fde_offset, fde), (set_offset, set_event) = split_events(second)[:2]
+        if write == "append_event":
+            store.append_event(fde_offset, fde, *_header(fde))
+            call = lambda: store.append_event(set_offset, set_event, *_header(set_event))  # noqa: E731
+        else:
+            store.write_event(fde_offset, fde)
+            call = lambda: store.write_event(set_offset, set_event)  # noqa: E731
+        with pytest.raises(RelayMismatchError) as refused:
+            call()
+        _mismatch_names_file_and_sets(refused.value, "binlog.000002", behind, after)
+        assert "does not continue the relay's set" in str(refused.value)
+        assert store.horizon.snapshot().gtids == after
+        assert store.current_end == set_offset  # the refused event was not written
+        store.close()
 
 
 def test_a_resent_event_after_newer_ones_keeps_the_furthest_master_position(streams):
