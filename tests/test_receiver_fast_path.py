@@ -16,8 +16,14 @@ from relayproxy.binlog import constants as C
 from relayproxy.binlog.events import FormatDescription
 from relayproxy.binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from relayproxy.binlog.reader import scan_bytes
-from relayproxy.relay import RelayEventError, RelayGapError, RelayMismatchError, RelayStateError, RelayStore
-from relayproxy.relay import RelayStoreFailed
+from relayproxy.relay import (
+    RelayEventError,
+    RelayGapError,
+    RelayMismatchError,
+    RelayStateError,
+    RelayStore,
+    RelayStoreFailed,
+)
 from relayproxy.relay import store as S
 from relayproxy.upstream import receiver as R
 from relayproxy.upstream.receiver import RelayReceiver
@@ -495,14 +501,14 @@ def test_a_new_files_set_that_does_not_continue_the_relays_is_refused_on_the_fas
         Feeder(store).feed_all(first)
         store.start_file("binlog.000002")
         (fde_offset, fde), (set_offset, set_event) = split_events(second)[:2]
-        if write == "append_event":
-            store.append_event(fde_offset, fde, *_header(fde))
-            call = lambda: store.append_event(set_offset, set_event, *_header(set_event))  # noqa: E731
-        else:
-            store.write_event(fde_offset, fde)
-            call = lambda: store.write_event(set_offset, set_event)  # noqa: E731
+        fast = write == "append_event"
+        written = store.append_event(fde_offset, fde, *_header(fde)) if fast else store.write_event(fde_offset, fde)
+        assert written == "appended"
         with pytest.raises(RelayMismatchError) as refused:
-            call()
+            if fast:
+                store.append_event(set_offset, set_event, *_header(set_event))
+            else:
+                store.write_event(set_offset, set_event)
         _mismatch_names_file_and_sets(refused.value, "binlog.000002", behind, after)
         assert "does not continue the relay's set" in str(refused.value)
         assert store.horizon.snapshot().gtids == after
