@@ -13,13 +13,65 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+def _git(*args: str, root: Path = REPO_ROOT) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+# What a result depends on: the package, the benchmark scripts, the build/test configuration. Results files
+# (benchmarks/results/**) and findings notes (*_notes.md) are what a run writes, not what it measures.
+CODE_PATHSPECS = ("relayproxy", "benchmarks", "setup.cfg", "pyproject.toml")
+SHOWN_DIRTY = 8  # at most this many dirty code files named in the results header
+
+
+def is_code(path: str) -> bool:
+    """Whether a repository-relative path is code a benchmark result depends on."""
+    parts = path.split("/")
+    if parts[0] == "relayproxy":
+        return "__pycache__" not in parts and not path.endswith("_notes.md")
+    if parts[0] == "benchmarks":
+        return len(parts) == 2 and path.endswith(".py")  # benchmarks/*.py, not results/, notes or data
+    return path in ("setup.cfg", "pyproject.toml")
+
+
+def dirty_code_files(root: Path = REPO_ROOT) -> list[str]:
+    """Code files (``is_code``) with uncommitted changes, staged or not, untracked ones included, sorted."""
+    out = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "-z", "--untracked-files=all", "--", *CODE_PATHSPECS],
+        capture_output=True, text=True, timeout=10, check=True,  # not a repository: an error, never "clean"
+    ).stdout
+    entries = out.split("\0")
+    paths: set[str] = set()
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        status, path = entry[:2], entry[3:]
+        paths.add(path)
+        if "R" in status or "C" in status:  # a rename or copy: the next entry is the source path
+            if i < len(entries) and entries[i]:
+                paths.add(entries[i])
+            i += 1
+    return sorted(p for p in paths if is_code(p))
+
+
+def commit_info(root: Path = REPO_ROOT) -> str:
+    """The short commit, plus the code files with uncommitted changes when there are any (results files and
+    notes never make a tree dirty)."""
+    commit = _git("rev-parse", "--short", "HEAD", root=root) or "no commit yet"
+    dirty = dirty_code_files(root)
+    if dirty:
+        shown = ", ".join(dirty[:SHOWN_DIRTY])
+        more = f" and {len(dirty) - SHOWN_DIRTY} more" if len(dirty) > SHOWN_DIRTY else ""
+        commit += f" + uncommitted changes to code: {shown}{more}"
+    return commit
 
 
 def machine_info(*, server: bool = False, **extra: str) -> dict[str, str]:
-    """CPU, cores, kernel, Python, relayproxy commit (marked when relayproxy/ or benchmarks/ have uncommitted
-    changes), the local mariadbd version when ``server``, the load average, and any ``extra`` entries."""
+    """CPU, cores, kernel, Python, relayproxy commit (``commit_info``: marked, with the file names, when code has
+    uncommitted changes; results files never mark it), the local mariadbd version when ``server``, the load
+    average, and any ``extra`` entries."""
     cpu = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -29,9 +81,7 @@ def machine_info(*, server: bool = False, **extra: str) -> dict[str, str]:
     except OSError:
         pass
     try:
-        commit = _git("rev-parse", "--short", "HEAD") or "no commit yet"
-        if _git("status", "--porcelain", "--", "relayproxy", "benchmarks"):
-            commit += " + uncommitted changes in relayproxy/ or benchmarks/"
+        commit = commit_info()
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     info = {
