@@ -484,6 +484,232 @@ def _damage_followed_by_data(path: Path, bad: int) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------------------------------------
+# The plan: what recovery decides about a list of files (reads only, never writes)
+#
+# ``recover()`` applies it to a relay directory (completes a magic, cuts a partial tail, rewrites the
+# index, fsyncs, the durable mark); the read-only directory of ``relayproxy serve`` (``readonly.py``)
+# uses it as it is and refuses where the relay would write. One place decides what a file's tail, the
+# continuity of two files and the horizon (file, position, GTID set) mean.
+
+WHOLE, PARTIAL, DAMAGED = "whole", "partial", "damaged"
+
+
+def classify_scan(scan: ScanResult, size: int) -> str:
+    """``DAMAGED`` (a CRC mismatch, an impossible structure, no FORMAT_DESCRIPTION), ``PARTIAL`` (complete
+    up to ``scan.good_end`` and a cut event or an unfinished group after it) or ``WHOLE``. ``scan`` may be a
+    finished scan (``scan_file``) or an incremental one that has read ``size`` bytes (``--follow``)."""
+    if scan.crc_errors > 0 or (scan.error is not None and not scan.truncated_event):
+        return DAMAGED
+    if scan.partial_tail or scan.truncated_event or scan.good_end < size:
+        return PARTIAL
+    return WHOLE
+
+
+@dataclass
+class TailPlan:
+    """What recovery decides about the newest file: where its horizon is and what lies after it."""
+
+    name: str
+    path: Path
+    size: int
+    end: int  # the end of the last complete group (4 for a file of only the magic): the horizon's position
+    scan: ScanResult | None = field(default=None, repr=False)  # None for a file of (part of) the magic
+    kind: str = WHOLE  # WHOLE, PARTIAL (cut after ``end``) or DAMAGED (crash debris after ``end``)
+    complete_magic: bool = False  # listed, but only part of the magic reached the disk: the relay writes it
+    damage_offset: int | None = None  # where the damage is (DAMAGED), else where the kept part ends
+    detail: str | None = None  # what is wrong after ``end``
+    refusal: str | None = None  # why nothing may be cut: the relay refuses to start, serve to serve
+    refusal_reason: str | None = None  # the part of ``refusal`` that says why ("an intact event follows ...")
+    fde: FormatDescription | None = None
+    start_set: object = None  # the file's PREVIOUS_GTIDS / GTID_LIST (None before it)
+    gtids: object = None  # the set at ``end`` from this file alone (before a join set or a carried set)
+
+    @property
+    def cut(self) -> int:
+        return self.size - self.end
+
+
+def plan_tail(path: Path, name: str, *, scan: ScanResult | None = None, size: int | None = None,
+              mark: DurableMark | None = None) -> TailPlan:
+    """Decide what to keep of the newest file ``path`` (reads it, never writes it).
+
+    ``scan`` (with the ``size`` it has read) is taken as is when given, else the file is scanned. A cut event
+    or an unfinished group after the last complete group is left out; damage is left out only when nothing
+    intact follows it and it lies after the durable ``mark`` (the debris of a crash); else ``refusal``.
+    """
+    path = Path(path)
+    if size is None:
+        size = path.stat().st_size
+    if size <= 4 and scan is None:
+        head = path.read_bytes()[:4]
+        if head == C.BINLOG_MAGIC:
+            return TailPlan(name, path, size, 4)
+        if not C.BINLOG_MAGIC.startswith(head):
+            return TailPlan(name, path, size, 4, kind=DAMAGED, damage_offset=0,
+                            refusal=f"{path}: not a binlog file (starts with {head.hex() or 'nothing'})")
+        return TailPlan(name, path, size, 4, complete_magic=True)  # the magic never reached the disk
+    if scan is None:
+        scan = scan_file(path)
+    good_end = scan.good_end
+    kind = classify_scan(scan, size)
+    plan = TailPlan(name, path, size, good_end, scan=scan, kind=kind)
+    damaged = kind == DAMAGED
+    bad = _error_offset(scan) if damaged else None
+    if bad is None:
+        bad = good_end
+    plan.detail = detail = scan.error or ("CRC error" if scan.crc_errors else "an unfinished group")
+    plan.damage_offset = bad
+    if damaged and bad < 4:
+        plan.refusal = f"{path}: {detail}"
+        return plan
+    mark_position = mark.position if mark is not None and mark.file == name else None
+    if mark_position is not None and good_end < mark_position <= size:
+        # What the relay had made durable and published does not read back whole: never cut it.
+        plan.refusal = (
+            f"relay file damaged inside durable data: {path} at offset {bad} ({detail}); the relay had "
+            f"published up to offset {mark_position} of this file. Refusing to start: restore the file "
+            f"from the master (it is byte-identical to the master's binlog)"
+        )
+        plan.refusal_reason = f"the relay had published up to offset {mark_position} of this file"
+        return plan
+    if damaged and mark_position is None:
+        reason = _damage_followed_by_data(path, bad)
+        if reason is not None:
+            plan.refusal_reason = reason
+            plan.refusal = (
+                f"relay file damaged before its end: {path} at offset {bad} ({detail}), and {reason}. "
+                f"This is not the debris of a crash; refusing to start rather than throw data away: "
+                f"restore the file from the master (it is byte-identical to the master's binlog)"
+            )
+            return plan
+    # The damaged scan may have counted groups past the damage: take the GTIDs of the part kept.
+    kept = _scan_prefix(path, good_end) if damaged else scan
+    plan.fde, plan.start_set, gtids = kept.fde, kept.start_gtids, kept.gtids_after
+    if plan.start_set is None and gtids is not None and not gtids:
+        gtids = None  # only a cut GTID group was seen: no set yet (as the live store would have it)
+    plan.gtids = gtids
+    return plan
+
+
+def _scan_prefix(path: Path, end: int) -> ScanResult:
+    """The scan of the first ``end`` bytes of a file, as ``scan_file`` reads it once cut there."""
+    scanner = BinlogScanner(path=os.fspath(path))
+    with open(path, "rb") as f:
+        left = end
+        while left > 0 and not scanner._stopped:
+            chunk = f.read(min(1 << 20, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+            scanner.feed(chunk)
+    return scanner.finish()
+
+
+def file_end_set(name: str, scan: ScanResult, epochs: Epochs):
+    """The GTID set after a (closed) file's complete groups: its own, joined with the join set of a join file."""
+    after = scan.gtids_after
+    join = epochs.join_set(name) if epochs.join_epoch(name) is not None else None
+    return after if join is None else gtid_union(join, after)
+
+
+def end_gtids(name: str, *, start_set, gtids, fde, epochs: Epochs, previous=None):
+    """``(the GTID set at the horizon in file name, GTIDs its start set names beyond the join set)``.
+
+    ``start_set`` / ``gtids`` / ``fde``: the file's set event, its set at the end of its complete groups, its
+    FORMAT_DESCRIPTION. A join file starts at ``join_gtids ∪ its own set``; a file cut before its set event
+    continues the previous file's set (``previous()``: that set, ``file_end_set``; None: no previous file).
+    ValueError when a join does not add up.
+    """
+    if epochs.join_epoch(name) is not None:
+        join = epochs.join_set(name)
+        joined = gtid_union(join, gtids)
+        extra = gtid_missing(start_set, join) if start_set is not None and join is not None else None
+        return joined, extra
+    if start_set is None and previous is not None and _writes_gtid_set_event(fde):
+        return _merge_gtids(previous(), gtids), None
+    return gtids, None
+
+
+@dataclass(frozen=True)
+class Link:
+    """How ``newer`` follows ``older`` in a file list: ``rotate`` is the target of ``older``'s final ROTATE."""
+
+    older: str
+    newer: str
+    rotate: str | None
+    follows: bool  # the ROTATE names ``newer`` (through ``older``'s upstream epoch: relay/epochs.py)
+
+
+def link(epochs: Epochs, older: str, rotate: str | None, newer: str) -> Link:
+    return Link(older, newer, rotate, rotate is not None and newer in epochs.rotate_targets(older, rotate))
+
+
+@dataclass
+class RecoveryPlan:
+    """What recovery decides for a list of files: the links between them, the newest file's tail, the horizon."""
+
+    files: list[str]
+    links: list[Link]
+    tail: TailPlan
+    horizon_gtids: object = None
+    join_extra: object = None
+    join_problem: str | None = None  # a join set that does not add up: refused
+    previous_warning: str | None = None  # the previous file could not be read whole for the carried set
+    flavour: str | None = None
+
+    @property
+    def horizon(self) -> tuple[str, int, object]:
+        return self.tail.name, self.tail.end, self.horizon_gtids
+
+
+def plan_recovery(directory: Path, names: list[str], *, epochs: Epochs, mark: DurableMark | None = None,
+                  newest_scan: ScanResult | None = None, newest_size: int | None = None,
+                  closed_scans: list[ScanResult] | None = None) -> RecoveryPlan:
+    """The recovery plan of ``names`` (oldest first, at least one) in ``directory``; reads only.
+
+    The relay scans only the newest file (closed files: their final ROTATE, read from the end); a reader
+    that scanned the closed files passes ``closed_scans`` (and may pass the newest file's scan so far).
+    """
+    directory = Path(directory)
+    rotates = [
+        (scan.rotate_to if closed_scans is not None else read_final_rotate(directory / older))
+        for older, scan in zip(names[:-1], closed_scans if closed_scans is not None else names[:-1])
+    ]
+    links = [link(epochs, older, rotate and rotate[0], newer)
+             for older, newer, rotate in zip(names, names[1:], rotates)]
+    newest = names[-1]
+    tail = plan_tail(directory / newest, newest, scan=newest_scan, size=newest_size, mark=mark)
+    plan = RecoveryPlan(list(names), links, tail)
+    if tail.refusal is not None:
+        return plan
+
+    def previous():
+        if closed_scans is not None:
+            scan = closed_scans[-1]
+        else:
+            scan = scan_file(directory / names[-2])
+            if scan.error or scan.crc_errors:
+                plan.previous_warning = f"{names[-2]}: {scan.error or 'CRC errors'} (while reading its GTID set)"
+        try:
+            return file_end_set(names[-2], scan, epochs)
+        except ValueError as exc:
+            raise RelayRecoveryError(f"{names[-2]}: its GTID set does not join the relay's: {exc}") from None
+
+    try:
+        plan.horizon_gtids, plan.join_extra = end_gtids(
+            newest, start_set=tail.start_set, gtids=tail.gtids, fde=tail.fde, epochs=epochs,
+            previous=previous if len(names) > 1 else None,
+        )
+    except ValueError as exc:
+        plan.join_problem = f"{newest}: its GTID set does not join the relay's: {exc}"
+    for candidate in (tail.fde, read_first_fde(directory / names[0])):
+        if candidate is not None:
+            plan.flavour = candidate.flavour
+            break
+    return plan
+
+
 def _write_magic(path: Path) -> None:
     fd = os.open(path, os.O_RDWR)
     try:
@@ -606,60 +832,40 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredSt
         warn(f"{DURABLE_MARK_NAME} names {mark.file}, which is not a relay file here: ignored")
         mark = None
 
-    for older, newer in zip(names, names[1:]):
-        rotate = read_final_rotate(relay_dir / older)
-        if rotate is None:
-            warn(f"{older} does not end with a ROTATE (the master restarted or the file was cut): next is {newer}")
-        elif newer not in epochs.rotate_targets(older, rotate[0]):
-            warn(f"{older} ends with a ROTATE to {rotate[0]}, but the next relay file is {newer}")
+    plan = plan_recovery(relay_dir, names, epochs=epochs, mark=mark)
+    for step in plan.links:
+        if step.rotate is None:
+            warn(f"{step.older} does not end with a ROTATE (the master restarted or the file was cut): next is {step.newer}")
+        elif not step.follows:
+            warn(f"{step.older} ends with a ROTATE to {step.rotate}, but the next relay file is {step.newer}")
 
-    newest = names[-1]
-    path = relay_dir / newest
-    end, scan, fde, start_set, gtids = _recover_newest(relay_dir, path, newest, mark, report, warn)
-    start_set_seen = start_set is not None
-    report.scan = scan
-
-    join = epochs.join_set(newest)
-    join_extra, join_warnings = None, []
-    if epochs.join_epoch(newest) is not None:
-        # A join file: the set at its start is join_gtids ∪ its own set (which may lack part of the relay's).
-        try:
-            gtids = gtid_union(join, gtids)
-            join_extra = gtid_missing(start_set, join) if start_set is not None and join is not None else None
-        except ValueError as exc:
-            raise RelayRecoveryError(f"{newest}: its GTID set does not join the relay's: {exc}", file=newest) from None
-        if join_extra is not None:
-            join_warnings.append(
-                f"{newest} (epoch {epochs.join_epoch(newest).epoch}) starts with the GTID set {gtid_text(start_set)}, "
-                f"which names {gtid_text(join_extra)} that the relay never had: counted as purged"
-            )
-            report.warnings.extend(join_warnings)
-    elif start_set_seen is False and len(names) > 1 and _writes_gtid_set_event(fde):
-        # The newest file stops before its PREVIOUS_GTIDS / GTID_LIST: continue the previous file's set.
-        previous = scan_file(relay_dir / names[-2])
-        if previous.error or previous.crc_errors:
-            warn(f"{names[-2]}: {previous.error or 'CRC errors'} (while reading its GTID set)")
-        previous_after = previous.gtids_after
-        if epochs.join_epoch(names[-2]) is not None:
-            try:
-                previous_after = gtid_union(epochs.join_set(names[-2]), previous_after)
-            except ValueError as exc:
-                raise RelayRecoveryError(f"{names[-2]}: its GTID set does not join the relay's: {exc}") from None
-        gtids = _merge_gtids(previous_after, gtids)
+    tail = plan.tail
+    newest = tail.name
+    path = tail.path
+    _apply_tail(tail, mark, report, warn)
+    report.scan = tail.scan
+    if plan.join_problem is not None:
+        raise RelayRecoveryError(plan.join_problem, file=newest)
+    if plan.previous_warning is not None:
+        warn(plan.previous_warning)
+    join_warnings = []
+    if plan.join_extra is not None:
+        join_warnings.append(
+            f"{newest} (epoch {epochs.join_epoch(newest).epoch}) starts with the GTID set {gtid_text(tail.start_set)}, "
+            f"which names {gtid_text(plan.join_extra)} that the relay never had: counted as purged"
+        )
+        report.warnings.extend(join_warnings)
+    gtids = plan.horizon_gtids
 
     fsync_path(path)
     fsync_dir(relay_dir)
 
-    flavour = None
-    for candidate in (fde, read_first_fde(relay_dir / names[0])):
-        if candidate is not None:
-            flavour = candidate.flavour
-            break
-    report.horizon = HorizonSnapshot(newest, end, None if gtids is None else gtids.copy(), 0)
+    report.horizon = HorizonSnapshot(newest, tail.end, None if gtids is None else gtids.copy(), 0)
+    start_set = tail.start_set
     file_start = None if start_set is None else start_set.copy()
     return RecoveredState(
-        report, list(names), newest, end, gtids, fde, start_set_seen, file_start, flavour, epochs, join_extra,
-        join_warnings,
+        report, list(names), newest, tail.end, gtids, tail.fde, start_set is not None, file_start, plan.flavour,
+        epochs, plan.join_extra, join_warnings,
     )
 
 
@@ -684,80 +890,32 @@ def _adopt_unlisted(path: Path, warn) -> bool:
     return False
 
 
-def _recover_newest(relay_dir: Path, path: Path, name: str, mark: DurableMark | None, report, warn):
-    """Scan, classify and (if needed) truncate the newest file. Returns (end, scan, fde, start set, gtids)."""
-    size = path.stat().st_size
-    if size <= 4:
-        head = path.read_bytes()
-        if head != C.BINLOG_MAGIC:
-            if not C.BINLOG_MAGIC.startswith(head):
-                raise RelayRecoveryError(
-                    f"{path}: not a binlog file (starts with {head.hex() or 'nothing'})", file=name, offset=0
-                )
-            # Listed, but the magic never reached the disk: it holds nothing, write the magic.
-            _write_magic(path)
-            warn(f"{name}: completed its binlog magic ({size} of 4 bytes were on disk)")
+def _apply_tail(tail: TailPlan, mark: DurableMark | None, report: RecoveryReport, warn) -> None:
+    """Do what the plan decided for the newest file: refuse, complete its magic, or cut its partial tail."""
+    name, path = tail.name, tail.path
+    if tail.refusal is not None:
+        raise RelayRecoveryError(tail.refusal, file=name, offset=tail.damage_offset)
+    if tail.scan is None:
+        if tail.complete_magic:
+            _write_magic(path)  # listed, but the magic never reached the disk: it holds nothing
+            warn(f"{name}: completed its binlog magic ({tail.size} of 4 bytes were on disk)")
         _check_mark(mark, name, 4, warn)
-        return 4, None, None, None, None
-
-    scan = scan_file(path)
-    good_end = scan.good_end
-    damaged = scan.crc_errors > 0 or (scan.error is not None and not scan.truncated_event)
-    bad = _error_offset(scan) if damaged else None
-    if bad is None:
-        bad = good_end
-    detail = scan.error or ("CRC error" if scan.crc_errors else "an unfinished group")
-    if damaged and bad < 4:
-        raise RelayRecoveryError(f"{path}: {detail}", file=name, offset=bad)
-    mark_position = mark.position if mark is not None and mark.file == name else None
-    if mark_position is not None and good_end < mark_position <= size:
-        # What the relay had made durable and published does not read back whole: never cut it.
-        raise RelayRecoveryError(
-            f"relay file damaged inside durable data: {path} at offset {bad} ({detail}); the relay had "
-            f"published up to offset {mark_position} of this file. Refusing to start: restore the file "
-            f"from the master (it is byte-identical to the master's binlog)",
-            file=name,
-            offset=bad,
-        )
-    if damaged and mark_position is None:
-        reason = _damage_followed_by_data(path, bad)
-        if reason is not None:
-            raise RelayRecoveryError(
-                f"relay file damaged before its end: {path} at offset {bad} ({detail}), and {reason}. "
-                f"This is not the debris of a crash; refusing to start rather than throw data away: "
-                f"restore the file from the master (it is byte-identical to the master's binlog)",
-                file=name,
-                offset=bad,
-            )
-    if damaged:
+        return
+    if tail.kind == DAMAGED:
         warn(
-            f"{name}: damage after the last durable point at offset {bad} ({detail}): "
-            f"the debris of a crash, cut off at offset {good_end}"
+            f"{name}: damage after the last durable point at offset {tail.damage_offset} ({tail.detail}): "
+            f"the debris of a crash, cut off at offset {tail.end}"
         )
-    rescan = damaged
-
-    if good_end < size:
-        _truncate(path, good_end)
-        report.truncated_bytes = size - good_end
+    if tail.cut > 0:
+        _truncate(path, tail.end)
+        report.truncated_bytes = tail.cut
         report.truncated_file = name
-        if not damaged:
-            reason = "a cut event" if scan.truncated_event else "an unfinished group"
-            warn(f"{name}: cut {size - good_end} bytes of {reason} after offset {good_end}")
-    _check_mark(mark, name, good_end, warn)
-
-    if rescan:
-        # The damaged scan may have counted groups past the damage: take the GTIDs from the cut file.
-        scan_after = scan_file(path)
-        gtids, start_set = scan_after.gtids_after, scan_after.start_gtids
-        fde = scan_after.fde
-    else:
-        gtids, start_set = scan.gtids_after, scan.start_gtids
-        fde = scan.fde
-    if start_set is None and gtids is not None and not gtids:
-        gtids = None  # only a cut GTID group was seen: no set yet (as the live store would have it)
-    if scan.warnings:
-        report.warnings.extend(f"{name}: {w}" for w in scan.warnings)
-    return good_end, scan, fde, start_set, gtids
+        if tail.kind != DAMAGED:
+            reason = "a cut event" if tail.scan.truncated_event else "an unfinished group"
+            warn(f"{name}: cut {tail.cut} bytes of {reason} after offset {tail.end}")
+    _check_mark(mark, name, tail.end, warn)
+    if tail.scan.warnings:
+        report.warnings.extend(f"{name}: {w}" for w in tail.scan.warnings)
 
 
 def _check_mark(mark: DurableMark | None, name: str, end: int, warn) -> None:
