@@ -1,8 +1,14 @@
 """A directory of binlog files opened read-only, as the downstream side sees a relay store: which files in which
 order (``--files``, an index, ``relayproxy.index`` or the numbered series), their continuity, the horizon at the
-newest file's last complete group, and ``--follow`` for a directory that grows. ``relayproxy serve`` uses it;
-it scans with the relay's one scanner and boundary parser and shares recovery's rules for what a damaged tail,
-a file list and a GTID set mean. Nothing in the directory is ever written.
+newest file's last complete group, and ``--follow`` for a directory that grows. ``relayproxy serve`` uses it.
+
+What a tail, the continuity of two files and the horizon (file, position, GTID set) mean is decided in one
+place, recovery's plan (``recovery.plan_recovery``): the relay applies it at open (cuts a partial tail, rewrites
+its index), this directory only reads it, and refuses where the relay would have to cut damage. A relay
+directory's upstream epochs (``relayproxy.epochs``) are read, so its join files mean here what they mean to the
+relay. What is this module's own: finding the files of a server's directory (``--files``, ``--index``, a
+server's ``*.index``, the numbered series), checking that events sit at their ``log_pos``, ``--follow``.
+Nothing in the directory is ever written.
 """
 
 from __future__ import annotations
@@ -17,16 +23,22 @@ from ..binlog import constants as C
 from ..binlog.events import HEADER, FormatDescription
 from ..binlog.reader import BinlogScanner, ScanResult, scan_file
 from ..log import get_logger
+from .epochs import Epochs, EpochsError, read_epochs
 from .horizon import Horizon
 from .recovery import (
+    DAMAGED,
     INDEX_NAME,
+    PARTIAL,
     RESERVED_PREFIX,
     RelayRecoveryError,
     RelayStoreError,
-    _damage_followed_by_data,
-    _merge_gtids,
-    _writes_gtid_set_event,
+    TailPlan,
+    classify_scan,
+    end_gtids,
+    file_end_set,
+    link,
     next_file_name,
+    plan_recovery,
     read_index,
 )
 
@@ -205,10 +217,11 @@ class _Tail:
     so ``--follow`` costs what the file grew by. Never finished (``finish()`` would call a pending
     event or group an error): ``good_end`` is the last boundary, and pending bytes wait for more."""
 
-    def __init__(self, name: str, path: Path, carried):
+    def __init__(self, name: str, path: Path, carried, epochs: Epochs):
         self.name = name
         self.path = path
         self.carried = carried  # the previous file's set after it (a file cut before its PREVIOUS_GTIDS)
+        self.epochs = epochs
         self._restart()
 
     def _restart(self) -> None:
@@ -260,27 +273,25 @@ class _Tail:
         return self.damage is None and self.result.fde is not None and self.good_end == self.size == self.fed
 
     def gtids(self):
-        """The GTID set at ``good_end`` (a copy), continuing the previous file's when this one has none yet."""
+        """The GTID set at ``good_end`` (a copy): recovery's rule (``end_gtids``), as the relay rebuilds it."""
         r = self.result
-        after = r.gtids_after
-        if r.start_gtids is None and self.carried is not None and _writes_gtid_set_event(r.fde):
-            return _merge_gtids(self.carried, after)
-        return None if after is None else after.copy()
+        gtids, _extra = end_gtids(self.name, start_set=r.start_gtids, gtids=r.gtids_after, fde=r.fde,
+                                  epochs=self.epochs, previous=None if self.carried is None else (lambda: self.carried))
+        return None if gtids is None else gtids.copy()
 
 
-def _damage_offset(result: ScanResult) -> int | None:
-    m = re.match(r"^at offset (\d+):", result.error or "")
-    return int(m.group(1)) if m else None
-
-
-def _continuity_problem(older: str, older_scan: ScanResult, newer: str, newer_start) -> str | None:
+def _continuity_problem(older: str, older_scan: ScanResult, newer: str, newer_start, epochs: Epochs) -> str | None:
     """Why ``newer`` does not continue ``older`` (None when it does)."""
-    after = older_scan.gtids_after
+    try:
+        after = file_end_set(older, older_scan, epochs)
+        newer_start = epochs.file_start(newer, newer_start)
+    except ValueError as exc:
+        return f"{newer}'s GTID set does not join {older}'s: {exc}"
     if after is not None and newer_start is not None and type(after) is type(newer_start) and after == newer_start:
         return None
     rotate = older_scan.rotate_to
     if rotate is not None:
-        if rotate[0] == newer:
+        if link(epochs, older, rotate[0], newer).follows:
             return None
         return f"{older} ends with a ROTATE to {rotate[0]}, but the next file served is {newer}"
     expected = next_file_name(older)
@@ -315,7 +326,8 @@ class ReadOnlyBinlogDir:
     read_only = True
 
     def __init__(self, options: ServeOptions, names: list[str], order_source: str, tail: _Tail,
-                 flavour: str, warnings: list[str], server_id: int | None):
+                 flavour: str, warnings: list[str], server_id: int | None, plan: TailPlan | None = None,
+                 gtids=None):
         self.options = options
         self.binlog_dir = options.binlog_dir
         self.order_source = order_source
@@ -325,7 +337,11 @@ class ReadOnlyBinlogDir:
         self._tail = tail
         self._flavour = flavour
         self._fde = tail.result.fde
-        self.horizon = Horizon(tail.name, tail.good_end, tail.gtids())
+        self.epochs = tail.epochs  # a relay directory's upstream epochs (implicit for a server's directory)
+        if plan is None:
+            self.horizon = Horizon(tail.name, tail.good_end, tail.gtids())
+        else:  # recovery's plan: the horizon the relay would rebuild from these files
+            self.horizon = Horizon(plan.name, plan.end, None if gtids is None else gtids.copy())
         self.follow_error: str | None = None
         self._reported: set[str] = set()  # problems --follow logged already (logged again only once they clear)
         self._closed = False
@@ -345,6 +361,11 @@ class ReadOnlyBinlogDir:
             if reason:
                 raise ServeError(f"cannot serve {binlog_dir / name}: {reason}")
 
+        try:
+            epochs = read_epochs(binlog_dir)  # a relay directory's; implicit elsewhere
+        except EpochsError as exc:
+            raise ServeError(f"cannot read the upstream epochs of {binlog_dir}: {exc}") from None
+
         # A file without its FORMAT_DESCRIPTION yet may end the list (a server just rotated): it is
         # served once it has one (--follow), never before.
         scans: list[ScanResult] = []
@@ -358,8 +379,7 @@ class ReadOnlyBinlogDir:
                 except OSError as exc:
                     raise ServeError(f"cannot read {path}: {exc.strerror}") from None
                 continue
-            carried = scans[-1].gtids_after if scans else None
-            tail = _Tail(name, path, carried)
+            tail = _Tail(name, path, cls._carried(names, scans, epochs), epochs)
             try:
                 tail.read_more()
             except OSError as exc:
@@ -368,7 +388,7 @@ class ReadOnlyBinlogDir:
             warnings.append(f"{tail.name} holds no event yet: not served" + (" until it does" if options.follow else ""))
             names.pop()
             scans.pop()  # the file before it becomes the newest: read again as the tail
-            tail = _Tail(names[-1], binlog_dir / names[-1], scans[-1].gtids_after if scans else None)
+            tail = _Tail(names[-1], binlog_dir / names[-1], cls._carried(names, scans, epochs), epochs)
             try:
                 tail.read_more()
             except OSError as exc:
@@ -379,9 +399,17 @@ class ReadOnlyBinlogDir:
                 + (f" ({tail.damage})" if tail.damage else "") + ": nothing to serve"
             )
 
+        # What the relay would decide for these files, without doing any of it.
+        try:
+            plan = plan_recovery(binlog_dir, names, epochs=epochs, newest_scan=tail.result, newest_size=tail.size,
+                                 closed_scans=scans)
+        except (RelayRecoveryError, OSError) as exc:
+            raise ServeError(f"cannot serve {binlog_dir}: {exc}") from None
         for name, scan in zip(names, scans):
             cls._check_closed_file(binlog_dir / name, scan, newest=names[-1])
-        cls._check_newest(tail, warnings)
+        cls._check_newest(tail, plan.tail, warnings)
+        if plan.join_problem is not None:
+            raise ServeError(f"cannot serve {binlog_dir}: {plan.join_problem}")
 
         flavours = {scan.flavour for scan in scans} | {tail.result.flavour}
         if len(flavours) > 1:
@@ -389,7 +417,7 @@ class ReadOnlyBinlogDir:
             raise ServeError(f"the files mix MySQL and MariaDB binlogs: {kinds}")
         starts = [s.start_gtids for s in scans[1:]] + [tail.result.start_gtids]
         for (older, scan), newer, newer_start in zip(zip(names, scans), names[1:], starts):
-            problem = _continuity_problem(older, scan, newer, newer_start)
+            problem = _continuity_problem(older, scan, newer, newer_start, epochs)
             if problem is None:
                 continue
             if not options.allow_gaps:
@@ -399,7 +427,8 @@ class ReadOnlyBinlogDir:
                 )
             warnings.append(f"gap served (--allow-gaps): {problem}")
 
-        store = cls(options, names, source, tail, flavours.pop(), warnings, _fde_server_id(binlog_dir / names[-1]))
+        store = cls(options, names, source, tail, flavours.pop(), warnings, _fde_server_id(binlog_dir / names[-1]),
+                    plan.tail, plan.horizon_gtids)
         for warning in warnings:
             log.warning(warning)
         snap = store.horizon.snapshot()
@@ -408,11 +437,23 @@ class ReadOnlyBinlogDir:
         return store
 
     @staticmethod
+    def _carried(names: list[str], scans: list[ScanResult], epochs: Epochs):
+        """The set after the file before the newest (recovery's ``file_end_set``), or None."""
+        if not scans:
+            return None
+        try:
+            return file_end_set(names[len(scans) - 1], scans[-1], epochs)
+        except ValueError as exc:
+            raise ServeError(f"{names[len(scans) - 1]}: its GTID set does not join the relay's: {exc}") from None
+
+    @staticmethod
     def _check_closed_file(path: Path, scan: ScanResult, *, newest: str) -> None:
-        if scan.fde is None or scan.crc_errors or (scan.error and not scan.truncated_event):
+        """Refuse where the relay would have to cut a closed file (recovery's ``classify_scan``)."""
+        kind = classify_scan(scan, os.path.getsize(path))
+        if kind == DAMAGED:
             where = f" ({scan.error})" if scan.error else f" ({scan.crc_errors} CRC32 mismatches)"
             raise ServeError(f"cannot serve {path}: damaged before its end{where}; nothing was changed")
-        if scan.partial_tail or scan.truncated_event:
+        if kind == PARTIAL:
             raise ServeError(
                 f"cannot serve {path}: it ends inside an unfinished transaction (complete up to offset "
                 f"{scan.good_end} of {os.path.getsize(path)}), but it is not the newest file ({newest} is). Only the "
@@ -420,21 +461,23 @@ class ReadOnlyBinlogDir:
             )
 
     @staticmethod
-    def _check_newest(tail: _Tail, warnings: list[str]) -> None:
+    def _check_newest(tail: _Tail, plan: TailPlan, warnings: list[str]) -> None:
+        """The newest file as recovery's plan sees it: refused where the relay would refuse to start; a
+        damaged tail (crash debris) or an unfinished one, which the relay would cut, is left out instead."""
         damage = tail.damage
-        if damage is not None:
-            bad = _damage_offset(tail.result)
-            reason = _damage_followed_by_data(tail.path, bad) if bad is not None else "the damage has no offset"
-            if reason is not None:
-                raise ServeError(
-                    f"cannot serve {tail.path}: damaged before its end ({damage}), and {reason}; nothing was changed"
-                )
-            warnings.append(
-                f"{tail.name}: damaged tail ({damage}): served up to offset {tail.good_end}, the rest is left out"
+        if plan.refusal is not None:
+            reason = plan.refusal_reason or plan.refusal
+            raise ServeError(
+                f"cannot serve {tail.path}: damaged before its end ({damage or plan.detail}), and {reason}; "
+                f"nothing was changed"
             )
-        elif tail.good_end < tail.size:
+        if plan.kind == DAMAGED:
             warnings.append(
-                f"{tail.name}: ends inside an unfinished transaction or event: served up to offset {tail.good_end} "
+                f"{tail.name}: damaged tail ({damage}): served up to offset {plan.end}, the rest is left out"
+            )
+        elif plan.kind == PARTIAL:
+            warnings.append(
+                f"{tail.name}: ends inside an unfinished transaction or event: served up to offset {plan.end} "
                 f"of {tail.size}"
             )
 
@@ -511,7 +554,7 @@ class ReadOnlyBinlogDir:
                     errors.append(f"files appeared before {tail.name} in the list: ignored")
                 while newer and self._tail_whole_for_rotation(tail, newer[0], errors):
                     path = self.binlog_dir / newer[0]
-                    nxt = _Tail(newer[0], path, tail.gtids())
+                    nxt = _Tail(newer[0], path, tail.gtids(), self.epochs)
                     try:
                         nxt.read_more()
                     except OSError as exc:
@@ -524,7 +567,8 @@ class ReadOnlyBinlogDir:
                     if nxt.result.flavour != self._flavour:
                         errors.append(f"{newer[0]} is a {nxt.result.flavour} binlog, the others are {self._flavour}")
                         break
-                    problem = _continuity_problem(tail.name, tail.result, newer[0], nxt.result.start_gtids)
+                    problem = _continuity_problem(tail.name, tail.result, newer[0], nxt.result.start_gtids,
+                                                  self.epochs)
                     if problem is not None and not self.options.allow_gaps:
                         errors.append(f"not moving on to {newer[0]}: {problem} (--allow-gaps serves it anyway)")
                         break

@@ -523,7 +523,7 @@ class TailPlan:
     refusal_reason: str | None = None  # the part of ``refusal`` that says why ("an intact event follows ...")
     fde: FormatDescription | None = None
     start_set: object = None  # the file's PREVIOUS_GTIDS / GTID_LIST (None before it)
-    gtids: object = None  # the set at ``end`` from this file alone (before a join set or a carried set)
+    gtids: object = None  # the set at ``end`` from this file alone (``end_gtids`` adds a join or carried set)
 
     @property
     def cut(self) -> int:
@@ -585,10 +585,7 @@ def plan_tail(path: Path, name: str, *, scan: ScanResult | None = None, size: in
             return plan
     # The damaged scan may have counted groups past the damage: take the GTIDs of the part kept.
     kept = _scan_prefix(path, good_end) if damaged else scan
-    plan.fde, plan.start_set, gtids = kept.fde, kept.start_gtids, kept.gtids_after
-    if plan.start_set is None and gtids is not None and not gtids:
-        gtids = None  # only a cut GTID group was seen: no set yet (as the live store would have it)
-    plan.gtids = gtids
+    plan.fde, plan.start_set, plan.gtids = kept.fde, kept.start_gtids, kept.gtids_after
     return plan
 
 
@@ -621,6 +618,8 @@ def end_gtids(name: str, *, start_set, gtids, fde, epochs: Epochs, previous=None
     continues the previous file's set (``previous()``: that set, ``file_end_set``; None: no previous file).
     ValueError when a join does not add up.
     """
+    if start_set is None and gtids is not None and not gtids:
+        gtids = None  # only a cut GTID group was seen: no set yet (as the live store would have it)
     if epochs.join_epoch(name) is not None:
         join = epochs.join_set(name)
         joined = gtid_union(join, gtids)
