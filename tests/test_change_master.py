@@ -3,7 +3,6 @@ CHANGE MASTER TO / CHANGE REPLICATION SOURCE TO, their errors (the servers' code
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -563,16 +562,14 @@ _ALPHABET = list("'\"`\\;,=-()/*#\n\t .0123456789_@!{}") + [
 
 @settings(max_examples=1500, deadline=None)
 @given(st.lists(st.sampled_from(_ALPHABET), max_size=40).map("".join), st.text(max_size=40))
-def test_garbage_raises_only_admin_errors_and_fast(tokens, noise):
+def test_garbage_raises_only_admin_errors(tokens, noise):
     for sql in (tokens, noise, tokens + noise, "CHANGE MASTER TO " + tokens, "START SLAVE " + noise):
-        started = time.perf_counter()
         try:
             result = parse(sql)
         except AdminStatementError as err:
             assert isinstance(err.code, int) and len(err.sqlstate) == 5 and err.message
         else:
             assert result is None or isinstance(result, (StopReplica, StartReplica, ResetReplica, ChangeMaster))
-        assert time.perf_counter() - started < 0.5
 
 
 @settings(max_examples=400, deadline=None)
@@ -601,11 +598,17 @@ def test_a_mutated_statement_never_shows_the_password(cmd, data):
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=200))
-def test_long_inputs_stay_linear(noise):
+def test_long_inputs_are_bounded_work(noise):
+    """The work one statement may cost is bounded by its size, not by a clock (speed belongs in benchmarks):
+    at most one token per character, and anything over the size limit is refused before it is read."""
+    from relayproxy.downstream.sql.parser import tokenize
+
     sql = "CHANGE MASTER TO MASTER_HOST='h', " + noise * 50
-    started = time.perf_counter()
+    assert len(tokenize(sql, strict=False)) <= len(sql) + 1
     try:
         parse(sql[: ra.MAX_STATEMENT_BYTES])
     except AdminStatementError:
         pass
-    assert time.perf_counter() - started < 1.0
+    with pytest.raises(AdminStatementError) as err:
+        parse(sql + " " * (ra.MAX_STATEMENT_BYTES + 1 - len(sql)))
+    assert err.value.code == 1105 and str(ra.MAX_STATEMENT_BYTES) in err.value.message
