@@ -161,6 +161,9 @@ OPTIONS: tuple[Option, ...] = (
            "DURATION"),
     Option("retention_force", _bool, False,
            "retention purges files connected replicas still read too (their dumps end with error 1236)"),
+    Option("max_statement_bytes", _size, 1 << 20,
+           "SQL port: longest statement, largest string value, and all user variables of one connection: bytes, "
+           "or with K, M, G (1M)", "SIZE"),
 )
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
 

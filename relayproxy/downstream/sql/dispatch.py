@@ -14,6 +14,7 @@ from .admin import _purge
 from .env import Env, _catalog_for
 from .errors import ER_EMPTY_QUERY, ER_UNKNOWN_ERROR, SqlError, _unsupported
 from .functions import _gtids_at
+from .limits import check_statement_size
 from .parser import Parser, Token, tokenize
 from .replication import is_replication_statement, replication_statement
 from .select import _do, _select, _set, _transaction, _use
@@ -38,6 +39,7 @@ async def execute(ctx, conn: ConnectionState, sql: str) -> Response:
         sql = bytes(sql).decode("utf-8", "replace")
     prefetched: dict[tuple[str, int], Any] = {}
     try:
+        check_statement_size(ctx, sql)
         tokens = tokenize(sql)
     except SqlError as exc:
         return exc.response()
@@ -93,6 +95,7 @@ def execute_sync(ctx, conn: ConnectionState, sql: str) -> Response:
 def _execute(ctx, conn: ConnectionState, sql: str, prefetched: dict[tuple[str, int], Any]) -> Response:
     env = Env(ctx, conn, prefetched)
     try:
+        check_statement_size(ctx, sql)
         tokens = tokenize(sql)
         if tokens[0].kind == "eof" or (tokens[0].kind == "op" and tokens[0].value == ";" and tokens[1].kind == "eof"):
             return ErrorResponse(ER_EMPTY_QUERY, "42000", "Query was empty")
