@@ -3,6 +3,7 @@ evaluation here). MySQL's lexical rules: quotes, escapes, comments, executable c
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from .expressions import (
     _UserVarRef,
 )
 from .functions import _BARE_FUNCTIONS, _FUNCTIONS
+from .limits import BIGINT_UNSIGNED_MAX, ER_ILLEGAL_VALUE_FOR_TYPE, MAX_EXPRESSION_DEPTH, MAX_NESTING, MAX_TERMS
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
@@ -106,6 +108,26 @@ def _read_name(sql: str, i: int) -> tuple[str, int]:
     return m.group(), m.end()
 
 
+def _number_value(sql: str, i: int, text: str, hexadecimal: bool, real: bool) -> int | float | bytes:
+    """A numeric literal's value. As in MySQL, a decimal integer past BIGINT UNSIGNED is not an integer (MySQL
+    makes it a DECIMAL, the relay a DOUBLE), one past DOUBLE is refused (1367), and a hexadecimal literal past 8
+    bytes is a binary string: never an integer of unbounded size."""
+    if hexadecimal:
+        digits = text[2:].lstrip("0")
+        if len(digits) <= 16:
+            return int(text, 16)
+        return bytes.fromhex(("0" if len(text) % 2 else "") + text[2:])
+    if not real and len(text) <= 20:
+        value = int(text)
+        if value <= BIGINT_UNSIGNED_MAX:
+            return value
+    number = float(text)
+    if not math.isfinite(number):
+        raise SqlError(ER_ILLEGAL_VALUE_FOR_TYPE, "22007",
+                       f"Illegal double '{text[:64]}{'...' if len(text) > 64 else ''}' value found during parsing")
+    return number
+
+
 def _read_token(sql: str, i: int) -> Token:
     """The token opening at ``sql[i]`` (not whitespace, not a comment); raises SqlError if there is none."""
     n = len(sql)
@@ -141,8 +163,7 @@ def _read_token(sql: str, i: int) -> Token:
         # Digits running into letters make a word (1abc, 0x1G), as in MySQL; a real number does not (1e5x is
         # 1e5 then x: sql_lex.cc returns FLOAT_NUM as soon as the exponent's digits end).
         if real or word is None or word.end() <= m.end():
-            value: int | float = int(text, 16) if hexadecimal else float(text) if real else int(text)
-            return Token("number", value, i, m.end())
+            return Token("number", _number_value(sql, i, text, hexadecimal, real), i, m.end())
     if word is not None:
         return Token("word", word.group(), i, word.end())
     for op in _OPERATORS:
@@ -224,6 +245,10 @@ class Parser:
         self.i = 0
         self.flavour = flavour
         self.last_end = 0
+        # Bounds (limits.py): nesting of the recursive descent, depth of the tree built, nodes in the statement.
+        self.nesting = 0
+        self.terms = 0
+        self._depths: dict[int, int] = {}
 
     # -- token helpers ---------------------------------------------------------------------------
     @property
@@ -294,22 +319,58 @@ class Parser:
                                f"(near '{self.sql[self.cur.start:self.cur.start + 80]}')")
             raise self.error()
 
+    # -- bounds ----------------------------------------------------------------------------------
+    def _limit_error(self, what: str) -> SqlError:
+        near = self.sql[self.cur.start:self.cur.start + 80]
+        return SqlError(ER_PARSE_ERROR, "42000", f"{what} near '{near}' at line {_line_of(self.sql, self.cur.start)}")
+
+    def _nest(self) -> None:
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise self._limit_error(f"relayproxy refuses expressions nested more than {MAX_NESTING} deep "
+                                    "(parentheses, function calls, prefix operators)")
+
+    def _leaf(self, node: _Node) -> _Node:
+        return self._node(node)
+
+    def _node(self, node: _Node, *children: _Node) -> _Node:
+        """Count a node built from ``children`` against MAX_TERMS and MAX_EXPRESSION_DEPTH."""
+        self.terms += 1
+        if self.terms > MAX_TERMS:
+            raise self._limit_error(f"relayproxy refuses statements of more than {MAX_TERMS} terms")
+        depth = 1 + max((self._depths.get(id(c), 1) for c in children), default=0)
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise self._limit_error(f"relayproxy refuses expressions more than {MAX_EXPRESSION_DEPTH} operators deep")
+        self._depths[id(node)] = depth
+        return node
+
     # -- expressions -----------------------------------------------------------------------------
     def expr(self) -> _Node:
-        left = self.and_expr()
-        while self.accept_word("OR") or self.accept_op("||"):
-            left = _Logic("OR", left, self.and_expr())
-        return left
+        self._nest()
+        try:
+            left = self.and_expr()
+            while self.accept_word("OR") or self.accept_op("||"):
+                right = self.and_expr()
+                left = self._node(_Logic("OR", left, right), left, right)
+            return left
+        finally:
+            self.nesting -= 1
 
     def and_expr(self) -> _Node:
         left = self.not_expr()
         while self.accept_word("AND") or self.accept_op("&&"):
-            left = _Logic("AND", left, self.not_expr())
+            right = self.not_expr()
+            left = self._node(_Logic("AND", left, right), left, right)
         return left
 
     def not_expr(self) -> _Node:
         if self.accept_word("NOT"):
-            return _Unary("NOT", self.not_expr())
+            self._nest()
+            try:
+                operand = self.not_expr()
+            finally:
+                self.nesting -= 1
+            return self._node(_Unary("NOT", operand), operand)
         return self.predicate()
 
     def predicate(self) -> _Node:
@@ -317,12 +378,13 @@ class Parser:
         while True:
             op = self.accept_op("=", "<=>", "!=", "<>", "<", ">", "<=", ">=")
             if op is not None:
-                left = _Compare(op, left, self.additive())
+                right = self.additive()
+                left = self._node(_Compare(op, left, right), left, right)
                 continue
             if self.accept_word("IS"):
                 negate = self.accept_word("NOT") is not None
                 what = self.expect_word("NULL", "TRUE", "FALSE")
-                left = _Is(left, what, negate)
+                left = self._node(_Is(left, what, negate), left)
                 continue
             negate = False
             if self.is_word("NOT") and self.is_word("LIKE", "IN", "BETWEEN", offset=1):
@@ -333,18 +395,19 @@ class Parser:
                 escape = "\\"
                 if self.accept_word("ESCAPE"):
                     escape = self.string()[:1] or "\\"
-                left = _Like(left, pattern, negate, escape)
+                left = self._node(_Like(left, pattern, negate, escape), left, pattern)
             elif self.accept_word("IN"):
                 self.expect_op("(")
                 items = [self.expr()]
                 while self.accept_op(","):
                     items.append(self.expr())
                 self.expect_op(")")
-                left = _In(left, tuple(items), negate)
+                left = self._node(_In(left, tuple(items), negate), left, *items)
             elif self.accept_word("BETWEEN"):
                 low = self.additive()
                 self.expect_word("AND")
-                left = _Between(left, low, self.additive(), negate)
+                high = self.additive()
+                left = self._node(_Between(left, low, high, negate), left, low, high)
             else:
                 return left
 
@@ -357,9 +420,10 @@ class Parser:
             if self.accept_word("INTERVAL"):
                 amount = self.unary()
                 unit = self.expect_word(*_INTERVAL_UNITS)
-                left = _IntervalArith(left, 1 if op == "+" else -1, amount, unit)
+                left = self._node(_IntervalArith(left, 1 if op == "+" else -1, amount, unit), left, amount)
             else:
-                left = _Arith(op, left, self.multiplicative())
+                right = self.multiplicative()
+                left = self._node(_Arith(op, left, right), left, right)
 
     def multiplicative(self) -> _Node:
         left = self.unary()
@@ -367,31 +431,38 @@ class Parser:
             op = self.accept_op("*", "/", "%") or self.accept_word("DIV", "MOD")
             if op is None:
                 return left
-            left = _Arith("MOD" if op == "%" else op, left, self.unary())
+            right = self.unary()
+            left = self._node(_Arith("MOD" if op == "%" else op, left, right), left, right)
 
     def unary(self) -> _Node:
         op = self.accept_op("-", "+", "!", "~")
         if op is not None:
-            return _Unary("NOT" if op == "!" else op, self.unary())
+            self._nest()
+            try:
+                operand = self.unary()
+            finally:
+                self.nesting -= 1
+            return self._node(_Unary("NOT" if op == "!" else op, operand), operand)
         return self.primary()
 
     def primary(self) -> _Node:
         tok = self.cur
         if tok.kind == "number":
             self.advance()
-            return _Literal(tok.value)
+            return self._leaf(_Literal(tok.value))
         if tok.kind == "string":
             self.advance()
             text = tok.value
+            parts = [text]
             while self.cur.kind == "string":  # 'a' 'b' is 'ab'
-                text += self.advance().value
-            return _Literal(text)
+                parts.append(self.advance().value)
+            return self._leaf(_Literal("".join(parts)))
         if tok.kind == "sysvar":
             self.advance()
-            return _SysVarRef(*tok.value)
+            return self._leaf(_SysVarRef(*tok.value))
         if tok.kind == "uservar":
             self.advance()
-            return _UserVarRef(tok.value)
+            return self._leaf(_UserVarRef(tok.value))
         if tok.kind == "qident":
             self.advance()
             return self._qualified(tok.value)
@@ -407,10 +478,10 @@ class Parser:
             nxt = self.peek()
             if word == "NULL":
                 self.advance()
-                return _Literal(None)
+                return self._leaf(_Literal(None))
             if word in ("TRUE", "FALSE"):
                 self.advance()
-                return _Literal(int(word == "TRUE"))
+                return self._leaf(_Literal(int(word == "TRUE")))
             if (word.startswith("_") or word == "N") and nxt.kind == "string" and nxt.start == tok.end:
                 self.advance()  # a character-set introducer: _utf8mb4'text', N'text'
                 return self.primary()
@@ -425,10 +496,10 @@ class Parser:
                     while self.accept_op(","):
                         args.append(self.expr())
                     self.expect_op(")")
-                return _Call(word, tuple(args))
+                return self._node(_Call(word, tuple(args)), *args)
             if word in _BARE_FUNCTIONS:
                 self.advance()
-                return _Call(word, ())
+                return self._leaf(_Call(word, ()))
             if word in _CLAUSE_WORDS or word in ("SELECT", "INTERVAL"):
                 raise self.error()
             self.advance()
@@ -439,7 +510,7 @@ class Parser:
         while self.is_op(".") and self.peek().kind in ("word", "qident"):
             self.advance()
             name = self.advance().value
-        return _ColumnRef(name)
+        return self._leaf(_ColumnRef(name))
 
 
 def _limit(p: Parser) -> tuple[int, int | None]:
