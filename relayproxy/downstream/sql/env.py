@@ -13,6 +13,7 @@ from ...binlog.gtid import GtidSet, MariaBinlogState
 from ...relay.catalog import FileCatalog
 from ..context import ConnectionState
 from .errors import ER_INCORRECT_GLOBAL_LOCAL_VAR, SqlError, _unknown_variable
+from .limits import MAX_STEPS, Budget, max_statement_bytes
 from .variables import _lookup_variable
 
 # ---------------------------------------------------------------------------------------------
@@ -50,6 +51,16 @@ class Env:
         self.now = time.time()
         # BINLOG_GTID_POS scans done off the event loop before the statement ran: (path, pos) -> result.
         self.prefetched = prefetched or {}
+
+    @functools.cached_property
+    def budget(self) -> Budget:
+        """The statement's evaluation steps (limits.MAX_STEPS)."""
+        return Budget(MAX_STEPS, self.flavour)
+
+    @functools.cached_property
+    def max_value_bytes(self) -> int:
+        """The largest string a statement may build, and all of a connection's user variables together."""
+        return max_statement_bytes(self.ctx)
 
     @functools.cached_property
     def snapshot(self):

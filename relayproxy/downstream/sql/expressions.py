@@ -14,7 +14,8 @@ from .errors import (
     SqlError,
 )
 from .functions import _FUNCTIONS
-from .values import _compare, _like_regex, _to_datetime, _to_number, _to_text, _truthy
+from .limits import STEP_BYTES, check_number, out_of_range, too_large, value_size
+from .values import _compare, _to_datetime, _to_number, _to_text, _truthy, like_match
 
 if TYPE_CHECKING:
     from .env import Env
@@ -36,6 +37,7 @@ class _Literal(_Node):
     value: Any
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         return self.value
 
 
@@ -45,6 +47,7 @@ class _SysVarRef(_Node):
     name: str
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         return ev.env.read_variable(self.name, self.scope)
 
 
@@ -53,6 +56,7 @@ class _UserVarRef(_Node):
     name: str
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         return ev.env.conn.user_vars.get(self.name)
 
 
@@ -61,6 +65,7 @@ class _ColumnRef(_Node):
     name: str
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         if ev.row is not None:
             key = self.name.lower()
             if key in ev.row:
@@ -76,6 +81,7 @@ class _Call(_Node):
     args: tuple[_Node, ...]
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         spec = _FUNCTIONS.get(self.name)
         if spec is None or not spec.exists(ev.env):
             raise SqlError(
@@ -86,7 +92,13 @@ class _Call(_Node):
         if not spec.min_args <= len(self.args) <= spec.max_args:
             raise SqlError(ER_WRONG_PARAMCOUNT_TO_NATIVE_FCT, "42000",
                            f"Incorrect parameter count in the call to native function '{self.name}'")
-        return spec.fn(ev.env, [a.eval(ev) for a in self.args])
+        result = spec.fn(ev.env, [a.eval(ev) for a in self.args])
+        if isinstance(result, (str, bytes)):
+            size = value_size(result)
+            ev.budget.charge(size // STEP_BYTES)
+            if size > ev.env.max_value_bytes:
+                raise too_large(f"{self.name.lower()}()", ev.env.max_value_bytes)
+        return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +107,16 @@ class _Unary(_Node):
     operand: _Node
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         v = self.operand.eval(ev)
         if v is None:
             return None
         if self.op == "NOT":
             return int(not _truthy(v))
+        number = check_number(_to_number(v), f"{self.op}{_shown(v)}")
         if self.op == "~":
-            return ~int(_to_number(v)) & 0xFFFFFFFFFFFFFFFF
-        number = _to_number(v)
-        return -number if self.op == "-" else number
+            return ~int(number) & 0xFFFFFFFFFFFFFFFF
+        return check_number(-number, f"-({_shown(v)})") if self.op == "-" else number
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +126,7 @@ class _Logic(_Node):
     right: _Node
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         a = self.left.eval(ev)
         b = self.right.eval(ev)
         ta = None if a is None else _truthy(a)
@@ -133,6 +147,7 @@ class _Compare(_Node):
     right: _Node
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         a = self.left.eval(ev)
         b = self.right.eval(ev)
         if self.op == "<=>":
@@ -153,24 +168,39 @@ class _Arith(_Node):
     right: _Node
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         a = self.left.eval(ev)
         b = self.right.eval(ev)
         if a is None or b is None:
             return None
-        x, y = _to_number(a), _to_number(b)
+        what = f"({_shown(a)} {self.op} {_shown(b)})"
+        # Operands and results stay in BIGINT / finite DOUBLE (1690 otherwise), so no operation is ever
+        # on numbers of unbounded size.
+        x, y = check_number(_to_number(a), what), check_number(_to_number(b), what)
         if self.op == "+":
-            return x + y
+            return check_number(x + y, what)
         if self.op == "-":
-            return x - y
+            return check_number(x - y, what)
         if self.op == "*":
-            return x * y
+            return check_number(x * y, what)
         if y == 0:
             return None  # MySQL: division by zero is NULL (with a warning)
-        if self.op == "/":
-            return x / y
-        if self.op == "DIV":
-            return int(x / y)
-        return x - y * int(x / y)  # MOD / %: the sign follows the dividend, as in MySQL
+        try:
+            if self.op == "/":
+                return check_number(x / y, what)
+            if self.op == "DIV":
+                return check_number(int(x / y), what)
+            return check_number(x - y * int(x / y), what)  # MOD / %: the sign follows the dividend, as in MySQL
+        except OverflowError:
+            raise out_of_range("DOUBLE", what) from None
+
+
+def _shown(v: Any) -> str:
+    """A value as an error message names it (cut short)."""
+    text = _to_text(v) if isinstance(v, (str, bytes, bytearray)) else repr(v) if not isinstance(v, int) else None
+    if text is None:
+        return str(v) if -(10 ** 30) < v < 10 ** 30 else "<a number too large>"
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 _INTERVAL_UNITS = {
@@ -190,6 +220,7 @@ class _IntervalArith(_Node):
     unit: str
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         base = self.left.eval(ev)
         amount = self.amount.eval(ev)
         if base is None or amount is None:
@@ -197,7 +228,11 @@ class _IntervalArith(_Node):
         moment = _to_datetime(base)
         if moment is None:
             return None
-        return moment + self.sign * _to_number(amount) * _INTERVAL_UNITS[self.unit]
+        what = f"{_shown(base)} {'+' if self.sign > 0 else '-'} INTERVAL {_shown(amount)} {self.unit}"
+        try:
+            return moment + self.sign * check_number(_to_number(amount), what) * _INTERVAL_UNITS[self.unit]
+        except (OverflowError, ValueError):  # MySQL: NULL with warning 1441; the relay refuses the statement
+            raise out_of_range("DATETIME", what) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +243,12 @@ class _Like(_Node):
     escape: str = "\\"
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         s = self.subject.eval(ev)
         p = self.pattern.eval(ev)
         if s is None or p is None:
             return None
-        hit = _like_regex(_to_text(p), self.escape).match(_to_text(s)) is not None
+        hit = like_match(_to_text(s), _to_text(p), self.escape, ev.budget)
         return int(hit != self.negate)
 
 
@@ -223,6 +259,7 @@ class _In(_Node):
     negate: bool
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         s = self.subject.eval(ev)
         if s is None:
             return None
@@ -244,6 +281,7 @@ class _Between(_Node):
     negate: bool
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         s, lo, hi = self.subject.eval(ev), self.low.eval(ev), self.high.eval(ev)
         a, b = _compare(s, lo), _compare(s, hi)
         if a is None or b is None:
@@ -258,6 +296,7 @@ class _Is(_Node):
     negate: bool
 
     def eval(self, ev: "Evaluator") -> Any:
+        ev.budget.charge()
         v = self.subject.eval(ev)
         if self.what == "NULL":
             hit = v is None
@@ -269,9 +308,10 @@ class _Is(_Node):
 
 
 class Evaluator:
-    __slots__ = ("env", "row", "bare_words_are_strings")
+    __slots__ = ("env", "row", "bare_words_are_strings", "budget")
 
     def __init__(self, env: "Env", row: dict[str, Any] | None = None, *, bare_words_are_strings: bool = False):
         self.env = env
+        self.budget = env.budget  # one per statement, shared by every row it evaluates
         self.row = row
         self.bare_words_are_strings = bare_words_are_strings

@@ -11,6 +11,7 @@ from ...binlog.gtid import GtidSet, MariaBinlogState
 from ...binlog.reader import BinlogScanner
 from ...relay.catalog import CatalogError
 from .errors import ER_MALFORMED_GTID_SET_SPECIFICATION, SqlError
+from .limits import too_large
 from .values import _compare, _to_datetime, _to_number, _to_text, _truthy
 from .variables import _always, _mysql_only
 
@@ -63,7 +64,12 @@ def _user(env: Env, args: list[Any]) -> Any:
 
 
 def _concat(env: Env, args: list[Any]) -> Any:
-    return None if any(a is None for a in args) else "".join(_to_text(a) for a in args)
+    if any(a is None for a in args):
+        return None
+    parts = [_to_text(a) for a in args]
+    if sum(len(part) for part in parts) > env.max_value_bytes:  # refused before it is built
+        raise too_large("concat()", env.max_value_bytes)
+    return "".join(parts)
 
 
 def _gtid_set_arg(value: Any) -> GtidSet:

@@ -15,6 +15,7 @@ from .errors import (
     _unsupported,
 )
 from .expressions import Evaluator, _Literal, _Node
+from .limits import ER_WARN_ALLOW_MAX_PACKET_SIZE, value_size
 from .parser import _CLAUSE_WORDS, Parser, _limit
 from .values import _output, _truthy
 from .variables import _default_collation, _lookup_variable
@@ -199,6 +200,7 @@ def _set(p: Parser, env: Env) -> Response:
         if not p.accept_op(","):
             break
     p.end_of_statement()
+    _check_user_variables(env, user)
     for name, value in user:
         env.conn.user_vars[name] = value
     for name, value, reset in session:
@@ -207,6 +209,20 @@ def _set(p: Parser, env: Env) -> Response:
         else:
             env.conn.session_vars[name] = value
     return OkResponse()
+
+
+def _check_user_variables(env: Env, assigned: list[tuple[str, Any]]) -> None:
+    """One connection's user variables together hold at most ``max_statement_bytes`` (names and values): 1301
+    otherwise, and nothing is assigned."""
+    if not assigned:
+        return
+    merged = dict(env.conn.user_vars)
+    merged.update(assigned)
+    total = sum(len(name) + value_size(value) for name, value in merged.items())
+    if total > env.max_value_bytes:
+        raise SqlError(ER_WARN_ALLOW_MAX_PACKET_SIZE, "HY000",
+                       f"User variables of this connection would take {total} bytes, more than max_allowed_packet "
+                       f"({env.max_value_bytes}, relayproxy's max_statement_bytes): SET refused")
 
 
 def _set_names(p: Parser, env: Env) -> list[tuple[str, Any, bool]]:

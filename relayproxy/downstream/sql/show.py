@@ -21,7 +21,7 @@ from .errors import (
 )
 from .expressions import Evaluator, _Node
 from .parser import Parser, _limit, _syntax_error
-from .values import _like_regex, _output, _to_text, _truthy
+from .values import _output, _to_text, _truthy, like_match
 from .variables import STATUS_VARIABLES, SYSTEM_VARIABLES, SysVar, _gtid_executed
 
 if TYPE_CHECKING:
@@ -130,12 +130,12 @@ def _filtered(p: Parser, env: Env, rows: Iterable[tuple[str, Callable[[], str]]]
     pattern = None
     if like is not None:
         value = like.eval(ev)
-        pattern = _like_regex(_to_text(value)) if value is not None else None
+        pattern = _to_text(value) if value is not None else None
         if pattern is None:
             return ResultSet(["Variable_name", "Value"], [])
     out = []
     for name, thunk in sorted(rows, key=lambda r: r[0].lower()):
-        if pattern is not None and not pattern.match(name):
+        if pattern is not None and not like_match(name, pattern, budget=ev.budget):
             continue
         value = thunk()
         if where is not None:

@@ -55,19 +55,110 @@ def _compare(a: Any, b: Any) -> int | None:
     return (x > y) - (x < y)
 
 
+# -- LIKE ------------------------------------------------------------------------------------------------
+# Linear in the subject per segment: the pattern is cut at each % into segments of fixed length (literal
+# characters and _), the first anchored at the start, the last at the end, each one between them matched at
+# its leftmost place after the one before (leftmost is always the best choice: what follows a % can start
+# anywhere). No backtracking regex: '%a%a%ab' over a long run of a's no longer costs n^3.
+
+
+def _fold(text: str) -> str:
+    """Case-folded character by character (one character for one, so positions stay aligned)."""
+    low = text.lower()
+    if len(low) == len(text):  # no character lowers to several: the fold is one for one
+        return low
+    return "".join(c if len(f := c.lower()) != 1 else f for c in text)
+
+
 @functools.lru_cache(maxsize=256)
-def _like_regex(pattern: str, escape: str = "\\") -> re.Pattern[str]:
-    out = []
-    i = 0
-    while i < len(pattern):
+def _like_segments(pattern: str, escape: str = "\\") -> tuple[tuple[int, tuple[tuple[int, str], ...]], ...]:
+    """The pattern as segments between %: (length, ((offset, literal run), ...)), runs case-folded.
+
+    MySQL's rules: ``_`` is one character, ``%`` any run, the escape character makes the next one literal (an
+    escape character at the very end is itself literal)."""
+    segments: list[list[str | None]] = [[]]
+    i, n = 0, len(pattern)
+    while i < n:
         c = pattern[i]
-        if c == escape and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
+        if c == escape and i + 1 < n:
+            segments[-1].append(pattern[i + 1])
             i += 2
             continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        if c == "%":
+            segments.append([])
+        else:
+            segments[-1].append(None if c == "_" else c)
         i += 1
-    return re.compile("".join(out) + r"\Z", re.IGNORECASE | re.DOTALL)
+    out = []
+    for chars in segments:
+        runs: list[tuple[int, str]] = []
+        j = 0
+        while j < len(chars):
+            if chars[j] is None:
+                j += 1
+                continue
+            k = j
+            while k < len(chars) and chars[k] is not None:
+                k += 1
+            runs.append((j, _fold("".join(chars[j:k]))))  # type: ignore[arg-type]
+            j = k
+        out.append((len(chars), tuple(runs)))
+    return tuple(out)
+
+
+def _charge(budget: Any, chars: int) -> None:
+    if budget is not None:
+        budget.charge(1 + (chars >> 10))
+
+
+def _segment_at(text: str, start: int, runs: tuple[tuple[int, str], ...], budget: Any) -> bool:
+    for offset, run in runs:
+        _charge(budget, len(run))
+        if not text.startswith(run, start + offset):
+            return False
+    return True
+
+
+def _segment_from(text: str, pos: int, length: int, runs: tuple[tuple[int, str], ...], budget: Any) -> int:
+    """The leftmost start >= pos where the segment matches, or -1."""
+    if not runs:
+        return pos if pos + length <= len(text) else -1
+    offset, anchor = runs[0]
+    j = text.find(anchor, pos + offset)
+    last = pos
+    while j >= 0:
+        start = j - offset
+        if start + length > len(text):
+            return -1
+        _charge(budget, j - last)
+        last = j
+        if _segment_at(text, start, runs[1:], budget):
+            return start
+        j = text.find(anchor, j + 1)
+    return -1
+
+
+def like_match(subject: str, pattern: str, escape: str = "\\", budget: Any = None) -> bool:
+    """``subject LIKE pattern [ESCAPE escape]``, case-insensitive, in time linear in the subject per segment
+    (each step charged to ``budget``, a ``limits.Budget``, when given)."""
+    segments = _like_segments(pattern, escape)
+    text = _fold(subject)
+    _charge(budget, len(text))
+    n = len(text)
+    first_len, first_runs = segments[0]
+    if len(segments) == 1:
+        return n == first_len and _segment_at(text, 0, first_runs, budget)
+    if first_len > n or not _segment_at(text, 0, first_runs, budget):
+        return False
+    pos = first_len
+    for length, runs in segments[1:-1]:
+        start = _segment_from(text, pos, length, runs, budget)
+        if start < 0:
+            return False
+        pos = start + length
+    last_len, last_runs = segments[-1]
+    start = n - last_len
+    return start >= pos and _segment_at(text, start, last_runs, budget)
 
 
 _DATETIME_FORMATS = ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d", "%Y%m%d%H%M%S",
