@@ -21,7 +21,8 @@ a clear ERR naming it (1235, or 1064 for malformed syntax), never an OK that did
 Where things live: ``parser`` (tokenizer and expression parser), ``expressions`` / ``values`` /
 ``functions`` (evaluation), ``variables`` (``SYSTEM_VARIABLES``, ``STATUS_VARIABLES``: add an entry there to
 answer a new one), ``select`` (SELECT, SET, DO, transactions), ``show`` (the status statements),
-``admin`` (statements that change the relay), ``dispatch`` (add a statement's first word there).
+``admin`` (statements that change the relay), ``dispatch`` (add a statement's first word there), ``limits``
+(the bounds every statement runs under: statement size, nesting, terms, evaluation steps, value sizes).
 ``execute`` is the coroutine the server awaits; ``execute_sync`` is the same without the event loop.
 Neither does network I/O. Disk work: ``PURGE`` unlinks files (on the caller's thread, the one that owns
 the store); ``BINLOG_GTID_POS`` reads one relay file up to the position and the first ``gtid_purged``
