@@ -15,8 +15,10 @@ import contextlib
 import inspect
 import itertools
 import os
+import secrets
 import ssl
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
@@ -104,7 +106,13 @@ DEFAULT_MAX_CONNECTIONS = 1000
 _CLOSE_TIMEOUT = 5.0
 _HALF_CLOSE_GRACE = 1.0  # seconds a dump may still answer after the replica half-closed
 _SEMI_SYNC_ACK_REQUESTED = b"\x00\xef\x01"
-_INTERNAL_ERROR = "Unknown error: internal error in relayproxy, see its log"
+_INTERNAL_ERROR = "Unknown error: internal error in relayproxy (reference {ref}), see its log"
+# Log lines a peer host can cause per window (client errors, refusals, internal errors); the rest are counted
+# and the count is reported on its next line once the window has passed.
+DEFAULT_LOG_LINES_PER_HOST = 10
+_LOG_WINDOW = 60.0
+_LOG_HOSTS_MAX = 4096  # hosts remembered by the limiter before expired entries are dropped
+_LOGGED_NAME_MAX = 64  # characters of a client-chosen name (user, program) that reach the log
 # Payloads shorter than this are copied behind their header and written at once.
 _COPY_LIMIT = 64 * 1024
 _COALESCE_LIMIT = 256 * 1024  # write coalesced small events once this much is pending
@@ -124,6 +132,52 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _DUMP_HEAD = struct.Struct("<IHI")  # COM_BINLOG_DUMP: position, flags, server_id
 _DUMP_GTID_HEAD = struct.Struct("<HII")  # COM_BINLOG_DUMP_GTID: flags, server_id, name length
+
+
+class PeerLogLimiter:
+    """At most `lines` log lines per peer host per `window` seconds: a client cannot flood the log. `admit(host)`
+    is None for a line to drop, else how many were dropped since that host's last line (to report with it)."""
+
+    def __init__(self, lines: int = DEFAULT_LOG_LINES_PER_HOST, window: float = _LOG_WINDOW,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.lines = lines
+        self.window = window
+        self._clock = clock
+        self._hosts: dict[str, list[float]] = {}  # host -> [window start, lines in it, suppressed]
+
+    def admit(self, host: str) -> int | None:
+        now = self._clock()
+        entry = self._hosts.get(host)
+        if entry is None or now - entry[0] >= self.window:
+            if entry is None and len(self._hosts) >= _LOG_HOSTS_MAX:
+                self._hosts = {h: e for h, e in self._hosts.items() if now - e[0] < self.window}
+            suppressed = int(entry[2]) if entry is not None else 0
+            self._hosts[host] = [now, 1, 0]
+            return suppressed
+        if entry[1] < self.lines:
+            entry[1] += 1
+            suppressed, entry[2] = int(entry[2]), 0
+            return suppressed
+        entry[2] += 1
+        return None
+
+
+def _short(text: str | None) -> str | None:
+    """A client-chosen string as it may appear in a log line: bounded."""
+    if text is None or len(text) <= _LOGGED_NAME_MAX:
+        return text
+    return f"{text[:_LOGGED_NAME_MAX]}...({len(text.encode('utf-8', 'surrogateescape'))} bytes)"
+
+
+def _where(exc: BaseException) -> str:
+    """file:line in function of the innermost frame of `exc`'s traceback (the one-line stand-in for it)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return "?"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
 
 
 class ClientConnectionLost(ConnectionError):
@@ -604,6 +658,24 @@ class _Session:
         self._seq = (seq + 1) & 0xFF
         return payload
 
+    def _note(self, level: str, event: str, **fields: Any) -> None:
+        """One log line caused by this client, within its host's budget (PeerLogLimiter)."""
+        suppressed = self.server.log_limiter.admit(self.protocol.peer_host)
+        if suppressed is None:
+            return
+        if suppressed:
+            fields["suppressed_before"] = suppressed
+        getattr(self._log, level)(event, **fields)
+
+    def _internal_error(self, exc: BaseException, what: str) -> bytes:
+        """A bug, not the client's doing: one log line with a reference id (no traceback: a client that can
+        trigger it could fill the disk; the traceback is at debug level), and the ERR the client gets, naming
+        the same reference."""
+        ref = secrets.token_hex(4)
+        self._note("error", what, ref=ref, error=f"{type(exc).__name__}: {str(exc)[:200]}", where=_where(exc))
+        self._log.debug("internal error traceback", ref=ref, exc_info=exc)
+        return encode_error(ER_UNKNOWN_ERROR, "HY000", _INTERNAL_ERROR.format(ref=ref))
+
     async def _fail(self, code: int, sqlstate: str, message: str) -> NoReturn:
         """Answer with an ERR packet (best effort) and end the connection."""
         with contextlib.suppress(ConnectionError, MySQLError, RuntimeError):
@@ -628,13 +700,13 @@ class _Session:
         except ClientConnectionLost as exc:
             self._log.debug("client gone", reason=str(exc))
         except MySQLError as exc:
-            self._log.info("closing connection after a protocol error", error=str(exc))
+            self._note("info", "closing connection after a protocol error", error=str(exc)[:200])
             with contextlib.suppress(_Close):
                 await self._protocol_error(exc)
-        except Exception:
-            self._log.exception("unexpected error serving client; closing its connection")
-            with contextlib.suppress(_Close, asyncio.CancelledError):
-                await self._fail(ER_UNKNOWN_ERROR, "HY000", _INTERNAL_ERROR)
+        except Exception as exc:
+            error = self._internal_error(exc, "internal error serving client; closing its connection")
+            with contextlib.suppress(ConnectionError, MySQLError, RuntimeError, asyncio.CancelledError):
+                await self._send([error])
         finally:
             self.ctx.connections.pop(self.conn_id, None)
             server._sessions.pop(self.conn_id, None)
@@ -658,7 +730,7 @@ class _Session:
             async with asyncio.timeout(timeout):
                 await self._authenticate()
         except TimeoutError:
-            self._log.info("handshake timed out", seconds=timeout)
+            self._note("info", "handshake timed out", seconds=timeout)
             if self.protocol.tls is not None and not self.protocol.tls.handshake_complete:
                 raise _Close from None  # no way to send an ERR mid-TLS-handshake
             await self._fail(ER_HANDSHAKE_ERROR, "08S01", f"Bad handshake: no complete handshake within {timeout:g}s")
@@ -693,7 +765,7 @@ class _Session:
                 if isinstance(response, SslRequest):
                     raise HandshakeError("a second SSLRequest after TLS was established")
         except HandshakeError as exc:
-            self._log.info("bad handshake", error=exc.message)
+            self._note("info", "bad handshake", error=exc.message[:200])
             await self._fail(exc.code, exc.sqlstate, exc.message)
         secure = self.protocol.tls is not None
         self.capabilities = response.capabilities & caps & ~(0 if secure else CLIENT_SSL)
@@ -711,7 +783,7 @@ class _Session:
             await self._send(step.packets)
             step = auth.receive(await self._read(None))
         if isinstance(step, AuthRejected):
-            self._log.warning("login refused", user=response.user, reason=step.reason, tls=secure)
+            self._note("warning", "login refused", user=_short(response.user), reason=step.reason, tls=secure)
             error = step.error
             await self._fail(error.code, error.sqlstate, error.message)
         assert isinstance(step, AuthAccepted)
@@ -729,7 +801,7 @@ class _Session:
             plugin=step.plugin,
             tls=secure,
             tls_version=self.protocol.tls.version if self.protocol.tls else None,
-            program=response.connect_attrs.get("program_name") or response.connect_attrs.get("_client_name"),
+            program=_short(response.connect_attrs.get("program_name") or response.connect_attrs.get("_client_name")),
         )
 
     async def _start_tls(self) -> None:
@@ -738,7 +810,7 @@ class _Session:
         try:
             await handshake
         except ssl.SSLError as exc:
-            self._log.info("TLS handshake failed", error=getattr(exc, "reason", None) or str(exc))
+            self._note("info", "TLS handshake failed", error=getattr(exc, "reason", None) or str(exc)[:200])
             raise _Close from None
 
     # -- command phase -------------------------------------------------------------------------------------------
@@ -749,7 +821,7 @@ class _Session:
             try:
                 payload = await self._read(server.idle_timeout, new_command=True)
             except TimeoutError:
-                self._log.info("idle timeout", seconds=server.idle_timeout)
+                self._note("info", "idle timeout", seconds=server.idle_timeout)
                 self._seq = 0  # not a reply: a new exchange, as MySQL 8.0.24+ sends it
                 await self._fail(
                     ER_CLIENT_INTERACTION_TIMEOUT,
@@ -843,11 +915,10 @@ class _Session:
                 await self.protocol.drain(self.server.write_timeout)
             return
         if isinstance(exc, MySQLError):
-            self._log.info("binlog dump ended with an error", error=str(exc))
+            self._note("info", "binlog dump ended with an error", error=str(exc)[:300])
             message = encode_error(exc.code, exc.sqlstate if len(exc.sqlstate) == 5 else "HY000", exc.message)
         else:
-            self._log.error("binlog dump sender failed", exc_info=exc)
-            message = encode_error(ER_UNKNOWN_ERROR, "HY000", _INTERNAL_ERROR)
+            message = self._internal_error(exc, "binlog dump sender failed")
         with contextlib.suppress(ConnectionError):
             await channel.send_final(message)
 
@@ -969,6 +1040,7 @@ class DownstreamServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_packet: int = DEFAULT_MAX_PACKET,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
+        log_lines_per_host: int = DEFAULT_LOG_LINES_PER_HOST,
     ) -> None:
         # Imported here rather than at the top: they bring in the store and the binlog code, which a server
         # built with stand-ins (tests, tools) does not need.
@@ -988,6 +1060,7 @@ class DownstreamServer:
         self.max_connections = max_connections
         self.max_packet = max_packet
         self.max_buffered = max_buffered
+        self.log_limiter = PeerLogLimiter(log_lines_per_host)
         self._server: asyncio.AbstractServer | None = None
         self._sessions: dict[int, _Session] = {}
         self._ids = itertools.count(1)
@@ -1102,6 +1175,7 @@ __all__ = [
     "ClientConnectionLost",
     "DownstreamServer",
     "DumpServer",
+    "PeerLogLimiter",
     "SqlExecutor",
     "parse_binlog_dump",
     "parse_binlog_dump_gtid",

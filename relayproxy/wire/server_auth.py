@@ -533,7 +533,9 @@ class ServerAuthentication:
         self._known = user is not None
         # An unknown account gets a throwaway one with a password nobody knows: the same exchange, then 1045.
         # Same plugin as real accounts get by default, so the exchange does not reveal that the account is unknown.
-        self._user = user or DownstreamUser(response.user or "?", secrets.token_urlsafe(24), self.default_plugin)
+        # Its name is a placeholder: the client's may be one no account could have (over 255 bytes), and
+        # the 1045 quotes the name the client sent, not this one.
+        self._user = user or DownstreamUser("?", secrets.token_urlsafe(24), self.default_plugin)
         # "auto": what a master of the relay's flavour uses (MariaDB replicas cannot do caching_sha2_password).
         self._plugin = self._user.plugin if self._user.plugin != "auto" else self.default_plugin
         client_plugin = response.auth_plugin
