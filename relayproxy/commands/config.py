@@ -60,6 +60,20 @@ def _positive_float(value: Any) -> float:
     return number
 
 
+def _positive_int(value: Any) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _non_negative_int(value: Any) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return number
+
+
 def _users(value: Any):
     from ..downstream.users import parse_users
 
@@ -164,6 +178,22 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_statement_bytes", _size, 1 << 20,
            "SQL port: longest statement, largest string value, and all user variables of one connection: bytes, "
            "or with K, M, G (1M)", "SIZE"),
+    Option("max_connections", _positive_int, 1000,
+           "--listen: clients logged in at once, plus one more for an admin account (then 1040 Too many connections)",
+           "N"),
+    Option("max_connections_per_host", _non_negative_int, 0,
+           "--listen: connections from one client address (1040 before the greeting); 0: no cap", "N"),
+    Option("max_unauthenticated_connections", _positive_int, 100,
+           "--listen: connections not logged in yet (at most max_connections); when full, a newcomer replaces the "
+           "oldest that has waited over a second", "N"),
+    Option("handshake_timeout", _positive_float, 10.0,
+           "--listen: seconds from accept to a completed login (MySQL's connect_timeout)"),
+    Option("net_read_timeout", _positive_float, 30.0,
+           "--listen: seconds without a byte while a client's packet is incomplete, then it is dropped (1159)"),
+    Option("net_write_timeout", _positive_float, 60.0,
+           "--listen: seconds a client may not read what the relay writes, then it is dropped"),
+    Option("http_max_connections", _positive_int, 64,
+           "--http: concurrent connections; more are answered 503 and closed", "N"),
 )
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
 

@@ -78,7 +78,7 @@ def lock_relay_dir(relay_dir) -> int:
 
 async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     """Run the relay until SIGTERM/SIGINT (or until the returned task is cancelled)."""
-    from ..ops.http import HttpApi
+    from ..ops.http import DEFAULT_HTTP_MAX_CONNECTIONS, HttpApi
     from ..ops.metrics import FsyncStats
     from ..ops.status import relay_status
     from ..relay.store import RelayStore, SyncPolicy
@@ -121,7 +121,8 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
             except OSError as exc:
                 raise RelayStartupError(f"cannot listen on --listen {cfg.listen[0]}:{cfg.listen[1]}: {exc.strerror}") from exc
         if cfg.http:
-            http = HttpApi(lambda: relay_status(cfg, session.store, session, downstream, fsync=fsync), fsync=fsync)
+            http = HttpApi(lambda: relay_status(cfg, session.store, session, downstream, fsync=fsync), fsync=fsync,
+                           max_connections=getattr(cfg, "http_max_connections", None) or DEFAULT_HTTP_MAX_CONNECTIONS)
             try:
                 address = await http.start(*cfg.http)
             except OSError as exc:
@@ -196,4 +197,11 @@ def _downstream_server(cfg, session):
             return await tracker.wait_for(file, position, wanted, timeout)
 
         session.ack_gate = gate
-    return DownstreamServer(ctx, cfg.users, tls_context=tls)
+    limits = {
+        "max_connections": getattr(cfg, "max_connections", None),
+        "max_connections_per_host": getattr(cfg, "max_connections_per_host", None),
+        "max_unauthenticated": getattr(cfg, "max_unauthenticated_connections", None),
+        "handshake_timeout": getattr(cfg, "handshake_timeout", None),
+        "write_timeout": getattr(cfg, "net_write_timeout", None),
+    }
+    return DownstreamServer(ctx, cfg.users, tls_context=tls, **{k: v for k, v in limits.items() if v is not None})

@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = None) -> int:
     """Serve ``options.binlog_dir`` on ``cfg.listen`` until SIGTERM/SIGINT, ``stop()`` or cancellation."""
-    from ..ops.http import HttpApi
+    from ..ops.http import DEFAULT_HTTP_MAX_CONNECTIONS, HttpApi
     from ..ops.status import relay_status
     from .run import RelayStartupError, _downstream_server
 
@@ -248,7 +248,8 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
     try:
         address = None
         if cfg.http:
-            http = HttpApi(status)
+            http = HttpApi(status, max_connections=getattr(cfg, "http_max_connections", None)
+                           or DEFAULT_HTTP_MAX_CONNECTIONS)
             try:
                 address = await http.start(*cfg.http)
             except OSError as exc:

@@ -102,7 +102,12 @@ DEFAULT_MAX_BUFFERED = 1024 * 1024
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # MySQL's connect_timeout
 DEFAULT_IDLE_TIMEOUT = 28800.0  # MySQL's wait_timeout
 DEFAULT_WRITE_TIMEOUT = 60.0  # MySQL's net_write_timeout: a client that stops reading this long is dropped
-DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_MAX_CONNECTIONS = 1000  # MySQL's max_connections default is 151; a relay fans out to more
+DEFAULT_MAX_CONNECTIONS_PER_HOST = 0  # 0: no per-host cap
+DEFAULT_MAX_UNAUTHENTICATED = 100  # connections between accept and a successful login
+# An unauthenticated connection older than this may be dropped to make room for a new one when their budget is
+# full: a client logs in within milliseconds, an idle socket that has sat this long holds a slot for nothing.
+DEFAULT_UNAUTHENTICATED_GRACE = 1.0
 _CLOSE_TIMEOUT = 5.0
 _HALF_CLOSE_GRACE = 1.0  # seconds a dump may still answer after the replica half-closed
 _SEMI_SYNC_ACK_REQUESTED = b"\x00\xef\x01"
@@ -630,11 +635,26 @@ class _Session:
         self.capabilities = 0
         self._seq = 0  # the sequence id of our next packet
         self.task: asyncio.Task[None] | None = None
+        self.host = protocol.peer_host
+        self.started = time.monotonic()
+        self.refusal: str | None = None  # set by the server: refuse with 1040 before the greeting
+        self.counted = False  # holds a slot in the server's counts
+        self.evicted = False
         self._log = log.bind(conn_id=conn_id, client=f"{protocol.peer_host}:{protocol.peer_port}")
 
     @property
     def conn_id(self) -> int:
         return self.state.conn_id
+
+    def evict(self) -> None:
+        """Drop this not-yet-authenticated connection to make room (1040 when it can still be told)."""
+        self.evicted = True
+        self.server._release(self)
+        if self.protocol.tls is None:
+            with contextlib.suppress(Exception):
+                self._write([encode_error(ER_CON_COUNT_ERROR, "08004", "Too many connections")])
+        if self.task is not None:
+            self.task.cancel()
 
     # -- packet I/O ----------------------------------------------------------------------------------------------
 
@@ -688,15 +708,17 @@ class _Session:
         server = self.server
         self.ctx.connections[self.conn_id] = self.state
         try:
-            if len(server._sessions) > server.max_connections:
-                self._log.warning("connection refused: too many connections", limit=server.max_connections)
+            if self.refusal is not None:
+                self._note("warning", "connection refused: too many connections", reason=self.refusal)
                 await self._fail(ER_CON_COUNT_ERROR, "08004", "Too many connections")
             await self._handshake()
             await self._command_loop()
         except _Close:
             pass
         except asyncio.CancelledError:
-            pass  # the server is closing, or kill()
+            # the server is closing, kill(), or a newer connection took this one's unauthenticated slot
+            if self.evicted:
+                self._note("info", "connection dropped: not logged in while the unauthenticated budget was full")
         except ClientConnectionLost as exc:
             self._log.debug("client gone", reason=str(exc))
         except MySQLError as exc:
@@ -709,7 +731,7 @@ class _Session:
                 await self._send([error])
         finally:
             self.ctx.connections.pop(self.conn_id, None)
-            server._sessions.pop(self.conn_id, None)
+            server._release(self)
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self.protocol.close()
             self._log.debug("connection closed", user=self.state.user or None)
@@ -787,6 +809,10 @@ class _Session:
             error = step.error
             await self._fail(error.code, error.sqlstate, error.message)
         assert isinstance(step, AuthAccepted)
+        refusal = server._logged_in(self, step.user)
+        if refusal is not None:
+            self._note("warning", "login refused: too many connections", user=_short(step.user.name), reason=refusal)
+            await self._fail(ER_CON_COUNT_ERROR, "08004", "Too many connections")
         state = self.state
         state.user = step.user.name
         state.tls = secure
@@ -1021,8 +1047,17 @@ class DownstreamServer:
     without TLS (a 2048-bit key is generated when None).
 
     Limits: `handshake_timeout` for greeting-to-OK, `idle_timeout` between commands (not during a dump),
-    `write_timeout` for a client that stops reading, `max_connections`, `max_packet` for a client's command,
-    `max_buffered` unread client bytes before reading pauses.
+    `write_timeout` for a client that stops reading, `max_packet` for a client's command, `max_buffered` unread
+    client bytes before reading pauses, `log_lines_per_host` per minute (PeerLogLimiter).
+
+    Connections: `max_connections` logged-in clients plus one more for an admin account (MySQL's extra
+    connection for SUPER / CONNECTION_ADMIN), checked after authentication as MySQL does: 1040 "Too many
+    connections". Clients that have not logged in yet have their own budget, `max_unauthenticated` (at most
+    `max_connections`), and `handshake_timeout`: when it is full, a newcomer takes the slot of the oldest one that
+    has held it for `unauthenticated_grace` seconds (dropped with 1040), else it gets 1040 before the greeting;
+    so idle sockets cannot lock logins out. `max_connections_per_host` (0: no cap) counts every connection of
+    one client address, refused with 1040 before the greeting (the user is not known yet: not 1203, which
+    is MySQL's per-account max_user_connections).
     """
 
     def __init__(
@@ -1038,6 +1073,9 @@ class DownstreamServer:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_host: int = DEFAULT_MAX_CONNECTIONS_PER_HOST,
+        max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
+        unauthenticated_grace: float = DEFAULT_UNAUTHENTICATED_GRACE,
         max_packet: int = DEFAULT_MAX_PACKET,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         log_lines_per_host: int = DEFAULT_LOG_LINES_PER_HOST,
@@ -1058,11 +1096,16 @@ class DownstreamServer:
         self.idle_timeout = idle_timeout
         self.write_timeout = write_timeout
         self.max_connections = max_connections
+        self.max_connections_per_host = max_connections_per_host
+        self.max_unauthenticated = max_unauthenticated
+        self.unauthenticated_grace = unauthenticated_grace
         self.max_packet = max_packet
         self.max_buffered = max_buffered
         self.log_limiter = PeerLogLimiter(log_lines_per_host)
         self._server: asyncio.AbstractServer | None = None
         self._sessions: dict[int, _Session] = {}
+        self._unauthenticated: dict[int, _Session] = {}  # oldest first
+        self._per_host: collections.Counter[str] = collections.Counter()
         self._ids = itertools.count(1)
         self._closing = False
         self._users: tuple[DownstreamUser, ...] = ()
@@ -1133,8 +1176,53 @@ class DownstreamServer:
             conn_id = next(self._ids)
         session = _Session(self, protocol, conn_id)
         self._sessions[conn_id] = session
+        session.refusal = self._admission(session)
+        if session.refusal is None:
+            self._unauthenticated[conn_id] = session
+            self._per_host[session.host] += 1
+            session.counted = True
         session.task = asyncio.get_running_loop().create_task(session.run(), name=f"downstream-conn-{conn_id}")
         return session
+
+    def _admission(self, session: _Session) -> str | None:
+        """Why a new connection is refused before its greeting (None: it may try to log in)."""
+        host = session.host
+        cap = self.max_connections_per_host
+        if cap > 0 and self._per_host[host] >= cap:
+            return f"{self._per_host[host]} connections from this host (max_connections_per_host = {cap})"
+        if self.authenticated_count >= self.max_connections + 1:
+            return f"{self.authenticated_count} clients logged in (max_connections = {self.max_connections}, +1 admin)"
+        budget = max(1, min(self.max_unauthenticated, self.max_connections))
+        if len(self._unauthenticated) < budget:
+            return None
+        oldest = next(iter(self._unauthenticated.values()))
+        if time.monotonic() - oldest.started < self.unauthenticated_grace:
+            return f"{len(self._unauthenticated)} connections not logged in yet (max_unauthenticated_connections)"
+        oldest.evict()
+        return None
+
+    def _logged_in(self, session: _Session, user: DownstreamUser) -> str | None:
+        """Move an authenticated session to the logged-in count; why not (None: it may), MySQL's rule: beyond
+        max_connections only an admin account, and only one."""
+        count = self.authenticated_count
+        if count >= self.max_connections + 1 or (count >= self.max_connections and not user.admin):
+            return f"{count} clients logged in (max_connections = {self.max_connections}, +1 for an admin account)"
+        self._unauthenticated.pop(session.conn_id, None)
+        return None
+
+    def _release(self, session: _Session) -> None:
+        self._sessions.pop(session.conn_id, None)
+        self._unauthenticated.pop(session.conn_id, None)
+        if session.counted:
+            session.counted = False
+            self._per_host[session.host] -= 1
+            if self._per_host[session.host] <= 0:
+                del self._per_host[session.host]
+
+    @property
+    def authenticated_count(self) -> int:
+        """Connections that have logged in (and still hold their slot)."""
+        return sum(1 for s in self._sessions.values() if s.counted) - len(self._unauthenticated)
 
     def kill(self, conn_id: int) -> bool:
         """End one connection (KILL, or a replica reconnecting with the same server_id/UUID); False if unknown."""

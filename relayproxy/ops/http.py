@@ -15,13 +15,20 @@ log = get_logger("relayproxy.http")
 
 MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT = 10.0
+DEFAULT_HTTP_MAX_CONNECTIONS = 64
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 25\r\n"
+         b"Connection: close\r\nRetry-After: 1\r\n\r\ntoo many HTTP connections\n")
 
 
 class HttpApi:
     """A deliberately small HTTP/1.1 server: two read-only GET endpoints, one request per connection."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]], *, fsync: FsyncStats | None = None):
+    def __init__(self, status: Callable[[], dict[str, Any]], *, fsync: FsyncStats | None = None,
+                 max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS):
         self._status = status
+        self.max_connections = max_connections
+        self._active = 0
+        self._refused = 0  # connections answered 503 since the last log line about it
         self._registry = build_registry(status, fsync)
         self._server: asyncio.AbstractServer | None = None
 
@@ -37,6 +44,27 @@ class HttpApi:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._active >= self.max_connections:
+            # Over the cap: a fixed answer without reading the request, so slow or idle clients cannot hold
+            # descriptors the relay needs. Logged once per burst, not once per connection.
+            if self._refused == 0:
+                log.warning("http connections over the cap: answering 503", limit=self.max_connections)
+            self._refused += 1
+            try:
+                writer.write(_BUSY)
+            finally:
+                writer.close()
+            return
+        if self._refused:
+            log.info("http connections back under the cap", refused=self._refused)
+            self._refused = 0
+        self._active += 1
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self._active -= 1
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
             if len(head) > MAX_REQUEST_BYTES:

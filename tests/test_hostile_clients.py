@@ -1,0 +1,245 @@
+"""Hostile and careless clients (issue 14, items 4 to 6): each attack against the in-process server on 127.0.0.1
+gets the error a MySQL/MariaDB server gives, and the log grows by at most one compact line per attack (never a
+traceback). No timed asserts: small configured limits and timeouts, outcomes checked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymysql import _auth as pymysql_auth
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_downstream_server import RawClient, Stub, serving  # noqa: E402
+
+from relayproxy.downstream.server import PeerLogLimiter  # noqa: E402
+from relayproxy.downstream.users import DownstreamUser  # noqa: E402
+from relayproxy.wire.handshake import build_handshake_response, client_capabilities, parse_handshake  # noqa: E402
+from relayproxy.wire.packets import parse_err  # noqa: E402
+
+APP_PW = "app-Secret-1"
+ADMIN_PW = "admin-Secret-2"
+USERS = [
+    DownstreamUser("app", APP_PW, plugin="mysql_native_password"),
+    DownstreamUser("root", ADMIN_PW, plugin="mysql_native_password", admin=True),
+]
+
+
+def server_lines(text: str) -> list[dict[str, Any]]:
+    """The downstream server's JSON log lines about clients (listen/stop lines left out)."""
+    lines = []
+    for raw in text.splitlines():
+        if not raw.startswith("{"):
+            continue
+        line = json.loads(raw)
+        if line.get("logger") == "relayproxy.downstream.server" and "conn_id" in line:
+            lines.append(line)
+    return lines
+
+
+def assert_compact(lines: list[dict[str, Any]]) -> None:
+    for line in lines:
+        assert "exception" not in line and "Traceback" not in json.dumps(line), line
+        assert len(json.dumps(line)) < 600, line
+
+
+async def login_error(client: RawClient, user: str, password: str) -> tuple[int, str] | None:
+    """Log in with mysql_native_password; None on success, else (code, message) of the ERR."""
+    first = (await client.packet())[1]
+    if first[0] == 0xFF:  # refused before the greeting
+        err = parse_err(first)
+        return err.code, err.message
+    greeting = parse_handshake(first)
+    caps = client_capabilities(greeting, tls=False)
+    scramble = pymysql_auth.scramble_native_password(password.encode(), greeting.auth_plugin_data[:20])
+    client.send(build_handshake_response(caps, user, scramble, plugin_name="mysql_native_password"), 1)
+    while True:
+        seq, reply = await client.packet()
+        if reply[0] == 0xFE:  # switch to the account's plugin
+            client.send(pymysql_auth.scramble_native_password(password.encode(), reply[-21:-1]), seq + 1)
+            continue
+        if reply[0] == 0x00:
+            return None
+        err = parse_err(reply)
+        return err.code, err.message
+
+
+# -- item 4: log flooding -----------------------------------------------------------------------------------------
+
+
+def test_overlong_user_name_is_access_denied_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> None:
+        async with serving(Stub(), USERS) as server:
+            for plugin in ("mysql_native_password", "caching_sha2_password"):
+                client = await RawClient.connect(server)
+                greeting = parse_handshake((await client.packet())[1])
+                caps = client_capabilities(greeting, tls=False)
+                client.send(build_handshake_response(caps, "u" * 300, b"x" * 20, plugin_name=plugin), 1)
+                seq, reply = await client.packet()
+                if reply[0] == 0xFE:  # switched to the account plugin
+                    client.send(b"y" * 20, seq + 1)
+                    seq, reply = await client.packet()
+                err = parse_err(reply)
+                assert (err.code, err.sqlstate) == (1045, "28000")
+                assert err.message.startswith("Access denied for user 'uuu")
+                client.close()
+
+    asyncio.run(scenario())
+    lines = server_lines(capsys.readouterr().err)
+    assert [line["event"] for line in lines] == ["login refused", "login refused"]
+    assert_compact(lines)
+
+
+def test_internal_error_is_one_line_with_a_reference_and_rate_limited(capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> list[str]:
+        messages = []
+        async with serving(Stub(), USERS, log_lines_per_host=3) as server:
+            for _ in range(6):
+                client = await RawClient.connect(server)
+                await client.login("app", APP_PW)
+                client.send(b"\x03BOOM", 0)
+                err = parse_err(await client.payload())
+                assert err.code == 1105 and "internal error in relayproxy" in err.message
+                messages.append(err.message)
+                assert await client.closed_by_server()
+        return messages
+
+    messages = asyncio.run(scenario())
+    lines = server_lines(capsys.readouterr().err)
+    assert_compact(lines)
+    errors = [line for line in lines if line["level"] == "error"]
+    assert len(errors) == 3  # log_lines_per_host: the other three are counted, not logged
+    for line, message in zip(errors, messages):
+        assert f"reference {line['ref']}" in message
+        assert line["error"] == "RuntimeError: stub blew up" and "in sql" in line["where"]
+    assert len({m for m in messages}) == 6  # each its own reference
+
+
+def test_peer_log_limiter_counts_what_it_drops_and_reports_it() -> None:
+    now = [0.0]
+    limiter = PeerLogLimiter(2, 60.0, clock=lambda: now[0])
+    assert [limiter.admit("h") for _ in range(5)] == [0, 0, None, None, None]
+    assert limiter.admit("other") == 0  # per host
+    now[0] = 61.0
+    assert limiter.admit("h") == 3  # the next line says how many were dropped
+    assert limiter.admit("h") == 0
+
+
+# -- item 5: connection limits ------------------------------------------------------------------------------------
+
+
+def test_login_succeeds_during_an_unauthenticated_flood(capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> None:
+        options = dict(max_connections=30, max_unauthenticated=20, unauthenticated_grace=0.05)
+        async with serving(Stub(), USERS, **options) as server:
+            flood = []
+            for _ in range(20):
+                client = await RawClient.connect(server)
+                await client.packet()  # the greeting; then silence
+                flood.append(client)
+            # Within the grace period a newcomer is refused (1040 before the greeting): the budget holds.
+            young = await RawClient.connect(server)
+            seq, reply = await young.packet()
+            assert seq == 0 and parse_err(reply).code == 1040
+            young.close()
+            await asyncio.sleep(0.1)  # the flood's sockets are now older than the grace period
+            for _ in range(3):
+                legit = await RawClient.connect(server)
+                assert await login_error(legit, "app", APP_PW) is None
+                legit.send(b"\x03SELECT 1", 0)
+                assert await legit.payload()
+                legit.close()
+            assert len(server._unauthenticated) <= 20 and server.connection_count <= 21
+            # The oldest idle socket made room, and was told why.
+            seq, reply = await flood[0].packet()
+            assert parse_err(reply).code == 1040 and await flood[0].closed_by_server()
+            for client in flood:
+                client.close()
+
+    asyncio.run(scenario())
+    lines = server_lines(capsys.readouterr().err)
+    assert_compact(lines)
+    assert len(lines) <= 10  # log_lines_per_host: the flood cannot flood the log
+
+
+def test_admin_account_takes_the_extra_slot_when_full() -> None:
+    async def scenario() -> None:
+        async with serving(Stub(), USERS, max_connections=2) as server:
+            apps = [await RawClient.connect(server) for _ in range(2)]
+            for client in apps:
+                assert await login_error(client, "app", APP_PW) is None
+            third = await RawClient.connect(server)
+            assert await login_error(third, "app", APP_PW) == (1040, "Too many connections")
+            admin = await RawClient.connect(server)
+            assert await login_error(admin, "root", ADMIN_PW) is None
+            admin.send(b"\x03SELECT 1", 0)
+            assert (await admin.payload())[0] != 0xFF
+            second_admin = await RawClient.connect(server)
+            code = await login_error(second_admin, "root", ADMIN_PW)
+            assert code == (1040, "Too many connections")  # one extra slot, as MySQL's (refused at accept)
+            for client in (*apps, third, admin, second_admin):
+                client.close()
+
+    asyncio.run(scenario())
+
+
+def test_per_host_cap_refuses_before_the_greeting() -> None:
+    async def scenario() -> None:
+        async with serving(Stub(), USERS, max_connections_per_host=2) as server:
+            held = [await RawClient.connect(server) for _ in range(2)]
+            for client in held:
+                await client.packet()
+            extra = await RawClient.connect(server)
+            seq, reply = await extra.packet()
+            assert seq == 0 and (parse_err(reply).code, parse_err(reply).sqlstate) == (1040, "08004")
+            held[0].close()
+            assert await held[0].closed_by_server()
+            await asyncio.sleep(0.05)
+            again = await RawClient.connect(server)
+            assert await login_error(again, "app", APP_PW) is None  # a freed slot is usable again
+            for client in (*held, extra, again):
+                client.close()
+
+    asyncio.run(scenario())
+
+
+def test_http_port_has_a_connection_cap(capsys: pytest.CaptureFixture[str]) -> None:
+    from relayproxy.ops.http import HttpApi
+
+    async def get(host: str, port: int, request: bool = True) -> bytes:
+        reader, writer = await asyncio.open_connection(host, port)
+        if request:  # (the 503 comes without reading the request: one sent could reset the connection first)
+            writer.write(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return data
+
+    async def scenario() -> None:
+        api = HttpApi(lambda: {"ok": True}, max_connections=2)
+        host, port = await api.start("127.0.0.1", 0)
+        try:
+            idle = [await asyncio.open_connection(host, port) for _ in range(2)]
+            for _ in range(50):  # until the server has taken both
+                if api._active == 2:
+                    break
+                await asyncio.sleep(0.01)
+            for _ in range(5):
+                assert (await get(host, port, request=False)).startswith(b"HTTP/1.1 503 ")
+            for _, writer in idle:
+                writer.close()
+            for _ in range(50):
+                if api._active == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert (await get(host, port)).startswith(b"HTTP/1.1 200 ")
+        finally:
+            await api.close()
+
+    asyncio.run(scenario())
+    lines = [line for line in capsys.readouterr().err.splitlines() if "relayproxy.http" in line]
+    assert sum("over the cap" in line for line in lines) == 1  # one line per burst, not per connection
