@@ -243,3 +243,38 @@ def test_http_port_has_a_connection_cap(capsys: pytest.CaptureFixture[str]) -> N
     asyncio.run(scenario())
     lines = [line for line in capsys.readouterr().err.splitlines() if "relayproxy.http" in line]
     assert sum("over the cap" in line for line in lines) == 1  # one line per burst, not per connection
+
+
+# -- item 6: stalled clients --------------------------------------------------------------------------------------
+
+
+def test_half_a_packet_is_dropped_after_net_read_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> None:
+        async with serving(Stub(), USERS, net_read_timeout=0.2, idle_timeout=3600.0) as server:
+            # After login: a COM_QUERY announced as 1 MB, 10 bytes of it sent.
+            client = await RawClient.connect(server)
+            assert await login_error(client, "app", APP_PW) is None
+            client.send_raw((1 << 20).to_bytes(3, "little") + b"\x00" + b"\x03SELECT 1")
+            err = parse_err((await client.packet(timeout=10))[1])
+            assert (err.code, err.sqlstate) == (1159, "08S01") and "net_read_timeout" in err.message
+            assert await client.closed_by_server()
+            # Before login: half a handshake response (the handshake timeout is longer).
+            client = await RawClient.connect(server)
+            await client.packet()
+            client.send_raw((200).to_bytes(3, "little") + b"\x01" + b"\x00" * 50)
+            err = parse_err((await client.packet(timeout=10))[1])
+            assert err.code == 1159
+            assert await client.closed_by_server()
+            # A client that sends nothing at all between commands is idle, not stalled: still connected.
+            idle = await RawClient.connect(server)
+            assert await login_error(idle, "app", APP_PW) is None
+            await asyncio.sleep(0.4)
+            idle.send(b"\x03SELECT 1", 0)
+            assert (await idle.payload())[0] != 0xFF
+            idle.close()
+
+    asyncio.run(scenario())
+    lines = server_lines(capsys.readouterr().err)
+    assert_compact(lines)
+    assert len(lines) == 2  # one per stalled client
+

@@ -203,5 +203,6 @@ def _downstream_server(cfg, session):
         "max_unauthenticated": getattr(cfg, "max_unauthenticated_connections", None),
         "handshake_timeout": getattr(cfg, "handshake_timeout", None),
         "write_timeout": getattr(cfg, "net_write_timeout", None),
+        "net_read_timeout": getattr(cfg, "net_read_timeout", None),
     }
     return DownstreamServer(ctx, cfg.users, tls_context=tls, **{k: v for k, v in limits.items() if v is not None})

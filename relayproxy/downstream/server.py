@@ -90,6 +90,7 @@ ER_UNKNOWN_COM_ERROR = 1047
 ER_UNKNOWN_ERROR = 1105
 ER_NET_PACKET_TOO_LARGE = 1153
 ER_NET_PACKETS_OUT_OF_ORDER = 1156
+ER_NET_READ_INTERRUPTED = 1159  # "Got timeout reading communication packets"
 ER_MALFORMED_PACKET = 1835
 ER_CLIENT_INTERACTION_TIMEOUT = 4031
 
@@ -102,6 +103,7 @@ DEFAULT_MAX_BUFFERED = 1024 * 1024
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # MySQL's connect_timeout
 DEFAULT_IDLE_TIMEOUT = 28800.0  # MySQL's wait_timeout
 DEFAULT_WRITE_TIMEOUT = 60.0  # MySQL's net_write_timeout: a client that stops reading this long is dropped
+DEFAULT_NET_READ_TIMEOUT = 30.0  # MySQL's net_read_timeout: a client that stops in the middle of a packet
 DEFAULT_MAX_CONNECTIONS = 1000  # MySQL's max_connections default is 151; a relay fans out to more
 DEFAULT_MAX_CONNECTIONS_PER_HOST = 0  # 0: no per-host cap
 DEFAULT_MAX_UNAUTHENTICATED = 100  # connections between accept and a successful login
@@ -230,6 +232,9 @@ class _ClientProtocol(asyncio.Protocol):
         # Sequence ids are checked by the reader, per exchange; semi-sync ACKs restart them mid-dump.
         self.decoder.expect_sequence(None)
         self.max_buffered = server.max_buffered
+        self.net_read_timeout = server.net_read_timeout
+        self._last_data = 0.0  # time.monotonic() of the last bytes received
+        self._partial = False  # the bytes received end inside a packet
         self.transport: asyncio.Transport | None = None
         self.peer_host = "?"
         self.peer_port = 0
@@ -264,6 +269,18 @@ class _ClientProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.error is not None or self._discard:
             return
+        self._last_data = time.monotonic()
+        try:
+            self._receive(data)
+        finally:
+            partial = bool(self._first) or self.decoder.pending_bytes > 0
+            if partial and not self._partial:
+                self._partial = True
+                self._wake()  # a reader waiting for a long time (idle_timeout) now waits net_read_timeout at most
+            elif not partial:
+                self._partial = False
+
+    def _receive(self, data: bytes) -> None:
         if self.tls is not None:
             data = self._decrypt(data)
             if not data:
@@ -316,7 +333,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.tls = MemoryTls(self.tls_context, server_side=True)
         self.tls_handshake = asyncio.get_running_loop().create_future()
         if rest:
-            self.data_received(rest)
+            self._receive(rest)
         return b""
 
     def _decrypt(self, data: bytes) -> bytes:
@@ -395,6 +412,7 @@ class _ClientProtocol(asyncio.Protocol):
     async def read(self, timeout: float | None) -> tuple[int, bytes]:
         """The next payload and the sequence id of its last packet; TimeoutError after `timeout` seconds; the
         protocol error or ClientConnectionLost once the input is over (after the payloads received before)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ready:
             if self.error is not None:
                 raise self.error
@@ -402,12 +420,27 @@ class _ClientProtocol(asyncio.Protocol):
                 raise RuntimeError("another task is already reading from this client")
             waiter = asyncio.get_running_loop().create_future()
             self._waiter = waiter
+            now = time.monotonic()
+            wait = None if deadline is None else deadline - now
+            if self._partial:  # inside a packet: the client must keep sending
+                stall = self._last_data + self.net_read_timeout - now
+                wait = stall if wait is None else min(wait, stall)
             try:
-                if timeout is None:
+                if wait is None:
                     await waiter
                 else:
-                    async with asyncio.timeout(timeout):
+                    async with asyncio.timeout(max(wait, 0.0)):
                         await waiter
+            except TimeoutError:
+                now = time.monotonic()
+                if self._partial and not self._ready and now - self._last_data >= self.net_read_timeout:
+                    raise MySQLError(
+                        ER_NET_READ_INTERRUPTED, "08S01",
+                        f"Got timeout reading communication packets: nothing received for {self.net_read_timeout:g}s "
+                        f"inside a packet (net_read_timeout)",
+                    ) from None
+                if deadline is not None and now >= deadline:
+                    raise
             finally:
                 self._waiter = None
         packet = self._ready.popleft()
@@ -1047,7 +1080,8 @@ class DownstreamServer:
     without TLS (a 2048-bit key is generated when None).
 
     Limits: `handshake_timeout` for greeting-to-OK, `idle_timeout` between commands (not during a dump),
-    `write_timeout` for a client that stops reading, `max_packet` for a client's command, `max_buffered` unread
+    `write_timeout` for a client that stops reading (net_write_timeout), `net_read_timeout` for a client that
+    stops in the middle of a packet (1159, then closed), `max_packet` for a client's command, `max_buffered` unread
     client bytes before reading pauses, `log_lines_per_host` per minute (PeerLogLimiter).
 
     Connections: `max_connections` logged-in clients plus one more for an admin account (MySQL's extra
@@ -1072,6 +1106,7 @@ class DownstreamServer:
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        net_read_timeout: float = DEFAULT_NET_READ_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_connections_per_host: int = DEFAULT_MAX_CONNECTIONS_PER_HOST,
         max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
@@ -1095,6 +1130,7 @@ class DownstreamServer:
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.write_timeout = write_timeout
+        self.net_read_timeout = net_read_timeout
         self.max_connections = max_connections
         self.max_connections_per_host = max_connections_per_host
         self.max_unauthenticated = max_unauthenticated
