@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from test_downstream_server import RawClient, Stub, serving  # noqa: E402
 from relayproxy.downstream.server import PeerLogLimiter  # noqa: E402
 from relayproxy.downstream.users import DownstreamUser  # noqa: E402
 from relayproxy.wire.handshake import build_handshake_response, client_capabilities, parse_handshake  # noqa: E402
-from relayproxy.wire.packets import parse_err  # noqa: E402
+from relayproxy.wire.packets import MySQLError, parse_err  # noqa: E402
 
 APP_PW = "app-Secret-1"
 ADMIN_PW = "admin-Secret-2"
@@ -278,3 +279,90 @@ def test_half_a_packet_is_dropped_after_net_read_timeout(capsys: pytest.CaptureF
     assert_compact(lines)
     assert len(lines) == 2  # one per stalled client
 
+
+def _dump_command(server_id: int) -> bytes:
+    return b"\x12" + struct.pack("<IHI", 4, 0, server_id) + b"mysql-bin.000001"
+
+
+async def _start_dump(server: Any, server_id: int, *statements: str) -> RawClient:
+    client = await RawClient.connect(server)
+    assert await login_error(client, "app", APP_PW) is None
+    for statement in statements:
+        client.send(b"\x03" + statement.encode(), 0)
+        assert (await client.payload())[0] == 0x00
+    client.send(_dump_command(server_id), 0)
+    assert await client.payload() == b"\x00tick"
+    return client
+
+
+def test_a_new_dump_of_the_same_replica_ends_the_older_one(capsys: pytest.CaptureFixture[str]) -> None:
+    stub = Stub()
+
+    async def body(conn: Any, request: Any, channel: Any) -> None:
+        while True:  # a dump waiting for new transactions, with a heartbeat now and then
+            await channel.send(b"\x00tick")
+            await asyncio.sleep(0.01)
+
+    stub.dump_body = body
+
+    async def scenario() -> None:
+        async with serving(stub, USERS) as server:
+            # MariaDB's rule (and MySQL's without a replica UUID): the same server_id.
+            old = await _start_dump(server, 5)
+            new = await _start_dump(server, 5)
+            assert await old.closed_by_server()
+            assert await new.payload() == b"\x00tick"  # the newer one goes on
+            # Other replicas are left alone; so are server_id 0 dumps (mysqlbinlog), several of which may run.
+            other = await _start_dump(server, 6)
+            tools = [await _start_dump(server, 0) for _ in range(2)]
+            for client in (new, other, *tools):
+                assert await client.payload() == b"\x00tick"
+            # MySQL's rule: the same @slave_uuid / @replica_uuid ends the older dump whatever the server_id.
+            uuid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+            old_uuid = await _start_dump(server, 7, f"SET @slave_uuid = '{uuid}'")
+            new_uuid = await _start_dump(server, 8, f"SET @replica_uuid = '{uuid}'")
+            assert await old_uuid.closed_by_server()
+            assert await new_uuid.payload() == b"\x00tick"
+            for client in (old, new, other, *tools, old_uuid, new_uuid):
+                client.close()
+
+    asyncio.run(scenario())
+    ended = [line for line in server_lines(capsys.readouterr().err) if line["event"].startswith("ended an older")]
+    assert [(line.get("server_id"), line.get("replica_uuid")) for line in ended] == [
+        (5, None), (None, "3e11fa47-71ca-11e1-9e33-c80aa9429562")
+    ]
+
+
+def test_an_out_of_range_heartbeat_period_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from relayproxy.downstream.dump import serve_dump
+    from relayproxy.downstream.dump.start import _int
+    from relayproxy.downstream.server import DownstreamServer
+    from test_downstream_server import make_ctx, rsa_key
+
+    for value in ("1e400", float("inf"), b"-1e999"):
+        with pytest.raises(MySQLError) as info:
+            _int(value, "master_heartbeat_period")
+        assert info.value.code == 1231 and "master_heartbeat_period" in info.value.message
+    assert _int("2.5e9", "master_heartbeat_period") == 2_500_000_000 and _int("junk") == 0
+
+    async def scenario() -> None:
+        stub = Stub()
+        server = DownstreamServer(make_ctx(), USERS, sql=stub.sql, dump=serve_dump, rsa_key=rsa_key())
+        await server.start("127.0.0.1", 0)
+        try:
+            client = await RawClient.connect(server)
+            assert await login_error(client, "app", APP_PW) is None
+            client.send(b"\x03SET @master_heartbeat_period = 1e400", 0)
+            assert (await client.payload())[0] == 0x00
+            client.send(_dump_command(9), 0)
+            err = parse_err(await client.payload())
+            assert (err.code, err.sqlstate) == (1231, "42000")
+            assert err.message == "Variable 'master_heartbeat_period' can't be set to the value of '1e400'"
+            client.close()
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
+    lines = server_lines(capsys.readouterr().err)
+    assert_compact(lines)
+    assert not [line for line in lines if line["level"] == "error"]  # the replica's mistake, not an internal error

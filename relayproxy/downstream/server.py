@@ -673,6 +673,7 @@ class _Session:
         self.refusal: str | None = None  # set by the server: refuse with 1040 before the greeting
         self.counted = False  # holds a slot in the server's counts
         self.evicted = False
+        self.dumping: tuple[str, object] | None = None  # ("uuid", uuid) or ("server_id", id) while a dump runs
         self._log = log.bind(conn_id=conn_id, client=f"{protocol.peer_host}:{protocol.peer_port}")
 
     @property
@@ -951,6 +952,8 @@ class _Session:
             "binlog dump requested", kind=request.kind, file=request.file, position=request.position,
             server_id=request.server_id, flags=request.flags,
         )
+        self.dumping = _replica_identity(state, request)
+        self.server._end_older_dumps(self)
         channel = _DumpChannel(self, self._seq)
         task = asyncio.ensure_future(self.server.dump(self.ctx, state, request, channel))
         try:
@@ -961,6 +964,7 @@ class _Session:
                 # ERR for a bad request) still goes out; a sender waiting for new transactions is stopped.
                 await asyncio.wait({task, closed}, timeout=_HALF_CLOSE_GRACE)
         finally:
+            self.dumping = None
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -983,6 +987,21 @@ class _Session:
 
 
 # -- command parsing (sans-I/O) -----------------------------------------------------------------------------------
+
+
+def _replica_identity(state: ConnectionState, request: DumpRequest) -> tuple[str, object] | None:
+    """Who is dumping, for ending a zombie dump as the servers do: the replica's UUID when it set @slave_uuid /
+    @replica_uuid (MySQL's kill_zombie_dump_threads), else its server_id (MariaDB's; MySQL's without a UUID);
+    None for server_id 0 without a UUID (mysqlbinlog / mariadb-binlog: several may run at once)."""
+    uuid = state.user_vars.get("replica_uuid") or state.user_vars.get("slave_uuid")
+    if isinstance(uuid, (bytes, bytearray)):
+        uuid = bytes(uuid).decode("utf-8", "replace")
+    if uuid:
+        return ("uuid", str(uuid).strip().lower())
+    if request.server_id:
+        return ("server_id", request.server_id)
+    return None
+
 
 
 def parse_register_slave(payload: bytes, *, master_server_id: int = 0) -> ReplicaRegistration:
@@ -1259,6 +1278,20 @@ class DownstreamServer:
     def authenticated_count(self) -> int:
         """Connections that have logged in (and still hold their slot)."""
         return sum(1 for s in self._sessions.values() if s.counted) - len(self._unauthenticated)
+
+    def _end_older_dumps(self, session: _Session) -> None:
+        """A replica that starts a dump while an older one of its own still runs (it reconnected and the old
+        TCP connection is not dead yet): end the older one, as MySQL and MariaDB do, with one log line."""
+        identity = session.dumping
+        if identity is None:
+            return
+        for other in list(self._sessions.values()):
+            if other is not session and other.dumping == identity and self.kill(other.conn_id):
+                other.dumping = None
+                session._log.info(
+                    "ended an older dump of the same replica", older_conn_id=other.conn_id,
+                    **{"server_id" if identity[0] == "server_id" else "replica_uuid": identity[1]},
+                )
 
     def kill(self, conn_id: int) -> bool:
         """End one connection (KILL, or a replica reconnecting with the same server_id/UUID); False if unknown."""

@@ -134,14 +134,15 @@ class DumpSender(DumpStart):
         # sent before the first FDE use its value, later ones the FDE's (m_event_checksum_alg).
         self.announced_alg = _checksum_alg(_user_var(uv, "source_binlog_checksum", "master_binlog_checksum"))
         self.event_alg = self.announced_alg
-        period_ns = _int(_user_var(uv, "source_heartbeat_period", "master_heartbeat_period"))
+        period_ns = _int(_user_var(uv, "source_heartbeat_period", "master_heartbeat_period"),
+                         "master_heartbeat_period")
         self.heartbeat_period = max(period_ns, 0) / 1e9
         # BINLOG_DUMP_NON_BLOCK, or server_id 0 (mysqlbinlog -R): both servers then stop at the end.
         self.non_block = bool(request.flags & BINLOG_DUMP_NON_BLOCK) or request.server_id == 0
         # 0x02 is USE_HEARTBEAT_EVENT_V2 for MySQL and BINLOG_SEND_ANNOTATE_ROWS_EVENT for MariaDB.
         self.heartbeat_v2 = self.flavour == "mysql" and bool(request.flags & USE_HEARTBEAT_EVENT_V2)
         self.send_annotate = self.flavour == "mariadb" and bool(request.flags & BINLOG_SEND_ANNOTATE_ROWS_EVENT)
-        self.capability = _int(_user_var(uv, "mariadb_slave_capability"))
+        self.capability = _int(_user_var(uv, "mariadb_slave_capability"), "mariadb_slave_capability")
         self.skip_replication = self.flavour == "mariadb" and _truthy(conn.session_vars.get("skip_replication"))
         wants_semi_sync = _truthy(_user_var(uv, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
         self.semi_sync = wants_semi_sync and bool(getattr(ctx.cfg, "semi_sync", False))

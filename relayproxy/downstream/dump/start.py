@@ -13,10 +13,12 @@ from ...binlog import constants as C
 from ...binlog.events import BinlogFormatError
 from ...binlog.gtid import GtidSet, MariaBinlogState, MariaGtid, MariaGtidPosition
 from ...relay.catalog import CatalogError, FileInfo
+from ...wire.packets import MySQLError
 from .errors import (
     ER_MALFORMED_GTID_SET_ENCODING,
     ER_UNKNOWN_COM_ERROR,
     ER_UNKNOWN_ERROR,
+    ER_WRONG_VALUE_FOR_VAR,
     MSG_GTID_MODE_OFF,
     MSG_IO,
     MSG_MARIA_BAD_STATE,
@@ -135,15 +137,22 @@ def _text(value) -> str:
     return str(value)
 
 
-def _int(value) -> int:
+def _int(value, name: str = "") -> int:
+    """A replica's user variable as an integer (0 when unset or not a number); a value no integer can hold
+    (1e400, inf) is the replica's mistake: a clear error, not an internal one."""
     if value is None:
         return 0
-    if isinstance(value, (int, float)):
-        return int(value)
     try:
+        if isinstance(value, (int, float)):
+            return int(value)
         return int(float(_text(value).strip()))
     except ValueError:
         return 0
+    except OverflowError:
+        shown = _text(value)[:40]
+        raise MySQLError(
+            ER_WRONG_VALUE_FOR_VAR, "42000", f"Variable '{name or 'value'}' can't be set to the value of '{shown}'"
+        ) from None
 
 
 def _truthy(value) -> bool:
