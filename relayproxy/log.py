@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import Any
+import time
+from typing import Any, Callable
 
 import structlog
 
@@ -117,3 +119,44 @@ def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     if not structlog.is_configured():
         configure_logging()
     return structlog.get_logger(name)
+
+
+class PeerLogLimiter:
+    """At most `lines` log lines per peer host per `window` seconds, so that a client cannot flood the log:
+    `admit(host)` is None for a line to drop, else how many were dropped since that host's last line (to report
+    with it)."""
+
+    _HOSTS_MAX = 4096  # hosts remembered before entries of past windows are dropped
+
+    def __init__(self, lines: int = 10, window: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.lines = lines
+        self.window = window
+        self._clock = clock
+        self._hosts: dict[str, list[float]] = {}  # host -> [window start, lines in it, suppressed]
+
+    def admit(self, host: str) -> int | None:
+        now = self._clock()
+        entry = self._hosts.get(host)
+        if entry is None or now - entry[0] >= self.window:
+            if entry is None and len(self._hosts) >= self._HOSTS_MAX:
+                self._hosts = {h: e for h, e in self._hosts.items() if now - e[0] < self.window}
+            suppressed = int(entry[2]) if entry is not None else 0
+            self._hosts[host] = [now, 1, 0]
+            return suppressed
+        if entry[1] < self.lines:
+            entry[1] += 1
+            suppressed, entry[2] = int(entry[2]), 0
+            return suppressed
+        entry[2] += 1
+        return None
+
+
+def where(exc: BaseException) -> str:
+    """file:line in function of the innermost frame of `exc`'s traceback: a one-line stand-in for it."""
+    tb = exc.__traceback__
+    if tb is None:
+        return "?"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"

@@ -8,6 +8,7 @@ import asyncio
 import json
 import struct
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_downstream_server import RawClient, Stub, serving  # noqa: E402
 
-from relayproxy.downstream.server import PeerLogLimiter  # noqa: E402
+from relayproxy.log import PeerLogLimiter  # noqa: E402
 from relayproxy.downstream.users import DownstreamUser  # noqa: E402
 from relayproxy.wire.handshake import build_handshake_response, client_capabilities, parse_handshake  # noqa: E402
 from relayproxy.wire.packets import MySQLError, parse_err  # noqa: E402
@@ -366,3 +367,28 @@ def test_an_out_of_range_heartbeat_period_is_a_clear_error(capsys: pytest.Captur
     lines = server_lines(capsys.readouterr().err)
     assert_compact(lines)
     assert not [line for line in lines if line["level"] == "error"]  # the replica's mistake, not an internal error
+
+
+def test_a_statement_that_trips_a_bug_logs_one_line_with_a_reference(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relayproxy.downstream.sql import dispatch
+
+    def deep(parser: Any, env: Any) -> Any:
+        def down(n: int) -> int:
+            return down(n + 1)
+        return down(0)  # RecursionError: a long traceback before
+
+    monkeypatch.setattr(dispatch, "_dispatch", deep)
+    conn = types.SimpleNamespace(host="192.0.2.7", conn_id=1, user_vars={}, session_vars={})
+    monkeypatch.setattr(dispatch, "_FAILURE_LOG", PeerLogLimiter(3, 60.0))
+    from test_downstream_server import make_ctx
+
+    ctx = make_ctx()
+    messages = [dispatch._execute(ctx, conn, "SELECT " + "(" * 150 + "1" + ")" * 150, {}).message for _ in range(6)]
+    err = capsys.readouterr().err
+    lines = [json.loads(raw) for raw in err.splitlines() if raw.startswith("{") and "SQL statement failed" in raw]
+    assert len(lines) == 3 and len(err) < 3 * 1000
+    for line, message in zip(lines, messages):
+        assert "exception" not in line and line["error"].startswith("RecursionError")
+        assert f"reference {line['ref']}" in message and "internal error" in message

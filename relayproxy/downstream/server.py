@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
-from ..log import get_logger
+from ..log import PeerLogLimiter, get_logger, where
 from ..wire.accounts import DownstreamUser, find_user
 from ..wire.packets import (
     CLIENT_SSL,
@@ -117,8 +117,6 @@ _INTERNAL_ERROR = "Unknown error: internal error in relayproxy (reference {ref})
 # Log lines a peer host can cause per window (client errors, refusals, internal errors); the rest are counted
 # and the count is reported on its next line once the window has passed.
 DEFAULT_LOG_LINES_PER_HOST = 10
-_LOG_WINDOW = 60.0
-_LOG_HOSTS_MAX = 4096  # hosts remembered by the limiter before expired entries are dropped
 _LOGGED_NAME_MAX = 64  # characters of a client-chosen name (user, program) that reach the log
 # Payloads shorter than this are copied behind their header and written at once.
 _COPY_LIMIT = 64 * 1024
@@ -141,50 +139,11 @@ _DUMP_HEAD = struct.Struct("<IHI")  # COM_BINLOG_DUMP: position, flags, server_i
 _DUMP_GTID_HEAD = struct.Struct("<HII")  # COM_BINLOG_DUMP_GTID: flags, server_id, name length
 
 
-class PeerLogLimiter:
-    """At most `lines` log lines per peer host per `window` seconds: a client cannot flood the log. `admit(host)`
-    is None for a line to drop, else how many were dropped since that host's last line (to report with it)."""
-
-    def __init__(self, lines: int = DEFAULT_LOG_LINES_PER_HOST, window: float = _LOG_WINDOW,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.lines = lines
-        self.window = window
-        self._clock = clock
-        self._hosts: dict[str, list[float]] = {}  # host -> [window start, lines in it, suppressed]
-
-    def admit(self, host: str) -> int | None:
-        now = self._clock()
-        entry = self._hosts.get(host)
-        if entry is None or now - entry[0] >= self.window:
-            if entry is None and len(self._hosts) >= _LOG_HOSTS_MAX:
-                self._hosts = {h: e for h, e in self._hosts.items() if now - e[0] < self.window}
-            suppressed = int(entry[2]) if entry is not None else 0
-            self._hosts[host] = [now, 1, 0]
-            return suppressed
-        if entry[1] < self.lines:
-            entry[1] += 1
-            suppressed, entry[2] = int(entry[2]), 0
-            return suppressed
-        entry[2] += 1
-        return None
-
-
 def _short(text: str | None) -> str | None:
     """A client-chosen string as it may appear in a log line: bounded."""
     if text is None or len(text) <= _LOGGED_NAME_MAX:
         return text
     return f"{text[:_LOGGED_NAME_MAX]}...({len(text.encode('utf-8', 'surrogateescape'))} bytes)"
-
-
-def _where(exc: BaseException) -> str:
-    """file:line in function of the innermost frame of `exc`'s traceback (the one-line stand-in for it)."""
-    tb = exc.__traceback__
-    if tb is None:
-        return "?"
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    code = tb.tb_frame.f_code
-    return f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
 
 
 class ClientConnectionLost(ConnectionError):
@@ -726,7 +685,7 @@ class _Session:
         trigger it could fill the disk; the traceback is at debug level), and the ERR the client gets, naming
         the same reference."""
         ref = secrets.token_hex(4)
-        self._note("error", what, ref=ref, error=f"{type(exc).__name__}: {str(exc)[:200]}", where=_where(exc))
+        self._note("error", what, ref=ref, error=f"{type(exc).__name__}: {str(exc)[:200]}", where=where(exc))
         self._log.debug("internal error traceback", ref=ref, exc_info=exc)
         return encode_error(ER_UNKNOWN_ERROR, "HY000", _INTERNAL_ERROR.format(ref=ref))
 
@@ -1156,7 +1115,7 @@ class DownstreamServer:
         self.unauthenticated_grace = unauthenticated_grace
         self.max_packet = max_packet
         self.max_buffered = max_buffered
-        self.log_limiter = PeerLogLimiter(log_lines_per_host)
+        self.log_limiter = PeerLogLimiter(log_lines_per_host, 60.0)
         self._server: asyncio.AbstractServer | None = None
         self._sessions: dict[int, _Session] = {}
         self._unauthenticated: dict[int, _Session] = {}  # oldest first
@@ -1332,7 +1291,6 @@ __all__ = [
     "ClientConnectionLost",
     "DownstreamServer",
     "DumpServer",
-    "PeerLogLimiter",
     "SqlExecutor",
     "parse_binlog_dump",
     "parse_binlog_dump_gtid",

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from typing import Any, Callable
 
-from ...log import get_logger
+from ...log import PeerLogLimiter, get_logger, where
 from ...relay.catalog import CatalogError, FileCatalog
 from ...wire.results import ErrorResponse, Response
 from ..context import ConnectionState
@@ -21,6 +22,7 @@ from .select import _do, _select, _set, _transaction, _use
 from .show import _show
 
 log = get_logger("relayproxy.downstream.sql")
+_FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per client host and minute
 
 # ---------------------------------------------------------------------------------------------
 # Statements
@@ -104,9 +106,16 @@ def _execute(ctx, conn: ConnectionState, sql: str, prefetched: dict[tuple[str, i
     except SqlError as exc:
         return exc.response()
     except Exception as exc:  # a bug must not take the connection down: say which statement hit it
-        log.exception("SQL statement failed unexpectedly", statement=sql[:200], conn_id=conn.conn_id)
+        # One line with a reference id the client also gets, at most a few a minute per client host: a
+        # statement that trips a bug must not fill the disk with tracebacks (those are at debug level).
+        ref = secrets.token_hex(4)
+        detail = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+        if _FAILURE_LOG.admit(conn.host or "?") is not None:
+            log.error("SQL statement failed unexpectedly", ref=ref, statement=sql[:200], conn_id=conn.conn_id,
+                      error=detail, where=where(exc))
+        log.debug("SQL statement failure traceback", ref=ref, exc_info=exc)
         return ErrorResponse(ER_UNKNOWN_ERROR, "HY000",
-                             f"relayproxy internal error answering '{sql[:80]}': {exc.__class__.__name__}: {exc}")
+                             f"relayproxy internal error (reference {ref}) answering '{sql[:80]}': {detail}")
 
 
 # Statements MySQL knows that a relay refuses: named in the error, never silently accepted.
