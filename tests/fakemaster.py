@@ -660,6 +660,14 @@ class FakeMySQLMaster:
         if upper.startswith("SELECT @@GLOBAL.RPL_SEMI_SYNC_"):
             name = text.split(".", 1)[1]
             return self._error(ER_UNKNOWN_SYSTEM_VARIABLE, "HY000", f"Unknown system variable '{name}'")
+        names = re.fullmatch(r"SELECT @@GLOBAL\.\w+(?:\s*,\s*@@GLOBAL\.\w+)*", text, re.IGNORECASE) and [
+            n.lower() for n in re.findall(r"@@GLOBAL\.(\w+)", text, re.IGNORECASE)]
+        if names:  # the relay's variables query (relay/master_variables.py): what a MySQL 8.0 master has
+            known = self._global_variables()
+            for name in names:
+                if name not in known:
+                    return self._error(ER_UNKNOWN_SYSTEM_VARIABLE, "HY000", f"Unknown system variable '{name}'")
+            return self._result([f"@@GLOBAL.{n}" for n in names], [[known[n] for n in names]], caps)
         match = re.fullmatch(r"SELECT @(\w+)", text, re.IGNORECASE)
         if match:
             return self._result([f"@{match.group(1)}"], [[log.user_vars.get(match.group(1).lower())]], caps)
@@ -678,6 +686,16 @@ class FakeMySQLMaster:
             return self._result(["File", "Position", "Binlog_Do_DB", "Binlog_Ignore_DB", "Executed_Gtid_Set"],
                                 [[last.name, str(last.size), "", "", self.index.executed().format(",\n")]], caps)
         return self._error(ER_PARSE_ERROR, "42000", f"You have an error in your SQL syntax near '{text[:40]}'")
+
+    def _global_variables(self) -> dict[str, str | None]:
+        """The master's replication-relevant variables (MySQL has no gtid_domain_id, gtid_strict_mode,
+        binlog_gtid_index: those answer 1193)."""
+        return {"binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "MINIMAL",
+                "binlog_row_value_options": "", "binlog_checksum": "CRC32" if self.index.files[-1].checksum else "NONE",
+                "gtid_mode": "ON", "enforce_gtid_consistency": "ON", "log_bin": "1", "max_allowed_packet": "67108864",
+                "version": self.version, "version_comment": "MySQL Community Server - GPL",
+                "character_set_server": "utf8mb4", "collation_server": "utf8mb4_0900_ai_ci", "time_zone": "SYSTEM",
+                "system_time_zone": "UTC", "lower_case_table_names": "0"}
 
     @staticmethod
     def _error(code: int, sqlstate: str, message: str, seq: int = 1) -> bytes:

@@ -31,6 +31,7 @@ from .fakemaster import (
     wire_bytes,
 )
 from relayproxy.lab.harness import RelayProcess
+from relayproxy.relay.master_variables import select_statement, variables_for
 
 MYSQL80 = "zendesk-maxwell/src/test/resources/sql/replay/binlog.000004"  # 8.0.29, PREVIOUS_GTIDS 1-5, 21 GTIDs
 MYSQL96_TAGGED = "blackbeam-rust_mysql_common/test-data/binlogs/binlog_transaction_with_GTID_TAG.000001"
@@ -168,6 +169,7 @@ def test_bootstrap_follow_and_status(tmp_path, mysql80):
         f"SET @slave_uuid = '{replica_uuid}', @replica_uuid = '{replica_uuid}'",
         "SELECT @@global.rpl_semi_sync_source_enabled",  # ERR 1193 (8.0.26+ name first) ...
         "SELECT @@global.rpl_semi_sync_master_enabled",  # ... and again: not a semi-sync master
+        select_statement(variables_for("mysql")),  # the master's variables, once the master is accepted
         "SHOW BINARY LOGS",  # an empty relay starts at the master's oldest file
     ]
     assert conn.commands[-4:] == ["COM_QUERY", "COM_QUERY", "COM_QUERY", "COM_BINLOG_DUMP"]

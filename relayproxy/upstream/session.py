@@ -32,6 +32,14 @@ from ..relay.master_info import (
     apply_change,
     effective_master,
 )
+from ..relay.master_variables import (
+    VARIABLES as MASTER_VARIABLES,
+    MasterVariables,
+    MasterVariablesFile,
+    select_statement,
+    single_statement,
+    variables_for,
+)
 from ..relay.recovery import write_file_atomically
 from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed
 from ..wire.packets import MySQLError
@@ -127,6 +135,19 @@ class UpstreamSession:
         choice, self.identity = self.master_info_file.load()
         self.master, self.master_reason = effective_master(
             config_values(cfg), choice, config_sources=getattr(cfg, "sources", None))
+        # The master's replication-relevant variables (relay/master_variables.py): fetched at every connect,
+        # persisted, and loaded here so the SQL layer answers truthfully while the master is down.
+        self.master_variables_file = MasterVariablesFile(Path(cfg.relay_dir))
+        self.master_variables: MasterVariables | None = None
+        persisted = self.master_variables_file.load()
+        if self.master_variables_file.error is not None:
+            self.status.extra["master_variables_error"] = self.master_variables_file.error
+        if persisted is not None:
+            if self.identity is None or persisted.same_master(self.identity.server_id, self.identity.server_uuid):
+                self._adopt_variables(persisted)
+            else:
+                log.warning("master variables file ignored: it describes another master than the relay's files",
+                            file_server_id=persisted.server_id, recorded_server_id=self.identity.server_id)
         self.io_enabled = True  # False after STOP SLAVE, until START SLAVE
         self._wake = asyncio.Event()  # START SLAVE / stop(): end a reconnect wait at once
         self._idle = asyncio.Event()  # set while no connection is open or being opened
@@ -394,6 +415,7 @@ class UpstreamSession:
         checksum, semi_sync = await self._prepare(conn)
         conn.semi_sync = semi_sync
         switching = await self._check_master(conn)
+        await self._fetch_master_variables(conn)
         by_position = await self._request_dump(conn, switching=switching)
         # A new upstream epoch begins at the stream's first ROTATE (its file is known only then): when
         # switching masters, and for an empty relay (its first epoch, with this master's identity).
@@ -457,6 +479,28 @@ class UpstreamSession:
         if cfg.semi_sync:
             semi_sync = await self._enable_semi_sync(conn)
         return checksum, semi_sync
+
+    async def _fetch_master_variables(self, conn: UpstreamConnection) -> None:
+        """Ask the master for its replication-relevant variables (one statement; one by one when a flavour or
+        version lacks some), persist them and answer from them. Only after ``_check_master`` accepted it."""
+        identity = self._connected_identity
+        ident = dict(server_id=identity.server_id, server_uuid=identity.server_uuid, host=identity.host,
+                     port=identity.port, fetched_at=time.time()) if identity is not None else {}
+        names = variables_for("mariadb" if conn.is_mariadb else "mysql")
+        variables = await fetch_master_variables(conn.query, names, **ident)
+        self._adopt_variables(variables)
+        try:
+            self.master_variables_file.save(variables)
+        except OSError as exc:  # the answers stay right in memory; a restart while the master is down loses them
+            log.warning("cannot persist the master's variables", file=str(self.master_variables_file.path),
+                        error=str(exc))
+        else:
+            self.status.extra.pop("master_variables_error", None)
+
+    def _adopt_variables(self, variables: MasterVariables) -> None:
+        self.master_variables = variables
+        self.status.extra["master_variables"] = dict(variables.values)
+        self.status.extra["master_variables_source"] = variables.describe()
 
     async def _enable_semi_sync(self, conn: UpstreamConnection) -> bool:
         # 8.0.26+ replicas ask for the source_ name first; MariaDB only has the master_ one.
@@ -705,6 +749,32 @@ def upstream_error_kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return "store" if exc.errno in _STORAGE_ONLY else "io"  # sockets never fail with these
     return "internal"
+
+
+async def fetch_master_variables(query, names: tuple[str, ...] = MASTER_VARIABLES, **identity) -> MasterVariables:
+    """``names`` from the master through ``await query(sql)`` (a result with ``.rows``): one statement, or one
+    by one when the master lacks some (ER_UNKNOWN_SYSTEM_VARIABLE), which are then recorded as absent."""
+    try:
+        rows = (await query(select_statement(names))).rows
+    except MySQLError as exc:
+        if exc.code != ER_UNKNOWN_SYSTEM_VARIABLE:
+            raise
+    else:
+        if not rows:
+            raise StreamError("the master answered no row for its variables")
+        return MasterVariables.from_row(names, rows[0], **identity)
+    answers: dict = {}
+    absent: list[str] = []
+    for name in names:
+        try:
+            rows = (await query(single_statement(name))).rows
+        except MySQLError as exc:
+            if exc.code != ER_UNKNOWN_SYSTEM_VARIABLE:
+                raise
+            absent.append(name)
+            continue
+        answers[name] = rows[0][0] if rows else None
+    return MasterVariables.from_singles(answers, absent, **identity)
 
 
 def _identity_dict(identity: MasterIdentity) -> dict:
