@@ -32,6 +32,7 @@ from relayproxy.downstream.context import (
 )
 from relayproxy.downstream.sql import SYSTEM_VARIABLES, execute, execute_sync, tokenize
 from relayproxy.ops.status import relay_status
+from relayproxy.relay.master_variables import VARIABLES as MASTER_VARIABLES
 from relayproxy.relay.store import RelayStore, SyncPolicy
 from relayproxy.upstream.receiver import ReceiverCounters
 from relayproxy.upstream.session import UpstreamStatus
@@ -596,7 +597,11 @@ def test_orchestrator_discovery_queries(mysql_relay):
                               "@@global.log_slave_updates"]
     import socket
 
-    assert result.rows == [[socket.gethostname(), "", 100, "8.0.29", 1, "ROW", 1, 1]]
+    # Never connected: the relay does not know its master's binlog_format and says NULL, not a guess.
+    assert result.rows == [[socket.gethostname(), "", 100, "8.0.29", 1, None, 1, 1]]
+    # what the session fetched at connect
+    r.status.extra["master_variables"] = {"binlog_format": "ROW", "binlog_row_image": "FULL"}
+    assert r.run(sql).rows == [[socket.gethostname(), "", 100, "8.0.29", 1, "ROW", 1, 1]]
     assert r.rows("show variables like 'maxscale%'") == []
     gtid = r.run("select @@global.gtid_mode, @@global.server_uuid, @@global.gtid_executed, @@global.gtid_purged, "
                  "@@global.master_info_repository = 'TABLE', @@global.binlog_row_image")
@@ -756,6 +761,10 @@ def test_command_line_client_queries(mysql_relay):
     assert comment.columns == ["@@version_comment"] and comment.rows == [["relayproxy 0.1.0 binlog relay"]]
     assert r.rows("SELECT DATABASE()") == [[None]]
     assert r.rows("select DATABASE(), USER() limit 1") == [[None, "repl@10.0.0.9"]]
+    # character_set_server is the master's (NULL until the session fetched it); the connection's are the relay's.
+    assert r.rows("select @@character_set_client, @@character_set_connection, @@character_set_server, "
+                  "@@character_set_database limit 1") == [["utf8mb4", "utf8mb4", None, "utf8mb4"]]
+    r.status.extra["master_variables"] = {"character_set_server": "utf8mb4"}
     assert r.rows("select @@character_set_client, @@character_set_connection, @@character_set_server, "
                   "@@character_set_database limit 1") == [["utf8mb4"] * 4]
     assert r.run("SHOW WARNINGS").columns == ["Level", "Code", "Message"]
@@ -790,7 +799,10 @@ def test_driver_setup_statements(mysql_relay):
            "max_allowed_packet, @@net_write_timeout AS net_write_timeout, @@performance_schema AS performance_schema, "
            "@@sql_mode AS sql_mode, @@system_time_zone AS system_time_zone, @@time_zone AS time_zone, "
            "@@transaction_isolation AS transaction_isolation, @@wait_timeout AS wait_timeout")
+    assert r.row_dict(sql)["lower_case_table_names"] is None  # the master's, unknown before the first connect
+    r.status.extra["master_variables"] = {"lower_case_table_names": "0", "character_set_server": "latin1"}
     row = r.row_dict(sql)
+    assert row["character_set_server"] == "latin1"
     assert list(row)[:3] == ["auto_increment_increment", "character_set_client", "character_set_connection"]
     assert row["license"] == "GPL" and row["init_connect"] == "" and row["performance_schema"] == 0
     assert row["max_allowed_packet"] == 1 << 30 and row["transaction_isolation"] == "REPEATABLE-READ"
@@ -820,8 +832,10 @@ def test_python_mysql_replication_connect_queries(mysql_relay, maria_relay):
     # The library tries SHOW BINARY LOG STATUS and falls back to SHOW MASTER STATUS on 1064, as an 8.0 master says.
     r.error("SHOW BINARY LOG STATUS", 1064)
     assert r.rows("SHOW MASTER STATUS")[0][0] == "binlog.000004"
-    # An 8.0 server always has binlog_row_metadata (default MINIMAL); the master's value wins when recorded.
-    assert r.rows("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA';") == [["binlog_row_metadata", "MINIMAL"]]
+    # An 8.0 server always has binlog_row_metadata; until the session fetched the master's value the relay
+    # does not know it: NULL (SHOW prints ''), never MINIMAL, which would make the library ignore column metadata.
+    assert r.rows("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA';") == [["binlog_row_metadata", ""]]
+    assert r.one("SELECT @@binlog_row_metadata") is None
     r.status.extra["master_variables"] = {"binlog_row_metadata": "FULL"}
     assert r.rows("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA';") == [["binlog_row_metadata", "FULL"]]
     m = maria_relay
@@ -1058,6 +1072,15 @@ def test_parity_with_a_real_mariadbd(mariadb, maria_relay):
     version = server.execute("SELECT @@version")[0][0]
     r = maria_relay
     r.status.master_server_version = version
+    # What the upstream session fetches at connect (relayproxy/relay/master_variables.py), from this server.
+    values, absent = {}, []
+    for name in MASTER_VARIABLES:
+        try:
+            values[name] = server.execute(f"SELECT @@GLOBAL.{name}")[0][0]
+        except pymysql.MySQLError:
+            absent.append(name)
+    r.status.extra["master_variables"] = {k: None if v is None else str(v) for k, v in values.items()}
+    r.status.extra["master_variables_source"] = {"absent": absent}
     r.cfg.values["server_id"] = 1
     r.cfg.values["semi_sync"] = False
     real = server.connect()

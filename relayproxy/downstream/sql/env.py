@@ -95,12 +95,18 @@ class Env:
         """A variable of the upstream master, when the session recorded it (``status.extra["master_variables"]``).
 
         Some answers (binlog_format, binlog_row_image, gtid_mode ...) describe the stream, whose truth
-        is on the master; the upstream session may capture them at connect time, and they are used
-        here when present.
+        is on the master; the upstream session fetches them at every connect and persists them
+        (relay/master_variables.py). None when the relay does not know.
         """
         extra = getattr(self.ctx.session.status, "extra", None) or {}
         variables = extra.get("master_variables") or {}
         return variables.get(name)
+
+    def master_lacks(self, name: str) -> bool:
+        """The master said it has no such variable (ER_UNKNOWN_SYSTEM_VARIABLE when the session asked)."""
+        extra = getattr(self.ctx.session.status, "extra", None) or {}
+        source = extra.get("master_variables_source") or {}
+        return name in (source.get("absent") or ())
 
     @property
     def mysql_gtids(self) -> GtidSet | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import socket
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -71,6 +70,11 @@ class SysVar:
 
     def select_value(self, env: Env) -> Any:
         value = self.value(env)
+        if isinstance(value, str) and self.kind in ("bool", "int"):  # a master's text ("ON", "0")
+            try:
+                value = self.coerce(value)
+            except SqlError:
+                return value
         if self.kind == "bool" and value is not None:
             return int(bool(value))
         return value
@@ -105,12 +109,23 @@ class SysVar:
         return _to_text(value)
 
 
-def _binlog_checksum(env: Env) -> str:
-    """The relay's checksum algorithm, from its current file's FORMAT_DESCRIPTION (what the dump sends)."""
+def _binlog_checksum(env: Env) -> str | None:
+    """The relay's checksum algorithm, from its current file's FORMAT_DESCRIPTION (what the dump sends); before
+    any file, the master's value when the session fetched it; else NULL (a guess would change how a client cuts
+    events)."""
     fde = env.ctx.store.format_description
     if fde is None:
-        return "CRC32"  # nothing received yet; every supported master writes CRC32 by default
+        found = env.master_var("binlog_checksum")
+        return str(found).upper() if found is not None else None
     return fde.checksum_name or "NONE"  # a pre-5.6 file carries no checksums
+
+
+def _enforce_gtid_consistency(env: Env) -> str:
+    found = env.master_var("enforce_gtid_consistency")
+    if found is not None:
+        return str(found).upper()
+    return "ON" if _gtid_mode(env) == "ON" else "OFF"  # ON is required by gtid_mode=ON; OFF otherwise is a guess
+    # that changes no decoding (it only restricts what the master accepted)
 
 
 def _gtid_mode(env: Env) -> str:
@@ -153,10 +168,6 @@ def _listen_port(env: Env) -> int:
     return int(listen[1]) if listen else 3306
 
 
-def _system_time_zone(env: Env) -> str:
-    return time.strftime("%Z") or "UTC"
-
-
 def _version_comment(env: Env) -> str:
     return f"relayproxy {__version__} binlog relay"
 
@@ -166,7 +177,8 @@ def _semi_sync(env: Env) -> bool:
 
 
 def _from_master(name: str, default: Any) -> Callable[[Env], Any]:
-    """The master's value when the upstream session recorded it, else ``default`` (a value or ``f(env)``)."""
+    """The master's value when the upstream session recorded it, else ``default`` (a value or ``f(env)``):
+    None (NULL) for what changes how a client decodes or decides, the server's documented default otherwise."""
 
     def value(env: Env) -> Any:
         found = env.master_var(name)
@@ -175,6 +187,19 @@ def _from_master(name: str, default: Any) -> Callable[[Env], Any]:
         return default(env) if callable(default) else default
 
     return value
+
+
+def _master_has(name: str, otherwise: Callable[[Env], bool]) -> Callable[[Env], bool]:
+    """Does the variable exist? As the master said when it was asked (1193 = it lacks it), else ``otherwise``."""
+
+    def exists(env: Env) -> bool:
+        if env.master_var(name) is not None:
+            return True
+        if env.master_lacks(name):
+            return False
+        return otherwise(env)
+
+    return exists
 
 
 SYSTEM_VARIABLES: tuple[SysVar, ...] = (
@@ -195,19 +220,26 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("log_slave_updates", lambda e: True, "bool", has_session=False,
            doc="1: the relay's binlogs are its master's events, so replicas below it can be relocated"),
     SysVar("log_replica_updates", lambda e: True, "bool", has_session=False, exists=_mysql_since(8, 0, 26)),
-    SysVar("binlog_format", _from_master("binlog_format", lambda e: "ROW" if e.mysql else "MIXED")),
-    SysVar("binlog_row_image", _from_master("binlog_row_image", "FULL")),
-    SysVar("binlog_row_metadata", lambda e: e.master_var("binlog_row_metadata") or "MINIMAL", has_session=False,
+    # -- how the master logs rows: its values (fetched at connect, persisted), NULL while the relay does not
+    # know (a default here would be a guess that changes a CDC client's decoding or its start-up check)
+    SysVar("binlog_format", _from_master("binlog_format", None)),
+    SysVar("binlog_row_image", _from_master("binlog_row_image", None)),
+    SysVar("binlog_row_metadata", _from_master("binlog_row_metadata", None), has_session=False,
            # MySQL 8.0.1+ always has it (default MINIMAL); MariaDB 10.5+ too; earlier servers do not.
-           exists=lambda e: e.master_var("binlog_row_metadata") is not None
-           or (e.mysql and e.at_least(8, 0, 1)) or (not e.mysql and e.at_least(10, 5, 0)),
-           doc="only when the upstream session recorded the master's value"),
+           exists=_master_has("binlog_row_metadata",
+                              lambda e: (e.mysql and e.at_least(8, 0, 1)) or (not e.mysql and e.at_least(10, 5, 0))),
+           doc="the master's value; NULL until the relay has fetched it"),
+    SysVar("binlog_row_value_options", _from_master("binlog_row_value_options", None),
+           exists=_master_has("binlog_row_value_options", lambda e: e.mysql and e.at_least(8, 0, 3)),
+           doc="MySQL: PARTIAL_JSON changes how JSON updates are logged"),
+    SysVar("binlog_gtid_index", _from_master("binlog_gtid_index", None), "bool", has_session=False,
+           exists=_master_has("binlog_gtid_index", lambda e: not e.mysql and e.at_least(11, 4, 0))),
     SysVar("binlog_checksum", _binlog_checksum, has_session=False),
     SysVar("master_info_repository", lambda e: "TABLE", has_session=False, exists=_mysql_only),
     SysVar("relay_log_info_repository", lambda e: "TABLE", has_session=False, exists=_mysql_only),
     # -- GTIDs, from the horizon (MySQL) or the horizon's binlog state (MariaDB)
     SysVar("gtid_mode", _gtid_mode, has_session=False, exists=_mysql_only),
-    SysVar("enforce_gtid_consistency", lambda e: "ON" if _gtid_mode(e) == "ON" else "OFF", has_session=False,
+    SysVar("enforce_gtid_consistency", _enforce_gtid_consistency, has_session=False,
            exists=_mysql_only),
     SysVar("gtid_executed", _gtid_executed, has_session=False, exists=_mysql_only),
     SysVar("gtid_purged", _gtid_purged, has_session=False, exists=_mysql_only),
@@ -236,16 +268,18 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("character_set_client", lambda e: "utf8mb4"),
     SysVar("character_set_connection", lambda e: "utf8mb4"),
     SysVar("character_set_results", lambda e: "utf8mb4"),
-    SysVar("character_set_server", lambda e: "utf8mb4"),
+    # the master's defaults: a CDC client's DDL parser takes them for columns declared without a charset
+    SysVar("character_set_server", _from_master("character_set_server", None)),
     SysVar("character_set_database", lambda e: "utf8mb4"),
     SysVar("character_set_system", lambda e: "utf8mb3", has_session=False),
     SysVar("collation_connection", _default_collation),
-    SysVar("collation_server", _default_collation),
+    SysVar("collation_server", _from_master("collation_server", None)),
     SysVar("collation_database", _default_collation),
     SysVar("sql_mode", _sql_mode),
-    SysVar("time_zone", lambda e: "SYSTEM"),
-    SysVar("system_time_zone", _system_time_zone, has_session=False),
-    SysVar("lower_case_table_names", lambda e: 0, "int", has_session=False),
+    # the master's; time_zone's default is SYSTEM on both servers (row events carry TIMESTAMPs in UTC)
+    SysVar("time_zone", _from_master("time_zone", "SYSTEM")),
+    SysVar("system_time_zone", _from_master("system_time_zone", None), has_session=False),
+    SysVar("lower_case_table_names", _from_master("lower_case_table_names", None), "int", has_session=False),
     SysVar("init_connect", lambda e: "", has_session=False),
     SysVar("performance_schema", lambda e: False, "bool", has_session=False),
     SysVar("autocommit", lambda e: True, "bool"),
