@@ -4,7 +4,8 @@ At every connect the upstream session asks the master for ``VARIABLES`` in one s
 (``select_statement``); a flavour or version that lacks one answers ER_UNKNOWN_SYSTEM_VARIABLE (1193), and
 then each is asked alone (``single_statement``), the missing ones recorded in ``absent``. The answer is kept
 in ``<relay_dir>/relayproxy.master-variables.json`` (written atomically, with the master's identity and the time
-it was fetched), so the SQL layer still answers truthfully while the master is down and after a restart. A
+it was fetched; rewritten only when what it says changes, and for a new master only once the relay's files
+follow it), so the SQL layer still answers truthfully while the master is down and after a restart. A
 damaged file, or one from another master than the relay's files came from, is reported and ignored: the next
 connect fetches the variables again. Nothing here does network I/O.
 

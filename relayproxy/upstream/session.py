@@ -139,6 +139,7 @@ class UpstreamSession:
         # persisted, and loaded here so the SQL layer answers truthfully while the master is down.
         self.master_variables_file = MasterVariablesFile(Path(cfg.relay_dir))
         self.master_variables: MasterVariables | None = None
+        self._pending_variables: MasterVariables | None = None  # a new master's, until its epoch is recorded
         persisted = self.master_variables_file.load()
         if self.master_variables_file.error is not None:
             self.status.extra["master_variables_error"] = self.master_variables_file.error
@@ -488,7 +489,22 @@ class UpstreamSession:
                      port=identity.port, fetched_at=time.time()) if identity is not None else {}
         names = variables_for("mariadb" if conn.is_mariadb else "mysql")
         variables = await fetch_master_variables(conn.query, names, **ident)
+        if self._switch_to is not None:
+            # Switching masters: the relay's files are the old master's until the new epoch is recorded, and a
+            # dump the new master refuses must leave the relay directory as it was (_switch_done adopts them).
+            self._pending_variables = variables
+            return
+        self._save_variables(variables)
+
+    def _save_variables(self, variables: MasterVariables) -> None:
+        """Answer from ``variables``; write the file only when what it says changed (not at every reconnect)."""
+        previous = self.master_variables
         self._adopt_variables(variables)
+        if previous is not None and (previous.values, previous.absent, previous.server_id, previous.server_uuid,
+                                     previous.host, previous.port) == (
+                variables.values, variables.absent, variables.server_id, variables.server_uuid, variables.host,
+                variables.port):
+            return
         try:
             self.master_variables_file.save(variables)
         except OSError as exc:  # the answers stay right in memory; a restart while the master is down loses them
@@ -585,6 +601,9 @@ class UpstreamSession:
         if epochs is not None and epochs.current.same_master(_identity_dict(identity)):
             self._switch_to = None
             self._record_identity(identity)
+            pending, self._pending_variables = self._pending_variables, None
+            if pending is not None:
+                self._save_variables(pending)
             log.info("switched masters", master=self.master.address, server_id=identity.server_id,
                      first_relay_file=epochs.current.first_file, upstream_file=epochs.current.upstream_first_file)
 
