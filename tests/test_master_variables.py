@@ -283,3 +283,20 @@ def test_python_mysql_replication_through_the_relay_equals_the_master(mariadb, t
         assert variables_on(listen, "repl", "replpw") == on_master
     finally:
         relay.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# relayproxy serve: what a relay directory kept, else nothing (the files do not prove binlog_format)
+
+
+def test_serve_answers_what_a_relay_directory_kept(tmp_path):
+    from relayproxy.commands.serve import FileServingSession
+
+    store = types.SimpleNamespace(format_description=None, flavour="mariadb", binlog_dir=tmp_path)
+    assert "master_variables" not in FileServingSession(store, "u").status.extra  # a server's directory: NULLs
+    MasterVariablesFile(tmp_path).save(sample())
+    session = FileServingSession(store, "u")
+    assert session.status.extra["master_variables"]["binlog_format"] == "ROW"
+    (tmp_path / FILE_NAME).write_text("[1]")
+    session = FileServingSession(store, "u")
+    assert "master_variables" not in session.status.extra and session.status.extra["master_variables_error"]

@@ -42,7 +42,9 @@ Usage::
 
 ``--server-id`` defaults to the server id of the newest file's FORMAT_DESCRIPTION (the files' own
 master's), the version replicas see is the files' (``8.0.29-relayproxy-log``; MariaDB's as is), and
-``/status`` says ``state: serving files``, ``io_running: false``.
+``/status`` says ``state: serving files``, ``io_running: false``. The master's variables (``@@binlog_format``,
+``@@binlog_row_metadata`` ...) are those a relay directory kept (``relayproxy.master-variables.json``), else NULL:
+the files alone do not prove them; ``@@binlog_checksum`` is the newest file's.
 
 In-process: ``cfg, options = load(args)`` then ``await serve(cfg, options, ready=future)``; the future's
 result holds the bound addresses, the store and a thread-safe ``stop()``.
@@ -67,6 +69,7 @@ from ..relay.readonly import (  # noqa: F401  (re-exported: the command's read-o
     ServeOptions,
     list_binlog_files,
 )
+from ..relay.master_variables import MasterVariablesFile
 from ..upstream.receiver import ReceiverCounters
 from ..upstream.session import UpstreamStatus
 from . import config
@@ -178,6 +181,18 @@ class FileServingSession:
             master_server_version=fde.server_version if fde is not None else None,
         )
         self.status.extra["binlog_dir"] = str(store.binlog_dir)
+        # The master's variables (@@binlog_format, @@binlog_row_metadata ...): a relay directory keeps what its
+        # master said (relayproxy.master-variables.json, read only here). A server's own binlog directory has no
+        # such file, and the files do not prove them: a file of row events alone may come from a MIXED master,
+        # and TABLE_MAP metadata shows what one event carries, not the server's setting. So they are NULL;
+        # binlog_checksum and the version come from the newest file's FORMAT_DESCRIPTION (sql/variables.py).
+        known = MasterVariablesFile(Path(store.binlog_dir))
+        variables = known.load()
+        if known.error is not None:
+            self.status.extra["master_variables_error"] = known.error
+        if variables is not None:
+            self.status.extra["master_variables"] = dict(variables.values)
+            self.status.extra["master_variables_source"] = variables.describe()
         self.receiver = _IdleReceiver()
         self.replica_uuid = server_uuid  # run._downstream_server gives it to replicas as @@server_uuid
 
