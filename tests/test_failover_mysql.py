@@ -228,7 +228,7 @@ def test_the_relay_continues_by_auto_position_on_the_promoted_master(tmp_path):
                     stop_at_gtid=last, timeout=40))
                 by_position = asyncio.ensure_future(asyncio.to_thread(
                     read_stream, port, password=REPL_PW, log_file="mysql-bin.000005", log_pos=4, resume_stream=True,
-                    blocking=True, stop_at_gtid=last, timeout=40))
+                    blocking=True, stop_at_gtid=last, timeout=40, server_id=9002))  # two replicas, two server_ids
                 await wait_for(lambda: dump_threads(info) == 2, what="two replicas dumping from the relay")
                 await m1.stop()  # M1 dies
                 await wait_for(lambda: not info["session"].status.io_running, what="the relay to lose M1")

@@ -199,11 +199,11 @@ def read_stream(port: int, *, timeout: float = READ_TIMEOUT, stop_at_gtid: str |
     got: list[Got] = []
     failure: list[Exception] = []
     kwargs.setdefault("blocking", False)
+    kwargs.setdefault("server_id", CLIENT_ID)  # concurrent readers need their own (the relay ends zombie dumps)
 
     def work() -> None:
         stream = BinLogStreamReader(
             connection_settings=settings(port, password), ctl_connection_settings=settings(port, password),
-            server_id=CLIENT_ID,
             only_events=ONLY_EVENTS, ignore_decode_errors=True, **kwargs,
         )
         try:
