@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sys
 import time
 from typing import Any, Callable
@@ -149,6 +150,22 @@ class PeerLogLimiter:
             return suppressed
         entry[2] += 1
         return None
+
+
+def report_failure(logger, limiter: PeerLogLimiter, host: str, event: str, exc: BaseException,
+                   **fields: Any) -> str:
+    """A failure that is not the client's doing (a bug), reported as one log line, never a traceback at the
+    default level: a client able to trigger it could otherwise fill the disk. The line carries a reference id
+    (returned, for the answer the client gets), the error and where it was raised; at most the limiter's budget
+    of lines per peer host (the drops are counted on the next line); the traceback goes to debug level."""
+    ref = secrets.token_hex(4)
+    suppressed = limiter.admit(host or "?")
+    if suppressed is not None:
+        if suppressed:
+            fields["suppressed_before"] = suppressed
+        logger.error(event, ref=ref, error=f"{type(exc).__name__}: {str(exc)[:200]}", where=where(exc), **fields)
+    logger.debug(f"{event}: traceback", ref=ref, exc_info=exc)
+    return ref
 
 
 def where(exc: BaseException) -> str:

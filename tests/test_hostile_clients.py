@@ -247,6 +247,40 @@ def test_http_port_has_a_connection_cap(capsys: pytest.CaptureFixture[str]) -> N
     assert sum("over the cap" in line for line in lines) == 1  # one line per burst, not per connection
 
 
+def test_a_failing_http_request_is_one_line_with_a_reference_not_a_traceback(capsys: pytest.CaptureFixture[str]):
+    from relayproxy.log import configure_logging
+    from relayproxy.ops.http import HttpApi
+
+    configure_logging("json", "info")
+
+    def broken() -> dict:
+        raise RuntimeError("status on fire")
+
+    async def scenario() -> list[bytes]:
+        api = HttpApi(broken)
+        host, port = await api.start("127.0.0.1", 0)
+        answers = []
+        try:
+            for _ in range(15):
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+                answers.append(await asyncio.wait_for(reader.read(), 5))
+                writer.close()
+        finally:
+            await api.close()
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert all(a.startswith(b"HTTP/1.1 500 ") and b"internal error (reference " in a for a in answers)
+    err = capsys.readouterr().err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{") and "http request failed" in line]
+    assert len(lines) == 10  # the per-host budget of 10 a minute: 15 failures, 10 lines
+    assert all(line["ref"] and "status on fire" in line["error"] and "exception" not in line for line in lines)
+    assert "Traceback" not in err
+    refs = {line["ref"] for line in lines}
+    assert all(f"reference {ref}".encode() in b"".join(answers) for ref in refs)
+
+
 # -- item 6: stalled clients --------------------------------------------------------------------------------------
 
 

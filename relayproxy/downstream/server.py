@@ -15,14 +15,13 @@ import contextlib
 import inspect
 import itertools
 import os
-import secrets
 import ssl
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
-from ..log import PeerLogLimiter, get_logger, where
+from ..log import PeerLogLimiter, get_logger, report_failure
 from ..wire.accounts import DownstreamUser, find_user
 from ..wire.packets import (
     CLIENT_SSL,
@@ -684,9 +683,7 @@ class _Session:
         """A bug, not the client's doing: one log line with a reference id (no traceback: a client that can
         trigger it could fill the disk; the traceback is at debug level), and the ERR the client gets, naming
         the same reference."""
-        ref = secrets.token_hex(4)
-        self._note("error", what, ref=ref, error=f"{type(exc).__name__}: {str(exc)[:200]}", where=where(exc))
-        self._log.debug("internal error traceback", ref=ref, exc_info=exc)
+        ref = report_failure(self._log, self.server.log_limiter, self.protocol.peer_host, what, exc)
         return encode_error(ER_UNKNOWN_ERROR, "HY000", _INTERNAL_ERROR.format(ref=ref))
 
     async def _fail(self, code: int, sqlstate: str, message: str) -> NoReturn:

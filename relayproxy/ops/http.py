@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from prometheus_client import generate_latest
 
-from ..log import get_logger
+from ..log import PeerLogLimiter, get_logger, report_failure
 from .metrics import FsyncStats, build_registry
 
 log = get_logger("relayproxy.http")
@@ -30,6 +30,7 @@ class HttpApi:
         self._active = 0
         self._refused = 0  # connections answered 503 since the last log line about it
         self._registry = build_registry(status, fsync)
+        self._failure_log = PeerLogLimiter()  # a failing request is one line per client host, a few a minute
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -87,10 +88,11 @@ class HttpApi:
                 await self._respond(writer, 404, "text/plain", b"not found: try /status or /metrics\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError, ConnectionError):
             pass  # a broken or slow client affects only itself
-        except Exception:
-            log.exception("http request failed")
+        except Exception as exc:
+            peer = writer.get_extra_info("peername")
+            ref = report_failure(log, self._failure_log, peer[0] if peer else "?", "http request failed", exc)
             try:
-                await self._respond(writer, 500, "text/plain", b"internal error\n")
+                await self._respond(writer, 500, "text/plain", f"internal error (reference {ref})\n".encode())
             except ConnectionError:
                 pass
         finally:

@@ -15,7 +15,7 @@ from ...binlog import encoders
 from ...binlog.checksum import ChecksumError
 from ...binlog.events import BinlogFormatError, FormatDescription, split_version
 from ...binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
-from ...log import get_logger
+from ...log import PeerLogLimiter, get_logger, report_failure
 from ...wire.packets import (
     BINLOG_DUMP_NON_BLOCK,
     BINLOG_SEND_ANNOTATE_ROWS_EVENT,
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from ..context import ConnectionState, DownstreamContext, DumpChannel, DumpRequest
 
 log = get_logger("relayproxy.downstream.dump")
+_FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per replica host and minute
 
 # -- reading and sending ---------------------------------------------------------------------------
 READ_CHUNK = 1 << 20  # bytes read from a relay file at once
@@ -743,8 +744,9 @@ class DumpSender(DumpStart):
             raise
         except (ConnectionError, OSError, EOFError, asyncio.IncompleteReadError):
             pass
-        except Exception:  # a broken packet from the replica must not leave the dump waiting forever
-            log.exception("reading from a dumping replica failed", conn_id=self.conn.conn_id)
+        except Exception as exc:  # a broken packet from the replica must not leave the dump waiting forever
+            report_failure(log, _FAILURE_LOG, self.conn.host, "reading from a dumping replica failed", exc,
+                           conn_id=self.conn.conn_id)
         finally:
             if self.gone is not None and not self.gone.done():
                 self.gone.set_result(None)

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
 from typing import Any, Callable
 
-from ...log import PeerLogLimiter, get_logger, where
+from ...log import PeerLogLimiter, get_logger, report_failure
 from ...relay.catalog import CatalogError, FileCatalog
 from ...wire.results import ErrorResponse, Response
 from ..context import ConnectionState
@@ -108,12 +107,9 @@ def _execute(ctx, conn: ConnectionState, sql: str, prefetched: dict[tuple[str, i
     except Exception as exc:  # a bug must not take the connection down: say which statement hit it
         # One line with a reference id the client also gets, at most a few a minute per client host: a
         # statement that trips a bug must not fill the disk with tracebacks (those are at debug level).
-        ref = secrets.token_hex(4)
         detail = f"{exc.__class__.__name__}: {str(exc)[:200]}"
-        if _FAILURE_LOG.admit(conn.host or "?") is not None:
-            log.error("SQL statement failed unexpectedly", ref=ref, statement=sql[:200], conn_id=conn.conn_id,
-                      error=detail, where=where(exc))
-        log.debug("SQL statement failure traceback", ref=ref, exc_info=exc)
+        ref = report_failure(log, _FAILURE_LOG, conn.host, "SQL statement failed unexpectedly", exc,
+                             statement=sql[:200], conn_id=conn.conn_id)
         return ErrorResponse(ER_UNKNOWN_ERROR, "HY000",
                              f"relayproxy internal error (reference {ref}) answering '{sql[:80]}': {detail}")
 

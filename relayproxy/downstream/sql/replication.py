@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...log import get_logger
+from ...log import PeerLogLimiter, get_logger, report_failure
 from ...wire.accounts import find_user
 from ...wire.results import ErrorResponse, OkResponse, Response
+from .errors import ER_NOT_SUPPORTED_YET, ER_SPECIFIC_ACCESS_DENIED_ERROR
 from .replication_parser import (
     AdminStatementError,
     ChangeMaster,
@@ -23,12 +24,12 @@ from .replication_parser import (
     check_flavour,
     parse_admin_statement,
 )
-from .errors import ER_NOT_SUPPORTED_YET, ER_SPECIFIC_ACCESS_DENIED_ERROR
 
 if TYPE_CHECKING:
     from ..context import ConnectionState
 
 log = get_logger("relayproxy.downstream.sql")
+_FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per client host and minute
 
 ER_BAD_SLAVE = 1200  # "The server is not configured as slave; fix in config file or with CHANGE MASTER TO"
 _FIRST_WORDS = frozenset({"STOP", "START", "CHANGE", "RESET"})
@@ -98,6 +99,7 @@ async def replication_statement(ctx, conn: ConnectionState, sql: str) -> Respons
         code = getattr(exc, "code", None)
         if code is not None:
             return ErrorResponse(code, getattr(exc, "sqlstate", "HY000"), getattr(exc, "message", str(exc)))
-        log.exception("replication admin statement failed", **who)
-        return ErrorResponse(1105, "HY000", f"{type(exc).__name__}: {exc}")
+        ref = report_failure(log, _FAILURE_LOG, conn.host, "replication admin statement failed", exc, **who)
+        return ErrorResponse(1105, "HY000", f"relayproxy internal error (reference {ref}): {type(exc).__name__}: "
+                             f"{str(exc)[:200]}")
     return ErrorResponse(ER_NOT_SUPPORTED_YET, "42000", f"relayproxy does not support '{sql.strip()[:40]}'")
