@@ -244,3 +244,25 @@ def test_a_relay_with_files_refuses_a_file_and_position_other_than_its_horizon(t
         assert r.session.master.connect_retry == 7  # it caps the reconnect backoff
     finally:
         r.close()
+
+
+def test_status_shows_the_masters_variables_as_it_said_them(tmp_path):
+    from relayproxy.relay.master_variables import MasterVariablesFile
+
+    from .test_master_variables import sample
+
+    (tmp_path / "relay").mkdir()
+    MasterVariablesFile(tmp_path / "relay").save(sample())
+    r = Relay(tmp_path / "relay")
+    try:
+        doc = r.ctx.status_document()
+        assert doc["master_variables"]["binlog_row_metadata"] == "FULL" and doc["master_variables_error"] is None
+    finally:
+        r.close()
+    (tmp_path / "relay" / "relayproxy.master-variables.json").write_text("{ damaged")
+    r = Relay(tmp_path / "relay")
+    try:
+        doc = r.ctx.status_document()
+        assert doc["master_variables"] is None and "relayproxy.master-variables.json" in doc["master_variables_error"]
+    finally:
+        r.close()

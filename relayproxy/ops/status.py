@@ -61,6 +61,10 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "last_io_error": up.last_io_error,
         "last_io_error_time": up.last_io_error_time,
         "last_io_errno": getattr(up, "last_io_errno", None),
+        # The master's replication-relevant variables as it last said them (relay/master_variables.py), what the
+        # SQL layer answers @@binlog_format & co. with; and why a persisted copy was ignored, if it was.
+        "master_variables": (getattr(up, "extra", None) or {}).get("master_variables"),
+        "master_variables_error": (getattr(up, "extra", None) or {}).get("master_variables_error"),
         "master_position": (
             {"file": master_position[0], "position": master_position[1]} if master_position is not None else None
         ),
