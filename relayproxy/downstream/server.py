@@ -19,7 +19,7 @@ import ssl
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..log import PeerLogLimiter, get_logger, report_failure
 from ..wire.accounts import DownstreamUser, find_user
@@ -75,6 +75,9 @@ from .context import (
     DumpRequest,
     ReplicaRegistration,
 )
+
+if TYPE_CHECKING:
+    from .dump.chunks import Chunk
 
 log = get_logger(__name__)
 
@@ -558,6 +561,15 @@ class _DumpChannel:
                     await protocol.drain(timeout)
         self._seq = 1 if payload[:3] == _SEMI_SYNC_ACK_REQUESTED else seq
         await protocol.drain(timeout)
+
+    async def send_packets(self, chunk: Chunk) -> None:
+        """Send a shared framed chunk (dump/chunks.py): its packets numbered on from this channel's, in one write."""
+        self._check_reader()
+        self.flush()
+        protocol = self._protocol
+        data, self._seq = chunk.frame_for(self._seq)
+        protocol.write(data)
+        await protocol.drain(self._session.server.write_timeout)
 
     async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None:
         """Send one payload of `total` bytes that arrives as `chunks` (the first starting with the 0x00 / 0xEF
