@@ -104,6 +104,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "semi_sync_replica_timeouts": up.semi_sync_replica_timeouts,
         "replicas": _replicas(downstream, horizon, names, disk["sizes"]) if downstream is not None else [],
     }
+    senders = getattr(downstream, "senders", None)
+    if senders is not None:
+        doc["sender_processes"] = senders.describe()
     if fsync is not None:
         doc.update(fsync.summary())
     retention = getattr(session, "retention", None)  # run.py's RetentionTask, when a retention_* limit is set

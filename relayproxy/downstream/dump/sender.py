@@ -114,6 +114,12 @@ async def serve_dump(ctx: DownstreamContext, conn: ConnectionState, request: Dum
     await DumpSender(ctx, conn, request, channel).run()
 
 
+def _expire(future: asyncio.Future | None) -> None:
+    """End a wait at the horizon without an advance (timer, or the replica left)."""
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
 # ---------------------------------------------------------------------------------------------
 # The sender
 # ---------------------------------------------------------------------------------------------
@@ -180,6 +186,7 @@ class DumpSender(DumpStart):
         self.chunks: ChunkCache | None = chunk_cache(ctx.store) if self.send_packets is not None else None
         self.slow_types: frozenset[int] = frozenset()
         self.gone: asyncio.Future | None = None
+        self.waiter: asyncio.Future | None = None  # what _wait is waiting on: the reader resolves it on leaving
         self.reader_task: asyncio.Task | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -399,17 +406,27 @@ class DumpSender(DumpStart):
         return rf.size(), True
 
     async def _wait(self, horizon, seq: int, timeout: float) -> bool:
-        """Wait for the horizon to pass ``seq``; False on timeout. A departing replica ends the wait."""
-        waiter = asyncio.ensure_future(horizon.wait_for_advance(seq, timeout))
+        """Wait for the horizon to pass ``seq``; False on timeout. A departing replica ends the wait.
+
+        One future, resolved by the horizon's advance, the timer, or the replica's reader (``_wake_waiter``):
+        no task and no ``asyncio.wait`` per wake-up, which is what a hundred replicas at the horizon pay on
+        every advance."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if horizon.add_waiter(seq, future) is not None:
+            return True
+        self.waiter = future
+        timer = loop.call_later(timeout, _expire, future)
         try:
-            await asyncio.wait({waiter, self.gone}, return_when=asyncio.FIRST_COMPLETED)
+            snapshot = await future
         finally:
-            if not waiter.done():
-                waiter.cancel()
-                await asyncio.wait({waiter})  # its clean-up unregisters it from the horizon
+            timer.cancel()
+            self.waiter = None
+            if not future.done() or future.result() is None:
+                horizon.discard_waiter(future)
         if self.gone.done():
             raise _ReplicaGone
-        return waiter.result().seq > seq
+        return snapshot is not None and snapshot.seq > seq
 
     def _check_not_purged(self, name: str) -> None:
         """ERR 1236 once ``name`` left the relay's index (retention with ``retention_force``): the open
@@ -837,6 +854,7 @@ class DumpSender(DumpStart):
         finally:
             if self.gone is not None and not self.gone.done():
                 self.gone.set_result(None)
+            _expire(self.waiter)
 
     def _on_packet(self, packet: bytes) -> None:
         """A semi-sync ACK: 0xEF, the end position (u64) of the acknowledged event, the file name."""
