@@ -187,7 +187,7 @@ def verdict(values, target: float, *, higher_is_better: bool = True) -> str:
     met = med >= target if higher_is_better else med <= target
     straddles = lo < target <= hi if higher_is_better else lo <= target < hi
     word = "met" if met else "MISSED"
-    return f"{word}, within noise (the runs range from {lo:g} to {hi:g} around the target)" if straddles else word
+    return f"{word}, within noise (the runs range from {lo:.4g} to {hi:.4g} around the target)" if straddles else word
 
 
 def header_block(script, argv: list[str], machine: dict[str, str], *, runs: int, what: str = "") -> list[str]:
