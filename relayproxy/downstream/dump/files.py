@@ -15,6 +15,7 @@ from ...binlog import constants as C
 from ...binlog.events import HEADER
 from ...binlog.gtid import GtidSet
 from ...binlog.reader import scan_file
+from ...relay import fileindex
 from ...relay.catalog import FileCatalog
 
 _INLINE_READ = 64 << 10  # reads this small stay on the loop (page cache); larger ones go to a thread
@@ -44,7 +45,8 @@ def _catalog(store: Any) -> FileCatalog:
 
 
 def _scan_file_gtids(path: str) -> GtidSet:
-    """GTIDs of the complete groups inside a closed relay file (cached by path, size and mtime).
+    """GTIDs of the complete groups inside a closed relay file (cached by path, size and mtime), from its index
+    (relay/fileindex.py) when it has a valid one, else scanned.
     Runs in worker threads: the cache is behind a lock; a scan itself is not."""
     st = os.stat(path)
     key = (path, st.st_size, st.st_mtime_ns)
@@ -53,10 +55,15 @@ def _scan_file_gtids(path: str) -> GtidSet:
         if cached is not None:
             _file_gtids.move_to_end(key)
             return cached
-    result = scan_file(path, verify_checksums=False)
-    after = result.gtids_after if isinstance(result.gtids_after, GtidSet) else GtidSet()
-    start = result.start_gtids if isinstance(result.start_gtids, GtidSet) else GtidSet()
-    gtids = after.subtract(start)
+    directory, name = os.path.split(path)
+    index, _why = fileindex.load(directory, name)  # verified against the file; a missing one is the catalog's
+    if index is not None:
+        gtids = index.events_gtids()
+    else:
+        result = scan_file(path, verify_checksums=False)
+        after = result.gtids_after if isinstance(result.gtids_after, GtidSet) else GtidSet()
+        start = result.start_gtids if isinstance(result.start_gtids, GtidSet) else GtidSet()
+        gtids = after.subtract(start)
     with _file_gtids_lock:
         _file_gtids[key] = gtids
         while len(_file_gtids) > _FILE_GTIDS_CACHE:
@@ -85,3 +92,11 @@ class _RelayFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _gtid_seek(path: os.PathLike | str, replica: GtidSet) -> int:
+    """Where a MySQL auto-position dump of the closed relay file ``path`` may start instead of offset 4: the
+    furthest boundary of its index's sparse map before which the replica has every GTID (4 without an index)."""
+    directory, name = os.path.split(os.fspath(path))
+    index, _why = fileindex.load(directory, name)
+    return 4 if index is None else index.mysql_seek(replica)
