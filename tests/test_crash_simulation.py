@@ -70,7 +70,11 @@ def _run_until_crash(directory, files, crash_at: int | None):
             _feed(store, files)
             store.close()
         except SimulatedCrash:
-            pass
+            # The process is dead: so is its background indexer thread (relay/fileindex.py). Stop it while the
+            # layer still fails its calls, before the real directory is rewritten as the crash left it.
+            indexer = getattr(store, "_indexer", None)
+            if indexer is not None:
+                indexer.close()
     published = None if store is None else store.horizon.snapshot()
     return layer, published
 
