@@ -131,6 +131,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("server_id", _server_id, None, "server id the relay registers with (unique in the topology)"),
     Option("relay_dir", str, None, "directory of the relay files (the files are the state)", "DIR"),
     Option("binlog_dir", str, None, "relayproxy serve: directory of the binlog files to serve, read-only", "DIR"),
+    Option("binlog_key_file", str, None,
+           "relayproxy serve: the MariaDB server's key file (file_key_management_filename) for encrypt_binlog=ON "
+           "files", "PATH"),
+    Option("binlog_key_file_key", str, None,
+           "its file key when it is encrypted (file_key_management_filekey: the secret, or FILE:<path>)",
+           "SECRET", secret=True),
+    Option("binlog_key_algorithm", _choice("aes_cbc", "aes_ctr"), "aes_cbc",
+           "the server's file_key_management_encryption_algorithm"),
+    Option("decrypted_dir", str, None,
+           "relayproxy serve: where the plain copies of encrypted binlogs go (default: a private temporary "
+           "directory, removed at exit)", "DIR"),
     Option("http", _host_port, None, "serve GET /status and /metrics on this address", "HOST:PORT"),
     Option("listen", _host_port, None, "serve replicas and tools on this address, as their master", "HOST:PORT"),
     Option("users", _users, None,
