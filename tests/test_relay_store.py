@@ -17,8 +17,6 @@ import zlib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from relayproxy.binlog import boundary as B
 from relayproxy.binlog import constants as C
@@ -312,60 +310,6 @@ def test_large_events_and_buffer_flushes_keep_bytes_identical(tmp_path, monkeypa
     store.sync()
     assert (tmp_path / "relay" / "binlog.000001").read_bytes() == image
     store.close()
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sizes=st.lists(st.integers(0, 700), min_size=1, max_size=25), kinds=st.lists(st.sampled_from(
-    ["bytes", "view", "bytearray", "mutable view"]), min_size=25, max_size=25), flush=st.integers(64, 3000),
-    short_writes=st.integers(0, 500), cut_at=st.integers(0, 30))
-def test_events_kept_by_reference_reach_the_file_in_order(tmp_path, sizes, kinds, flush, short_writes, cut_at):
-    """Immutable events of VIEW_BYTES or more are queued by reference and written with pwritev (in runs, resumed
-    after short writes), small or mutable ones copied: the file is the image, whatever the mix; a discard and a
-    verified re-send (reading back queued bytes) work across both."""
-    root = Path(tempfile.mkdtemp(dir=tmp_path))
-    rows = [E.event(C.WRITE_ROWS_EVENT, bytes(10) + os.urandom(n)) for n in sizes]
-    image = E.binlog_file(E.previous_gtids(), E.gtid(1), E.query("BEGIN"), E.table_map(), *rows, E.xid(),
-                          E.gtid(2), E.query("BEGIN"), *rows[:3], E.xid())
-    real_pwritev = os.pwritev
-
-    def pwritev(fd, buffers, offset):
-        if short_writes:  # at most that many bytes per call, as a kernel may
-            data = b"".join(bytes(b) for b in buffers)[:short_writes]
-            return os.pwrite(fd, data, offset)
-        return real_pwritev(fd, buffers, offset)
-
-    def as_kind(event: bytes, i: int):
-        kind = kinds[i % len(kinds)]
-        if kind == "view":
-            return memoryview(event)
-        if kind == "bytearray":
-            return bytearray(event)
-        if kind == "mutable view":
-            return memoryview(bytearray(event))
-        return event
-
-    saved = S.FLUSH_BYTES, S.VIEW_BYTES, S.os.pwritev
-    S.FLUSH_BYTES, S.VIEW_BYTES, S.os.pwritev = flush, 100, pwritev
-    try:
-        store = fresh_store(root, sync=NO_AUTO_SYNC)
-        feeder = Feeder(store, sync_each_event=False)
-        events = split_events(image)
-        cut = min(cut_at, len(events) - 1)
-        for i, (offset, ev) in enumerate(events[:cut]):
-            feeder.feed(offset, as_kind(ev, i))
-        store.discard_incomplete()  # the connection broke: back to the last boundary
-        feeder.parser.reset()
-        # The master re-sends from an earlier event (before the boundary: verified duplicates, read back from
-        # the file or from what is still queued), then the rest.
-        resume = max(o for o, _ in events if o <= min(events[cut // 2][0], store.boundary_end))
-        outcomes = [feeder.feed(offset, as_kind(ev, i + 1)) for i, (offset, ev) in enumerate(events)
-                    if offset >= resume]
-        assert outcomes[-1] == "appended"
-        store.sync()
-        store.close()
-    finally:
-        S.FLUSH_BYTES, S.VIEW_BYTES, S.os.pwritev = saved
-    assert (root / "relay" / "binlog.000001").read_bytes() == image
 
 
 # ---------------------------------------------------------------------------------------------

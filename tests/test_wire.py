@@ -129,34 +129,6 @@ def test_large_payloads_split_and_reassemble(length, expected):
     assert decoder.pending_bytes == 0
 
 
-@settings(max_examples=200, deadline=None)
-@given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=20), cuts=st.lists(st.integers(1, 400), max_size=30),
-       view_from=st.sampled_from([None, 1, 16, 200]), as_memoryview=st.booleans())
-def test_payloads_are_the_same_whatever_the_chunks_and_views(sizes, cuts, view_from, as_memoryview):
-    """Any split of the stream (a packet completed from the tail takes only the bytes it lacks) gives the same
-    payloads and sequence ids; with view_from, the large ones are read-only views holding the same bytes."""
-    payloads = [bytes([i % 256]) * n for i, n in enumerate(sizes)]
-    wire = b"".join(encode_packet(p, i) for i, p in enumerate(payloads))
-    decoder = PacketDecoder(keep_sequences=True)
-    decoder.view_from = view_from
-    pos = 0
-    got = []
-    for cut in [*cuts, len(wire)]:
-        chunk = wire[pos : pos + cut]
-        decoder.feed(memoryview(chunk) if as_memoryview else chunk)
-        got.extend(decoder.packets())
-        pos += cut
-        if pos >= len(wire):
-            break
-    assert [(seq, bytes(p)) for seq, p in got] == list(enumerate(payloads))
-    assert decoder.pending_bytes == 0
-    for _seq, p in got:
-        if view_from is not None and len(p) >= view_from:
-            assert type(p) is memoryview and p.readonly
-        else:
-            assert type(p) is bytes
-
-
 def test_many_small_packets_come_out_in_one_batch_with_bytes_counted():
     payloads = [bytes([0]) + bytes([i % 256]) * (100 + i) for i in range(300)]
     wire = b"".join(encode_packet(p, i + 1) for i, p in enumerate(payloads))

@@ -12,11 +12,8 @@ Write path (the relay's hot loop), one writer:
     store.boundary_outside(end)                    # an event outside any group ended (FDE, ROTATE, ...)
     store.maybe_sync()                             # after each batch read from the socket
 
-Appended bytes collect in memory and reach the file in large ``os.pwrite`` / ``os.pwritev`` calls (at sync,
-or once the buffer passes ``FLUSH_BYTES``, so a 1 GB transaction streams to disk without being held). Small
-events are copied into one bytearray; events of ``VIEW_BYTES`` or more given as immutable bytes (or a read-only
-view of them, as the receiver passes the payloads of a dump) are kept by reference, not copied, and go to the
-file as iovecs of one ``pwritev``. A sync
+Appended bytes collect in memory and reach the file in large ``os.pwrite`` calls (at sync, or once
+the buffer passes ``FLUSH_BYTES``, so a 1 GB transaction streams to disk without being held). A sync
 is: write the buffer, ``fdatasync``, record the durable mark, and only then advance the horizon to
 the last complete boundary. The horizon never points inside a group and never past an fsync.
 
@@ -92,8 +89,6 @@ __all__ = [
 
 FLUSH_BYTES = 4 << 20  # write the buffer out once it holds this much
 DIRECT_BYTES = 1 << 20  # an event at least this large skips the buffer
-VIEW_BYTES = 4096  # an immutable event at least this large is kept by reference (pwritev), not copied
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 SPARSE_FILLER_BYTES = 1 << 20  # a filler at least this large is written sparse (header + CRC, a hole between)
 FILLER_MAX_SIZE = _enc.FILLER_MAX_SIZE  # a larger gap is covered by several fillers
 # A recovery checkpoint (relay/checkpoint.py) rides on a sync once the horizon has moved this far past the last
@@ -271,8 +266,6 @@ class RelayStore:
         self._file: str | None = recovered.current_file
         self._fd = -1
         self._buf = bytearray()
-        self._parts: list = []  # pending before _buf: bytearray runs and kept-by-reference events, in order
-        self._parts_len = 0
         self._written = recovered.end  # bytes handed to pwrite (in the page cache)
         self._end = recovered.end  # bytes accepted (written + buffered)
         self._synced = recovered.end  # bytes covered by the last fdatasync
@@ -542,8 +535,6 @@ class RelayStore:
         self._file = name
         self._appendable = True
         self._buf = bytearray()
-        self._parts = []
-        self._parts_len = 0
         self._written = self._end = self._synced = self._boundary = 4
         self._fde = None
         self._checksum_len = 0
@@ -817,15 +808,13 @@ class RelayStore:
             self._last_type = header[1]
             try:
                 if n >= DIRECT_BYTES:
-                    if self._buf or self._parts:
+                    if self._buf:
                         self._flush()
                     self._write_all(event)
-                elif n >= VIEW_BYTES and (type(event) is bytes or (type(event) is memoryview and event.readonly)):
-                    self._keep(event, n)
                 else:
                     buf = self._buf
                     buf += event
-                    if len(buf) + self._parts_len >= FLUSH_BYTES:
+                    if len(buf) >= FLUSH_BYTES:
                         self._flush()
             except OSError as exc:
                 self._fail(exc)
@@ -860,15 +849,13 @@ class RelayStore:
         self._last_type = type_code
         try:
             if n >= DIRECT_BYTES:
-                if self._buf or self._parts:
+                if self._buf:
                     self._flush()
                 self._write_all(event)
-            elif n >= VIEW_BYTES and (type(event) is bytes or (type(event) is memoryview and event.readonly)):
-                self._keep(event, n)
             else:
                 buf = self._buf
                 buf += event
-                if len(buf) + self._parts_len >= FLUSH_BYTES:
+                if len(buf) >= FLUSH_BYTES:
                     self._flush()
         except OSError as exc:
             self._fail(exc)
@@ -1021,7 +1008,6 @@ class RelayStore:
                 raise exc
             parts.append(data)
         if offset + n > self._written:
-            self._coalesce()
             start = max(offset, self._written) - self._written
             parts.append(bytes(self._buf[start : offset + n - self._written]))
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -1044,69 +1030,11 @@ class RelayStore:
             self.bytes_written += at - self._written
             self._written = at
 
-    def _keep(self, event, n: int) -> None:
-        """Queue an immutable event by reference (after the small events buffered before it)."""
-        parts = self._parts
-        buf = self._buf
-        if buf:
-            parts.append(buf)
-            self._buf = bytearray()
-            self._parts_len += len(buf)
-        parts.append(event)
-        self._parts_len += n
-        if self._parts_len >= FLUSH_BYTES:
-            self._flush()
-
-    def _coalesce(self) -> None:
-        """Move the events kept by reference into the buffer (the rare paths that look into it)."""
-        if self._parts:
-            joined = bytearray().join(self._parts)
-            joined += self._buf
-            self._buf = joined
-            self._parts = []
-            self._parts_len = 0
-
     def _flush(self) -> None:
-        parts = self._parts
-        if parts:
-            if self._buf:
-                parts.append(self._buf)
-            self._buf = bytearray()
-            self._parts = []
-            self._parts_len = 0
-            self._write_parts(parts)
-            return
         buf = self._buf
         if buf:
             self._write_all(buf)
             self._buf = bytearray()
-
-    def _write_parts(self, parts: list) -> None:
-        """pwritev ``parts`` at ``_written`` (as _write_all, in runs of at most IOV_MAX buffers)."""
-        fd = self._fd
-        at = self._written
-        i = 0
-        count = len(parts)
-        try:
-            while i < count:
-                run = parts[i : i + _IOV_MAX]
-                written = os.pwritev(fd, run, at)
-                if written <= 0:
-                    raise OSError(f"pwritev wrote {written} bytes to {self._file}")
-                at += written
-                # Skip the buffers written whole; a partly written one continues from where it stopped.
-                for piece in run:
-                    size = len(piece)
-                    if written >= size:
-                        written -= size
-                        i += 1
-                        continue
-                    if written:
-                        parts[i] = memoryview(piece)[written:]
-                    break
-        finally:
-            self.bytes_written += at - self._written
-            self._written = at
 
     # -- boundaries ------------------------------------------------------------------------------
     def group_complete(self, end_offset: int, gtid=None) -> None:
@@ -1307,7 +1235,6 @@ class RelayStore:
         drop = self._end - self._boundary
         if drop <= 0:
             return 0
-        self._coalesce()
         buffered = len(self._buf)
         if drop <= buffered:
             del self._buf[buffered - drop :]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..log import get_logger
+from ..wire.tls import MemoryTls
 from ..wire.auth import AuthSucceeded, ClientAuthentication, SendAuthData
 from ..wire.handshake import (
     HandshakeV10,
@@ -43,7 +44,6 @@ from ..wire.packets import (
     packet_count,
     parse_err,
 )
-from ..wire.tls import MemoryTls
 
 log = get_logger(__name__)
 
@@ -60,9 +60,6 @@ class ConnectionLost(MySQLError):
 
     def __init__(self, message: str) -> None:
         super().__init__(CR_SERVER_LOST, "HY000", message)
-
-
-DUMP_VIEW_BYTES = 4096  # dump payloads at least this large are handed over as memoryviews
 
 
 class _PacketProtocol(asyncio.Protocol):
@@ -561,9 +558,6 @@ class UpstreamConnection:
         self._begin_command("start a binlog dump")
         self._write(payload, 0)
         self._dumping = True
-        # Event payloads of 4 KB or more reach the receiver and the store as views of the received bytes: the
-        # store writes them with pwritev, never copying them (relay/store.py VIEW_BYTES).
-        self._protocol.decoder.view_from = DUMP_VIEW_BYTES
         if self.semi_sync:
             # A semi-sync master restarts sequence ids after every packet that asks for an ACK (MySQL's
             # net_clear + pkt_nr++ in readSlaveReply), whether or not our ACK has been sent yet: the check is

@@ -248,16 +248,12 @@ class PacketDecoder:
         "_tail",
         "keep_sequences",
         "max_payload",
-        "view_from",
     )
 
     def __init__(self, *, max_payload: int = DEFAULT_MAX_PAYLOAD, keep_sequences: bool = False) -> None:
         # Unparsed bytes after the last complete packet, and how many the next packet needs in all.
         self._tail = bytearray()
         self._need = HEADER_LEN
-        # Payloads of at least this many bytes are handed over as read-only memoryviews of the bytes received
-        # (no copy; they keep that chunk alive); None: always bytes. A binlog dump sets it (connection.py).
-        self.view_from: int | None = None
         self._ready: list[bytes] = []
         self._ready_seqs: list[int] = []
         self._ready_bytes = 0
@@ -302,37 +298,27 @@ class PacketDecoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Add bytes from the stream and queue every payload they complete; ProtocolError on a broken stream."""
-        if type(data) is not bytes:
-            data = bytes(data)
-        start = 0
         tail = self._tail
-        while tail:
-            # Complete the packet the tail began with only the bytes it lacks (never a copy of the whole chunk).
-            missing = self._need - len(tail)
-            if len(data) - start < missing:
+        if tail:
+            if len(tail) + len(data) < self._need:
                 # Part of a large packet: append only; nothing is rescanned until the packet is complete.
-                tail += memoryview(data)[start:]
+                tail += data
                 return
-            tail += memoryview(data)[start : start + missing]
-            start += missing
-            joined = bytes(tail)
-            consumed = self._parse(joined, 0)
-            tail = self._tail = bytearray(memoryview(joined)[consumed:]) if consumed < len(joined) else bytearray()
-        consumed = self._parse(data, start)
+            data = bytes(tail) + data
+            self._tail = bytearray()
+        elif type(data) is not bytes:
+            data = bytes(data)
+        consumed = self._parse(data)
         if consumed < len(data):
             self._tail = bytearray(memoryview(data)[consumed:])
 
-    def _parse(self, data: bytes, pos: int = 0) -> int:
+    def _parse(self, data: bytes) -> int:
         """Queue the payloads of all complete packets in `data`; return how many bytes that consumed.
 
         This is the per-event hot loop: locals only, one unpack and one slice per packet."""
         total = len(data)
+        pos = 0
         append = self._ready.append
-        view_from = self.view_from
-        if view_from is None:
-            view_from = MAX_CHUNK
-        else:
-            view = memoryview(data)
         added = 0
         unpack = _U32.unpack_from
         check = self._check
@@ -359,11 +345,8 @@ class PacketDecoder:
                     )
                 expected = (seq + 1) & 0xFF
                 pos = end
-                if length < view_from and not in_partial:
+                if length < MAX_CHUNK and not in_partial:
                     append(data[start:end])
-                    added += length
-                elif length < MAX_CHUNK and not in_partial:
-                    append(view[start:end])
                     added += length
                 else:
                     payload = self._add_chunk(data[start:end])
