@@ -966,7 +966,6 @@ def test_comments_case_backticks_and_semicolons(mysql_relay):
     ("INSERT INTO t VALUES (1)", "'INSERT INTO'"),
     ("FLUSH LOGS", "'FLUSH LOGS'"),
     ("RESET MASTER", "'RESET MASTER'"),
-    ("KILL 5", "'KILL'"),
     ("SHOW TABLES", "'SHOW TABLES'"),
     ("SHOW BINLOG EVENTS", "'SHOW BINLOG'"),
     ("SHOW ENGINES", "'SHOW ENGINES'"),

@@ -146,8 +146,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("listen", _host_port, None, "serve replicas and tools on this address, as their master", "HOST:PORT"),
     Option("users", _users, None,
            "accounts for --listen: TOML [[users]] tables (name, password | password_env | password_file, plugin, "
-           "tls, admin), or NAME:PASSWORDSPEC[:tls][:plugin][:admin],... with PASSWORDSPEC env:VAR, file:PATH or "
-           "the password; admin accounts may PURGE BINARY LOGS",
+           "tls, admin, privileges), or NAME:PASSWORDSPEC[:tls][:plugin][:admin][:privileges=A+B],... with "
+           "PASSWORDSPEC env:VAR, file:PATH or the password; privileges: replication_slave, replication_client, "
+           "binlog_admin, admin (default: replication_slave + replication_client; admin = true: all)",
            "SPECS", secret=True),
     Option("tls_cert", str, None, "certificate (PEM) offered to replicas on --listen", "PATH"),
     Option("tls_key", str, None, "its private key (PEM; default: in the certificate file)", "PATH"),

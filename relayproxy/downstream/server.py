@@ -67,6 +67,7 @@ from ..wire.server_auth import (
     server_capabilities,
 )
 from ..wire.tls import MemoryTls
+from . import privileges
 from .context import (
     ConnectionState,
     DownstreamContext,
@@ -818,6 +819,7 @@ class _Session:
             await self._fail(ER_CON_COUNT_ERROR, "08004", "Too many connections")
         state = self.state
         state.user = step.user.name
+        state.account = step.user
         state.tls = secure
         state.database = response.database
         state.capabilities = self.capabilities
@@ -869,17 +871,33 @@ class _Session:
             elif command == COM_INIT_DB:
                 await self._init_db(payload)
             elif command == COM_REGISTER_SLAVE:
+                if await self._refused(privileges.REGISTER, "COM_REGISTER_SLAVE"):
+                    continue
                 await self._register_slave(payload)
             elif command == COM_BINLOG_DUMP:
+                if await self._refused(privileges.DUMP, "COM_BINLOG_DUMP"):
+                    continue
                 await self._dump(parse_binlog_dump(payload, self.state))
                 raise _Close  # as MySQL: the connection ends with the dump
             elif command == COM_BINLOG_DUMP_GTID:
+                if await self._refused(privileges.DUMP, "COM_BINLOG_DUMP_GTID"):
+                    continue
                 await self._dump(parse_binlog_dump_gtid(payload))
                 raise _Close
             else:
                 name = _COMMAND_NAMES.get(command, "command")
                 message = f"Unknown command: {name} (0x{command:02x}) is not supported by relayproxy"
                 await self._send([encode_error(ER_UNKNOWN_COM_ERROR, "08S01", message)])
+
+    async def _refused(self, action: privileges.Action, command: str) -> bool:
+        """Answer ERR 1227 (the connection stays, as on the servers) when the account lacks the privilege."""
+        denied = privileges.denial(self.ctx, self.state, action)
+        if denied is None:
+            return False
+        self._note("info", "command refused: missing privilege", command=command, user=_short(self.state.user),
+                   privilege=action.privilege)
+        await self._send([encode_error(*denied)])
+        return True
 
     async def _query(self, payload: bytes) -> None:
         sql_text = payload[1:].decode("utf-8", "surrogateescape")
@@ -1281,7 +1299,7 @@ class DownstreamServer:
         """Move an authenticated session to the logged-in count; why not (None: it may), MySQL's rule: beyond
         max_connections only an admin account, and only one."""
         count = self.authenticated_count
-        if count >= self.max_connections + 1 or (count >= self.max_connections and not user.admin):
+        if count >= self.max_connections + 1 or (count >= self.max_connections and not user.has(privileges.ADMIN)):
             return f"{count} clients logged in (max_connections = {self.max_connections}, +1 for an admin account)"
         self._unauthenticated.pop(session.conn_id, None)
         return None

@@ -10,7 +10,7 @@ from ...log import PeerLogLimiter, get_logger, report_failure
 from ...relay.catalog import CatalogError, FileCatalog
 from ...wire.results import ErrorResponse, Response
 from ..context import ConnectionState
-from .admin import _purge
+from .admin import _flush, _kill, _purge
 from .env import Env, _catalog_for
 from .errors import ER_EMPTY_QUERY, ER_UNKNOWN_ERROR, SqlError, _unsupported
 from .functions import _gtids_at
@@ -117,8 +117,8 @@ def _execute(ctx, conn: ConnectionState, sql: str, prefetched: dict[tuple[str, i
 # Statements MySQL knows that a relay refuses: named in the error, never silently accepted.
 _KNOWN_UNSUPPORTED = frozenset({
     "ALTER", "ANALYZE", "BINLOG", "CACHE", "CALL", "CHANGE", "CHECK", "CHECKSUM", "CLONE", "CREATE", "DEALLOCATE",
-    "DELETE", "DESC", "DESCRIBE", "DROP", "EXECUTE", "EXPLAIN", "FLUSH", "GET", "GRANT", "HANDLER", "HELP", "IMPORT",
-    "INSERT", "INSTALL", "KILL", "LOAD", "LOCK", "OPTIMIZE", "PREPARE", "RELEASE", "RENAME", "REPAIR", "REPLACE",
+    "DELETE", "DESC", "DESCRIBE", "DROP", "EXECUTE", "EXPLAIN", "GET", "GRANT", "HANDLER", "HELP", "IMPORT",
+    "INSERT", "INSTALL", "LOAD", "LOCK", "OPTIMIZE", "PREPARE", "RELEASE", "RENAME", "REPAIR", "REPLACE",
     "RESET", "RESIGNAL", "RESTART", "REVOKE", "SAVEPOINT", "SHUTDOWN", "SIGNAL", "STOP", "TABLE", "TRUNCATE",
     "UNINSTALL", "UNLOCK", "UPDATE", "VALUES", "WITH", "XA",
 })
@@ -154,6 +154,8 @@ _HANDLERS: dict[str, Callable[[Parser, Env], Response]] = {
     "SET": _set,
     "SHOW": _show,
     "PURGE": _purge,
+    "KILL": _kill,
+    "FLUSH": _flush,
     "DO": _do,
     "USE": _use,
     "BEGIN": _transaction,
