@@ -86,6 +86,13 @@ def _duration(value: Any) -> float:
     return parse_duration(value)
 
 
+def _duration_or_zero(value: Any) -> float:
+    """A duration, or 0 (off)."""
+    if not isinstance(value, bool) and str(value).strip() in ("0", "0.0", "0s"):
+        return 0.0
+    return _duration(value)
+
+
 def _size(value: Any) -> int:
     from ..relay.retention import parse_size
 
@@ -198,6 +205,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_unauthenticated_connections", _positive_int, 100,
            "--listen: connections not logged in yet (at most max_connections); when full, a newcomer replaces the "
            "oldest that has waited over a second", "N"),
+    Option("max_connect_errors", _positive_int, 100,
+           "--listen: consecutive failed logins (bad password, bad or unfinished handshake) after which a client "
+           "host is refused with 1129 until FLUSH HOSTS or host_block_time; a good login resets the count", "N"),
+    Option("host_block_time", _duration_or_zero, 0.0,
+           "--listen: how long a host blocked by max_connect_errors stays blocked (a duration); 0: until an admin "
+           "runs FLUSH HOSTS, as the servers", "DURATION"),
     Option("handshake_timeout", _positive_float, 10.0,
            "--listen: seconds from accept to a completed login (MySQL's connect_timeout)"),
     Option("net_read_timeout", _positive_float, 30.0,

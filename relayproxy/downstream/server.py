@@ -89,6 +89,7 @@ DumpServer = Callable[[DownstreamContext, ConnectionState, DumpRequest, DumpChan
 
 # Server error codes (include/mysqld_error.h).
 ER_CON_COUNT_ERROR = 1040
+ER_HOST_IS_BLOCKED = 1129
 ER_NO_DB_ERROR = 1046
 ER_UNKNOWN_COM_ERROR = 1047
 ER_UNKNOWN_ERROR = 1105
@@ -111,6 +112,9 @@ DEFAULT_NET_READ_TIMEOUT = 30.0  # MySQL's net_read_timeout: a client that stops
 DEFAULT_MAX_CONNECTIONS = 1000  # MySQL's max_connections default is 151; a relay fans out to more
 DEFAULT_MAX_CONNECTIONS_PER_HOST = 0  # 0: no per-host cap
 DEFAULT_MAX_UNAUTHENTICATED = 100  # connections between accept and a successful login
+DEFAULT_MAX_CONNECT_ERRORS = 100  # MariaDB's and MySQL's max_connect_errors
+DEFAULT_HOST_BLOCK_TIME = 0.0  # seconds a blocked host stays blocked; 0: until FLUSH HOSTS (as the servers)
+_HOST_CACHE_SIZE = 10_000  # hosts whose failed logins are remembered (the oldest is forgotten beyond)
 # An unauthenticated connection older than this may be dropped to make room for a new one when their budget is
 # full: a client logs in within milliseconds, an idle socket that has sat this long holds a slot for nothing.
 DEFAULT_UNAUTHENTICATED_GRACE = 1.0
@@ -629,6 +633,60 @@ class _DumpChannel:
 # -- one connection -----------------------------------------------------------------------------------------------
 
 
+class ConnectErrors:
+    """Failed logins per client host (MySQL's max_connect_errors, sans-I/O): after `limit` consecutive failures a
+    host is blocked (new connections get 1129 before the greeting) until ``flush()`` (FLUSH HOSTS) or, when
+    `block_seconds` > 0, until that long has passed; a successful login resets the host's count. Connections that
+    already logged in, and other hosts, are never affected. At most `max_hosts` hosts are remembered (the least
+    recently failing is forgotten first), so a client spraying addresses cannot grow it without bound."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_CONNECT_ERRORS, block_seconds: float = DEFAULT_HOST_BLOCK_TIME,
+                 *, max_hosts: int = _HOST_CACHE_SIZE, clock: Callable[[], float] = time.monotonic) -> None:
+        if limit < 1:
+            raise ValueError(f"max_connect_errors must be at least 1, got {limit}")
+        self.limit = limit
+        self.block_seconds = block_seconds
+        self.max_hosts = max_hosts
+        self._clock = clock
+        self._errors: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._blocked: dict[str, float] = {}  # host -> clock() when it was blocked
+
+    def blocked(self, host: str) -> bool:
+        since = self._blocked.get(host)
+        if since is None:
+            return False
+        if self.block_seconds > 0 and self._clock() - since >= self.block_seconds:
+            del self._blocked[host]
+            self._errors.pop(host, None)
+            return False
+        return True
+
+    def failed(self, host: str) -> bool:
+        """Count one failed handshake or login; True when it blocks the host (once, at the limit)."""
+        count = self._errors.pop(host, 0) + 1
+        self._errors[host] = count
+        while len(self._errors) > self.max_hosts:
+            forgotten, _ = self._errors.popitem(last=False)
+            self._blocked.pop(forgotten, None)
+        if count >= self.limit and host not in self._blocked:
+            self._blocked[host] = self._clock()
+            return True
+        return False
+
+    def succeeded(self, host: str) -> None:
+        self._errors.pop(host, None)
+
+    def count(self, host: str) -> int:
+        return self._errors.get(host, 0)
+
+    def flush(self) -> int:
+        """FLUSH HOSTS: forget every count and unblock every host; how many were blocked."""
+        blocked = len(self._blocked)
+        self._errors.clear()
+        self._blocked.clear()
+        return blocked
+
+
 class _Session:
     """One client, from the greeting to the close: handshake, authentication, then its commands in order."""
 
@@ -643,6 +701,9 @@ class _Session:
         self.host = protocol.peer_host
         self.started = time.monotonic()
         self.refusal: str | None = None  # set by the server: refuse with 1040 before the greeting
+        self.blocked = False  # set by the server: the host is blocked (1129 before the greeting)
+        self.greeted = False  # the greeting went out: leaving before logging in is a failed login
+        self.logged_in = False
         self.counted = False  # holds a slot in the server's counts
         self.evicted = False
         self.dumping: tuple[str, object] | None = None  # ("uuid", uuid) or ("server_id", id) while a dump runs
@@ -712,6 +773,12 @@ class _Session:
         server = self.server
         self.ctx.connections[self.conn_id] = self.state
         try:
+            if self.blocked:
+                self._note("info", "connection refused: host blocked after failed logins",
+                           max_connect_errors=server.connect_errors.limit)
+                tool = "mariadb-admin" if self.ctx.flavour == "mariadb" else "mysqladmin"
+                await self._fail(ER_HOST_IS_BLOCKED, "HY000", f"Host '{self.host[:64]}' is blocked because of many "
+                                 f"connection errors; unblock with '{tool} flush-hosts'")
             if self.refusal is not None:
                 self._note("warning", "connection refused: too many connections", reason=self.refusal)
                 await self._fail(ER_CON_COUNT_ERROR, "08004", "Too many connections")
@@ -734,6 +801,8 @@ class _Session:
             with contextlib.suppress(ConnectionError, MySQLError, RuntimeError, asyncio.CancelledError):
                 await self._send([error])
         finally:
+            if self.greeted and not self.logged_in and not self.evicted and not server._closing:
+                server._login_failed(self)
             self.ctx.connections.pop(self.conn_id, None)
             server._release(self)
             with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -769,6 +838,7 @@ class _Session:
         tls_offered = server.tls_context is not None
         caps = server_capabilities(tls=tls_offered)
         scramble = generate_scramble()
+        self.greeted = True
         await self._send(
             [
                 build_greeting(
@@ -813,6 +883,8 @@ class _Session:
             error = step.error
             await self._fail(error.code, error.sqlstate, error.message)
         assert isinstance(step, AuthAccepted)
+        self.logged_in = True  # the credentials were good: not a failed login, whatever follows
+        server.connect_errors.succeeded(self.host)
         refusal = server._logged_in(self, step.user)
         if refusal is not None:
             self._note("warning", "login refused: too many connections", user=_short(step.user.name), reason=refusal)
@@ -1149,6 +1221,10 @@ class DownstreamServer:
     so idle sockets cannot lock logins out. `max_connections_per_host` (0: no cap) counts every connection of
     one client address, refused with 1040 before the greeting (the user is not known yet: not 1203, which
     is MySQL's per-account max_user_connections).
+
+    Failed logins: `max_connect_errors` consecutive connections from one host that end without logging in block
+    that host (1129 before the greeting, as the servers) until FLUSH HOSTS (``ctx.flush_hosts``, admin) or, when
+    `host_block_time` > 0, for that many seconds; a successful login resets the count (ConnectErrors).
     """
 
     def __init__(
@@ -1171,6 +1247,8 @@ class DownstreamServer:
         max_packet: int = DEFAULT_MAX_PACKET,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         log_lines_per_host: int = DEFAULT_LOG_LINES_PER_HOST,
+        max_connect_errors: int = DEFAULT_MAX_CONNECT_ERRORS,
+        host_block_time: float = DEFAULT_HOST_BLOCK_TIME,
     ) -> None:
         # Imported here rather than at the top: they bring in the store and the binlog code, which a server
         # built with stand-ins (tests, tools) does not need.
@@ -1195,6 +1273,9 @@ class DownstreamServer:
         self.max_packet = max_packet
         self.max_buffered = max_buffered
         self.log_limiter = PeerLogLimiter(log_lines_per_host, 60.0)
+        self.connect_errors = ConnectErrors(max_connect_errors, host_block_time)
+        ctx.kill_connection = self.kill
+        ctx.flush_hosts = self.connect_errors.flush
         self._server: asyncio.AbstractServer | None = None
         self._sessions: dict[int, _Session] = {}
         self.senders: SenderPool | None = None  # dumps served by sender processes (workers.py), when configured
@@ -1270,8 +1351,9 @@ class DownstreamServer:
             conn_id = next(self._ids)
         session = _Session(self, protocol, conn_id)
         self._sessions[conn_id] = session
-        session.refusal = self._admission(session)
-        if session.refusal is None:
+        session.blocked = self.connect_errors.blocked(session.host)
+        session.refusal = None if session.blocked else self._admission(session)
+        if session.refusal is None and not session.blocked:
             self._unauthenticated[conn_id] = session
             self._per_host[session.host] += 1
             session.counted = True
@@ -1303,6 +1385,14 @@ class DownstreamServer:
             return f"{count} clients logged in (max_connections = {self.max_connections}, +1 for an admin account)"
         self._unauthenticated.pop(session.conn_id, None)
         return None
+
+    def _login_failed(self, session: _Session) -> None:
+        """A connection from `session.host` ended without logging in (bad password, bad or timed-out handshake,
+        TLS failure, gone before the login): counted toward max_connect_errors."""
+        if self.connect_errors.failed(session.host):
+            log.warning("host blocked after failed logins", host=session.host,
+                        max_connect_errors=self.connect_errors.limit,
+                        block_time=self.connect_errors.block_seconds or "until FLUSH HOSTS")
 
     def _release(self, session: _Session) -> None:
         self._sessions.pop(session.conn_id, None)
