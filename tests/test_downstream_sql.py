@@ -967,7 +967,6 @@ def test_comments_case_backticks_and_semicolons(mysql_relay):
     ("FLUSH LOGS", "'FLUSH LOGS'"),
     ("RESET MASTER", "'RESET MASTER'"),
     ("SHOW TABLES", "'SHOW TABLES'"),
-    ("SHOW BINLOG EVENTS", "'SHOW BINLOG'"),
     ("SHOW ENGINES", "'SHOW ENGINES'"),
     ("SELECT * FROM information_schema.processlist", "reading tables"),
     ("SELECT user FROM mysql.user", "SELECT ... FROM mysql.user"),

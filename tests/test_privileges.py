@@ -106,6 +106,8 @@ STATEMENTS = {
     "SHOW MASTER LOGS": ("replication_client", "SUPER, BINLOG MONITOR"),
     "SHOW MASTER STATUS": ("replication_client", "SUPER, BINLOG MONITOR"),
     "SHOW BINLOG STATUS": ("replication_client", "SUPER, BINLOG MONITOR"),
+    "SHOW BINLOG EVENTS": ("replication_client", "BINLOG MONITOR"),
+    "SHOW BINLOG EVENTS IN 'master-bin.000001' FROM 4 LIMIT 2": ("replication_client", "BINLOG MONITOR"),
     "PURGE BINARY LOGS BEFORE '2000-01-01'": ("binlog_admin", "SUPER, BINLOG ADMIN"),
     "STOP SLAVE": ("admin", "SUPER, REPLICATION SLAVE ADMIN"),
     "START SLAVE": ("admin", "SUPER, REPLICATION SLAVE ADMIN"),
@@ -290,7 +292,8 @@ def test_real_replica_needs_replication_slave_and_texts_match_mariadb(mariadb, t
     try:
         relay.wait_caught_up(master)
         # The 1227 texts, up to the relay's hint, are mariadbd's for an account without the privilege.
-        for sql in ("SHOW SLAVE STATUS", "SHOW BINARY LOGS", "SHOW MASTER STATUS", "PURGE BINARY LOGS BEFORE "
+        for sql in ("SHOW SLAVE STATUS", "SHOW BINARY LOGS", "SHOW MASTER STATUS", "SHOW BINLOG EVENTS",
+                    "PURGE BINARY LOGS BEFORE "
                     "'2000-01-01'", "STOP SLAVE", "FLUSH HOSTS", CHANGE):
             answers = []
             for port in (master.port, listen):

@@ -197,6 +197,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_statement_bytes", _size, 1 << 20,
            "SQL port: longest statement, largest string value, and all user variables of one connection: bytes, "
            "or with K, M, G (1M)", "SIZE"),
+    Option("show_binlog_events_max_rows", _positive_int, 10000,
+           "SQL port: rows one SHOW BINLOG EVENTS returns at most (page with FROM / LIMIT offset); the file is read "
+           "in a worker thread", "N"),
     Option("max_connections", _positive_int, 1000,
            "--listen: clients logged in at once, plus one more for an admin account (then 1040 Too many connections)",
            "N"),

@@ -13,6 +13,7 @@ from ...binlog.gtid import GtidSet, MariaBinlogState
 from ...relay.catalog import CatalogError
 from ...wire.results import Response, ResultSet
 from .. import privileges
+from . import binlog_events
 from .errors import (
     ER_NONEXISTING_GRANT,
     ER_REPLICA_CHANNEL_DOES_NOT_EXIST,
@@ -53,6 +54,8 @@ def _show(p: Parser, env: Env) -> Response:
         p.expect_word("LOGS")
         p.end_of_statement()
         return _show_binary_logs(env)
+    if p.is_word("BINLOG") and p.is_word("EVENTS", offset=1):
+        return show_binlog_events_sync(p, env)
     if p.is_word("BINLOG") and env.flavour == "mariadb":
         # MariaDB 10.5.2+'s name for SHOW MASTER STATUS.
         start = p.cur.start
@@ -146,6 +149,23 @@ def _show_grants(p: Parser, env: Env) -> ResultSet:
     p.end_of_statement()
     return ResultSet([f"Grants for {user}@{host}"],
                      [[privileges.grant_statement(account, user, host, env.flavour)]])
+
+
+def prepare_binlog_events(p: Parser, env: Env):
+    """SHOW BINLOG EVENTS parsed, its privilege checked, its file found: (path, name, size, request, max_rows)."""
+    p.expect_word("BINLOG")
+    p.expect_word("EVENTS")
+    request = binlog_events.parse_show_binlog_events(p)
+    env.require(privileges.SHOW_BINLOG_EVENTS)
+    name, path, size = binlog_events.resolve(env, request, _catalog_files(env))
+    max_rows = int(getattr(env.ctx.cfg, "show_binlog_events_max_rows", None) or binlog_events.DEFAULT_MAX_ROWS)
+    return path, name, size, request, max_rows
+
+
+def show_binlog_events_sync(p: Parser, env: Env) -> ResultSet:
+    """SHOW BINLOG EVENTS on the caller's thread (execute_sync; ``execute`` reads in a worker thread instead)."""
+    path, name, size, request, max_rows = prepare_binlog_events(p, env)
+    return binlog_events.read_binlog_events(path, name, size, request, flavour=env.flavour, max_rows=max_rows)
 
 
 def _check_connection_name(name: str) -> None:
