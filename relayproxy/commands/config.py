@@ -195,8 +195,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("retention_force", _bool, False,
            "retention purges files connected replicas still read too (their dumps end with error 1236)"),
     Option("max_statement_bytes", _size, 1 << 20,
-           "SQL port: longest statement, largest string value, and all user variables of one connection: bytes, "
-           "or with K, M, G (1M)", "SIZE"),
+           "SQL port: @@max_allowed_packet: largest command packet (a statement and its command byte), largest "
+           "string value, and all user variables of one connection: bytes, or with K, M, G (1M)", "SIZE"),
     Option("show_binlog_events_max_rows", _positive_int, 10000,
            "SQL port: rows one SHOW BINLOG EVENTS returns at most (page with FROM / LIMIT offset); the file is read "
            "in a worker thread", "N"),

@@ -76,6 +76,7 @@ from .context import (
     DumpRequest,
     ReplicaRegistration,
 )
+from .sql.limits import max_statement_bytes
 
 if TYPE_CHECKING:
     from .dump.chunks import Chunk
@@ -101,8 +102,9 @@ ER_CLIENT_INTERACTION_TIMEOUT = 4031
 
 # A handshake response holds a user name, a scramble and at most 64 KiB of connection attributes.
 HANDSHAKE_MAX_PAYLOAD = 128 * 1024
-# max_allowed_packet for client commands: MySQL 8's default. Replicas send only small commands.
-DEFAULT_MAX_PACKET = 64 * 1024 * 1024
+# max_allowed_packet for client commands when no context says otherwise: the configuration's max_statement_bytes
+# (sql/limits.py) is what the server enforces and what @@max_allowed_packet answers. Replicas send only small
+# commands (register, dump requests, semi-sync ACKs).
 # Undelivered client bytes above which we stop reading the socket (a client flooding us gets TCP back-pressure).
 DEFAULT_MAX_BUFFERED = 1024 * 1024
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # MySQL's connect_timeout
@@ -737,6 +739,10 @@ class _Session:
     async def _read(self, timeout: float | None, *, new_command: bool = False) -> bytes:
         """The client's next payload; its sequence id must follow ours (0 at a new command)."""
         seq, payload = await self.protocol.read(timeout)
+        if len(payload) > self.protocol.decoder.max_payload:
+            # The decoder refuses a packet over the limit while it is still arriving; one that arrived whole in
+            # a single read is refused here (the decoder's fast path is the upstream hot loop: no check there).
+            raise MySQLError(CR_NET_PACKET_TOO_LARGE, "08S01", "Got a packet bigger than 'max_allowed_packet' bytes")
         first = 0 if new_command else self._seq
         expected = (first + packet_count(len(payload)) - 1) & 0xFF
         if seq != expected:
@@ -811,6 +817,8 @@ class _Session:
 
     async def _protocol_error(self, exc: MySQLError) -> NoReturn:
         if exc.code == CR_NET_PACKET_TOO_LARGE:
+            if self.logged_in:
+                self._seq = 1  # the reply to a command's first packet (sequence 0), as the servers number it
             await self._fail(ER_NET_PACKET_TOO_LARGE, "08S01", "Got a packet bigger than 'max_allowed_packet' bytes")
         if exc.code < 2000:  # a server error code: send it as it is
             await self._fail(exc.code, exc.sqlstate if len(exc.sqlstate) == 5 else "HY000", exc.message)
@@ -1210,7 +1218,8 @@ class DownstreamServer:
 
     Limits: `handshake_timeout` for greeting-to-OK, `idle_timeout` between commands (not during a dump),
     `write_timeout` for a client that stops reading (net_write_timeout), `net_read_timeout` for a client that
-    stops in the middle of a packet (1159, then closed), `max_packet` for a client's command, `max_buffered` unread
+    stops in the middle of a packet (1159, then closed), `max_packet` for a client's command (default: the
+    configuration's max_statement_bytes, which @@max_allowed_packet reports), `max_buffered` unread
     client bytes before reading pauses, `log_lines_per_host` per minute (PeerLogLimiter).
 
     Connections: `max_connections` logged-in clients plus one more for an admin account (MySQL's extra
@@ -1244,7 +1253,7 @@ class DownstreamServer:
         max_connections_per_host: int = DEFAULT_MAX_CONNECTIONS_PER_HOST,
         max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
         unauthenticated_grace: float = DEFAULT_UNAUTHENTICATED_GRACE,
-        max_packet: int = DEFAULT_MAX_PACKET,
+        max_packet: int | None = None,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         log_lines_per_host: int = DEFAULT_LOG_LINES_PER_HOST,
         max_connect_errors: int = DEFAULT_MAX_CONNECT_ERRORS,
@@ -1270,7 +1279,9 @@ class DownstreamServer:
         self.max_connections_per_host = max_connections_per_host
         self.max_unauthenticated = max_unauthenticated
         self.unauthenticated_grace = unauthenticated_grace
-        self.max_packet = max_packet
+        # A client's command packet at most (1153 and closed beyond, as the servers): @@max_allowed_packet, which
+        # is max_statement_bytes unless a caller (a test) sets it.
+        self.max_packet = max_packet if max_packet is not None else max_statement_bytes(ctx)
         self.max_buffered = max_buffered
         self.log_limiter = PeerLogLimiter(log_lines_per_host, 60.0)
         self.connect_errors = ConnectErrors(max_connect_errors, host_block_time)
