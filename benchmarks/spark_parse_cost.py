@@ -1036,7 +1036,7 @@ def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, d
         lines.append(f"| {r['stream']} | {r['event_type']} | {r['events']:,} | {_fmt(r['bytes'] / r['events'])} | "
                      f"{_fmt(r['max_bytes'])} | {_fmt((r['library_dec'] or 0) / 1e6, 1)} | "
                      f"{_fmt((r['library_dec'] or 0) / lib_all * 100 if lib_all else None, 1)} % | "
-                     f"{_fmt(_ratio(r['library_dec'], r['boundary_all']), 0)}x |")
+                     + (f"{_ratio(r['library_dec'], r['boundary_all']):,.0f}x |" if r["library_dec"] else "not decoded |"))
     if not report["blob_rows"]:
         lines.append("| (none) | | | | | | | |")
     lines.append("")
