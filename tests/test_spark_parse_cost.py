@@ -55,7 +55,7 @@ def job(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
     try:
         schemas = {name: spark.read.parquet(str(out / "parquet" / name)).schema
-                   for name in ("events", "summary", "files", "file_counts")}
+                   for name in ("events", "event_runs", "summary", "files", "file_counts")}
         split_offsets = [
             (r["path"], r["split"], r["offset"])
             for r in spark.read.parquet(str(out / "parquet" / "events")).select("path", "split", "offset").collect()
