@@ -21,7 +21,8 @@ Repeat k (``--repeats``, default 3) is one failover: the current master (M1, the
 (nothing in flight), Ck is promoted as an HA tool does (``STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only=0``),
 the other candidates are repointed to it and caught up (untimed), the relay gets ``STOP SLAVE`` and ``CHANGE MASTER
 TO ... MASTER_USE_GTID=slave_pos`` on its SQL port and D the same on its own (untimed), one marker row with a known
-id is written on Ck, ``sync`` runs, and then, in turns (relay first in odd repeats, D first in even ones):
+id is written on Ck, ``sync`` runs, and then, in turns (relay first in odd repeats, D first in even ones:
+``benchinfo.run_alternating``):
 
 * relay: ``START SLAVE`` is sent on an already open admin session of the relay; timed from just before it is sent
   until the marker row is visible on R2 (``SELECT ... WHERE id = <marker>``, polled every 5 ms on an open
@@ -30,8 +31,9 @@ id is written on Ck, ``sync`` runs, and then, in turns (relay first in odd repea
   transactions). Three pollers, one thread each;
 * direct: ``START SLAVE`` on D, timed the same way until the marker row is visible on D.
 
-Reported per backlog: median and [min - max] over the repeats, the ratio relay/direct of the medians (R2, GTID, is
-the like-for-like one), the relay's horizon time, the relay process's RSS (VmRSS and VmHWM after the last switch),
+Reported per backlog under the shared results header (``benchinfo.header_block``): median and range (min - max)
+over the repeats (``benchinfo.fmt_median_range``), the ratio relay/direct of the medians (R2, GTID, is the
+like-for-like one) and the median and range of the per-failover ratios, the relay's horizon time, the relay process's RSS (VmRSS and VmHWM after the last switch),
 how long generating and taking in the backlog took, and the size of the new master's binlog file before the marker
 (a MariaDB master finds a GTID by reading its binlog file from the start: both paths pay that).
 
