@@ -1,0 +1,120 @@
+"""A replica that stops reading mid-stream costs the relay bounded memory and slows no other replica.
+
+Real servers: a MariaDB master under load with big transactions, the relay (in-process senders, and two sender
+processes), a MariaDB replica reading normally and a dump client that stops reading after its first events. While
+the stalled client holds its connection the reading replica keeps up with the master, the relay's memory (its
+process and every sender process) stays within a bound that does not depend on what the stalled client has not
+read, and after `net_write_timeout` the stalled client is dropped. Figures are printed, not asserted as times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from relayproxy.binlog import constants as C
+
+from .test_downstream_topologies import (  # noqa: F401 - fixtures
+    FIRST_FILE,
+    Writer,
+    assert_same_data,
+    change_master,
+    mixed_load,
+    prepare_master,
+    relays,
+    wait_relay,
+    wait_replica,
+)
+from .test_retention import RawDumpClient
+
+pytestmark = pytest.mark.server
+
+STALL_TIMEOUT = 6  # net_write_timeout of the relay in this test (the default is 60 s)
+
+
+def _rss_kb(pid: int) -> int:
+    """Resident memory of `pid` and of every process below it (the sender processes), in KiB."""
+    total = 0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+class _Sampler(threading.Thread):
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, _rss_kb(self.pid))
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("senders", [0, 2])
+def test_a_replica_that_stops_reading_costs_bounded_memory_and_slows_no_one(mariadb, relays, tmp_path, senders):
+    master = mariadb("master")
+    prepare_master(master)
+    relay = relays("relay", master.port, extra=["--sender-processes", str(senders),
+                                                "--net-write-timeout", str(STALL_TIMEOUT)])
+    mixed_load(master, big=False)
+    wait_relay(relay, master)
+    replica = mariadb("replica", server_id=11)
+    change_master(replica, relay.listen_port)
+    replica.execute("START SLAVE")
+    wait_replica(replica, master)
+    if senders:
+        relay.wait_for(lambda s: sum(w["dumps"] for w in s["sender_processes"]["workers"]) == 1, 20,
+                       "the replica's dump in a sender process")
+    baseline = _rss_kb(relay.proc.pid)
+    stalled = RawDumpClient(relay.listen_port, FIRST_FILE)
+    assert stalled.event()[4] == C.ROTATE_EVENT  # then it reads nothing more
+    sampler = _Sampler(relay.proc.pid)
+    sampler.start()
+    began = time.monotonic()
+    try:
+        with Writer(master, rotate_every=150) as writer:
+            mixed_load(master, rounds=2, big=True)  # two >16 MB events the stalled client never reads
+            time.sleep(0.5)
+        assert writer.done > 50
+        wait_relay(relay, master)
+        status = wait_replica(replica, master, timeout=60)
+        caught_up = time.monotonic() - began
+        stalled_connected = time.monotonic() - began < STALL_TIMEOUT
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    assert not status["Last_IO_Error"] and not status["Last_SQL_Error"], status
+    assert_same_data(master, replica)
+    grew_mb = (sampler.peak - baseline) / 1024
+    print(f"\nsender_processes={senders}: relay RSS {baseline / 1024:.1f} MB before, peak {sampler.peak / 1024:.1f} MB "
+          f"(+{grew_mb:.1f} MB) while a client read nothing; the reading replica caught up {caught_up:.1f} s after "
+          f"the load began (stalled client still connected then: {stalled_connected})")
+    # What the stalled client did not read (two >16 MB events and the load) is not held for it: at most a chunk
+    # and the socket buffers, whatever the backlog. 48 MB is well under the 2 x 16 MB + load it missed.
+    assert grew_mb < 48, f"the relay grew by {grew_mb:.1f} MB while one client read nothing"
+    # After net_write_timeout without reading, the relay drops it: the client finds the connection closed.
+    deadline = time.monotonic() + STALL_TIMEOUT + 30
+    dropped = False
+    while time.monotonic() < deadline and not dropped:
+        try:
+            stalled.conn._sock.settimeout(5)
+            stalled.event()
+        except Exception:  # noqa: BLE001 - pymysql raises OperationalError/InterfaceError on a closed connection
+            dropped = True
+    assert dropped, "a client that read nothing was never dropped"
+    stalled.close()
