@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from .. import __version__
+from ..relay import closed_files
 
 
 def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[str, Any]:
@@ -150,7 +151,7 @@ def _disk_usage(store, names: list[str]) -> dict[str, Any]:
     now = time.time()
     for name in names:
         try:
-            st = os.stat(store.path(name))
+            st = closed_files.stored_stat(store.path(name))  # stored bytes (compressed, archived)
         except (OSError, KeyError):
             continue  # purged between files() and here
         sizes[name] = st.st_size

@@ -51,6 +51,7 @@ from ..binlog import constants as C
 from ..binlog import encoders as _enc
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
+from . import closed_files
 from . import epochs as _epochs
 from .epochs import Epoch, Epochs, EpochsError, gtid_missing, gtid_text, gtid_union
 from .horizon import Horizon
@@ -739,10 +740,9 @@ class RelayStore:
         write_index(self.relay_dir, self._index[keep_from:])
         self._index = self._index[keep_from:]
         for old in purged:
-            try:
-                os.unlink(self.relay_dir / old)
-            except FileNotFoundError:
-                pass
+            removed = closed_files.remove_all(self.relay_dir / old)  # plain, converted, archived
+            for parent in {p.parent for p in removed if p.parent != self.relay_dir}:
+                fsync_dir(parent)
         fsync_dir(self.relay_dir)
         pruned = self._epochs.pruned(self._index[0])
         if pruned != self._epochs:
