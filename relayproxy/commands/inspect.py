@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 import uuid
+from pathlib import Path
 from typing import TextIO
 
 from ..binlog import constants as C
 from ..binlog.events import BinlogFormatError, FormatDescription
 from ..binlog.reader import ScannedEvent, ScannedGroup, ScanResult, scan_file
+from ..relay import closed_files
+from ..relay.conversion import keyring_from_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,9 +21,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per file per line")
     parser.add_argument("--summary", action="store_true", help="human output without the per-event listing")
     parser.add_argument("--no-verify", action="store_true", help="do not verify CRC32 checksums")
+    parser.add_argument("--encryption-key-file", metavar="PATH",
+                        help="keys of encrypted relay files ('<id>:<64 hex digits>' a line; encrypt_at_rest)")
+    parser.add_argument("--encryption-key-env", metavar="VAR", help="environment variable holding those keys")
 
 
 def run(args: argparse.Namespace) -> int:
+    global _keyring
+    try:
+        _keyring = keyring_from_config(args)
+    except ValueError as exc:
+        print(f"relayproxy inspect: {exc}", file=sys.stderr)
+        return 2
     all_ok = True
     for path in args.files:
         if args.json:
@@ -32,11 +44,23 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all_ok else 1
 
 
+_keyring = None  # from --encryption-key-file / --encryption-key-env
+
+
 def _scan(path: str, verify: bool, **callbacks) -> ScanResult:
+    """Scan a binlog or relay file: a relay file compressed, encrypted (``NAME.rpz``) or archived is read as its
+    logical bytes (``relay/closed_files.py``), given as ``DIR/NAME`` or ``DIR/NAME.rpz``."""
     try:
-        return scan_file(path, verify_checksums=verify, **callbacks)
+        target = Path(path)
+        if target.name.endswith(closed_files.SUFFIX):
+            target = target.with_name(closed_files.logical_name(target.name))
+        if closed_files.locate(target) is None or closed_files.locate(target) == target:
+            return scan_file(path, verify_checksums=verify, **callbacks)
+        return closed_files.scan(target, keyring=_keyring, verify_checksums=verify, **callbacks)
     except OSError as exc:
         return ScanResult(path=path, error=f"cannot read file: {exc.strerror or exc}")
+    except closed_files.StoredFileError as exc:
+        return ScanResult(path=path, error=f"cannot read file: {exc}")
 
 
 def format_gtid(gtid) -> str | None:

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from ..log import get_logger
+from ..relay.master_variables import MasterVariablesFile
 from ..relay.readonly import (  # noqa: F401  (re-exported: the command's read-only store)
     ReadOnlyBinlogDir,
     ReadOnlyStoreError,
@@ -69,7 +70,6 @@ from ..relay.readonly import (  # noqa: F401  (re-exported: the command's read-o
     ServeOptions,
     list_binlog_files,
 )
-from ..relay.master_variables import MasterVariablesFile
 from ..upstream.receiver import ReceiverCounters
 from ..upstream.session import UpstreamStatus
 from . import config
@@ -231,8 +231,14 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
     """Serve ``options.binlog_dir`` on ``cfg.listen`` until SIGTERM/SIGINT, ``stop()`` or cancellation."""
     from ..ops.http import DEFAULT_HTTP_MAX_CONNECTIONS, HttpApi
     from ..ops.status import relay_status
+    from ..relay import closed_files
+    from ..relay.conversion import keyring_from_config
     from .run import RelayStartupError, _downstream_server
 
+    try:  # closed files of a relay directory may be encrypted (encryption_key_file / encryption_key_env)
+        closed_files.configure(options.binlog_dir, keyring=keyring_from_config(cfg))
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
     store = await asyncio.to_thread(ReadOnlyBinlogDir.open, options)
     if cfg.values.get("server_id") is None:
         # As their master: the server id the files were written with (a replica refuses its own id).

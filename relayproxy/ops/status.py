@@ -107,6 +107,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     }
     if fsync is not None:
         doc.update(fsync.summary())
+    storage = getattr(session, "storage", None)  # run.py's StorageTask, when closed files are converted/archived
+    if storage is not None:
+        doc["storage"] = {"form": storage.opts.describe(), **storage.stats.as_dict()}  # key ids only, never keys
     retention = getattr(session, "retention", None)  # run.py's RetentionTask, when a retention_* limit is set
     if retention is not None:
         doc["retention"] = retention.stats.as_dict()

@@ -81,6 +81,20 @@ def parse_archive_after(value: Any) -> tuple[float | None, int | None]:
         raise ValueError(f"archive_after {value!r} is neither an age (7d, 12h, 3600s) nor a count ('20 files')") from None
 
 
+def keyring_from_config(cfg) -> Keyring | None:
+    """The keyring named by ``encryption_key_file`` / ``encryption_key_env`` (None when neither is set)."""
+    path = getattr(cfg, "encryption_key_file", None)
+    env = getattr(cfg, "encryption_key_env", None)
+    current = getattr(cfg, "encryption_key_id", None)
+    if path and env:
+        raise ValueError("set encryption_key_file or encryption_key_env, not both")
+    if path:
+        return Keyring.from_file(path, current)
+    if env:
+        return Keyring.from_env(env, current)
+    return None
+
+
 @dataclass(frozen=True)
 class StorageOptions:
     """How closed relay files are stored (``commands/config.py`` builds it from the options)."""
@@ -105,6 +119,22 @@ class StorageOptions:
             raise ValueError(f"frame size {self.frame_size} is out of range")
         if self.archive_dir is not None and self.archive_after_seconds is None and self.archive_after_files is None:
             raise ValueError("archive_dir is set but archive_after is not (an age like 7d, or '20 files')")
+
+    @classmethod
+    def from_config(cls, cfg) -> "StorageOptions":
+        """From the relay options (``commands/config.py``); ValueError names the option at fault."""
+        keyring = keyring_from_config(cfg)
+        seconds, files = parse_archive_after(getattr(cfg, "archive_after", None))
+        archive = getattr(cfg, "archive_dir", None)
+        return cls(
+            compress=getattr(cfg, "compress_closed", None) or "off",
+            level=getattr(cfg, "compress_level", None) or 3,
+            encrypt=bool(getattr(cfg, "encrypt_at_rest", False)),
+            keyring=keyring,
+            archive_dir=Path(archive) if archive else None,
+            archive_after_seconds=seconds,
+            archive_after_files=files,
+        )
 
     @property
     def converts(self) -> bool:
