@@ -3,6 +3,7 @@ steps, their crash safety (kill -9 at every step), and the relay's readers going
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -373,3 +374,43 @@ def test_kill_9_at_every_step_loses_nothing_and_serves_no_half_file(tmp_path, ac
                 assert not f.is_plain and f.read(0, f.size()) == files["bin.000002"]
     finally:
         CF._keyrings.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# serve and inspect read a converted, archived relay directory
+
+
+def test_serve_and_inspect_read_converted_and_archived_files(tmp_path):
+    from relayproxy.relay.readonly import ReadOnlyBinlogDir, ServeError, ServeOptions
+
+    d, files = make_relay(tmp_path)
+    archive = tmp_path / "archive"
+    CF.configure(d, keyring=RING)
+    try:
+        with RelayStore.open(d) as store:
+            horizon = store.horizon.snapshot()
+            CV.run_pending(store, options(tmp_path, archive_dir=archive, archive_after_files=1))
+        served = ReadOnlyBinlogDir.open(ServeOptions(binlog_dir=d))
+        snap = served.horizon.snapshot()
+        assert served.files() == NAMES and (snap.file, snap.position, snap.gtids) == (
+            horizon.file, horizon.position, horizon.gtids)
+        assert [(i.name, i.size) for i in FileCatalog(served).files()] == [(n, len(files[n])) for n in NAMES]
+        CF.configure(d, keyring=None)
+        with pytest.raises(ServeError, match="no encryption key is configured"):
+            ReadOnlyBinlogDir.open(ServeOptions(binlog_dir=d))
+    finally:
+        CF._keyrings.clear()
+    env = dict(os.environ, RELAY_KEYS=f"{KEY1} {KEY2}")
+    for target in (archive / "bin.000001.rpz", d / "bin.000003", d / "bin.000003.rpz"):
+        proc = subprocess.run([sys.executable, "-m", "relayproxy.commands.cli", "inspect", "--json", str(target),
+                               "--encryption-key-env", "RELAY_KEYS"], env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        report = json.loads(proc.stdout)
+        name = CF.logical_name(target.name)
+        expected = scan_file_bytes(tmp_path, files[name])
+        assert (report["bytes"], report["events"]) == (expected.bytes, expected.events)
+        assert report["error"] is None and report["crc_errors"] == 0
+    proc = subprocess.run([sys.executable, "-m", "relayproxy.commands.cli", "inspect", "--json", str(d / "bin.000003")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "no encryption key is configured" in json.loads(proc.stdout)["error"]
