@@ -85,7 +85,7 @@ def oltp_files(workdir: Path, scale: float) -> tuple[list[Path], object]:
 
     from relayproxy.lab.sandbox import MariaDBSandbox
 
-    master = MariaDBSandbox(workdir / "master", extra_config={"max_binlog_size": 64 << 20})
+    master = MariaDBSandbox(workdir / "master", extra_config={"max_binlog_size": 16 << 20})
     master.start()
     master.execute("CREATE DATABASE w")
     began = time.monotonic()
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", help="corpus folder (default $RELAYPROXY_CORPUS or <repo>/../shared/corpus/binlogs)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--oltp-scale", type=float, default=0.5)
+    ap.add_argument("--oltp-scale", type=float, default=8.0)
     ap.add_argument("--quick", action="store_true", help="corpus only, one repeat, nothing written")
     ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     ap.add_argument("--output-dir", default=str(RESULTS_DIR))
