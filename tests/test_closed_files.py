@@ -414,3 +414,79 @@ def test_serve_and_inspect_read_converted_and_archived_files(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "relayproxy.commands.cli", "inspect", "--json", str(d / "bin.000003")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "no encryption key is configured" in json.loads(proc.stdout)["error"]
+
+
+def test_options_from_the_configuration(tmp_path, monkeypatch):
+    from relayproxy.commands import config
+
+    keyfile = tmp_path / "keys"
+    keyfile.write_text(f"{KEY1}\n{KEY2}\n")
+    cfg = config.load(None, {"RELAYPROXY_COMPRESS_CLOSED": "zstd", "RELAYPROXY_COMPRESS_LEVEL": "9",
+                             "RELAYPROXY_ENCRYPT_AT_REST": "on", "RELAYPROXY_ENCRYPTION_KEY_FILE": str(keyfile),
+                             "RELAYPROXY_ENCRYPTION_KEY_ID": "1", "RELAYPROXY_ARCHIVE_DIR": str(tmp_path / "a"),
+                             "RELAYPROXY_ARCHIVE_AFTER": "12 files"})
+    opts = CV.StorageOptions.from_config(cfg)
+    assert (opts.compress, opts.level, opts.encrypt, opts.keyring.current, opts.archive_after_files) == (
+        "zstd", 9, True, 1, 12)
+    assert "11" * 32 not in repr(opts) + opts.describe() + repr(cfg.public_dict())
+    aged = config.load(None, {"RELAYPROXY_ARCHIVE_DIR": "/x", "RELAYPROXY_ARCHIVE_AFTER": "7d"})
+    assert CV.StorageOptions.from_config(aged).archive_after_seconds == 7 * 86400
+    with pytest.raises(config.ConfigError, match="compress_level"):
+        config.load(None, {"RELAYPROXY_COMPRESS_LEVEL": "30"})
+    with pytest.raises(config.ConfigError, match="archive_after"):
+        config.load(None, {"RELAYPROXY_ARCHIVE_AFTER": "soon"})
+    with pytest.raises(ValueError, match="encrypt_at_rest = on needs a key"):
+        CV.StorageOptions.from_config(config.load(None, {"RELAYPROXY_ENCRYPT_AT_REST": "on"}))
+    with pytest.raises(ValueError, match="archive_dir is set but archive_after is not"):
+        CV.StorageOptions.from_config(config.load(None, {"RELAYPROXY_ARCHIVE_DIR": "/x"}))
+    with pytest.raises(ValueError, match="RELAY_NO_SUCH_VAR"):
+        CV.StorageOptions.from_config(config.load(None, {"RELAYPROXY_ENCRYPTION_KEY_ENV": "RELAY_NO_SUCH_VAR"}))
+    monkeypatch.setenv("RELAY_KEYS_X", KEY2)
+    ring = CV.StorageOptions.from_config(config.load(None, {"RELAYPROXY_ENCRYPTION_KEY_ENV": "RELAY_KEYS_X"})).keyring
+    assert ring.current == 2
+
+
+def test_changing_archive_dir_under_archived_files_is_refused(tmp_path):
+    d, _files = make_relay(tmp_path)
+    with RelayStore.open(d) as store:
+        CV.run_pending(store, CV.StorageOptions(archive_dir=tmp_path / "a1", archive_after_files=2))
+        with pytest.raises(CV.ConversionError, match="names .*a1, where relay files are archived already"):
+            CV.run_pending(store, CV.StorageOptions(archive_dir=tmp_path / "a2", archive_after_files=0))
+
+
+def test_the_dump_reader_serves_logical_bytes_and_refuses_a_damaged_frame(tmp_path):
+    import asyncio
+    import errno
+
+    from relayproxy.downstream.dump.files import _RelayFile
+
+    d, files = make_relay(tmp_path)
+    CF.configure(d, keyring=RING)
+    try:
+        with RelayStore.open(d) as store:
+            CV.run_pending(store, options(tmp_path))
+
+        async def read_all_pieces(name, piece):
+            rf = _RelayFile(name, d / name)
+            try:
+                out = bytearray()
+                while len(out) < rf.size():
+                    out += await rf.read(len(out), piece)
+                return bytes(out), rf.is_plain
+            finally:
+                rf.close()
+
+        for piece in (100, 64 << 10, 1 << 20):
+            assert asyncio.run(read_all_pieces("bin.000002", piece)) == (files["bin.000002"], False)
+        assert asyncio.run(read_all_pieces("bin.000004", 4096)) == (files["bin.000004"], True)
+        stored = d / "bin.000002.rpz"
+        raw = bytearray(stored.read_bytes())
+        with CF.open_stored(stored, name="bin.000002", keyring=RING) as f:
+            at = f.table[2][0]
+        raw[at + 3] ^= 1
+        stored.write_bytes(raw)
+        with pytest.raises(OSError) as info:
+            asyncio.run(read_all_pieces("bin.000002", 64 << 10))
+        assert info.value.errno == errno.EIO and "frame 2 (logical offsets 32768-49152" in str(info.value)
+    finally:
+        CF._keyrings.clear()

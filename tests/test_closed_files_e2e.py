@@ -16,6 +16,7 @@ from relayproxy.lab.harness import (
     change_master,
     free_port,
     prepare_master,
+    replica_status,
     wait_relay,
     wait_replica,
 )
@@ -148,8 +149,36 @@ def test_replicas_read_compressed_encrypted_archived_files(mariadb, tmp_path):
         status = relay.status()
         assert status["storage"]["converted"] >= 1 and status["storage"]["archived"] >= 1
         assert status["storage"]["failures"] == 0
+        # Disk bytes are the stored bytes (compressed, in both directories); replica lag uses logical offsets.
+        stored_total = sum(p.stat().st_size for p in [*relay_dir.iterdir(), *archive.iterdir()]
+                           if p.name in names or CF.logical_name(p.name) in names)
+        assert status["relay_disk_bytes"] == stored_total < sum(shown.values())
+        relay.wait_for(lambda st: [r.get("lag_bytes") for r in st["replicas"]] == [0, 0, 0], timeout=30,
+                       what="every replica 0 bytes behind")
         text = json.dumps(status) + relay.log_tail(100000)
         assert KEY_HEX not in text and "a1" * 32 not in text  # the keys are never logged nor shown
+
+        # A damaged frame: named in the relay's log (file, frame) and never sent; a replica that needs it stops
+        # with an I/O error, as from a master whose binlog cannot be read.
+        victim = archived[1]
+        stored_path = archive / (victim + CF.SUFFIX)
+        raw = bytearray(stored_path.read_bytes())
+        raw[len(raw) // 3] ^= 0x10
+        stored_path.write_bytes(raw)
+        damaged = mariadb("damaged", server_id=6)
+        change_master(damaged, listen, file="master-bin.000001", pos=4)
+        damaged.execute("START SLAVE")
+        deadline = time.monotonic() + 60
+        status = {}
+        while time.monotonic() < deadline:
+            status = replica_status(damaged)
+            if status.get("Last_IO_Errno"):
+                break
+            time.sleep(0.2)
+        assert int(status.get("Last_IO_Errno") or 0) == 1236, status
+        assert status["Master_Log_File"] <= victim  # nothing of the damaged file or after it was applied
+        tail = relay.log_tail(100000)
+        assert "relay file cannot be read back whole: not served" in tail and victim in tail and "frame" in tail
     finally:
         CF.configure(relay_dir, keyring=None)
         relay.stop()

@@ -149,15 +149,17 @@ def _error_kinds() -> tuple[str, ...]:
 
 def _disk_usage(store, names: list[str]) -> dict[str, Any]:
     """Sizes of the relay files (stat only), the oldest file's age and the file system's free space."""
-    sizes: dict[str, int] = {}
+    sizes: dict[str, int] = {}  # logical sizes (the master's offsets: replica lag in bytes)
+    stored = 0  # bytes on disk (compressed, encrypted, archived: relay_disk_bytes)
     oldest = oldest_age = None
     now = time.time()
     for name in names:
         try:
-            st = closed_files.stored_stat(store.path(name))  # stored bytes (compressed, archived)
-        except (OSError, KeyError):
+            st, logical = closed_files.stat_logical(store.path(name))
+        except (OSError, KeyError, closed_files.StoredFileError):
             continue  # purged between files() and here
-        sizes[name] = st.st_size
+        sizes[name] = logical
+        stored += st.st_size
         if oldest is None:
             oldest, oldest_age = name, max(now - st.st_mtime, 0.0)
     fs_free = fs_size = None
@@ -171,7 +173,7 @@ def _disk_usage(store, names: list[str]) -> dict[str, Any]:
             fs_free, fs_size = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
     return {
         "sizes": sizes,
-        "bytes": sum(sizes.values()),
+        "bytes": stored,
         "fs_free": fs_free,
         "fs_size": fs_size,
         "oldest": oldest,

@@ -237,6 +237,31 @@ def stored_stat(path) -> os.stat_result:
     raise FileNotFoundError(2, "relay file not found in the relay or archive directory", os.fspath(path))
 
 
+_logical_sizes: dict[tuple, int] = {}
+
+
+def stat_logical(path) -> tuple[os.stat_result, int]:
+    """(``os.stat`` of the stored file, logical size): a stat, plus one header read per converted file
+    (cached by its path, size and mtime). FileNotFoundError when in no place."""
+    for candidate in candidates(path):
+        try:
+            st = os.stat(candidate)
+        except FileNotFoundError:
+            continue
+        if not is_framed(candidate):
+            return st, st.st_size
+        key = (os.fspath(candidate), st.st_size, st.st_mtime_ns)
+        size = _logical_sizes.get(key)
+        if size is None:
+            with open(candidate, "rb") as f:
+                size = _parse_fixed(f.read(_FIXED.size), os.fspath(candidate))["logical_size"]
+            if len(_logical_sizes) > 4096:
+                _logical_sizes.clear()
+            _logical_sizes[key] = size
+        return st, size
+    raise FileNotFoundError(2, "relay file not found in the relay or archive directory", os.fspath(path))
+
+
 def exists(path) -> bool:
     return locate(path) is not None
 
