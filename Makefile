@@ -22,13 +22,14 @@ FIND_PYTHON := for p in python3.13 python3.12 python3.11 python3; do \
 	  then command -v $$p; break; fi; \
 	done
 
-.PHONY: help setup system-packages python-env demo test lint clean
+.PHONY: help setup system-packages python-env demo test lint clean bench
 
 help:
 	@echo "make demo    set up, then run relayproxy demo: master, relay, replicas; a master crash mid-transaction"
 	@echo "make test    set up, then run every test (unit, corpus and real-server tests) with pytest"
 	@echo "make setup   install mariadb-server, python3-venv, a JRE and docker-compose with apt if missing, create .venv, install relayproxy"
 	@echo "make lint    byte-compile everything; ruff too if it is installed in .venv"
+	@echo "make bench   re-run every benchmark on this checkout and rewrite benchmarks/results/ (takes long; not part of make test)"
 	@echo "make clean   remove caches and build output (keeps .venv)"
 
 setup: python-env
@@ -89,6 +90,20 @@ lint: setup
 	$(PY) -m compileall -q relayproxy tests
 	@if $(PY) -m ruff --version >/dev/null 2>&1; then $(PY) -m ruff check relayproxy tests; \
 	else echo "ruff is not installed in $(VENV) ($(PY) -m pip install ruff); ran compileall only"; fi
+
+# Every benchmark with its defaults, on the current checkout; each rewrites its own part of benchmarks/results/
+# and records the commit and whether the code was clean. Long (the soak alone runs 10 minutes); not in `make test`.
+# Spark reads the recorded streams of benchmarks/workloads.py (written first, into benchmarks/data/streams).
+BENCH_PY := $(PY) -u
+bench: setup
+	$(BENCH_PY) benchmarks/parse_cost.py
+	$(BENCH_PY) benchmarks/workloads.py
+	$(BENCH_PY) benchmarks/spark_parse_cost.py
+	$(BENCH_PY) benchmarks/relay_catchup.py
+	$(BENCH_PY) benchmarks/failover_time.py
+	$(BENCH_PY) benchmarks/fanout.py
+	$(BENCH_PY) benchmarks/soak.py --minutes 10 --seed 1 --fuzz-inputs 100000 --output benchmarks/results/soak.md
+	@echo "make bench: every results file under benchmarks/results/ rewritten; git diff benchmarks/results/ shows what moved"
 
 clean:
 	rm -rf build dist .pytest_cache .hypothesis

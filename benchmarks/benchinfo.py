@@ -137,3 +137,75 @@ def pyplot():
 def machine_section(machine: dict[str, str]) -> list[str]:
     """The "## Machine" section every results file ends with (markdown lines)."""
     return ["## Machine", "", *(f"- {k}: {v}" for k, v in machine.items()), ""]
+
+
+# -- repeats, order alternation, median and range ---------------------------------------------------------------
+
+MIN_RUNS = 3  # every headline figure is the median of at least this many runs
+
+
+def alternating_orders(runs: int, names: list[str] | tuple[str, ...]) -> list[list[str]]:
+    """The order of the contestants in each run: as given in even runs, reversed in odd ones, so that neither the
+    relay nor its peer always runs first (warm caches, a neighbour's load, thermal state)."""
+    names = list(names)
+    return [names if i % 2 == 0 else names[::-1] for i in range(runs)]
+
+
+def run_alternating(runs: int, names, run_one) -> list[dict]:
+    """Call ``run_one(order, run_index)`` ``runs`` times with ``alternating_orders``; returns what each call returned
+    (a dict of figures), each with ``"order"`` (the names joined by " then ") added."""
+    out = []
+    for i, order in enumerate(alternating_orders(runs, names)):
+        result = dict(run_one(order, i))
+        result["order"] = " then ".join(order)
+        out.append(result)
+    return out
+
+
+def median_range(values) -> tuple[float, float, float]:
+    """(median, min, max) of the values."""
+    values = sorted(float(v) for v in values)
+    if not values:
+        raise ValueError("no values")
+    n = len(values)
+    mid = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+    return mid, values[0], values[-1]
+
+
+def fmt_median_range(values, fmt: str = "{:.1f}", unit: str = "") -> str:
+    """"40.5x (range 38.1x - 41.2x, 3 runs)": the median and the range of the runs."""
+    med, lo, hi = median_range(values)
+    f = lambda v: fmt.format(v) + unit  # noqa: E731
+    return f"{f(med)} (range {f(lo)} - {f(hi)}, {len(list(values))} runs)"
+
+
+def verdict(values, target: float, *, higher_is_better: bool = True) -> str:
+    """Whether the median meets ``target``: "met", "MISSED", or either with "within noise" when the runs' range
+    straddles the target (the run-to-run spread is larger than the margin, so another run could say the
+    opposite)."""
+    med, lo, hi = median_range(values)
+    met = med >= target if higher_is_better else med <= target
+    straddles = lo < target <= hi if higher_is_better else lo <= target < hi
+    word = "met" if met else "MISSED"
+    return f"{word}, within noise (the runs range from {lo:.4g} to {hi:.4g} around the target)" if straddles else word
+
+
+def header_block(script, argv: list[str], machine: dict[str, str], *, runs: int, what: str = "") -> list[str]:
+    """The block every results file starts with (markdown lines): the exact command, the commit and whether the
+    code was clean, the machine in one line, and how many runs with the order alternated."""
+    commit = machine.get("relayproxy commit", "unknown")
+    clean = "clean (no uncommitted code changes)" if "uncommitted" not in commit else "DIRTY: " + commit.split(" + ", 1)[1]
+    return [
+        "Produced by (from the repository root):",
+        "",
+        "```",
+        command_line(script, argv),
+        "```",
+        "",
+        f"- commit: {commit.split(' + ', 1)[0]}; tree: {clean}",
+        f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, kernel {machine.get('kernel', '?')}, "
+        f"Python {machine.get('python', '?')}; {machine.get('date', '')}",
+        f"- repeats: {runs} runs, the order of relay and peer alternated between runs{'; ' + what if what else ''}; "
+        "figures are the median with the range (min - max) of the runs",
+        "",
+    ]

@@ -65,6 +65,14 @@ def _use_json(fmt: str) -> bool:
     return fmt == "json"
 
 
+_settings = {"format": "json", "level": "info"}  # as configure_logging() last resolved them
+
+
+def logging_settings() -> dict[str, str]:
+    """The format (json or console) and level in force: what a sender process is started with."""
+    return dict(_settings)
+
+
 def configure_logging(fmt: str = "auto", level: str | int = "info") -> None:
     """Send all logs (ours and the stdlib's) to stderr: JSON lines when fmt is json or stderr is not a terminal.
 
@@ -72,6 +80,8 @@ def configure_logging(fmt: str = "auto", level: str | int = "info") -> None:
     """
     level_no = _parse_level(level)
     use_json = _use_json(fmt)
+    _settings["format"] = "json" if use_json else "console"
+    _settings["level"] = logging.getLevelName(level_no).lower()
 
     # Run for structlog loggers before the record reaches the stdlib, and for stdlib records in the formatter.
     shared: list[Any] = [

@@ -213,12 +213,46 @@ class BinlogIndex:
         return self.files[-1].gtids_after()
 
 
-def _purged_message(gtids: GtidSet, missing: GtidSet) -> str:
+def _gtid_numbers(gtids: GtidSet) -> dict[tuple[str, str], set[int]]:
+    """Every GTID of a set as ``(uuid, tag) -> {gno, ...}``, read from its intervals (small test sets only)."""
+    out: dict[tuple[str, str], set[int]] = {}
+    for uuid, tag, start, end in gtids.intervals():
+        out.setdefault((uuid, tag), set()).update(range(start, end + 1))
+    return out
+
+
+def _gtid_text(numbers: dict[tuple[str, str], set[int]]) -> str:
+    """MySQL's text of a set given as ``(uuid, tag) -> {gno, ...}``: runs of consecutive numbers as ``a-b``."""
+    parts: dict[str, list[str]] = {}
+    for (uuid, tag), gnos in sorted(numbers.items()):
+        if not gnos:
+            continue
+        runs, ordered = [], sorted(gnos)
+        first = prev = ordered[0]
+        for n in ordered[1:] + [None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            runs.append(f"{first}" if first == prev else f"{first}-{prev}")
+            if n is not None:
+                first = prev = n
+        parts.setdefault(uuid, []).append((f"{tag}:" if tag else "") + ":".join(runs))
+    return ",".join(f"{uuid}:{':'.join(pieces)}" for uuid, pieces in parts.items())
+
+
+def missing_gtids(needed: GtidSet, have: GtidSet) -> str:
+    """The text of ``needed`` minus ``have``, computed here with Python sets of numbers, not with relayproxy's
+    ``GtidSet.subtract``: the scripted master's answer stays independent of the code the relay runs."""
+    mine, theirs = _gtid_numbers(needed), _gtid_numbers(have)
+    return _gtid_text({key: gnos - theirs.get(key, set()) for key, gnos in mine.items()})
+
+
+def _purged_message(gtids: GtidSet, missing: str) -> str:
     return (
         "Cannot replicate because the source purged required binary logs. Replicate the missing transactions "
         "from elsewhere, or provision a new replica from backup. Consider increasing the source's binary log "
-        f"expiration period. The GTID set sent by the replica is '{gtids.format(',')}', and the missing "
-        f"transactions are '{missing.format(',')}'"
+        f"expiration period. The GTID set sent by the replica is '{_gtid_text(_gtid_numbers(gtids))}', and the "
+        f"missing transactions are '{missing}'"
     )
 
 
@@ -286,7 +320,7 @@ class DumpCursor:
                 "account for transactions that have been committed on master but are not included in GTID_EXECUTED.",
             )
         # gtid_purged must be in the replica's set (the 5.6.22 fix, Bug #19012085), before the file search.
-        missing = self.index.gtid_purged().subtract(gtids)
+        missing = missing_gtids(self.index.gtid_purged(), gtids)
         if missing:
             raise DumpError(ER_MASTER_FATAL_ERROR_READING_BINLOG, _purged_message(gtids, missing))
         # find_first_log_not_in_gtid_set: newest -> oldest, the first whose PREVIOUS_GTIDS is a subset.
@@ -300,7 +334,7 @@ class DumpCursor:
                 )
             if prev.is_subset(gtids):
                 return i
-        missing = self.index.files[0].previous_gtids.subtract(gtids)
+        missing = missing_gtids(self.index.files[0].previous_gtids, gtids)
         raise DumpError(ER_MASTER_FATAL_ERROR_READING_BINLOG, _purged_message(gtids, missing))
 
     def take(self) -> list[SentEvent]:

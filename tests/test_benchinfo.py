@@ -103,3 +103,28 @@ def test_not_a_repository_is_an_error_not_a_clean_tree(tmp_path):
 
 def test_machine_info_records_commit_info():
     assert benchinfo.machine_info()["relayproxy commit"] == benchinfo.commit_info()
+
+
+def test_alternating_orders_and_median_range():
+
+    assert benchinfo.alternating_orders(3, ["relay", "peer"]) == [["relay", "peer"], ["peer", "relay"], ["relay", "peer"]]
+    seen = benchinfo.run_alternating(4, ["a", "b"], lambda order, i: {"first": order[0], "i": i})
+    assert [r["first"] for r in seen] == ["a", "b", "a", "b"] and seen[1]["order"] == "b then a"
+    assert benchinfo.median_range([3, 1, 2]) == (2, 1, 3)
+    assert benchinfo.median_range([4, 1, 2, 3]) == (2.5, 1, 4)
+    assert benchinfo.fmt_median_range([40.5, 38.1, 41.2], "{:.1f}", "x") == "40.5x (range 38.1x - 41.2x, 3 runs)"
+    assert benchinfo.verdict([40.5, 38.1, 41.2], 40).startswith("met, within noise")
+    assert benchinfo.verdict([38.5, 38.1, 40.2], 40).startswith("MISSED, within noise")
+    assert benchinfo.verdict([45, 44, 46], 40) == "met" and benchinfo.verdict([35, 34, 36], 40) == "MISSED"
+    assert benchinfo.verdict([300, 290, 310], 500, higher_is_better=False) == "met"
+    assert benchinfo.verdict([480, 450, 520], 500, higher_is_better=False).startswith("met, within noise")
+
+
+def test_header_block_names_commit_cleanliness_and_repeats():
+
+    machine = {"cpu": "X", "cores": "2", "kernel": "k", "python": "3.11", "date": "d", "relayproxy commit": "abc1234"}
+    text = "\n".join(benchinfo.header_block("benchmarks/parse_cost.py", ["--json"], machine, runs=3))
+    assert "commit: abc1234; tree: clean" in text and "3 runs" in text and "parse_cost.py --json" in text
+    machine["relayproxy commit"] = "abc1234 + uncommitted changes to code: relayproxy/x.py"
+    text = "\n".join(benchinfo.header_block("benchmarks/parse_cost.py", [], machine, runs=3))
+    assert "tree: DIRTY: uncommitted changes to code: relayproxy/x.py" in text

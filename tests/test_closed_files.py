@@ -490,3 +490,26 @@ def test_the_dump_reader_serves_logical_bytes_and_refuses_a_damaged_frame(tmp_pa
         assert info.value.errno == errno.EIO and "frame 2 (logical offsets 32768-49152" in str(info.value)
     finally:
         CF._keyrings.clear()
+
+
+def test_file_indexes_describe_converted_and_archived_files_and_stay(tmp_path):
+    from relayproxy.relay import fileindex
+
+    d, files = make_relay(tmp_path)
+    archive = tmp_path / "archive"
+    CF.configure(d, keyring=RING)
+    try:
+        before = {}
+        with RelayStore.open(d) as store:
+            for name in NAMES[:-1]:
+                before[name] = fileindex.index_for(d, name, writable=True)
+            CV.run_pending(store, options(tmp_path, archive_dir=archive, archive_after_files=1))
+        assert fileindex.clean_leftovers(d) == []  # the indexes of converted and archived files are not stale
+        for name in NAMES[:-1]:
+            idx, why = fileindex.load(d, name)
+            assert why is None and idx.encode() == before[name].encode(), name
+            assert fileindex.verify_content(idx, d / name) is None
+            rebuilt = fileindex.build(d / name, name)
+            assert rebuilt.encode() == idx.encode()
+    finally:
+        CF._keyrings.clear()

@@ -55,10 +55,14 @@ def uuid_of(sid: bytes) -> str:
 
 
 class FakeChannel:
-    """Collects payloads; ``send_stream`` reassembles streamed payloads and records piece sizes."""
+    """Collects payloads; ``send_stream`` reassembles streamed payloads and records piece sizes;
+    ``send_packets`` unframes a shared chunk, checking its packet headers and sequence ids (``shared=False``
+    leaves it out: the sender then goes event by event)."""
 
-    def __init__(self, *, streaming: bool = True, fail_after: int | None = None):
+    def __init__(self, *, streaming: bool = True, fail_after: int | None = None, shared: bool = True):
         self.payloads: list[bytes] = []
+        self.chunks_sent = 0
+        self._seq = 0
         self.stream_pieces: list[list[int]] = []
         self._closed = False
         self._incoming: asyncio.Queue = asyncio.Queue()
@@ -66,6 +70,8 @@ class FakeChannel:
         self._fail_after = fail_after
         if not streaming:
             self.send_stream = None
+        if not shared:
+            self.send_packets = None
 
     @property
     def closed(self) -> bool:
@@ -79,6 +85,20 @@ class FakeChannel:
             raise ConnectionResetError("connection reset by peer")
         self.payloads.append(bytes(payload))
         self._changed.set()
+
+    async def send_packets(self, chunk) -> None:
+        first = self._seq
+        data, self._seq = chunk.frame_for(first)
+        at, seq = 0, first
+        while at < len(data):
+            length = int.from_bytes(data[at : at + 3], "little")
+            assert data[at + 3] == seq, f"packet {seq} numbered {data[at + 3]}"
+            assert 0 < length < 0xFFFFFF
+            seq = (seq + 1) & 0xFF
+            await self.send(bytes(data[at + 4 : at + 4 + length]))
+            at += 4 + length
+        assert at == len(data) and seq == self._seq
+        self.chunks_sent += 1
 
     async def send_stream(self, total: int, chunks) -> None:
         pieces = [bytes(c) async for c in chunks]

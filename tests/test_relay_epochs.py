@@ -177,7 +177,8 @@ def test_without_an_epochs_file_names_map_identically_and_files_are_unchanged(tm
     assert store.current_upstream_file == "binlog.000004"
     assert receiver.counters.fillers == 0
     store.close()
-    assert sorted(os.listdir(tmp_path / "relay")) == ["binlog.000004", "relayproxy.durable", "relayproxy.index"]
+    assert sorted(os.listdir(tmp_path / "relay")) == [
+        "binlog.000004", "relayproxy.checkpoint", "relayproxy.durable", "relayproxy.index"]  # no relayproxy.epochs
     reopened = RelayStore.open(tmp_path / "relay")
     assert reopened.epochs.implicit and reopened.recovery.warnings == []
     reopened.close()

@@ -1,13 +1,21 @@
 """Issue 5, scenario 4: crash safety of the relay with a real MariaDB master and a MariaDB replica through it.
 
+- side by side (issue 16): a direct MariaDB replica with relay_log_recovery=1 (its SQL thread lagging) and the relay,
+  kill -9 at the same moment mid a 12 MB transaction: the direct replica throws away every relay-log byte its SQL
+  thread had not applied and downloads it again from the master; the relay keeps every complete transaction it had
+  (a byte-identical prefix of the master's files) and fetches only the unfinished one again;
 - kill -9 of the relay at random points (under load, right after a restart, while the replica's dump catches up);
-- a simulated OS crash: the relay is frozen (SIGSTOP), killed, and its files are cut to what an OS crash could
-  leave (never below what was fsynced: the durable mark the store writes after each fsync says how much), with
-  garbage appended; also at a rotation boundary (file N closed, file N+1 with only its header, or N+1 created but
+- debris after a crash: the relay is frozen (SIGSTOP), killed, and its newest file cut to a random length at or past
+  the store's own durable mark, with garbage appended (recovery must cut debris, keep the rest); also at a rotation
+  boundary (file N closed, file N+1 with only its header, or N+1 created but
   not yet listed, or gone);
 - a full disk (a 16 MB tmpfs as the relay directory): the relay stops receiving with a clear error, keeps serving
   what is durable to a connected replica, retries, and resumes by itself when space returns; ENOSPC / EIO at
   every write and fsync of the store (no server) loses nothing.
+
+These debris tests trust the store's mark to say what was fsynced, so a store that wrote its mark before the
+fsync would pass them; the OS crash that drops unsynced data without trusting the store is
+tests/test_crash_simulation.py (relayproxy/lab/crashfs.py), which such a store fails.
 
 In every case the replica through the relay ends equal to the master row by row (CHECKSUM TABLE, exact row counts
 on tables with primary keys and unique ids) and the relay's files equal the master's. Random points come from
@@ -134,6 +142,144 @@ def _final_checks(master, relay, replica, *, writer=None) -> None:
         counts = [server.execute(f"SELECT COUNT(*) FROM {table}")[0][0] for server in (master, replica)]
         sums = [server.execute(f"CHECKSUM TABLE {table}")[0][1] for server in (master, replica)]
         print(f"  {table:18} {counts[0]:<12} {counts[1]:<13} {sums[0]:<16} {sums[1]}")
+
+
+# -- side by side: a direct replica with relay_log_recovery=1 and the relay, killed at the same moment ---------------
+
+
+def _relay_logs(server) -> dict[str, int]:
+    """The replica's relay-log files on disk and their sizes."""
+    return {p.name: p.stat().st_size for p in sorted(server.datadir.glob("relay-bin.[0-9]*"))}
+
+
+def _master_distance(master, a: tuple[str, int], b: tuple[str, int]) -> int:
+    """Bytes of the master's binlog from coordinates ``a`` to ``b`` (b >= a), across rotations."""
+    if b <= a:
+        return 0
+    sizes = {p.name: p.stat().st_size for p in master.binlog_files()}
+    names = sorted(sizes)
+    if a[0] == b[0]:
+        return b[1] - a[1]
+    total = sizes[a[0]] - a[1]
+    for name in names[names.index(a[0]) + 1 : names.index(b[0])]:
+        total += sizes[name]
+    return total + b[1]
+
+
+def _prefix_digests(relay_dir: Path) -> dict[str, bytes]:
+    return {name: (relay_dir / name).read_bytes() for name in R.read_index(relay_dir)}
+
+
+@pytest.mark.server
+def test_side_by_side_kill9_direct_replica_with_relay_log_recovery_and_relay(mariadb, relays):
+    """The usual stack and the relay, killed at the same moment mid-load, mid a 12 MB transaction, after the direct
+    replica's SQL thread lagged (its IO thread kept receiving): a direct MariaDB replica (GTID, relay_log_recovery=1)
+    throws away every relay-log byte its SQL thread had not applied and downloads it again from the master; the relay
+    keeps its files up to its durable horizon (a byte-identical prefix of the master's files) and fetches only the cut
+    tail. Both end equal to the master: CHECKSUM TABLE, every Writer transaction and every big row exactly once."""
+    master = mariadb("master")
+    prepare_master(master)
+    master.execute("CREATE DATABASE app")
+    master.execute("CREATE TABLE app.big (id INT PRIMARY KEY, b LONGTEXT) ENGINE=InnoDB")
+    relay = relays("relay", master.port, gtid_mode="mariadb")
+    behind = _start_replica(mariadb, relay, gtid=True)
+    direct = mariadb("direct", server_id=4, extra_config={"relay_log_recovery": 1, "relay_log_purge": 1})
+    change_master(direct, master.port, file=None)
+    direct.execute("START SLAVE")
+    with Writer(master, rotate_every=200) as writer:
+        time.sleep(1.0)
+        wait_replica(direct, master)
+        # The direct replica lags: its SQL thread stops (a long query, a slow apply), its IO thread goes on receiving.
+        direct.execute("STOP SLAVE SQL_THREAD")
+        time.sleep(2.0)
+        d_status = replica_status(direct)  # its SQL thread is stopped: "applied" stays put until the kill
+        d_logs = _relay_logs(direct)
+        r_status = relay.status()
+        _start_big_transaction_and_wait_for_its_tail(master, relay, 1)
+        # Both at the same moment, while the big transaction streams (SIGKILL to both, then reap).
+        os.kill(direct.pid, signal.SIGKILL)
+        relay.proc.send_signal(signal.SIGKILL)
+        direct.kill()
+        relay.kill9()
+        master_at_kill = master_status(master)
+        r_mark, _ = R.read_durable_mark(relay.relay_dir)
+        r_on_disk = _prefix_digests(relay.relay_dir)  # what the killed relay left (kill -9 keeps written bytes)
+        names = R.read_index(relay.relay_dir)
+        plan = R.plan_recovery(relay.relay_dir, names, epochs=R.read_epochs(relay.relay_dir), mark=r_mark)
+        kept = (plan.tail.name, plan.tail.end)  # what recovery will keep (the plan only reads)
+        d_on_disk = _relay_logs(direct)
+
+        since = _log_size(relay)
+        relay.start()
+        direct.start()
+        d_after = replica_status(direct)  # before START SLAVE: what relay_log_recovery made of the relay logs
+        d_logs_after = _relay_logs(direct)
+        direct.execute("START SLAVE")
+        r_after = relay.status()
+        time.sleep(1.0)
+    for thread in _big_threads:
+        thread.join(60)
+    _big_threads.clear()
+
+    # The direct replica: what it had received, what it had applied, what relay_log_recovery kept.
+    received = _coords(d_status["Master_Log_File"], d_status["Read_Master_Log_Pos"])  # before the big transaction
+    applied = _coords(d_status["Relay_Master_Log_File"], d_status["Exec_Master_Log_Pos"])
+    restart_from = _coords(d_after["Master_Log_File"], d_after["Read_Master_Log_Pos"])
+    d_bytes_before, d_bytes_after = sum(d_on_disk.values()), sum(d_logs_after.values())
+    d_big_part = d_on_disk[max(d_on_disk)] - d_logs.get(max(d_on_disk), 0)  # what it had of the big transaction
+    complete_thrown_away = _master_distance(master, restart_from, received)  # whole transactions, never applied
+    thrown_away = complete_thrown_away + d_big_part
+    # The relay: its horizon before the kill, what recovery kept, what it must fetch again.
+    horizon_before = _coords(r_status["master_log_file"], r_status["read_master_log_pos"])
+    horizon_after = _coords(r_after["master_log_file"], r_after["read_master_log_pos"])
+    newest = names[-1]
+    r_received = (newest, len(r_on_disk[newest]))
+    r_refetch = _master_distance(master, kept, r_received)
+    reports = _recovery_reports(relay, since)
+    print(f"\nkilled both at master {master_at_kill[0]}:{master_at_kill[1]}, mid a {BIG_ROWS * BIG_ROW_BYTES >> 20} MB "
+          f"transaction\n"
+          f"direct replica (relay_log_recovery=1): received up to {received[0]}:{received[1]}, applied up to "
+          f"{applied[0]}:{applied[1]} before the big transaction, then {d_big_part} bytes of it; relay logs at the kill "
+          f"{d_on_disk} ({d_bytes_before} bytes)\n"
+          f"  after restart: IO thread restarts from {restart_from[0]}:{restart_from[1]} (Relay_Log_File "
+          f"{d_after['Relay_Log_File']} Relay_Log_Pos {d_after['Relay_Log_Pos']}), relay logs {d_logs_after} "
+          f"({d_bytes_after} bytes, the old ones no longer read): {thrown_away} bytes of the master's binlog thrown "
+          f"away and downloaded again: {complete_thrown_away} of complete transactions, {d_big_part} of the big one\n"
+          f"relay: horizon {horizon_before[0]}:{horizon_before[1]} before the kill, durable mark "
+          f"{r_mark.file}:{r_mark.position}, {r_received[1]} bytes of {newest} on disk; recovery keeps {kept[0]}:{kept[1]} "
+          f"({reports[0] if reports else '?'}), a moment after restart the horizon is {horizon_after[0]}:"
+          f"{horizon_after[1]}: fetches {r_refetch} bytes again, all of the unfinished big transaction; 0 bytes of complete transactions")
+
+    # Properties of the usual stack (MariaDB's documented relay_log_recovery behaviour): the relay logs it had are
+    # not read again (its SQL thread starts in a new relay log at 4), and its IO thread restarts from what the SQL
+    # thread had applied, not from what it had received.
+    assert d_after["Relay_Log_File"] not in d_on_disk and int(d_after["Relay_Log_Pos"]) == 4, d_after
+    assert restart_from == applied < received, (restart_from, applied, received)
+    assert complete_thrown_away > 0, "the lagging direct replica threw nothing away: the comparison shows nothing"
+    # Properties of the relay: nothing durable lost, the kept files a byte-identical prefix of what it had, nothing
+    # fetched again but the tail past the horizon.
+    assert kept >= horizon_before and horizon_after >= horizon_before, (horizon_before, kept, horizon_after)
+    assert _coords(r_mark.file, r_mark.position) <= kept, (r_mark, kept)
+    assert kept[0] == newest, f"recovery would drop whole files: {names} -> {kept}"
+    for name, data in r_on_disk.items():
+        now = (relay.relay_dir / name).read_bytes()
+        keep = len(data) if name != newest else kept[1]
+        assert now[:keep] == data[:keep], f"{name}: recovery changed bytes it had to keep (first {keep})"
+    # Recovery cuts only an unfinished group (no complete transaction is thrown away), never damage.
+    assert plan.tail.kind in (R.WHOLE, R.PARTIAL), (plan.tail.kind, plan.tail.detail)
+
+    # The end: both replicas equal the master, every transaction exactly once.
+    for replica in (direct, behind):
+        wait_replica(replica, master, timeout=120)
+        assert_same_data(master, replica)
+        _assert_writer_rows(replica, writer)
+        assert replica.execute("SELECT COUNT(*), COUNT(DISTINCT id), SUM(LENGTH(b)) FROM app.big")[0] == (
+            BIG_ROWS, BIG_ROWS, BIG_ROWS * BIG_ROW_BYTES)
+        assert replica.execute("SELECT @@gtid_slave_pos")[0][0] == master.execute("SELECT @@gtid_binlog_pos")[0][0]
+    assert not set(_relay_logs(direct)) & set(d_on_disk), "the direct replica kept its pre-crash relay logs"
+    assert_files_equal_master(relay.relay_dir, master, up_to=master_status(master))
+    print(f"end: writer committed {writer.done} transactions; both replicas equal the master (CHECKSUM TABLE, "
+          f"{writer.done} unique writer ids, {BIG_ROWS} big rows); relay files equal the master's")
 
 
 # -- kill -9 ------------------------------------------------------------------------------------------------------
@@ -313,7 +459,8 @@ def _os_crash(relay_dir: Path, names: list[str], mark: R.DurableMark, rng: rando
 @pytest.mark.server
 def test_simulated_os_crash_only_fsynced_bytes_survive(mariadb, relays):
     """Freeze the relay under load, check the replica holds nothing past the durable mark, kill it, cut its newest
-    file to a random length at or past the mark and append garbage, restart: recovery keeps everything durable
+    file to a random length at or past the mark and append garbage (debris: this trusts the mark, see the module
+    doc and tests/test_crash_simulation.py for the crash that does not), restart: recovery keeps everything durable
     (horizon >= mark), cuts only the debris, refetches the rest; a file/position replica resumes from where it
     was (it never got anything the relay lost) and ends equal to the master; the files equal the master's."""
     rng = _rng("os-crash")

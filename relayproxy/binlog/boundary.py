@@ -343,6 +343,27 @@ class TransactionBoundaryParser:
         self._gtid_tagged = None
         self._maria_gtid = None
 
+    def state_key(self) -> tuple:
+        """Everything the next ``feed`` depends on, as a hashable value: two parsers with equal keys
+        classify the same events alike (the format's object is stood for by the numbers it contributes)."""
+        return (self.flavour, self.state, self._checksum_len, self._query_body_start, self._gtid_sid,
+                self._gtid_gno, self._gtid_tagged[0] if self._gtid_tagged is not None else None, self._maria_gtid)
+
+    def copy(self) -> TransactionBoundaryParser:
+        """An independent parser in the same state (a dump's shared read-ahead classifies a chunk with one)."""
+        other = TransactionBoundaryParser.__new__(TransactionBoundaryParser)
+        for name in self.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.feed = other._feed_mariadb if other.flavour == "mariadb" else other._feed_mysql
+        return other
+
+    def adopt(self, other: TransactionBoundaryParser) -> None:
+        """Take ``other``'s state (the end state of a chunk that a copy of this parser classified)."""
+        for name in self.__slots__:
+            if name != "feed":
+                setattr(self, name, getattr(other, name))
+        self.feed = self._feed_mariadb if self.flavour == "mariadb" else self._feed_mysql
+
     def checkpoint(self) -> None:
         """Remember the current state so rollback() can undo the next feed (e.g. a failed write)."""
         self._prev_state = self.state

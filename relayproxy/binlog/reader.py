@@ -91,6 +91,7 @@ class ScanResult:
     first_gtid_list_seen: bool = False
     last_event_type: int | None = None
     rotate_to: tuple[str, int] | None = None  # (next file, position) of a real ROTATE at the end
+    resumed_from: int | None = None  # the scan began at this boundary (BinlogScanner.resume), not at 0
 
     @property
     def server_version(self) -> str | None:
@@ -153,6 +154,37 @@ class BinlogScanner:
         # an event larger than max_event_in_memory streaming past
         self._stream: dict | None = None
         self._last_end = 4
+
+    @classmethod
+    def resume(cls, offset: int, fde: FormatDescription, *, start_gtids=None, gtids_after=None,
+               last_type: int | None = None, rotate_to: tuple[str, int] | None = None, **kwargs) -> "BinlogScanner":
+        """A scanner to be fed a file's bytes from ``offset`` on, as if it had read ``[0, offset)`` itself.
+
+        ``offset`` must be a boundary (the end of a complete group or of an event outside any group, no CRC
+        error before it): the boundary parser is then outside any group, so what it needs is the file's
+        FORMAT_DESCRIPTION (checksum length, post-header sizes, flavour). ``start_gtids`` / ``gtids_after`` /
+        ``last_type`` / ``rotate_to`` are what a full scan had found up to ``offset``. Counters (events, bytes,
+        groups) count only what is fed. The caller vouches for the state (relay/checkpoint.py verifies it).
+        """
+        if offset < 4:
+            raise ValueError(f"cannot resume a scan at offset {offset}: before the end of the magic")
+        scanner = cls(**kwargs)
+        r = scanner.result
+        scanner._magic_done = True
+        scanner._buf_offset = offset
+        scanner._last_end = offset
+        scanner._fde = fde
+        scanner._checksum_len = fde.checksum_len
+        scanner.parser.set_format(fde)
+        r.fde = fde
+        r.good_end = offset
+        r.good_end_type = last_type
+        r.last_event_type = last_type
+        r.start_gtids = None if start_gtids is None else start_gtids.copy()
+        r.gtids_after = None if gtids_after is None else gtids_after.copy()
+        r.rotate_to = rotate_to
+        r.resumed_from = offset
+        return scanner
 
     # -- feeding --------------------------------------------------------------------------------
     def feed(self, data) -> None:

@@ -226,6 +226,9 @@ OPTIONS: tuple[Option, ...] = (
            "--listen: seconds without a byte while a client's packet is incomplete, then it is dropped (1159)"),
     Option("net_write_timeout", _positive_float, 60.0,
            "--listen: seconds a client may not read what the relay writes, then it is dropped"),
+    Option("sender_processes", _non_negative_int, 0,
+           "--listen: worker processes that serve binlog dumps (plain, non-semi-sync connections), so fan-out "
+           "uses every core; 0: every dump is served by the relay process", "N"),
     Option("http_max_connections", _positive_int, 64,
            "--http: concurrent connections; more are answered 503 and closed", "N"),
 )

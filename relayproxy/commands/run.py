@@ -119,6 +119,15 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         listen_address = None
         if cfg.listen:
             downstream = _downstream_server(cfg, session)
+            if getattr(cfg, "sender_processes", 0):
+                from ..downstream.workers import SenderPool
+                from ..log import logging_settings
+
+                settings = logging_settings()
+                downstream.senders = SenderPool(cfg.sender_processes, downstream.ctx, log_format=settings["format"],
+                                                log_level=settings["level"], write_timeout=downstream.write_timeout,
+                                                net_read_timeout=downstream.net_read_timeout)
+                await downstream.senders.start()
             try:
                 listen_address = await downstream.start(*cfg.listen)
             except OSError as exc:
@@ -150,6 +159,8 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
                 await asyncio.wait({task})
         if downstream is not None:
             await downstream.close()
+            if downstream.senders is not None:
+                await downstream.senders.close()
         if http is not None:
             await http.close()
         session.store.close()

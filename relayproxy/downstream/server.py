@@ -19,7 +19,7 @@ import ssl
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..log import PeerLogLimiter, get_logger, report_failure
 from ..wire.accounts import DownstreamUser, find_user
@@ -75,6 +75,10 @@ from .context import (
     DumpRequest,
     ReplicaRegistration,
 )
+
+if TYPE_CHECKING:
+    from .dump.chunks import Chunk
+    from .workers import SenderPool
 
 log = get_logger(__name__)
 
@@ -478,9 +482,9 @@ class _DumpChannel:
     (ReplSemiSyncMaster::readSlaveReply: net_clear, then pkt_nr++), so the next event must carry 1.
     """
 
-    def __init__(self, session: _Session, first_seq: int) -> None:
-        self._session = session
-        self._protocol = session.protocol
+    def __init__(self, protocol: _ClientProtocol, write_timeout: float | None, first_seq: int) -> None:
+        self._protocol = protocol
+        self._write_timeout = write_timeout
         self._seq = first_seq
         # Small events are framed into one buffer and written together: one transport.write (one send()
         # syscall, one TCP segment train, one TLS record) per batch instead of per ~150-byte event. The
@@ -536,7 +540,7 @@ class _DumpChannel:
 
     async def _send(self, payload: bytes) -> None:
         protocol = self._protocol
-        timeout = self._session.server.write_timeout
+        timeout = self._write_timeout
         length = len(payload)
         seq = self._seq
         if length < _COPY_LIMIT:
@@ -559,6 +563,15 @@ class _DumpChannel:
         self._seq = 1 if payload[:3] == _SEMI_SYNC_ACK_REQUESTED else seq
         await protocol.drain(timeout)
 
+    async def send_packets(self, chunk: Chunk) -> None:
+        """Send a shared framed chunk (dump/chunks.py): its packets numbered on from this channel's, in one write."""
+        self._check_reader()
+        self.flush()
+        protocol = self._protocol
+        data, self._seq = chunk.frame_for(self._seq)
+        protocol.write(data)
+        await protocol.drain(self._write_timeout)
+
     async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None:
         """Send one payload of `total` bytes that arrives as `chunks` (the first starting with the 0x00 / 0xEF
         header), framed exactly as send() frames it, so that a 1 GiB event goes out without being held in memory
@@ -567,7 +580,7 @@ class _DumpChannel:
         self._check_reader()
         self.flush()
         protocol = self._protocol
-        timeout = self._session.server.write_timeout
+        timeout = self._write_timeout
         seq = self._seq
         sent = 0
         room = 0  # bytes left in the packet being written
@@ -910,7 +923,17 @@ class _Session:
         )
         self.dumping = _replica_identity(state, request)
         self.server._end_older_dumps(self)
-        channel = _DumpChannel(self, self._seq)
+        pool = self.server.senders
+        if pool is not None:
+            try:
+                handed = await self._hand_off(pool, request)
+            except BaseException:
+                self.dumping = None
+                raise
+            if handed:
+                self.dumping = None
+                return
+        channel = _DumpChannel(self.protocol, self.server.write_timeout, self._seq)
         task = asyncio.ensure_future(self.server.dump(self.ctx, state, request, channel))
         try:
             closed, ended = self.protocol.closed, self.protocol.input_ended
@@ -941,6 +964,47 @@ class _Session:
         with contextlib.suppress(ConnectionError):
             await channel.send_final(message)
 
+
+    async def _hand_off(self, pool: SenderPool, request: DumpRequest) -> bool:
+        """Serve the dump from a sender process (workers.py) when it can be moved there: a plain connection (a
+        TLS session cannot change process), no semi-sync (its ACKs belong to this process's tracker), nothing
+        read from the replica past the dump command. False: serve it here."""
+        from .dump.start import _truthy, _user_var
+
+        protocol, state = self.protocol, self.state
+        transport = protocol.transport
+        semi_sync = _truthy(_user_var(state.user_vars, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
+        if protocol.tls is not None or (semi_sync and getattr(self.ctx.cfg, "semi_sync", False)):
+            return False
+        if transport is None or transport.is_closing():
+            return False
+        worker = pool.pick()
+        if worker is None:
+            return False
+        # Everything this process wrote must be on the wire first: the worker numbers packets on from here.
+        await protocol.drain(self.server.write_timeout)
+        deadline = time.monotonic() + self.server.write_timeout
+        while transport.get_write_buffer_size() and time.monotonic() < deadline and not transport.is_closing():
+            await asyncio.sleep(0.001)
+        if transport.is_closing() or transport.get_write_buffer_size():
+            return False
+        transport.pause_reading()
+        sock = transport.get_extra_info("socket")
+        if protocol._ready or protocol.decoder.pending_bytes or protocol.error is not None or sock is None:
+            transport.resume_reading()  # the replica already sent more: this process reads it
+            return False
+        fd = os.dup(sock.fileno())
+        ticket = {
+            "conn_id": self.conn_id, "user": state.user, "host": state.host, "capabilities": state.capabilities,
+            "user_vars": dict(state.user_vars), "session_vars": dict(state.session_vars), "seq": self._seq,
+            "kind": request.kind, "server_id": request.server_id, "flags": request.flags, "file": request.file,
+            "position": request.position, "gtid_set": request.gtid_set,
+        }
+        self._log.info("binlog dump handed to a sender process", slot=worker.slot, pid=worker.process.pid)
+        handing = asyncio.ensure_future(pool.hand_off(worker, ticket, fd, state.dump))
+        protocol.abort()  # this process's descriptor only: the worker holds the connection now
+        await handing
+        return True
 
 # -- command parsing (sans-I/O) -----------------------------------------------------------------------------------
 
@@ -1115,6 +1179,7 @@ class DownstreamServer:
         self.log_limiter = PeerLogLimiter(log_lines_per_host, 60.0)
         self._server: asyncio.AbstractServer | None = None
         self._sessions: dict[int, _Session] = {}
+        self.senders: SenderPool | None = None  # dumps served by sender processes (workers.py), when configured
         self._unauthenticated: dict[int, _Session] = {}  # oldest first
         self._per_host: collections.Counter[str] = collections.Counter()
         self._ids = itertools.count(1)

@@ -105,6 +105,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "semi_sync_replica_timeouts": up.semi_sync_replica_timeouts,
         "replicas": _replicas(downstream, horizon, names, disk["sizes"]) if downstream is not None else [],
     }
+    senders = getattr(downstream, "senders", None)
+    if senders is not None:
+        doc["sender_processes"] = senders.describe()
     if fsync is not None:
         doc.update(fsync.summary())
     storage = getattr(session, "storage", None)  # run.py's StorageTask, when closed files are converted/archived

@@ -2,7 +2,9 @@
 
 The dump sender picks its first file from the starting GTID sets (MySQL: PREVIOUS_GTIDS, newest to
 oldest; MariaDB: GTID_LIST), and both it and the SQL layer need ``gtid_purged``: the GTIDs the relay
-cannot serve. A file's starting set is read once (its header never changes) and cached by name.
+cannot serve. A file's starting set is read once (its header never changes) and cached by name. The GTIDs
+inside a closed file come from its index (``relay/fileindex.py``: no scan once it exists), so a start costs
+O(files), not O(total relay size).
 
 Sizes a reader may use are *durable* sizes: closed files whole, the current file up to the horizon.
 
@@ -21,6 +23,7 @@ from ..binlog import constants as C
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..binlog.gtid import GtidSet, MariaBinlogState
 from . import closed_files
+from . import fileindex as _fileindex
 from .epochs import is_filler
 
 _HEAD_READ = 1 << 20  # the FDE and the PREVIOUS_GTIDS / GTID_LIST event sit in the first bytes
@@ -124,16 +127,22 @@ class FileCatalog:
         cached = self._events.get(name)
         if cached is not None:
             return cached
-        try:
-            result = closed_files.scan(self._store.path(name))
-        except closed_files.StoredFileError as exc:
-            raise CatalogError(f"cannot read relay file {name}: {exc}") from exc
+        path = self._store.path(name)
+        if name != self._store.current_file:
+            # A closed file: its index (relay/fileindex.py), verified, rebuilt and written where the store may.
+            writable = getattr(self._store, "sidecars_writable", False)
+            try:
+                events = _fileindex.index_for(path.parent, name, writable=writable).events_gtids()
+            except (OSError, _fileindex.FileIndexError) as exc:
+                raise CatalogError(f"cannot read relay file {name}: {exc}") from exc
+            except closed_files.StoredFileError as exc:
+                raise CatalogError(f"cannot read relay file {name}: {exc}") from exc
+            self._events[name] = events
+            return events
+        result = closed_files.scan(path)
         after = result.gtids_after if isinstance(result.gtids_after, GtidSet) else GtidSet()
         start = result.start_gtids if isinstance(result.start_gtids, GtidSet) else GtidSet()
-        events = after.subtract(start)
-        if name != self._store.current_file:
-            self._events[name] = events
-        return events
+        return after.subtract(start)
 
 
 def _copy(value):

@@ -187,6 +187,27 @@ def configure(relay_dir, *, keyring: Keyring | None = None) -> None:
             _keyrings[_dir_key(relay_dir)] = keyring
 
 
+CHILD_KEYS_ENV = "RELAYPROXY_CLOSED_FILE_KEYS"  # the keyring handed to the relay's own sender processes
+
+
+def env_for_children(relay_dir) -> dict[str, str]:
+    """Environment entries that hand ``relay_dir``'s keyring to a child process of the relay (its sender
+    processes: downstream/workers.py), read back by ``configure_from_env``. Never on a command line."""
+    ring = keyring_of(relay_dir)
+    if ring is None:
+        return {}
+    text = "\n".join(f"{key_id}:{key.hex()}" for key_id, key in sorted(ring.keys.items()))
+    return {CHILD_KEYS_ENV: f"{ring.current}|{text}"}
+
+
+def configure_from_env(relay_dir) -> None:
+    """In a child process: take the keyring ``env_for_children`` passed, and drop it from the environment."""
+    value = os.environ.pop(CHILD_KEYS_ENV, None)
+    if value:
+        current, _, text = value.partition("|")
+        configure(relay_dir, keyring=Keyring.parse(text, "the relay's keyring", int(current)))
+
+
 def _dir_key(directory) -> str:
     return os.path.realpath(os.fspath(directory))
 

@@ -51,6 +51,7 @@ from ..binlog.events import HEADER, BinlogFormatError, FormatDescription, split_
 from ..binlog.gtid import GtidSet, MariaBinlogState
 from ..binlog.reader import BinlogScanner, ScanResult, scan_file
 from . import closed_files
+from .checkpoint import CHECKPOINT_TMP_NAME, ResumePoint, read_checkpoint, verify
 from .epochs import (
     EPOCHS_NAME,
     EPOCHS_TMP_NAME,
@@ -369,6 +370,8 @@ class RecoveryReport:
     adopted: list[str] = field(default_factory=list)
     durable_mark: DurableMark | None = None
     scan: ScanResult | None = field(default=None, repr=False)  # the newest file's scan (before truncation)
+    checkpoint: str | None = None  # where the newest file's scan began and why (relay/checkpoint.py)
+    checkpoint_offset: int | None = None  # the verified checkpoint's offset the scan resumed from
 
     def __str__(self) -> str:
         h = self.horizon
@@ -381,6 +384,8 @@ class RecoveryReport:
             parts.append(f"cut {self.truncated_bytes} bytes off {self.truncated_file}")
         if self.adopted:
             parts.append(f"adopted {', '.join(self.adopted)}")
+        if self.checkpoint:
+            parts.append(self.checkpoint)
         parts.extend(self.warnings)
         return "; ".join(parts)
 
@@ -436,7 +441,7 @@ def _error_offset(scan: ScanResult) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _damage_followed_by_data(path: Path, bad: int) -> str | None:
+def _damage_followed_by_data(path: Path, bad: int, resume: ResumePoint | None = None) -> str | None:
     """Why the damage at ``bad`` is not crash debris, or None when nothing intact follows it.
 
     Debris of a crash is what was written after the last fsync: a cut event, a torn write, zeros
@@ -453,8 +458,10 @@ def _damage_followed_by_data(path: Path, bad: int) -> str | None:
         if not found and event.offset > bad and event.crc_ok is not False and event.log_pos == event.end & 0xFFFFFFFF:
             found.append(event.offset)
 
-    scanner = BinlogScanner(on_event=on_event, path=os.fspath(path))
+    scanner = _scanner(path, resume, on_event=on_event)
     with open(path, "rb") as f:
+        if resume is not None:
+            f.seek(resume.offset)  # events before the checkpoint all end before ``bad``
         while not found and not scanner._stopped:
             chunk = f.read(1 << 20)
             if not chunk:
@@ -535,12 +542,13 @@ class TailPlan:
 
 
 def plan_tail(path: Path, name: str, *, scan: ScanResult | None = None, size: int | None = None,
-              mark: DurableMark | None = None) -> TailPlan:
+              mark: DurableMark | None = None, resume: ResumePoint | None = None) -> TailPlan:
     """Decide what to keep of the newest file ``path`` (reads it, never writes it).
 
     ``scan`` (with the ``size`` it has read) is taken as is when given, else the file is scanned. A cut event
     or an unfinished group after the last complete group is left out; damage is left out only when nothing
     intact follows it and it lies after the durable ``mark`` (the debris of a crash); else ``refusal``.
+    ``resume``: a verified checkpoint (relay/checkpoint.py) of this file; the scan reads only the bytes after it.
     """
     path = Path(path)
     if size is None:
@@ -553,8 +561,10 @@ def plan_tail(path: Path, name: str, *, scan: ScanResult | None = None, size: in
             return TailPlan(name, path, size, 4, kind=DAMAGED, damage_offset=0,
                             refusal=f"{path}: not a binlog file (starts with {head.hex() or 'nothing'})")
         return TailPlan(name, path, size, 4, complete_magic=True)  # the magic never reached the disk
+    if resume is not None and resume.offset > size:
+        resume = None
     if scan is None:
-        scan = scan_file(path)
+        scan = _scan_prefix(path, None, resume)
     good_end = scan.good_end
     kind = classify_scan(scan, size)
     plan = TailPlan(name, path, size, good_end, scan=scan, kind=kind)
@@ -578,7 +588,7 @@ def plan_tail(path: Path, name: str, *, scan: ScanResult | None = None, size: in
         plan.refusal_reason = f"the relay had published up to offset {mark_position} of this file"
         return plan
     if damaged and mark_position is None:
-        reason = _damage_followed_by_data(path, bad)
+        reason = _damage_followed_by_data(path, bad, resume)
         if reason is not None:
             plan.refusal_reason = reason
             plan.refusal = (
@@ -588,18 +598,29 @@ def plan_tail(path: Path, name: str, *, scan: ScanResult | None = None, size: in
             )
             return plan
     # The damaged scan may have counted groups past the damage: take the GTIDs of the part kept.
-    kept = _scan_prefix(path, good_end) if damaged else scan
+    kept = _scan_prefix(path, good_end, resume) if damaged else scan
     plan.fde, plan.start_set, plan.gtids = kept.fde, kept.start_gtids, kept.gtids_after
     return plan
 
 
-def _scan_prefix(path: Path, end: int) -> ScanResult:
-    """The scan of the first ``end`` bytes of a file, as ``scan_file`` reads it once cut there."""
-    scanner = BinlogScanner(path=os.fspath(path))
+def _scanner(path: Path, resume: ResumePoint | None, **kwargs) -> BinlogScanner:
+    if resume is None:
+        return BinlogScanner(path=os.fspath(path), **kwargs)
+    return resume.scanner(path=os.fspath(path), **kwargs)
+
+
+def _scan_prefix(path: Path, end: int | None, resume: ResumePoint | None = None) -> ScanResult:
+    """The scan of the first ``end`` bytes of a file (all of it: None), as ``scan_file`` reads it once cut
+    there; from ``resume``'s offset on when a verified checkpoint is given (it must lie at or before ``end``)."""
+    if resume is not None and end is not None and resume.offset > end:
+        resume = None
+    scanner = _scanner(path, resume)
     with open(path, "rb") as f:
-        left = end
+        if resume is not None:
+            f.seek(resume.offset)
+        left = float("inf") if end is None else end - (resume.offset if resume is not None else 0)
         while left > 0 and not scanner._stopped:
-            chunk = f.read(min(1 << 20, left))
+            chunk = f.read(int(min(1 << 20, left)))
             if not chunk:
                 break
             left -= len(chunk)
@@ -668,11 +689,12 @@ class RecoveryPlan:
 
 def plan_recovery(directory: Path, names: list[str], *, epochs: Epochs, mark: DurableMark | None = None,
                   newest_scan: ScanResult | None = None, newest_size: int | None = None,
-                  closed_scans: list[ScanResult] | None = None) -> RecoveryPlan:
+                  closed_scans: list[ScanResult] | None = None, resume: ResumePoint | None = None) -> RecoveryPlan:
     """The recovery plan of ``names`` (oldest first, at least one) in ``directory``; reads only.
 
     The relay scans only the newest file (closed files: their final ROTATE, read from the end); a reader
     that scanned the closed files passes ``closed_scans`` (and may pass the newest file's scan so far).
+    ``resume``: a verified checkpoint of the newest file (``checkpoint.verify``): its scan begins there.
     """
     directory = Path(directory)
     rotates = [
@@ -682,7 +704,7 @@ def plan_recovery(directory: Path, names: list[str], *, epochs: Epochs, mark: Du
     links = [link(epochs, older, rotate and rotate[0], newer)
              for older, newer, rotate in zip(names, names[1:], rotates)]
     newest = names[-1]
-    tail = plan_tail(directory / newest, newest, scan=newest_scan, size=newest_size, mark=mark)
+    tail = plan_tail(directory / newest, newest, scan=newest_scan, size=newest_size, mark=mark, resume=resume)
     plan = RecoveryPlan(list(names), links, tail)
     if tail.refusal is not None:
         return plan
@@ -738,8 +760,12 @@ def _truncate(path: Path, size: int) -> None:
         os.close(fd)
 
 
-def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredState:
-    """Bring a relay directory to a consistent state and say where its durable horizon is."""
+def recover(relay_dir: str | os.PathLike, *, create: bool = True, use_checkpoint: bool = True) -> RecoveredState:
+    """Bring a relay directory to a consistent state and say where its durable horizon is.
+
+    The newest file is scanned from a verified ``relayproxy.checkpoint`` (relay/checkpoint.py) when there is
+    one, else whole; ``use_checkpoint=False`` forces the whole scan (tests, benchmarks). The result is the same.
+    """
     relay_dir = Path(relay_dir)
     report = RecoveryReport(relay_dir=os.fspath(relay_dir))
     warn = report.warnings.append
@@ -759,6 +785,10 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredSt
     if tmp_epochs.exists():
         tmp_epochs.unlink()  # an epochs rewrite that never reached its rename: the old record stands
         warn(f"removed {EPOCHS_TMP_NAME} left by an interrupted epochs update")
+    tmp_checkpoint = relay_dir / CHECKPOINT_TMP_NAME
+    if tmp_checkpoint.exists():
+        tmp_checkpoint.unlink()  # a checkpoint write that never reached its rename: the old one stands
+        report.checkpoint = f"removed {CHECKPOINT_TMP_NAME} left by an interrupted checkpoint write"
     try:
         epochs = read_epochs(relay_dir)
     except EpochsError as exc:
@@ -846,7 +876,19 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True) -> RecoveredSt
         warn(f"{DURABLE_MARK_NAME} names {mark.file}, which is not a relay file here: ignored")
         mark = None
 
-    plan = plan_recovery(relay_dir, names, epochs=epochs, mark=mark)
+    resume = None
+    if use_checkpoint:
+        checkpoint, why = read_checkpoint(relay_dir)
+        if checkpoint is not None:
+            resume, why = verify(checkpoint, relay_dir / names[-1], names[-1], epochs=epochs)
+    else:
+        why = "checkpoint not used (full scan asked for)"
+    note = (f"{names[-1]} scanned from the checkpoint at offset {resume.offset}" if resume is not None
+            else f"{names[-1]} scanned whole: {why}")
+    report.checkpoint = note if report.checkpoint is None else f"{report.checkpoint}; {note}"
+    report.checkpoint_offset = None if resume is None else resume.offset
+
+    plan = plan_recovery(relay_dir, names, epochs=epochs, mark=mark, resume=resume)
     for step in plan.links:
         if step.rotate is None:
             warn(f"{step.older} does not end with a ROTATE (the master restarted or the file was cut): next is {step.newer}")

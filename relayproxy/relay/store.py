@@ -51,8 +51,11 @@ from ..binlog import constants as C
 from ..binlog import encoders as _enc
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
+from ..log import get_logger
 from . import closed_files
 from . import epochs as _epochs
+from . import fileindex as _fileindex
+from .checkpoint import CHECKPOINT_NAME, CHECKPOINT_TMP_NAME, CheckpointError, capture
 from .epochs import Epoch, Epochs, EpochsError, gtid_missing, gtid_text, gtid_union
 from .horizon import Horizon
 from .recovery import (
@@ -65,8 +68,11 @@ from .recovery import (
     read_final_rotate,
     recover,
     write_epochs,
+    write_file_atomically,
     write_index,
 )
+
+log = get_logger(__name__)
 
 __all__ = [
     "SyncPolicy",
@@ -86,6 +92,10 @@ FLUSH_BYTES = 4 << 20  # write the buffer out once it holds this much
 DIRECT_BYTES = 1 << 20  # an event at least this large skips the buffer
 SPARSE_FILLER_BYTES = 1 << 20  # a filler at least this large is written sparse (header + CRC, a hole between)
 FILLER_MAX_SIZE = _enc.FILLER_MAX_SIZE  # a larger gap is covered by several fillers
+# A recovery checkpoint (relay/checkpoint.py) rides on a sync once the horizon has moved this far past the last
+# one, or this long after it, and at close: two extra fsyncs (its file, the directory) per 16 MB or 10 s at most.
+CHECKPOINT_BYTES = 16 << 20
+CHECKPOINT_SECONDS = 10.0
 
 _header_unpack_from = HEADER.unpack_from
 _IN_USE = C.LOG_EVENT_BINLOG_IN_USE_F
@@ -177,7 +187,7 @@ class SyncTicket:
 
     __slots__ = (
         "file", "position", "gtids", "moves", "_fd", "_marks", "_synced_end", "durable", "needs_fsync", "error", "_on_error",
-        "fsync_seconds", "fsync_bytes",
+        "fsync_seconds", "fsync_bytes", "checkpoint", "checkpoint_error",
     )
 
     def __init__(self, file, position, gtids, moves, fd, marks, synced_end, needs_fsync, on_error, fsync_bytes=0):
@@ -194,6 +204,8 @@ class SyncTicket:
         self._on_error = on_error
         self.fsync_seconds = 0.0  # how long the fdatasync took (for the fsync latency metric)
         self.fsync_bytes = fsync_bytes  # bytes written since the previous fdatasync of this file
+        self.checkpoint = None  # (position, write(fd)) of a recovery checkpoint to write once durable
+        self.checkpoint_error: BaseException | None = None
 
     def make_durable(self) -> None:
         """fdatasync the file and record the durable mark; safe to run in a worker thread.
@@ -214,6 +226,13 @@ class SyncTicket:
             self._on_error(self, exc)
             raise
         self.durable = True
+        if self.checkpoint is not None:
+            # After the fdatasync: the checkpoint never names bytes that are not durable. Its failure
+            # costs only a longer scan at the next start (the previous checkpoint stands).
+            try:
+                self.checkpoint[1](self._fd)
+            except (OSError, CheckpointError) as exc:
+                self.checkpoint_error = exc
 
 
 def _add_gtid(target, gtid):
@@ -278,6 +297,16 @@ class RelayStore:
         self.bytes_written = 0
         snap = recovered.report.horizon
         self.horizon = Horizon(snap.file, snap.position, snap.gtids)
+        # The last recovery checkpoint: (file, offset) and when (relay/checkpoint.py).
+        offset = recovered.report.checkpoint_offset
+        self._checkpoint_at = (self._file, offset) if offset is not None else (None, 0)
+        self._checkpoint_time = time.monotonic()
+        self._checkpoint_force = False
+        self.checkpoint_bytes = CHECKPOINT_BYTES
+        self.checkpoint_seconds = CHECKPOINT_SECONDS
+        self.checkpoints = 0  # checkpoints written by this store
+        self.sidecars_writable = True  # file indexes (relay/fileindex.py) may be written here
+        self._indexer = _fileindex.Indexer(relay_dir)
         self._marks = DurableMarkWriter(relay_dir)
         try:
             if self._file is not None:
@@ -500,6 +529,8 @@ class RelayStore:
             raise
         if old_fd >= 0:
             os.close(old_fd)
+        if self._file is not None:
+            self._indexer.closed(self._file)  # closed: its index is built in the background
         self._index.append(name)
         self._fd = fd
         self._file = name
@@ -743,6 +774,7 @@ class RelayStore:
             removed = closed_files.remove_all(self.relay_dir / old)  # plain, converted, archived
             for parent in {p.parent for p in removed if p.parent != self.relay_dir}:
                 fsync_dir(parent)
+            _fileindex.remove(self.relay_dir, old)  # its index goes with it (a crash between: removed at open)
         fsync_dir(self.relay_dir)
         pruned = self._epochs.pruned(self._index[0])
         if pruned != self._epochs:
@@ -1107,10 +1139,51 @@ class RelayStore:
             self._file, self._boundary, gtids, moves, self._fd, self._marks, self._written, need_fsync, self._ticket_failed,
             max(self._written - self._synced, 0),
         )
+        ticket.checkpoint = self._checkpoint_due(snap, ticket)
         self._ticket = ticket
         self._pending_groups = 0
         self._pending_since = None
         return ticket
+
+    def _checkpoint_due(self, snap, ticket: SyncTicket):
+        """``(position, write(fd))`` of the recovery checkpoint this sync should leave, or None.
+
+        Due once the horizon is ``checkpoint_bytes`` past the last checkpoint, ``checkpoint_seconds`` after
+        it, or at close. Only where the file's own GTID state is the store's: not in a join file (its set
+        starts with the join set) nor in a file that carries the previous file's set (no set event yet)."""
+        file = self._file
+        if self._fde is None or snap.file not in (None, file):
+            return None
+        position = ticket.position if ticket.moves else snap.position
+        last_file, last_offset = self._checkpoint_at
+        if position <= 4 + C.HEADER_LEN or (last_file == file and last_offset == position):
+            return None
+        if not self._checkpoint_force:
+            moved = position - (last_offset if last_file == file else 0)
+            if moved < self.checkpoint_bytes and time.monotonic() - self._checkpoint_time < self.checkpoint_seconds:
+                return None
+        if self._start_set_seen:
+            if self._epochs.join_epoch(file) is not None:
+                return None
+        elif self._carried_gtids is not None:
+            return None
+        gtids = ticket.gtids if ticket.moves else snap.gtids
+        gtids = None if gtids is None else gtids.copy()
+        start = None if self._file_start_gtids is None else self._file_start_gtids.copy()
+        if not position == self._boundary == self._end:
+            return None  # a group is open: the type of the event ending at the boundary is not known here
+        fde, last_type, epochs = self._fde, self._last_type, self._epochs
+        if last_type is None or last_type == C.ROTATE_EVENT:
+            return None  # a closed file: the next start reads only its ROTATE anyway
+        rotate = None
+        relay_dir = self.relay_dir
+
+        def write(fd: int) -> None:
+            cp = capture(fd, file=file, offset=position, fde=fde, start_gtids=start, gtids=gtids,
+                         last_type=last_type, rotate_to=rotate, epochs=epochs)
+            write_file_atomically(relay_dir / CHECKPOINT_NAME, cp.encode(), tmp=relay_dir / CHECKPOINT_TMP_NAME)
+
+        return position, write
 
     def _ticket_failed(self, ticket: SyncTicket, exc: OSError) -> None:
         # May run in the worker thread: only plain attribute stores.
@@ -1139,6 +1212,14 @@ class RelayStore:
                 self._synced = max(self._synced, min(ticket._synced_end, self._end))
             if self.on_fsync is not None:
                 self.on_fsync(ticket.fsync_seconds, ticket.fsync_bytes)
+        if ticket.checkpoint is not None:
+            if ticket.checkpoint_error is not None:
+                log.warning("relay checkpoint not written: the next start scans more of the newest file",
+                            file=ticket.file, error=str(ticket.checkpoint_error))
+            else:
+                self._checkpoint_at = (ticket.file, ticket.checkpoint[0])
+                self.checkpoints += 1
+            self._checkpoint_time = time.monotonic()
         if not ticket.moves:
             return False
         self.horizon.advance(ticket.file, ticket.position, ticket.gtids, copy=False)
@@ -1185,9 +1266,11 @@ class RelayStore:
             raise RelayStateError("close while a sync is in flight: complete it first")
         try:
             if self._failed is None and self._fd >= 0:
+                self._checkpoint_force = True  # a clean stop leaves a checkpoint at the horizon
                 self._sync()
                 self._marks.fsync()
         finally:
+            self._indexer.close()
             self._closed = True
             self._appendable = False
             if self._fd >= 0:

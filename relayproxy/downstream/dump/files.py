@@ -16,7 +16,7 @@ from ...binlog import constants as C
 from ...binlog.events import HEADER
 from ...binlog.gtid import GtidSet
 from ...log import get_logger
-from ...relay import closed_files
+from ...relay import closed_files, fileindex
 from ...relay.catalog import FileCatalog
 from ...relay.closed_files import StoredFileError, open_relay_file
 
@@ -48,7 +48,8 @@ def _catalog(store: Any) -> FileCatalog:
 
 
 def _scan_file_gtids(path: str) -> GtidSet:
-    """GTIDs of the complete groups inside a closed relay file (cached by path, size and mtime).
+    """GTIDs of the complete groups inside a closed relay file (cached by path, size and mtime), from its index
+    (relay/fileindex.py) when it has a valid one, else scanned.
     Runs in worker threads: the cache is behind a lock; a scan itself is not."""
     st = closed_files.stored_stat(path)
     key = (path, st.st_size, st.st_mtime_ns)
@@ -57,10 +58,15 @@ def _scan_file_gtids(path: str) -> GtidSet:
         if cached is not None:
             _file_gtids.move_to_end(key)
             return cached
-    result = closed_files.scan(path, verify_checksums=False)
-    after = result.gtids_after if isinstance(result.gtids_after, GtidSet) else GtidSet()
-    start = result.start_gtids if isinstance(result.start_gtids, GtidSet) else GtidSet()
-    gtids = after.subtract(start)
+    directory, name = os.path.split(path)
+    index, _why = fileindex.load(directory, name)  # verified against the file; a missing one is the catalog's
+    if index is not None:
+        gtids = index.events_gtids()
+    else:
+        result = closed_files.scan(path, verify_checksums=False)  # any storage form (compressed, archived...)
+        after = result.gtids_after if isinstance(result.gtids_after, GtidSet) else GtidSet()
+        start = result.start_gtids if isinstance(result.start_gtids, GtidSet) else GtidSet()
+        gtids = after.subtract(start)
     with _file_gtids_lock:
         _file_gtids[key] = gtids
         while len(_file_gtids) > _FILE_GTIDS_CACHE:
@@ -104,3 +110,11 @@ def _io_error(name: str, exc: StoredFileError) -> OSError:
     log.error("relay file cannot be read back whole: not served", file=name, frame=exc.frame,
               offset=exc.offset, error=str(exc))
     return OSError(errno.EIO, str(exc))
+
+
+def _gtid_seek(path: os.PathLike | str, replica: GtidSet) -> int:
+    """Where a MySQL auto-position dump of the closed relay file ``path`` may start instead of offset 4: the
+    furthest boundary of its index's sparse map before which the replica has every GTID (4 without an index)."""
+    directory, name = os.path.split(os.fspath(path))
+    index, _why = fileindex.load(directory, name)
+    return 4 if index is None else index.mysql_seek(replica)

@@ -24,6 +24,7 @@ from ...wire.packets import (
 from ...wire.results import encode_error
 from ..context import DumpProgress
 from ..semisync import semi_sync_tracker
+from .chunks import Chunk, ChunkCache, chunk_cache, scan_chunk
 from .errors import (
     MSG_ANONYMOUS,
     MSG_BAD_MAGIC,
@@ -67,6 +68,7 @@ _FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per replica host a
 
 # -- reading and sending ---------------------------------------------------------------------------
 READ_CHUNK = 1 << 20  # bytes read from a relay file at once
+SHARED_CHUNK = 256 << 10  # bytes of a shared framed chunk (bounds what one replica's socket buffer holds)
 _HEAD = 64 << 10  # what the boundary parser may look at of an event that is streamed
 _STREAM_PIECE = 4 << 20  # bytes of a large event read (and held) at a time while it is sent
 SEMI_SYNC_MAGIC = 0xEF
@@ -110,6 +112,12 @@ async def serve_dump(ctx: DownstreamContext, conn: ConnectionState, request: Dum
     shows the progress (file, position, counters, last semi-sync ACK) while it runs.
     """
     await DumpSender(ctx, conn, request, channel).run()
+
+
+def _expire(future: asyncio.Future | None) -> None:
+    """End a wait at the horizon without an advance (timer, or the replica left)."""
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +181,12 @@ class DumpSender(DumpStart):
         self.skipping = False
         self.last_sent = time.monotonic()
         self.send_stream = getattr(channel, "send_stream", None)
+        # Shared framed chunks (chunks.py) for ranges that need nothing done for this replica.
+        self.send_packets = getattr(channel, "send_packets", None)
+        self.chunks: ChunkCache | None = chunk_cache(ctx.store) if self.send_packets is not None else None
+        self.slow_types: frozenset[int] = frozenset()
         self.gone: asyncio.Future | None = None
+        self.waiter: asyncio.Future | None = None  # what _wait is waiting on: the reader resolves it on leaving
         self.reader_task: asyncio.Task | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -232,6 +245,7 @@ class DumpSender(DumpStart):
                 encoders.artificial_rotate(name, pos, self.server_id, self.event_alg == _CRC32), False
             )
             self.file_epoch = self._epoch_of(name)
+            self.slow_types = self._slow_types()
             try:
                 rf = _RelayFile(name, self.ctx.store.path(name))
             except (OSError, KeyError) as exc:
@@ -392,17 +406,27 @@ class DumpSender(DumpStart):
         return rf.size(), True
 
     async def _wait(self, horizon, seq: int, timeout: float) -> bool:
-        """Wait for the horizon to pass ``seq``; False on timeout. A departing replica ends the wait."""
-        waiter = asyncio.ensure_future(horizon.wait_for_advance(seq, timeout))
+        """Wait for the horizon to pass ``seq``; False on timeout. A departing replica ends the wait.
+
+        One future, resolved by the horizon's advance, the timer, or the replica's reader (``_wake_waiter``):
+        no task and no ``asyncio.wait`` per wake-up, which is what a hundred replicas at the horizon pay on
+        every advance."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if horizon.add_waiter(seq, future) is not None:
+            return True
+        self.waiter = future
+        timer = loop.call_later(timeout, _expire, future)
         try:
-            await asyncio.wait({waiter, self.gone}, return_when=asyncio.FIRST_COMPLETED)
+            snapshot = await future
         finally:
-            if not waiter.done():
-                waiter.cancel()
-                await asyncio.wait({waiter})  # its clean-up unregisters it from the horizon
+            timer.cancel()
+            self.waiter = None
+            if not future.done() or future.result() is None:
+                horizon.discard_waiter(future)
         if self.gone.done():
             raise _ReplicaGone
-        return waiter.result().seq > seq
+        return snapshot is not None and snapshot.seq > seq
 
     def _check_not_purged(self, name: str) -> None:
         """ERR 1236 once ``name`` left the relay's index (retention with ``retention_force``): the open
@@ -420,11 +444,22 @@ class DumpSender(DumpStart):
             if watch_purge and not first:
                 self._check_not_purged(rf.name)
             first = False
-            want = min(limit - pos, READ_CHUNK)
-            try:
-                data = await rf.read(pos, want)
-            except OSError:
-                raise _read_failure(MSG_IO, pos, pos) from None
+            data = None
+            if self.chunks is not None and self._plain():
+                want = min(limit - pos, SHARED_CHUNK)
+                chunk = await self._chunk(rf, pos, want, crc)
+                if chunk is not None:
+                    if chunk.ok and len(chunk.data) == want and self._plain_chunk(chunk):
+                        await self._send_chunk(chunk)
+                        pos = chunk.end
+                        continue
+                    data = chunk.data
+            if data is None:
+                want = min(limit - pos, READ_CHUNK)
+                try:
+                    data = await rf.read(pos, want)
+                except OSError:
+                    raise _read_failure(MSG_IO, pos, pos) from None
             n = len(data)
             if n < want:
                 raise _read_failure(MSG_TRUNCATED, pos, pos + n)
@@ -469,6 +504,75 @@ class DumpSender(DumpStart):
                 await self._big_event(rf, pos, size, type_code, flags, crc)
             pos += size
         return pos
+
+    # -- shared chunks: a whole range at once when it needs nothing done for this replica ----------------
+    def _slow_types(self) -> frozenset[int]:
+        """Event types that this replica cannot be sent as they are in the current file: a range holding one
+        goes event by event (``_handle``)."""
+        slow = {C.FORMAT_DESCRIPTION_EVENT, _IGNORABLE}  # FDEs are adopted; relay-made fillers are never sent
+        if self.file_epoch is not None:
+            slow.add(C.ROTATE_EVENT)  # renamed to the relay's file names
+        if self.exclude is not None:
+            slow.add(C.ANONYMOUS_GTID_LOG_EVENT)  # refused to an auto-position replica
+        if self.flavour == "mariadb":
+            cap = self.capability
+            if not self.send_annotate:
+                slow.add(C.MARIA_ANNOTATE_ROWS_EVENT)
+            if cap < MARIA_SLAVE_CAPABILITY_GTID:
+                slow.update((C.MARIA_GTID_EVENT, C.MARIA_GTID_LIST_EVENT))
+            if cap < MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT:
+                slow.add(C.MARIA_BINLOG_CHECKPOINT_EVENT)
+        return frozenset(slow)
+
+    def _plain(self) -> bool:
+        """Whether the next events can go as they are, unless a range holds something ``_plain_chunk`` refuses:
+        no group being skipped, nothing owed first (a heartbeat, a reposition, a GTID list), no ACKs asked."""
+        return not (self.semi_sync or self.skipping or self.skip_end or self.reposition or self.fake_gtid_list)
+
+    def _plain_chunk(self, chunk: Chunk) -> bool:
+        if not chunk.types.isdisjoint(self.slow_types):
+            return False
+        if self.skip_replication and chunk.flags & C.LOG_EVENT_SKIP_REPLICATION_F:
+            return False
+        if self.exclude is not None and chunk.gtid_set is not None and not self.exclude.isdisjoint(chunk.gtid_set):
+            return False  # a group the replica has: it is skipped, event by event
+        if self.maria_state and chunk.gtids:
+            state = self.maria_state
+            if any(gtid is not None and gtid[0] in state for gtid in chunk.gtids):
+                return False  # a domain still looking for its start GTID
+            seen = self.maria_seen
+            for gtid in chunk.gtids:
+                if gtid is not None:
+                    seen.update(MariaGtid(*gtid))  # met on the way (_maria_skip)
+        return True
+
+    async def _chunk(self, rf: _RelayFile, pos: int, want: int, crc: bool) -> Chunk | None:
+        parser = self.parser
+        key = (rf.name, pos, want, crc, parser.state_key())
+
+        async def make() -> Chunk:
+            data = await rf.read(pos, want)
+            return scan_chunk(rf.name, pos, data, parser.copy(), crc)
+
+        try:
+            return await self.chunks.get(key, make)
+        except OSError:
+            raise _read_failure(MSG_IO, pos, pos) from None
+
+    async def _send_chunk(self, chunk: Chunk) -> None:
+        try:
+            await self.send_packets(chunk)
+        except (ConnectionError, OSError, EOFError) as exc:
+            raise _ReplicaGone from exc
+        if self.channel.closed:
+            raise _ReplicaGone
+        self.parser.adopt(chunk.parser)
+        self.pos = chunk.end
+        progress = self.progress
+        progress.position = chunk.end
+        progress.events_sent += chunk.events
+        progress.bytes_sent += len(chunk.framed) - 4 * chunk.events
+        self.last_sent = time.monotonic()
 
     def _skip_filler(self, end_pos: int) -> None:
         """A relay-made filler (IGNORABLE_LOG_EVENT, flagged ignorable): it stands for transactions of the new
@@ -750,6 +854,7 @@ class DumpSender(DumpStart):
         finally:
             if self.gone is not None and not self.gone.done():
                 self.gone.set_result(None)
+            _expire(self.waiter)
 
     def _on_packet(self, packet: bytes) -> None:
         """A semi-sync ACK: 0xEF, the end position (u64) of the acknowledged event, the file name."""

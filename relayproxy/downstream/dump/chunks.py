@@ -1,0 +1,212 @@
+"""Shared framed chunks: a range of a relay file read, checked, classified and framed once for every dump.
+
+A dump packet is the 4-byte header (length, sequence id) + 0x00 + the event, and the relay's files hold the
+exact events a replica needs. Replicas that follow the horizon all ask for the same range when it advances,
+and replicas catching up together read the same ranges in the same order. So a range is read once, its
+events' CRCs checked once, the transaction boundary parser run over it once (from the state the asking
+replica's parser was in), and its packets framed once; what stays per replica is one byte per packet (the
+sequence id, ``frame_for``) and a cheap test of whether the range needs anything done to it for that replica
+(``Chunk.types``, ``gtids``): a GTID it must skip, an event its capabilities filter, a relay-made filler.
+
+Sans-I/O: ``scan_chunk`` is fed bytes; ``ChunkCache`` only holds futures of chunks and never reads itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+import zlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ...binlog import boundary as B
+from ...binlog import constants as C
+from ...binlog.gtid import GtidSet
+from .files import _U32, _header_unpack_from
+
+_HEADER_LEN = C.HEADER_LEN
+_RESULT_MASK = B.RESULT_MASK
+_FLAG_ERROR = B.FLAG_ERROR
+_GROUP_START = B.GROUP_START
+_pack_u32 = _U32.pack
+_unpack_u32_from = _U32.unpack_from
+_crc32 = zlib.crc32
+
+CACHE_BYTES = 24 << 20  # framed chunks kept for senders that come by later (each about twice its range)
+
+
+class Chunk:
+    """Events ``[start, end)`` of relay file ``name``, read once.
+
+    ``data`` holds the bytes read (``end - start`` of them are whole events; a cut event after them is not
+    part of the chunk). When ``ok``, every event's CRC matched and the parser raised no error, and
+    ``framed`` holds the events as dump packets (0x00 prefix, sequence id 0) with ``seq_at`` the offset of
+    each packet's sequence byte; ``types`` are the event types met, ``flags`` the union of their header
+    flags, ``gtids`` the GTIDs of the groups that open in the chunk (None for a group without one),
+    ``gtid_set`` the MySQL ones as a set, and ``parser`` the boundary parser's state at ``end``.
+    """
+
+    __slots__ = ("name", "start", "end", "data", "ok", "framed", "seq_at", "types", "flags", "gtids",
+                 "gtid_set", "parser", "events")
+
+    def __init__(self, name: str, start: int, data: bytes):
+        self.name = name
+        self.start = start
+        self.end = start
+        self.data = data
+        self.ok = False
+        self.framed: bytes = b""
+        self.seq_at: array = array("I")
+        self.types: frozenset[int] = frozenset()
+        self.flags = 0
+        self.gtids: list = []
+        self.gtid_set: GtidSet | None = None
+        self.parser: B.TransactionBoundaryParser | None = None
+        self.events = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.data) + len(self.framed)
+
+    def frame_for(self, seq: int) -> tuple[bytearray, int]:
+        """The packets numbered from ``seq``: (the bytes to write, the next sequence id)."""
+        out = bytearray(self.framed)
+        for at in self.seq_at:
+            out[at] = seq
+            seq = (seq + 1) & 0xFF
+        return out, seq
+
+
+def scan_chunk(name: str, start: int, data: bytes, parser: B.TransactionBoundaryParser, crc: bool) -> Chunk:
+    """Classify and frame the whole events at the front of ``data`` (``data`` starts at an event).
+
+    ``parser`` is a copy the chunk keeps (it ends in the state after the chunk's last event). Anything
+    irregular (an impossible size, a CRC mismatch, a parser error, a FORMAT_DESCRIPTION) leaves ``ok``
+    False with ``end`` at the last good event: the asking sender then takes the event-by-event path, which
+    reports the error exactly as it always has."""
+    chunk = Chunk(name, start, data)
+    view = memoryview(data)
+    n = len(data)
+    off = 0
+    feed = parser.feed
+    parts: list = []
+    append = parts.append
+    seq_at = chunk.seq_at
+    framed_len = 0
+    types: set[int] = set()
+    add_type = types.add
+    flags_any = 0
+    gtids = chunk.gtids
+    ok = True
+    while off + _HEADER_LEN <= n:
+        _ts, type_code, _sid, size, _lp, flags = _header_unpack_from(data, off)
+        end = off + size
+        if size < _HEADER_LEN or size >= 0xFFFFFF or type_code == C.FORMAT_DESCRIPTION_EVENT:
+            ok = off > 0 and ok  # the event-by-event path takes it from here
+            break
+        if end > n:
+            break
+        if crc and _crc32(view[off : end - 4]) != _unpack_u32_from(data, end - 4)[0]:
+            ok = off > 0 and ok
+            break
+        result = feed(type_code, flags, view, off, size)
+        if result & _FLAG_ERROR:
+            ok = off > 0 and ok
+            break
+        if result & _RESULT_MASK == _GROUP_START:
+            gtids.append(parser.gtid)
+        add_type(type_code)
+        flags_any |= flags
+        seq_at.append(framed_len + 3)
+        append(_pack_u32(size + 1))
+        append(b"\x00")
+        append(view[off:end])
+        framed_len += size + 5
+        chunk.events += 1
+        off = end
+    chunk.end = start + off
+    if off == 0:
+        return chunk  # nothing whole: the first event is larger than what was read, or broken
+    chunk.ok = ok
+    chunk.framed = b"".join(parts)
+    chunk.types = frozenset(types)
+    chunk.flags = flags_any
+    chunk.parser = parser
+    if parser.flavour == "mysql" and gtids:
+        gset = GtidSet()
+        for gtid in gtids:
+            if gtid is None:
+                continue
+            if len(gtid) == 2:
+                gset.add(gtid[0], gtid[1])
+            else:
+                gset.add(gtid[0], gtid[2], gtid[1])
+        chunk.gtid_set = gset
+    return chunk
+
+
+class ChunkCache:
+    """The chunks of one relay directory, shared by its dumps (one event loop): a chunk asked for while it is
+    being read is awaited, not read again; finished chunks stay until ``CACHE_BYTES`` are held."""
+
+    def __init__(self, budget: int = CACHE_BYTES):
+        self.budget = budget
+        self.held = 0
+        self._done: OrderedDict[tuple, Chunk] = OrderedDict()
+        self._pending: dict[tuple, asyncio.Future] = {}
+        self.hits = 0
+        self.misses = 0
+
+    async def get(self, key: tuple, make: Callable[[], Awaitable[Chunk]]) -> Chunk | None:
+        """The chunk for ``key``, made by ``make()`` unless it is held or being made; None when another
+        sender's making of it failed or was cancelled (the caller then reads for itself)."""
+        chunk = self._done.get(key)
+        if chunk is not None:
+            self._done.move_to_end(key)
+            self.hits += 1
+            return chunk
+        pending = self._pending.get(key)
+        if pending is not None:
+            self.hits += 1
+            return await asyncio.shield(pending)
+        self.misses += 1
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            chunk = await make()
+            future.set_result(chunk)
+        finally:
+            del self._pending[key]
+            if not future.done():
+                future.set_result(None)  # failed or cancelled: whoever waits reads for itself
+        self._keep(key, chunk)
+        return chunk
+
+    def _keep(self, key: tuple, chunk: Chunk) -> None:
+        size = chunk.size
+        if size > self.budget:
+            return
+        self._done[key] = chunk
+        self.held += size
+        while self.held > self.budget:
+            _key, old = self._done.popitem(last=False)
+            self.held -= old.size
+
+    def forget(self, name: str) -> None:
+        """Drop every chunk of ``name`` (a purged or rewritten file)."""
+        for key in [k for k in self._done if k[0] == name]:
+            self.held -= self._done.pop(key).size
+
+
+_caches: "weakref.WeakKeyDictionary[Any, ChunkCache]" = weakref.WeakKeyDictionary()
+
+
+def chunk_cache(store: Any) -> ChunkCache:
+    """One ChunkCache per relay store, shared by every dump of it."""
+    cache = _caches.get(store)
+    if cache is None:
+        cache = ChunkCache()
+        _caches[store] = cache
+    return cache

@@ -1,0 +1,136 @@
+"""Per-file indexes of closed relay files (relay/fileindex.py): what they hold equals a scan, they are verified on
+use, rebuilt when missing or damaged, removed with their file, and the catalog and the GTID dump start use them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from relayproxy.binlog.gtid import GtidSet
+from relayproxy.binlog.reader import scan_bytes, scan_file
+from relayproxy.downstream.dump.files import _gtid_seek, _scan_file_gtids
+from relayproxy.relay import RelayStore
+from relayproxy.relay import fileindex as FI
+from relayproxy.relay.catalog import FileCatalog
+
+from .test_relay_checkpoint import as_sent
+from .test_relay_store import Feeder, mysql_image, split_events
+
+MARIA = "mariadb-operator-mariadb-poc/mariadb-binlog/binlogs/domain_id_0"
+
+
+def test_index_describes_a_real_file_as_a_scan_does(tmp_path, corpus_dir):
+    for rel in (f"{MARIA}/mariadb-repl-bin.000002", "zalora-binlog-parser/data/gtid-fixtures/mysql-bin.01"):
+        data = as_sent((corpus_dir / rel).read_bytes())
+        path = tmp_path / Path(rel).name
+        path.write_bytes(data)
+        idx = FI.build(path, path.name, sparse_bytes=64 << 10)
+        scan = scan_file(path)
+        assert idx.size == len(data) and idx.events == scan.events and idx.groups == scan.groups_complete
+        assert idx.start_set() == scan.start_gtids and idx.end_set() == scan.gtids_after
+        assert idx.last_event == split_events(data)[-1][0] and idx.error is None
+        assert FI.verify_content(idx, path) is None
+        # every sparse entry is a group boundary with the set a scan of the prefix finds there
+        assert idx.sparse or len(data) < 64 << 10
+        for position, gtids, _anon in idx.sparse:
+            prefix = scan_bytes(data[:position])
+            assert prefix.good_end == position and FI.decode_gtids(gtids) == prefix.gtids_after
+        # round trip through the sidecar
+        FI.write(tmp_path, idx)
+        loaded, why = FI.load(tmp_path, path.name)
+        assert why is None and loaded == idx
+
+
+def test_an_index_that_does_not_match_its_file_is_not_used_and_is_rebuilt(tmp_path, corpus_dir, caplog):
+    data = as_sent((corpus_dir / "zalora-binlog-parser/data/gtid-fixtures/mysql-bin.01").read_bytes())
+    path = tmp_path / "mysql-bin.01"
+    path.write_bytes(data)
+    FI.write(tmp_path, FI.build(path, path.name))
+    side = FI.sidecar_path(tmp_path, path.name)
+    good = side.read_bytes()
+    cases = {
+        "torn": lambda: side.write_bytes(good[: len(good) // 2]),
+        "flipped": lambda: side.write_bytes(good.replace(b'"events":', b'"events":1', 1)),
+        "file grew": lambda: path.write_bytes(data + b"x"),
+        "last bytes changed": lambda: path.write_bytes(data[:-1] + bytes([data[-1] ^ 1])),
+    }
+    for label, damage in cases.items():
+        path.write_bytes(data)
+        side.write_bytes(good)
+        damage()
+        idx, why = FI.load(tmp_path, path.name)
+        assert idx is None and why, label
+        rebuilt = FI.index_for(tmp_path, path.name, writable=True)
+        assert rebuilt.size == path.stat().st_size, label
+        assert FI.load(tmp_path, path.name)[0] == rebuilt, label  # written again, and now it verifies
+    side.unlink()
+    FI.index_for(tmp_path, path.name, writable=False)
+    assert not side.exists()  # where the relay may not write (serve), nothing is written
+
+
+def test_store_indexes_closed_files_catalog_uses_them_purge_removes_them(tmp_path, monkeypatch):
+    first = mysql_image("binlog.000002", groups=6)
+    second = mysql_image("binlog.000003", groups=3, start=scan_bytes(first).gtids_after)
+    third = mysql_image("binlog.000004", rotate=False, groups=2, start=scan_bytes(second).gtids_after)
+    relay = tmp_path / "relay"
+    store = RelayStore.open(relay)
+    for name, image in (("binlog.000001", first), ("binlog.000002", second), ("binlog.000003", third)):
+        store.start_file(name)
+        Feeder(store).feed_all(image)
+    assert store._indexer.wait_idle()
+    for name in ("binlog.000001", "binlog.000002"):
+        assert FI.load(relay, name)[0] is not None, name
+    assert not FI.sidecar_path(relay, "binlog.000003").exists()  # the current file is not closed
+    # the catalog reads the index: no scan of a closed file
+    scans = []
+    import relayproxy.binlog.reader as reader
+
+    real = reader.scan_file
+    monkeypatch.setattr(reader, "scan_file", lambda *a, **kw: (scans.append(a[0]), real(*a, **kw))[1])
+    catalog = FileCatalog(store)
+    purged = catalog.purged()
+    assert purged == scan_bytes(first).start_gtids
+    assert catalog._events_gtids("binlog.000001") == scan_bytes(first).gtids_after.subtract(
+        scan_bytes(first).start_gtids)
+    assert _scan_file_gtids(os.fspath(relay / "binlog.000002")) == scan_bytes(second).gtids_after.subtract(
+        scan_bytes(second).start_gtids)
+    assert scans == []
+    store.purge_to("binlog.000002")
+    assert not FI.sidecar_path(relay, "binlog.000001").exists()
+    store.close()
+    # a leftover of a crash: an index whose file is gone, a temporary file; removed at the next open
+    FI.sidecar_path(relay, "binlog.000000").write_bytes(b"{}")
+    (relay / (FI.sidecar_name("binlog.000002") + ".1.2.tmp")).write_bytes(b"")
+    RelayStore.open(relay).close()
+    assert sorted(p.name for p in relay.iterdir() if p.name.startswith(FI.SIDECAR_PREFIX)) == [
+        FI.sidecar_name("binlog.000002")]
+
+
+def test_gtid_seek_starts_where_the_replica_has_everything_before(tmp_path):
+    image = mysql_image("binlog.000002", groups=40)
+    path = tmp_path / "binlog.000001"
+    path.write_bytes(image)
+    FI.write(tmp_path, FI.build(path, path.name, sparse_bytes=300))
+    idx = FI.load(tmp_path, path.name)[0]
+    assert len(idx.sparse) > 3
+    everything = scan_bytes(image).gtids_after
+    assert idx.anonymous_groups > 0  # this stream has groups without GTIDs: the seek stops before the first
+
+    def anonymous_before(position):
+        groups = []
+        scan_bytes(image[:position], on_group=groups.append)
+        return sum(1 for g in groups if g.complete and g.gtid is None)
+
+    for replica in [GtidSet(), everything] + [FI.decode_gtids(g) for _p, g, _a in idx.sparse]:
+        seek = _gtid_seek(path, replica)
+        ok = [p for p, g, _a in idx.sparse
+              if FI.decode_gtids(g).is_subset(replica) and anonymous_before(p) == 0]
+        # the furthest entry of an unbroken run from the start that the replica fully has
+        run = 4
+        for p, g, _a in idx.sparse:
+            if p not in ok:
+                break
+            run = p
+        assert seek == run
+        assert seek == 4 or scan_bytes(image[:seek]).gtids_after.is_subset(replica)
+    assert _gtid_seek(path, everything) > 4
