@@ -513,3 +513,36 @@ def test_file_indexes_describe_converted_and_archived_files_and_stay(tmp_path):
             assert rebuilt.encode() == idx.encode()
     finally:
         CF._keyrings.clear()
+
+
+def test_the_storage_task_converts_in_a_worker_thread_and_stops_between_files(tmp_path):
+    import asyncio
+    import threading
+
+    d, files = make_relay(tmp_path)
+    with RelayStore.open(d) as store:
+        task = CV.StorageTask(options(tmp_path), 0.05, lambda: store)
+        threads = []
+        real = CV.convert_file
+
+        def spy(*args, **kwargs):
+            threads.append(threading.current_thread())
+            return real(*args, **kwargs)
+
+        async def main():
+            CV.convert_file = spy
+            try:
+                runner = asyncio.create_task(task.run())
+                while task.stats.converted < 3 and not task.stats.failures:
+                    await asyncio.sleep(0.02)
+                runner.cancel()
+                await asyncio.gather(runner, return_exceptions=True)
+            finally:
+                CV.convert_file = real
+
+        asyncio.run(main())
+        assert threads and all(t is not threading.main_thread() for t in threads)
+        assert task.stats.converted == 3 and task.stats.failures == 0 and task._stop.is_set()
+        stopped = CV.StorageStats()
+        assert CV.run_pending(store, options(tmp_path, archive_dir=tmp_path / "a", archive_after_files=0),
+                              stopped, stop=task._stop) == 0  # a set stop begins nothing

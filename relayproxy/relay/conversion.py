@@ -31,6 +31,7 @@ import asyncio
 import os
 import re
 import signal
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -434,8 +435,10 @@ class StorageStats:
         return asdict(self)
 
 
-def run_pending(store, opts: StorageOptions, stats: StorageStats | None = None, *, limit: int | None = None) -> int:
-    """Do the pending steps (in the calling thread: a worker thread); returns how many were done."""
+def run_pending(store, opts: StorageOptions, stats: StorageStats | None = None, *, limit: int | None = None,
+                stop: threading.Event | None = None) -> int:
+    """Do the pending steps (in the calling thread: a worker thread); returns how many were done. ``stop`` set:
+    no further step begins (the one under way finishes: every step is crash-safe anyway)."""
     stats = stats if stats is not None else StorageStats()
     relay_dir = Path(store.relay_dir)
     if opts.archives:
@@ -449,7 +452,7 @@ def run_pending(store, opts: StorageOptions, stats: StorageStats | None = None, 
         write_archive_marker(relay_dir, opts.archive_dir)
     done = 0
     for action, name in pending(store, opts):
-        if limit is not None and done >= limit:
+        if (limit is not None and done >= limit) or (stop is not None and stop.is_set()):
             break
 
         def listed(n: str) -> bool:
@@ -492,19 +495,23 @@ class StorageTask:
         self.interval = interval
         self._store = store
         self.stats = StorageStats()
+        self._stop = threading.Event()
 
     async def run(self) -> None:
         log.info("closed relay file storage enabled", form=self.opts.describe(), interval=self.interval)
-        while True:
-            await self.check()
-            await asyncio.sleep(self.interval)
+        try:
+            while True:
+                await self.check()
+                await asyncio.sleep(self.interval)
+        finally:
+            self._stop.set()  # cancelled (the relay stops): the worker thread begins no further step
 
     async def check(self) -> int:
         store = self._store()
         if store is None or getattr(store, "read_only", False):
             return 0
         try:
-            return await asyncio.to_thread(run_pending, store, self.opts, self.stats)
+            return await asyncio.to_thread(run_pending, store, self.opts, self.stats, stop=self._stop)
         except Exception as exc:  # never kill the task; the error is in stats and the log
             self.stats.failures += 1
             self.stats.last_error = str(exc)
