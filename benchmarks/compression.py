@@ -264,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"a local mariadbd master's binlogs after the OLTP workload (workloads.py oltp, scale {args.oltp_scale})")
         lines += [f"## {label}: {what}", "", f"{res['files']} files, {res['logical_mb']:.1f} MB logical.", "",
                   *table(res), ""]
+    lines += ["## Reading these figures", "",
+              "The stored sizes (ratios) are exact and repeat from run to run. CPU and read-throughput figures come "
+              "from a shared machine (load average below) and moved by up to 2x between runs of this script; compare "
+              "forms within one run (the `vs plain` columns), not across runs. A replica reads a relay file once per "
+              "dump, so a dump of converted files is bounded by the decode rate above (hundreds of MB/s), and a dump "
+              "starting mid-file pays one frame decode (about 1-2 ms) once.", ""]
     lines += benchinfo.machine_section(machine)
     (out_dir / "compression.md").write_text("\n".join(lines))
     plt = benchinfo.pyplot()
