@@ -1265,8 +1265,8 @@ def main(argv: list[str] | None = None) -> int:
     extra_src = {}
     for item in args.extra_relay:
         label, _, src = item.partition("=")
-        if not src or not (Path(src) / "relayproxy" / "cli.py").is_file():
-            raise SystemExit(f"--extra-relay {item!r}: expected LABEL=DIR with DIR/relayproxy/cli.py")
+        if not src or not (Path(src) / "relayproxy" / "commands" / "cli.py").is_file():
+            raise SystemExit(f"--extra-relay {item!r}: expected LABEL=DIR with DIR/relayproxy/commands/cli.py")
         extra_src[label] = Path(src).resolve()
     work = Path(tempfile.mkdtemp(prefix="rp-catchup-", dir=args.workdir))
     master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)

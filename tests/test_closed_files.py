@@ -546,3 +546,24 @@ def test_the_storage_task_converts_in_a_worker_thread_and_stops_between_files(tm
         stopped = CV.StorageStats()
         assert CV.run_pending(store, options(tmp_path, archive_dir=tmp_path / "a", archive_after_files=0),
                               stopped, stop=task._stop) == 0  # a set stop begins nothing
+
+
+def test_show_binlog_events_reads_a_converted_file_like_the_plain_one(tmp_path):
+    from relayproxy.downstream.sql.binlog_events import Request, read_binlog_events
+
+    d, files = make_relay(tmp_path)
+    plain_dir = tmp_path / "plain"
+    plain_dir.mkdir()
+    (plain_dir / "bin.000002").write_bytes(files["bin.000002"])
+    CF.configure(d, keyring=RING)
+    try:
+        with RelayStore.open(d) as store:
+            CV.run_pending(store, options(tmp_path))
+        assert (d / "bin.000002.rpz").exists() and not (d / "bin.000002").exists()
+        size = len(files["bin.000002"])
+        for request in (Request(None, 4, 0, None), Request(None, 4, 50, 20)):
+            mine = read_binlog_events(str(d / "bin.000002"), "bin.000002", size, request, flavour="mysql")
+            theirs = read_binlog_events(str(plain_dir / "bin.000002"), "bin.000002", size, request, flavour="mysql")
+            assert mine.rows == theirs.rows and len(mine.rows) > 10
+    finally:
+        CF._keyrings.clear()

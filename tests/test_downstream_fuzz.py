@@ -436,16 +436,24 @@ def bad_clients(port: int) -> None:
         assert err.code == 1153, err
         assert c.until_closed() == ([], 0)
 
-    # After a valid login: a 16 MB length header, then silence: the idle timeout ends it.
+    # After a valid login: a 16 MB length header is over max_allowed_packet (max_statement_bytes): 1153 at once.
     with Client(port) as c:
         c.greet()
         c.login()
         c.send_raw(b"\xff\xff\xff\x00" + b"\x03SELECT")
+        err = parse_err(c.payload())
+        assert err.code == 1153 and "max_allowed_packet" in err.message, err
+        assert c.until_closed() == ([], 0)
+    # After a valid login: a 1000-byte length header (under the limit), then silence: the idle timeout ends it.
+    with Client(port) as c:
+        c.greet()
+        c.login()
+        c.send_raw(b"\xe8\x03\x00\x00" + b"\x03SELECT")
         t0 = time.monotonic()
         err = parse_err(c.payload())
         assert err.code == 4031 and time.monotonic() - t0 < 5, err
         assert c.until_closed() == ([], 0)
-    # A length of 0xFFFFFF followed by garbage, packet after packet, past max_allowed_packet (64 MiB): 1153.
+    # A length of 0xFFFFFF followed by garbage, packet after packet, past max_allowed_packet (max_statement_bytes, 1 MiB): 1153.
     with Client(port, timeout=30) as c:
         c.greet()
         c.login()
@@ -457,12 +465,13 @@ def bad_clients(port: int) -> None:
             pass  # the server stopped reading and closed: also fine, as long as it said why first
         err = assert_error_then_close(c, (1153,), deadline=30)
         assert "max_allowed_packet" in err.message
-    # A length of 0xFFFFFF followed by a little garbage, then the client leaves.
+    # A length of 0xFFFFFF followed by a little garbage, then the client leaves: 1153 for the header first.
     with Client(port) as c:
         c.greet()
         c.login()
         c.send_raw(b"\xff\xff\xff\x00" + rng.randbytes(1000))
-        assert c.rest() == ([], 0)
+        packets, _ = c.rest()  # over max_allowed_packet: refused (1153) as soon as the header arrives
+        assert [parse_err(payload).code for _, payload in packets] == [1153]
     # Out-of-order sequence id after login.
     with Client(port) as c:
         c.greet()

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relayproxy.commands import config
-from relayproxy.downstream.sql import dispatch, env as env_module, execute, limits
+from relayproxy.downstream.sql import dispatch, execute, limits
+from relayproxy.downstream.sql import env as env_module
 from relayproxy.downstream.sql.errors import SqlError
 from relayproxy.downstream.sql.parser import Parser, tokenize
 from relayproxy.downstream.sql.values import like_match
@@ -256,3 +257,55 @@ def test_ordinary_statements_use_a_small_part_of_the_budget(mysql_relay, budgets
                 "'server%' OR Value = 'ON'", "SELECT @@server_id, @@gtid_mode, UNIX_TIMESTAMP(), CONCAT('a', 'b')"):
         assert isinstance(r.run(sql), ResultSet)
         assert budgets[-1].steps < limits.MAX_STEPS // 20, sql
+
+
+# -- @@max_allowed_packet is what the server enforces (issue 14) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [4096, 1 << 20])
+def test_max_allowed_packet_is_the_enforced_packet_limit(limit):
+    """A real client against the in-process server with the real SQL layer: @@max_allowed_packet answers
+    max_statement_bytes; a COM_QUERY packet of exactly that size is answered, one byte more is 1153 and the
+    connection is closed, as the servers do."""
+    import pymysql
+
+    from relayproxy.downstream.server import DownstreamServer
+    from relayproxy.downstream.users import DownstreamUser
+
+    from .test_downstream_server import make_ctx, rsa_key
+
+    ctx = make_ctx("mysql")
+    ctx.cfg.max_statement_bytes = limit
+    users = [DownstreamUser("app", "app-pw", plugin="mysql_native_password")]
+
+    async def scenario() -> None:
+        server = DownstreamServer(ctx, users, rsa_key=rsa_key())
+        await server.start("127.0.0.1", 0)
+        assert server.max_packet == limit
+
+        def client() -> None:
+            conn = pymysql.connect(host="127.0.0.1", port=server.address[1], user="app", password="app-pw")
+            cur = conn.cursor()
+            cur.execute("SELECT @@max_allowed_packet, @@global.max_allowed_packet")
+            assert cur.fetchall() == ((limit, limit),)
+            head, tail = "SELECT '", "' AS x"
+            filler = "a" * (limit - 1 - len(head) - len(tail) - 16)  # 16 bytes left under the string bound
+            statement = head + filler + tail + " " * 16  # the COM_QUERY packet is exactly `limit` bytes
+            assert len(statement) + 1 == limit
+            cur.execute(statement)
+            assert cur.fetchall() == ((filler,),)
+            with pytest.raises(pymysql.MySQLError) as info:
+                cur.execute(statement + " ")  # one byte over
+            assert info.value.args[0] in (1153, 2013), info.value.args
+            if info.value.args[0] == 1153:
+                assert "max_allowed_packet" in info.value.args[1]
+            with pytest.raises(pymysql.MySQLError):  # the server closed the connection
+                cur.execute("SELECT 1")
+            conn.close()
+
+        try:
+            await asyncio.to_thread(client)
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())

@@ -348,6 +348,12 @@ class BinlogScanner:
         elif self._fde is None:
             self._fail(offset, f"first event is {C.event_name(type_code)}, not FORMAT_DESCRIPTION_EVENT")
             return
+        elif type_code == C.MARIA_START_ENCRYPTION_EVENT and not flags & C.LOG_EVENT_IGNORABLE_F:
+            # A MariaDB server's own file with encrypt_binlog=ON: every later event is encrypted. (A replica's or
+            # a relay's copy has it flagged ignorable and plain events after it.)
+            self._fail(offset, "the rest of the file is encrypted (MariaDB encrypt_binlog=ON, START_ENCRYPTION_EVENT "
+                               "here): give the server's key file (--binlog-key-file)")
+            return
         r.events += 1
         r.bytes += size
         counts = r.counts_by_type
@@ -466,8 +472,12 @@ def scan_file(
     on_event: Callable[[ScannedEvent], None] | None = None,
     on_group: Callable[[ScannedGroup], None] | None = None,
     max_event_in_memory: int = DEFAULT_MAX_EVENT_IN_MEMORY,
+    decrypt=None,
 ) -> ScanResult:
-    """Scan one file in bounded memory and return what was found (never raises for bad content)."""
+    """Scan one file in bounded memory and return what was found (never raises for bad content).
+
+    ``decrypt``: a ``binlog.encryption.DecryptingStream`` for a MariaDB file written with encrypt_binlog=ON: the
+    scanner sees the plain events (it raises ``BinlogKeyError`` for a missing or wrong key)."""
     scanner = BinlogScanner(
         verify_checksums=verify_checksums,
         flavour=flavour,
@@ -477,14 +487,25 @@ def scan_file(
         max_event_in_memory=max_event_in_memory,
         path=os.fspath(path),
     )
+    if decrypt is not None:
+        from .encryption import BinlogKeyError
     with open(path, "rb") as f:
         while True:
             chunk = f.read(chunk_size)
             if not chunk:
                 break
+            if decrypt is not None:
+                try:
+                    chunk = decrypt.feed(chunk)
+                except BinlogKeyError as exc:  # a missing or wrong key: what came before is reported
+                    scanner.feed(decrypt.flushed)
+                    scanner._fail(decrypt.offset, str(exc))
+                    break
             scanner.feed(chunk)
             if scanner._stopped:
                 break
+        if decrypt is not None and not scanner._stopped:
+            scanner.feed(decrypt.take_pending())  # an incomplete last event, as stored: reported as cut
     return scanner.finish()
 
 

@@ -86,6 +86,13 @@ def _duration(value: Any) -> float:
     return parse_duration(value)
 
 
+def _duration_or_zero(value: Any) -> float:
+    """A duration, or 0 (off)."""
+    if not isinstance(value, bool) and str(value).strip() in ("0", "0.0", "0s"):
+        return 0.0
+    return _duration(value)
+
+
 def _size(value: Any) -> int:
     from ..relay.retention import parse_size
 
@@ -148,12 +155,24 @@ OPTIONS: tuple[Option, ...] = (
     Option("server_id", _server_id, None, "server id the relay registers with (unique in the topology)"),
     Option("relay_dir", str, None, "directory of the relay files (the files are the state)", "DIR"),
     Option("binlog_dir", str, None, "relayproxy serve: directory of the binlog files to serve, read-only", "DIR"),
+    Option("binlog_key_file", str, None,
+           "relayproxy serve: the MariaDB server's key file (file_key_management_filename) for encrypt_binlog=ON "
+           "files", "PATH"),
+    Option("binlog_key_file_key", str, None,
+           "its file key when it is encrypted (file_key_management_filekey: the secret, or FILE:<path>)",
+           "SECRET", secret=True),
+    Option("binlog_key_algorithm", _choice("aes_cbc", "aes_ctr"), "aes_cbc",
+           "the server's file_key_management_encryption_algorithm"),
+    Option("decrypted_dir", str, None,
+           "relayproxy serve: where the plain copies of encrypted binlogs go (default: a private temporary "
+           "directory, removed at exit)", "DIR"),
     Option("http", _host_port, None, "serve GET /status and /metrics on this address", "HOST:PORT"),
     Option("listen", _host_port, None, "serve replicas and tools on this address, as their master", "HOST:PORT"),
     Option("users", _users, None,
            "accounts for --listen: TOML [[users]] tables (name, password | password_env | password_file, plugin, "
-           "tls, admin), or NAME:PASSWORDSPEC[:tls][:plugin][:admin],... with PASSWORDSPEC env:VAR, file:PATH or "
-           "the password; admin accounts may PURGE BINARY LOGS",
+           "tls, admin, privileges), or NAME:PASSWORDSPEC[:tls][:plugin][:admin][:privileges=A+B],... with "
+           "PASSWORDSPEC env:VAR, file:PATH or the password; privileges: replication_slave, replication_client, "
+           "binlog_admin, admin (default: replication_slave + replication_client; admin = true: all)",
            "SPECS", secret=True),
     Option("tls_cert", str, None, "certificate (PEM) offered to replicas on --listen", "PATH"),
     Option("tls_key", str, None, "its private key (PEM; default: in the certificate file)", "PATH"),
@@ -210,8 +229,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("storage_interval", _duration, 10.0,
            "seconds between looks for closed files to compress, encrypt or archive", "DURATION"),
     Option("max_statement_bytes", _size, 1 << 20,
-           "SQL port: longest statement, largest string value, and all user variables of one connection: bytes, "
-           "or with K, M, G (1M)", "SIZE"),
+           "SQL port: @@max_allowed_packet: largest command packet (a statement and its command byte), largest "
+           "string value, and all user variables of one connection: bytes, or with K, M, G (1M)", "SIZE"),
+    Option("show_binlog_events_max_rows", _positive_int, 10000,
+           "SQL port: rows one SHOW BINLOG EVENTS returns at most (page with FROM / LIMIT offset); the file is read "
+           "in a worker thread", "N"),
     Option("max_connections", _positive_int, 1000,
            "--listen: clients logged in at once, plus one more for an admin account (then 1040 Too many connections)",
            "N"),
@@ -220,6 +242,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_unauthenticated_connections", _positive_int, 100,
            "--listen: connections not logged in yet (at most max_connections); when full, a newcomer replaces the "
            "oldest that has waited over a second", "N"),
+    Option("max_connect_errors", _positive_int, 100,
+           "--listen: consecutive failed logins (bad password, bad or unfinished handshake) after which a client "
+           "host is refused with 1129 until FLUSH HOSTS or host_block_time; a good login resets the count", "N"),
+    Option("host_block_time", _duration_or_zero, 0.0,
+           "--listen: how long a host blocked by max_connect_errors stays blocked (a duration); 0: until an admin "
+           "runs FLUSH HOSTS, as the servers", "DURATION"),
     Option("handshake_timeout", _positive_float, 10.0,
            "--listen: seconds from accept to a completed login (MySQL's connect_timeout)"),
     Option("net_read_timeout", _positive_float, 30.0,

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import uuid
 from pathlib import Path
 from typing import TextIO
 
 from ..binlog import constants as C
+from ..binlog.encryption import ALGORITHMS, BinlogKeyError, DecryptingStream
 from ..binlog.events import BinlogFormatError, FormatDescription
 from ..binlog.reader import ScannedEvent, ScannedGroup, ScanResult, scan_file
 from ..relay import closed_files
 from ..relay.conversion import keyring_from_config
+
+KEY_FILE_KEY_ENV = "RELAYPROXY_BINLOG_KEY_FILE_KEY"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,22 +28,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encryption-key-file", metavar="PATH",
                         help="keys of encrypted relay files ('<id>:<64 hex digits>' a line; encrypt_at_rest)")
     parser.add_argument("--encryption-key-env", metavar="VAR", help="environment variable holding those keys")
+    parser.add_argument("--binlog-key-file", metavar="PATH",
+                        help="MariaDB files written with encrypt_binlog=ON: the server's key file "
+                             "(file_key_management_filename); the events are shown decrypted")
+    parser.add_argument("--binlog-key-file-key", metavar="SECRET",
+                        help="the key file's file key when it is encrypted (file_key_management_filekey: the "
+                             f"secret, or FILE:<path>) [env {KEY_FILE_KEY_ENV}]")
+    parser.add_argument("--binlog-key-algorithm", choices=ALGORITHMS, default="aes_cbc",
+                        help="the server's file_key_management_encryption_algorithm (default aes_cbc)")
 
 
 def run(args: argparse.Namespace) -> int:
     global _keyring
     try:
-        _keyring = keyring_from_config(args)
+        _keyring = keyring_from_config(args)  # the relay's own encrypted closed files (encrypt_at_rest)
     except ValueError as exc:
         print(f"relayproxy inspect: {exc}", file=sys.stderr)
         return 2
+    keys = None
+    key_file = getattr(args, "binlog_key_file", None)
+    if key_file:
+        from ..relay.decrypted import read_key_file
+
+        filekey = getattr(args, "binlog_key_file_key", None) or os.environ.get(KEY_FILE_KEY_ENV)
+        try:
+            keys = read_key_file(key_file, filekey)
+        except BinlogKeyError as exc:
+            print(f"relayproxy inspect: {exc}", file=sys.stderr)
+            return 2
+    decrypt = None if keys is None else {"keys": keys, "key_source": key_file,
+                                         "algorithm": getattr(args, "binlog_key_algorithm", "aes_cbc")}
     all_ok = True
     for path in args.files:
         if args.json:
-            result = _scan(path, verify=not args.no_verify)
+            result = _scan(path, verify=not args.no_verify, decrypt=decrypt)
             print(json.dumps(result_to_json(result)), flush=True)
         else:
-            result = _print_human(path, verify=not args.no_verify, events=not args.summary, out=sys.stdout)
+            result = _print_human(path, verify=not args.no_verify, events=not args.summary, out=sys.stdout,
+                                  decrypt=decrypt)
         all_ok = all_ok and result.ok
     return 0 if all_ok else 1
 
@@ -47,20 +73,31 @@ def run(args: argparse.Namespace) -> int:
 _keyring = None  # from --encryption-key-file / --encryption-key-env
 
 
-def _scan(path: str, verify: bool, **callbacks) -> ScanResult:
-    """Scan a binlog or relay file: a relay file compressed, encrypted (``NAME.rpz``) or archived is read as its
-    logical bytes (``relay/closed_files.py``), given as ``DIR/NAME`` or ``DIR/NAME.rpz``."""
+def _scan(path: str, verify: bool, decrypt: dict | None = None, **callbacks) -> ScanResult:
+    """Scan a binlog or relay file. A relay file compressed, encrypted (``NAME.rpz``) or archived is read as its
+    logical bytes (``relay/closed_files.py``), given as ``DIR/NAME`` or ``DIR/NAME.rpz``; a MariaDB file written
+    with encrypt_binlog=ON is decrypted with ``decrypt`` (the server's key file)."""
     try:
         target = Path(path)
         if target.name.endswith(closed_files.SUFFIX):
             target = target.with_name(closed_files.logical_name(target.name))
-        if closed_files.locate(target) is None or closed_files.locate(target) == target:
-            return scan_file(path, verify_checksums=verify, **callbacks)
-        return closed_files.scan(target, keyring=_keyring, verify_checksums=verify, **callbacks)
+        stored = closed_files.locate(target)
+        if stored is not None and stored != target:
+            return closed_files.scan(target, keyring=_keyring, verify_checksums=verify, **callbacks)
     except OSError as exc:
         return ScanResult(path=path, error=f"cannot read file: {exc.strerror or exc}")
     except closed_files.StoredFileError as exc:
         return ScanResult(path=path, error=f"cannot read file: {exc}")
+    stream = None
+    if decrypt is not None:
+        stream = DecryptingStream(decrypt["keys"], algorithm=decrypt["algorithm"], key_source=decrypt["key_source"],
+                                  file=path)
+    try:
+        return scan_file(path, verify_checksums=verify, decrypt=stream, **callbacks)
+    except OSError as exc:
+        return ScanResult(path=path, error=f"cannot read file: {exc.strerror or exc}")
+    except BinlogKeyError as exc:
+        return ScanResult(path=path, error=str(exc))
 
 
 def format_gtid(gtid) -> str | None:
@@ -125,7 +162,7 @@ def _event_info(ev: ScannedEvent, fde: FormatDescription | None) -> str:
         return f"undecodable: {exc}"
 
 
-def _print_human(path: str, *, verify: bool, events: bool, out: TextIO) -> ScanResult:
+def _print_human(path: str, *, verify: bool, events: bool, out: TextIO, decrypt: dict | None = None) -> ScanResult:
     state = {"fde": None}
     print(f"== {path}", file=out)
     if events:
@@ -152,7 +189,7 @@ def _print_human(path: str, *, verify: bool, events: bool, out: TextIO) -> ScanR
         line = f"[{g.start}, {g.end}) {g.events} events, {gtid}, {status}"
         print(f"{'':>10}  -- group {line}" if events else f"  group {line}", file=out)
 
-    r = _scan(path, verify, on_event=on_event, on_group=on_group)
+    r = _scan(path, verify, decrypt, on_event=on_event, on_group=on_group)
     version = r.server_version or "unknown"
     print(
         f"summary: server {version} ({r.flavour}), checksum {r.checksum or 'n/a'}, "

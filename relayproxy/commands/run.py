@@ -240,5 +240,7 @@ def _downstream_server(cfg, session):
         "handshake_timeout": getattr(cfg, "handshake_timeout", None),
         "write_timeout": getattr(cfg, "net_write_timeout", None),
         "net_read_timeout": getattr(cfg, "net_read_timeout", None),
+        "max_connect_errors": getattr(cfg, "max_connect_errors", None),
+        "host_block_time": getattr(cfg, "host_block_time", None),
     }
     return DownstreamServer(ctx, cfg.users, tls_context=tls, **{k: v for k, v in limits.items() if v is not None})

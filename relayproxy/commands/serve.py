@@ -58,10 +58,13 @@ import os
 import signal
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..binlog.encryption import BinlogKeyError
 from ..log import get_logger
+from ..relay.decrypted import DecryptedMirror, read_key_file
 from ..relay.master_variables import MasterVariablesFile
 from ..relay.readonly import (  # noqa: F401  (re-exported: the command's read-only store)
     ReadOnlyBinlogDir,
@@ -239,12 +242,26 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
         closed_files.configure(options.binlog_dir, keyring=keyring_from_config(cfg))
     except ValueError as exc:
         raise ServeError(str(exc)) from None
-    store = await asyncio.to_thread(ReadOnlyBinlogDir.open, options)
+    mirror = None
+    if cfg.values.get("binlog_key_file"):
+        mirror = await asyncio.to_thread(_open_mirror, cfg, options)
+        served = replace(options, binlog_dir=mirror.target)
+    else:
+        served = options
+    try:
+        store = await asyncio.to_thread(ReadOnlyBinlogDir.open, served)
+    except BaseException:
+        if mirror is not None:
+            mirror.close()
+        raise
     if cfg.values.get("server_id") is None:
         # As their master: the server id the files were written with (a replica refuses its own id).
         cfg.values["server_id"] = store.server_id or 1
         cfg.sources["server_id"] = f"FORMAT_DESCRIPTION_EVENT of {store.current_file}"
     session = FileServingSession(store, server_uuid_for(options.binlog_dir))
+    if mirror is not None:
+        session.status.extra["binlog_dir"] = str(options.binlog_dir)
+        session.status.extra["decrypted_files"] = len(mirror.encrypted_files)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -256,9 +273,9 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
     def status() -> dict[str, Any]:
         doc = relay_status(cfg, store, session, downstream)
         doc.update(
-            relay_dir=str(store.binlog_dir),
+            relay_dir=str(options.binlog_dir),
             mode="serve",
-            binlog_dir=str(store.binlog_dir),
+            binlog_dir=str(options.binlog_dir),
             file_order=store.order_source,
             follow=options.follow,
             follow_error=store.follow_error,
@@ -281,7 +298,7 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
         except OSError as exc:
             raise RelayStartupError(f"cannot listen on --listen {cfg.listen[0]}:{cfg.listen[1]}: {exc.strerror}") from exc
         if options.follow:
-            follower = asyncio.create_task(_follow(store, options.follow_interval), name="serve-follow")
+            follower = asyncio.create_task(_follow(store, options.follow_interval, mirror), name="serve-follow")
         if ready is not None and not ready.done():
             ready.set_result({
                 "http": address, "listen": listen_address, "store": store, "session": session,
@@ -297,6 +314,8 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
         if http is not None:
             await http.close()
         store.close()
+        if mirror is not None:
+            mirror.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.remove_signal_handler(sig)
@@ -305,10 +324,32 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
     return 0
 
 
-async def _follow(store: ReadOnlyBinlogDir, interval: float) -> None:
+def _open_mirror(cfg, options: ServeOptions) -> DecryptedMirror:
+    """Plain copies of an encrypt_binlog=ON directory (relay/decrypted.py); ServeError names a missing or wrong key."""
+    key_file = cfg.values["binlog_key_file"]
+    try:
+        keys = read_key_file(key_file, cfg.values.get("binlog_key_file_key"))
+        mirror = DecryptedMirror(options.binlog_dir, keys, key_source=key_file,
+                                 algorithm=cfg.values.get("binlog_key_algorithm") or "aes_cbc",
+                                 target=cfg.values.get("decrypted_dir"))
+    except BinlogKeyError as exc:
+        raise ServeError(f"cannot serve {options.binlog_dir}: {exc}") from None
+    try:
+        mirror.sync()
+    except (BinlogKeyError, OSError) as exc:
+        mirror.close()
+        raise ServeError(f"cannot serve {options.binlog_dir}: {exc}") from None
+    log.info("serving decrypted copies of encrypted binlogs", binlog_dir=str(options.binlog_dir),
+             decrypted_dir=str(mirror.target), encrypted_files=len(mirror.encrypted_files), key_file=key_file)
+    return mirror
+
+
+async def _follow(store: ReadOnlyBinlogDir, interval: float, mirror: DecryptedMirror | None = None) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
+            if mirror is not None:
+                await asyncio.to_thread(mirror.sync)
             publish = await asyncio.to_thread(store.poll)
         except Exception:  # a bug must not stop serving what is already there
             log.exception("following the binlog directory failed")

@@ -63,6 +63,7 @@ class ConnectionState:
     registration: ReplicaRegistration | None = None
     dump: DumpProgress | None = None
     connected_at: float = field(default_factory=time.time)
+    account: Any = None  # the wire.accounts.DownstreamUser it logged in as (privileges.py checks its privileges)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,10 @@ class DownstreamContext:
         self._catalog = None
         self._catalog_store = None
         self.semi_sync = SemiSyncTracker()  # ACKs of semi-sync replicas of the relay
+        # Bound by the server (downstream/server.py) for KILL and FLUSH HOSTS: end one connection by id (False:
+        # unknown), and forget every host's failed-login count (returns how many hosts were blocked).
+        self.kill_connection: Callable[[int], bool] | None = None
+        self.flush_hosts: Callable[[], int] | None = None
 
     @property
     def store(self):

@@ -67,6 +67,7 @@ from ..wire.server_auth import (
     server_capabilities,
 )
 from ..wire.tls import MemoryTls
+from . import privileges
 from .context import (
     ConnectionState,
     DownstreamContext,
@@ -75,6 +76,7 @@ from .context import (
     DumpRequest,
     ReplicaRegistration,
 )
+from .sql.limits import max_statement_bytes
 
 if TYPE_CHECKING:
     from .dump.chunks import Chunk
@@ -88,6 +90,7 @@ DumpServer = Callable[[DownstreamContext, ConnectionState, DumpRequest, DumpChan
 
 # Server error codes (include/mysqld_error.h).
 ER_CON_COUNT_ERROR = 1040
+ER_HOST_IS_BLOCKED = 1129
 ER_NO_DB_ERROR = 1046
 ER_UNKNOWN_COM_ERROR = 1047
 ER_UNKNOWN_ERROR = 1105
@@ -99,8 +102,9 @@ ER_CLIENT_INTERACTION_TIMEOUT = 4031
 
 # A handshake response holds a user name, a scramble and at most 64 KiB of connection attributes.
 HANDSHAKE_MAX_PAYLOAD = 128 * 1024
-# max_allowed_packet for client commands: MySQL 8's default. Replicas send only small commands.
-DEFAULT_MAX_PACKET = 64 * 1024 * 1024
+# max_allowed_packet for client commands when no context says otherwise: the configuration's max_statement_bytes
+# (sql/limits.py) is what the server enforces and what @@max_allowed_packet answers. Replicas send only small
+# commands (register, dump requests, semi-sync ACKs).
 # Undelivered client bytes above which we stop reading the socket (a client flooding us gets TCP back-pressure).
 DEFAULT_MAX_BUFFERED = 1024 * 1024
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # MySQL's connect_timeout
@@ -110,6 +114,9 @@ DEFAULT_NET_READ_TIMEOUT = 30.0  # MySQL's net_read_timeout: a client that stops
 DEFAULT_MAX_CONNECTIONS = 1000  # MySQL's max_connections default is 151; a relay fans out to more
 DEFAULT_MAX_CONNECTIONS_PER_HOST = 0  # 0: no per-host cap
 DEFAULT_MAX_UNAUTHENTICATED = 100  # connections between accept and a successful login
+DEFAULT_MAX_CONNECT_ERRORS = 100  # MariaDB's and MySQL's max_connect_errors
+DEFAULT_HOST_BLOCK_TIME = 0.0  # seconds a blocked host stays blocked; 0: until FLUSH HOSTS (as the servers)
+_HOST_CACHE_SIZE = 10_000  # hosts whose failed logins are remembered (the oldest is forgotten beyond)
 # An unauthenticated connection older than this may be dropped to make room for a new one when their budget is
 # full: a client logs in within milliseconds, an idle socket that has sat this long holds a slot for nothing.
 DEFAULT_UNAUTHENTICATED_GRACE = 1.0
@@ -628,6 +635,60 @@ class _DumpChannel:
 # -- one connection -----------------------------------------------------------------------------------------------
 
 
+class ConnectErrors:
+    """Failed logins per client host (MySQL's max_connect_errors, sans-I/O): after `limit` consecutive failures a
+    host is blocked (new connections get 1129 before the greeting) until ``flush()`` (FLUSH HOSTS) or, when
+    `block_seconds` > 0, until that long has passed; a successful login resets the host's count. Connections that
+    already logged in, and other hosts, are never affected. At most `max_hosts` hosts are remembered (the least
+    recently failing is forgotten first), so a client spraying addresses cannot grow it without bound."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_CONNECT_ERRORS, block_seconds: float = DEFAULT_HOST_BLOCK_TIME,
+                 *, max_hosts: int = _HOST_CACHE_SIZE, clock: Callable[[], float] = time.monotonic) -> None:
+        if limit < 1:
+            raise ValueError(f"max_connect_errors must be at least 1, got {limit}")
+        self.limit = limit
+        self.block_seconds = block_seconds
+        self.max_hosts = max_hosts
+        self._clock = clock
+        self._errors: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._blocked: dict[str, float] = {}  # host -> clock() when it was blocked
+
+    def blocked(self, host: str) -> bool:
+        since = self._blocked.get(host)
+        if since is None:
+            return False
+        if self.block_seconds > 0 and self._clock() - since >= self.block_seconds:
+            del self._blocked[host]
+            self._errors.pop(host, None)
+            return False
+        return True
+
+    def failed(self, host: str) -> bool:
+        """Count one failed handshake or login; True when it blocks the host (once, at the limit)."""
+        count = self._errors.pop(host, 0) + 1
+        self._errors[host] = count
+        while len(self._errors) > self.max_hosts:
+            forgotten, _ = self._errors.popitem(last=False)
+            self._blocked.pop(forgotten, None)
+        if count >= self.limit and host not in self._blocked:
+            self._blocked[host] = self._clock()
+            return True
+        return False
+
+    def succeeded(self, host: str) -> None:
+        self._errors.pop(host, None)
+
+    def count(self, host: str) -> int:
+        return self._errors.get(host, 0)
+
+    def flush(self) -> int:
+        """FLUSH HOSTS: forget every count and unblock every host; how many were blocked."""
+        blocked = len(self._blocked)
+        self._errors.clear()
+        self._blocked.clear()
+        return blocked
+
+
 class _Session:
     """One client, from the greeting to the close: handshake, authentication, then its commands in order."""
 
@@ -642,6 +703,9 @@ class _Session:
         self.host = protocol.peer_host
         self.started = time.monotonic()
         self.refusal: str | None = None  # set by the server: refuse with 1040 before the greeting
+        self.blocked = False  # set by the server: the host is blocked (1129 before the greeting)
+        self.greeted = False  # the greeting went out: leaving before logging in is a failed login
+        self.logged_in = False
         self.counted = False  # holds a slot in the server's counts
         self.evicted = False
         self.dumping: tuple[str, object] | None = None  # ("uuid", uuid) or ("server_id", id) while a dump runs
@@ -675,6 +739,10 @@ class _Session:
     async def _read(self, timeout: float | None, *, new_command: bool = False) -> bytes:
         """The client's next payload; its sequence id must follow ours (0 at a new command)."""
         seq, payload = await self.protocol.read(timeout)
+        if len(payload) > self.protocol.decoder.max_payload:
+            # The decoder refuses a packet over the limit while it is still arriving; one that arrived whole in
+            # a single read is refused here (the decoder's fast path is the upstream hot loop: no check there).
+            raise MySQLError(CR_NET_PACKET_TOO_LARGE, "08S01", "Got a packet bigger than 'max_allowed_packet' bytes")
         first = 0 if new_command else self._seq
         expected = (first + packet_count(len(payload)) - 1) & 0xFF
         if seq != expected:
@@ -711,6 +779,12 @@ class _Session:
         server = self.server
         self.ctx.connections[self.conn_id] = self.state
         try:
+            if self.blocked:
+                self._note("info", "connection refused: host blocked after failed logins",
+                           max_connect_errors=server.connect_errors.limit)
+                tool = "mariadb-admin" if self.ctx.flavour == "mariadb" else "mysqladmin"
+                await self._fail(ER_HOST_IS_BLOCKED, "HY000", f"Host '{self.host[:64]}' is blocked because of many "
+                                 f"connection errors; unblock with '{tool} flush-hosts'")
             if self.refusal is not None:
                 self._note("warning", "connection refused: too many connections", reason=self.refusal)
                 await self._fail(ER_CON_COUNT_ERROR, "08004", "Too many connections")
@@ -733,6 +807,8 @@ class _Session:
             with contextlib.suppress(ConnectionError, MySQLError, RuntimeError, asyncio.CancelledError):
                 await self._send([error])
         finally:
+            if self.greeted and not self.logged_in and not self.evicted and not server._closing:
+                server._login_failed(self)
             self.ctx.connections.pop(self.conn_id, None)
             server._release(self)
             with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -741,6 +817,8 @@ class _Session:
 
     async def _protocol_error(self, exc: MySQLError) -> NoReturn:
         if exc.code == CR_NET_PACKET_TOO_LARGE:
+            if self.logged_in:
+                self._seq = 1  # the reply to a command's first packet (sequence 0), as the servers number it
             await self._fail(ER_NET_PACKET_TOO_LARGE, "08S01", "Got a packet bigger than 'max_allowed_packet' bytes")
         if exc.code < 2000:  # a server error code: send it as it is
             await self._fail(exc.code, exc.sqlstate if len(exc.sqlstate) == 5 else "HY000", exc.message)
@@ -768,6 +846,7 @@ class _Session:
         tls_offered = server.tls_context is not None
         caps = server_capabilities(tls=tls_offered)
         scramble = generate_scramble()
+        self.greeted = True
         await self._send(
             [
                 build_greeting(
@@ -812,12 +891,15 @@ class _Session:
             error = step.error
             await self._fail(error.code, error.sqlstate, error.message)
         assert isinstance(step, AuthAccepted)
+        self.logged_in = True  # the credentials were good: not a failed login, whatever follows
+        server.connect_errors.succeeded(self.host)
         refusal = server._logged_in(self, step.user)
         if refusal is not None:
             self._note("warning", "login refused: too many connections", user=_short(step.user.name), reason=refusal)
             await self._fail(ER_CON_COUNT_ERROR, "08004", "Too many connections")
         state = self.state
         state.user = step.user.name
+        state.account = step.user
         state.tls = secure
         state.database = response.database
         state.capabilities = self.capabilities
@@ -869,17 +951,33 @@ class _Session:
             elif command == COM_INIT_DB:
                 await self._init_db(payload)
             elif command == COM_REGISTER_SLAVE:
+                if await self._refused(privileges.REGISTER, "COM_REGISTER_SLAVE"):
+                    continue
                 await self._register_slave(payload)
             elif command == COM_BINLOG_DUMP:
+                if await self._refused(privileges.DUMP, "COM_BINLOG_DUMP"):
+                    continue
                 await self._dump(parse_binlog_dump(payload, self.state))
                 raise _Close  # as MySQL: the connection ends with the dump
             elif command == COM_BINLOG_DUMP_GTID:
+                if await self._refused(privileges.DUMP, "COM_BINLOG_DUMP_GTID"):
+                    continue
                 await self._dump(parse_binlog_dump_gtid(payload))
                 raise _Close
             else:
                 name = _COMMAND_NAMES.get(command, "command")
                 message = f"Unknown command: {name} (0x{command:02x}) is not supported by relayproxy"
                 await self._send([encode_error(ER_UNKNOWN_COM_ERROR, "08S01", message)])
+
+    async def _refused(self, action: privileges.Action, command: str) -> bool:
+        """Answer ERR 1227 (the connection stays, as on the servers) when the account lacks the privilege."""
+        denied = privileges.denial(self.ctx, self.state, action)
+        if denied is None:
+            return False
+        self._note("info", "command refused: missing privilege", command=command, user=_short(self.state.user),
+                   privilege=action.privilege)
+        await self._send([encode_error(*denied)])
+        return True
 
     async def _query(self, payload: bytes) -> None:
         sql_text = payload[1:].decode("utf-8", "surrogateescape")
@@ -1120,7 +1218,8 @@ class DownstreamServer:
 
     Limits: `handshake_timeout` for greeting-to-OK, `idle_timeout` between commands (not during a dump),
     `write_timeout` for a client that stops reading (net_write_timeout), `net_read_timeout` for a client that
-    stops in the middle of a packet (1159, then closed), `max_packet` for a client's command, `max_buffered` unread
+    stops in the middle of a packet (1159, then closed), `max_packet` for a client's command (default: the
+    configuration's max_statement_bytes, which @@max_allowed_packet reports), `max_buffered` unread
     client bytes before reading pauses, `log_lines_per_host` per minute (PeerLogLimiter).
 
     Connections: `max_connections` logged-in clients plus one more for an admin account (MySQL's extra
@@ -1131,6 +1230,10 @@ class DownstreamServer:
     so idle sockets cannot lock logins out. `max_connections_per_host` (0: no cap) counts every connection of
     one client address, refused with 1040 before the greeting (the user is not known yet: not 1203, which
     is MySQL's per-account max_user_connections).
+
+    Failed logins: `max_connect_errors` consecutive connections from one host that end without logging in block
+    that host (1129 before the greeting, as the servers) until FLUSH HOSTS (``ctx.flush_hosts``, admin) or, when
+    `host_block_time` > 0, for that many seconds; a successful login resets the count (ConnectErrors).
     """
 
     def __init__(
@@ -1150,9 +1253,11 @@ class DownstreamServer:
         max_connections_per_host: int = DEFAULT_MAX_CONNECTIONS_PER_HOST,
         max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
         unauthenticated_grace: float = DEFAULT_UNAUTHENTICATED_GRACE,
-        max_packet: int = DEFAULT_MAX_PACKET,
+        max_packet: int | None = None,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         log_lines_per_host: int = DEFAULT_LOG_LINES_PER_HOST,
+        max_connect_errors: int = DEFAULT_MAX_CONNECT_ERRORS,
+        host_block_time: float = DEFAULT_HOST_BLOCK_TIME,
     ) -> None:
         # Imported here rather than at the top: they bring in the store and the binlog code, which a server
         # built with stand-ins (tests, tools) does not need.
@@ -1174,9 +1279,14 @@ class DownstreamServer:
         self.max_connections_per_host = max_connections_per_host
         self.max_unauthenticated = max_unauthenticated
         self.unauthenticated_grace = unauthenticated_grace
-        self.max_packet = max_packet
+        # A client's command packet at most (1153 and closed beyond, as the servers): @@max_allowed_packet, which
+        # is max_statement_bytes unless a caller (a test) sets it.
+        self.max_packet = max_packet if max_packet is not None else max_statement_bytes(ctx)
         self.max_buffered = max_buffered
         self.log_limiter = PeerLogLimiter(log_lines_per_host, 60.0)
+        self.connect_errors = ConnectErrors(max_connect_errors, host_block_time)
+        ctx.kill_connection = self.kill
+        ctx.flush_hosts = self.connect_errors.flush
         self._server: asyncio.AbstractServer | None = None
         self._sessions: dict[int, _Session] = {}
         self.senders: SenderPool | None = None  # dumps served by sender processes (workers.py), when configured
@@ -1252,8 +1362,9 @@ class DownstreamServer:
             conn_id = next(self._ids)
         session = _Session(self, protocol, conn_id)
         self._sessions[conn_id] = session
-        session.refusal = self._admission(session)
-        if session.refusal is None:
+        session.blocked = self.connect_errors.blocked(session.host)
+        session.refusal = None if session.blocked else self._admission(session)
+        if session.refusal is None and not session.blocked:
             self._unauthenticated[conn_id] = session
             self._per_host[session.host] += 1
             session.counted = True
@@ -1281,10 +1392,18 @@ class DownstreamServer:
         """Move an authenticated session to the logged-in count; why not (None: it may), MySQL's rule: beyond
         max_connections only an admin account, and only one."""
         count = self.authenticated_count
-        if count >= self.max_connections + 1 or (count >= self.max_connections and not user.admin):
+        if count >= self.max_connections + 1 or (count >= self.max_connections and not user.has(privileges.ADMIN)):
             return f"{count} clients logged in (max_connections = {self.max_connections}, +1 for an admin account)"
         self._unauthenticated.pop(session.conn_id, None)
         return None
+
+    def _login_failed(self, session: _Session) -> None:
+        """A connection from `session.host` ended without logging in (bad password, bad or timed-out handshake,
+        TLS failure, gone before the login): counted toward max_connect_errors."""
+        if self.connect_errors.failed(session.host):
+            log.warning("host blocked after failed logins", host=session.host,
+                        max_connect_errors=self.connect_errors.limit,
+                        block_time=self.connect_errors.block_seconds or "until FLUSH HOSTS")
 
     def _release(self, session: _Session) -> None:
         self._sessions.pop(session.conn_id, None)

@@ -14,6 +14,7 @@ from ..wire.accounts import (
     CACHING_SHA2_PASSWORD,
     NATIVE_PASSWORD,
     PLUGINS,
+    PRIVILEGES_FIELD,
     TLS_MODES,
     DownstreamUser,
     find_user,
@@ -22,7 +23,7 @@ from ..wire.accounts import (
 
 # Keys a [[users]] table may carry; exactly one of the password sources.
 _PASSWORD_SOURCES = ("password", "password_env", "password_file")
-_TABLE_KEYS = frozenset(("name", "plugin", "tls", "host", "admin", *_PASSWORD_SOURCES))
+_TABLE_KEYS = frozenset(("name", "plugin", "tls", "host", "admin", "privileges", *_PASSWORD_SOURCES))
 
 
 # -- parsing ------------------------------------------------------------------------------------------------------
@@ -33,11 +34,12 @@ def parse_users(value: Any, *, environ: Mapping[str, str] | None = None) -> list
 
     `value` is either what TOML gives for ``[[users]]`` tables (a list of dicts with ``name``, exactly one of
     ``password`` / ``password_env`` (an environment variable's name) / ``password_file`` (its first line), and
-    optionally ``plugin``, ``tls``, ``host``, ``admin`` (a boolean); a string in the list is read as below), or a
-    string from a flag or an environment variable:
-    comma-separated ``name:passwordspec[:tls][:plugin][:admin]`` entries where passwordspec is ``env:VAR``,
-    ``file:PATH`` or the password itself (a literal password cannot contain a comma, nor start with
-    ``env:``/``file:``, nor end with ``:admin`` or a tls/plugin value; use those forms then). A list of
+    optionally ``plugin``, ``tls``, ``host``, ``admin`` (a boolean), ``privileges`` (a list of names, see
+    wire/accounts.py PRIVILEGES); a string in the list is read as below), or a string from a flag or an
+    environment variable: comma-separated ``name:passwordspec[:tls][:plugin][:admin][:privileges=a+b]`` entries
+    where passwordspec is ``env:VAR``, ``file:PATH`` or the password itself (a literal password cannot contain a
+    comma, nor start with ``env:``/``file:``, nor end with ``:admin``, ``:privileges=...`` or a tls/plugin value;
+    use those forms then). A list of
     DownstreamUser is returned as is (after the duplicate check).
 
     Raises ValueError naming the entry (by index and name), never showing a password.
@@ -109,6 +111,10 @@ def _parse_table(index: int, entry: Any, env: Mapping[str, str]) -> DownstreamUs
         if not isinstance(normalized["admin"], bool):
             raise ValueError(f"{where}: admin must be true or false")
         options["admin"] = normalized["admin"]
+    if "privileges" in normalized:
+        if not isinstance(normalized["privileges"], (list, tuple, str)):
+            raise ValueError(f"{where}: privileges must be a list of names, e.g. [\"replication_client\"]")
+        options["privileges"] = normalized["privileges"]
     return _build(where, name, password, options)
 
 
@@ -127,6 +133,8 @@ def _parse_spec(index: int, spec: str, env: Mapping[str, str]) -> DownstreamUser
             break
         if last == ADMIN_FLAG and "admin" not in options:
             options["admin"] = True
+        elif last.startswith(PRIVILEGES_FIELD) and "privileges" not in options:
+            options["privileges"] = last[len(PRIVILEGES_FIELD):]
         elif last in TLS_MODES and "tls" not in options:
             options["tls"] = last
         elif last in PLUGINS and "plugin" not in options:

@@ -190,6 +190,9 @@ def _misplaced_event(path: Path) -> str | None:
         _ts, type_code, _sid, size, log_pos, flags = HEADER.unpack_from(head, pos)
         if size < C.HEADER_LEN or pos + size > len(head):
             break
+        if type_code == C.MARIA_START_ENCRYPTION_EVENT and not flags & C.LOG_EVENT_IGNORABLE_F:
+            return (f"it is encrypted from offset {pos + size} on (MariaDB encrypt_binlog=ON): give the server's key "
+                    "file (--binlog-key-file)")
         # 0: MariaDB 11 leaves end_log_pos of the events inside a group out (binlog_legacy_event_pos=OFF).
         if log_pos and log_pos != (pos + size) & 0xFFFFFFFF:
             return (

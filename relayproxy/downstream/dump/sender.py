@@ -193,7 +193,8 @@ class DumpSender(DumpStart):
     async def run(self) -> None:
         conn = self.conn
         conn.dump = self.progress
-        self.gone = asyncio.get_running_loop().create_future()
+        self.loop = asyncio.get_running_loop()
+        self.gone = self.loop.create_future()
         try:
             try:
                 first_file, start_pos = await self._plan()
@@ -411,7 +412,7 @@ class DumpSender(DumpStart):
         One future, resolved by the horizon's advance, the timer, or the replica's reader (``_wake_waiter``):
         no task and no ``asyncio.wait`` per wake-up, which is what a hundred replicas at the horizon pay on
         every advance."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         future = loop.create_future()
         if horizon.add_waiter(seq, future) is not None:
             return True

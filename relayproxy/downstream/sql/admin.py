@@ -1,5 +1,5 @@
-"""Statements that change the relay: PURGE BINARY LOGS (refused while a replica still reads a file; needs an
-admin account)."""
+"""Statements that change the relay: PURGE BINARY LOGS (refused while a replica still reads a file; needs the
+binlog_admin privilege), KILL (another account's connection needs admin) and FLUSH HOSTS (admin)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from ...log import get_logger
 from ...relay import closed_files
 from ...relay.retention import readers_in, readers_of
 from ...wire.results import OkResponse, Response
-from ..users import find_user
+from .. import privileges
 from .errors import (
+    ER_KILL_DENIED_ERROR,
     ER_LOG_IN_USE,
     ER_LOG_PURGE_UNKNOWN_ERR,
-    ER_SPECIFIC_ACCESS_DENIED_ERROR,
+    ER_NO_SUCH_THREAD,
     ER_UNKNOWN_TARGET_BINLOG,
     ER_WRONG_ARGUMENTS,
     SqlError,
+    _unsupported,
 )
 from .expressions import Evaluator
 from .parser import Parser
@@ -36,7 +38,7 @@ def _purge(p: Parser, env: Env) -> Response:
     Refused, with nothing deleted, while a connected replica's dump still reads one of those files
     (it would lose its stream); the error names the file and the connection (the same readers the
     retention policy respects: ``relay.retention.readers_of``). The relay's current file is never
-    purged. Needs an ``admin`` account (MySQL: SUPER or BINLOG_ADMIN), checked once the target is
+    purged. Needs binlog_admin (MySQL: SUPER or BINLOG_ADMIN), checked once the target is
     known to exist, so a missing file gets 1373 as on a server.
     """
     p.expect_word("PURGE")
@@ -98,17 +100,58 @@ def _purge(p: Parser, env: Env) -> Response:
 
 
 def _require_binlog_admin(env: Env) -> None:
-    """PURGE deletes files: only an account declared with ``admin = true`` may (MySQL's SUPER /
-    BINLOG_ADMIN, MariaDB's BINLOG ADMIN). ``relayproxy serve`` refuses every purge itself (read-only),
-    whoever asks, so its refusal is the one a client sees there."""
+    """PURGE deletes files: only an account with binlog_admin (or admin) may (MySQL's SUPER / BINLOG_ADMIN,
+    MariaDB's BINLOG ADMIN). ``relayproxy serve`` refuses every purge itself (read-only), whoever asks, so its
+    refusal is the one a client sees there."""
     if getattr(env.ctx.store, "read_only", False):
         return
-    account = find_user(getattr(env.ctx.cfg, "users", None) or (), env.conn.user, env.conn.host)
-    if account is not None and account.admin:
-        return
-    privileges = "SUPER or BINLOG_ADMIN" if env.mysql else "BINLOG ADMIN"
-    raise SqlError(
-        ER_SPECIFIC_ACCESS_DENIED_ERROR, "42000",
-        f"Access denied; you need (at least one of) the {privileges} privilege(s) for this operation "
-        f"(relayproxy: the account needs admin = true in [[users]])",
-    )
+    env.require(privileges.PURGE)
+
+
+# -- KILL, FLUSH HOSTS ---------------------------------------------------------------------------------------
+
+
+def _kill(p: Parser, env: Env) -> Response:
+    """KILL [CONNECTION | QUERY] id: end a connection (a replica's dump, a stuck client). As on the servers, an
+    account may kill its own connections; another account's needs admin (1095 "You are not owner of thread",
+    the servers' answer, not 1227). KILL QUERY ends a running dump (a dump is its connection's query) and does
+    nothing to an idle connection: the relay's other statements finish at once."""
+    p.expect_word("KILL")
+    query_only = p.accept_word("QUERY") is not None
+    if not query_only:
+        p.accept_word("CONNECTION")
+    token = p.cur
+    if token.kind != "number" or not isinstance(token.value, int):
+        raise p.error()
+    p.advance()
+    p.end_of_statement()
+    conn_id = token.value
+    target = env.ctx.connections.get(conn_id)
+    if target is None:
+        raise SqlError(ER_NO_SUCH_THREAD, "HY000", f"Unknown thread id: {conn_id}")
+    if target.user != env.conn.user and not privileges.has(env.ctx, env.conn, privileges.ADMIN):
+        raise SqlError(ER_KILL_DENIED_ERROR, "HY000", f"You are not owner of thread {conn_id}")
+    if query_only and target.dump is None:
+        return OkResponse()
+    kill = getattr(env.ctx, "kill_connection", None)
+    if kill is None or not kill(conn_id):
+        raise SqlError(ER_NO_SUCH_THREAD, "HY000", f"Unknown thread id: {conn_id}")
+    log.info("connection killed", killed_conn_id=conn_id, killed_user=target.user, conn_id=env.conn.conn_id,
+             user=env.conn.user, query_only=query_only)
+    return OkResponse()
+
+
+def _flush(p: Parser, env: Env) -> Response:
+    """FLUSH HOSTS: unblock every host blocked after max_connect_errors failed logins and forget the counts (the
+    servers' RELOAD privilege: admin). Other FLUSH statements are refused by name."""
+    p.expect_word("FLUSH")
+    p.accept_word("LOCAL", "NO_WRITE_TO_BINLOG")
+    if not p.accept_word("HOSTS"):
+        what = p.cur.value.upper() if p.cur.kind == "word" else ""
+        raise _unsupported(f"'FLUSH {what}'" if what else "'FLUSH'")
+    p.end_of_statement()
+    env.require(privileges.FLUSH_HOSTS)
+    flush = getattr(env.ctx, "flush_hosts", None)
+    unblocked = flush() if flush is not None else 0
+    log.info("hosts flushed", conn_id=env.conn.conn_id, user=env.conn.user, unblocked=unblocked)
+    return OkResponse()

@@ -10,7 +10,8 @@ from ...log import PeerLogLimiter, get_logger, report_failure
 from ...relay.catalog import CatalogError, FileCatalog
 from ...wire.results import ErrorResponse, Response
 from ..context import ConnectionState
-from .admin import _purge
+from .admin import _flush, _kill, _purge
+from .binlog_events import read_binlog_events
 from .env import Env, _catalog_for
 from .errors import ER_EMPTY_QUERY, ER_UNKNOWN_ERROR, SqlError, _unsupported
 from .functions import _gtids_at
@@ -18,7 +19,7 @@ from .limits import check_statement_size
 from .parser import Parser, Token, tokenize
 from .replication import is_replication_statement, replication_statement
 from .select import _do, _select, _set, _transaction, _use
-from .show import _show
+from .show import _show, prepare_binlog_events
 
 log = get_logger("relayproxy.downstream.sql")
 _FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per client host and minute
@@ -47,11 +48,32 @@ async def execute(ctx, conn: ConnectionState, sql: str) -> Response:
     first, second = ([t.value.upper() if t.kind == "word" else None for t in tokens[:2]] + [None, None])[:2]
     if is_replication_statement(first, second):
         return await replication_statement(ctx, conn, sql)
+    if first == "SHOW" and second == "BINLOG" and len(tokens) > 2 and tokens[2].kind == "word" \
+            and tokens[2].value.upper() == "EVENTS":
+        return await _show_binlog_events(ctx, conn, sql, tokens)
     try:
         await _prefetch(ctx, tokens, prefetched)
     except Exception:  # only an optimisation: the statement computes what is missing itself
         log.exception("prefetch for SQL statement failed", statement=sql[:200])
     return _execute(ctx, conn, sql, prefetched)
+
+
+async def _show_binlog_events(ctx, conn: ConnectionState, sql: str, tokens: list[Token]) -> Response:
+    """SHOW BINLOG EVENTS: parsed and checked here, the file read in a worker thread (never on the loop)."""
+    env = Env(ctx, conn)
+    try:
+        parser = Parser(sql, tokens, env.flavour)
+        parser.expect_word("SHOW")
+        path, name, size, request, max_rows = prepare_binlog_events(parser, env)
+        return await asyncio.to_thread(read_binlog_events, path, name, size, request, flavour=env.flavour,
+                                       max_rows=max_rows)
+    except SqlError as exc:
+        return exc.response()
+    except Exception as exc:
+        ref = report_failure(log, _FAILURE_LOG, conn.host, "SHOW BINLOG EVENTS failed unexpectedly", exc,
+                             statement=sql[:200], conn_id=conn.conn_id)
+        return ErrorResponse(ER_UNKNOWN_ERROR, "HY000",
+                             f"relayproxy internal error (reference {ref}) answering SHOW BINLOG EVENTS")
 
 
 async def _prefetch(ctx, tokens: list[Token], prefetched: dict[tuple[str, int], Any]) -> None:
@@ -117,8 +139,8 @@ def _execute(ctx, conn: ConnectionState, sql: str, prefetched: dict[tuple[str, i
 # Statements MySQL knows that a relay refuses: named in the error, never silently accepted.
 _KNOWN_UNSUPPORTED = frozenset({
     "ALTER", "ANALYZE", "BINLOG", "CACHE", "CALL", "CHANGE", "CHECK", "CHECKSUM", "CLONE", "CREATE", "DEALLOCATE",
-    "DELETE", "DESC", "DESCRIBE", "DROP", "EXECUTE", "EXPLAIN", "FLUSH", "GET", "GRANT", "HANDLER", "HELP", "IMPORT",
-    "INSERT", "INSTALL", "KILL", "LOAD", "LOCK", "OPTIMIZE", "PREPARE", "RELEASE", "RENAME", "REPAIR", "REPLACE",
+    "DELETE", "DESC", "DESCRIBE", "DROP", "EXECUTE", "EXPLAIN", "GET", "GRANT", "HANDLER", "HELP", "IMPORT",
+    "INSERT", "INSTALL", "LOAD", "LOCK", "OPTIMIZE", "PREPARE", "RELEASE", "RENAME", "REPAIR", "REPLACE",
     "RESET", "RESIGNAL", "RESTART", "REVOKE", "SAVEPOINT", "SHUTDOWN", "SIGNAL", "STOP", "TABLE", "TRUNCATE",
     "UNINSTALL", "UNLOCK", "UPDATE", "VALUES", "WITH", "XA",
 })
@@ -154,6 +176,8 @@ _HANDLERS: dict[str, Callable[[Parser, Env], Response]] = {
     "SET": _set,
     "SHOW": _show,
     "PURGE": _purge,
+    "KILL": _kill,
+    "FLUSH": _flush,
     "DO": _do,
     "USE": _use,
     "BEGIN": _transaction,

@@ -11,6 +11,7 @@ from typing import Any
 from ...binlog.events import split_version
 from ...binlog.gtid import GtidSet, MariaBinlogState
 from ...relay.catalog import FileCatalog
+from .. import privileges
 from ..context import ConnectionState
 from .errors import ER_INCORRECT_GLOBAL_LOCAL_VAR, SqlError, _unknown_variable
 from .limits import MAX_STEPS, Budget, max_statement_bytes
@@ -51,6 +52,12 @@ class Env:
         self.now = time.time()
         # BINLOG_GTID_POS scans done off the event loop before the statement ran: (path, pos) -> result.
         self.prefetched = prefetched or {}
+
+    def require(self, action: privileges.Action) -> None:
+        """Raise the servers' ERR 1227 unless the connection's account has the privilege `action` needs."""
+        denied = privileges.denial(self.ctx, self.conn, action, self.flavour)
+        if denied is not None:
+            raise SqlError(*denied)
 
     @functools.cached_property
     def budget(self) -> Budget:

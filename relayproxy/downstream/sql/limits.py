@@ -1,8 +1,10 @@
 """The bounds every statement on the SQL port runs under, so no client can stall the event loop or grow the
 relay's memory without bound (issue 14). Each bound is structural (bytes, nodes, depth, steps), never wall time.
 
-- ``max_statement_bytes`` (configuration, default 1 MiB): a COM_QUERY longer than this is refused before it is
-  tokenized (ER_NET_PACKET_TOO_LARGE 1153, as a server answers a packet over ``max_allowed_packet``). The same
+- ``max_statement_bytes`` (configuration, default 1 MiB): ``@@max_allowed_packet``. A client's command packet
+  larger than this is refused by the server as it arrives (downstream/server.py: 1153 and the connection closed,
+  as the servers), and a COM_QUERY packet larger than this is refused here before it is tokenized
+  (ER_NET_PACKET_TOO_LARGE 1153) for callers that do not go through the server. The same
   number bounds every string value a statement computes (CONCAT, UPPER ...: ER_WARN_ALLOW_MAX_PACKET_SIZE 1301;
   MySQL returns NULL with that warning, the relay keeps no warnings and refuses the statement instead) and the
   total size of one connection's user variables (1301 too, naming the variables).
@@ -51,9 +53,11 @@ def max_statement_bytes(ctx: Any) -> int:
 
 
 def check_statement_size(ctx: Any, sql: str) -> None:
-    """Refuse a statement over ``max_statement_bytes`` before any work is done on it."""
+    """Refuse a statement whose COM_QUERY packet (the command byte and the statement) is over
+    ``max_statement_bytes`` before any work is done on it: the same rule as the server's packet limit and the
+    value of ``@@max_allowed_packet``."""
     limit = max_statement_bytes(ctx)
-    if len(sql) > limit or len(sql.encode("utf-8", "surrogateescape")) > limit:
+    if len(sql) + 1 > limit or len(sql.encode("utf-8", "surrogateescape")) + 1 > limit:
         raise SqlError(ER_NET_PACKET_TOO_LARGE, "08S01",
                        f"Got a packet bigger than 'max_allowed_packet' bytes (relayproxy's max_statement_bytes "
                        f"is {limit})")

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...log import PeerLogLimiter, get_logger, report_failure
-from ...wire.accounts import find_user
 from ...wire.results import ErrorResponse, OkResponse, Response
-from .errors import ER_NOT_SUPPORTED_YET, ER_SPECIFIC_ACCESS_DENIED_ERROR
+from .. import privileges
+from .errors import ER_NOT_SUPPORTED_YET
 from .replication_parser import (
     AdminStatementError,
     ChangeMaster,
@@ -46,13 +46,8 @@ def is_replication_statement(first_word: str | None, second_word: str | None) ->
 
 
 def _denied(ctx, conn: ConnectionState) -> ErrorResponse | None:
-    account = find_user(getattr(ctx.cfg, "users", None) or (), conn.user, conn.host)
-    if account is not None and account.admin:
-        return None
-    privileges = "SUPER or REPLICATION_SLAVE_ADMIN" if ctx.flavour == "mysql" else "SUPER"
-    return ErrorResponse(ER_SPECIFIC_ACCESS_DENIED_ERROR, "42000",
-                         f"Access denied; you need (at least one of) the {privileges} privilege(s) for this operation "
-                         "(relayproxy: the account needs admin = true in [[users]])")
+    denied = privileges.denial(ctx, conn, privileges.REPLICATION_ADMIN)
+    return ErrorResponse(*denied) if denied is not None else None
 
 
 async def replication_statement(ctx, conn: ConnectionState, sql: str) -> Response:

@@ -12,7 +12,10 @@ from ...binlog.gtid import GtidSet, MariaBinlogState
 from ...relay import closed_files
 from ...relay.catalog import CatalogError
 from ...wire.results import Response, ResultSet
+from .. import privileges
+from . import binlog_events
 from .errors import (
+    ER_NONEXISTING_GRANT,
     ER_REPLICA_CHANNEL_DOES_NOT_EXIST,
     ER_UNKNOWN_ERROR,
     WARN_NO_MASTER_INFO,
@@ -51,6 +54,8 @@ def _show(p: Parser, env: Env) -> Response:
         p.expect_word("LOGS")
         p.end_of_statement()
         return _show_binary_logs(env)
+    if p.is_word("BINLOG") and p.is_word("EVENTS", offset=1):
+        return show_binlog_events_sync(p, env)
     if p.is_word("BINLOG") and env.flavour == "mariadb":
         # MariaDB 10.5.2+'s name for SHOW MASTER STATUS.
         start = p.cur.start
@@ -99,6 +104,8 @@ def _show(p: Parser, env: Env) -> Response:
         p.expect_word("STATUS")
         p.end_of_statement()
         return _show_replica_status(env, new_names=False, all_connections=True)
+    if p.accept_word("GRANTS"):
+        return _show_grants(p, env)
     if p.accept_word("WARNINGS", "ERRORS"):
         _limit(p)
         p.end_of_statement()
@@ -110,6 +117,55 @@ def _show(p: Parser, env: Env) -> Response:
         return ResultSet(["Database"], [])  # the relay holds no schemas
     what = p.cur.value.upper() if p.cur.kind == "word" else p.sql[p.cur.start:p.cur.start + 20]
     raise _unsupported(f"'SHOW {'FULL ' if full else ''}{what}'")
+
+
+def _show_grants(p: Parser, env: Env) -> ResultSet:
+    """SHOW GRANTS [FOR CURRENT_USER[()] | FOR 'user'@'host']: the account's relay privileges as the servers'
+    GRANT statement (USAGE when it has none). Another account's grants need admin, as the servers' need
+    SELECT on the mysql schema."""
+    conn = env.conn
+    account = privileges.account_of(env.ctx, conn)
+    user, host = conn.user, account.host if account is not None else "%"
+    if p.accept_word("FOR"):
+        if p.accept_word("CURRENT_USER"):
+            if p.accept_op("("):
+                p.expect_op(")")
+        else:
+            name = p.string() if p.cur.kind == "string" else p.name()
+            pattern = "%"
+            if p.cur.kind == "op" and p.cur.value == "@":
+                p.advance()
+                pattern = p.string() if p.cur.kind == "string" else p.name()
+            elif p.cur.kind == "uservar":  # 'user'@'host' without spaces tokenizes the host as a user variable
+                pattern = str(p.advance().value).strip("'\"`")
+            if (name, pattern) != (user, host):
+                env.require(privileges.SHOW_OTHER_GRANTS)
+                users = getattr(env.ctx.cfg, "users", None) or ()
+                account = next((u for u in users if u.name == name and u.host.lower() == pattern.lower()), None)
+                if account is None:
+                    raise SqlError(ER_NONEXISTING_GRANT, "42000",
+                                   f"There is no such grant defined for user '{name}' on host '{pattern}'")
+                user, host = name, pattern
+    p.end_of_statement()
+    return ResultSet([f"Grants for {user}@{host}"],
+                     [[privileges.grant_statement(account, user, host, env.flavour)]])
+
+
+def prepare_binlog_events(p: Parser, env: Env):
+    """SHOW BINLOG EVENTS parsed, its privilege checked, its file found: (path, name, size, request, max_rows)."""
+    p.expect_word("BINLOG")
+    p.expect_word("EVENTS")
+    request = binlog_events.parse_show_binlog_events(p)
+    env.require(privileges.SHOW_BINLOG_EVENTS)
+    name, path, size = binlog_events.resolve(env, request, _catalog_files(env))
+    max_rows = int(getattr(env.ctx.cfg, "show_binlog_events_max_rows", None) or binlog_events.DEFAULT_MAX_ROWS)
+    return path, name, size, request, max_rows
+
+
+def show_binlog_events_sync(p: Parser, env: Env) -> ResultSet:
+    """SHOW BINLOG EVENTS on the caller's thread (execute_sync; ``execute`` reads in a worker thread instead)."""
+    path, name, size, request, max_rows = prepare_binlog_events(p, env)
+    return binlog_events.read_binlog_events(path, name, size, request, flavour=env.flavour, max_rows=max_rows)
 
 
 def _check_connection_name(name: str) -> None:
@@ -169,6 +225,7 @@ def _show_status(p: Parser, env: Env) -> ResultSet:
 
 def _show_master_status(env: Env) -> ResultSet:
     """File and Position are the horizon: the end of the last complete, durable transaction."""
+    env.require(privileges.SHOW_BINARY_LOGS)
     columns = ["File", "Position", "Binlog_Do_DB", "Binlog_Ignore_DB"]
     if env.mysql:
         columns.append("Executed_Gtid_Set")  # MariaDB's SHOW MASTER STATUS has no GTID column
@@ -190,6 +247,7 @@ def _catalog_files(env: Env):
 
 def _show_binary_logs(env: Env) -> ResultSet:
     """Relay files with their durable sizes (the current file only up to the horizon)."""
+    env.require(privileges.SHOW_BINARY_LOGS)
     encrypted = env.mysql and env.at_least(8, 0, 14)
     columns = ["Log_name", "File_size"] + (["Encrypted"] if encrypted else [])
     rows = [[f.name, f.size] + (["No"] if encrypted else []) for f in _catalog_files(env)]
@@ -435,6 +493,7 @@ def _show_replica_status(env: Env, *, new_names: bool, all_connections: bool) ->
     the old names under both syntaxes and adds Using_Gtid, Gtid_IO_Pos ...) for a MariaDB master. A relay
     without a configured master shows no row, as a server that is no replica does.
     """
+    env.require(privileges.SHOW_REPLICA_STATUS)
     if env.mysql:
         spec = [(new if new_names else (old or new), key) for new, old, key, since in _MYSQL_REPLICA_COLUMNS
                 if not since or env.at_least(*since)]
