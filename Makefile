@@ -93,11 +93,13 @@ lint: setup
 
 # Every benchmark with its defaults, on the current checkout; each rewrites its own part of benchmarks/results/
 # and records the commit and whether the code was clean. Long (the soak alone runs 10 minutes); not in `make test`.
-# Spark reads the recorded streams of benchmarks/workloads.py (written first, into benchmarks/data/streams).
+# Spark reads the recorded streams of benchmarks/workloads.py (written first, into benchmarks/data/streams): every
+# blob event of the full blobs shape, the other shapes at a quarter of their default size (a few minutes for 3 runs).
 BENCH_PY := $(PY) -u
 bench: setup
 	$(BENCH_PY) benchmarks/parse_cost.py
-	$(BENCH_PY) benchmarks/workloads.py
+	$(BENCH_PY) benchmarks/workloads.py --shapes blobs
+	$(BENCH_PY) benchmarks/workloads.py --shapes oltp,bulk,ddl,xa,domains,statement --scale 0.25
 	$(BENCH_PY) benchmarks/spark_parse_cost.py
 	$(BENCH_PY) benchmarks/relay_catchup.py
 	$(BENCH_PY) benchmarks/failover_time.py

@@ -190,22 +190,29 @@ def verdict(values, target: float, *, higher_is_better: bool = True) -> str:
     return f"{word}, within noise (the runs range from {lo:.4g} to {hi:.4g} around the target)" if straddles else word
 
 
-def header_block(script, argv: list[str], machine: dict[str, str], *, runs: int, what: str = "") -> list[str]:
+def header_block(script, argv: list[str], machine: dict[str, str], *, runs: int, what: str = "",
+                 command: str | None = None) -> list[str]:
     """The block every results file starts with (markdown lines): the exact command, the commit and whether the
-    code was clean, the machine in one line, and how many runs with the order alternated."""
+    code was clean, the machine in one line, and how many runs with the order alternated. ``command`` replaces the
+    command line built from ``script`` and ``argv`` (a report rendered again from saved figures names the command
+    that measured them)."""
     commit = machine.get("relayproxy commit", "unknown")
+    if runs == 1:  # said as it is: one run has no median, no range and no alternation
+        repeats = f"- repeats: a single run{'; ' + what if what else ''}: no median or range, the figures are that run's"
+    else:
+        repeats = (f"- repeats: {runs} runs, the order of relay and peer alternated between runs"
+                   f"{'; ' + what if what else ''}; figures are the median with the range (min - max) of the runs")
     clean = "clean (no uncommitted code changes)" if "uncommitted" not in commit else "DIRTY: " + commit.split(" + ", 1)[1]
     return [
         "Produced by (from the repository root):",
         "",
         "```",
-        command_line(script, argv),
+        command or command_line(script, argv),
         "```",
         "",
         f"- commit: {commit.split(' + ', 1)[0]}; tree: {clean}",
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, kernel {machine.get('kernel', '?')}, "
         f"Python {machine.get('python', '?')}; {machine.get('date', '')}",
-        f"- repeats: {runs} runs, the order of relay and peer alternated between runs{'; ' + what if what else ''}; "
-        "figures are the median with the range (min - max) of the runs",
+        repeats,
         "",
     ]

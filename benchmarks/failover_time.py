@@ -21,7 +21,8 @@ Repeat k (``--repeats``, default 3) is one failover: the current master (M1, the
 (nothing in flight), Ck is promoted as an HA tool does (``STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only=0``),
 the other candidates are repointed to it and caught up (untimed), the relay gets ``STOP SLAVE`` and ``CHANGE MASTER
 TO ... MASTER_USE_GTID=slave_pos`` on its SQL port and D the same on its own (untimed), one marker row with a known
-id is written on Ck, ``sync`` runs, and then, in turns (relay first in odd repeats, D first in even ones):
+id is written on Ck, ``sync`` runs, and then, in turns (relay first in odd repeats, D first in even ones:
+``benchinfo.run_alternating``):
 
 * relay: ``START SLAVE`` is sent on an already open admin session of the relay; timed from just before it is sent
   until the marker row is visible on R2 (``SELECT ... WHERE id = <marker>``, polled every 5 ms on an open
@@ -30,8 +31,9 @@ id is written on Ck, ``sync`` runs, and then, in turns (relay first in odd repea
   transactions). Three pollers, one thread each;
 * direct: ``START SLAVE`` on D, timed the same way until the marker row is visible on D.
 
-Reported per backlog: median and [min - max] over the repeats, the ratio relay/direct of the medians (R2, GTID, is
-the like-for-like one), the relay's horizon time, the relay process's RSS (VmRSS and VmHWM after the last switch),
+Reported per backlog under the shared results header (``benchinfo.header_block``): median and range (min - max)
+over the repeats (``benchinfo.fmt_median_range``), the ratio relay/direct of the medians (R2, GTID, is the
+like-for-like one) and the median and range of the per-failover ratios, the relay's horizon time, the relay process's RSS (VmRSS and VmHWM after the last switch),
 how long generating and taking in the backlog took, and the size of the new master's binlog file before the marker
 (a MariaDB master finds a GTID by reading its binlog file from the start: both paths pay that).
 
@@ -51,7 +53,6 @@ import contextlib
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -550,14 +551,15 @@ def measure_backlog(size: int, repeats: int, parent: Path, args) -> dict:
             f"{backlog['catchup_seconds']:.1f} s later")
         if not args.keep_replica_relay_logs:
             topo.flush_replica_relay_logs()
-        runs = []
-        for k in range(1, repeats + 1):
-            relay_first = k % 2 == 1
-            run = topo.failover(k, relay_first, args.timeout)
-            runs.append(run)
-            log(f"backlog {size_label(size)} #{k} ({run['order']}): relay->R2 {run['relay_r2']:.3f} s, "
+        def one_failover(order, index):
+            run = topo.failover(index + 1, order[0] == "relay", args.timeout)
+            log(f"backlog {size_label(size)} #{index + 1} ({' then '.join(order)}): relay->R2 {run['relay_r2']:.3f} s, "
                 f"relay->R3 {run['relay_r3']:.3f} s, horizon {run['relay_horizon']:.3f} s, "
                 f"direct {run['direct']:.3f} s")
+            return run
+
+        # Relay first in odd repeats, D first in even ones ("order": "relay then direct" / "direct then relay").
+        runs = benchinfo.run_alternating(repeats, ["relay", "direct"], one_failover)
         mem = proc_status_kb(topo.relay.proc.pid)
         if args.profile:
             raw = workdir / "py-spy.txt"
@@ -585,8 +587,8 @@ def measure_backlog(size: int, repeats: int, parent: Path, args) -> dict:
            "replica_relay_logs_flushed": not args.keep_replica_relay_logs}
     for path in PATHS:
         values = [r[path] for r in runs]
-        out[path] = {"median": round(statistics.median(values), 4), "min": min(values), "max": max(values),
-                     "samples": values}
+        med, lo, hi = benchinfo.median_range(values)
+        out[path] = {"median": round(med, 4), "min": lo, "max": hi, "samples": values}
     direct = out["direct"]["median"]
     out["ratio_r2"] = round(out["relay_r2"]["median"] / direct, 2) if direct else None
     out["ratio_r3"] = round(out["relay_r3"]["median"] / direct, 2) if direct else None
@@ -603,13 +605,16 @@ def _size(n: int) -> str:
 
 
 def _mr(d: dict) -> str:
-    return f"{d['median']:.3f} [{d['min']:.3f} - {d['max']:.3f}]"
+    """Median and range of a path's runs (``benchinfo.fmt_median_range``)."""
+    return benchinfo.fmt_median_range(d["samples"], "{:.3f}")
 
 
 def write_markdown(path: Path, report: dict) -> None:
     rows = report["backlogs"]
     out = ["# Failover time: START SLAVE on the relay -> the new master's first transaction applied behind it", ""]
-    out += ["Produced by (from the repository root):", "", "```", report["command"], "```", ""]
+    out += benchinfo.header_block(__file__, [], report["machine"], runs=report["repeats"], command=report["command"],
+                                  what="each run is one failover per backlog (the master in force killed, the next "
+                                       "candidate promoted), the relay's pollers or D's started first in turn")
     out += [
         "Seconds from the moment `START SLAVE` is sent to the relay (after `STOP SLAVE; CHANGE MASTER TO ... "
         "MASTER_USE_GTID=slave_pos` to a freshly promoted candidate, the old master killed with SIGKILL) until a "
@@ -617,9 +622,9 @@ def write_markdown(path: Path, report: dict) -> None:
         "(behind the relay by file/position); and, measured the same way in the same run, until it is visible on "
         "D, a plain MariaDB replica of the old master repointed with the same `CHANGE MASTER ... "
         "MASTER_USE_GTID=slave_pos; START SLAVE` (the peer). Each poller probes every "
-        f"{POLL * 1000:.0f} ms on an open connection. Median [min - max] of {report['repeats']} failovers per "
-        "backlog (each repeat kills the master in force and promotes the next candidate; relay and direct take "
-        "turns going first). **Ratio = relay median / direct median**; absolute times on this shared 2-core "
+        f"{POLL * 1000:.0f} ms on an open connection. Median and range (min - max) of {report['repeats']} failovers "
+        "per backlog (each repeat kills the master in force and promotes the next candidate; relay and direct take "
+        "turns going first). **Ratio = relay median / direct median** (per failover: the next paragraph); absolute times on this shared 2-core "
         "machine are noise, the ratios and ranges are the result. How it is done: the docstring of "
         "`benchmarks/failover_time.py`.",
         "",
@@ -644,6 +649,9 @@ def write_markdown(path: Path, report: dict) -> None:
             + (f"**Independent of the backlog size: {'yes' if flat else 'NO'}** -- relay -> R2 median "
                f"{first['relay_r2']['median']:.3f} s at {first['label']}, {grow:.3f} s at {last['label']} "
                f"(direct: {first['direct']['median']:.3f} s, {grow_direct:.3f} s)." if len(rows) > 1 else "")]
+    out += ["", "Ratio relay -> R2 / direct per failover, median and range: " + "; ".join(
+        f"{b['label']}: {benchinfo.fmt_median_range(b['ratio_r2_per_repeat'], '{:.2f}', 'x')}"
+        for b in rows if b.get("ratio_r2_per_repeat")) + "."]
     out += [
         "",
         "- *relay horizon*: from `START SLAVE` until the relay's `GET /status` `retrieved_gtid_set` holds the "

@@ -107,26 +107,28 @@ def load_corpus(root: Path) -> list[CorpusFile]:
     manifest_path = root / "manifest.json"
     if not manifest_path.is_file():
         raise SystemExit(f"parse_cost: no corpus at {root} (manifest.json missing); set RELAYPROXY_CORPUS or --corpus")
-    files = []
-    for entry in json.loads(manifest_path.read_text()):
-        data = (root / entry["file"]).read_bytes()
-        cf = CorpusFile(entry["file"], data, "mysql")
-        pos, n, checksum_len = 4, len(data), 0
-        while pos + _HEADER_LEN <= n:
-            size = _unpack_from(data, pos)[3]
-            type_code = data[pos + 4]
-            if size < _HEADER_LEN or pos + size > n:
-                break  # a deliberately truncated file: its cut event is not an event
-            if type_code == _FDE:
-                fde = FormatDescription.parse(data, pos, size)
-                checksum_len = fde.checksum_len
-                if not cf.events:
-                    cf.flavour = fde.flavour
-            cf.events.append((pos, size, type_code))
-            cf.checksummed.append(checksum_len != 0 and type_code != _FDE)
-            pos += size
-        files.append(cf)
-    return files
+    return [load_binlog(entry["file"], (root / entry["file"]).read_bytes())
+            for entry in json.loads(manifest_path.read_text())]
+
+
+def load_binlog(name: str, data: bytes) -> CorpusFile:
+    """One binlog file image with the offsets of its complete events (a cut last event is left out)."""
+    cf = CorpusFile(name, data, "mysql")
+    pos, n, checksum_len = 4, len(data), 0
+    while pos + _HEADER_LEN <= n:
+        size = _unpack_from(data, pos)[3]
+        type_code = data[pos + 4]
+        if size < _HEADER_LEN or pos + size > n:
+            break  # a deliberately truncated file: its cut event is not an event
+        if type_code == _FDE:
+            fde = FormatDescription.parse(data, pos, size)
+            checksum_len = fde.checksum_len
+            if not cf.events:
+                cf.flavour = fde.flavour
+        cf.events.append((pos, size, type_code))
+        cf.checksummed.append(checksum_len != 0 and type_code != _FDE)
+        pos += size
+    return cf
 
 
 # ---------------------------------------------------------------------------------------------

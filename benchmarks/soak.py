@@ -1139,9 +1139,13 @@ def write_markdown(path: Path, r: dict, argv: list[str], machine: dict) -> None:
     add = L.append
     add("# Chaos soak and fuzzing")
     add("")
-    add("Produced by `benchmarks/soak.py` (see its docstring for the design). Command:")
-    add("")
-    add(f"    {benchinfo.command_line(__file__, argv)}")
+    for line in benchinfo.header_block(
+            __file__, argv, machine, runs=1,
+            what=(f"one seeded chaos run (seed {r['seed']}, {r['chaos_seconds'] / 60:.1f} minutes of chaos): a soak "
+                  "is not repeated, and its checks are pass/fail against a direct replica of the same master in the "
+                  "same run, not timings against a peer")):
+        add(line)
+    add("The design: the docstring of `benchmarks/soak.py`.")
     add("")
     add(f"**Verdict: {'PASSED' if r['verdict']['passed'] else 'FAILED'}**: seed {r['seed']}, "
         f"{r['chaos_seconds'] / 60:.1f} minutes of chaos, {len(r['faults'])} faults, "

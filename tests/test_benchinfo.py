@@ -128,3 +128,16 @@ def test_header_block_names_commit_cleanliness_and_repeats():
     machine["relayproxy commit"] = "abc1234 + uncommitted changes to code: relayproxy/x.py"
     text = "\n".join(benchinfo.header_block("benchmarks/parse_cost.py", [], machine, runs=3))
     assert "tree: DIRTY: uncommitted changes to code: relayproxy/x.py" in text
+
+
+def test_header_block_says_a_single_run_is_one_run():
+    machine = {"relayproxy commit": "abc1234"}
+    lines = benchinfo.header_block("benchmarks/soak.py", ["--minutes", "1"], machine, runs=1, what="a seeded soak")
+    repeats = next(line for line in lines if line.startswith("- repeats:"))
+    assert repeats == "- repeats: a single run; a seeded soak: no median or range, the figures are that run's"
+    assert "alternated" not in "\n".join(lines)
+    many = next(line for line in benchinfo.header_block("x.py", [], machine, runs=3) if line.startswith("- repeats:"))
+    assert "3 runs, the order of relay and peer alternated" in many and "median with the range" in many
+    # A report rendered again from saved figures names the command that measured them.
+    assert "python benchmarks/soak.py --minutes 12" in benchinfo.header_block(
+        "benchmarks/soak.py", [], machine, runs=1, command="python benchmarks/soak.py --minutes 12")

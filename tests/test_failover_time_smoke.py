@@ -17,7 +17,7 @@ pytestmark = pytest.mark.server
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "benchmarks" / "failover_time.py"
 NUMBER = r"\d+\.\d{3}"
-RANGE = rf"{NUMBER} \[{NUMBER} - {NUMBER}\]"
+RANGE = rf"{NUMBER} \(range {NUMBER} - {NUMBER}, \d+ runs\)"  # benchinfo.fmt_median_range
 
 
 def test_failover_time_tiny_backlog(tmp_path: Path) -> None:
@@ -28,11 +28,14 @@ def test_failover_time_tiny_backlog(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     text = out.read_text()
 
-    # The command line that produced it, and the machine.
+    # The shared header (the command line that produced it, commit and clean/dirty code, repeats), and the machine.
+    assert text.splitlines()[2] == "Produced by (from the repository root):"
     assert "benchmarks/failover_time.py --backlogs 0 --repeats 1 --out" in text
+    assert re.search(r"^- commit: \w+; tree: (clean|DIRTY)", text, re.MULTILINE), text[:2000]
+    assert "- repeats: a single run; each run is one failover per backlog" in text
     assert "## Machine" in text and "- relayproxy commit:" in text and "- mariadbd:" in text
 
-    # The summary table: its header and exactly one row per backlog, every timing column a median [min - max].
+    # The summary table: its header and exactly one row per backlog, every timing column a median (range min - max).
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| backlog | relay files |"))
     assert "relay -> R2 (GTID)" in lines[header] and "direct: D (MariaDB)" in lines[header]
@@ -49,7 +52,8 @@ def test_failover_time_tiny_backlog(tmp_path: Path) -> None:
     assert re.fullmatch(r"[\d,]+ / [\d,]+ MB", row[8]), row[8]  # relay RSS / peak
 
     # Every failover listed; the plot written beside the markdown.
-    assert re.search(r"^\| 0 \| 1 \| relay, direct \|", text, re.MULTILINE), text
+    assert re.search(r"^\| 0 \| 1 \| relay then direct \|", text, re.MULTILINE), text
+    assert "Ratio relay -> R2 / direct per failover, median and range: 0: " in text
     assert out.with_suffix(".png").stat().st_size > 1000
     # The markers reached every replica exactly once (the script checks and fails otherwise).
     assert "each exactly once" in text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -36,7 +37,7 @@ MARIA_FILE = "blackbeam-rust_mysql_common/test-data/binlogs/mariadb-bin.000001" 
 def test_brief_chaos_soak_survives_every_fault_and_every_table_matches(tmp_path, corpus_dir):
     proc = subprocess.run(
         [sys.executable, str(SOAK), "--minutes", "0.75", "--seed", "20261121", "--fuzz-inputs", "3000",
-         "--json", "--workdir", str(tmp_path)],
+         "--json", "--workdir", str(tmp_path), "--output", str(tmp_path / "soak.md")],
         cwd=REPO, env=dict(os.environ, RELAYPROXY_CORPUS=str(corpus_dir)), capture_output=True, text=True,
         timeout=900,
     )
@@ -44,6 +45,14 @@ def test_brief_chaos_soak_survives_every_fault_and_every_table_matches(tmp_path,
     report = json.loads(proc.stdout)
     assert report["seed"] == 20261121
     assert report["verdict"]["passed"], report["verdict"]
+    # The results file: the shared header, honest about being one run.
+    text = (tmp_path / "soak.md").read_text()
+    assert text.splitlines()[2] == "Produced by (from the repository root):"
+    assert "benchmarks/soak.py --minutes 0.75 --seed 20261121" in text
+    assert re.search(r"^- commit: \w+; tree: (clean|DIRTY)", text, re.MULTILINE), text[:2000]
+    assert re.search(r"^- repeats: a single run; one seeded chaos run \(seed 20261121, [\d.]+ minutes of chaos\)",
+                     text, re.MULTILINE), text[:2000]
+    assert "alternated" not in text and "**Verdict: PASSED**" in text
 
     faults = report["faults"]
     kinds = {f["kind"] for f in faults if f["injected"]}

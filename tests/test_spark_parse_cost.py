@@ -55,14 +55,16 @@ def job(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
     try:
         schemas = {name: spark.read.parquet(str(out / "parquet" / name)).schema
-                   for name in ("events", "summary", "files", "file_counts")}
+                   for name in ("events", "event_runs", "summary", "files", "file_counts")}
         split_offsets = [
             (r["path"], r["split"], r["offset"])
             for r in spark.read.parquet(str(out / "parquet" / "events")).select("path", "split", "offset").collect()
         ]
+        run_offsets = [(r["run"], r["path"], r["offset"]) for r in
+                       spark.read.parquet(str(out / "parquet" / "event_runs")).select("run", "path", "offset").collect()]
     finally:
         spark.stop()
-    return {"out": out, "schemas": schemas, "offsets": split_offsets}
+    return {"out": out, "schemas": schemas, "offsets": split_offsets, "run_offsets": run_offsets}
 
 
 def test_summary_csv_columns_and_rows(job: dict[str, Any]) -> None:
@@ -91,6 +93,7 @@ def test_parquet_schemas(job: dict[str, Any]) -> None:
     }
     events = fields("events")
     assert events == {name: {"long": "bigint"}.get(kind, kind) for name, kind in spark_parse_cost.EVENT_SCHEMA_FIELDS}
+    assert fields("event_runs") == {"run": "int", **events}
     assert fields("file_counts") == {"stream": "string", "path": "string", "event_type": "string", "parser": "string",
                                      "events": "bigint", "bytes": "bigint"}
     assert set(fields("files")) == {"path", "stream", "bytes", "binlog", "events", "splits", "server_version", "error"}
@@ -137,10 +140,36 @@ def test_splits_neither_lose_nor_double_count_events(job: dict[str, Any], corpus
     assert len({split for split, _offset in measured}) == int(by_name[SPLIT_FILE]["splits"])
 
 
+def test_every_run_measures_every_event_once(job: dict[str, Any]) -> None:
+    """Three runs by default (the order alternated): each run has every event once, the same events as the
+    per-event table (each event's median over the runs)."""
+    events = sorted((path, offset) for path, _split, offset in job["offsets"])
+    assert len(set(events)) == len(events)
+    runs: dict[int, list] = {}
+    for run, path, offset in job["run_offsets"]:
+        runs.setdefault(run, []).append((path, offset))
+    assert sorted(runs) == [0, 1, 2]
+    for run, measured in runs.items():
+        assert sorted(measured) == events, run
+
+
 def test_report_files(job: dict[str, Any]) -> None:
     out = job["out"]
     text = (out / "summary.md").read_text()
-    assert "Produced by `" in text and "--split-bytes 4096" in text
+    # The shared header: the command, the commit and clean/dirty code, the repeats.
+    assert "Produced by (from the repository root):" in text and "--split-bytes 4096" in text
+    assert "- commit: " in text and "; tree: " in text
+    assert "- repeats: 3 runs, the order of relay and peer alternated between runs" in text
+    # The headline: with and without blob events, per run in alternated order, both methods side by side.
+    assert "A **blob event** here is any event of at least 65,536 bytes" in text
+    assert "| without blob events (>= 65,536 bytes) |" in text
+    lines = text.splitlines()
+    orders = [line.split("|")[2].strip() for line in lines if line.startswith(("| 1 |", "| 2 |", "| 3 |"))]
+    assert orders[:3] == ["relayproxy then pymysqlreplication", "pymysqlreplication then relayproxy",
+                          "relayproxy then pymysqlreplication"], orders
+    assert "### Two methods on the same events" in text
+    walk_row = next(line for line in lines if line.startswith("| all events ("))
+    assert walk_row.count("3 runs)") == 9, walk_row  # every figure of both methods: median and range of 3 runs
     assert "## Timing method and its measured error" in text and "## Machine" in text
     for name in ("by_stream.png", "by_event_type.png", "distribution.png", "ratios.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
