@@ -173,15 +173,18 @@ def measure(label: str, files: list[Path], workdir: Path, repeat: int) -> dict:
                                                  for f in ["plain", *FORMS]}
     plain = plain_paths(files, workdir / "plain")
     converted = {}
+    orders = benchinfo.alternating_orders(repeat, ["plain", *FORMS])
     for r in range(repeat):
-        for form, opts in FORMS.items():
+        order = orders[r]  # the forms in turns, the order reversed every other round
+        for form in (f for f in order if f != "plain"):
+            opts = FORMS[form]
             d = workdir / form.replace(" ", "_").replace("+", "and")
             CF.configure(d, keyring=RING)
             res = convert_all(files, d, opts)
             converted[form] = res
             samples[form]["cpu_write"].append(res["cpu_write"])
             samples[form]["cpu_verify"].append(res["cpu_verify"])
-        for form in ["plain", *FORMS]:
+        for form in order:
             paths = plain if form == "plain" else framed_paths(converted[form]["produced"])
             total, secs = asyncio.run(dump_read(paths))
             samples[form]["read"].append(total / secs / 1e6)
@@ -197,15 +200,19 @@ def measure(label: str, files: list[Path], workdir: Path, repeat: int) -> dict:
         res = converted[form]
         read = statistics.median(s["read"])
         mid = statistics.median(s["mid"])
+        read_ratios = [a / b for a, b in zip(s["read"], samples["plain"]["read"])]  # per round, same round's plain
+        mid_ratios = [a / b for a, b in zip(s["mid"], samples["plain"]["mid"])]
         rows[form] = {
             "ratio": res["logical"] / res["stored"],
             "stored_mb": res["stored"] / 1e6,
             "cpu_write_s_per_gb": statistics.median(s["cpu_write"]) / (logical / 1e9),
             "cpu_verify_s_per_gb": statistics.median(s["cpu_verify"]) / (logical / 1e9),
             "read_mb_s": read,
-            "read_vs_plain": read / plain_read,
+            "read_vs_plain": statistics.median(read_ratios),
+            "read_vs_plain_range": [min(read_ratios), max(read_ratios)],
             "mid_start_us": mid,
-            "mid_vs_plain": mid / plain_mid,
+            "mid_vs_plain": statistics.median(mid_ratios),
+            "mid_vs_plain_range": [min(mid_ratios), max(mid_ratios)],
         }
     return {"files": len(files), "logical_mb": logical / 1e6, "forms": rows}
 
@@ -215,9 +222,13 @@ def table(result: dict) -> list[str]:
            "read vs plain | mid-file start µs | vs plain |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for form, r in result["forms"].items():
+        rr = r.get("read_vs_plain_range")
+        mr = r.get("mid_vs_plain_range")
+        read = f"{r['read_vs_plain']:.2f}x" + (f" ({rr[0]:.2f}-{rr[1]:.2f})" if rr else "")
+        mid = f"{r['mid_vs_plain']:.1f}x" + (f" ({mr[0]:.1f}-{mr[1]:.1f})" if mr else "")
         out.append(f"| {form} | {r['ratio']:.2f} | {r['stored_mb']:.1f} | {r['cpu_write_s_per_gb']:.1f} | "
-                   f"{r['cpu_verify_s_per_gb']:.1f} | {r['read_mb_s']:.0f} | {r['read_vs_plain']:.2f}x | "
-                   f"{r['mid_start_us']:.0f} | {r['mid_vs_plain']:.1f}x |")
+                   f"{r['cpu_verify_s_per_gb']:.1f} | {r['read_mb_s']:.0f} | {read} | "
+                   f"{r['mid_start_us']:.0f} | {mid} |")
     return out
 
 
@@ -252,13 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = benchinfo.machine_info(server=True)
     lines = ["# Closed relay files: compression and encryption", "",
-             f"Command: `{benchinfo.command_line(__file__, sys.argv[1:] if argv is None else argv)}`", "",
+             *benchinfo.header_block(__file__, sys.argv[1:] if argv is None else argv, machine, runs=repeat,
+                                     what="here the contestants are the plain files and each storage form; the "
+                                          "tables give medians, the vs-plain columns the range (min-max) of the "
+                                          "per-round ratios in brackets"),
              "Frames of 1 MiB (`closed_files.DEFAULT_FRAME_SIZE`). Ratio = logical / stored bytes. CPU is "
              "`time.process_time` per logical GB (convert = compress/encrypt + write + fsync; verify = the read-back "
              "every conversion does before its rename). Dump read = `_RelayFile.read` of `READ_CHUNK` pieces over "
              "every file (frames decoded in a worker thread), logical MB/s; mid-file start = open + 64 KB read at a "
-             f"random offset. Medians of {repeat} rounds, forms in turns; ratios against the plain files in the same "
-             "run.", ""]
+             f"random offset. Medians of {repeat} rounds, forms in turns (order reversed every other round); ratios "
+             "against the plain files of the same round.", ""]
     for label, res in results.items():
         what = ("the shared corpus of real binlogs (read in place)" if label == "corpus" else
                 f"a local mariadbd master's binlogs after the OLTP workload (workloads.py oltp, scale {args.oltp_scale})")
