@@ -105,6 +105,23 @@ def _file_count(value: Any) -> int:
     return parse_file_count(value)
 
 
+def _int_range(low: int, high: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        number = int(value)
+        if not low <= number <= high:
+            raise ValueError(f"must be {low}..{high}")
+        return number
+
+    return convert
+
+
+def _archive_after(value: Any):
+    from ..relay.conversion import parse_archive_after
+
+    parse_archive_after(value)  # validates
+    return str(value).strip()
+
+
 def _server_id(value: Any) -> int:
     number = int(value)
     if not 1 <= number <= 0xFFFFFFFF:
@@ -194,6 +211,23 @@ OPTIONS: tuple[Option, ...] = (
            "DURATION"),
     Option("retention_force", _bool, False,
            "retention purges files connected replicas still read too (their dumps end with error 1236)"),
+    Option("compress_closed", _choice("off", "zstd"), "off",
+           "compress closed relay files with zstd (seekable frames; replicas get the same bytes)", "off|zstd"),
+    Option("compress_level", _int_range(1, 22), 3, "zstd level for compress_closed (1 fast .. 22 small)", "N"),
+    Option("encrypt_at_rest", _bool, False,
+           "encrypt closed relay files with AES-256-GCM (needs encryption_key_file or encryption_key_env)"),
+    Option("encryption_key_file", str, None,
+           "file of AES-256 keys, one '<id>:<64 hex digits>' a line (old keys stay to read old files)", "PATH"),
+    Option("encryption_key_env", str, None,
+           "name of an environment variable holding the keys, as in encryption_key_file", "VAR"),
+    Option("encryption_key_id", _positive_int, None,
+           "key id new files are encrypted with (default: the highest id)", "N"),
+    Option("archive_dir", str, None,
+           "move closed relay files here (a mounted volume) after archive_after; still served from there", "DIR"),
+    Option("archive_after", _archive_after, None,
+           "archive closed files older than this (7d, 12h) or beyond this many in relay_dir ('20 files')", "AGE|N files"),
+    Option("storage_interval", _duration, 10.0,
+           "seconds between looks for closed files to compress, encrypt or archive", "DURATION"),
     Option("max_statement_bytes", _size, 1 << 20,
            "SQL port: @@max_allowed_packet: largest command packet (a statement and its command byte), largest "
            "string value, and all user variables of one connection: bytes, or with K, M, G (1M)", "SIZE"),

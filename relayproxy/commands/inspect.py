@@ -7,12 +7,15 @@ import json
 import os
 import sys
 import uuid
+from pathlib import Path
 from typing import TextIO
 
 from ..binlog import constants as C
 from ..binlog.encryption import ALGORITHMS, BinlogKeyError, DecryptingStream
 from ..binlog.events import BinlogFormatError, FormatDescription
 from ..binlog.reader import ScannedEvent, ScannedGroup, ScanResult, scan_file
+from ..relay import closed_files
+from ..relay.conversion import keyring_from_config
 
 KEY_FILE_KEY_ENV = "RELAYPROXY_BINLOG_KEY_FILE_KEY"
 
@@ -22,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per file per line")
     parser.add_argument("--summary", action="store_true", help="human output without the per-event listing")
     parser.add_argument("--no-verify", action="store_true", help="do not verify CRC32 checksums")
+    parser.add_argument("--encryption-key-file", metavar="PATH",
+                        help="keys of encrypted relay files ('<id>:<64 hex digits>' a line; encrypt_at_rest)")
+    parser.add_argument("--encryption-key-env", metavar="VAR", help="environment variable holding those keys")
     parser.add_argument("--binlog-key-file", metavar="PATH",
                         help="MariaDB files written with encrypt_binlog=ON: the server's key file "
                              "(file_key_management_filename); the events are shown decrypted")
@@ -33,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    global _keyring
+    try:
+        _keyring = keyring_from_config(args)  # the relay's own encrypted closed files (encrypt_at_rest)
+    except ValueError as exc:
+        print(f"relayproxy inspect: {exc}", file=sys.stderr)
+        return 2
     keys = None
     key_file = getattr(args, "binlog_key_file", None)
     if key_file:
@@ -58,7 +70,24 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all_ok else 1
 
 
+_keyring = None  # from --encryption-key-file / --encryption-key-env
+
+
 def _scan(path: str, verify: bool, decrypt: dict | None = None, **callbacks) -> ScanResult:
+    """Scan a binlog or relay file. A relay file compressed, encrypted (``NAME.rpz``) or archived is read as its
+    logical bytes (``relay/closed_files.py``), given as ``DIR/NAME`` or ``DIR/NAME.rpz``; a MariaDB file written
+    with encrypt_binlog=ON is decrypted with ``decrypt`` (the server's key file)."""
+    try:
+        target = Path(path)
+        if target.name.endswith(closed_files.SUFFIX):
+            target = target.with_name(closed_files.logical_name(target.name))
+        stored = closed_files.locate(target)
+        if stored is not None and stored != target:
+            return closed_files.scan(target, keyring=_keyring, verify_checksums=verify, **callbacks)
+    except OSError as exc:
+        return ScanResult(path=path, error=f"cannot read file: {exc.strerror or exc}")
+    except closed_files.StoredFileError as exc:
+        return ScanResult(path=path, error=f"cannot read file: {exc}")
     stream = None
     if decrypt is not None:
         stream = DecryptingStream(decrypt["keys"], algorithm=decrypt["algorithm"], key_source=decrypt["key_source"],

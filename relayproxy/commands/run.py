@@ -86,6 +86,7 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
 
     policy = SyncPolicy(mode=cfg.sync_mode, max_transactions=cfg.sync_max_transactions, max_delay=cfg.sync_max_delay)
     fsync = FsyncStats()  # survives store reopens: the session passes on_fsync to the new store
+    storage = _storage_options(cfg)
     dir_lock = lock_relay_dir(cfg.relay_dir)
     try:
         store = RelayStore.open(cfg.relay_dir, sync=policy, on_fsync=fsync.observe)
@@ -104,6 +105,8 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     log.info("master in force", master=session.master.address, reason=session.master_reason)
     session.retention = None  # the RetentionTask (its .stats) when a retention_* limit is set
     retention_task = None
+    session.storage = None  # the StorageTask (its .stats) when closed files are compressed/encrypted/archived
+    storage_task = None
     http = None
     downstream = None
     loop = asyncio.get_running_loop()
@@ -139,15 +142,21 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         else:
             address = None
         retention_task = _start_retention(cfg, session, downstream)
+        if storage.enabled:
+            from ..relay.conversion import StorageTask
+
+            session.storage = StorageTask(storage, cfg.storage_interval, lambda: session.store)
+            storage_task = loop.create_task(session.storage.run(), name="relay-storage")
         if ready is not None and not ready.done():
             ready.set_result({"http": address, "listen": listen_address, "store": store, "session": session,
                               "downstream": downstream, "retention": session.retention})
         await session.run()
     finally:
         session.stop()
-        if retention_task is not None:
-            retention_task.cancel()
-            await asyncio.wait({retention_task})
+        for task in (retention_task, storage_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.wait({task})
         if downstream is not None:
             await downstream.close()
             if downstream.senders is not None:
@@ -162,6 +171,22 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
             except (NotImplementedError, RuntimeError):
                 pass
     return 0
+
+
+def _storage_options(cfg):
+    """How closed relay files are stored; registers the keyring so every reader (recovery first) can read
+    encrypted files. The keys are never logged: only their ids."""
+    from ..relay import closed_files
+    from ..relay.conversion import StorageOptions
+
+    try:
+        storage = StorageOptions.from_config(cfg)
+    except ValueError as exc:
+        raise RelayStartupError(f"closed relay file storage: {exc}") from None
+    closed_files.configure(cfg.relay_dir, keyring=storage.keyring)
+    if storage.enabled:
+        log.info("closed relay files", form=storage.describe())
+    return storage
 
 
 def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":

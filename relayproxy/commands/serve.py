@@ -234,8 +234,14 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
     """Serve ``options.binlog_dir`` on ``cfg.listen`` until SIGTERM/SIGINT, ``stop()`` or cancellation."""
     from ..ops.http import DEFAULT_HTTP_MAX_CONNECTIONS, HttpApi
     from ..ops.status import relay_status
+    from ..relay import closed_files
+    from ..relay.conversion import keyring_from_config
     from .run import RelayStartupError, _downstream_server
 
+    try:  # closed files of a relay directory may be encrypted (encryption_key_file / encryption_key_env)
+        closed_files.configure(options.binlog_dir, keyring=keyring_from_config(cfg))
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
     mirror = None
     if cfg.values.get("binlog_key_file"):
         mirror = await asyncio.to_thread(_open_mirror, cfg, options)

@@ -38,6 +38,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..log import get_logger
+from ..relay import closed_files
 from ..relay.epochs import Epochs, EpochsError, gtid_text, parse_gtid_text, read_epochs
 from ..relay.horizon import Horizon
 from .context import ConnectionState, DownstreamContext, DumpProgress, DumpRequest
@@ -230,7 +231,9 @@ class SenderPool:
                "--slot", str(slot), "--log-format", self.log_format, "--log-level", str(self.log_level),
                "--write-timeout", str(self.write_timeout), "--net-read-timeout", str(self.net_read_timeout)]
         try:
-            process = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+            # The keyring of encrypted closed files (relay/closed_files.py) goes by the environment, never argv.
+            env = {**os.environ, **closed_files.env_for_children(relay_dir)}
+            process = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env)
         finally:
             child.close()
         worker = _Worker(slot, process, None)
@@ -617,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..log import configure_logging
 
     configure_logging(fmt=args.log_format, level=args.log_level)
+    closed_files.configure_from_env(args.relay_dir)  # encrypted closed files: the relay's keyring
     sock = socket.socket(fileno=args.fd)
 
     async def run() -> None:

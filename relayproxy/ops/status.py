@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from .. import __version__
+from ..relay import closed_files
 
 
 def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[str, Any]:
@@ -109,6 +110,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         doc["sender_processes"] = senders.describe()
     if fsync is not None:
         doc.update(fsync.summary())
+    storage = getattr(session, "storage", None)  # run.py's StorageTask, when closed files are converted/archived
+    if storage is not None:
+        doc["storage"] = {"form": storage.opts.describe(), **storage.stats.as_dict()}  # key ids only, never keys
     retention = getattr(session, "retention", None)  # run.py's RetentionTask, when a retention_* limit is set
     if retention is not None:
         doc["retention"] = retention.stats.as_dict()
@@ -148,15 +152,17 @@ def _error_kinds() -> tuple[str, ...]:
 
 def _disk_usage(store, names: list[str]) -> dict[str, Any]:
     """Sizes of the relay files (stat only), the oldest file's age and the file system's free space."""
-    sizes: dict[str, int] = {}
+    sizes: dict[str, int] = {}  # logical sizes (the master's offsets: replica lag in bytes)
+    stored = 0  # bytes on disk (compressed, encrypted, archived: relay_disk_bytes)
     oldest = oldest_age = None
     now = time.time()
     for name in names:
         try:
-            st = os.stat(store.path(name))
-        except (OSError, KeyError):
+            st, logical = closed_files.stat_logical(store.path(name))
+        except (OSError, KeyError, closed_files.StoredFileError):
             continue  # purged between files() and here
-        sizes[name] = st.st_size
+        sizes[name] = logical
+        stored += st.st_size
         if oldest is None:
             oldest, oldest_age = name, max(now - st.st_mtime, 0.0)
     fs_free = fs_size = None
@@ -170,7 +176,7 @@ def _disk_usage(store, names: list[str]) -> dict[str, Any]:
             fs_free, fs_size = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
     return {
         "sizes": sizes,
-        "bytes": sum(sizes.values()),
+        "bytes": stored,
         "fs_free": fs_free,
         "fs_size": fs_size,
         "oldest": oldest,

@@ -17,12 +17,12 @@ names that the relay never had.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..binlog import constants as C
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..binlog.gtid import GtidSet, MariaBinlogState
+from . import closed_files
 from . import fileindex as _fileindex
 from .epochs import is_filler
 
@@ -48,6 +48,7 @@ class FileCatalog:
         self._store = store
         self._starts: dict[str, tuple[object, str | None]] = {}
         self._events: dict[str, GtidSet] = {}  # closed files only
+        self._sizes: dict[str, int] = {}  # logical sizes of closed files
 
     def files(self) -> list[FileInfo]:
         store = self._store
@@ -60,10 +61,13 @@ class FileCatalog:
             elif horizon.file is not None and names.index(name) > names.index(horizon.file):
                 continue  # started but not yet durable past its header
             else:
-                try:
-                    size = os.path.getsize(store.path(name))
-                except OSError:
-                    continue  # purged under our feet
+                size = self._sizes.get(name)
+                if size is None:
+                    try:
+                        size = closed_files.logical_size(store.path(name))  # any storage form
+                    except (OSError, closed_files.StoredFileError):
+                        continue  # purged under our feet (a damaged file is refused when read)
+                    self._sizes[name] = size  # a closed file never changes size
             start, version = self.start_of(name)
             out.append(FileInfo(name, size, start, version))
         return out
@@ -75,10 +79,11 @@ class FileCatalog:
             return cached
         path = self._store.path(name)
         try:
-            with open(path, "rb") as f:
-                head = f.read(_HEAD_READ)
+            head = closed_files.read_head(path, _HEAD_READ)  # plain, compressed, encrypted or archived
         except OSError as exc:
             raise CatalogError(f"cannot read relay file {name}: {exc.strerror}") from exc
+        except closed_files.StoredFileError as exc:
+            raise CatalogError(f"cannot read relay file {name}: {exc}") from exc
         start, version, final = _parse_head(name, head)
         epochs = getattr(self._store, "epochs", None)
         if epochs is not None and epochs.join_epoch(name) is not None:
@@ -93,6 +98,7 @@ class FileCatalog:
     def forget(self, name: str) -> None:
         self._starts.pop(name, None)
         self._events.pop(name, None)
+        self._sizes.pop(name, None)
 
     def purged(self):
         """GTIDs the relay cannot serve: the starting set of its oldest file (gtid_purged).
@@ -129,11 +135,11 @@ class FileCatalog:
                 events = _fileindex.index_for(path.parent, name, writable=writable).events_gtids()
             except (OSError, _fileindex.FileIndexError) as exc:
                 raise CatalogError(f"cannot read relay file {name}: {exc}") from exc
+            except closed_files.StoredFileError as exc:
+                raise CatalogError(f"cannot read relay file {name}: {exc}") from exc
             self._events[name] = events
             return events
-        from ..binlog.reader import scan_file
-
-        result = scan_file(path)
+        result = closed_files.scan(path)
         after = result.gtids_after if isinstance(result.gtids_after, GtidSet) else GtidSet()
         start = result.start_gtids if isinstance(result.start_gtids, GtidSet) else GtidSet()
         return after.subtract(start)

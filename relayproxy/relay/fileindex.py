@@ -34,6 +34,7 @@ from ..binlog import constants as C
 from ..binlog.gtid import GtidSet
 from ..binlog.reader import BinlogScanner, ScannedGroup
 from ..log import get_logger
+from . import closed_files
 from .checkpoint import TAIL_BYTES, decode_gtids, encode_gtids, read_fde_bytes
 from .recovery import RESERVED_PREFIX, write_file_atomically
 
@@ -148,16 +149,31 @@ class FileIndex:
 
 
 def _identity(path: Path) -> tuple[int, int, int, int, int]:
-    """(size, FDE length, FDE CRC32, tail length, tail CRC32) of a file as it is now."""
-    fd = os.open(path, os.O_RDONLY)
+    """(size, FDE length, FDE CRC32, tail length, tail CRC32) of a file as it is now: its logical bytes, in
+    whatever form it is stored (relay/closed_files.py: compressed, encrypted, archived)."""
+    f = closed_files.open_relay_file(path)
     try:
-        size = os.fstat(fd).st_size
-        fde = read_fde_bytes(fd) if size >= 4 + C.HEADER_LEN else None
+        size = f.size()
+        fde = _read_fde(f) if size >= 4 + C.HEADER_LEN else None
         tail_len = max(0, min(TAIL_BYTES, size - 4))
-        tail = os.pread(fd, tail_len, size - tail_len)
+        tail = f.read(size - tail_len, tail_len)
     finally:
-        os.close(fd)
+        f.close()
     return size, len(fde or b""), zlib.crc32(fde or b""), tail_len, zlib.crc32(tail)
+
+
+def _read_fde(f) -> bytes | None:
+    """``checkpoint.read_fde_bytes`` over a closed_files.LogicalFile."""
+    if f.is_plain:
+        return read_fde_bytes(f.fd)
+    head = f.read(4, C.HEADER_LEN)
+    if len(head) < C.HEADER_LEN or head[4] != C.FORMAT_DESCRIPTION_EVENT:
+        return None
+    size = int.from_bytes(head[9:13], "little")
+    if not C.HEADER_LEN < size <= 64 << 10:
+        return None
+    raw = f.read(4, size)
+    return raw if len(raw) == size else None
 
 
 def check_identity(idx: FileIndex, path: Path) -> str | None:
@@ -178,7 +194,7 @@ def verify_content(idx: FileIndex, path: Path) -> str | None:
     if problem is not None:
         return problem
     crc = 0
-    with open(path, "rb") as f:
+    with closed_files.open_stream(path) as f:
         while chunk := f.read(_CHUNK):
             crc = zlib.crc32(chunk, crc)
     return None if crc == idx.file_crc else "the file's CRC32 differs from the index's: its content changed"
@@ -212,8 +228,9 @@ def build(path: Path, name: str, *, sparse_bytes: int = SPARSE_BYTES, stop: thre
 
     scanner = BinlogScanner(on_group=on_group, on_event=on_event, path=os.fspath(path), max_event_in_memory=1 << 20)
     crc = 0
-    with open(path, "rb") as f:
-        size_at_open = os.fstat(f.fileno()).st_size
+    with closed_files.open_stream(path) as f:  # any storage form (relay/closed_files.py)
+        size_at_open = f.seek(0, os.SEEK_END)
+        f.seek(0)
         while chunk := f.read(_CHUNK):
             if stop is not None and stop.is_set():
                 raise _Stopped()
@@ -254,6 +271,8 @@ def load(relay_dir: Path, name: str) -> tuple[FileIndex | None, str | None]:
         problem = check_identity(idx, Path(relay_dir) / name)
     except OSError as exc:
         return None, f"cannot read the file to check its index: {exc.strerror}"
+    except closed_files.StoredFileError as exc:
+        return None, f"cannot read the file to check its index: {exc}"
     if problem is not None:
         return None, f"index does not match: {problem}"
     return idx, None
@@ -304,7 +323,14 @@ def clean_leftovers(relay_dir: Path) -> list[str]:
         entries = list(os.scandir(relay_dir))
     except OSError:
         return removed
-    names = {e.name for e in entries}
+    # A relay file may be stored converted (<name>.rpz) or archived (relay/closed_files.py): its index stays.
+    names = {closed_files.logical_name(e.name) for e in entries}
+    archive = closed_files.archive_dir_of(relay_dir)
+    if archive is not None:
+        try:
+            names |= {closed_files.logical_name(e.name) for e in os.scandir(archive)}
+        except OSError:
+            return removed  # the archive is not there: nothing can be told stale (recovery refuses to start)
     for entry in entries:
         if not entry.name.startswith(SIDECAR_PREFIX):
             continue

@@ -21,8 +21,9 @@ from typing import Any
 
 from ..binlog import constants as C
 from ..binlog.events import HEADER, FormatDescription
-from ..binlog.reader import BinlogScanner, ScanResult, scan_file
+from ..binlog.reader import BinlogScanner, ScanResult
 from ..log import get_logger
+from . import closed_files
 from .epochs import Epochs, EpochsError, read_epochs
 from .horizon import Horizon
 from .recovery import (
@@ -126,7 +127,7 @@ def list_binlog_files(binlog_dir: Path, *, index: Path | None = None,
         names = [_plain_name(n, "--files") for n in files]
         if len(set(names)) != len(names):
             raise ServeError("--files names a file twice")
-        missing = [n for n in names if not (binlog_dir / n).is_file()]
+        missing = [n for n in names if not closed_files.exists(binlog_dir / n)]
         if missing:
             raise ServeError(f"--files: not found in {binlog_dir}: {', '.join(missing)}")
         return names, "--files", warnings
@@ -152,7 +153,7 @@ def list_binlog_files(binlog_dir: Path, *, index: Path | None = None,
             return _numbered_files(binlog_dir), "file names by number", warnings
         names = read_server_index(index)
         source = f"index file {index}"
-    present = [(binlog_dir / n).is_file() for n in names]
+    present = [closed_files.exists(binlog_dir / n) for n in names]  # any storage form (closed_files.py)
     if names and not any(present):
         raise ServeError(f"none of the files {source} lists is in {binlog_dir}")
     first = present.index(True) if any(present) else 0
@@ -180,9 +181,9 @@ def _misplaced_event(path: Path) -> str | None:
     carries its master's positions instead and cannot be served as a binlog.
     """
     try:
-        with open(path, "rb") as f:
+        with closed_files.open_stream(path) as f:
             head = f.read(_PLACEMENT_CHECK_BYTES)
-    except OSError:
+    except (OSError, closed_files.StoredFileError):
         return None  # the scan reports unreadable files
     pos = 4
     while pos + C.HEADER_LEN <= len(head):
@@ -205,9 +206,9 @@ def _misplaced_event(path: Path) -> str | None:
 
 def _fde_server_id(path: Path) -> int | None:
     try:
-        with open(path, "rb") as f:
+        with closed_files.open_stream(path) as f:
             head = f.read(4 + C.HEADER_LEN)
-    except OSError:
+    except (OSError, closed_files.StoredFileError):
         return None
     if len(head) < 4 + C.HEADER_LEN or head[:4] != C.BINLOG_MAGIC:
         return None
@@ -378,9 +379,11 @@ class ReadOnlyBinlogDir:
             log.info("scanning", file=name)
             if i < len(names) - 1:
                 try:
-                    scans.append(scan_file(path))
+                    scans.append(closed_files.scan(path))  # plain, compressed, encrypted or archived
                 except OSError as exc:
                     raise ServeError(f"cannot read {path}: {exc.strerror}") from None
+                except closed_files.StoredFileError as exc:
+                    raise ServeError(f"cannot read {path}: {exc}") from None
                 continue
             tail = _Tail(name, path, cls._carried(names, scans, epochs), epochs)
             try:
@@ -452,14 +455,15 @@ class ReadOnlyBinlogDir:
     @staticmethod
     def _check_closed_file(path: Path, scan: ScanResult, *, newest: str) -> None:
         """Refuse where the relay would have to cut a closed file (recovery's ``classify_scan``)."""
-        kind = classify_scan(scan, os.path.getsize(path))
+        size = closed_files.logical_size(path)
+        kind = classify_scan(scan, size)
         if kind == DAMAGED:
             where = f" ({scan.error})" if scan.error else f" ({scan.crc_errors} CRC32 mismatches)"
             raise ServeError(f"cannot serve {path}: damaged before its end{where}; nothing was changed")
         if kind == PARTIAL:
             raise ServeError(
                 f"cannot serve {path}: it ends inside an unfinished transaction (complete up to offset "
-                f"{scan.good_end} of {os.path.getsize(path)}), but it is not the newest file ({newest} is). Only the "
+                f"{scan.good_end} of {size}), but it is not the newest file ({newest} is). Only the "
                 f"newest file's unfinished tail can be left out; serve the files before it with --files"
             )
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from ..log import get_logger
+from . import closed_files
 
 __all__ = [
     "RetentionPolicy",
@@ -351,7 +351,7 @@ def file_states(store) -> list[RelayFileState]:
     out = []
     for name in store.files():
         try:
-            st = os.stat(store.path(name))
+            st = closed_files.stored_stat(store.path(name))  # stored bytes, relay or archive directory
         except (OSError, KeyError):
             out.append(RelayFileState(name, 0, 0.0))
             continue

@@ -52,6 +52,7 @@ from ..binlog import encoders as _enc
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from ..log import get_logger
+from . import closed_files
 from . import epochs as _epochs
 from . import fileindex as _fileindex
 from .checkpoint import CHECKPOINT_NAME, CHECKPOINT_TMP_NAME, CheckpointError, capture
@@ -770,10 +771,9 @@ class RelayStore:
         write_index(self.relay_dir, self._index[keep_from:])
         self._index = self._index[keep_from:]
         for old in purged:
-            try:
-                os.unlink(self.relay_dir / old)
-            except FileNotFoundError:
-                pass
+            removed = closed_files.remove_all(self.relay_dir / old)  # plain, converted, archived
+            for parent in {p.parent for p in removed if p.parent != self.relay_dir}:
+                fsync_dir(parent)
             _fileindex.remove(self.relay_dir, old)  # its index goes with it (a crash between: removed at open)
         fsync_dir(self.relay_dir)
         pruned = self._epochs.pruned(self._index[0])

@@ -4,6 +4,7 @@ the GTIDs inside closed files (cached)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import struct
 import threading
@@ -14,10 +15,12 @@ from typing import Any
 from ...binlog import constants as C
 from ...binlog.events import HEADER
 from ...binlog.gtid import GtidSet
-from ...binlog.reader import scan_file
-from ...relay import fileindex
+from ...log import get_logger
+from ...relay import closed_files, fileindex
 from ...relay.catalog import FileCatalog
+from ...relay.closed_files import StoredFileError, open_relay_file
 
+log = get_logger("relayproxy.downstream.dump")
 _INLINE_READ = 64 << 10  # reads this small stay on the loop (page cache); larger ones go to a thread
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -48,7 +51,7 @@ def _scan_file_gtids(path: str) -> GtidSet:
     """GTIDs of the complete groups inside a closed relay file (cached by path, size and mtime), from its index
     (relay/fileindex.py) when it has a valid one, else scanned.
     Runs in worker threads: the cache is behind a lock; a scan itself is not."""
-    st = os.stat(path)
+    st = closed_files.stored_stat(path)
     key = (path, st.st_size, st.st_mtime_ns)
     with _file_gtids_lock:
         cached = _file_gtids.get(key)
@@ -60,7 +63,7 @@ def _scan_file_gtids(path: str) -> GtidSet:
     if index is not None:
         gtids = index.events_gtids()
     else:
-        result = scan_file(path, verify_checksums=False)
+        result = closed_files.scan(path, verify_checksums=False)  # any storage form (compressed, archived...)
         after = result.gtids_after if isinstance(result.gtids_after, GtidSet) else GtidSet()
         start = result.start_gtids if isinstance(result.start_gtids, GtidSet) else GtidSet()
         gtids = after.subtract(start)
@@ -72,26 +75,41 @@ def _scan_file_gtids(path: str) -> GtidSet:
 
 
 class _RelayFile:
-    """One relay file open for reading: positional reads, large ones in a worker thread."""
+    """One relay file open for reading its logical bytes (plain, compressed, encrypted, archived:
+    ``relay/closed_files.py``): positional reads; large ones, and any that decode a frame, in a worker
+    thread. A stored file that does not read back whole raises OSError (EIO) naming the file and frame,
+    and is logged: its bytes are never sent."""
 
-    __slots__ = ("name", "fd")
+    __slots__ = ("name", "_file", "is_plain")
 
     def __init__(self, name: str, path: os.PathLike | str):
         self.name = name
-        self.fd = os.open(path, os.O_RDONLY)
+        try:
+            self._file = open_relay_file(path)
+        except StoredFileError as exc:
+            raise _io_error(name, exc) from None
+        self.is_plain = self._file.is_plain
 
     async def read(self, pos: int, n: int) -> bytes:
-        if n <= _INLINE_READ:
-            return os.pread(self.fd, n, pos)
-        return await asyncio.get_running_loop().run_in_executor(None, os.pread, self.fd, n, pos)
+        f = self._file
+        try:
+            if n <= _INLINE_READ and f.cheap(pos, n):  # plain (page cache) or frames decoded already
+                return f.read(pos, n)
+            return await asyncio.get_running_loop().run_in_executor(None, f.read, pos, n)
+        except StoredFileError as exc:
+            raise _io_error(self.name, exc) from None
 
     def size(self) -> int:
-        return os.fstat(self.fd).st_size
+        return self._file.size()
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self._file.close()
+
+
+def _io_error(name: str, exc: StoredFileError) -> OSError:
+    log.error("relay file cannot be read back whole: not served", file=name, frame=exc.frame,
+              offset=exc.offset, error=str(exc))
+    return OSError(errno.EIO, str(exc))
 
 
 def _gtid_seek(path: os.PathLike | str, replica: GtidSet) -> int:

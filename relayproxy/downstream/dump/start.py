@@ -12,6 +12,7 @@ from ...binlog import boundary as B
 from ...binlog import constants as C
 from ...binlog.events import BinlogFormatError
 from ...binlog.gtid import GtidSet, MariaBinlogState, MariaGtid, MariaGtidPosition
+from ...relay import closed_files
 from ...relay.catalog import CatalogError, FileInfo
 from ...wire.packets import MySQLError
 from .errors import (
@@ -82,7 +83,7 @@ def _restrict(gtids: GtidSet, uuid: str) -> GtidSet:
 def _walk_head(path, size: int, limit: int = 1 << 20):
     """(type, offset, event size, head bytes) of the events in the first bytes of a relay file (at
     most ``size``, its durable length): the FDE and what follows it, for the start-file decisions."""
-    with open(path, "rb") as f:
+    with closed_files.open_stream(path) as f:  # any storage form
         head = f.read(min(size, limit))
     pos = 4
     while pos + C.HEADER_LEN <= len(head):
@@ -99,7 +100,7 @@ def _has_event_after_fde(path, size: int) -> bool:
         for type_code, pos, event_size, _head in _walk_head(path, size):
             if type_code != C.FORMAT_DESCRIPTION_EVENT and pos + event_size <= size:
                 return True
-    except OSError:
+    except (OSError, closed_files.StoredFileError):
         return False
     return False
 
@@ -217,8 +218,8 @@ class DumpStart:
         if snap.file == name:
             return snap.position
         try:
-            return os.path.getsize(self.ctx.store.path(name))
-        except (OSError, KeyError):
+            return closed_files.logical_size(self.ctx.store.path(name))
+        except (OSError, KeyError, closed_files.StoredFileError):
             return 0
 
     def _check_file_position(self, file: str, pos: int) -> tuple[str, int]:
@@ -332,6 +333,8 @@ class DumpStart:
                 held = await asyncio.to_thread(_scan_file_gtids, path)
             except OSError as exc:
                 raise _DumpFailure(f"{MSG_IO}: {older.name}: {exc.strerror}") from None
+            except closed_files.StoredFileError as exc:
+                raise _DumpFailure(f"{MSG_IO}: {exc}") from None
             gap.difference_update(held)
             missing.update(gap)
         return missing

@@ -3,10 +3,10 @@ binlog_admin privilege), KILL (another account's connection needs admin) and FLU
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from ...log import get_logger
+from ...relay import closed_files
 from ...relay.retention import readers_in, readers_of
 from ...wire.results import OkResponse, Response
 from .. import privileges
@@ -67,7 +67,7 @@ def _purge(p: Parser, env: Env) -> Response:
         limit = cutoff.timestamp()
         for name in files[:-1]:  # the current file always stays
             try:
-                if os.path.getmtime(store.path(name)) >= limit:
+                if closed_files.stored_stat(store.path(name)).st_mtime >= limit:
                     keep_from = name
                     break
             except OSError:

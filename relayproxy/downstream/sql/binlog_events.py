@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ...binlog import constants as C
 from ...binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ...binlog.views import view_event
+from ...relay import closed_files
 from ...wire.results import ResultSet
 from .errors import ER_ERROR_WHEN_EXECUTING_COMMAND, SqlError
 from .parser import Parser, _limit
@@ -125,7 +126,16 @@ def read_binlog_events(path: str, name: str, size: int, request: Request, *, fla
     if wanted <= 0:
         return ResultSet(COLUMNS, rows)
     scan_budget = max_rows * _SCAN_FACTOR
-    with open(path, "rb") as f:
+    try:
+        return _rows(path, name, size, request, flavour, fde_skip=skip, wanted=wanted, rows=rows,
+                     scan_budget=scan_budget, max_rows=max_rows)
+    except closed_files.StoredFileError as exc:  # a compressed/encrypted closed file that does not read back
+        raise SqlError(ER_ERROR_WHEN_EXECUTING_COMMAND, "HY000", _WHAT + f"I/O error: {exc}") from None
+
+
+def _rows(path, name, size, request, flavour, *, fde_skip, wanted, rows, scan_budget, max_rows) -> ResultSet:
+    skip = fde_skip
+    with closed_files.open_stream(path) as f:  # any storage form (relay/closed_files.py)
         fde = _read_fde(f, size)
         pos = request.position
         first = True

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...binlog.gtid import GtidSet, MariaBinlogState
 from ...binlog.reader import BinlogScanner
+from ...relay import closed_files
 from ...relay.catalog import CatalogError
 from .errors import ER_MALFORMED_GTID_SET_SPECIFICATION, SqlError
 from .limits import too_large
@@ -141,14 +142,14 @@ def _gtids_at(path, position: int) -> Any:
     scanner = BinlogScanner()
     remaining = position
     try:
-        with open(path, "rb") as f:
+        with closed_files.open_stream(path) as f:  # any storage form
             while remaining > 0:
                 chunk = f.read(min(_SCAN_CHUNK, remaining))
                 if not chunk:
                     return _NOT_A_BOUNDARY  # the file is shorter than asked: purged or cut under us
                 scanner.feed(chunk)
                 remaining -= len(chunk)
-    except OSError:
+    except (OSError, closed_files.StoredFileError):
         return _NOT_A_BOUNDARY
     result = scanner.finish()
     if not result.ok or result.partial_tail or result.good_end != position:

@@ -4,12 +4,12 @@ horizon."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ...binlog.gtid import GtidSet, MariaBinlogState
+from ...relay import closed_files
 from ...relay.catalog import CatalogError
 from ...wire.results import Response, ResultSet
 from .. import privileges
@@ -436,8 +436,7 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
     try:
         relay_space = sum(f.size for f in env.catalog.files())
     except CatalogError:
-        relay_space = sum(os.path.getsize(ctx.store.path(n)) for n in ctx.store.files()
-                          if os.path.exists(ctx.store.path(n)))
+        relay_space = sum(_stored_size(ctx.store.path(n)) for n in ctx.store.files())
     # The master in force (CHANGE MASTER's choice or the configuration), else the configuration (serve).
     master = st.get("master") or {}
     ssl_mode = master.get("ssl_mode") or getattr(cfg, "ssl_mode", "disabled") or "disabled"
@@ -508,3 +507,11 @@ def _show_replica_status(env: Env, *, new_names: bool, all_connections: bool) ->
     # Stage texts follow the version (MySQL 8.0.26 renamed them), not the syntax used.
     values = _replica_values(env, new_terms=env.mysql and env.at_least(8, 0, 26))
     return ResultSet(columns, [[values[key] for _, key in spec]])
+
+
+def _stored_size(path) -> int:
+    """Bytes a relay file takes on disk in whatever form it is stored (0 when purged meanwhile)."""
+    try:
+        return closed_files.stored_stat(path).st_size
+    except OSError:
+        return 0
