@@ -304,7 +304,7 @@ class DumpSender(DumpStart):
     async def _send_format_description(self, rf: _RelayFile, start_pos: int, first: bool) -> int:
         """send_format_description_event(): the file's FDE, adjusted as the server adjusts it."""
         limit, _closed = await self._available(rf, 4 + C.HEADER_LEN)
-        head = await rf.read(0, 4 + C.HEADER_LEN)
+        head = await self._read(rf, 0, 4 + C.HEADER_LEN)
         if len(head) < 4 + C.HEADER_LEN:
             raise _read_failure(MSG_TRUNCATED, 4, len(head))
         if head[:4] != C.BINLOG_MAGIC:
@@ -317,7 +317,7 @@ class DumpSender(DumpStart):
         limit, closed = await self._available(rf, 4 + size)
         if 4 + size > limit:
             raise _read_failure(MSG_TRUNCATED, 4, limit)
-        raw = await rf.read(4, size)
+        raw = await self._read(rf, 4, size)
         try:
             fde = FormatDescription.parse(raw, 0, size)
         except ChecksumError:
@@ -495,7 +495,7 @@ class DumpSender(DumpStart):
                 self._skip_filler(pos)
                 continue
             if size <= _STREAM_PIECE or self.send_stream is None:
-                event = await rf.read(pos, size)
+                event = await self._read(rf, pos, size)
                 if len(event) < size:
                     raise _read_failure(MSG_TRUNCATED, pos, pos + len(event))
                 if crc and zlib.crc32(memoryview(event)[:-4]) != _U32.unpack_from(event, size - 4)[0]:
@@ -575,6 +575,15 @@ class DumpSender(DumpStart):
         progress.bytes_sent += len(chunk.framed) - 4 * chunk.events
         self.last_sent = time.monotonic()
 
+    async def _read(self, rf: _RelayFile, pos: int, n: int) -> bytes:
+        """``rf.read`` with a read error (a damaged compressed or encrypted frame, a disk error) turned into the
+        servers' 1236 "I/O error reading log event", before anything of the event went out."""
+        try:
+            return await rf.read(pos, n)
+        except OSError as exc:
+            log.error("cannot read a relay file for a dump", file=rf.name, position=pos, error=str(exc))
+            raise _read_failure(MSG_IO, pos, pos) from None
+
     def _skip_filler(self, end_pos: int) -> None:
         """A relay-made filler (IGNORABLE_LOG_EVENT, flagged ignorable): it stands for transactions of the new
         master's file that the relay got from the earlier master (docs/failover.md), so it is never sent.
@@ -597,17 +606,17 @@ class DumpSender(DumpStart):
             at = pos
             body_end = pos + size - C.CHECKSUM_LEN
             while at < body_end:
-                chunk = await rf.read(at, min(_STREAM_PIECE, body_end - at))
+                chunk = await self._read(rf, at, min(_STREAM_PIECE, body_end - at))
                 if not chunk:
                     raise _read_failure(MSG_TRUNCATED, pos, at)
                 running = zlib.crc32(chunk, running)
                 at += len(chunk)
-            stored = await rf.read(body_end, C.CHECKSUM_LEN)
+            stored = await self._read(rf, body_end, C.CHECKSUM_LEN)
             if len(stored) < C.CHECKSUM_LEN:
                 raise _read_failure(MSG_TRUNCATED, pos, body_end + len(stored))
             if running != _U32.unpack(stored)[0]:
                 raise _read_failure(MSG_CRC, pos, pos + size)
-        head = await rf.read(pos, min(size, _HEAD))
+        head = await self._read(rf, pos, min(size, _HEAD))
         await self._handle(memoryview(head), 0, size, pos, type_code, flags, rf)
 
     async def _handle(self, buf: memoryview, off: int, size: int, file_pos: int, type_code: int, flags: int,
@@ -779,7 +788,7 @@ class DumpSender(DumpStart):
         """Send a large event straight from the file, a piece at a time (see ``StreamingChannel``)."""
         prefix = self._prefix(need_ack)
         if self.send_stream is None:
-            event = await rf.read(pos, size)  # no streaming channel: hold the event to send it whole
+            event = await self._read(rf, pos, size)  # no streaming channel: hold the event to send it whole
             if len(event) < size:
                 raise _read_failure(MSG_TRUNCATED, pos, pos + len(event))
             await self._send_event(event, need_ack)
