@@ -89,6 +89,38 @@ def decode_gtids(value):
 # The record
 
 
+def encode_record(fmt: str, version: int, body: dict, *, indent: int | None = None) -> bytes:
+    """A small JSON record of the relay (checkpoint, file index): format, version, the body and a CRC32 of the
+    body's canonical text, so a torn or damaged record is recognised."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    record = {"format": fmt, "version": version, "crc32": zlib.crc32(text.encode("utf-8")), "body": body}
+    if indent is None:
+        return (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+    return (json.dumps(record, sort_keys=True, indent=indent) + "\n").encode("utf-8")
+
+
+def decode_record(raw: bytes, fmt: str, version: int, max_bytes: int, error: type[Exception], what: str) -> dict:
+    """The body of an ``encode_record`` record; ``error`` saying why when it is not one (size, JSON, format,
+    version, CRC)."""
+    if len(raw) > max_bytes:
+        raise error(f"{len(raw)} bytes: larger than any {what}")
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise error(f"not a JSON record ({exc}): torn or damaged") from None
+    if not isinstance(record, dict) or record.get("format") != fmt:
+        raise error(f"not a relayproxy {what} record")
+    if record.get("version") != version:
+        raise error(f"version {record.get('version')!r}, this relay reads version {version}")
+    body = record.get("body")
+    if not isinstance(body, dict):
+        raise error("no body")
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    if zlib.crc32(text.encode("utf-8")) != record.get("crc32"):
+        raise error("its CRC32 does not match its body: damaged")
+    return body
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     file: str
@@ -107,29 +139,11 @@ class Checkpoint:
     master: list | None  # the epoch's master as recorded in relayproxy.epochs (None for an implicit epoch)
 
     def encode(self) -> bytes:
-        body = asdict(self)
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        record = {"format": _FORMAT, "version": _VERSION, "crc32": zlib.crc32(text.encode("utf-8")), "body": body}
-        return (json.dumps(record, sort_keys=True, indent=1) + "\n").encode("utf-8")
+        return encode_record(_FORMAT, _VERSION, asdict(self), indent=1)
 
     @classmethod
     def decode(cls, raw: bytes) -> "Checkpoint":
-        if len(raw) > _MAX_RECORD:
-            raise CheckpointError(f"{len(raw)} bytes: larger than any checkpoint")
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise CheckpointError(f"not a JSON record ({exc}): torn or damaged") from None
-        if not isinstance(record, dict) or record.get("format") != _FORMAT:
-            raise CheckpointError("not a relayproxy checkpoint record")
-        if record.get("version") != _VERSION:
-            raise CheckpointError(f"version {record.get('version')!r}, this relay reads version {_VERSION}")
-        body = record.get("body")
-        if not isinstance(body, dict):
-            raise CheckpointError("no body")
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        if zlib.crc32(text.encode("utf-8")) != record.get("crc32"):
-            raise CheckpointError("its CRC32 does not match its body: damaged")
+        body = decode_record(raw, _FORMAT, _VERSION, _MAX_RECORD, CheckpointError, "checkpoint")
         try:
             cp = cls(**body)
         except TypeError as exc:

@@ -23,7 +23,6 @@ know indexes ignores them.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import zlib
@@ -35,7 +34,7 @@ from ..binlog.gtid import GtidSet
 from ..binlog.reader import BinlogScanner, ScannedGroup
 from ..log import get_logger
 from . import closed_files
-from .checkpoint import TAIL_BYTES, decode_gtids, encode_gtids, read_fde_bytes
+from .checkpoint import TAIL_BYTES, decode_gtids, decode_record, encode_gtids, encode_record, read_fde_bytes
 from .recovery import RESERVED_PREFIX, write_file_atomically
 
 log = get_logger(__name__)
@@ -111,29 +110,11 @@ class FileIndex:
 
     # -- encoding ------------------------------------------------------------------------------
     def encode(self) -> bytes:
-        body = asdict(self)
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        record = {"format": _FORMAT, "version": _VERSION, "crc32": zlib.crc32(text.encode("utf-8")), "body": body}
-        return (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+        return encode_record(_FORMAT, _VERSION, asdict(self))
 
     @classmethod
     def decode(cls, raw: bytes) -> "FileIndex":
-        if len(raw) > _MAX_RECORD:
-            raise FileIndexError(f"{len(raw)} bytes: larger than any index")
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise FileIndexError(f"not a JSON record ({exc}): torn or damaged") from None
-        if not isinstance(record, dict) or record.get("format") != _FORMAT:
-            raise FileIndexError("not a relayproxy file index")
-        if record.get("version") != _VERSION:
-            raise FileIndexError(f"version {record.get('version')!r}, this relay reads version {_VERSION}")
-        body = record.get("body")
-        if not isinstance(body, dict):
-            raise FileIndexError("no body")
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        if zlib.crc32(text.encode("utf-8")) != record.get("crc32"):
-            raise FileIndexError("its CRC32 does not match its body: damaged")
+        body = decode_record(raw, _FORMAT, _VERSION, _MAX_RECORD, FileIndexError, "file index")
         try:
             idx = cls(**body)
         except TypeError as exc:
