@@ -27,7 +27,7 @@ from relayproxy.lab.crashfs import CrashFS, SimulatedCrash
 from relayproxy.relay import recovery as R
 from relayproxy.relay.store import RelayStore
 
-from .test_relay_store import Feeder, split_events
+from .test_scenario_crash_safety import _feed_from
 
 SEED = int(os.environ.get("RELAYPROXY_CRASH_SEED", "20261121"))
 MARIA_CORPUS = "mariadb-operator-mariadb-poc/mariadb-binlog/binlogs/domain_id_0"
@@ -42,18 +42,7 @@ def _files(corpus_dir) -> list[tuple[str, bytes]]:
 
 def _feed(store: RelayStore, files, file: str | None = None, position: int = 4) -> None:
     """What the session does, from the horizon ``(file, position)`` on (the master re-sends whole groups)."""
-    names = [name for name, _ in files]
-    start = names.index(file) if file in names else 0
-    for name, image in files[start:]:
-        if store.current_file != name:
-            store.start_file(name)
-        feeder = Feeder(store)
-        pos = position if name == file else 4
-        for offset, event in split_events(image):
-            if offset >= pos:
-                feeder.feed(offset, event)
-            else:  # the session's parser has seen the file's FORMAT_DESCRIPTION (checksums) in its preamble
-                feeder.parser.feed_event(event, 0)
+    _feed_from(store, files, file, position)
 
 
 def _order(files, file: str | None, position: int) -> tuple[int, int]:

@@ -38,15 +38,23 @@ from pathlib import Path
 import pytest
 
 from relayproxy.binlog.reader import scan_bytes
+from relayproxy.lab.harness import (
+    Writer,
+    assert_files_equal_master,
+    assert_same_data,
+    change_master,
+    master_status,
+    prepare_master,
+    replica_status,
+    user_tables,
+    wait_relay,
+    wait_replica,
+)
 from relayproxy.relay import recovery as R
 from relayproxy.relay.store import RelayStore, RelayStoreError
 
-from relayproxy.lab.harness import (
-    Writer, assert_files_equal_master, assert_same_data, change_master, master_status, prepare_master,
-    replica_status, user_tables, wait_relay, wait_replica,
-)
-from .test_downstream_topologies import relays  # noqa: F401 - a fixture
 from .test_downstream_e2e import relay_sql
+from .test_downstream_topologies import relays  # noqa: F401 - a fixture
 from .test_relay_e2e import mixed_load
 from .test_relay_store import Feeder, mysql_image, split_events
 
@@ -790,6 +798,8 @@ def _feed_from(store: RelayStore, files, file: str | None, position: int) -> Non
         for offset, event in split_events(image):
             if offset >= pos:
                 feeder.feed(offset, event)
+            else:  # the session's parser has seen the file's FORMAT_DESCRIPTION (checksums) in its preamble
+                feeder.parser.feed_event(event, 0)
 
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])

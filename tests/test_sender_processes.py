@@ -12,6 +12,7 @@ master with nothing lost or applied twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -81,24 +82,33 @@ async def _collect(port: int, setup: list[str], start, *, until_eof: bool = True
         conn.abort()
 
 
-async def _serve_both(ctx, runs) -> tuple[list, list, SenderPool]:
+@contextlib.asynccontextmanager
+async def _serving(ctx, senders: int):
+    """An in-process server on a free port; with `senders` > 0 it hands dumps to that many sender processes."""
+    server = DownstreamServer(ctx, USERS)
+    _host, port = await server.start("127.0.0.1", 0)
+    pool = None
+    if senders:
+        pool = SenderPool(senders, ctx, log_format="json", log_level="warning")
+        await pool.start()
+        server.senders = pool
+    try:
+        yield port, pool
+    finally:
+        await server.close()
+        if pool is not None:
+            await pool.close()
+
+
+async def _serve_both(ctx, runs) -> tuple[list, list, int]:
     """Run every (setup, start, kwargs) of `runs` against a server without and then with sender processes."""
     results = []
-    pool = None
-    for with_pool in (False, True):
-        server = DownstreamServer(ctx, USERS)
-        host, port = await server.start("127.0.0.1", 0)
-        if with_pool:
-            pool = SenderPool(2, ctx, log_format="json", log_level="warning")
-            await pool.start()
-            server.senders = pool
-        try:
+    handed = 0
+    for senders in (0, 2):
+        async with _serving(ctx, senders) as (port, pool):
             results.append([await _collect(port, setup, start, **kw) for setup, start, kw in runs])
-        finally:
-            await server.close()
-            if pool is not None and with_pool:
+            if pool is not None:
                 handed = pool.handed_total
-                await pool.close()
     return results[0], results[1], handed
 
 
@@ -177,12 +187,7 @@ def test_a_sender_process_sends_nothing_past_the_horizon_and_follows_it(tmp_path
     ctx = make_ctx(store, semi_sync=False, version="8.0.29")
 
     async def scenario():
-        server = DownstreamServer(ctx, USERS)
-        _host, port = await server.start("127.0.0.1", 0)
-        pool = SenderPool(1, ctx, log_format="json", log_level="warning")
-        await pool.start()
-        server.senders = pool
-        try:
+        async with _serving(ctx, 1) as (port, pool):
             setup = ["SET @master_binlog_checksum='CRC32'"]
             first = await _collect(port, setup, _file_dump("binlog.000004", 4))
             follow = asyncio.create_task(_collect(port, setup, _file_dump("binlog.000004", 4, flags=0),
@@ -191,9 +196,6 @@ def test_a_sender_process_sends_nothing_past_the_horizon_and_follows_it(tmp_path
             store.sync()  # now the rest is durable: the waiting worker dump must get it
             rest = await follow
             return first, rest, pool.handed_total
-        finally:
-            await server.close()
-            await pool.close()
 
     try:
         first, rest, handed = asyncio.run(asyncio.wait_for(scenario(), 60))
@@ -213,19 +215,11 @@ def test_semi_sync_and_tls_dumps_stay_in_the_relay_process(tmp_path, corpus_dir)
     ctx = make_ctx(store, semi_sync=True, version="8.0.29")
 
     async def scenario():
-        server = DownstreamServer(ctx, USERS)
-        _host, port = await server.start("127.0.0.1", 0)
-        pool = SenderPool(1, ctx, log_format="json", log_level="warning")
-        await pool.start()
-        server.senders = pool
-        try:
+        async with _serving(ctx, 1) as (port, pool):
             setup = ["SET @master_binlog_checksum='CRC32'", "SET @rpl_semi_sync_slave=1"]
             # (this client does not ACK: read only up to the first ACK request, after which numbering restarts)
             payloads = await _collect(port, setup, _file_dump("binlog.000004", 4), until_eof=False, packets=2)
             return payloads, pool.handed_total
-        finally:
-            await server.close()
-            await pool.close()
 
     try:
         payloads, handed = asyncio.run(asyncio.wait_for(scenario(), 60))
