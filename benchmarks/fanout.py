@@ -1453,9 +1453,9 @@ def slim(phase: dict) -> dict:
 
 
 def ceiling_steps(phase: dict, step_seconds: float, max_lag: float) -> list[dict]:
-    """Per step of a rate ladder: offered trx/s, delivered MB/s, sampled clients' lag in the step's second half,
-    and whether the target kept up (every sampled client got every transaction of that half, p99 lag below
-    max_lag seconds, and the clients together received at least 90 % of what was offered)."""
+    """Per step of a rate ladder: offered trx/s, delivered MB/s (all clients, from the byte samples), sampled
+    clients' lag in the step's second half, and whether the target kept up: every sampled client got every
+    transaction of that half, with p99 lag below max_lag seconds (lag that grows without bound fails both)."""
     commits = phase["commits"]
     receivers = phase["binlog_clients"] + phase["replicas"]
     per_trx = (phase["event_bytes_per_client"] or 0) / max(1, len(commits))
@@ -1467,12 +1467,14 @@ def ceiling_steps(phase: dict, step_seconds: float, max_lag: float) -> list[dict
     series = phase["bytes_series"]
 
     def bytes_at(t: float) -> int | None:
-        best = None
-        for ts, b in series:
-            if ts > t:
-                break
-            best = b
-        return best
+        prev = None
+        for ts, b in series:  # linear interpolation between the samples around t
+            if ts >= t:
+                if prev is None:
+                    return b
+                return round(prev[1] + (b - prev[1]) * (t - prev[0]) / (ts - prev[0])) if ts > prev[0] else b
+            prev = (ts, b)
+        return prev[1] if prev else None
 
     out = []
     t = phase["t_go"]
@@ -1491,8 +1493,7 @@ def ceiling_steps(phase: dict, step_seconds: float, max_lag: float) -> list[dict
         delivered = (b1 - b0) if b0 is not None and b1 is not None else None
         offered = per_trx * len(in_step) * receivers
         lag = lag_summary(lags)
-        kept = (missing == 0 and lag["p99"] is not None and lag["p99"] < max_lag * 1000
-                and delivered is not None and delivered >= 0.9 * offered)
+        kept = missing == 0 and lag["p99"] is not None and lag["p99"] < max_lag * 1000
         out.append({"rate": rate, "achieved_trx_s": round(len(in_step) / secs, 1),
                     "offered_mb_s": round(offered / 1e6 / secs, 2),
                     "delivered_mb_s": round(delivered / 1e6 / secs, 2) if delivered is not None else None,
@@ -1722,8 +1723,9 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
     if ce:
         out += [f"## Egress ceiling (bulk load, rate ladder, {ce['step_seconds']:g} s a step)", "",
                 "A step is kept up when every sampled client got every transaction committed in the step's second "
-                f"half, their p99 lag there is below {ce['max_lag_seconds']:g} s, and the clients together "
-                "received at least 90 % of the bytes offered in the step.", "",
+                f"half, with p99 lag there below {ce['max_lag_seconds']:g} s (lag that grows without bound fails both). "
+                "Offered MB/s = the load's bytes per transaction x transactions committed in the step x receivers; "
+                "delivered MB/s = what the clients and replicas together received during the step.", "",
                 "| target | trx/s asked | trx/s achieved | offered MB/s | delivered MB/s | lag p99 (ms) | kept up |",
                 "|---|---:|---:|---:|---:|---:|---|"]
         for target, t in ce["targets"].items():
