@@ -32,6 +32,28 @@ clients, not the server, bound the numbers); relay peak RSS (VmHWM). Ratios are 
 
 Absolute numbers on a shared 2-core machine are noise (master, relay, writer and 100 clients share two cores);
 the ratios between the two phases of one run are the result.
+
+``--real``: real external clients (results in ``fanout_real.md``, or ``fanout_real_baseline.md`` with
+``--baseline``). ``--binlog-clients`` (50) ``mariadb-binlog --read-from-remote-server --raw --stop-never``
+processes, each writing its own directory (``--result-file`` prefix, ``--start-position`` at the master's end),
+and ``--real-replicas`` (3) MariaDB replicas (sandboxes, ``CHANGE MASTER TO`` file/position at the end) follow
+the relay (phase ``relay``; ``--relay-option KEY=VALUE`` passes options to ``relayproxy run``) or the master
+(phase ``direct``), ``--repeats`` (3) times with the order alternating (relay-direct, direct-relay, ...), for
+the loads ``oltp`` (the writer above, 300 trx/s) and ``bulk`` (one 8 KB BLOB row a transaction, 25 trx/s).
+Per phase: an idle window (``--idle-seconds``, clients connected, no load) gives a CPU baseline; then the load
+until everyone has the master's last byte. CPU (baseline subtracted) of the relay's process tree (walked through
+/proc/<pid>/task/*/children), of mariadbd, and of the master's ``Binlog Dump`` threads alone (thread ids from
+``performance_schema.threads.THREAD_OS_ID``, on-CPU time from /proc/<pid>/task/<tid>/schedstat); bytes
+delivered (output files + replicas' relay logs); CPU per MB and relay / dump-thread ratios per repeat (median
+and range); lag of ``--sample-clients`` mariadb-binlog clients (a tail parser finds each XID) and of every
+replica (``SELECT MAX(id)`` every 10 ms); relay RSS and VmHWM. ``--ceiling`` (default on) runs a bulk rate
+ladder on both targets: the highest rate whose lag stays bounded and the MB/s delivered there. ``--sweep``
+adds 1, 10, 50, 100, 300, 1000 clients (beyond 100: asyncio dump clients in a helper process).
+
+    .venv/bin/python benchmarks/fanout.py --real                       # ~12 min, writes fanout_real.md/.png
+    .venv/bin/python benchmarks/fanout.py --real --sweep --loads oltp --repeats 1 --no-ceiling
+    .venv/bin/python benchmarks/fanout.py --real --quick --json        # 5 clients + 1 replica, writes nothing
+    .venv/bin/python benchmarks/fanout.py --real --relay-option sender_processes=2
 """
 
 from __future__ import annotations
