@@ -704,11 +704,12 @@ LOADS = {
     # name: (table DDL, what one transaction is)
     "oltp": "CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
             "c VARCHAR(255) NOT NULL) ENGINE=InnoDB",
-    "bulk": "CREATE TABLE bench.bulk (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, b BLOB NOT NULL) ENGINE=InnoDB",
+    "bulk": "CREATE TABLE bench.bulk (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
+            "b BLOB NOT NULL) ENGINE=InnoDB",
 }
 BULK_BYTES = 8000  # REPEAT(MD5(k), 250): an 8 KB row event from a short statement (the ANNOTATE_ROWS stays small)
 DEFAULT_RATES = {"oltp": 300.0, "bulk": 25.0}
-CEILING_STEPS = (10.0, 20.0, 40.0, 80.0, 160.0)  # bulk trx/s, each for --ceiling-step-seconds
+CEILING_STEPS = {"oltp": (100.0, 200.0, 300.0, 450.0, 600.0), "bulk": (40.0, 80.0, 160.0, 320.0, 640.0)}  # trx/s
 SWEEP_COUNTS = (1, 10, 50, 100, 300, 1000)
 SWEEP_STREAMING_MAX = 100  # beyond this many clients the rest are cheap asyncio dump clients (read and discard)
 REAL_PHASE_ORDERS = (("relay", "direct"), ("direct", "relay"))  # alternated over the repeats
@@ -966,8 +967,9 @@ class Replica:
             if st.get("Slave_IO_Running") == "Yes" and st.get("Slave_SQL_Running") == "Yes":
                 return
             if time.monotonic() > deadline:
+                keys = ("Slave_IO_Running", "Slave_SQL_Running", "Last_IO_Error", "Last_SQL_Error")
                 raise RuntimeError(f"replica {self.index} did not start replicating from port {port}: "
-                                   f"{ {k: st.get(k) for k in ('Slave_IO_Running', 'Slave_SQL_Running', 'Last_IO_Error', 'Last_SQL_Error')} }")
+                                   f"{ {k: st.get(k) for k in keys} }")
             time.sleep(0.05)
 
     def slave_status(self) -> dict:
@@ -1020,13 +1022,15 @@ def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, 
                 got["errors"].append(f"{i}: {exc!r}")
                 return
             ready.append(i)
+            # From here on only count what arrives: hand the socket to a protocol that parses nothing, so that
+            # hundreds of these cost little CPU (the relay still frames and sends every event to each).
+            lost = asyncio.get_running_loop().create_future()
+            c._protocol.transport.set_protocol(_CountingProtocol(got, lost))
             try:
-                while True:
-                    for p in await c.read_packets():
-                        got["bytes"] += len(p)
+                exc = await lost
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001
+            if exc is not None:
                 got["errors"].append(f"{i} reading: {exc!r}")
 
         ready: list[int] = []
@@ -1043,6 +1047,18 @@ def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, 
         conn.send({"bytes": got["bytes"], "errors": got["errors"][:5], "error_count": len(got["errors"])})
 
     asyncio.run(main())
+
+
+class _CountingProtocol(asyncio.Protocol):
+    def __init__(self, got: dict, lost: asyncio.Future) -> None:
+        self.got, self.lost = got, lost
+
+    def data_received(self, data: bytes) -> None:
+        self.got["bytes"] += len(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(exc or ConnectionError("connection closed"))
 
 
 class IdleClients:
@@ -1260,7 +1276,6 @@ class RealBench:
             "dump_threads": threads_cpu(self.master.pid, dump_tids),
             "replicas": pids_cpu([r.pid for r in self.replicas if r.pid]),
             "binlog_clients": pids_cpu([c.proc.pid for c in clients if c.proc is not None]),
-            "writer": tree_cpu(writer.pid) if writer is not None else None,
             "bench": tree_cpu(os.getpid()),
         }
 
@@ -1279,6 +1294,9 @@ class RealBench:
         clients: list[BinlogClient] = []
         idle: IdleClients | None = None
         try:
+            # Dump threads left from an earlier phase (the server notices a gone client only when it next writes
+            # to it) are not this phase's: only threads that appear from here on are counted.
+            stale = set(dump_thread_ids(self.master))
             if target == "relay":
                 relay = Relay(self.work, self.master, options=extra + self.relay_options).start()
                 relay.wait_for(master_end(self.master), timeout=120)
@@ -1311,7 +1329,7 @@ class RealBench:
             expected = 1 if target == "relay" else n_stream + len(replicas) + n_idle
             deadline = time.monotonic() + 30
             while True:
-                tids = dump_thread_ids(self.master)
+                tids = [t for t in dump_thread_ids(self.master) if t not in stale]
                 if len(tids) >= expected or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
@@ -1328,7 +1346,7 @@ class RealBench:
             table = "bench.bulk" if load == "bulk" else "bench.oltp"
             poller = ReplicaPoller(replicas, table, args.replica_poll_interval) if replicas else None
             sampler = BytesSampler(clients, replicas)
-            status0 = _relay_bytes_sent(relay)
+            status0 = _relay_counters(relay)
             size0 = [c.size() for c in clients]
             rl0 = [r.relay_log_bytes() for r in replicas]
             tail.start()
@@ -1354,7 +1372,7 @@ class RealBench:
                 time.sleep(0.02)
             d = self.cpu_snapshot(relay, tids, clients, writer)
             mem = tree_memory_kb(relay.proc.pid) if relay else None
-            status1 = _relay_bytes_sent(relay)
+            status1 = _relay_counters(relay)
             sampler.stop()
             tail.stop()
             if poller:
@@ -1409,7 +1427,7 @@ class RealBench:
             return {"load": round(used, 3), "idle_rate_pct": round(100 * (b[key] - a[key]) / idle_window, 2)
                     if a[key] is not None else None, "net": round(used - base, 3)}
 
-        cpu = {k: net(k) for k in ("relay", "mariadbd", "dump_threads", "replicas", "binlog_clients", "writer", "bench")}
+        cpu = {k: net(k) for k in ("relay", "mariadbd", "dump_threads", "replicas", "binlog_clients", "bench")}
         client_bytes = sum(x - y for x, y in zip(size1, size0))
         replica_bytes = sum(x - y for x, y in zip(rl1, rl0))
         delivered = client_bytes + replica_bytes
@@ -1428,7 +1446,10 @@ class RealBench:
             "clients_short": sum(1 for c, s in zip(size1, size0) if want is not None and c - s < want),
             "client_bytes": client_bytes, "replica_relay_log_bytes": replica_bytes, "delivered_bytes": delivered,
             "delivered_mb_per_s": round(mb / window, 3) if window else None,
-            "relay_status_bytes_sent": (status1 - status0) if status0 is not None and status1 is not None else None,
+            "relay_status_bytes_sent": _counter_delta(status0, status1, "bytes_sent"),
+            "relay_fsyncs": _counter_delta(status0, status1, "fsyncs"),
+            "relay_fsync_seconds": _counter_delta(status0, status1, "fsync_seconds"),
+            "relay_fsync_max_seconds_ever": (status1 or {}).get("fsync_max_seconds"),
             "dump_threads": len(tids),
             "cpu_seconds": cpu,
             "sampled_clients": sampled,
@@ -1456,13 +1477,23 @@ class RealBench:
         return phase
 
 
-def _relay_bytes_sent(relay: Relay | None) -> int | None:
+def _relay_counters(relay: Relay | None) -> dict | None:
+    """What the relay's /status says it has done: bytes sent to its replicas, fsyncs and their seconds."""
     if relay is None:
         return None
     try:
-        return sum(int(r.get("bytes_sent") or 0) for r in relay.status().get("replicas") or [])
+        st = relay.status()
+        return {"bytes_sent": sum(int(r.get("bytes_sent") or 0) for r in st.get("replicas") or []),
+                "fsyncs": st.get("fsyncs"), "fsync_seconds": st.get("fsync_seconds_sum"),
+                "fsync_max_seconds": st.get("fsync_max_seconds")}
     except (OSError, ValueError, TypeError):
         return None
+
+
+def _counter_delta(a: dict | None, b: dict | None, key: str):
+    if not a or not b or a.get(key) is None or b.get(key) is None:
+        return None
+    return b[key] - a[key]
 
 
 # --- analysis of phases ---
@@ -1550,6 +1581,7 @@ def summarize_load(repeats: list[dict]) -> dict:
         "lag_replicas_p50_ms": ("lag_ms_replicas", "p50"), "lag_replicas_p99_ms": ("lag_ms_replicas", "p99"),
         "relay_rss_end_mb": ("relay_memory_end_kb", "rss_kb"), "relay_vmhwm_mb": ("relay_memory_end_kb", "hwm_kb_sum"),
         "relay_status_mb_sent": ("relay_status_bytes_sent",),
+        "relay_fsyncs": ("relay_fsyncs",), "relay_fsync_seconds": ("relay_fsync_seconds",),
     }
     scale = {"delivered_mb": 1e-6, "relay_rss_end_mb": 1 / 1024, "relay_vmhwm_mb": 1 / 1024,
              "relay_status_mb_sent": 1e-6}
@@ -1575,7 +1607,8 @@ def summarize_load(repeats: list[dict]) -> dict:
         diff = (d["cpu_seconds"]["mariadbd"]["net"] - r["cpu_seconds"]["mariadbd"]["net"]) / mb_d if mb_d else None
         alt.append(diff)
         per_ratio["relay_vs_mariadbd_difference"].append(rc / diff if rc is not None and diff and diff > 0 else None)
-        for key, path in (("lag_clients_p99", ("lag_ms_clients", "p99")), ("lag_replicas_p99", ("lag_ms_replicas", "p99"))):
+        for key, path in (("lag_clients_p99", ("lag_ms_clients", "p99")),
+                          ("lag_replicas_p99", ("lag_ms_replicas", "p99"))):
             a, b = get(r, path), get(d, path)
             per_ratio[key].append(a / b if a is not None and b else None)
         per_ratio["delivered_mb"].append(r["delivered_bytes"] / d["delivered_bytes"] if d["delivered_bytes"] else None)
@@ -1603,19 +1636,20 @@ def run_real(args) -> dict:
                     phases[target] = slim(bench.phase(target, load, args.binlog_clients))
                 repeats.append({"order": list(order), "phases": phases})
             report["loads"][load] = {"rate": args.rates[load], "repeats": repeats, "summary": summarize_load(repeats)}
-        if args.ceiling:
-            report["ceiling"] = {"load": "bulk", "step_seconds": args.ceiling_step_seconds,
-                                 "max_lag_seconds": args.ceiling_max_lag, "targets": {}}
+        for load in args.ceiling_loads if args.ceiling else ():
+            report.setdefault("ceilings", {})[load] = ce = {
+                "load": load, "step_seconds": args.ceiling_step_seconds, "max_lag_seconds": args.ceiling_max_lag,
+                "targets": {}}
             for target in ("relay", "direct"):
-                sched = [(r, args.ceiling_step_seconds) for r in args.ceiling_rates]
-                ph = bench.phase(target, "bulk", args.binlog_clients, schedule=sched, idle_seconds=2.0, drain=False)
+                sched = [(r, args.ceiling_step_seconds) for r in args.ceiling_rates[load]]
+                ph = bench.phase(target, load, args.binlog_clients, schedule=sched, idle_seconds=2.0, drain=False)
                 steps = ceiling_steps(ph, args.ceiling_step_seconds, args.ceiling_max_lag)
                 best = None
                 for st in steps:
                     if not st["kept_up"]:
                         break
                     best = st
-                report["ceiling"]["targets"][target] = {
+                ce["targets"][target] = {
                     "steps": steps, "highest_kept_up": best,
                     "relay_cpu_pct": round(100 * ph["cpu_seconds"]["relay"]["load"] / ph["window_seconds"], 1)
                     if ph["cpu_seconds"]["relay"] else None,
@@ -1658,7 +1692,8 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
         f"    {report['command']}",
         "",
         f"Clients: {a['binlog_clients']} `mariadb-binlog --read-from-remote-server --raw --stop-never` processes "
-        f"(each writing its own directory) and {a['real_replicas']} real MariaDB 10.11 replicas (sandboxes, file/position, "
+        f"(each writing its own directory) and {a['real_replicas']} real MariaDB 10.11 replicas (sandboxes, "
+        "file/position, "
         "no binlog of their own), all started at the master's end position of the phase. Phase `relay`: they "
         "connect to `relayproxy run --listen` (started for the phase on its relay directory, replicating from the "
         f"master; relay options: {a['relay_option'] or 'defaults'}); phase `direct`: the relay stopped, the same "
@@ -1675,7 +1710,8 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
         "threads found by `performance_schema.threads.THREAD_OS_ID`, which the benchmark turns on); "
         "`mariadbd` = the whole server. In the relay phase the master's dump threads serve only the relay. "
         "Delivered bytes = growth of the mariadb-binlog output files + growth of the replicas' relay logs over "
-        "the load window. The master's dump work is also shown by difference: mariadbd's net CPU in the direct "
+        "the load window (the replicas ask for no ANNOTATE_ROWS events, mariadb-binlog does). The master's dump "
+        "work is also shown by difference: mariadbd's net CPU in the direct "
         "phase minus in the relay phase, per MB delivered.",
         "",
         f"Lag: the writer (its own process) records each COMMIT's return time; for {a['sample_clients']} sampled "
@@ -1709,6 +1745,8 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
         ("relay RSS at the end (MB, all processes)", "relay_rss_end_mb", 1, False),
         ("relay peak RSS VmHWM (MB, sum over processes)", "relay_vmhwm_mb", 1, False),
         ("relay /status bytes_sent (MB)", "relay_status_mb_sent", 1, False),
+        ("relay fsyncs in the load window", "relay_fsyncs", 0, False),
+        ("relay seconds in fsync in the load window", "relay_fsync_seconds", 2, False),
     ]
     for load, body in report["loads"].items():
         sm = body["summary"]
@@ -1741,19 +1779,22 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
                if not p["converged"]]
         out += ([f"**Phases where not every client reached the master's end: {bad}**", ""] if bad else
                 ["Every client and replica of every phase reached the master's final position.", ""])
-    ce = report.get("ceiling")
-    if ce:
-        out += [f"## Egress ceiling (bulk load, rate ladder, {ce['step_seconds']:g} s a step)", "",
+    for ce in ([report["ceiling"]] if "ceiling" in report else list(report.get("ceilings", {}).values())):
+        out += [f"## Egress ceiling ({ce['load']} load, rate ladder, {ce['step_seconds']:g} s a step)", "",
                 "A step is kept up when every sampled client got every transaction committed in the step's second "
-                f"half, with p99 lag there below {ce['max_lag_seconds']:g} s (lag that grows without bound fails both). "
+                f"half, with p99 lag there below {ce['max_lag_seconds']:g} s (lag that grows without bound fails "
+                "both). "
                 "Offered MB/s = the load's bytes per transaction x transactions committed in the step x receivers; "
-                "delivered MB/s = what the clients and replicas together received during the step.", "",
+                "delivered MB/s = what the clients and replicas together received during the step. A step where "
+                "the writer achieved less than 90 % of the asked rate is marked *writer-bound*: the master (or the "
+                "machine) limited it, not the target.", "",
                 "| target | trx/s asked | trx/s achieved | offered MB/s | delivered MB/s | lag p99 (ms) | kept up |",
                 "|---|---:|---:|---:|---:|---:|---|"]
         for target, t in ce["targets"].items():
             for st in t["steps"]:
                 out.append(f"| {target} | {st['rate']:g} | {st['achieved_trx_s']} | {st['offered_mb_s']} | "
-                           f"{st['delivered_mb_s']} | {st['lag_ms']['p99']} | {'yes' if st['kept_up'] else 'no'} |")
+                           f"{st['delivered_mb_s']} | {st['lag_ms']['p99']} | {'yes' if st['kept_up'] else 'no'}"
+                           f"{' (writer-bound)' if st['achieved_trx_s'] < 0.9 * st['rate'] else ''} |")
         out.append("")
         for target, t in ce["targets"].items():
             best = t["highest_kept_up"]
@@ -1765,6 +1806,7 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
     sw = report.get("sweep")
     if sw:
         out += [f"## Scale sweep (OLTP, {sw['rate']:g} trx/s, {sw['seconds']:g} s a phase, no replicas)", "",
+                *([f"Command: `{sw['command']}`", ""] if sw.get("command") else []),
                 f"Up to {SWEEP_STREAMING_MAX} clients are mariadb-binlog processes; beyond that the rest are cheap "
                 "asyncio dump clients in one helper process (connect, register, dump from the end, read and "
                 "discard: they receive the stream too). One repeat per point, phase order alternating.", "",
@@ -1774,10 +1816,12 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
         for pt in sw["points"]:
             s = pt["summary"]
             out.append(
-                f"| {pt['clients']} ({pt['streaming']}+{pt['idle']}) | {fmt_spread(s['relay']['relay_cpu_s_per_mb'], 4)} "
+                f"| {pt['clients']} ({pt['streaming']}+{pt['idle']}) "
+                f"| {fmt_spread(s['relay']['relay_cpu_s_per_mb'], 4)} "
                 f"| {fmt_spread(s['direct']['dump_threads_cpu_s_per_mb'], 4)} "
                 f"| {fmt_spread(s['ratios']['relay_vs_dump_threads'], 2)} "
-                f"| {fmt_spread(s['relay']['lag_clients_p99_ms'], 1)} | {fmt_spread(s['direct']['lag_clients_p99_ms'], 1)} "
+                f"| {fmt_spread(s['relay']['lag_clients_p99_ms'], 1)} "
+                f"| {fmt_spread(s['direct']['lag_clients_p99_ms'], 1)} "
                 f"| {fmt_spread(s['relay']['relay_rss_end_mb'], 1)} | {fmt_spread(s['relay']['relay_vmhwm_mb'], 1)} "
                 f"| {pt['phases']['relay']['converged']}/{pt['phases']['direct']['converged']} |")
         out.append("")
@@ -1856,8 +1900,13 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tail-interval", type=float, default=0.002, help="seconds between polls of the sampled files")
     g.add_argument("--replica-poll-interval", type=float, default=0.01, help="seconds between SELECT MAX(id)")
     g.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=None,
-                   help="egress ceiling: bulk rate ladder on relay and direct (default on; off with --quick)")
-    g.add_argument("--ceiling-rates", default=",".join(f"{r:g}" for r in CEILING_STEPS), help="bulk trx/s steps")
+                   help="egress ceiling: a rate ladder of each --ceiling-loads on relay and direct (default on; "
+                   "off with --quick)")
+    g.add_argument("--ceiling-loads", default="oltp,bulk")
+    g.add_argument("--ceiling-oltp-rates", default=",".join(f"{r:g}" for r in CEILING_STEPS["oltp"]),
+                   help="OLTP trx/s steps")
+    g.add_argument("--ceiling-bulk-rates", default=",".join(f"{r:g}" for r in CEILING_STEPS["bulk"]),
+                   help="bulk trx/s steps")
     g.add_argument("--ceiling-step-seconds", type=float, default=5.0)
     g.add_argument("--ceiling-max-lag", type=float, default=1.0, help="seconds of p99 lag that count as not "
                    "keeping up")
@@ -1889,7 +1938,12 @@ def finish_real_args(args) -> None:
         if "=" not in o:
             raise SystemExit(f"--relay-option wants KEY=VALUE, got {o!r}")
     args.ceiling = (not q) if args.ceiling is None else args.ceiling
-    args.ceiling_rates = [float(x) for x in args.ceiling_rates.split(",") if x.strip()]
+    args.ceiling_rates = {"oltp": [float(x) for x in args.ceiling_oltp_rates.split(",") if x.strip()],
+                          "bulk": [float(x) for x in args.ceiling_bulk_rates.split(",") if x.strip()]}
+    args.ceiling_loads = [x.strip() for x in args.ceiling_loads.split(",") if x.strip()]
+    for x in args.ceiling_loads:
+        if x not in LOADS:
+            raise SystemExit(f"unknown ceiling load {x!r} (oltp, bulk)")
     args.sweep_counts = [int(x) for x in args.sweep_counts.split(",") if x.strip()]
 
 

@@ -75,7 +75,8 @@ def test_fanout_real_clients_quick_json(tmp_path: Path) -> None:
         # each mariadb-binlog client wrote every event byte of the phase, exactly
         assert ph["clients_short"] == 0
         assert ph["client_bytes"] == 2 * want, name
-        assert ph["replica_relay_log_bytes"] >= want, name
+        # the replica asks for no ANNOTATE_ROWS (no log_slave_updates), so it gets fewer bytes than mariadb-binlog
+        assert trx * 100 < ph["replica_relay_log_bytes"] < want, name
         assert ph["delivered_bytes"] == ph["client_bytes"] + ph["replica_relay_log_bytes"]
         # every sampled client saw every transaction's XID; the replica applied every row
         assert ph["sampled_clients"] == [0, 1]
@@ -83,7 +84,7 @@ def test_fanout_real_clients_quick_json(tmp_path: Path) -> None:
         assert ph["lag_ms_replicas"]["n"] == trx, name
         for lag in (ph["lag_ms_clients"], ph["lag_ms_replicas"]):
             assert lag["p50"] <= lag["p99"] <= lag["max"]
-        for key in ("mariadbd", "dump_threads", "binlog_clients", "writer"):
+        for key in ("mariadbd", "dump_threads", "binlog_clients", "replicas"):
             assert set(ph["cpu_seconds"][key]) == {"load", "idle_rate_pct", "net"}, key
         assert ph["cpu_seconds"]["mariadbd"]["load"] > 0
         assert ph["dump_threads_cpu_s_per_mb"] is not None
