@@ -815,11 +815,19 @@ def tree_memory_kb(pid: int) -> dict:
     return {"processes": len(procs), "rss_kb": sum(rss), "hwm_kb_sum": sum(hwm), "hwm_kb_max": max(hwm)}
 
 
-def dump_thread_ids(master: MariaDBSandbox) -> list[int]:
-    """OS thread ids of the master's binlog dump threads (performance_schema, which the benchmark turns on)."""
+def dump_thread_ids(master: MariaDBSandbox, after_connection_id: int = 0) -> list[int]:
+    """OS thread ids of the master's binlog dump threads serving connections newer than after_connection_id
+    (performance_schema, which the benchmark turns on). Connection ids only grow, while OS threads are cached and
+    reused by later connections, and a gone client's dump thread lingers until it next writes: the connection id
+    is what tells this phase's dump threads from an earlier phase's."""
     rows = master.execute("SELECT THREAD_OS_ID FROM performance_schema.threads "
-                          "WHERE PROCESSLIST_COMMAND LIKE 'Binlog Dump%' AND THREAD_OS_ID IS NOT NULL")
+                          "WHERE PROCESSLIST_COMMAND LIKE 'Binlog Dump%%' AND THREAD_OS_ID IS NOT NULL "
+                          "AND PROCESSLIST_ID > %s", (after_connection_id,))
     return sorted(int(r[0]) for r in rows)
+
+
+def last_connection_id(master: MariaDBSandbox) -> int:
+    return int(master.execute("SELECT COALESCE(MAX(PROCESSLIST_ID), 0) FROM performance_schema.threads")[0][0])
 
 
 # --- the writer of the real mode: OLTP or bulk, a schedule of rates; records (gtid seq, row id, commit time) ---
@@ -1294,9 +1302,7 @@ class RealBench:
         clients: list[BinlogClient] = []
         idle: IdleClients | None = None
         try:
-            # Dump threads left from an earlier phase (the server notices a gone client only when it next writes
-            # to it) are not this phase's: only threads that appear from here on are counted.
-            stale = set(dump_thread_ids(self.master))
+            floor = last_connection_id(self.master)  # this phase's dump connections are all newer
             if target == "relay":
                 relay = Relay(self.work, self.master, options=extra + self.relay_options).start()
                 relay.wait_for(master_end(self.master), timeout=120)
@@ -1329,7 +1335,7 @@ class RealBench:
             expected = 1 if target == "relay" else n_stream + len(replicas) + n_idle
             deadline = time.monotonic() + 30
             while True:
-                tids = [t for t in dump_thread_ids(self.master) if t not in stale]
+                tids = dump_thread_ids(self.master, floor)
                 if len(tids) >= expected or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
@@ -1949,6 +1955,10 @@ def finish_real_args(args) -> None:
 
 def real_main(args, argv: list[str]) -> int:
     finish_real_args(args)
+    # SIGTERM (and SIGINT, which a background job may have ignored) end the run through the finally blocks, which
+    # stop the clients, the relay and the sandboxes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.render is not None:
         report = json.loads(args.render.read_text())
     else:
