@@ -1046,7 +1046,8 @@ def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, 
         while len(ready) + len(got["errors"]) < n:
             await asyncio.sleep(0.05)
         conn.send({"ready": len(ready), "errors": got["errors"][:5]})
-        await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # stop
+        while await asyncio.get_running_loop().run_in_executor(None, conn.recv) == "count":
+            conn.send(got["bytes"])
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -1078,6 +1079,11 @@ class IdleClients:
         child.close()
         self.n = n
         self.ready = self.parent.recv()
+
+    def received(self) -> int:
+        """Bytes all these clients have received so far."""
+        self.parent.send("count")
+        return self.parent.recv()
 
     def stop(self) -> dict:
         self.parent.send("stop")
@@ -1355,6 +1361,7 @@ class RealBench:
             status0 = _relay_counters(relay)
             size0 = [c.size() for c in clients]
             rl0 = [r.relay_log_bytes() for r in replicas]
+            idle0 = idle.received() if idle else 0
             tail.start()
             if poller:
                 poller.start()
@@ -1385,6 +1392,7 @@ class RealBench:
                 poller.stop()
             size1 = [c.size() for c in clients]
             rl1 = [r.relay_log_bytes() for r in replicas]
+            idle1 = idle.received() if idle else 0
             idle_result = idle.stop() if idle else None
             idle = None
         finally:
@@ -1436,7 +1444,8 @@ class RealBench:
         cpu = {k: net(k) for k in ("relay", "mariadbd", "dump_threads", "replicas", "binlog_clients", "bench")}
         client_bytes = sum(x - y for x, y in zip(size1, size0))
         replica_bytes = sum(x - y for x, y in zip(rl1, rl0))
-        delivered = client_bytes + replica_bytes
+        idle_bytes = idle1 - idle0  # counted at the socket: 5 more bytes an event (header, OK byte), ~3 % at OLTP
+        delivered = client_bytes + replica_bytes + idle_bytes
         mb = delivered / 1e6
         phase = {
             "label": label, "target": target, "load": load, "binlog_clients": n_stream,
@@ -1450,7 +1459,8 @@ class RealBench:
             "drain_seconds": round(converged_at - max(t for _, _, t in commits), 3)
             if converged_at and commits else None,
             "clients_short": sum(1 for c, s in zip(size1, size0) if want is not None and c - s < want),
-            "client_bytes": client_bytes, "replica_relay_log_bytes": replica_bytes, "delivered_bytes": delivered,
+            "client_bytes": client_bytes, "replica_relay_log_bytes": replica_bytes, "idle_client_bytes": idle_bytes,
+            "delivered_bytes": delivered,
             "delivered_mb_per_s": round(mb / window, 3) if window else None,
             "relay_status_bytes_sent": _counter_delta(status0, status1, "bytes_sent"),
             "relay_fsyncs": _counter_delta(status0, status1, "fsyncs"),
@@ -1815,17 +1825,30 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
                 *([f"Command: `{sw['command']}`", ""] if sw.get("command") else []),
                 f"Up to {SWEEP_STREAMING_MAX} clients are mariadb-binlog processes; beyond that the rest are cheap "
                 "asyncio dump clients in one helper process (connect, register, dump from the end, read and "
-                "discard: they receive the stream too). One repeat per point, phase order alternating.", "",
-                "| clients | relay CPU s/MB | dump threads CPU s/MB | ratio | lag p99 relay (ms) | "
+                "discard: they receive the stream too; their bytes, counted at the socket with the packet headers, are "
+                "part of the delivered bytes). One repeat per point, phase order alternating. The relay's CPU includes "
+                "its upstream work (receiving, CRC, writing and fsyncing the stream once), which weighs most with "
+                "few clients; *marginal* = (CPU here - CPU at the previous point) / (MB here - MB there), relay over "
+                "dump threads: the cost of the added clients alone.", "",
+                "| clients | relay CPU s/MB | dump threads CPU s/MB | ratio | marginal ratio | lag p99 relay (ms) | "
                 "lag p99 direct (ms) | relay RSS end (MB) | relay VmHWM (MB) | converged r/d |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        prev = None
         for pt in sw["points"]:
             s = pt["summary"]
+            cur = (s["relay"]["relay_cpu_net_s"]["median"], s["relay"]["delivered_mb"]["median"],
+                   s["direct"]["dump_threads_cpu_net_s"]["median"], s["direct"]["delivered_mb"]["median"])
+            marginal = "-"
+            if prev is not None and None not in cur and None not in prev and cur[1] > prev[1] and cur[3] > prev[3]:
+                r_slope = (cur[0] - prev[0]) / (cur[1] - prev[1])
+                d_slope = (cur[2] - prev[2]) / (cur[3] - prev[3])
+                marginal = f"{r_slope / d_slope:.2f}" if d_slope > 0 else "-"
+            prev = cur
             out.append(
                 f"| {pt['clients']} ({pt['streaming']}+{pt['idle']}) "
                 f"| {fmt_spread(s['relay']['relay_cpu_s_per_mb'], 4)} "
                 f"| {fmt_spread(s['direct']['dump_threads_cpu_s_per_mb'], 4)} "
-                f"| {fmt_spread(s['ratios']['relay_vs_dump_threads'], 2)} "
+                f"| {fmt_spread(s['ratios']['relay_vs_dump_threads'], 2)} | {marginal} "
                 f"| {fmt_spread(s['relay']['lag_clients_p99_ms'], 1)} "
                 f"| {fmt_spread(s['direct']['lag_clients_p99_ms'], 1)} "
                 f"| {fmt_spread(s['relay']['relay_rss_end_mb'], 1)} | {fmt_spread(s['relay']['relay_vmhwm_mb'], 1)} "
