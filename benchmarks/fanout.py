@@ -1265,14 +1265,15 @@ class RealBench:
         self.phase_no = 0
 
     def start(self) -> None:
-        log(f"starting the master and {len(self.replicas)} replicas in {self.work}")
+        log(f"starting the master (and up to {len(self.replicas)} replicas) in {self.work}")
         self.master.start()
         self.master.create_user(REPL_USER, REPL_PASSWORD)
         self.master.execute("CREATE DATABASE IF NOT EXISTS bench")
         for ddl in LOADS.values():
             self.master.execute(ddl)
-        for r in self.replicas:
-            r.start()
+        if self.args.loads or self.args.ceiling:  # the sweep alone uses no replicas
+            for r in self.replicas:
+                r.start()
 
     def stop(self) -> None:
         for s in [*(r.server for r in self.replicas), self.master]:
@@ -1822,7 +1823,8 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
     sw = report.get("sweep")
     if sw:
         out += [f"## Scale sweep (OLTP, {sw['rate']:g} trx/s, {sw['seconds']:g} s a phase, no replicas)", "",
-                *([f"Command: `{sw['command']}`", ""] if sw.get("command") else []),
+                *([f"Command: `{sw['command']}`" + (f" ({sw['command_note']})" if sw.get("command_note") else ""),
+                   ""] if sw.get("command") else []),
                 f"Up to {SWEEP_STREAMING_MAX} clients are mariadb-binlog processes; beyond that the rest are cheap "
                 "asyncio dump clients in one helper process (connect, register, dump from the end, read and "
                 "discard: they receive the stream too; their bytes, counted at the socket with the packet headers, are "
