@@ -807,12 +807,26 @@ def pids_cpu(pids: list[int]) -> float:
     return sum(tree_cpu(p) or 0.0 for p in pids)
 
 
+def pss_kb(pid: int) -> int | None:
+    """Proportional set size (shared pages divided among their users) from /proc/<pid>/smaps_rollup."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def tree_memory_kb(pid: int) -> dict:
-    """VmRSS summed over pid and its descendants; VmHWM of each and their sum (processes alive now)."""
+    """VmRSS summed over pid and its descendants; VmHWM of each and their sum; PSS summed (processes alive now).
+    For a relay with sender processes the RSS sum counts pages they share once per process; the PSS sum does not."""
     procs = [pid, *descendants(pid)]
     rss = [vm_kb(p, "VmRSS") or 0 for p in procs]
     hwm = [vm_kb(p, "VmHWM") or 0 for p in procs]
-    return {"processes": len(procs), "rss_kb": sum(rss), "hwm_kb_sum": sum(hwm), "hwm_kb_max": max(hwm)}
+    pss = [pss_kb(p) for p in procs]
+    return {"processes": len(procs), "rss_kb": sum(rss), "hwm_kb_sum": sum(hwm), "hwm_kb_max": max(hwm),
+            "pss_kb": sum(pss) if None not in pss else None}
 
 
 def dump_thread_ids(master: MariaDBSandbox, after_connection_id: int = 0) -> list[int]:
@@ -1597,11 +1611,12 @@ def summarize_load(repeats: list[dict]) -> dict:
         "lag_clients_max_ms": ("lag_ms_clients", "max"),
         "lag_replicas_p50_ms": ("lag_ms_replicas", "p50"), "lag_replicas_p99_ms": ("lag_ms_replicas", "p99"),
         "relay_rss_end_mb": ("relay_memory_end_kb", "rss_kb"), "relay_vmhwm_mb": ("relay_memory_end_kb", "hwm_kb_sum"),
+        "relay_pss_end_mb": ("relay_memory_end_kb", "pss_kb"), "relay_processes": ("relay_memory_end_kb", "processes"),
         "relay_status_mb_sent": ("relay_status_bytes_sent",),
         "relay_fsyncs": ("relay_fsyncs",), "relay_fsync_seconds": ("relay_fsync_seconds",),
     }
     scale = {"delivered_mb": 1e-6, "relay_rss_end_mb": 1 / 1024, "relay_vmhwm_mb": 1 / 1024,
-             "relay_status_mb_sent": 1e-6}
+             "relay_pss_end_mb": 1 / 1024, "relay_status_mb_sent": 1e-6}
     out: dict = {"relay": {}, "direct": {}, "ratios": {}}
     for target in ("relay", "direct"):
         for name, path in figures.items():
@@ -1761,6 +1776,8 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
         ("lag p99, replicas, applied (ms)", "lag_replicas_p99_ms", 1, False),
         ("relay RSS at the end (MB, all processes)", "relay_rss_end_mb", 1, False),
         ("relay peak RSS VmHWM (MB, sum over processes)", "relay_vmhwm_mb", 1, False),
+        ("relay PSS at the end (MB, sum over processes)", "relay_pss_end_mb", 1, False),
+        ("relay processes at the end", "relay_processes", 0, False),
         ("relay /status bytes_sent (MB)", "relay_status_mb_sent", 1, False),
         ("relay fsyncs in the load window", "relay_fsyncs", 0, False),
         ("relay seconds in fsync in the load window", "relay_fsync_seconds", 2, False),

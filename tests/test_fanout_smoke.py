@@ -93,7 +93,8 @@ def test_fanout_real_clients_quick_json(tmp_path: Path) -> None:
     assert direct["dump_threads"] == 3  # 2 mariadb-binlog + 1 replica
     assert relay["cpu_seconds"]["relay"]["load"] > 0 and relay["relay_cpu_s_per_mb"] > 0
     assert direct["cpu_seconds"]["relay"] is None
-    assert relay["relay_memory_end_kb"]["hwm_kb_sum"] > 1000
+    mem = relay["relay_memory_end_kb"]
+    assert mem["processes"] >= 1 and mem["hwm_kb_sum"] > 1000 and mem["rss_kb"] > 1000 and mem["pss_kb"] > 1000
     summary = body["summary"]
     for key in ("relay_vs_dump_threads", "relay_vs_mariadbd_difference", "lag_clients_p99", "delivered_mb"):
         assert set(summary["ratios"][key]) == {"median", "min", "max", "n"}, key
