@@ -86,9 +86,9 @@ class FakeChannel:
         self.payloads.append(bytes(payload))
         self._changed.set()
 
-    async def send_packets(self, chunk) -> None:
+    async def send_packets(self, chunk, omit=frozenset()) -> None:
         first = self._seq
-        data, self._seq = chunk.frame_for(first)
+        data, self._seq = chunk.frame_for(first, omit)
         at, seq = 0, first
         while at < len(data):
             length = int.from_bytes(data[at : at + 3], "little")

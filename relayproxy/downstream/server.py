@@ -570,12 +570,13 @@ class _DumpChannel:
         self._seq = 1 if payload[:3] == _SEMI_SYNC_ACK_REQUESTED else seq
         await protocol.drain(timeout)
 
-    async def send_packets(self, chunk: Chunk) -> None:
-        """Send a shared framed chunk (dump/chunks.py): its packets numbered on from this channel's, in one write."""
+    async def send_packets(self, chunk: Chunk, omit: frozenset[int] = frozenset()) -> None:
+        """Send a shared framed chunk (dump/chunks.py), without the event types in ``omit``: its packets numbered on
+        from this channel's, in one write."""
         self._check_reader()
         self.flush()
         protocol = self._protocol
-        data, self._seq = chunk.frame_for(self._seq)
+        data, self._seq = chunk.frame_for(self._seq, omit)
         protocol.write(data)
         await protocol.drain(self._write_timeout)
 

@@ -49,7 +49,7 @@ class Chunk:
     """
 
     __slots__ = ("name", "start", "end", "data", "ok", "framed", "seq_at", "types", "flags", "gtids",
-                 "gtid_set", "parser", "events")
+                 "gtid_set", "parser", "events", "event_types", "_variants")
 
     def __init__(self, name: str, start: int, data: bytes):
         self.name = name
@@ -65,15 +65,42 @@ class Chunk:
         self.gtid_set: GtidSet | None = None
         self.parser: B.TransactionBoundaryParser | None = None
         self.events = 0
+        self.event_types = bytearray()  # each event's type, in order (for variants that leave some out)
+        self._variants: dict[frozenset[int], tuple[bytes, array, int]] = {}
 
     @property
     def size(self) -> int:
         return len(self.data) + len(self.framed)
 
-    def frame_for(self, seq: int) -> tuple[bytearray, int]:
-        """The packets numbered from ``seq``: (the bytes to write, the next sequence id)."""
-        out = bytearray(self.framed)
-        for at in self.seq_at:
+    def variant(self, omit: frozenset[int]) -> tuple[bytes, array, int]:
+        """(framed packets, their sequence-byte offsets, how many) without the events whose type is in ``omit``
+        (what a MariaDB master leaves out for a replica that tolerates holes: ANNOTATE_ROWS it did not ask for,
+        BINLOG_CHECKPOINT and GTID_LIST it cannot read). Built once per set of types, then shared."""
+        if not omit or self.types.isdisjoint(omit):
+            return self.framed, self.seq_at, self.events
+        cached = self._variants.get(omit)
+        if cached is None:
+            framed, seq_at, at, kept = [], array("I"), 0, 0
+            view = memoryview(self.framed)
+            out_len = 0
+            for index, type_code in enumerate(self.event_types):
+                end = self.seq_at[index + 1] - 3 if index + 1 < self.events else len(self.framed)
+                if type_code not in omit:
+                    seq_at.append(out_len + 3)
+                    framed.append(view[at:end])
+                    out_len += end - at
+                    kept += 1
+                at = end
+            cached = (b"".join(framed), seq_at, kept)
+            self._variants[omit] = cached
+        return cached
+
+    def frame_for(self, seq: int, omit: frozenset[int] = frozenset()) -> tuple[bytearray, int]:
+        """The packets (without the event types in ``omit``) numbered from ``seq``: (the bytes to write, the next
+        sequence id)."""
+        framed, seq_at, _count = self.variant(omit)
+        out = bytearray(framed)
+        for at in seq_at:
             out[at] = seq
             seq = (seq + 1) & 0xFF
         return out, seq
@@ -99,6 +126,7 @@ def scan_chunk(name: str, start: int, data: bytes, parser: B.TransactionBoundary
     add_type = types.add
     flags_any = 0
     gtids = chunk.gtids
+    event_types = chunk.event_types
     ok = True
     while off + _HEADER_LEN <= n:
         _ts, type_code, _sid, size, _lp, flags = _header_unpack_from(data, off)
@@ -118,6 +146,7 @@ def scan_chunk(name: str, start: int, data: bytes, parser: B.TransactionBoundary
         if result & _RESULT_MASK == _GROUP_START:
             gtids.append(parser.gtid)
         add_type(type_code)
+        event_types.append(type_code)
         flags_any |= flags
         seq_at.append(framed_len + 3)
         append(_pack_u32(size + 1))

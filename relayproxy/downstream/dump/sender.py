@@ -185,6 +185,7 @@ class DumpSender(DumpStart):
         self.send_packets = getattr(channel, "send_packets", None)
         self.chunks: ChunkCache | None = chunk_cache(ctx.store) if self.send_packets is not None else None
         self.slow_types: frozenset[int] = frozenset()
+        self.omit_types: frozenset[int] = frozenset()
         self.gone: asyncio.Future | None = None
         self.waiter: asyncio.Future | None = None  # what _wait is waiting on: the reader resolves it on leaving
         self.reader_task: asyncio.Task | None = None
@@ -509,20 +510,25 @@ class DumpSender(DumpStart):
     # -- shared chunks: a whole range at once when it needs nothing done for this replica ----------------
     def _slow_types(self) -> frozenset[int]:
         """Event types that this replica cannot be sent as they are in the current file: a range holding one
-        goes event by event (``_handle``)."""
+        goes event by event (``_handle``). Sets ``omit_types`` too: the types left out for it (``_maria_filter``'s
+        _OMIT by type alone), which a shared chunk can leave out as well."""
         slow = {C.FORMAT_DESCRIPTION_EVENT, _IGNORABLE}  # FDEs are adopted; relay-made fillers are never sent
+        omit: set[int] = set()
         if self.file_epoch is not None:
             slow.add(C.ROTATE_EVENT)  # renamed to the relay's file names
         if self.exclude is not None:
             slow.add(C.ANONYMOUS_GTID_LOG_EVENT)  # refused to an auto-position replica
         if self.flavour == "mariadb":
             cap = self.capability
-            if not self.send_annotate:
-                slow.add(C.MARIA_ANNOTATE_ROWS_EVENT)
+            holes = cap >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES
+            if not self.send_annotate and cap != MARIA_SLAVE_CAPABILITY_ANNOTATE:
+                (omit if holes else slow).add(C.MARIA_ANNOTATE_ROWS_EVENT)
             if cap < MARIA_SLAVE_CAPABILITY_GTID:
-                slow.update((C.MARIA_GTID_EVENT, C.MARIA_GTID_LIST_EVENT))
+                slow.add(C.MARIA_GTID_EVENT)  # BEGIN for a transaction, left out or a dummy when standalone
+                (omit if holes else slow).add(C.MARIA_GTID_LIST_EVENT)
             if cap < MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT:
-                slow.add(C.MARIA_BINLOG_CHECKPOINT_EVENT)
+                (omit if holes else slow).add(C.MARIA_BINLOG_CHECKPOINT_EVENT)
+        self.omit_types = frozenset(omit)
         return frozenset(slow)
 
     def _plain(self) -> bool:
@@ -561,8 +567,9 @@ class DumpSender(DumpStart):
             raise _read_failure(MSG_IO, pos, pos) from None
 
     async def _send_chunk(self, chunk: Chunk) -> None:
+        omit = self.omit_types
         try:
-            await self.send_packets(chunk)
+            await self.send_packets(chunk, omit) if omit else await self.send_packets(chunk)
         except (ConnectionError, OSError, EOFError) as exc:
             raise _ReplicaGone from exc
         if self.channel.closed:
@@ -571,8 +578,9 @@ class DumpSender(DumpStart):
         self.pos = chunk.end
         progress = self.progress
         progress.position = chunk.end
-        progress.events_sent += chunk.events
-        progress.bytes_sent += len(chunk.framed) - 4 * chunk.events
+        framed, _seq_at, events = chunk.variant(omit)
+        progress.events_sent += events
+        progress.bytes_sent += len(framed) - 4 * events
         self.last_sent = time.monotonic()
 
     async def _read(self, rf: _RelayFile, pos: int, n: int) -> bytes:
