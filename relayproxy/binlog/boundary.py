@@ -359,6 +359,18 @@ class TransactionBoundaryParser:
 
     def adopt(self, other: TransactionBoundaryParser) -> None:
         """Take ``other``'s state (the end state of a chunk that a copy of this parser classified)."""
+        if (other.flavour == self.flavour and other._checksum_len == self._checksum_len
+                and other._query_body_start == self._query_body_start):
+            # The same format (a chunk holds no FORMAT_DESCRIPTION, and is shared only by dumps of the same file):
+            # only the group state moves. Every dump that takes a shared chunk does this: plain assignments.
+            self.state = other.state
+            self.error = other.error
+            self.errors = other.errors
+            self._gtid_sid = other._gtid_sid
+            self._gtid_gno = other._gtid_gno
+            self._gtid_tagged = other._gtid_tagged
+            self._maria_gtid = other._maria_gtid
+            return
         for name in self.__slots__:
             if name != "feed":
                 setattr(self, name, getattr(other, name))
