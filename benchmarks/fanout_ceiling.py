@@ -1,0 +1,161 @@
+"""Egress ceiling of fan-out: how many MB/s the relay can send, with 0, 1 or 2 sender processes, against the master.
+
+A MariaDB master holds a backlog (bulk rows of 8 KB: per-byte work dominates, as in a large fan-out of a busy
+master). For each target -- `direct` (the master's own dump threads), `relay` with `sender_processes = 0`, 1 and 2
+-- K dump clients start together at the first file and read the whole backlog as fast as they can; the result is
+the aggregate MB/s they received (bytes / time from the first connect to the last byte) and the CPU of the relay's
+processes over that window. The clients are deliberately cheap (in 2 processes, asyncio, a protocol that only counts
+bytes) so that the server side saturates first; they still share the machine's cores with it, which is said in the
+results. Targets run in an order that is rotated between repeats; the figures are medians with the range.
+
+    .venv/bin/python benchmarks/fanout_ceiling.py [--clients 24] [--backlog-mb 60] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import benchinfo  # noqa: E402
+from fanout import REAL_MASTER_CONFIG, REPL_PASSWORD, REPL_USER, IdleClients, Relay, master_end, tree_cpu  # noqa: E402
+
+from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
+
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+TARGETS = ("direct", "relay-0", "relay-1", "relay-2")
+
+
+def make_backlog(master: MariaDBSandbox, mb: int) -> None:
+    conn = master.connect()
+    try:
+        cur = conn.cursor()
+        cur.execute("CREATE DATABASE IF NOT EXISTS bench")
+        cur.execute("CREATE TABLE bench.blobs (id INT AUTO_INCREMENT PRIMARY KEY, b BLOB) ENGINE=InnoDB")
+        row = b"x" * 8000
+        rows = mb * 1_000_000 // 8000
+        for start in range(0, rows, 100):
+            cur.executemany("INSERT INTO bench.blobs (b) VALUES (%s)", [(row,)] * min(100, rows - start))
+            conn.commit()
+    finally:
+        conn.close()
+
+
+def drain(port: int, clients: int, settle: float = 1.5, timeout: float = 300.0) -> tuple[int, float, int]:
+    """Start `clients` dump clients (2 processes) at the first file; (bytes they received, seconds to the last byte,
+    clients that failed)."""
+    began = time.monotonic()
+    halves = [IdleClients(port, ("master-bin.000001", 4), n) for n in (clients // 2, clients - clients // 2)]
+    last, last_change, total = -1, time.monotonic(), 0
+    while time.monotonic() - began < timeout:
+        total = sum(h.received() for h in halves)
+        now = time.monotonic()
+        if total != last:
+            last, last_change = total, now
+        elif now - last_change >= settle:
+            break
+        time.sleep(0.02)
+    errors = 0
+    for h in halves:
+        errors += len(h.ready.get("errors") or []) if isinstance(h.ready, dict) else 0
+        end = h.stop()
+        errors += int(end.get("error_count") or 0) if isinstance(end, dict) else 0
+    return total, last_change - began, errors
+
+
+def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, index: int) -> dict:
+    relay = None
+    try:
+        if target == "direct":
+            port, pid = master.port, None
+        else:
+            senders = target.split("-")[1]
+            where = work / f"{target}-{index}"
+            where.mkdir(parents=True, exist_ok=True)
+            relay = Relay(where, master, options=[("sender_processes", senders)]).start()
+            relay.wait_for(master_end(master), timeout=300)
+            port, pid = relay.listen_port, relay.pid
+            time.sleep(0.5)
+        cpu0 = tree_cpu(pid) if pid else None
+        got, seconds, errors = drain(port, clients)
+        cpu = (tree_cpu(pid) - cpu0) if pid else None
+        return {"target": target, "bytes": got, "seconds": seconds, "mb_per_s": got / 1e6 / seconds, "errors": errors,
+                "relay_cpu_s": cpu, "relay_cpu_s_per_mb": (cpu / (got / 1e6)) if cpu else None}
+    finally:
+        if relay is not None:
+            relay.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--backlog-mb", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
+    args = p.parse_args(argv)
+    targets = [t for t in args.targets.split(",") if t]
+    work = Path(tempfile.mkdtemp(prefix="rp-ceiling-"))
+    master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=REAL_MASTER_CONFIG)
+    master.start()
+    runs: list[dict] = []
+    try:
+        master.create_user(REPL_USER, REPL_PASSWORD)
+        make_backlog(master, args.backlog_mb)
+        print(f"backlog: {master_end(master)}", flush=True)
+        for r in range(args.repeats):
+            order = targets[r % len(targets):] + targets[: r % len(targets)]
+            for target in order:
+                result = run_target(target, master, work, args.clients, r)
+                result["repeat"] = r
+                runs.append(result)
+                print(f"repeat {r} {target}: {result['mb_per_s']:.1f} MB/s ({result['bytes'] / 1e6:.0f} MB in "
+                      f"{result['seconds']:.2f} s), relay CPU {result['relay_cpu_s']}, client errors "
+                      f"{result['errors']}", flush=True)
+    finally:
+        master.stop()
+    write_results(args, argv if argv is not None else sys.argv[1:], targets, runs)
+    return 0
+
+
+def write_results(args, argv, targets, runs) -> None:
+    machine = benchinfo.machine_info(server=True)
+    lines = ["# Fan-out egress ceiling: relay with 0, 1, 2 sender processes vs the master's dump threads", ""]
+    lines += benchinfo.header_block(Path(__file__), argv, machine, runs=args.repeats,
+                                    what="the targets' order rotated between repeats")
+    lines += ["", __doc__.split("\n\n")[1].replace("\n", " "), "",
+              f"{args.clients} clients, backlog {args.backlog_mb} MB of 8 KB row events; "
+              "**the clients, the master and the relay share the machine's 2 cores**.", "",
+              "| target | aggregate MB/s received | relay CPU s per MB | vs direct (per repeat) | vs relay-0 (per repeat) |",
+              "|---|---:|---:|---:|---:|"]
+    by = {t: [r for r in runs if r["target"] == t] for t in targets}
+    for t in targets:
+        rates = [r["mb_per_s"] for r in by[t]]
+        cpu = [r["relay_cpu_s_per_mb"] for r in by[t] if r["relay_cpu_s_per_mb"]]
+        vs_direct = [r["mb_per_s"] / d["mb_per_s"] for r in by[t] for d in by.get("direct", []) if d["repeat"] == r["repeat"]]
+        vs_r0 = [r["mb_per_s"] / d["mb_per_s"] for r in by[t] for d in by.get("relay-0", []) if d["repeat"] == r["repeat"]]
+        lines.append(f"| {t} | {benchinfo.fmt_median_range(rates, '{:.1f}')} | "
+                     f"{benchinfo.fmt_median_range(cpu, '{:.4f}') if cpu else '-'} | "
+                     f"{benchinfo.fmt_median_range(vs_direct, '{:.2f}', 'x') if vs_direct else '-'} | "
+                     f"{benchinfo.fmt_median_range(vs_r0, '{:.2f}', 'x') if vs_r0 else '-'} |")
+    lines += ["", "Runs (every client of a run receives the whole backlog; MB is what all of them received):", "",
+              "| repeat | target | MB | seconds | MB/s | relay CPU s | client errors |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        cpu = f"{r['relay_cpu_s']:.2f}" if r["relay_cpu_s"] is not None else "-"
+        lines.append(f"| {r['repeat']} | {r['target']} | {r['bytes'] / 1e6:.0f} | {r['seconds']:.2f} | "
+                     f"{r['mb_per_s']:.1f} | {cpu} | {r['errors']} |")
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "fanout_ceiling.md").write_text("\n".join(lines) + "\n")
+    medians = {t: statistics.median([r["mb_per_s"] for r in by[t]]) for t in targets if by[t]}
+    print(medians)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
