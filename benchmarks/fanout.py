@@ -1085,10 +1085,11 @@ class _CountingProtocol(asyncio.Protocol):
 
 
 class IdleClients:
-    def __init__(self, port: int, start: tuple[str, int], n: int) -> None:
+    def __init__(self, port: int, start: tuple[str, int], n: int, first_id: int = 20000) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=idle_clients_main, args=(port, start, n, 20000, child), daemon=True)
+        # server_ids first_id.. : two groups of clients need distinct ones (a server ends an older dump of the same id)
+        self.proc = ctx.Process(target=idle_clients_main, args=(port, start, n, first_id, child), daemon=True)
         self.proc.start()
         child.close()
         self.n = n

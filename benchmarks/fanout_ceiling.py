@@ -52,7 +52,8 @@ def drain(port: int, clients: int, settle: float = 1.5, timeout: float = 300.0) 
     """Start `clients` dump clients (2 processes) at the first file; (bytes they received, seconds to the last byte,
     clients that failed)."""
     began = time.monotonic()
-    halves = [IdleClients(port, ("master-bin.000001", 4), n) for n in (clients // 2, clients - clients // 2)]
+    halves = [IdleClients(port, ("master-bin.000001", 4), clients // 2, first_id=20000),
+              IdleClients(port, ("master-bin.000001", 4), clients - clients // 2, first_id=30000)]
     last, last_change, total = -1, time.monotonic(), 0
     while time.monotonic() - began < timeout:
         total = sum(h.received() for h in halves)
@@ -96,7 +97,7 @@ def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, in
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--backlog-mb", type=int, default=100)
+    p.add_argument("--backlog-mb", type=int, default=150)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
