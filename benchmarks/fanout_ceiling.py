@@ -97,7 +97,7 @@ def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, in
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--backlog-mb", type=int, default=150)
+    p.add_argument("--backlog-mb", type=int, default=60)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
