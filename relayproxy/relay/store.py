@@ -17,9 +17,14 @@ the buffer passes ``FLUSH_BYTES``, so a 1 GB transaction streams to disk without
 is: write the buffer, ``fdatasync``, record the durable mark, and only then advance the horizon to
 the last complete boundary. The horizon never points inside a group and never past an fsync.
 
-The session may run the fsync off the event loop: ``ticket = store.begin_sync()`` (writes the
-buffer), ``ticket.make_durable()`` in a worker thread, ``store.complete_sync(ticket)`` back on the
-loop; events may keep arriving in between.
+The session runs the fsync off the event loop: ``ticket = store.begin_sync()`` (writes the buffer),
+``ticket.submit(executor)`` runs ``ticket.make_durable()`` in a worker thread, ``store.complete_sync(ticket)``
+back on the loop publishes it; events keep arriving, being parsed and written in between (the next
+batch's bytes go to the page cache while the previous batch's fdatasync runs). At most one ticket is
+in flight. The ticket covers only bytes written before ``begin_sync`` (its position is the boundary
+then), so the horizon still moves only to fsynced boundaries. Whatever must not overlap an fsync, i.e.
+closing or replacing the descriptor (``start_file``, ``close``), truncating (``discard_incomplete``,
+``write_filler``), ``begin_epoch`` and ``sync``, first waits for the ticket in flight and publishes it.
 
 Upstream epochs (``relay/epochs.py``): after a failover the session calls ``store.begin_epoch(master,
 upstream_first_file, relay_server_id=...)`` before it streams from the new master. The relay's files
@@ -41,7 +46,9 @@ recovery, which reads through that cache, could not tell.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,7 +194,7 @@ class SyncTicket:
 
     __slots__ = (
         "file", "position", "gtids", "moves", "_fd", "_marks", "_synced_end", "durable", "needs_fsync", "error", "_on_error",
-        "fsync_seconds", "fsync_bytes", "checkpoint", "checkpoint_error",
+        "fsync_seconds", "fsync_bytes", "checkpoint", "checkpoint_error", "_lock", "_ran", "_job", "completed",
     )
 
     def __init__(self, file, position, gtids, moves, fd, marks, synced_end, needs_fsync, on_error, fsync_bytes=0):
@@ -206,6 +213,34 @@ class SyncTicket:
         self.fsync_bytes = fsync_bytes  # bytes written since the previous fdatasync of this file
         self.checkpoint = None  # (position, write(fd)) of a recovery checkpoint to write once durable
         self.checkpoint_error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._ran = False  # make_durable has begun (it runs once; a second call waits for the first)
+        self._job: concurrent.futures.Future | None = None  # the worker's run, once submitted
+        self.completed = False  # complete_sync has published it
+
+    def submit(self, executor: concurrent.futures.Executor) -> concurrent.futures.Future:
+        """Run ``make_durable`` in ``executor`` (a worker thread); the store's operations that must not
+        overlap an fsync in flight (rotation, truncation, epoch switch, close) wait for that run."""
+        self._job = executor.submit(self.make_durable)
+        return self._job
+
+    @property
+    def done(self) -> bool:
+        """``make_durable`` has returned or raised (in the worker it was submitted to)."""
+        job = self._job
+        return job.done() if job is not None else self.durable or self.error is not None
+
+    def wait(self) -> None:
+        """Until ``make_durable`` has run: by the worker it was submitted to, else here (blocking). Its
+        OSError is kept in ``error`` (and has failed the store)."""
+        job = self._job
+        try:
+            if job is not None:
+                job.result()
+            else:
+                self.make_durable()
+        except OSError:
+            pass
 
     def make_durable(self) -> None:
         """fdatasync the file and record the durable mark; safe to run in a worker thread.
@@ -213,7 +248,17 @@ class SyncTicket:
         An OSError fails the store at once (an fsync error cannot be retried: the kernel may have
         dropped the dirty pages), ends this ticket, and is re-raised; later calls on the store
         raise RelayStoreFailed, ``close()`` still works, and reopening recovers from the files.
+        It runs once: a second call waits for the first and returns (or raises) as it did.
         """
+        with self._lock:
+            if self._ran:
+                if self.error is not None:
+                    raise self.error
+                return
+            self._ran = True
+            self._make_durable()
+
+    def _make_durable(self) -> None:
         try:
             if self.needs_fsync:
                 began = time.perf_counter()
@@ -485,8 +530,7 @@ class RelayStore:
             check_file_name(name)
         except ValueError as exc:
             raise RelayStateError(str(exc)) from None
-        if self._ticket is not None:
-            raise RelayStateError("start_file while a sync is in flight: complete it first")
+        self._settle()  # the old file's descriptor is closed below: no fsync may still run on it
         upstream = name
         try:
             name = self.relay_name(upstream)
@@ -592,8 +636,7 @@ class RelayStore:
         already names it). Requires no open group (call ``discard_incomplete`` first).
         """
         self._check()
-        if self._ticket is not None:
-            raise RelayStateError("begin_epoch while a sync is in flight: complete it first")
+        self._settle()
         try:
             master = _epochs.normalise_master(master)
             check_file_name(upstream_first_file)
@@ -706,6 +749,7 @@ class RelayStore:
         horizon may move past them. Raises RelayGapError when the gap is smaller than an event.
         """
         self._check()
+        self._settle()  # a large filler truncates (extends) the file
         if self._fd < 0:
             raise RelayStateError("write_filler before start_file: there is no current relay file")
         end = self._end
@@ -1108,11 +1152,20 @@ class RelayStore:
     def sync(self) -> bool:
         """Write everything, fsync, move the horizon to the last boundary; returns whether it moved."""
         self._check()
-        if self._ticket is not None:
-            raise RelayStateError("sync while another sync is in flight")
+        self._settle()
         if self._fd < 0:
             return False
         return self._sync()
+
+    def _settle(self) -> None:
+        """Wait for the ticket in flight, if any (blocking: its fsync is running in a worker thread, or
+        runs here when it was never submitted) and publish it. Raises like ``complete_sync`` when its
+        fsync failed (the store has failed then)."""
+        ticket = self._ticket
+        if ticket is None:
+            return
+        ticket.wait()
+        self.complete_sync(ticket)
 
     def _sync(self) -> bool:
         ticket = self.begin_sync()
@@ -1200,12 +1253,15 @@ class RelayStore:
         """Publish what ``ticket`` made durable: the horizon moves (and wakes its readers)."""
         if ticket.error is not None:
             raise RelayStoreFailed(f"fsync of {ticket.file} failed: {ticket.error}") from ticket.error
+        if ticket.completed:
+            return ticket.moves  # already published (a rotation or a truncation waited for it)
         if ticket is not self._ticket:
             raise RelayStateError("complete_sync with a ticket that is not the one in flight")
         self._ticket = None
         if not ticket.durable:
             self._pending_since = self._pending_since or time.monotonic()  # still to be synced
             raise RelayStateError("complete_sync before the ticket's make_durable() finished")
+        ticket.completed = True
         if ticket.needs_fsync:
             self.fsyncs += 1
             if ticket.file == self._file:
@@ -1232,6 +1288,7 @@ class RelayStore:
         The caller also resets its boundary parser.
         """
         self._check()
+        self._settle()  # no truncation under an fsync in flight (and a stop publishes what it made durable)
         drop = self._end - self._boundary
         if drop <= 0:
             return 0
@@ -1262,8 +1319,11 @@ class RelayStore:
             if self._unsynced_cut is not None:
                 self._cut_unsynced_tail()
             return
-        if self._ticket is not None:
-            raise RelayStateError("close while a sync is in flight: complete it first")
+        ticket = self._ticket
+        if ticket is not None:
+            ticket.wait()  # the descriptor is closed below: let the fsync in flight end first
+            if self._ticket is ticket and ticket.error is None:
+                self.complete_sync(ticket)
         try:
             if self._failed is None and self._fd >= 0:
                 self._checkpoint_force = True  # a clean stop leaves a checkpoint at the horizon

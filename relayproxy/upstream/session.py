@@ -15,6 +15,7 @@ relay holds; otherwise the relay refuses it with a clear ``Last_IO_Error`` and w
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import struct
 import time
@@ -41,7 +42,7 @@ from ..relay.master_variables import (
     variables_for,
 )
 from ..relay.recovery import write_file_atomically
-from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed
+from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed, SyncTicket
 from ..wire.packets import MySQLError
 from .connection import UpstreamConnection
 from .receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
@@ -159,6 +160,9 @@ class UpstreamSession:
         # A store failure (full disk, EIO) stays in last_io_error until the store writes again: a
         # reconnect alone does not clear it (the next write would fail the same way).
         self._store_failing = False
+        # The fsync in flight: (SyncTicket, asyncio future of its run in the fsync thread), at most one.
+        self._flight: tuple[SyncTicket, asyncio.Future] | None = None
+        self._fsync_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -209,6 +213,9 @@ class UpstreamSession:
             self._wake.clear()
             await self._wait_woken(delay)
         self.status.state = "stopped"
+        if self._fsync_pool is not None:
+            self._fsync_pool.shutdown(wait=False)  # idle: every round's fsync was waited for by the store
+            self._fsync_pool = None
 
     async def _wait_woken(self, timeout: float | None) -> None:
         """Sleep until stop(), START SLAVE / STOP SLAVE, or the timeout."""
@@ -672,45 +679,112 @@ class UpstreamSession:
         return rows[0][0]
 
     async def _stream(self, conn: UpstreamConnection) -> None:
-        store = self.store
+        """Read, parse and write batches while the previous batch's fsync runs in the fsync thread.
+
+        One read is outstanding at a time and survives wake-ups: the loop wakes when a batch arrives
+        or when the fsync in flight ends (to publish the horizon and ACK at once, and start the next
+        fsync), and otherwise at the batch-mode sync deadline or the silence limit."""
         receiver = self.receiver
         heartbeat = self.master.heartbeat_period
         silence_limit = 2 * heartbeat + 1.0 if heartbeat else None
         last_data = time.monotonic()
-        while not self._stopping.is_set() and self.io_enabled:
-            wait = silence_limit
-            deadline = store.sync_deadline
-            if deadline is not None:
-                until_sync = max(deadline - time.monotonic(), 0.0)
-                wait = until_sync if wait is None else min(wait, until_sync)
-            try:
-                payloads = await asyncio.wait_for(conn.read_packets(), timeout=wait)
-            except asyncio.TimeoutError:
-                if silence_limit is not None and time.monotonic() - last_data >= silence_limit:
-                    raise
+        read: asyncio.Future | None = None
+        try:
+            while not self._stopping.is_set() and self.io_enabled:
+                now = time.monotonic()
+                wait = None if silence_limit is None else max(silence_limit - (now - last_data), 0.0)
+                flight = self._flight
+                if flight is None:
+                    deadline = self.store.sync_deadline
+                    if deadline is not None:
+                        until_sync = max(deadline - now, 0.0)
+                        wait = until_sync if wait is None else min(wait, until_sync)
+                if read is None:
+                    read = asyncio.ensure_future(conn.read_packets())
+                await asyncio.wait((read,) if flight is None else (read, flight[1]), timeout=wait,
+                                   return_when=asyncio.FIRST_COMPLETED)
                 payloads = ()
-            if payloads:
-                last_data = time.monotonic()
-                try:
-                    receiver.feed(payloads)
-                finally:
-                    # Whatever completed before an error in the batch is still made durable.
+                if read.done():
+                    done, read = read, None
+                    try:
+                        payloads = done.result()
+                    except asyncio.TimeoutError:  # the connection's read timeout: as a silent wait
+                        if silence_limit is not None and time.monotonic() - last_data >= silence_limit:
+                            raise
+                elif silence_limit is not None and time.monotonic() - last_data >= silence_limit:
+                    raise asyncio.TimeoutError()
+                if payloads:
+                    last_data = time.monotonic()
+                    try:
+                        receiver.feed(payloads)
+                    finally:
+                        # Whatever completed before an error in the batch is still made durable.
+                        await self._sync_and_ack(conn)
+                        self._switch_done()
+                else:
                     await self._sync_and_ack(conn)
-                    self._switch_done()
-            else:
-                await self._sync_and_ack(conn)
+        except asyncio.CancelledError:
+            raise  # the fsync in flight is left to the store: discard_incomplete and close wait for it
+        except BaseException:
+            await self._drain()  # the complete transactions received before the error are made durable
+            raise
+        else:
+            await self._drain()  # a stop: the complete transactions received are durable
+        finally:
+            if read is not None:
+                if read.done():
+                    if not read.cancelled():
+                        read.exception()  # retrieved: the round is over either way
+                else:
+                    read.cancel()  # read_batch takes payloads only when it returns: nothing is lost
+            self._flight = None
+
+    async def _drain(self) -> None:
+        """The end of a round: wait for the fsync in flight and publish it, then make durable what has
+        completed since (one more fsync), as the last batch of the round would have been."""
+        store = self.store
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            await asyncio.wait((flight[1],))
+            self._published(store, flight[0])
+        if store.failure is None and store.sync_due():
+            ticket = store.begin_sync()
+            future = asyncio.wrap_future(ticket.submit(self._fsync_executor()))
+            future.add_done_callback(_retrieved)
+            await asyncio.wait((future,))
+            self._published(store, ticket)
+
+    def _fsync_executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._fsync_pool is None:
+            self._fsync_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-fsync")
+        return self._fsync_pool
+
+    def _published(self, store, ticket) -> None:
+        """The fsync of ``ticket`` has ended: publish it (the horizon moves; a store operation that
+        waited for it may have done so already). A failed fsync raises its OSError (the store has failed)."""
+        if ticket.error is not None:
+            raise ticket.error
+        if store.complete_sync(ticket) and self._store_failing:
+            self._store_failing = False
+            self.status.last_io_error = None
+            self.status.last_io_error_time = None
+            log.info("relay store writes again: receiving resumed", horizon=str(store.horizon.snapshot().coordinates))
 
     async def _sync_and_ack(self, conn: UpstreamConnection) -> None:
-        """fsync in a worker thread (the connection keeps buffering meanwhile), then publish and ACK."""
+        """Publish the fsync in flight once it has ended, start the next one when the policy asks for it
+        (it runs in the fsync thread while the loop goes on reading, parsing and writing), and ACK what
+        is durable. At most one fsync is in flight: a batch that arrives meanwhile waits for the next."""
         store = self.store
-        if store.sync_due():
+        flight = self._flight
+        if flight is not None and flight[0].done:
+            self._flight = None
+            self._published(store, flight[0])
+            flight = None
+        if flight is None and store.sync_due():
             ticket = store.begin_sync()
-            await asyncio.get_running_loop().run_in_executor(None, ticket.make_durable)
-            if store.complete_sync(ticket) and self._store_failing:
-                self._store_failing = False
-                self.status.last_io_error = None
-                self.status.last_io_error_time = None
-                log.info("relay store writes again: receiving resumed", horizon=str(store.horizon.snapshot().coordinates))
+            future = asyncio.wrap_future(ticket.submit(self._fsync_executor()))
+            future.add_done_callback(_retrieved)
+            self._flight = (ticket, future)
         pending = self.receiver.ack_pending
         if pending is None:
             return
@@ -732,6 +806,12 @@ class UpstreamSession:
             # Semi-sync ACK only once the acknowledged transaction is durable in the relay.
             conn.write_packet(bytes([0xEF]) + struct.pack("<Q", pending[1]) + pending[0].encode(), 0)
             self.status.semi_sync_acks += 1
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Done-callback of an fsync's future: its error reaches the session through the ticket, not here."""
+    if not future.cancelled():
+        future.exception()
 
 
 UPSTREAM_ERROR_KINDS = ("io", "timeout", "master", "protocol", "crc", "store", "disk_full", "internal")
