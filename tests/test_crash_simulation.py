@@ -25,8 +25,10 @@ import shutil
 
 from relayproxy.lab.crashfs import CrashFS, SimulatedCrash
 from relayproxy.relay import recovery as R
+from relayproxy.relay import store as S
 from relayproxy.relay.store import RelayStore
 
+from .test_relay_store import Feeder, split_events
 from .test_scenario_crash_safety import _feed_from
 
 SEED = int(os.environ.get("RELAYPROXY_CRASH_SEED", "20261121"))
@@ -49,14 +51,45 @@ def _order(files, file: str | None, position: int) -> tuple[int, int]:
     return ([name for name, _ in files].index(file) if file else -1, position)
 
 
-def _run_until_crash(directory, files, crash_at: int | None):
+def _feed_pipelined(store: RelayStore, files) -> None:
+    """What the session does with the fsync pipelined (upstream/session.py): a batch ends at each boundary; its
+    fsync is begun (begin_sync), the next batch's events are written (each reaches pwrite at once: FLUSH_BYTES is 1
+    in the caller), and only then is the ticket published and the next one begun. The fdatasync itself runs, in
+    turn, before those writes (so it does not cover them: a store that published them would be caught) or after them
+    (as when the fsync thread starts late). One thread, so the crash points are reproducible."""
+    ticket = None
+    batches = 0
+    for name, image in files:
+        if store.current_file != name:
+            store.start_file(name)  # waits for the ticket in flight and publishes it (relay/store.py)
+            ticket = None
+        feeder = Feeder(store, sync_each_event=False)
+        for offset, event in split_events(image):
+            feeder.feed(offset, event)
+            if store.boundary_end == offset + len(event):  # a batch ends here
+                if ticket is not None:
+                    ticket.make_durable()  # a no-op when it already ran (below)
+                    store.complete_sync(ticket)
+                ticket = store.begin_sync() if store.sync_due() else None
+                batches += 1
+                if ticket is not None and batches % 2:
+                    ticket.make_durable()  # the fsync ends before the next batch is written
+    if ticket is not None:
+        ticket.make_durable()
+        store.complete_sync(ticket)
+
+
+def _run_until_crash(directory, files, crash_at: int | None, *, pipelined: bool = False):
     """Open a store under CrashFS and feed it; returns (layer, the last horizon it published, or None)."""
     layer = CrashFS(directory, crash_at=crash_at)
     store = None
     with layer:
         try:
             store = RelayStore.open(directory)
-            _feed(store, files)
+            if pipelined:
+                _feed_pipelined(store, files)
+            else:
+                _feed(store, files)
             store.close()
         except SimulatedCrash:
             # The process is dead: so is its background indexer thread (relay/fileindex.py). Stop it while the
@@ -149,6 +182,35 @@ def test_os_crash_at_random_points_keeps_every_published_transaction(tmp_path, c
                  and _order(files, s.file, s.position) > _order(files, p.file, p.position))
     print(f"{len(rows)} crashes recovered; {gained} recovered past the published horizon (complete groups that were"
           f" written, and survived, but not yet published); none lost a published transaction")
+
+
+def test_os_crash_with_the_fsync_pipelined_keeps_every_published_transaction(tmp_path, corpus_dir, monkeypatch):
+    """As above, with the fsync of each batch overlapping the writes of the next (the session's pipeline): a crash
+    at any call, between a batch's begin_sync and its fdatasync included, loses no published transaction."""
+    monkeypatch.setattr(S, "FLUSH_BYTES", 1)  # every event is pwritten when it arrives, before the fsync in flight
+    files = _files(corpus_dir)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    layer, _ = _run_until_crash(clean, files, None, pipelined=True)
+    total = layer.calls
+    for name, image in files:
+        assert (clean / name).read_bytes() == image
+    assert sum(c.startswith("fdatasync") for c in layer.log) > 100
+    rng = random.Random(f"{SEED}-pipelined")
+    points = sorted(rng.sample(range(1, total + 1), CRASH_POINTS // 2))
+    between = 0  # crashes at an event's write: with FLUSH_BYTES 1 these all follow a begun, not completed fsync
+    for point in points:
+        for mode in MODES:
+            d = tmp_path / f"p{point}-{mode}"
+            d.mkdir()
+            layer, published = _run_until_crash(d, files, point, pipelined=True)
+            assert layer.crashed, f"crash point {point} not reached ({layer.calls} calls)"
+            disk = layer.materialize(mode, rng)
+            _check_after_crash(d, files, disk, published, f"pipelined, crash at call {point} ({layer.crash_call}), "
+                               f"disk {mode!r}")
+            between += layer.crash_call.startswith("pwrite")
+            shutil.rmtree(d)
+    assert between > 0, "no crash point fell on an event's write"
 
 
 def test_crashfs_keeps_only_what_was_synced(tmp_path):
