@@ -571,6 +571,8 @@ def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode
         "events_received": status.get("events_received"),
         "bytes_received": status.get("bytes_received"),
         "transactions_received": status.get("transactions_received"),
+        "fsyncs": status.get("fsyncs"),  # fdatasyncs of relay data until the horizon reached the end
+        "fsync_seconds": status.get("fsync_seconds_sum"),  # the time they took (in the fsync thread)
         "rss_at_end_kb": mem.get("VmRSS"),
     }
     try:
@@ -697,6 +699,12 @@ def shape_report(backlog: Backlog, results: dict[str, ReaderResult]) -> dict:
             "peak_rss_kb": res.rss_kb,
         }
         first = res.samples[0].extra
+        fsyncs = [s.extra["fsyncs"] for s in res.samples if s.extra.get("fsyncs") is not None]
+        if fsyncs:
+            entry["fsyncs"] = statistics.median(fsyncs)
+            entry["fsyncs_range"] = [min(fsyncs), max(fsyncs)]
+            spent = [s.extra["fsync_seconds"] for s in res.samples if s.extra.get("fsync_seconds") is not None]
+            entry["fsync_seconds"] = round(statistics.median(spent), 3) if spent else None
         if name.startswith("relay"):
             entry["startup_seconds"] = statistics.median(s.extra["startup_seconds"] for s in res.samples)
             entry["identical"] = all(s.extra.get("identical") for s in res.samples)
@@ -1056,6 +1064,13 @@ def write_markdown(path: Path, report: dict, argv: list[str], notes: str | None 
             out += ["", f"relayproxy's Python start-up before it serves /status (not in the times above): "
                     f"{relay_rows[0]['startup_seconds']:.2f} s. Relay files byte-identical to the master's after "
                     f"every relay run: {'yes' if all(r['identical'] for r in relay_rows) else 'NO'}."]
+        counted = [(n, r) for n, r in data["readers"].items() if r.get("fsyncs") is not None]
+        if counted:
+            out += ["", "fdatasyncs of relay data until the horizon reached the end (/status `fsyncs`, median "
+                    "[min - max]): " + "; ".join(
+                        f"{READER_LABELS.get(n, n)} {r['fsyncs']:.0f} [{r['fsyncs_range'][0]} - {r['fsyncs_range'][1]}]"
+                        + (f" ({r['fsync_seconds']:.2f} s in fdatasync)" if r.get("fsync_seconds") is not None else "")
+                        for n, r in counted) + "."]
         io = data["readers"].get("io_thread")
         if io and io.get("relay_log_space"):
             out += [f"IO thread relay log space at the end: {io['relay_log_space'] / 1e6:.1f} MB (same bytes "
