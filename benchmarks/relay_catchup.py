@@ -1091,7 +1091,8 @@ def write_markdown(path: Path, report: dict, argv: list[str], notes: str | None 
         "an fsync every 10,000 events, sync_master_info=10000), log_slave_updates=1 so that it asks for "
         "ANNOTATE_ROWS like the others. mariadb-binlog writes without fsync. relayproxy `--sync-mode transaction` "
         "fsyncs (fdatasync + durable mark) once per batch read from the socket that completed a transaction (group "
-        "commit); `batch` fsyncs every 100 transactions or 10 ms. No TLS anywhere (the sandbox has have_ssl=DISABLED).",
+        "commit), in its fsync thread while it reads and writes the next batch (one fsync in flight; batches that "
+        "arrive meanwhile share the next one); `batch` fsyncs every 100 transactions or 10 ms. No TLS anywhere (the sandbox has have_ssl=DISABLED).",
         "",
     ]
     big = report.get("big_trx")
