@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_bytes, scan_file
-from relayproxy.downstream.dump.files import _gtid_seek, _scan_file_gtids
+from relayproxy.downstream.dump.files import _scan_file_gtids
 from relayproxy.relay import RelayStore
 from relayproxy.relay import fileindex as FI
 from relayproxy.relay.catalog import FileCatalog
@@ -104,33 +103,3 @@ def test_store_indexes_closed_files_catalog_uses_them_purge_removes_them(tmp_pat
     RelayStore.open(relay).close()
     assert sorted(p.name for p in relay.iterdir() if p.name.startswith(FI.SIDECAR_PREFIX)) == [
         FI.sidecar_name("binlog.000002")]
-
-
-def test_gtid_seek_starts_where_the_replica_has_everything_before(tmp_path):
-    image = mysql_image("binlog.000002", groups=40)
-    path = tmp_path / "binlog.000001"
-    path.write_bytes(image)
-    FI.write(tmp_path, FI.build(path, path.name, sparse_bytes=300))
-    idx = FI.load(tmp_path, path.name)[0]
-    assert len(idx.sparse) > 3
-    everything = scan_bytes(image).gtids_after
-    assert idx.anonymous_groups > 0  # this stream has groups without GTIDs: the seek stops before the first
-
-    def anonymous_before(position):
-        groups = []
-        scan_bytes(image[:position], on_group=groups.append)
-        return sum(1 for g in groups if g.complete and g.gtid is None)
-
-    for replica in [GtidSet(), everything] + [FI.decode_gtids(g) for _p, g, _a in idx.sparse]:
-        seek = _gtid_seek(path, replica)
-        ok = [p for p, g, _a in idx.sparse
-              if FI.decode_gtids(g).is_subset(replica) and anonymous_before(p) == 0]
-        # the furthest entry of an unbroken run from the start that the replica fully has
-        run = 4
-        for p, g, _a in idx.sparse:
-            if p not in ok:
-                break
-            run = p
-        assert seek == run
-        assert seek == 4 or scan_bytes(image[:seek]).gtids_after.is_subset(replica)
-    assert _gtid_seek(path, everything) > 4

@@ -95,19 +95,6 @@ class FileIndex:
         start = start if isinstance(start, GtidSet) else GtidSet()
         return after.subtract(start)
 
-    def mysql_seek(self, replica: GtidSet) -> int:
-        """The furthest group boundary before which the replica has every GTID of the file (and the file had
-        no anonymous group), i.e. where a MySQL auto-position dump of this file may start; 4 if none."""
-        best = 4
-        for position, gtids, anonymous in self.sparse:
-            if anonymous:
-                break
-            state = decode_gtids(gtids)
-            if not isinstance(state, GtidSet) or not state.is_subset(replica):
-                break
-            best = position
-        return best
-
     # -- encoding ------------------------------------------------------------------------------
     def encode(self) -> bytes:
         return encode_record(_FORMAT, _VERSION, asdict(self))

@@ -110,11 +110,3 @@ def _io_error(name: str, exc: StoredFileError) -> OSError:
     log.error("relay file cannot be read back whole: not served", file=name, frame=exc.frame,
               offset=exc.offset, error=str(exc))
     return OSError(errno.EIO, str(exc))
-
-
-def _gtid_seek(path: os.PathLike | str, replica: GtidSet) -> int:
-    """Where a MySQL auto-position dump of the closed relay file ``path`` may start instead of offset 4: the
-    furthest boundary of its index's sparse map before which the replica has every GTID (4 without an index)."""
-    directory, name = os.path.split(os.fspath(path))
-    index, _why = fileindex.load(directory, name)
-    return 4 if index is None else index.mysql_seek(replica)
