@@ -46,6 +46,19 @@ from .test_downstream_dump import (
 NAME = "binlog.000001"
 
 
+def unframe(framed, seq0: int) -> tuple[list[bytes], int]:
+    """The payloads of consecutive dump packets, checking that their sequence ids run on from ``seq0``; and the
+    sequence id after the last."""
+    at, seq, payloads = 0, seq0, []
+    while at < len(framed):
+        length = int.from_bytes(framed[at : at + 3], "little")
+        assert framed[at + 3] == seq, f"packet {len(payloads)} numbered {framed[at + 3]}, expected {seq}"
+        payloads.append(bytes(framed[at + 4 : at + 4 + length]))
+        seq = (seq + 1) & 0xFF
+        at += 4 + length
+    return payloads, seq
+
+
 def corpus_entries(corpus_dir):
     import json
 
@@ -264,13 +277,7 @@ def test_scan_chunk_equals_feeding_events_one_at_a_time(corpus_dir, data):
     assert chunk.types == frozenset(e[4] for _o, e in whole)
     seq0 = data.draw(st.integers(0, 255), label="first sequence id")
     framed, next_seq = chunk.frame_for(seq0)
-    at, seq, payloads = 0, seq0, []
-    while at < len(framed):
-        length = int.from_bytes(framed[at : at + 3], "little")
-        assert framed[at + 3] == seq
-        payloads.append(bytes(framed[at + 4 : at + 4 + length]))
-        seq = (seq + 1) & 0xFF
-        at += 4 + length
+    payloads, seq = unframe(framed, seq0)
     assert next_seq == seq and payloads == [b"\x00" + e for _o, e in whole]
 
 
@@ -286,13 +293,7 @@ def test_a_chunk_without_some_event_types_is_the_chunk_with_those_events_left_ou
     omit = frozenset(data.draw(st.sets(st.sampled_from(sorted(chunk.types))), label="types left out"))
     seq0 = data.draw(st.integers(0, 255), label="first sequence id")
     framed, next_seq = chunk.frame_for(seq0, omit)
-    at, seq, payloads = 0, seq0, []
-    while at < len(framed):
-        length = int.from_bytes(framed[at : at + 3], "little")
-        assert framed[at + 3] == seq
-        payloads.append(bytes(framed[at + 4 : at + 4 + length]))
-        seq = (seq + 1) & 0xFF
-        at += 4 + length
+    payloads, seq = unframe(framed, seq0)
     assert next_seq == seq
     assert payloads == [b"\x00" + e for _o, e in events[1:] if e[4] not in omit]
     assert chunk.variant(omit)[2] == len(payloads)
