@@ -580,6 +580,24 @@ class _DumpChannel:
         protocol.write(data)
         await protocol.drain(self._write_timeout)
 
+    def can_write_now(self) -> bool:
+        """Whether ``write_packets_now`` may write: the replica still reads and its socket is below the high-water
+        mark (above it, the dump's own task waits for it with the write timeout)."""
+        protocol = self._protocol
+        return not (protocol.is_closing or protocol._write_paused or protocol.input_ended.done())
+
+    def write_packets_now(self, chunk: Chunk, omit: frozenset[int], shared: dict) -> None:
+        """``send_packets`` without waiting (the shared pass at a horizon advance, dump/followers.py; the caller
+        checked ``can_write_now``). ``shared`` holds the framings made in this pass: dumps at the same sequence id
+        share one."""
+        self.flush()
+        key = (chunk, self._seq, omit)
+        framed = shared.get(key)
+        if framed is None:
+            framed = shared[key] = chunk.frame_for(self._seq, omit)
+        data, self._seq = framed
+        self._protocol.write(data)
+
     async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None:
         """Send one payload of `total` bytes that arrives as `chunks` (the first starting with the 0x00 / 0xEF
         header), framed exactly as send() frames it, so that a 1 GiB event goes out without being held in memory

@@ -213,6 +213,20 @@ class ChunkCache:
         self._keep(key, chunk)
         return chunk
 
+    def peek(self, key: tuple) -> Chunk | None:
+        """The finished chunk for ``key``, if held (no waiting: the shared pass at an advance runs in a callback)."""
+        chunk = self._done.get(key)
+        if chunk is not None:
+            self._done.move_to_end(key)
+            self.hits += 1
+        return chunk
+
+    def put(self, key: tuple, chunk: Chunk) -> None:
+        """Keep a chunk made outside ``get`` (the shared pass reads small ranges inline)."""
+        self.misses += 1
+        if key not in self._done:
+            self._keep(key, chunk)
+
     def _keep(self, key: tuple, chunk: Chunk) -> None:
         size = chunk.size
         if size > self.budget:

@@ -99,6 +99,18 @@ class _RelayFile:
         except StoredFileError as exc:
             raise _io_error(self.name, exc) from None
 
+    def read_now(self, pos: int, n: int) -> bytes | None:
+        """``read`` when it can be done on the loop without blocking (a small read of a plain file or of frames
+        decoded already), else None. A stored file that does not read back also gives None: the ordinary path
+        (``read``) then reports it."""
+        f = self._file
+        if n > _INLINE_READ or not f.cheap(pos, n):
+            return None
+        try:
+            return f.read(pos, n)
+        except (StoredFileError, OSError):
+            return None
+
     def size(self) -> int:
         return self._file.size()
 

@@ -49,6 +49,7 @@ from .errors import (
     eof_payload,
 )
 from .files import _CRC32, _GTID_TYPES, _U32, _U64, _header_unpack_from, _RelayFile
+from .followers import SENT, STAY, WAKE, followers_of
 from .rewrite import (
     _MARIA_GTID_HEADER_LEN,
     MARIA_SLAVE_CAPABILITY_ANNOTATE,
@@ -184,6 +185,10 @@ class DumpSender(DumpStart):
         # Shared framed chunks (chunks.py) for ranges that need nothing done for this replica.
         self.send_packets = getattr(channel, "send_packets", None)
         self.chunks: ChunkCache | None = chunk_cache(ctx.store) if self.send_packets is not None else None
+        # Parking at the horizon (followers.py): the channel must be able to write a chunk without waiting.
+        self.write_packets_now = getattr(channel, "write_packets_now", None) if self.chunks is not None else None
+        self.rf: _RelayFile | None = None  # the file _send_file is in
+        self.followed = False  # the shared pass at an advance sent something while this dump was parked
         self.slow_types: frozenset[int] = frozenset()
         self.omit_types: frozenset[int] = frozenset()
         self.gone: asyncio.Future | None = None
@@ -355,8 +360,10 @@ class DumpSender(DumpStart):
 
     async def _send_file(self, rf: _RelayFile, pos: int) -> None:
         """send_binlog(): events up to the durable end; at the horizon wait; return at the end of a closed file."""
+        self.rf = rf
         while True:
-            limit, closed = await self._available(rf, pos + 1)
+            limit, closed = await self._available(rf, pos + 1, follow=True)
+            pos = self.pos  # the shared pass at an advance may have sent more while this dump was parked
             if closed:
                 self._check_not_purged(rf.name)  # only a closed file can be purged
             if pos < limit:
@@ -366,12 +373,16 @@ class DumpSender(DumpStart):
                 raise _read_failure(MSG_TRUNCATED, pos, limit)
             return  # the end of a closed file: on to the next one
 
-    async def _available(self, rf: _RelayFile, need_end: int) -> tuple[int, bool]:
+    async def _available(self, rf: _RelayFile, need_end: int, follow: bool = False) -> tuple[int, bool]:
         """The durable end of ``rf`` once it reaches ``need_end`` or the file is closed.
 
         At the horizon this is where the sender waits: a heartbeat after skipped groups first, EOF
         for NON_BLOCK, then ``wait_for_advance`` with the heartbeat period as timeout and a
-        heartbeat on every timeout (wait_new_events / wait_with_heartbeat)."""
+        heartbeat on every timeout (wait_new_events / wait_with_heartbeat).
+
+        ``follow``: the caller sends from ``self.pos`` on, and the wait may be spent parked among the
+        horizon's followers (followers.py), which may send for this dump meanwhile: ``need_end`` then
+        follows ``self.pos``, and the heartbeat is due a period after the last thing sent."""
         while True:
             if self.gone is not None and self.gone.done():
                 raise _ReplicaGone
@@ -387,10 +398,15 @@ class DumpSender(DumpStart):
                 await self._send(eof_payload(self.conn.capabilities))
                 raise _Finished
             timeout = self.heartbeat_period if self.heartbeat_period > 0 else _IDLE_RECHECK
+            if self.followed and self.heartbeat_period > 0:
+                timeout = max(self.heartbeat_period - (time.monotonic() - self.last_sent), 0.0)
             # Everything durable is sent: the replica is caught up until the horizon moves (status' replica lag).
             self.progress.caught_up_at = time.time()
-            advanced = await self._wait(horizon, snap.seq, timeout)
+            parked = follow and self._may_park(rf, snap)
+            advanced = await self._wait(horizon, snap.seq, timeout, parked)
             self.progress.caught_up_at = time.time()
+            if parked:
+                need_end = self.pos + 1
             if not advanced and self.heartbeat_period > 0:
                 await self._heartbeat(self.pos)
 
@@ -407,15 +423,22 @@ class DumpSender(DumpStart):
         # starts the next), so its whole size is durable.
         return rf.size(), True
 
-    async def _wait(self, horizon, seq: int, timeout: float) -> bool:
+    async def _wait(self, horizon, seq: int, timeout: float, park: bool = False) -> bool:
         """Wait for the horizon to pass ``seq``; False on timeout. A departing replica ends the wait.
 
         One future, resolved by the horizon's advance, the timer, or the replica's reader (``_wake_waiter``):
         no task and no ``asyncio.wait`` per wake-up, which is what a hundred replicas at the horizon pay on
-        every advance."""
+        every advance. ``park``: wait among the horizon's followers (followers.py), which send what this dump
+        can take without its task and resolve the future only for what it cannot; sends made so meanwhile
+        count as an advance (no heartbeat is due)."""
         loop = self.loop
         future = loop.create_future()
-        if horizon.add_waiter(seq, future) is not None:
+        followers = followers_of(horizon) if park else None
+        self.followed = False
+        if followers is not None:
+            if not followers.park(self, seq, future):
+                return True
+        elif horizon.add_waiter(seq, future) is not None:
             return True
         self.waiter = future
         timer = loop.call_later(timeout, _expire, future)
@@ -424,11 +447,55 @@ class DumpSender(DumpStart):
         finally:
             timer.cancel()
             self.waiter = None
-            if not future.done() or future.result() is None:
+            if followers is not None:
+                followers.unpark(self)
+            elif not future.done() or future.result() is None:
                 horizon.discard_waiter(future)
         if self.gone.done():
             raise _ReplicaGone
+        if self.followed:
+            return True
         return snapshot is not None and snapshot.seq > seq
+
+    # -- parked at the horizon: the shared pass at an advance (followers.py) -------------------------
+    def _may_park(self, rf: _RelayFile, snap) -> bool:
+        """Whether this dump may wait among the followers: it is at the durable end of the horizon's file, the
+        next events need nothing done for it so far (``_plain``), and its channel can write without waiting."""
+        return (self.write_packets_now is not None and snap.file == rf.name and self.pos == snap.position
+                and self._plain() and self.channel.can_write_now())
+
+    def _follow(self, snap, shared: dict) -> int:
+        """At an advance while parked: write ``[pos, snap.position)`` now when it needs nothing done for this
+        replica (SENT), or nothing is new for it (STAY); else WAKE its task for the ordinary path."""
+        rf = self.rf
+        pos = self.pos
+        if snap.file != rf.name or self.gone.done():
+            return WAKE
+        limit = snap.position
+        if limit <= pos:
+            return STAY
+        want = limit - pos
+        if want > SHARED_CHUNK or not self._plain() or not self.channel.can_write_now():
+            return WAKE
+        crc = self.event_alg == _CRC32
+        parser = self.parser
+        key = (rf.name, pos, want, crc, parser.state_key())  # the ordinary path's key (``_chunk``)
+        chunks = self.chunks
+        chunk = chunks.peek(key)
+        if chunk is None:
+            data = rf.read_now(pos, want)
+            if data is None or len(data) != want:
+                return WAKE  # a read that would block, or a short one: the ordinary path reads and reports
+            chunk = scan_chunk(rf.name, pos, data, parser.copy(), crc)
+            chunks.put(key, chunk)
+        if not (chunk.ok and chunk.end == limit and self._plain_chunk(chunk)):
+            return WAKE
+        omit = self.omit_types
+        self.write_packets_now(chunk, omit, shared)
+        self._sent(chunk, omit)
+        self.followed = True
+        self.progress.caught_up_at = time.time()
+        return SENT if self.channel.can_write_now() else WAKE  # above the high-water mark: its task drains
 
     def _check_not_purged(self, name: str) -> None:
         """ERR 1236 once ``name`` left the relay's index (retention with ``retention_force``): the open
@@ -574,6 +641,10 @@ class DumpSender(DumpStart):
             raise _ReplicaGone from exc
         if self.channel.closed:
             raise _ReplicaGone
+        self._sent(chunk, omit)
+
+    def _sent(self, chunk: Chunk, omit: frozenset[int]) -> None:
+        """What a chunk gone out moves: the parser, the position, the counters."""
         self.parser.adopt(chunk.parser)
         self.pos = chunk.end
         progress = self.progress

@@ -1,0 +1,115 @@
+"""Replicas at the horizon, served from the advance itself: one pass per advance, no task woken per replica.
+
+A dump that has sent everything durable of the horizon's file parks here (``Followers.park``) instead of waiting
+on the horizon by itself. When the horizon advances, one callback on the loop (``_on_advance``) asks each parked
+dump to take the new range at once (``DumpSender._follow``): the range is read once from the page cache into a
+shared chunk (chunks.py, through the same cache and key as the ordinary path), and each dump that needs nothing
+done to it and whose socket has room gets its framed packets written there and then, numbered from its own
+sequence id (one framing shared by the dumps at the same sequence id). Such a dump stays parked: a hundred
+replicas at the horizon cost one pass of plain calls per advance, not a hundred task wake-ups, coroutine chains
+and ``await``s.
+
+Anything else wakes the dump's own task, which takes the ordinary path (``DumpSender._send_file``): a new file, a
+range that holds something to skip, rewrite or leave out event by event, a range larger than a shared chunk, a
+read that would block, a socket above its high-water mark (the task then waits for it with the write timeout), a
+replica gone. Both paths send the same bytes, and both send only ``[position, snapshot.position)`` of a snapshot
+the horizon published: nothing past the durable mark.
+
+One ``Followers`` per horizon object and event loop (the relay process and every sender process have their own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from ...log import get_logger
+
+if TYPE_CHECKING:
+    from ...relay.horizon import Horizon, HorizonSnapshot
+
+log = get_logger("relayproxy.downstream.dump")
+
+# What ``DumpSender._follow`` did with an advance.
+WAKE, STAY, SENT = 0, 1, 2  # its task must take over; nothing new for it (still parked); written (still parked)
+
+
+class Followers:
+    """The dumps parked at one horizon (``parked``: dump -> the future its task waits on)."""
+
+    def __init__(self, horizon: "Horizon", loop: asyncio.AbstractEventLoop):
+        self.horizon = horizon
+        self.loop = loop
+        self.parked: dict[Any, asyncio.Future] = {}
+        self._listening: asyncio.Future | None = None
+        self._seen = horizon.seq
+        # Counters (tests, benchmarks): passes run, ranges written by a pass, dumps woken to their own path.
+        self.passes = 0
+        self.written = 0
+        self.woken = 0
+
+    def park(self, dump: Any, seq: int, future: asyncio.Future) -> bool:
+        """Park ``dump`` (its task awaits ``future``) until the horizon passes ``seq`` with something it cannot take
+        in a pass. False when the horizon is past ``seq`` already: the dump goes on by itself."""
+        if self.horizon.seq > seq:
+            return False
+        self.parked[dump] = future
+        if self._listening is None:
+            self._seen = min(self._seen, seq)
+            self._listen()
+        return True
+
+    def unpark(self, dump: Any) -> None:
+        self.parked.pop(dump, None)
+
+    def _listen(self) -> None:
+        future = self.loop.create_future()
+        self._listening = future
+        current = self.horizon.add_waiter(self._seen, future)
+        if current is not None:
+            future.set_result(current)
+        future.add_done_callback(self._on_advance)
+
+    def _on_advance(self, future: asyncio.Future) -> None:
+        self._listening = None
+        if future.cancelled():
+            return
+        snapshot: HorizonSnapshot = self.horizon.snapshot()  # the newest published value, whatever woke us
+        self._seen = snapshot.seq
+        parked = self.parked
+        if parked:
+            self.passes += 1
+            shared: dict = {}  # framings shared by the dumps of this pass: (chunk, first sequence id, omit) -> bytes
+            for dump, waiter in list(parked.items()):
+                if waiter.done():
+                    continue  # woken already (timer, replica gone): its task unparks it
+                try:
+                    outcome = dump._follow(snapshot, shared)
+                except Exception as exc:  # a bug in one dump's pass must not stall the others: its task takes over
+                    log.error("a dump at the horizon failed in the shared pass; it continues by itself",
+                              error=repr(exc))
+                    outcome = WAKE
+                if outcome == SENT:
+                    self.written += 1
+                    continue
+                if outcome == STAY:
+                    continue
+                del parked[dump]
+                self.woken += 1
+                waiter.set_result(snapshot)
+        if parked:
+            self._listen()
+
+
+_followers: "weakref.WeakKeyDictionary[Any, Followers]" = weakref.WeakKeyDictionary()
+
+
+def followers_of(horizon: "Horizon") -> Followers:
+    """The Followers of ``horizon`` on the running loop."""
+    loop = asyncio.get_running_loop()
+    followers = _followers.get(horizon)
+    if followers is None or followers.loop is not loop:
+        followers = Followers(horizon, loop)
+        _followers[horizon] = followers
+    return followers
