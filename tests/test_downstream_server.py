@@ -1106,6 +1106,7 @@ def test_dump_channel_splits_large_payloads_and_resets_after_semi_sync_acks(run:
             await channel.send(b"\x00first")
             await channel.send_stream(100, chunked(b"\x00" + b"x" * 89, 30))  # 90 bytes for 100 announced
             return
+        channel.semi_sync = True  # as the dump sender sets it for a semi-sync replica
         await channel.send(big)
         await channel.send(exact)
         await channel.send_stream(len(big), chunked(big, 1_000_003))

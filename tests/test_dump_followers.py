@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import zlib
 
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import GtidSet
@@ -19,7 +20,7 @@ from relayproxy.downstream.dump import followers as F
 from relayproxy.upstream.connection import UpstreamConnection
 from relayproxy.wire.packets import BINLOG_DUMP_NON_BLOCK, BINLOG_SEND_ANNOTATE_ROWS_EVENT
 
-from .test_downstream_dump import MYSQL80, as_sent, live_store, make_ctx, split_events
+from .test_downstream_dump import MYSQL80, as_sent, live_store, make_ctx, relay_with, split_events
 from .test_sender_processes import MARIA_DIR, _serving
 
 MARIA_FILE = "mariadb-repl-bin.000005"
@@ -226,3 +227,39 @@ def test_heartbeats_still_come_once_the_stream_goes_quiet(tmp_path, corpus_dir):
     beats = [p for p in got if _event_type(p) == C.HEARTBEAT_LOG_EVENT]
     assert len(beats) >= 3
 
+
+def _with_timestamps(image: bytes, timestamp: int) -> bytes:
+    """The file with every event's timestamp set to ``timestamp`` and its CRC32 recomputed."""
+    out = bytearray(image)
+    for pos, event in split_events(image):
+        struct.pack_into("<I", out, pos, timestamp)
+        size = len(event)
+        struct.pack_into("<I", out, pos + size - 4, zlib.crc32(out[pos : pos + size - 4]))
+    return bytes(out)
+
+
+def test_an_event_that_looks_like_an_ack_request_does_not_restart_the_numbering(tmp_path, corpus_dir):
+    """A plain dump payload is 0x00 + the event, and an event's timestamp may start with 0xEF 0x01 (one second in
+    65,536): the payload then starts like a semi-sync ACK request (0x00 0xEF 0x01). Only a semi-sync dump may restart
+    its packet numbering on it; a plain one restarting it sent the replica packets out of order, and a MariaDB
+    replica reconnected at that event forever (seen in test_chain_of_two_relays_feeds_a_replica)."""
+    image = _with_timestamps(as_sent((corpus_dir / MYSQL80).read_bytes()), 0x6A5001EF)
+    store = relay_with(tmp_path, {"binlog.000004": image})
+    ctx = make_ctx(store, semi_sync=True, version="8.0.29")
+    sid = "83759871-1141-11ed-b12d-0242ac130003"
+
+    async def run():
+        async with _serving(ctx, 0) as (port, _pool):
+            # file/position (the FDE goes event by event) and GTID with a skip (every event of the range by itself)
+            plain = await _reference(port, CRC, _file_dump("binlog.000004", 4, BINLOG_DUMP_NON_BLOCK))
+            skip = await _reference(port, CRC, _gtid_dump(GtidSet.parse(f"{sid}:1-25"), BINLOG_DUMP_NON_BLOCK))
+            return plain, skip
+
+    try:
+        plain, skip = asyncio.run(asyncio.wait_for(run(), 60))  # the client checks every sequence id
+    finally:
+        store.close()
+    events = split_events(image)
+    assert len(plain) == 1 + len(events)  # the fake ROTATE, then every event of the file
+    assert all(p[1:5] == struct.pack("<I", 0x6A5001EF) for p in plain[1:]) and plain[1][:3] == b"\x00\xef\x01"
+    assert skip[-1][1:] == events[-1][1], "the last group (GTID 26) did not arrive whole"

@@ -80,7 +80,13 @@ class DumpRequest:
 
 
 class DumpChannel(Protocol):
-    """How the dump sender talks to its replica (implemented by the server)."""
+    """How the dump sender talks to its replica (implemented by the server).
+
+    ``semi_sync`` (set by the sender of a semi-sync dump): a payload that asks for an ACK (0x00 0xEF 0x01) restarts
+    the packet numbering. Only then: a plain event payload may start with the same bytes (0x00, then an event
+    timestamp whose low bytes are 0x01EF)."""
+
+    semi_sync: bool
 
     async def send(self, payload: bytes) -> None:
         """Send one packet payload (0x00 + event, or EOF/ERR), split at 16 MB, with the right sequence ids."""

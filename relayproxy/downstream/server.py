@@ -484,7 +484,8 @@ class _ClientProtocol(asyncio.Protocol):
 class _DumpChannel:
     """DumpChannel for one COM_BINLOG_DUMP[_GTID]: the reply stream's packets, numbered on from the command's.
 
-    After a payload that asks for a semi-sync ACK (0x00 0xEF 0x01 ...) the numbering restarts at 1: the replica
+    In a semi-sync dump (``semi_sync``), after a payload that asks for an ACK (0x00 0xEF 0x01 ...) the numbering
+    restarts at 1: the replica
     resets its count when it sends the ACK (seq 0), and MySQL's and MariaDB's masters do the same on their side
     (ReplSemiSyncMaster::readSlaveReply: net_clear, then pkt_nr++), so the next event must carry 1.
     """
@@ -493,6 +494,7 @@ class _DumpChannel:
         self._protocol = protocol
         self._write_timeout = write_timeout
         self._seq = first_seq
+        self.semi_sync = False  # the sender sets it for a semi-sync dump: an ACK request restarts the numbering
         # Small events are framed into one buffer and written together: one transport.write (one send()
         # syscall, one TCP segment train, one TLS record) per batch instead of per ~150-byte event. The
         # buffer goes out when it is full, before any larger payload, and on the next turn of the event loop,
@@ -567,7 +569,7 @@ class _DumpChannel:
                     protocol.write(_U32.pack(len(chunk) | seq << 24), chunk)
                     seq = (seq + 1) & 0xFF
                     await protocol.drain(timeout)
-        self._seq = 1 if payload[:3] == _SEMI_SYNC_ACK_REQUESTED else seq
+        self._seq = 1 if self.semi_sync and payload[:3] == _SEMI_SYNC_ACK_REQUESTED else seq
         await protocol.drain(timeout)
 
     async def send_packets(self, chunk: Chunk, omit: frozenset[int] = frozenset()) -> None:
@@ -635,7 +637,7 @@ class _DumpChannel:
         if total % MAX_CHUNK == 0:  # ends on a packet boundary (or is empty): the terminating short packet
             protocol.write(_U32.pack(seq << 24))
             seq = (seq + 1) & 0xFF
-        self._seq = 1 if head == _SEMI_SYNC_ACK_REQUESTED else seq
+        self._seq = 1 if self.semi_sync and head == _SEMI_SYNC_ACK_REQUESTED else seq
         await protocol.drain(timeout)
 
     async def receive(self, timeout: float | None = None) -> bytes | None:

@@ -161,6 +161,8 @@ class DumpSender(DumpStart):
         self.progress.mode = self.mode
         self.progress.semi_sync = self.semi_sync
         self.tracker = semi_sync_tracker(ctx) if self.semi_sync else None
+        if self.semi_sync:
+            channel.semi_sync = True  # its ACK requests restart the packet numbering (and nothing else does)
         self.parser = B.TransactionBoundaryParser("auto")
         modern = split_version(ctx.server_version) >= (8, 0, 26)
         self.modern_terms = modern
