@@ -56,7 +56,7 @@ class Followers:
             return False
         self.parked[dump] = future
         if self._listening is None:
-            self._seen = min(self._seen, seq)
+            self._seen = seq  # (the horizon's seq now: it is not past it)
             self._listen()
         return True
 
