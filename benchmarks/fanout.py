@@ -1038,8 +1038,34 @@ class Replica:
         return self.server.pid
 
 
-def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, conn) -> None:
-    """n cheap dump clients in one asyncio loop: connect, register, dump from start, read and discard."""
+def _discard_loop(fd: int, counter: list[int], stop: threading.Event) -> None:
+    """Receive and drop a dump's bytes with recv(MSG_TRUNC): for TCP the kernel frees them without copying them
+    to this process, so the client costs almost nothing besides the server's own send."""
+    sock = socket.socket(fileno=fd)
+    sock.settimeout(0.2)
+    buf = bytearray(1 << 20)
+    try:
+        while not stop.is_set():
+            try:
+                got = sock.recv_into(buf, len(buf), socket.MSG_TRUNC)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if got == 0:
+                break
+            counter[0] += got
+    finally:
+        sock.close()
+
+
+def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, conn, discard: bool = False) -> None:
+    """n cheap dump clients in one asyncio loop: connect, register, dump from start, read and discard. ``discard``:
+    once the dump has started, each socket is read by a thread with recv(MSG_TRUNC) (``_discard_loop``), which
+    does not even copy the bytes: the cheapest client there is, for measuring a server's egress ceiling."""
+    counters: list[list[int]] = []
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
 
     async def main() -> None:
         got = {"bytes": 0, "errors": []}
@@ -1060,6 +1086,16 @@ def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, 
                 got["errors"].append(f"{i}: {exc!r}")
                 return
             ready.append(i)
+            if discard:
+                transport = c._protocol.transport
+                transport.pause_reading()
+                counter = [0]
+                counters.append(counter)
+                thread = threading.Thread(target=_discard_loop, daemon=True,
+                                          args=(os.dup(transport.get_extra_info("socket").fileno()), counter, stop))
+                threads.append(thread)
+                thread.start()
+                return
             # From here on only count what arrives: hand the socket to a protocol that parses nothing, so that
             # hundreds of these cost little CPU (the relay still frames and sends every event to each).
             lost = asyncio.get_running_loop().create_future()
@@ -1077,7 +1113,11 @@ def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, 
             await asyncio.sleep(0.05)
         conn.send({"ready": len(ready), "errors": got["errors"][:5]})
         while await asyncio.get_running_loop().run_in_executor(None, conn.recv) == "count":
-            conn.send(got["bytes"])
+            conn.send(got["bytes"] + sum(c[0] for c in counters))
+        stop.set()
+        for thread in threads:
+            thread.join(2)
+        got["bytes"] += sum(c[0] for c in counters)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -1101,11 +1141,11 @@ class _CountingProtocol(asyncio.Protocol):
 
 
 class IdleClients:
-    def __init__(self, port: int, start: tuple[str, int], n: int, first_id: int = 20000) -> None:
+    def __init__(self, port: int, start: tuple[str, int], n: int, first_id: int = 20000, discard: bool = False) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.parent, child = ctx.Pipe()
         # server_ids first_id.. : two groups of clients need distinct ones (a server ends an older dump of the same id)
-        self.proc = ctx.Process(target=idle_clients_main, args=(port, start, n, first_id, child), daemon=True)
+        self.proc = ctx.Process(target=idle_clients_main, args=(port, start, n, first_id, child, discard), daemon=True)
         self.proc.start()
         child.close()
         self.n = n
