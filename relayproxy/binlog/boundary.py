@@ -595,30 +595,146 @@ class TransactionBoundaryParser:
         every completed group. Returns ``(pos after the last complete event, end of the last
         event after which the stream was at a boundary, or -1)``. FORMAT_DESCRIPTION events
         are adopted as they pass. Stops before an event that is cut or impossibly short.
+
+        The result, the callbacks and the parser's state afterwards are exactly those of calling
+        ``feed`` once per event. Each flavour has its own loop (``_batch_mysql``, ``_batch_mariadb``)
+        that keeps the state in a local and handles the events that cannot surprise it (rows events
+        inside a group, MariaDB GTID/QUERY/XID, ...) inline; everything else goes through ``feed``.
+        The parser's attributes are up to date whenever ``on_group_end`` runs; the callback must not
+        feed this parser.
         """
         last_boundary = -1
-        unpack = _TYPE_SIZE_FLAGS
-        while pos + _HEADER_LEN <= end:
-            type_code, size, flags = unpack(buf, pos)
+        while True:  # a FORMAT_DESCRIPTION of the other flavour ("auto") hands over to the other loop
+            if self.flavour == "mariadb":
+                pos, last_boundary, switched = self._batch_mariadb(buf, pos, end, on_group_end, last_boundary)
+            else:
+                pos, last_boundary, switched = self._batch_mysql(buf, pos, end, on_group_end, last_boundary)
+            if not switched:
+                return pos, last_boundary
+
+    def _batch_mysql(self, buf, pos: int, end: int, on_group_end, last_boundary: int):
+        """feed_buffer's loop under the MySQL rules; returns (pos, last_boundary, flavour switched)."""
+        unpack = _TYPE_SIZE
+        rows = _MYSQL_BATCH_ROWS
+        steps = _STEPS
+        state = self.state
+        row = rows[state]
+        checksum_len = self._checksum_len
+        body_start = self._query_body_start
+        limit = end - _HEADER_LEN
+        while pos <= limit:
+            type_code, size = unpack(buf, pos)
             nxt = pos + size
             if size < _HEADER_LEN or nxt > end:
                 break
-            if type_code == 15:
-                self.set_format(FormatDescription.parse(buf, pos, size))
-            elif self.state == M_GROUP and self.flavour == "mariadb":
-                # The two commonest MariaDB events, inlined.
-                if type_code == 2:
-                    last = buf[nxt - self._checksum_len - 1]
+            act = row[type_code]
+            if act == 0:  # inside a group, the state stays (rows, TABLE_MAP, INTVAR... in a DML group)
+                pos = nxt
+                continue
+            if act > 0:  # a fixed transition that only changes the state
+                result = (act >> 4) & RESULT_MASK
+                act &= 7
+                if act != state:
+                    state = self.state = act
+                    row = rows[state]
+            elif act == _X_QUERY:  # _feed_mysql's QUERY peek, inline
+                try:
+                    db_len, status_len = _QUERY_HEAD_AT(buf, pos + _HEADER_LEN)
+                    q = pos + body_start + status_len + db_len + 1
+                    first = buf[q] if q < nxt - checksum_len else -1
+                except (struct.error, IndexError):
+                    first = -1
+                if first in _QUERY_SPECIAL_FIRST or size < body_start:
+                    boundary = self._classify_query(buf, pos, size)
+                else:
+                    boundary = B_STATEMENT
+                step = steps[state * 16 + boundary]
+                if step & _SLOW:
+                    result = self._slow_step(step, boundary, type_code, buf, pos, size) & RESULT_MASK
+                    state = self.state
+                    row = rows[state]
+                else:
+                    result = step >> 4
+                    step &= 7
+                    if step != state:
+                        state = self.state = step
+                        row = rows[state]
+            elif act <= _X_SLOW:  # a fixed boundary whose transition does more (GTID, incident, error...)
+                boundary = _X_SLOW - act
+                result = self._slow_step(steps[state * 16 + boundary], boundary, type_code, buf, pos, size)
+                result &= RESULT_MASK
+                state = self.state
+                row = rows[state]
+            else:  # FORMAT_DESCRIPTION, unknown types: the per-event path
+                if type_code == 15:
+                    self.set_format(FormatDescription.parse(buf, pos, size))
+                result = self.feed(type_code, _U16.unpack_from(buf, pos + 17)[0], buf, pos, size) & RESULT_MASK
+                if self.flavour != "mysql":
+                    if result == GROUP_END:
+                        last_boundary = nxt
+                        if on_group_end is not None:
+                            on_group_end(nxt, self.gtid)
+                    elif result == EVENT_OUTSIDE:
+                        last_boundary = nxt
+                    return nxt, last_boundary, True
+                state = self.state
+                row = rows[state]
+                checksum_len = self._checksum_len
+                body_start = self._query_body_start
+            if result == GROUP_END:
+                last_boundary = nxt
+                if on_group_end is not None:
+                    on_group_end(nxt, self.gtid)
+                    state = self.state
+                    row = rows[state]
+            elif result == EVENT_OUTSIDE:
+                last_boundary = nxt
+            pos = nxt
+        return pos, last_boundary, False
+
+    def _batch_mariadb(self, buf, pos: int, end: int, on_group_end, last_boundary: int):
+        """feed_buffer's loop under the MariaDB rules; returns (pos, last_boundary, flavour switched)."""
+        unpack = _TYPE_SIZE
+        gtid_at = _MARIA_GTID_AT
+        continues = _MARIA_GROUP_CONTINUES
+        state = self.state
+        last_at = self._checksum_len + 1  # the last byte of an event's body is buf[next - last_at]
+        limit = end - _HEADER_LEN
+        while pos <= limit:
+            type_code, size = unpack(buf, pos)
+            nxt = pos + size
+            if size < _HEADER_LEN or nxt > end:
+                break
+            if state == M_GROUP:  # most events of a MariaDB stream
+                if type_code == 2:  # a QUERY ends the group only if it ends with COMMIT or ROLLBACK
+                    last = buf[nxt - last_at]
                     if last != 0x54 and last != 0x4B:
                         pos = nxt
                         continue
-                elif type_code == 16:
-                    self.state = M_NONE
+                elif type_code == 16:  # XID
+                    state = self.state = M_NONE
                     if on_group_end is not None:
                         on_group_end(nxt, self._maria_gtid)
+                        state = self.state
                     last_boundary = pos = nxt
                     continue
-            result = self.feed(type_code, flags, buf, pos, size) & RESULT_MASK
+                elif continues[type_code]:  # anything but FDE, XA_PREPARE and GTID continues the group
+                    pos = nxt
+                    continue
+            elif type_code == 162 and state == M_NONE:  # a GTID opens a group
+                try:
+                    server_id, seq_no, domain_id, flags2 = gtid_at(buf, pos)
+                except struct.error:
+                    pass  # truncated: the per-event path reports it
+                else:
+                    self._maria_gtid = (domain_id, server_id, seq_no)
+                    state = self.state = M_STANDALONE if flags2 & _FL_STANDALONE else M_GROUP
+                    pos = nxt
+                    continue
+            # Everything else: the per-event path.
+            if type_code == 15:
+                self.set_format(FormatDescription.parse(buf, pos, size))
+            result = self.feed(type_code, _U16.unpack_from(buf, pos + 17)[0], buf, pos, size) & RESULT_MASK
             if result == GROUP_END:
                 last_boundary = nxt
                 if on_group_end is not None:
@@ -626,4 +742,49 @@ class TransactionBoundaryParser:
             elif result == EVENT_OUTSIDE:
                 last_boundary = nxt
             pos = nxt
-        return pos, last_boundary
+            if self.flavour != "mariadb":
+                return pos, last_boundary, True
+            state = self.state
+            last_at = self._checksum_len + 1
+        return pos, last_boundary, False
+
+
+# feed_buffer's MySQL loop: per parser state, one action per event type. 0: the event continues the
+# group and the state stays; > 0: _X_STEP | a transition of _STEPS that only changes the state; _X_QUERY:
+# peek at the query text; <= _X_SLOW: _X_SLOW - boundary, a transition _slow_step handles; _X_FEED: feed().
+_X_STEP, _X_QUERY, _X_FEED, _X_SLOW = 0x200, -2, -1, -16
+
+
+def _mysql_batch_rows() -> tuple[list[int], ...]:
+    rows = []
+    for state in range(5):
+        row = []
+        for type_code in range(256):
+            boundary = MYSQL_TYPE_TABLE[type_code]
+            if type_code == C.FORMAT_DESCRIPTION_EVENT or boundary == B_UNKNOWN:
+                act = _X_FEED
+            elif boundary == B_QUERY:
+                act = _X_QUERY
+            else:
+                step = _STEPS[state * 16 + boundary]
+                if step & _SLOW:
+                    act = _X_SLOW - boundary
+                elif step == state | (GROUP_CONTINUE << 4):
+                    act = 0
+                else:
+                    act = _X_STEP | step
+            row.append(act)
+        rows.append(row)
+    return tuple(rows)
+
+
+_MYSQL_BATCH_ROWS = _mysql_batch_rows()
+# feed_buffer's MariaDB loop: inside a transactional group every event type but these continues it
+# (_feed_mariadb in M_GROUP); QUERY and XID are tested before this table.
+_MARIA_GROUP_CONTINUES = bytes(
+    0 if t in (C.FORMAT_DESCRIPTION_EVENT, C.QUERY_EVENT, C.XID_EVENT, C.XA_PREPARE_LOG_EVENT, C.MARIA_GTID_EVENT)
+    else 1
+    for t in range(256)
+)
+_TYPE_SIZE = struct.Struct("<4xB4xI6x").unpack_from  # type and size of a 19-byte header
+_QUERY_HEAD_AT = _QUERY_HEAD.unpack_from
