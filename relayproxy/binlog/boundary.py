@@ -613,124 +613,173 @@ class TransactionBoundaryParser:
                 return pos, last_boundary
 
     def _batch_mysql(self, buf, pos: int, end: int, on_group_end, last_boundary: int):
-        """feed_buffer's loop under the MySQL rules; returns (pos, last_boundary, flavour switched)."""
+        """feed_buffer's loop under the MySQL rules; returns (pos, last_boundary, flavour switched).
+
+        The hot comparisons use literals (a module constant is a dictionary look-up each time; _check_literals
+        below keeps them honest): 19 _HEADER_LEN; actions -2 _X_QUERY, -3 _X_GTID, -16 _X_SLOW, 0x400
+        _X_CLEAR_GTID; boundaries 1 B_GTID, 2 B_BEGIN_TRX, 3 B_END_TRX, 6 B_STATEMENT; state 1 S_GTID; results
+        3 GROUP_END (and RESULT_MASK), 0 EVENT_OUTSIDE; B (0x42) and C (0x43) the first letters of BEGIN, COMMIT.
+        """
         unpack = _TYPE_SIZE
+        query_head = _QUERY_HEAD_AT
+        special_first = _QUERY_SPECIAL_FIRST
         rows = _MYSQL_BATCH_ROWS
-        steps = _STEPS
+        query_rows = _MYSQL_BATCH_QUERY_ROWS
         state = self.state
         row = rows[state]
+        query_row = query_rows[state]
         checksum_len = self._checksum_len
         body_start = self._query_body_start
-        limit = end - _HEADER_LEN
+        gtid = _UNSET  # the value of self.gtid, when known without asking it
+        limit = end - 19
         while pos <= limit:
             type_code, size = unpack(buf, pos)
             nxt = pos + size
-            if size < _HEADER_LEN or nxt > end:
+            if size < 19 or nxt > end:
                 break
             act = row[type_code]
             if act == 0:  # inside a group, the state stays (rows, TABLE_MAP, INTVAR... in a DML group)
                 pos = nxt
                 continue
-            if act > 0:  # a fixed transition that only changes the state
-                result = (act >> 4) & RESULT_MASK
-                act &= 7
-                if act != state:
-                    state = self.state = act
-                    row = rows[state]
-            elif act == _X_QUERY:  # _feed_mysql's QUERY peek, inline
+            if act == -2:  # QUERY: _feed_mysql's peek, inline; exact BEGIN and COMMIT too
                 try:
-                    db_len, status_len = _QUERY_HEAD_AT(buf, pos + _HEADER_LEN)
+                    db_len, status_len = query_head(buf, pos + 19)
                     q = pos + body_start + status_len + db_len + 1
                     first = buf[q] if q < nxt - checksum_len else -1
                 except (struct.error, IndexError):
                     first = -1
-                if first in _QUERY_SPECIAL_FIRST or size < body_start:
-                    boundary = self._classify_query(buf, pos, size)
+                if first in special_first or size < body_start:
+                    if first == 0x42 and size >= body_start and buf[q : nxt - checksum_len] == b"BEGIN":
+                        act = query_row[2]
+                    elif first == 0x43 and size >= body_start and buf[q : nxt - checksum_len] == b"COMMIT":
+                        act = query_row[3]
+                    else:
+                        act = query_row[self._classify_query(buf, pos, size)]
                 else:
-                    boundary = B_STATEMENT
-                step = steps[state * 16 + boundary]
-                if step & _SLOW:
-                    result = self._slow_step(step, boundary, type_code, buf, pos, size) & RESULT_MASK
-                    state = self.state
-                    row = rows[state]
+                    act = query_row[6]
+                if act == 0:  # a statement inside a DML group
+                    pos = nxt
+                    continue
+            elif act == -3:  # GTID or ANONYMOUS_GTID opening a group (_slow_step's GTID case, inline)
+                try:
+                    sid, gno = _SID_GNO_AT(buf, pos + 20)
+                except struct.error:
+                    act = -17  # _X_SLOW - B_GTID: truncated, _slow_step reports it
                 else:
-                    result = step >> 4
-                    step &= 7
-                    if step != state:
-                        state = self.state = step
-                        row = rows[state]
-            elif act <= _X_SLOW:  # a fixed boundary whose transition does more (GTID, incident, error...)
-                boundary = _X_SLOW - act
-                result = self._slow_step(steps[state * 16 + boundary], boundary, type_code, buf, pos, size)
-                result &= RESULT_MASK
+                    if type_code == 34 or 1 <= gno <= _GNO_MAX:  # ANONYMOUS_GTID, or a valid GNO
+                        self._gtid_tagged = None
+                        self._gtid_sid = sid
+                        self._gtid_gno = gno
+                        gtid = None if sid == _ZERO_SID else (sid, gno)
+                        state = self.state = 1
+                        row = rows[1]
+                        query_row = query_rows[1]
+                        pos = nxt
+                        continue
+                    act = -17
+            if act > 0:  # a transition that only changes the state (and forgets the GTID of a GTID-less group)
+                if act & 0x400:
+                    self._gtid_sid = None
+                    self._gtid_tagged = None
+                    gtid = None
+                result = (act >> 4) & 3
+                act &= 7
+                if act != state:
+                    state = self.state = act
+                    row = rows[act]
+                    query_row = query_rows[act]
+            elif act <= -16:  # GTID, incident, errors: _slow_step
+                boundary = -16 - act
+                result = self._slow_step(_STEPS[state * 16 + boundary], boundary, type_code, buf, pos, size) & 3
                 state = self.state
                 row = rows[state]
+                query_row = query_rows[state]
+                gtid = _UNSET
             else:  # FORMAT_DESCRIPTION, unknown types: the per-event path
                 if type_code == 15:
                     self.set_format(FormatDescription.parse(buf, pos, size))
-                result = self.feed(type_code, _U16.unpack_from(buf, pos + 17)[0], buf, pos, size) & RESULT_MASK
+                result = self.feed(type_code, _U16.unpack_from(buf, pos + 17)[0], buf, pos, size) & 3
+                gtid = _UNSET
                 if self.flavour != "mysql":
-                    if result == GROUP_END:
+                    if result == 3:
                         last_boundary = nxt
                         if on_group_end is not None:
                             on_group_end(nxt, self.gtid)
-                    elif result == EVENT_OUTSIDE:
+                    elif result == 0:
                         last_boundary = nxt
                     return nxt, last_boundary, True
                 state = self.state
                 row = rows[state]
+                query_row = query_rows[state]
                 checksum_len = self._checksum_len
                 body_start = self._query_body_start
-            if result == GROUP_END:
+            if result == 3:  # GROUP_END
                 last_boundary = nxt
                 if on_group_end is not None:
-                    on_group_end(nxt, self.gtid)
+                    on_group_end(nxt, self.gtid if gtid is _UNSET else gtid)
                     state = self.state
                     row = rows[state]
-            elif result == EVENT_OUTSIDE:
+                    query_row = query_rows[state]
+            elif result == 0:  # EVENT_OUTSIDE
                 last_boundary = nxt
             pos = nxt
         return pos, last_boundary, False
 
     def _batch_mariadb(self, buf, pos: int, end: int, on_group_end, last_boundary: int):
-        """feed_buffer's loop under the MariaDB rules; returns (pos, last_boundary, flavour switched)."""
+        """feed_buffer's loop under the MariaDB rules; returns (pos, last_boundary, flavour switched).
+
+        The hot comparisons use literals (a module constant is a dictionary look-up per event): 19 is
+        _HEADER_LEN, states 0/1/2 are M_NONE/M_GROUP/M_STANDALONE, types 2 QUERY, 16 XID, 162 GTID.
+        """
         unpack = _TYPE_SIZE
         gtid_at = _MARIA_GTID_AT
         continues = _MARIA_GROUP_CONTINUES
         state = self.state
         last_at = self._checksum_len + 1  # the last byte of an event's body is buf[next - last_at]
-        limit = end - _HEADER_LEN
+        limit = end - 19
         while pos <= limit:
-            type_code, size = unpack(buf, pos)
-            nxt = pos + size
-            if size < _HEADER_LEN or nxt > end:
-                break
-            if state == M_GROUP:  # most events of a MariaDB stream
-                if type_code == 2:  # a QUERY ends the group only if it ends with COMMIT or ROLLBACK
-                    last = buf[nxt - last_at]
-                    if last != 0x54 and last != 0x4B:
+            if state == 1:
+                # Inside a transactional group (most events of a MariaDB stream): only a QUERY ending with
+                # COMMIT or ROLLBACK (last byte T or K), XID, XA_PREPARE, GTID and FDE leave this loop.
+                while pos <= limit:
+                    type_code, size = unpack(buf, pos)
+                    nxt = pos + size
+                    if size < 19 or nxt > end:
+                        break
+                    if type_code == 2:
+                        if buf[nxt - last_at] not in b"TK":
+                            pos = nxt
+                            continue
+                    elif continues[type_code]:
                         pos = nxt
                         continue
-                elif type_code == 16:  # XID
-                    state = self.state = M_NONE
+                    break
+                else:
+                    break  # the buffer ends
+                if size < 19 or nxt > end:
+                    break  # a cut or impossible event
+                if type_code == 16:  # XID ends the group
+                    state = self.state = 0
                     if on_group_end is not None:
                         on_group_end(nxt, self._maria_gtid)
                         state = self.state
                     last_boundary = pos = nxt
                     continue
-                elif continues[type_code]:  # anything but FDE, XA_PREPARE and GTID continues the group
-                    pos = nxt
-                    continue
-            elif type_code == 162 and state == M_NONE:  # a GTID opens a group
-                try:
-                    server_id, seq_no, domain_id, flags2 = gtid_at(buf, pos)
-                except struct.error:
-                    pass  # truncated: the per-event path reports it
-                else:
-                    self._maria_gtid = (domain_id, server_id, seq_no)
-                    state = self.state = M_STANDALONE if flags2 & _FL_STANDALONE else M_GROUP
-                    pos = nxt
-                    continue
+            else:
+                type_code, size = unpack(buf, pos)
+                nxt = pos + size
+                if size < 19 or nxt > end:
+                    break
+                if type_code == 162 and state == 0:  # a GTID opens a group
+                    try:
+                        server_id, seq_no, domain_id, flags2 = gtid_at(buf, pos)
+                    except struct.error:
+                        pass  # truncated: the per-event path reports it
+                    else:
+                        self._maria_gtid = (domain_id, server_id, seq_no)
+                        state = self.state = 2 if flags2 & 1 else 1  # FL_STANDALONE
+                        pos = nxt
+                        continue
             # Everything else: the per-event path.
             if type_code == 15:
                 self.set_format(FormatDescription.parse(buf, pos, size))
@@ -749,10 +798,38 @@ class TransactionBoundaryParser:
         return pos, last_boundary, False
 
 
-# feed_buffer's MySQL loop: per parser state, one action per event type. 0: the event continues the
-# group and the state stays; > 0: _X_STEP | a transition of _STEPS that only changes the state; _X_QUERY:
-# peek at the query text; <= _X_SLOW: _X_SLOW - boundary, a transition _slow_step handles; _X_FEED: feed().
-_X_STEP, _X_QUERY, _X_FEED, _X_SLOW = 0x200, -2, -1, -16
+# feed_buffer's MySQL loop: per parser state, one action per event type. 0: the event continues the group and
+# the state stays; > 0 (_X_STEP set): bits 0-2 the new state, bits 4-5 the result, _X_CLEAR_GTID: a group opens
+# without a GTID event; _X_QUERY: peek at the query text, then _MYSQL_BATCH_STEPS[state * 16 + boundary];
+# _X_GTID: a GTID/ANONYMOUS_GTID opening a group; <= _X_SLOW: _X_SLOW - boundary, a transition _slow_step
+# handles; _X_FEED: feed() (FORMAT_DESCRIPTION, unknown types).
+_X_STEP, _X_CLEAR_GTID, _X_QUERY, _X_GTID, _X_FEED, _X_SLOW = 0x200, 0x400, -2, -3, -1, -16
+_UNSET = object()
+
+
+def _mysql_batch_steps() -> list[int]:
+    """_STEPS as batch actions: what _slow_step does for a GTID-less group opening is done inline."""
+    out = [_X_FEED] * (5 * 16)
+    for state, row in _T.items():
+        for boundary, (_new_state, is_error) in row.items():
+            step = _STEPS[state * 16 + boundary]
+            if not step & _SLOW:
+                out[state * 16 + boundary] = _X_STEP | step
+            elif state == S_NONE and not is_error and boundary not in (B_GTID, B_INCIDENT):
+                out[state * 16 + boundary] = _X_STEP | _X_CLEAR_GTID | (step & 0xFF)
+            else:
+                out[state * 16 + boundary] = _X_SLOW - boundary
+        out[state * 16 + B_IGNORE] = _X_STEP | _STEPS[state * 16 + B_IGNORE]
+    return out
+
+
+_MYSQL_BATCH_STEPS = _mysql_batch_steps()
+# Per state, the action for each QUERY boundary (B_QUERY resolved): 0 when a statement continues the group.
+_MYSQL_BATCH_QUERY_ROWS = tuple(
+    [0 if _STEPS[state * 16 + b] == state | (GROUP_CONTINUE << 4) else _MYSQL_BATCH_STEPS[state * 16 + b]
+     for b in range(16)]
+    for state in range(5)
+)
 
 
 def _mysql_batch_rows() -> tuple[list[int], ...]:
@@ -765,14 +842,12 @@ def _mysql_batch_rows() -> tuple[list[int], ...]:
                 act = _X_FEED
             elif boundary == B_QUERY:
                 act = _X_QUERY
+            elif state == S_NONE and type_code in (C.GTID_LOG_EVENT, C.ANONYMOUS_GTID_LOG_EVENT):
+                act = _X_GTID
+            elif _STEPS[state * 16 + boundary] == state | (GROUP_CONTINUE << 4):
+                act = 0
             else:
-                step = _STEPS[state * 16 + boundary]
-                if step & _SLOW:
-                    act = _X_SLOW - boundary
-                elif step == state | (GROUP_CONTINUE << 4):
-                    act = 0
-                else:
-                    act = _X_STEP | step
+                act = _MYSQL_BATCH_STEPS[state * 16 + boundary]
             row.append(act)
         rows.append(row)
     return tuple(rows)
@@ -780,7 +855,7 @@ def _mysql_batch_rows() -> tuple[list[int], ...]:
 
 _MYSQL_BATCH_ROWS = _mysql_batch_rows()
 # feed_buffer's MariaDB loop: inside a transactional group every event type but these continues it
-# (_feed_mariadb in M_GROUP); QUERY and XID are tested before this table.
+# (_feed_mariadb in M_GROUP); QUERY is tested before this table.
 _MARIA_GROUP_CONTINUES = bytes(
     0 if t in (C.FORMAT_DESCRIPTION_EVENT, C.QUERY_EVENT, C.XID_EVENT, C.XA_PREPARE_LOG_EVENT, C.MARIA_GTID_EVENT)
     else 1
@@ -788,3 +863,25 @@ _MARIA_GROUP_CONTINUES = bytes(
 )
 _TYPE_SIZE = struct.Struct("<4xB4xI6x").unpack_from  # type and size of a 19-byte header
 _QUERY_HEAD_AT = _QUERY_HEAD.unpack_from
+_SID_GNO_AT = _SID_GNO.unpack_from
+_ANONYMOUS_GTID = C.ANONYMOUS_GTID_LOG_EVENT
+
+
+def _check_literals() -> None:
+    """The batch loops spell these constants as literals; a change here must change them too."""
+    expected = {
+        "_HEADER_LEN": (_HEADER_LEN, 19), "_X_QUERY": (_X_QUERY, -2), "_X_GTID": (_X_GTID, -3),
+        "_X_SLOW": (_X_SLOW, -16), "_X_CLEAR_GTID": (_X_CLEAR_GTID, 0x400), "B_GTID": (B_GTID, 1),
+        "B_BEGIN_TRX": (B_BEGIN_TRX, 2), "B_END_TRX": (B_END_TRX, 3), "B_STATEMENT": (B_STATEMENT, 6),
+        "S_GTID": (S_GTID, 1), "GROUP_END": (GROUP_END, 3), "RESULT_MASK": (RESULT_MASK, 3),
+        "EVENT_OUTSIDE": (EVENT_OUTSIDE, 0), "M_NONE": (M_NONE, 0), "M_GROUP": (M_GROUP, 1),
+        "M_STANDALONE": (M_STANDALONE, 2), "FL_STANDALONE": (_FL_STANDALONE, 1),
+        "QUERY_EVENT": (C.QUERY_EVENT, 2), "XID_EVENT": (C.XID_EVENT, 16), "MARIA_GTID_EVENT": (C.MARIA_GTID_EVENT, 162),
+        "FORMAT_DESCRIPTION_EVENT": (C.FORMAT_DESCRIPTION_EVENT, 15), "ANONYMOUS_GTID": (_ANONYMOUS_GTID, 34),
+    }
+    wrong = {name: value for name, (value, literal) in expected.items() if value != literal}
+    if wrong:
+        raise RuntimeError(f"boundary.py: the batch loops' literals no longer match {wrong}")
+
+
+_check_literals()
