@@ -695,9 +695,16 @@ class TransactionBoundaryParser:
                 row = rows[state]
                 query_row = query_rows[state]
                 gtid = _UNSET
-            else:  # FORMAT_DESCRIPTION, unknown types: the per-event path
-                if type_code == 15:
-                    self.set_format(FormatDescription.parse(buf, pos, size))
+            elif type_code == 15 and self._adopt_mysql_format(buf, pos, size):
+                # A FORMAT_DESCRIPTION that keeps the MySQL rules is an IGNORE event: the state stays.
+                checksum_len = self._checksum_len
+                body_start = self._query_body_start
+                result = (_MYSQL_BATCH_STEPS[state * 16 + B_IGNORE] >> 4) & 3
+                pos = nxt
+                if result == 0:
+                    last_boundary = nxt
+                continue
+            else:  # a FORMAT_DESCRIPTION that switched to MariaDB, unknown types: the per-event path
                 result = self.feed(type_code, _U16.unpack_from(buf, pos + 17)[0], buf, pos, size) & 3
                 gtid = _UNSET
                 if self.flavour != "mysql":
@@ -724,6 +731,11 @@ class TransactionBoundaryParser:
                 last_boundary = nxt
             pos = nxt
         return pos, last_boundary, False
+
+    def _adopt_mysql_format(self, buf, pos: int, size: int) -> bool:
+        """Adopt the FORMAT_DESCRIPTION at ``buf[pos]``; True when the MySQL rules still apply."""
+        self.set_format(FormatDescription.parse(buf, pos, size))
+        return self.flavour == "mysql"
 
     def _batch_mariadb(self, buf, pos: int, end: int, on_group_end, last_boundary: int):
         """feed_buffer's loop under the MariaDB rules; returns (pos, last_boundary, flavour switched).

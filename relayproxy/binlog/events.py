@@ -58,6 +58,7 @@ _MARIADB_CHECKSUM_SPLIT = (5, 3, 0)
 _VERSION_RE = re.compile(rb"(\d+)\.(\d+)\.(\d+)")
 
 FDE_FIXED_LEN = 2 + 50 + 4 + 1  # binlog_version, server_version, create_timestamp, header_len
+_FDE_FIXED = struct.Struct("<H50sIB").unpack_from  # the same four fields
 # MySQL 5.5 knew 27 event types; checksum-aware servers (5.6.1+, MariaDB 5.3+) list 34 or more.
 PRE_CHECKSUM_MAX_TYPES = 30
 
@@ -124,7 +125,9 @@ class FormatDescription:
     @classmethod
     def parse(cls, buf, offset: int = 0, event_size: int | None = None) -> "FormatDescription":
         """Decode the FDE whose header starts at ``buf[offset]``; its own CRC is verified when present."""
-        ts, type_code, server_id, size, _log_pos, flags = EventHeader.unpack(buf, offset)
+        if len(buf) - offset < HEADER_LEN:  # EventHeader.unpack's check, without building the named tuple
+            raise BinlogFormatError(f"event header needs {HEADER_LEN} bytes, have {len(buf) - offset}", offset)
+        _ts, type_code, server_id, size, _log_pos, flags = _header_unpack_from(buf, offset)
         if type_code != FORMAT_DESCRIPTION_EVENT:
             raise BinlogFormatError(f"expected FORMAT_DESCRIPTION_EVENT, found type {type_code}", offset)
         if event_size is None:
@@ -132,16 +135,16 @@ class FormatDescription:
         if event_size < HEADER_LEN + FDE_FIXED_LEN or len(buf) - offset < event_size:
             raise BinlogFormatError(f"FORMAT_DESCRIPTION_EVENT too short ({event_size} bytes)", offset)
         body = offset + HEADER_LEN
-        binlog_version = struct.unpack_from("<H", buf, body)[0]
-        raw_version = bytes(buf[body + 2 : body + 52])
-        server_version = raw_version.split(b"\0", 1)[0].decode("latin-1")
-        create_timestamp = struct.unpack_from("<I", buf, body + 52)[0]
-        header_len = buf[body + 56]
+        binlog_version, raw_version, create_timestamp, header_len = _FDE_FIXED(buf, body)
+        raw_version = raw_version.split(b"\0", 1)[0]
+        server_version = raw_version.decode("latin-1")
         if binlog_version != 4 or header_len != HEADER_LEN:
             raise BinlogFormatError(
                 f"unsupported binlog format version {binlog_version} with header length {header_len}", offset
             )
-        version = split_version(server_version)
+        # split_version(server_version), on the bytes it would encode back to (latin-1 round-trips).
+        m = _VERSION_RE.match(raw_version)
+        version = (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else (0, 0, 0)
         split = _MARIADB_CHECKSUM_SPLIT if "mariadb" in server_version.lower() else _MYSQL_CHECKSUM_SPLIT
         end = offset + event_size
         if version >= split:
@@ -165,16 +168,9 @@ class FormatDescription:
                     f"{PRE_CHECKSUM_MAX_TYPES})",
                     offset,
                 )
-        return cls(
-            binlog_version=binlog_version,
-            server_version=server_version,
-            create_timestamp=create_timestamp,
-            header_len=header_len,
-            post_header_lens=post_header_lens,
-            checksum_alg=alg,
-            flags=flags,
-            server_id=server_id,
-        )
+        # binlog_version, server_version, create_timestamp, header_len, post_header_lens, checksum_alg, flags,
+        # server_id (positional: the FDE of every small file is parsed on the hot path of a file walk)
+        return cls(binlog_version, server_version, create_timestamp, header_len, post_header_lens, alg, flags, server_id)
 
 
 def _verify_fde_crc(buf, offset: int, end: int, flags: int) -> None:
