@@ -149,6 +149,7 @@ EXTRA_EVENTS = [
     E.incident(), E.unknown(ignorable=False), E.unknown(ignorable=True), E.payload(), E.xa_prepare(),
     E.query("XA START X'31',X'',1"), E.query("XA ROLLBACK X'31',X'',1"), E.query("ROLLBACK"), E.query(b""),
     E.query("ROLLBACK TO sp1"), E.query("begin"), E.gtid(0), E.gtid(0, anonymous=True), E.gtid(5),
+    E.query("B"), E.query("BEGI"), E.query("BEGIN WORK"), E.query("C"), E.query("COMMI"), E.query("COMMIT WORK"),
     E.intvar(), E.rand(), E.user_var(),
     E.maria_gtid(7), E.maria_gtid(8, flags2=C.FL_STANDALONE), E.maria_gtid(9, domain=2), E.query("COMMIT"),
     E.fde("10.11.6-MariaDB-log", n_types=171), E.fde("8.0.36"), E.fde("5.7.44", checksum=False),
@@ -228,7 +229,9 @@ def test_batch_over_synthetic_mysql_groups_matches_per_event():
             E.gtid(4), E.query("XA ROLLBACK X'31',X'',1"),
             E.gtid(5), E.query("BEGIN"), E.write_rows(), E.incident(),
             E.gtid(6), E.query("BEGIN"), E.gtid(7), E.query("BEGIN"), E.unknown(ignorable=True), E.query("ROLLBACK"),
-            E.unknown(ignorable=False), E.rotate(), E.payload(), E.gtid(8), E.payload()]
+            E.unknown(ignorable=False), E.rotate(), E.payload(), E.gtid(8), E.payload(),
+            E.gtid(9), E.query("BEGI"), E.write_rows(), E.query("COMMI"), E.gtid(10), E.query("B"), E.query("C"),
+            E.gtid(11), E.query("BEGIN WORK"), E.query("COMMIT WORK"), E.query("CALL p()")]
     buf = fde + b"".join(body)
     batch, one_by_one = run_both(B.TransactionBoundaryParser, buf, 0, [len(buf)])
     assert batch == one_by_one

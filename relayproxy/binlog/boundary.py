@@ -649,10 +649,23 @@ class TransactionBoundaryParser:
                 except (struct.error, IndexError):
                     first = -1
                 if first in special_first or size < body_start:
-                    if first == 0x42 and size >= body_start and buf[q : nxt - checksum_len] == b"BEGIN":
-                        act = query_row[2]
-                    elif first == 0x43 and size >= body_start and buf[q : nxt - checksum_len] == b"COMMIT":
-                        act = query_row[3]
+                    # B and C: _classify_query's strncmp against BEGIN / COMMIT, for the usual cases.
+                    if first == 0x42 and size >= body_start:
+                        qlen = nxt - checksum_len - q
+                        if qlen > 5:
+                            act = query_row[6]  # longer than BEGIN: a statement
+                        elif buf[q : q + qlen] == b"BEGIN":
+                            act = query_row[2]
+                        else:
+                            act = query_row[self._classify_query(buf, pos, size)]
+                    elif first == 0x43 and size >= body_start:
+                        qlen = nxt - checksum_len - q
+                        if qlen > 6:
+                            act = query_row[6]  # longer than COMMIT: a statement (CREATE ...)
+                        elif buf[q : q + qlen] == b"COMMIT":
+                            act = query_row[3]
+                        else:
+                            act = query_row[self._classify_query(buf, pos, size)]
                     else:
                         act = query_row[self._classify_query(buf, pos, size)]
                 else:
