@@ -590,8 +590,9 @@ class TransactionBoundaryParser:
     def feed_buffer(self, buf, pos: int, end: int, on_group_end=None) -> tuple[int, int]:
         """Feed every complete event of ``buf[pos:end]`` (a file image or a chunk of one).
 
-        The loop runs inside the parser, so the per-event cost is the parser's alone (recovery,
-        the Spark job and the benchmark use it). ``on_group_end(end_offset, gtid)`` is called for
+        The loop runs inside the parser, so the per-event cost is the parser's alone (benchmarks/parse_cost.py
+        and the Spark job's comparison walk use it; the runtime's scanner, receiver and dump sender call ``feed``
+        per event). ``on_group_end(end_offset, gtid)`` is called for
         every completed group. Returns ``(pos after the last complete event, end of the last
         event after which the stream was at a boundary, or -1)``. FORMAT_DESCRIPTION events
         are adopted as they pass. Stops before an event that is cut or impossibly short.
