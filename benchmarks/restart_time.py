@@ -1,33 +1,62 @@
 """Restart time of a relay directory with and without the recovery checkpoint and the per-file indexes.
 
-Two measurements, each the median of 3:
+Four measurements, each the median of 3 (``--runs``):
 
 - recovery alone: ``RelayStore.open`` (recovery of the newest file, the store ready to write) against the newest
   file's size, with the checkpoint a clean stop leaves, and with it removed (the full scan);
 - the catalog at start: ``FileCatalog.purged()`` (gtid_purged: it needs the GTIDs inside every closed file) against
   the total size of the closed files, with valid indexes, and with the indexes removed (every file scanned; the
-  indexes are rebuilt and removed again before the next run).
+  indexes are rebuilt and removed again before the next run);
+- a start as the store sees it, against the total size of the closed files: ``RelayStore.open`` +
+  ``FileCatalog.purged()`` + ``close``, with the checkpoint and valid indexes, and with both removed;
+- the whole restart as an operator sees it, against the total size: a ``relayproxy run`` process spawned on the
+  relay directory (``--listen``, a master to replicate from) until a real ``mariadb-binlog --read-from-remote-server
+  --raw`` client has received the newest file (ROTATE, FORMAT_DESCRIPTION and every event, verified byte for byte
+  against the file), and until a ``SELECT @@GLOBAL.gtid_purged`` (what a MySQL auto-position replica's dump start
+  computes) is answered; with the checkpoint and indexes, and with both removed. The master is the scripted MySQL 8
+  master of the tests (``tests/fakemaster.py``) holding the relay's newest file, in a thread of this process: the
+  relay's files are MySQL 8 binlogs, which no MariaDB sandbox master can serve, and with it the relay resumes from
+  its horizon against a master whose bytes match, as after a real restart. With ``--serve``, once per size, also
+  ``relayproxy serve`` (read-only serving, which scans every file by design) until the same client is served.
 
-The files are MySQL 8 binlogs written here: GTID transactions of one ~64 KB row event each.
+The files are MySQL 8 binlogs written here: GTID transactions of one ~64 KB row event each, closed files of
+100 MB, a newest file of 1 MB. The page cache is warm (the files were just written or read): the figures are
+the relay's own work, not the disk's. Before writing a directory the benchmark checks the free space and refuses,
+saying how much it needs, when there is not enough.
 
-    .venv/bin/python benchmarks/restart_time.py [--newest 10,100,1000] [--closed 1000] [--dir /path]
+    .venv/bin/python benchmarks/restart_time.py [--newest 10,100,1000] [--closed-gb 1,10] [--runs 3]
+        [--serve] [--dir /path]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import shutil
+import signal
+import socket
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.benchinfo import command_line, commit_info, machine_info, machine_section, pyplot  # noqa: E402
+from benchmarks.benchinfo import (  # noqa: E402
+    fmt_median_range,
+    header_block,
+    machine_info,
+    machine_section,
+    median_range,
+    pyplot,
+    run_alternating,
+)
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.relay import RelayStore  # noqa: E402
 from relayproxy.relay import fileindex as FI  # noqa: E402
@@ -35,10 +64,34 @@ from relayproxy.relay import recovery as R  # noqa: E402
 from relayproxy.relay.catalog import FileCatalog  # noqa: E402
 from relayproxy.relay.checkpoint import CHECKPOINT_NAME  # noqa: E402
 from tests import eventgen as E  # noqa: E402
+from tests.fakemaster import FakeMySQLMaster  # noqa: E402
 
 SID = bytes(range(16))
 ROW = 64 << 10
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+FILE_MB = 100  # closed files of the total-size series
+NEWEST_MB = 1  # the newest file of the total-size series
+# mariadb-binlog refuses a server whose version starts with 8 ("unrecognized MariaDB version"); it reads MySQL 5.x
+# servers, so the files carry a MySQL 5.7 FORMAT_DESCRIPTION (GTID transactions as 5.7 and 8.0 write them; the
+# relay's work on them does not depend on the version).
+FILE_VERSION = "5.7.44-log"
+SPARE_BYTES = 2 << 30  # free space left over after a directory is written
+USER, PASSWORD = "repl", "replpw"
+
+
+class NotEnoughSpace(SystemExit):
+    pass
+
+
+def require_space(where: Path, needed: int, what: str) -> None:
+    """Refuse (exit with a message) unless ``needed`` bytes plus a spare 2 GiB are free where ``what`` goes."""
+    free = shutil.disk_usage(where).free
+    if free < needed + SPARE_BYTES:
+        raise NotEnoughSpace(
+            f"restart_time: {what} needs {needed / 1e9:.1f} GB plus {SPARE_BYTES / 1e9:.1f} GB spare in {where}, "
+            f"but only {free / 1e9:.1f} GB is free: free space, pass --dir on a larger disk, or lower --closed-gb"
+        )
 
 
 def _event(type_code: int, body: bytes, end: int) -> bytes:
@@ -47,9 +100,10 @@ def _event(type_code: int, body: bytes, end: int) -> bytes:
     return raw + struct.pack("<I", zlib.crc32(raw))
 
 
-def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | None) -> int:
+def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | None,
+                 server_version: str = "8.0.36") -> int:
     """A binlog of about ``megabytes`` MB at ``path``; returns the next GNO."""
-    head = bytearray(E.binlog_file(E.previous_gtids()))
+    head = bytearray(E.binlog_file(E.previous_gtids(), server_version=server_version))
     gno = first_gno
     target = megabytes << 20
     payload = bytes(ROW)
@@ -87,13 +141,14 @@ def timed(fn, repeat: int = 3, before=None) -> list[float]:
     return out
 
 
-def newest_rows(base: Path, sizes: list[int]) -> list[dict]:
+def newest_rows(base: Path, sizes: list[int], runs: int = 3, process: bool = True) -> list[dict]:
     rows = []
     for mb in sizes:
         relay = base / f"newest-{mb}"
+        require_space(base, mb << 20, f"a newest file of {mb} MB")
         relay.mkdir()
         name = "binlog.000001"
-        write_binlog(relay / name, mb, 1, None)
+        write_binlog(relay / name, mb, 1, None, FILE_VERSION)
         R.write_index(relay, [name])
         store = RelayStore.open(relay)  # one full scan, then a clean stop: the checkpoint at the horizon
         size = store.current_end
@@ -109,108 +164,398 @@ def newest_rows(base: Path, sizes: list[int]) -> list[dict]:
         def drop_cp():
             (relay / CHECKPOINT_NAME).unlink(missing_ok=True)
 
-        with_cp = timed(open_close, before=restore_cp)
-        without = timed(open_close, before=drop_cp)
+        with_cp = timed(open_close, repeat=runs, before=restore_cp)
+        without = timed(open_close, repeat=runs, before=drop_cp)
         rows.append({"what": "newest file", "mb": size / 1e6, "with": with_cp, "without": without})
+        if process:
+            restore_cp()
+            rows += process_rows(relay, [name], base / "work", runs, False, what="run: newest file", mb=size / 1e6,
+                                 start_position=last_group_offset(relay / name))
         shutil.rmtree(relay)
     return rows
 
 
-def closed_rows(base: Path, totals: list[int], file_mb: int = 100) -> list[dict]:
+def last_group_offset(path: Path) -> int:
+    """Offset of the last GTID event of a file (its last transaction), found by walking the event headers."""
+    last = None
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        pos = 4
+        while pos + C.HEADER_LEN <= size:
+            f.seek(pos)
+            header = f.read(C.HEADER_LEN)
+            if header[4] == C.GTID_LOG_EVENT:
+                last = pos
+            pos += struct.unpack_from("<I", header, 9)[0]
+    if last is None:
+        raise RuntimeError(f"{path.name} holds no GTID transaction")
+    return last
+
+
+def make_closed_dir(base: Path, total_mb: int) -> tuple[Path, list[str]]:
+    """A relay directory of ``total_mb`` MB of closed 100 MB files and a 1 MB newest file, as a relay leaves it
+    after a clean stop: its index, the checkpoint, and an index for every closed file."""
+    relay = base / f"closed-{total_mb}"
+    n = max(1, total_mb // FILE_MB)
+    require_space(base, (n * FILE_MB + NEWEST_MB) << 20, f"a relay directory of {n} x {FILE_MB} MB files")
+    relay.mkdir()
+    names = [f"binlog.{i:06d}" for i in range(1, n + 2)]
+    gno = 1
+    for i, name in enumerate(names[:-1]):
+        gno = write_binlog(relay / name, FILE_MB, gno, names[i + 1], FILE_VERSION)
+    write_binlog(relay / names[-1], NEWEST_MB, gno, None, FILE_VERSION)
+    R.write_index(relay, names)
+    store = RelayStore.open(relay)
+    FileCatalog(store).purged()  # builds and writes the indexes
+    store.close()  # a clean stop: the checkpoint at the horizon
+    return relay, names
+
+
+def drop_start_aids(relay: Path, names: list[str]) -> None:
+    """Remove the checkpoint and every file index: the next start scans."""
+    (relay / CHECKPOINT_NAME).unlink(missing_ok=True)
+    for name in names:
+        FI.remove(relay, name)
+
+
+def closed_rows(relay: Path, names: list[str], runs: int) -> list[dict]:
+    """``purged()`` alone (the row the benchmark always had) and ``open + purged() + close``, with and without."""
     rows = []
-    for total in totals:
-        relay = base / f"closed-{total}"
-        relay.mkdir()
-        n = max(1, total // file_mb)
-        names = [f"binlog.{i:06d}" for i in range(1, n + 2)]
-        gno = 1
-        for i, name in enumerate(names[:-1]):
-            gno = write_binlog(relay / name, file_mb, gno, names[i + 1])
-        write_binlog(relay / names[-1], 1, gno, None)
-        R.write_index(relay, names)
+    size = sum((relay / name).stat().st_size for name in names[:-1])
+    files = len(names) - 1
+    store = RelayStore.open(relay)
+
+    def purged():
+        FileCatalog(store).purged()
+
+    def drop_indexes():
+        for name in names:
+            FI.remove(relay, name)
+
+    purged()  # the indexes are there (make_closed_dir); a first call warms the page cache for both
+    with_idx = timed(purged, repeat=runs)
+    without = timed(purged, repeat=runs, before=drop_indexes)
+    store.close()
+    rows.append({"what": "closed files", "mb": size / 1e6, "files": files, "with": with_idx, "without": without})
+
+    def start():
         store = RelayStore.open(relay)
-        size = sum((relay / name).stat().st_size for name in names[:-1])
-
-        def purged():
-            FileCatalog(store).purged()
-
-        def drop_indexes():
-            for name in names:
-                FI.remove(relay, name)
-
-        purged()  # builds and writes the indexes
-        with_idx = timed(purged)
-        without = timed(purged, before=drop_indexes)
+        FileCatalog(store).purged()
         store.close()
-        rows.append({"what": "closed files", "mb": size / 1e6, "files": n, "with": with_idx, "without": without})
-        shutil.rmtree(relay)
+
+    start()  # rebuilds the indexes dropped above; its close leaves the checkpoint
+    with_all = timed(start, repeat=runs)
+    without_all = timed(start, repeat=runs, before=lambda: drop_start_aids(relay, names))
+    rows.append({"what": "store start", "mb": size / 1e6, "files": files, "with": with_all, "without": without_all})
     return rows
 
 
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--newest", default="10,100,1000", help="newest-file sizes, MB")
-    ap.add_argument("--closed", default="1000", help="total sizes of closed files, MB (100 MB files)")
-    ap.add_argument("--dir", default=None, help="where to write the relay directories (default: a temp dir)")
-    args = ap.parse_args(argv)
-    base = Path(tempfile.mkdtemp(prefix="restart-time-", dir=args.dir))
+# -- the whole restart: a relay process and a real client ------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MasterThread:
+    """The scripted MySQL 8 master (tests/fakemaster.py) holding the relay's newest file, on its own loop."""
+
+    def __init__(self, name: str, data: bytes):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="fake-master", daemon=True)
+        self.thread.start()
+        self.master = FakeMySQLMaster([(name, data)], user=USER, password=PASSWORD)
+        asyncio.run_coroutine_threadsafe(self.master.start(), self.loop).result(30)
+        self.port = self.master.port
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.master.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, deadline: float, log_path: Path) -> None:
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the relay exited with {proc.returncode} before listening:\n{_tail(log_path)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the relay did not listen on {port} in time:\n{_tail(log_path)}") from None
+            time.sleep(0.005)
+
+
+def _tail(path: Path, n: int = 20) -> str:
     try:
-        rows = newest_rows(base, [int(x) for x in args.newest.split(",") if x])
-        rows += closed_rows(base, [int(x) for x in args.closed.split(",") if x])
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def _gtid_purged(port: int) -> str:
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=port, user=USER, password=PASSWORD, connect_timeout=600,
+                           read_timeout=3600)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.gtid_purged")
+            return cur.fetchone()[0]
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        conn.close()
+
+
+def relay_start(command: str, relay: Path, names: list[str], work: Path, master_port: int | None,
+                start_position: int = 4) -> dict:
+    """Spawn ``relayproxy run`` (or ``serve``) on ``relay``; seconds from the spawn until it listens, until
+    ``mariadb-binlog --raw`` has the newest file from ``start_position`` to its end (checked byte for byte), and
+    until ``@@gtid_purged`` answers."""
+    tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+    if tool is None:
+        raise SystemExit("restart_time: mariadb-binlog (mariadb-client) is needed for the process measurement")
+    listen = free_port()
+    args = [sys.executable, "-m", "relayproxy.commands.cli", "--log-format", "json", "--log-level", "warning",
+            command, "--listen", f"127.0.0.1:{listen}", "--users", f"{USER}:{PASSWORD}:mysql_native_password"]
+    if command == "run":
+        args += ["--master", f"127.0.0.1:{master_port}", "--user", USER, "--server-id", "100",
+                 "--relay-dir", str(relay), "--gtid-mode", "off", "--ssl-mode", "disabled"]
+    else:
+        args += ["--binlog-dir", str(relay)]
+    env = {**os.environ, "RELAYPROXY_PASSWORD": PASSWORD}
+    out = work / "download"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    log_path = work / f"{command}.log"
+    newest = names[-1]
+    with open(log_path, "ab") as log:
+        began = time.perf_counter()
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        try:
+            _wait_listening(listen, proc, time.monotonic() + 3600, log_path)
+            listening = time.perf_counter() - began
+            done = subprocess.run(
+                [tool, "--read-from-remote-server", "--raw", "-h127.0.0.1", f"-P{listen}", f"-u{USER}",
+                 f"-p{PASSWORD}", f"--result-file={out}/", f"--start-position={start_position}", newest],
+                capture_output=True, text=True, timeout=3600,
+            )
+            served = time.perf_counter() - began
+            if done.returncode != 0:
+                raise RuntimeError(f"mariadb-binlog failed ({done.returncode}): {done.stderr.strip()}\n"
+                                   f"{_tail(log_path)}")
+            got = (out / newest).read_bytes()
+            with open(relay / newest, "rb") as f:
+                f.seek(start_position)
+                want = f.read()
+            if not got.endswith(want) or (start_position == 4 and len(got) != len(want) + 4):
+                raise RuntimeError(f"mariadb-binlog got {len(got)} bytes of {newest}, not the relay's bytes from "
+                                   f"{start_position}")
+            _gtid_purged(listen)
+            purged = time.perf_counter() - began
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    shutil.rmtree(out, ignore_errors=True)
+    if proc.returncode not in (0, -signal.SIGTERM):
+        raise RuntimeError(f"the relay exited with {proc.returncode}:\n{_tail(log_path)}")
+    return {"listening": listening, "served": served, "purged": purged}
+
+
+def process_rows(relay: Path, names: list[str], work: Path, runs: int, serve: bool, *, what: str = "run: closed files",
+                 mb: float | None = None, start_position: int = 4) -> list[dict]:
+    size = sum((relay / name).stat().st_size for name in names[:-1])
+    master = MasterThread(names[-1], (relay / names[-1]).read_bytes())
+    try:
+        relay_start("run", relay, names, work, master.port, start_position)  # its clean stop leaves the checkpoint
+
+        def one(order, _i):
+            figures = {}
+            for variant in order:
+                if variant == "without":
+                    drop_start_aids(relay, names)
+                figures[variant] = relay_start("run", relay, names, work, master.port, start_position)
+            return figures
+
+        results = run_alternating(runs, ["with", "without"], one)
+    finally:
+        master.close()
+    rows = [{"what": what, "mb": size / 1e6 if mb is None else mb, "files": len(names) - 1,
+             "with": [r["with"] for r in results], "without": [r["without"] for r in results],
+             "orders": [r["order"] for r in results]}]
+    if serve:
+        rows.append({"what": "serve: closed files", "mb": size / 1e6, "files": len(names) - 1,
+                     "with": [relay_start("serve", relay, names, work, None)], "without": None})
+    return rows
+
+
+PROCESS_KINDS = ("run: newest file", "run: closed files", "serve: closed files")
+ORDER = ("newest file", "closed files", "store start", *PROCESS_KINDS)
+
+
+def _cell(values: list[float]) -> str:
+    med, lo, hi = median_range(values)
+    if len(values) == 1:
+        return f"{med:.3f} (1 run)"
+    return f"{med:.3f} [{lo:.3f}-{hi:.3f}]"
+
+
+def render(rows: list[dict], argv: list[str], runs: int) -> list[str]:
     med = statistics.median
+    machine = machine_info()
     lines = [
         "# Restart time: recovery checkpoint and per-file indexes",
         "",
-        "Produced by (from the repository root):",
+        *header_block(__file__, argv, machine, runs=runs,
+                      what="with and without checkpoint/indexes alternated in the process rows"),
+        "Seconds, median of the runs [min-max]. MySQL 8 binlogs written by the benchmark: GTID transactions of one "
+        "64 KB row event; the total-size series has closed files of 100 MB and a newest file of 1 MB. Warm page "
+        "cache (the files were just written or read; 23 GB of RAM).",
         "",
-        "```",
-        command_line(__file__, argv),
-        "```",
-        "",
-        f"Commit: {commit_info()}",
-        "",
-        "Median of 3 (min-max in brackets), seconds. *Newest file*: `RelayStore.open` + `close` of a relay directory "
-        "whose newest file has that size, after a clean stop (checkpoint at the horizon) and with the checkpoint "
-        "removed (full scan). *Closed files*: `FileCatalog.purged()` over closed files of 100 MB, with valid "
-        "indexes and with the indexes removed (each file scanned). MySQL 8 binlogs written by the benchmark: GTID "
-        "transactions of one 64 KB row event.",
+        "- *newest file*: `RelayStore.open` + `close` of a directory whose newest file has that size, after a clean "
+        "stop (checkpoint at the horizon) and with the checkpoint removed (full scan of the newest file).",
+        "- *closed files*: `FileCatalog.purged()` over the closed files, with valid indexes and with the indexes "
+        "removed (each file scanned, its index written again).",
+        "- *store start*: `RelayStore.open` + `FileCatalog.purged()` + `close`, with the checkpoint and indexes, and "
+        "with both removed.",
         "",
         "| what | MB | with checkpoint / index | without (full scan) | ratio |",
         "|---|---:|---:|---:|---:|",
     ]
     for row in rows:
+        if row["what"] not in ("newest file", "closed files", "store start"):
+            continue
         w, wo = row["with"], row["without"]
         lines.append(
             f"| {row['what']}{' (' + str(row['files']) + ' files)' if 'files' in row else ''} | {row['mb']:,.0f} | "
-            f"{med(w):.3f} [{min(w):.3f}-{max(w):.3f}] | {med(wo):.3f} [{min(wo):.3f}-{max(wo):.3f}] | "
-            f"{med(wo) / max(med(w), 1e-9):,.0f}x |"
+            f"{_cell(w)} | {_cell(wo)} | {med(wo) / max(med(w), 1e-9):,.0f}x |"
         )
+    procs = [r for r in rows if r["what"] in PROCESS_KINDS]
+    if procs:
+        lines += [
+            "",
+            "## The whole restart: process spawn to a served client",
+            "",
+            "`relayproxy run --listen` spawned on the relay directory (after a clean stop: checkpoint and indexes "
+            "present; *without*: both removed before the spawn; the two alternate in order from run to run), its "
+            "master the scripted MySQL master of the tests (`tests/fakemaster.py`, in a thread of the benchmark) "
+            "holding the relay's newest file, so the relay resumes from its horizon against bytes that match, as "
+            "after a real restart (no MariaDB sandbox master can serve MySQL files). Seconds from `Popen` to: "
+            "*listening* (a TCP connect to `--listen` succeeds, polled every 5 ms); *newest file served* (then a "
+            "`mariadb-binlog --read-from-remote-server --raw` has exited with the newest file's bytes, checked "
+            "against the relay's: with *closed files*, the whole 1 MB newest file; with *newest file*, from its last "
+            "transaction, `--start-position`; its first event arrives before this); *gtid_purged answered* (then a "
+            "PyMySQL `SELECT @@GLOBAL.gtid_purged` answered: what a MySQL auto-position replica's dump start "
+            "computes, the step that reads every closed file's index, or scans the file when its index is "
+            "missing). The interpreter's start and imports, and the client's own start, are in every figure.",
+            "",
+            "| command: series | MB (closed files) | step | with checkpoint + indexes | without (removed) | ratio |",
+            "|---|---:|---|---:|---:|---:|",
+        ]
+        for row in procs:
+            command, series = row["what"].split(": ")
+            where = f"{row['mb']:,.0f}" + (f" ({row['files']})" if series == "closed files" else "")
+            for step, label in (("listening", "listening"), ("served", "newest file served"),
+                                ("purged", "gtid_purged answered")):
+                w = [r[step] for r in row["with"]]
+                head = f"| `relayproxy {command}`: {series} | {where} | {label} | {_cell(w)} |"
+                if row["without"] is None:
+                    lines.append(f"{head} (reads every file at start, by design) | |")
+                    continue
+                wo = [r[step] for r in row["without"]]
+                lines.append(f"{head} {_cell(wo)} | {med(wo) / max(med(w), 1e-9):,.1f}x |")
+        for series in ("newest file", "closed files"):
+            sel = [r for r in procs if r["what"] == f"run: {series}"]
+            if len(sel) < 2:
+                continue
+            small, large = sel[0], sel[-1]
+            lines += ["", f"`relayproxy run`, spawn to newest file served, {series}: {large['mb']:,.0f} MB against "
+                      f"{small['mb']:,.0f} MB ({large['mb'] / small['mb']:.0f}x the bytes), run i against run i:"]
+            for variant in ("with", "without"):
+                ratios = [b["served"] / a["served"] for a, b in zip(small[variant], large[variant])]
+                lines.append(f"- {variant} checkpoint + indexes: "
+                             f"{fmt_median_range([r['served'] for r in large[variant]], '{:.3f}', ' s')} at "
+                             f"{large['mb']:,.0f} MB; {fmt_median_range(ratios, '{:.2f}', 'x')} the time at "
+                             f"{small['mb']:,.0f} MB")
     lines += [
         "",
         "A restart after a crash (no clean stop) scans, on top of the figure with the checkpoint, the bytes "
         "written since the last checkpoint: at most 16 MB or 10 s of stream (`CHECKPOINT_BYTES`, "
-        "`CHECKPOINT_SECONDS` in relay/store.py), at the full-scan rate of the last column.",
+        "`CHECKPOINT_SECONDS` in relay/store.py), at the full-scan rate of the *newest file* rows.",
         "",
-        *machine_section(machine_info()),
+        *machine_section(machine),
     ]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "restart_time.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def plot(rows: list[dict]) -> None:
     plt = pyplot()
-    if plt is not None:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, what in zip(axes, ("newest file", "closed files")):
-            sel = [r for r in rows if r["what"] == what]
-            xs = [r["mb"] for r in sel]
-            ax.plot(xs, [med(r["with"]) for r in sel], "o-", label="with checkpoint / index")
-            ax.plot(xs, [med(r["without"]) for r in sel], "s--", label="full scan")
-            ax.set_xlabel(f"{what}, MB")
-            ax.set_ylabel("seconds")
-            ax.set_title(what)
-            ax.legend()
-        fig.tight_layout()
-        fig.savefig(RESULTS / "restart_time.png", dpi=100)
+    if plt is None:
+        return
+    med = statistics.median
+    panels = [("newest file", "newest file, MB", None), ("run: newest file", "newest file, MB", "served"),
+              ("closed files", "closed files, MB", None), ("store start", "closed files, MB", None),
+              ("run: closed files", "closed files, MB", "served")]
+    panels = [p for p in panels if any(r["what"] == p[0] for r in rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), squeeze=False)
+    for ax, (what, xlabel, step) in zip(axes[0], panels):
+        sel = [r for r in rows if r["what"] == what]
+        xs = [r["mb"] for r in sel]
+        pick = (lambda vals: med(vals)) if step is None else (lambda vals: med([v[step] for v in vals]))
+        ax.plot(xs, [pick(r["with"]) for r in sel], "o-", label="with checkpoint / index")
+        ax.plot(xs, [pick(r["without"]) for r in sel], "s--", label="without (full scan)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("seconds")
+        ax.set_title(what if step is None else f"relayproxy {what}:\nspawn to newest file served", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "restart_time.png", dpi=100)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--newest", default="10,100,1000", help="newest-file sizes, MB")
+    ap.add_argument("--closed-gb", default="1,10", help="total sizes of closed files, GB (100 MB files)")
+    ap.add_argument("--closed", default=None, help="total sizes of closed files in MB instead (small trials)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of every measurement (median and range)")
+    ap.add_argument("--no-process", action="store_true", help="skip the relayproxy run process measurements")
+    ap.add_argument("--serve", action="store_true", help="also relayproxy serve, one run a size (it scans all)")
+    ap.add_argument("--dir", default=None, help="where to write the relay directories (default: a temp dir)")
+    ap.add_argument("--no-write", action="store_true", help="print the results, do not write benchmarks/results")
+    args = ap.parse_args(argv)
+    if args.closed is not None:
+        totals = [int(x) for x in args.closed.split(",") if x]
+    else:
+        totals = [int(round(float(x) * 1000)) for x in args.closed_gb.split(",") if x]
+    base = Path(tempfile.mkdtemp(prefix="restart-time-", dir=args.dir))
+    rows: list[dict] = []
+    try:
+        rows += newest_rows(base, [int(x) for x in args.newest.split(",") if x], args.runs, not args.no_process)
+        for total in totals:
+            relay, names = make_closed_dir(base, total)
+            try:
+                rows += closed_rows(relay, names, args.runs)
+                if not args.no_process:
+                    rows += process_rows(relay, names, base / "work", args.runs, args.serve)
+            finally:
+                shutil.rmtree(relay, ignore_errors=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    rows.sort(key=lambda r: ORDER.index(r["what"]))
+    lines = render(rows, argv, args.runs)
+    if not args.no_write:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "restart_time.md").write_text("\n".join(lines) + "\n")
+        plot(rows)
     print("\n".join(lines))
 
 
