@@ -90,3 +90,56 @@ def test_mariadb_starting_state(tmp_path):
     info = FileCatalog(store).files()[0]
     assert info.start_gtids == state and info.size == len(image)
     store.close()
+
+
+def many_server_set(servers: int) -> GtidSet:
+    """A GTID set naming ``servers`` server UUIDs (its PREVIOUS_GTIDS event is ~40 bytes a server)."""
+    out = GtidSet()
+    for i in range(servers):
+        out.add_interval(i.to_bytes(4, "big") + bytes(12), 1, 10)
+    return out
+
+
+def test_a_starting_set_larger_than_the_first_head_read_is_read_whole(tmp_path, monkeypatch):
+    """The head is read in 64 KiB first; a PREVIOUS_GTIDS event running past it (a set naming thousands of
+    servers) is read whole, in both the oldest file (gtid_purged) and a later one."""
+    from relayproxy.relay import catalog as catalog_module
+
+    big = many_server_set(3000)
+    assert len(big.encode()) > catalog_module._FIRST_HEAD_READ
+    bigger = big.copy()
+    bigger.add_interval(SID, 1, 3)
+    store = relay_with(tmp_path, {
+        "binlog.000001": mysql_file(big, [1, 2], "binlog.000002"),
+        "binlog.000002": mysql_file(bigger, [3], None),
+    })
+    reads = []
+    real = catalog_module.closed_files.read_head
+    monkeypatch.setattr(catalog_module.closed_files, "read_head", lambda path, n: reads.append(n) or real(path, n))
+    catalog = FileCatalog(store)
+    infos = catalog.files()
+    assert [i.start_gtids for i in infos] == [big, bigger]
+    assert catalog.purged() == big
+    assert reads == [catalog_module._FIRST_HEAD_READ, catalog_module._HEAD_READ] * 2
+    store.close()
+
+
+def test_a_small_starting_set_costs_one_small_read_a_file(tmp_path, monkeypatch):
+    """The common case: FDE and PREVIOUS_GTIDS in the first bytes, one 64 KiB read a file, cached after."""
+    from relayproxy.relay import catalog as catalog_module
+
+    start2 = gtids(f"{uuid_of(SID)}:1-3")
+    store = relay_with(tmp_path, {
+        "binlog.000001": mysql_file(GtidSet(), [1, 2, 3], "binlog.000002"),
+        "binlog.000002": mysql_file(start2, list(range(4, 3004)), None),  # larger than the first read
+    })
+    assert (store.relay_dir / "binlog.000002").stat().st_size > catalog_module._FIRST_HEAD_READ
+    reads = []
+    real = catalog_module.closed_files.read_head
+    monkeypatch.setattr(catalog_module.closed_files, "read_head", lambda path, n: reads.append(n) or real(path, n))
+    catalog = FileCatalog(store)
+    assert [i.start_gtids for i in catalog.files()] == [GtidSet(), start2]
+    assert catalog.purged() == GtidSet()
+    catalog.files()
+    assert reads == [catalog_module._FIRST_HEAD_READ] * 2
+    store.close()
