@@ -150,6 +150,7 @@ def newest_rows(base: Path, sizes: list[int], runs: int = 3, process: bool = Tru
         name = "binlog.000001"
         write_binlog(relay / name, mb, 1, None, FILE_VERSION)
         R.write_index(relay, [name])
+        os.sync()  # the file just written reaches the disk now, not behind the measured starts' fsyncs
         store = RelayStore.open(relay)  # one full scan, then a clean stop: the checkpoint at the horizon
         size = store.current_end
         store.close()
@@ -208,6 +209,7 @@ def make_closed_dir(base: Path, total_mb: int) -> tuple[Path, list[str]]:
     store = RelayStore.open(relay)
     FileCatalog(store).purged()  # builds and writes the indexes
     store.close()  # a clean stop: the checkpoint at the horizon
+    os.sync()  # the GBs just written reach the disk now, not behind the measured starts' fsyncs
     return relay, names
 
 
@@ -420,7 +422,9 @@ def render(rows: list[dict], argv: list[str], runs: int) -> list[str]:
                       what="with and without checkpoint/indexes alternated in the process rows"),
         "Seconds, median of the runs [min-max]. MySQL 8 binlogs written by the benchmark: GTID transactions of one "
         "64 KB row event; the total-size series has closed files of 100 MB and a newest file of 1 MB. Warm page "
-        "cache (the files were just written or read; 23 GB of RAM).",
+        "cache (the files were just written or read; 23 GB of RAM), written back to disk (`os.sync()`) before the "
+        "measurements. The full-scan figures depend on the event sizes: 64 KB row events scan at ~1-2 GB/s here, "
+        "small OLTP events at ~55 MB/s (README, Limits); the figures with checkpoint and indexes do not.",
         "",
         "- *newest file*: `RelayStore.open` + `close` of a directory whose newest file has that size, after a clean "
         "stop (checkpoint at the horizon) and with the checkpoint removed (full scan of the newest file).",
