@@ -516,11 +516,17 @@ def plot(rows: list[dict]) -> None:
     for ax, (what, xlabel, step) in zip(axes[0], panels):
         sel = [r for r in rows if r["what"] == what]
         xs = [r["mb"] for r in sel]
-        pick = (lambda vals: med(vals)) if step is None else (lambda vals: med([v[step] for v in vals]))
-        ax.plot(xs, [pick(r["with"]) for r in sel], "o-", label="with checkpoint / index")
-        ax.plot(xs, [pick(r["without"]) for r in sel], "s--", label="without (full scan)")
+        for variant, style, label in (("with", "o-", "with checkpoint / index"),
+                                      ("without", "s--", "without (full scan)")):
+            vals = [r[variant] if step is None else [v[step] for v in r[variant]] for r in sel]
+            mids = [med(v) for v in vals]
+            err = [[m - min(v) for m, v in zip(mids, vals)], [max(v) - m for m, v in zip(mids, vals)]]
+            ax.errorbar(xs, mids, yerr=err, fmt=style, capsize=3, label=label)
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        if step is None:
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)  # a whole process start: linear from 0, with the runs' range as error bars
         ax.set_xlabel(xlabel)
         ax.set_ylabel("seconds")
         ax.set_title(what if step is None else f"relayproxy {what}:\nspawn to newest file served", fontsize=10)
