@@ -279,6 +279,8 @@ def test_scan_chunk_equals_feeding_events_one_at_a_time(corpus_dir, data):
     framed, next_seq = chunk.frame_for(seq0)
     payloads, seq = unframe(framed, seq0)
     assert next_seq == seq and payloads == [b"\x00" + e for _o, e in whole]
+    pieces, pieces_seq = chunk.pieces_for(seq0)
+    assert b"".join(pieces) == framed and pieces_seq == next_seq
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -297,6 +299,11 @@ def test_a_chunk_without_some_event_types_is_the_chunk_with_those_events_left_ou
     assert next_seq == seq
     assert payloads == [b"\x00" + e for _o, e in events[1:] if e[4] not in omit]
     assert chunk.variant(omit)[2] == len(payloads)
+    # the same packets as pieces of the shared framing (what a replica gets by writev for large events)
+    pieces, pieces_seq = chunk.pieces_for(seq0, omit)
+    assert b"".join(pieces) == framed and pieces_seq == next_seq
+    assert all(isinstance(p, memoryview) and p.obj is chunk.variant(omit)[0] for p in pieces[::2]), \
+        "a piece is a copy, not a slice of the shared framing"
 
 
 def test_scan_chunk_stops_at_a_bad_crc_and_an_impossible_size(corpus_dir):

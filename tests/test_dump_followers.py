@@ -14,8 +14,11 @@ import asyncio
 import struct
 import zlib
 
+import pytest
+
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import GtidSet
+from relayproxy.downstream.dump import chunks as K
 from relayproxy.downstream.dump import followers as F
 from relayproxy.upstream.connection import UpstreamConnection
 from relayproxy.wire.packets import BINLOG_DUMP_NON_BLOCK, BINLOG_SEND_ANNOTATE_ROWS_EVENT
@@ -127,6 +130,7 @@ def _scenario(tmp_path, name: str, image: bytes, version: str, clients: list[tup
             counters = (followers.passes, followers.written, followers.woken) if followers else (0, 0, 0)
             for c in conns:
                 c.abort()
+            K.PIECES_MIN_PACKET = _DEFAULT_PIECES  # the reference goes out as patched copies whatever the fixture
             refs = [await _reference(port, setup, start(BINLOG_DUMP_NON_BLOCK)) for _l, setup, start in clients]
             return outs, refs, counters
 
@@ -136,6 +140,18 @@ def _scenario(tmp_path, name: str, image: bytes, version: str, clients: list[tup
         store.close()
 
 
+_DEFAULT_PIECES = K.PIECES_MIN_PACKET
+
+
+@pytest.fixture(params=["copies", "pieces"])
+def framing(request, monkeypatch):
+    """Both ways a replica's framing of a shared chunk goes out: a patched copy (small events) and, forced here for
+    every chunk, slices of the shared bytes with its sequence bytes between them (writev; large events)."""
+    if request.param == "pieces":
+        monkeypatch.setattr(K, "PIECES_MIN_PACKET", 0)
+    return request.param
+
+
 def _compare(clients, outs, refs) -> None:
     for (label, _setup, _start), out, ref in zip(clients, outs, refs):
         assert len(out) == len(ref), f"{label}: {len(out)} events followed, {len(ref)} from the finished file"
@@ -143,7 +159,7 @@ def _compare(clients, outs, refs) -> None:
             assert a == b, f"{label}: event {i} differs (type {_event_type(a)} vs {_event_type(b)})"
 
 
-def test_mysql_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corpus_dir):
+def test_mysql_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corpus_dir, framing):
     image = as_sent((corpus_dir / MYSQL80).read_bytes())
     name = "binlog.000004"
     sid = "83759871-1141-11ed-b12d-0242ac130003"
@@ -170,7 +186,7 @@ def _maria_gtid_at(events, index: int) -> str:
     return f"{domain}-{server_id}-{seq}"
 
 
-def test_mariadb_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corpus_dir):
+def test_mariadb_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corpus_dir, framing):
     image = as_sent((corpus_dir / MARIA_DIR / MARIA_FILE).read_bytes())
     events = split_events(image)
     annotate = BINLOG_SEND_ANNOTATE_ROWS_EVENT

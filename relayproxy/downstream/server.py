@@ -436,6 +436,17 @@ class _ClientProtocol(asyncio.Protocol):
         for chunk in chunks:
             self.transport.write(tls.encrypt(chunk) if tls is not None else chunk)
 
+    def write_pieces(self, pieces: list) -> None:
+        """Write the buffers of ``pieces`` in order, in one writev where the transport does that (no join: the
+        transport keeps references, not copies). Under TLS they are joined and encrypted as one record."""
+        if self.is_closing:
+            raise ClientConnectionLost(f"client {self.peer_host}:{self.peer_port} is gone")
+        assert self.transport is not None
+        if self.tls is not None:
+            self.transport.write(self.tls.encrypt(b"".join(pieces)))
+        else:
+            self.transport.writelines(pieces)
+
     async def drain(self, timeout: float | None) -> None:
         """Wait until the transport's buffer is below its high-water mark; a client that has not read for
         `timeout` seconds is dropped (ClientConnectionLost)."""
@@ -578,8 +589,12 @@ class _DumpChannel:
         self._check_reader()
         self.flush()
         protocol = self._protocol
-        data, self._seq = chunk.frame_for(self._seq, omit)
-        protocol.write(data)
+        if chunk.as_pieces(omit):
+            pieces, self._seq = chunk.pieces_for(self._seq, omit)
+            protocol.write_pieces(pieces)
+        else:
+            data, self._seq = chunk.frame_for(self._seq, omit)
+            protocol.write(data)
         await protocol.drain(self._write_timeout)
 
     def can_write_now(self) -> bool:
@@ -595,10 +610,14 @@ class _DumpChannel:
         self.flush()
         key = (chunk, self._seq, omit)
         framed = shared.get(key)
+        pieces = chunk.as_pieces(omit)
         if framed is None:
-            framed = shared[key] = chunk.frame_for(self._seq, omit)
+            framed = shared[key] = chunk.pieces_for(self._seq, omit) if pieces else chunk.frame_for(self._seq, omit)
         data, self._seq = framed
-        self._protocol.write(data)
+        if pieces:
+            self._protocol.write_pieces(data)
+        else:
+            self._protocol.write(data)
 
     async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None:
         """Send one payload of `total` bytes that arrives as `chunks` (the first starting with the 0x00 / 0xEF

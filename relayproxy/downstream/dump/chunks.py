@@ -35,6 +35,11 @@ _unpack_u32_from = _U32.unpack_from
 _crc32 = zlib.crc32
 
 CACHE_BYTES = 24 << 20  # framed chunks kept for senders that come by later (each about twice its range)
+# From this average packet size on, a replica's framing goes out as pieces of the shared bytes plus its own
+# sequence bytes (``pieces_for``, a writev) instead of a patched copy (``frame_for``): large events are not copied
+# once per replica before the socket copies them again. Small events are cheaper copied than as many iovecs.
+PIECES_MIN_PACKET = 2048
+_SEQ_BYTE = [bytes((i,)) for i in range(256)]
 
 
 class Chunk:
@@ -104,6 +109,28 @@ class Chunk:
             out[at] = seq
             seq = (seq + 1) & 0xFF
         return out, seq
+
+
+    def pieces_for(self, seq: int, omit: frozenset[int] = frozenset()) -> tuple[list, int]:
+        """``frame_for`` without the copy: the packets as slices of the shared framing with this replica's sequence
+        bytes between them (b"".join of the list is ``frame_for``'s bytes), and the next sequence id."""
+        framed, seq_at, _count = self.variant(omit)
+        view = memoryview(framed)
+        pieces = []
+        append = pieces.append
+        at = 0
+        for where in seq_at:
+            append(view[at:where])
+            append(_SEQ_BYTE[seq])
+            seq = (seq + 1) & 0xFF
+            at = where + 1
+        append(view[at:])
+        return pieces, seq
+
+    def as_pieces(self, omit: frozenset[int] = frozenset()) -> bool:
+        """Whether ``pieces_for`` is the cheaper way to send this chunk (large packets on average)."""
+        framed, _seq_at, count = self.variant(omit)
+        return count > 0 and len(framed) >= count * PIECES_MIN_PACKET
 
 
 def scan_chunk(name: str, start: int, data: bytes, parser: B.TransactionBoundaryParser, crc: bool) -> Chunk:
