@@ -1372,6 +1372,7 @@ class RealBench:
         self.phase_no += 1
         label = f"p{self.phase_no:02d}-{target}-{load}-{n_stream + n_idle}"
         pdir = self.work / label
+        cdir = Path(args.clients_dir) / f"{self.work.name}-{label}" if args.clients_dir else pdir
         replicas = self.replicas if with_replicas else []
         schedule = schedule or [(args.rates[load], args.seconds)]
         idle_seconds = args.idle_seconds if idle_seconds is None else idle_seconds
@@ -1390,7 +1391,7 @@ class RealBench:
             start = master_end(self.master)
             writer = RealWriter(self.master.port, load, schedule, args.writers)
             t_c = time.monotonic()
-            clients = [BinlogClient(i, port, start, pdir / f"c{i:04d}") for i in range(n_stream)]
+            clients = [BinlogClient(i, port, start, cdir / f"c{i:04d}") for i in range(n_stream)]
             for c in clients:
                 c.start()
             deadline = time.monotonic() + 120
@@ -1480,6 +1481,7 @@ class RealBench:
             if relay is not None:
                 relay.stop()
             shutil.rmtree(pdir, ignore_errors=True)
+            shutil.rmtree(cdir, ignore_errors=True)
 
         # ---- numbers
         commits = w["commits"]
@@ -2002,6 +2004,11 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 10; --quick 2)")
     g.add_argument("--relay-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of `relayproxy run` for the relay phases (repeatable), e.g. sender_processes=2")
+    g.add_argument("--clients-dir", default=None, metavar="DIR",
+                   help="where the mariadb-binlog clients write what they receive (default: the work directory, on "
+                        "the relay's filesystem). On one machine their writes share the relay's disk, which no "
+                        "remote client does: on ext4 (data=ordered) the relay's fdatasync then waits for their "
+                        "writeback. /dev/shm keeps them off it")
     g.add_argument("--writers", type=int, default=1, help="writer processes sharing the load's rate (one tops out "
                    "near 600 trx/s on these machines)")
     g.add_argument("--sample-clients", type=int, default=4, help="mariadb-binlog clients whose lag is measured")
@@ -2067,7 +2074,7 @@ def real_main(args, argv: list[str]) -> int:
         report = run_real(args)
         report["args"] = {k: getattr(args, k) for k in (
             "binlog_clients", "real_replicas", "repeats", "idle_seconds", "seconds", "rates", "relay_option",
-            "sample_clients", "tail_interval", "replica_poll_interval", "quick", "writers")}
+            "sample_clients", "tail_interval", "replica_poll_interval", "quick", "writers", "clients_dir")}
         report["machine"] = machine_info()
         report["command"] = benchinfo.command_line(__file__, argv)
     if args.save_json is not None:
