@@ -7,6 +7,16 @@ import zlib
 
 from .constants import CHECKSUM_LEN
 
+try:  # ISA-L's CRC32 (SIMD, ~10x zlib's on 8 KB events, ~3x on 150-byte ones): the same function, same values
+    from isal.isal_zlib import crc32 as _isal_crc32
+except ImportError:  # no wheel for this platform: zlib's
+    _isal_crc32 = None
+
+crc32 = _isal_crc32 if _isal_crc32 is not None else zlib.crc32
+"""``zlib.crc32(data, value=0)``, from ISA-L when the ``isal`` package is installed (setup.cfg asks for it where
+it has wheels), else zlib's. Every CRC32 over event bytes goes through it."""
+CRC32_IMPL = "isal" if _isal_crc32 is not None else "zlib"
+
 _U32 = struct.Struct("<I")
 
 

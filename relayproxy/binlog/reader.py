@@ -10,13 +10,13 @@ this one scanner, so they agree on where every group ends.
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 from . import boundary as B
 from . import constants as C
 from .checksum import ChecksumError
+from .checksum import crc32 as _crc32
 from .events import HEADER, BinlogFormatError, FormatDescription
 from .gtid import GtidSet, MariaBinlogState, MariaGtid
 
@@ -268,7 +268,7 @@ class BinlogScanner:
                     "header": header,
                     "size": size,
                     "head": bytes(buf[pos : pos + min(take, EVENT_HEAD_KEPT)]),
-                    "crc": zlib.crc32(memoryview(buf)[pos : pos + min(take, size - self._checksum_len)]),
+                    "crc": _crc32(memoryview(buf)[pos : pos + min(take, size - self._checksum_len)]),
                     "seen": take,
                     "tail": bytes(buf[pos + max(size - self._checksum_len, 0) : pos + take])
                     if take > size - self._checksum_len
@@ -298,7 +298,7 @@ class BinlogScanner:
         crc_end = s["size"] - self._checksum_len  # bytes [0, crc_end) are covered by the CRC
         covered_from = s["seen"]
         if covered_from < crc_end:
-            s["crc"] = zlib.crc32(chunk[: crc_end - covered_from], s["crc"])
+            s["crc"] = _crc32(chunk[: crc_end - covered_from], s["crc"])
         if s["seen"] + len(chunk) > crc_end:
             s["tail"] += bytes(chunk[max(crc_end - covered_from, 0) :])
         if len(s["head"]) < EVENT_HEAD_KEPT:
@@ -322,7 +322,7 @@ class BinlogScanner:
         if not self._checksum_len or not self._verify:
             return None
         end = pos + size
-        return zlib.crc32(memoryview(buf)[pos : end - 4]) == int.from_bytes(buf[end - 4 : end], "little")
+        return _crc32(memoryview(buf)[pos : end - 4]) == int.from_bytes(buf[end - 4 : end], "little")
 
     def _event(self, header, buf, pos: int, offset: int, *, streamed: bool, crc_ok: bool | None) -> None:
         r = self.result

@@ -44,11 +44,11 @@ import os
 import re
 import struct
 import threading
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..binlog.checksum import crc32 as _crc32
 from ..binlog.reader import BinlogScanner, ScanResult
 
 SUFFIX = ".rpz"
@@ -341,7 +341,7 @@ def encode_header(*, name: str, flags: int, level: int, frame_size: int, logical
     fixed = _FIXED.pack(MAGIC, VERSION, flags, level, frame_size, logical_size, count, key_id, check, nonce, file_id,
                         len(raw_name))
     body = fixed + raw_name
-    return body + _U32.pack(zlib.crc32(body))
+    return body + _U32.pack(_crc32(body))
 
 
 def frame_count(logical_size: int, frame_size: int) -> int:
@@ -431,7 +431,7 @@ class FramedFile(LogicalFile):
         hdr = _parse_fixed(fixed, self.file)
         header_len = _FIXED.size + hdr["name_len"] + 4
         header = self._pread(header_len, 0)
-        if zlib.crc32(header[:-4]) != _U32.unpack_from(header, header_len - 4)[0]:
+        if _crc32(header[:-4]) != _U32.unpack_from(header, header_len - 4)[0]:
             raise self._fail("the header is damaged (CRC mismatch)", offset=0)
         self.header = header
         self.name = header[_FIXED.size:-4].decode("utf-8", "surrogateescape")
@@ -460,7 +460,7 @@ class FramedFile(LogicalFile):
             raise self._fail(f"the table at {table_at} does not end where the trailer begins (truncated?)",
                              offset=table_at)
         table = self._pread(table_len, table_at)
-        if zlib.crc32(table) != table_crc:
+        if _crc32(table) != table_crc:
             raise self._fail("the frame table is damaged (CRC mismatch)", offset=table_at)
         self.table = [_TABLE_ENTRY.unpack_from(table, i * _TABLE_ENTRY.size) for i in range(self.count)]
         expect = header_len
@@ -510,7 +510,7 @@ class FramedFile(LogicalFile):
         want = min(self.frame_size, self.logical - start)
         where = f"frame {i} (logical offsets {start}-{start + want}, stored at {at}, {length} bytes)"
         data = self._pread(length, at)
-        if zlib.crc32(data) != stored_crc:
+        if _crc32(data) != stored_crc:
             raise self._fail(f"{where} is damaged (CRC mismatch of its stored bytes)", frame=i, offset=start)
         if self._aead is not None:
             from cryptography.exceptions import InvalidTag
@@ -527,7 +527,7 @@ class FramedFile(LogicalFile):
                 raise self._fail(f"{where} does not decompress: {exc}", frame=i, offset=start) from None
         if len(data) != want:
             raise self._fail(f"{where} holds {len(data)} bytes, not {want}", frame=i, offset=start)
-        if self._aead is None and zlib.crc32(data) != crc:
+        if self._aead is None and _crc32(data) != crc:
             raise self._fail(f"{where} is damaged (CRC mismatch)", frame=i, offset=start)
         with self._lock:
             if len(self._cache) >= 2:

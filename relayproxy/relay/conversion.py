@@ -33,11 +33,11 @@ import re
 import signal
 import threading
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..binlog.checksum import crc32 as _crc32
 from ..log import get_logger
 from . import closed_files as CF
 from .closed_files import DEFAULT_FRAME_SIZE, FLAG_AESGCM, FLAG_ZSTD, SUFFIX, TMP_SUFFIX, Keyring, StoredFileError
@@ -207,20 +207,20 @@ def write_framed(src: Path, dst: Path, name: str, opts: StorageOptions, *, actio
                 want = min(opts.frame_size, size - i * opts.frame_size)
                 if len(data) != want:
                     raise ConversionError(f"{src} changed while being converted (frame {i}: {len(data)} of {want} bytes)")
-                crc = zlib.crc32(data, crc)
-                frame_crc = 0 if aead is not None else zlib.crc32(data)
+                crc = _crc32(data, crc)
+                frame_crc = 0 if aead is not None else _crc32(data)
                 stored = compressor.compress(data) if compressor is not None else data
                 if aead is not None:
                     stored = aead.encrypt(CF.frame_nonce(nonce, i), stored, CF.frame_ad(header, i))
                 out.write(stored)
-                table += CF._TABLE_ENTRY.pack(at, len(stored), zlib.crc32(stored), frame_crc)
+                table += CF._TABLE_ENTRY.pack(at, len(stored), _crc32(stored), frame_crc)
                 at += len(stored)
                 if i == count // 2:
                     _step(action, "partial")
             if fin.read(1):
                 raise ConversionError(f"{src} grew while being converted: it is not a closed file")
             out.write(table)
-            out.write(CF._TRAILER.pack(at, count, zlib.crc32(table), len(header), CF.END_MAGIC))
+            out.write(CF._TRAILER.pack(at, count, _crc32(table), len(header), CF.END_MAGIC))
             out.flush()
             _step(action, "written")
             os.fsync(out.fileno())
@@ -235,7 +235,7 @@ def logical_crc(path: Path, *, name: str | None = None, keyring: Keyring | None 
         crc = 0
         step = getattr(f, "frame_size", _COPY_CHUNK)
         for pos in range(0, size, step):
-            crc = zlib.crc32(f.read(pos, step), crc)
+            crc = _crc32(f.read(pos, step), crc)
         return size, crc
     finally:
         f.close()
@@ -246,7 +246,7 @@ def _file_crc(path: Path) -> tuple[int, int]:
     size = 0
     with open(path, "rb") as f:
         while chunk := f.read(_COPY_CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = _crc32(chunk, crc)
             size += len(chunk)
     return size, crc
 
@@ -324,7 +324,7 @@ def archive_file(relay_dir: Path, name: str, archive_dir: Path, *,
         with open(src, "rb") as fin, open(tmp, "xb") as out:
             copied = 0
             while chunk := fin.read(_COPY_CHUNK):
-                crc = zlib.crc32(chunk, crc)
+                crc = _crc32(chunk, crc)
                 out.write(chunk)
                 copied += len(chunk)
                 if copied >= st.st_size // 2:

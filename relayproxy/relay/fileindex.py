@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import os
 import threading
-import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..binlog import constants as C
+from ..binlog.checksum import crc32 as _crc32
 from ..binlog.gtid import GtidSet
 from ..binlog.reader import BinlogScanner, ScannedGroup
 from ..log import get_logger
@@ -127,7 +127,7 @@ def _identity(path: Path) -> tuple[int, int, int, int, int]:
         tail = f.read(size - tail_len, tail_len)
     finally:
         f.close()
-    return size, len(fde or b""), zlib.crc32(fde or b""), tail_len, zlib.crc32(tail)
+    return size, len(fde or b""), _crc32(fde or b""), tail_len, _crc32(tail)
 
 
 def _read_fde(f) -> bytes | None:
@@ -164,7 +164,7 @@ def verify_content(idx: FileIndex, path: Path) -> str | None:
     crc = 0
     with closed_files.open_stream(path) as f:
         while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = _crc32(chunk, crc)
     return None if crc == idx.file_crc else "the file's CRC32 differs from the index's: its content changed"
 
 
@@ -202,7 +202,7 @@ def build(path: Path, name: str, *, sparse_bytes: int = SPARSE_BYTES, stop: thre
         while chunk := f.read(_CHUNK):
             if stop is not None and stop.is_set():
                 raise _Stopped()
-            crc = zlib.crc32(chunk, crc)
+            crc = _crc32(chunk, crc)
             scanner.feed(chunk)
     r = scanner.finish()
     size, fde_len, fde_crc, tail_len, tail_crc = _identity(path)

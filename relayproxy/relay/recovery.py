@@ -42,11 +42,11 @@ from __future__ import annotations
 import os
 import re
 import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..binlog import constants as C
+from ..binlog.checksum import crc32 as _crc32
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription, split_version
 from ..binlog.gtid import GtidSet, MariaBinlogState
 from ..binlog.reader import BinlogScanner, ScanResult, scan_file
@@ -236,7 +236,7 @@ class DurableMark:
 
 def encode_durable_mark(file: str, position: int) -> bytes:
     payload = f"{position} {file}"
-    crc = zlib.crc32(payload.encode("utf-8", "surrogateescape"))
+    crc = _crc32(payload.encode("utf-8", "surrogateescape"))
     record = f"{_MARK_PREFIX} {crc:08x} {payload}\n".encode("utf-8", "surrogateescape")
     if len(record) > _MARK_RECORD_LEN:
         raise ValueError(f"durable mark for {file!r} does not fit {_MARK_RECORD_LEN} bytes")
@@ -257,7 +257,7 @@ def read_durable_mark(relay_dir: Path) -> tuple[DurableMark | None, str | None]:
         if f"{prefix_a} {prefix_b}" != _MARK_PREFIX:
             raise ValueError("unknown format")
         payload = f"{position_text} {name}"
-        if int(crc_text, 16) != zlib.crc32(payload.encode("utf-8", "surrogateescape")):
+        if int(crc_text, 16) != _crc32(payload.encode("utf-8", "surrogateescape")):
             raise ValueError("checksum mismatch (torn write?)")
         position = int(position_text)
         check_file_name(name)
@@ -339,7 +339,7 @@ def read_final_rotate(path: Path) -> tuple[str, int] | None:
             body_end = take - crc_len
             if body_end - start < C.HEADER_LEN + 8 + 1:
                 continue
-            if crc_len and zlib.crc32(tail[start:body_end]) != int.from_bytes(tail[body_end:], "little"):
+            if crc_len and _crc32(tail[start:body_end]) != int.from_bytes(tail[body_end:], "little"):
                 continue
             name_raw = tail[start + C.HEADER_LEN + 8 : body_end]
             try:
@@ -489,7 +489,7 @@ def _damage_followed_by_data(path: Path, bad: int, resume: ResumePoint | None = 
             if next_size >= C.HEADER_LEN and nxt + next_size <= size and next_log_pos == (nxt + next_size) & 0xFFFFFFFF:
                 f.seek(nxt)
                 event = f.read(next_size)
-                crc_ok = zlib.crc32(event[:-4]) == int.from_bytes(event[-4:], "little")
+                crc_ok = _crc32(event[:-4]) == int.from_bytes(event[-4:], "little")
                 if crc_ok or scanner.result.checksum != "CRC32":
                     return f"an intact event follows at offset {nxt}"
     return None

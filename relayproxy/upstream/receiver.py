@@ -33,12 +33,12 @@ next event is written, as the GTID dump's gap would have (``_held_group``). Epoc
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 
 from ..binlog import boundary as B
 from ..binlog import constants as C
 from ..binlog.checksum import ChecksumError
+from ..binlog.checksum import crc32 as _crc32
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..relay.store import RelayGapError
 from ..wire.packets import parse_err
@@ -168,7 +168,7 @@ class RelayReceiver:
         parser_feed = parser.feed
         group_complete = store.group_complete
         boundary_outside = store.boundary_outside
-        crc32 = zlib.crc32
+        crc32 = _crc32
         unpack_header = _header_unpack_from
         header_len = C.HEADER_LEN
         slow_type = _SLOW_TYPE if self._held is None else _SLOW_TYPE_HELD
@@ -295,7 +295,7 @@ class RelayReceiver:
             if log_pos == 0:
                 return  # artificial copy when the dump starts mid-file: the relay file has the real one
         elif self._checksum_len and self.verify_checksums:
-            if zlib.crc32(ev[: size - 4]) != _U32.unpack_from(ev, size - 4)[0]:
+            if _crc32(ev[: size - 4]) != _U32.unpack_from(ev, size - 4)[0]:
                 where = f"{self.master_file}:{log_pos - size if log_pos else self._next_offset}"
                 raise ChecksumMismatch(f"CRC32 mismatch in {C.event_name(type_code)} event at {where}")
         if type_code == C.ROTATE_EVENT and (flags & C.LOG_EVENT_ARTIFICIAL_F or log_pos == 0):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -23,6 +22,7 @@ from typing import Any
 
 from ...binlog import boundary as B
 from ...binlog import constants as C
+from ...binlog.checksum import crc32 as _crc32
 from ...binlog.gtid import GtidSet
 from .files import _U32, _header_unpack_from
 
@@ -32,7 +32,6 @@ _FLAG_ERROR = B.FLAG_ERROR
 _GROUP_START = B.GROUP_START
 _pack_u32 = _U32.pack
 _unpack_u32_from = _U32.unpack_from
-_crc32 = zlib.crc32
 
 CACHE_BYTES = 24 << 20  # framed chunks kept for senders that come by later (each about twice its range)
 # From this average packet size on, a replica's framing goes out as pieces of the shared bytes plus its own

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -13,6 +12,7 @@ from ...binlog import boundary as B
 from ...binlog import constants as C
 from ...binlog import encoders
 from ...binlog.checksum import ChecksumError
+from ...binlog.checksum import crc32 as _crc32
 from ...binlog.events import BinlogFormatError, FormatDescription, split_version
 from ...binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from ...log import PeerLogLimiter, get_logger, report_failure
@@ -547,7 +547,7 @@ class DumpSender(DumpStart):
                     self._skip_filler(pos + end)
                     off = end
                     continue
-                if crc and zlib.crc32(view[off : end - 4]) != _U32.unpack_from(data, end - 4)[0]:
+                if crc and _crc32(view[off : end - 4]) != _U32.unpack_from(data, end - 4)[0]:
                     raise _read_failure(MSG_CRC, pos + off, pos + end)
                 await self._handle(view, off, size, pos + off, type_code, flags, None)
                 off = end
@@ -568,7 +568,7 @@ class DumpSender(DumpStart):
                 event = await self._read(rf, pos, size)
                 if len(event) < size:
                     raise _read_failure(MSG_TRUNCATED, pos, pos + len(event))
-                if crc and zlib.crc32(memoryview(event)[:-4]) != _U32.unpack_from(event, size - 4)[0]:
+                if crc and _crc32(memoryview(event)[:-4]) != _U32.unpack_from(event, size - 4)[0]:
                     raise _read_failure(MSG_CRC, pos, pos + size)
                 await self._handle(memoryview(event), 0, size, pos, type_code, flags, None)
             else:
@@ -690,7 +690,7 @@ class DumpSender(DumpStart):
                 chunk = await self._read(rf, at, min(_STREAM_PIECE, body_end - at))
                 if not chunk:
                     raise _read_failure(MSG_TRUNCATED, pos, at)
-                running = zlib.crc32(chunk, running)
+                running = _crc32(chunk, running)
                 at += len(chunk)
             stored = await self._read(rf, body_end, C.CHECKSUM_LEN)
             if len(stored) < C.CHECKSUM_LEN:
