@@ -101,7 +101,7 @@ async def _reference(port: int, setup: list[str], start) -> list[bytes]:
 
 
 def _scenario(tmp_path, name: str, image: bytes, version: str, clients: list[tuple[str, list[str], object]],
-              first: int, steps: int):
+              first: int, steps: int, expect_parked: int):
     """Feed ``events[:first]``, connect every client (blocking dumps), feed the rest in ``steps`` syncs, read each
     stream to the file's end; then the same requests as NON_BLOCK from the finished file. Returns
     (followed streams, reference streams, the Followers counters)."""
@@ -119,6 +119,8 @@ def _scenario(tmp_path, name: str, image: bytes, version: str, clients: list[tup
             readers = [asyncio.create_task(_read_until(c, end_pos, out, store.horizon))
                        for c, out in zip(conns, outs)]
             await asyncio.sleep(0.3)  # every client reaches the horizon and parks (or waits)
+            parked = F.describe(store.horizon)["parked"]
+            assert parked == expect_parked, f"{parked} dumps parked at the horizon, {expect_parked} expected"
             rest = events[first:]
             per = max(1, len(rest) // steps)
             for i in range(0, len(rest), per):
@@ -171,7 +173,8 @@ def test_mysql_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corp
         # 6-26 are in the file; 6-7 are durable at the start: skipped, then it follows
         ("GTID, skips the first two", CRC, lambda flags: _gtid_dump(GtidSet.parse(f"{sid}:1-7"), flags)),
     ]
-    outs, refs, (passes, written, woken) = _scenario(tmp_path, name, image, "8.0.29", clients, first=12, steps=12)
+    outs, refs, (passes, written, woken) = _scenario(tmp_path, name, image, "8.0.29", clients, first=12, steps=12,
+                                                     expect_parked=4)
     _compare(clients, outs, refs)
     assert passes >= 5, f"only {passes} shared passes for 12 advances"
     assert written >= 4 * 5, f"the shared pass wrote {written} ranges: the followers were not served by it"
@@ -201,10 +204,11 @@ def test_mariadb_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, co
          lambda flags: _file_dump(MARIA_FILE, 4, flags)),
     ]
     outs, refs, (passes, written, woken) = _scenario(tmp_path, MARIA_FILE, image, "10.11.6-MariaDB-log", clients,
-                                                     first=100, steps=20)
+                                                     first=100, steps=20, expect_parked=4)
     _compare(clients, outs, refs)
     assert passes >= 10, f"only {passes} shared passes for 20 advances"
     assert written >= 2 * 10, f"the shared pass wrote {written} ranges"
+    # (capability 0 parks too: each range it cannot take as it is wakes its task, which rewrites the GTID events)
     assert woken >= 1, "the capability 0 client was never handed back to its own task"
 
 

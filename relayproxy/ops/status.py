@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from .. import __version__
+from ..downstream.dump.followers import describe as describe_followers
 from ..relay import closed_files
 
 
@@ -105,6 +106,8 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "semi_sync_replica_timeouts": up.semi_sync_replica_timeouts,
         "replicas": _replicas(downstream, horizon, names, disk["sizes"]) if downstream is not None else [],
     }
+    if downstream is not None:
+        doc["horizon_followers"] = describe_followers(store.horizon)
     senders = getattr(downstream, "senders", None)
     if senders is not None:
         doc["sender_processes"] = senders.describe()

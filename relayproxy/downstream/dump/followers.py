@@ -105,6 +105,15 @@ class Followers:
 _followers: "weakref.WeakKeyDictionary[Any, Followers]" = weakref.WeakKeyDictionary()
 
 
+def describe(horizon: "Horizon") -> dict[str, int]:
+    """What /status shows of the dumps parked at ``horizon`` in this process (all zeros before any parked)."""
+    followers = _followers.get(horizon)
+    if followers is None:
+        return {"parked": 0, "passes": 0, "written": 0, "woken": 0}
+    return {"parked": len(followers.parked), "passes": followers.passes, "written": followers.written,
+            "woken": followers.woken}
+
+
 def followers_of(horizon: "Horizon") -> Followers:
     """The Followers of ``horizon`` on the running loop."""
     loop = asyncio.get_running_loop()
