@@ -806,8 +806,10 @@ class Soak:
                         raise
                     outcomes["refused while a stalled dump read a doomed file (1378)"] += 1
                     notes.append("refused while a stalled dump read the oldest file (1378)")
-                    if [row[0] for row in self.relay.sql("SHOW BINARY LOGS")] != files:
-                        raise AssertionError("PURGE was refused but files were deleted")
+                    now = {row[0] for row in self.relay.sql("SHOW BINARY LOGS")}
+                    gone = [name for name in files if name not in now]  # (new files may have come: the load runs)
+                    if gone:
+                        raise AssertionError(f"PURGE was refused but files were deleted: {gone}")
             finally:
                 held.close(reset=True)
             self._wait_for_dump(STALLED_DUMP_SERVER_ID, present=False)
@@ -821,11 +823,11 @@ class Soak:
                 return
             raise
         after = [row[0] for row in self.relay.sql("SHOW BINARY LOGS")]
-        fault.detail = "; ".join(notes + [f"TO '{target}': {len(files) - len(after)} file(s) purged, "
-                                          f"{len(after)} left"])
+        purged = sum(1 for name in files if name not in after)  # (files the load added meanwhile are not purges)
+        fault.detail = "; ".join(notes + [f"TO '{target}': {purged} file(s) purged, {len(after)} left"])
         outcomes["purged"] += 1
         self.report.setdefault("relay_files_purged", 0)
-        self.report["relay_files_purged"] += len(files) - len(after)
+        self.report["relay_files_purged"] += purged
 
     def _wait_for_dump(self, server_id: int, present: bool, timeout: float = 10.0) -> None:
         """Until the relay's /status lists (or no longer lists) a dump of `server_id`."""
