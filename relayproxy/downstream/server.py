@@ -603,21 +603,29 @@ class _DumpChannel:
         protocol = self._protocol
         return not (protocol.is_closing or protocol._write_paused or protocol.input_ended.done())
 
-    def write_packets_now(self, chunk: Chunk, omit: frozenset[int], shared: dict) -> None:
+    def write_packets_now(self, chunk: Chunk, omit: frozenset[int], framings: dict) -> bool:
         """``send_packets`` without waiting (the shared pass at a horizon advance, dump/followers.py; the caller
-        checked ``can_write_now``). ``shared`` holds the framings made in this pass: dumps at the same sequence id
-        share one."""
-        self.flush()
+        checked ``can_write_now`` just now, in the same callback). ``framings`` holds the framings made in this
+        pass: dumps at the same sequence id share one. Returns ``can_write_now()`` after the write (False above
+        the high-water mark: the dump's own task then waits for the replica with the write timeout)."""
+        if self._pending:
+            self.flush()
         key = (chunk, self._seq, omit)
-        framed = shared.get(key)
-        pieces = chunk.as_pieces(omit)
+        framed = framings.get(key)
         if framed is None:
-            framed = shared[key] = chunk.pieces_for(self._seq, omit) if pieces else chunk.frame_for(self._seq, omit)
-        data, self._seq = framed
-        if pieces:
-            self._protocol.write_pieces(data)
+            if chunk.as_pieces(omit):
+                framed = framings[key] = (True, *chunk.pieces_for(self._seq, omit))
+            else:
+                framed = framings[key] = (False, *chunk.frame_for(self._seq, omit))
+        pieces, data, self._seq = framed
+        protocol = self._protocol
+        if protocol.tls is not None:
+            protocol.write_pieces(data) if pieces else protocol.write(data)
+        elif pieces:
+            protocol.transport.writelines(data)
         else:
-            self._protocol.write(data)
+            protocol.transport.write(data)
+        return not (protocol._write_paused or protocol.is_closing or protocol.input_ended.done())
 
     async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None:
         """Send one payload of `total` bytes that arrives as `chunks` (the first starting with the 0x00 / 0xEF

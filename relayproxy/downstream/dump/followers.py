@@ -21,6 +21,7 @@ One ``Followers`` per horizon object and event loop (the relay process and every
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,23 @@ log = get_logger("relayproxy.downstream.dump")
 
 # What ``DumpSender._follow`` did with an advance.
 WAKE, STAY, SENT = 0, 1, 2  # its task must take over; nothing new for it (still parked); written (still parked)
+
+
+class Pass:
+    """What the dumps of one pass share, so that each dump at the horizon costs a socket write and a few
+    assignments (the per-replica work the pass exists to save): ``chunks`` the chunk of a range (by the ordinary
+    path's key), ``plain`` whether a chunk needs nothing done for dumps of one kind (by the chunk and what
+    ``_plain_chunk`` looks at, for dumps with no GTID set to skip and no MariaDB domain still looking for its start),
+    ``framings`` a chunk's framing from one sequence id, and the clocks read once for the pass."""
+
+    __slots__ = ("chunks", "plain", "framings", "monotonic", "wall")
+
+    def __init__(self) -> None:
+        self.chunks: dict = {}
+        self.plain: dict = {}
+        self.framings: dict = {}
+        self.monotonic = time.monotonic()
+        self.wall = time.time()
 
 
 class Followers:
@@ -80,7 +98,7 @@ class Followers:
         parked = self.parked
         if parked:
             self.passes += 1
-            shared: dict = {}  # framings shared by the dumps of this pass: (chunk, first sequence id, omit) -> bytes
+            shared = Pass()
             for dump, waiter in list(parked.items()):
                 if waiter.done():
                     continue  # woken already (timer, replica gone): its task unparks it

@@ -49,7 +49,7 @@ from .errors import (
     eof_payload,
 )
 from .files import _CRC32, _GTID_TYPES, _U32, _U64, _header_unpack_from, _RelayFile
-from .followers import SENT, STAY, WAKE, followers_of
+from .followers import SENT, STAY, WAKE, Pass, followers_of
 from .rewrite import (
     _MARIA_GTID_HEADER_LEN,
     MARIA_SLAVE_CAPABILITY_ANNOTATE,
@@ -466,9 +466,11 @@ class DumpSender(DumpStart):
         return (self.write_packets_now is not None and snap.file == rf.name and self.pos == snap.position
                 and self._plain() and self.channel.can_write_now())
 
-    def _follow(self, snap, shared: dict) -> int:
+    def _follow(self, snap, shared: Pass) -> int:
         """At an advance while parked: write ``[pos, snap.position)`` now when it needs nothing done for this
-        replica (SENT), or nothing is new for it (STAY); else WAKE its task for the ordinary path."""
+        replica (SENT), or nothing is new for it (STAY); else WAKE its task for the ordinary path. What the dumps
+        of the pass have in common (the chunk, whether it is plain for dumps of a kind, a framing) is worked out
+        once, in ``shared``; ``_plain`` and ``_sent`` are written out here (this runs per replica per advance)."""
         rf = self.rf
         pos = self.pos
         if snap.file != rf.name or self.gone.done():
@@ -477,27 +479,55 @@ class DumpSender(DumpStart):
         if limit <= pos:
             return STAY
         want = limit - pos
-        if want > SHARED_CHUNK or not self._plain() or not self.channel.can_write_now():
+        if (want > SHARED_CHUNK or self.semi_sync or self.skipping or self.skip_end or self.reposition
+                or self.fake_gtid_list):  # too large, or not _plain()
             return WAKE
-        crc = self.event_alg == _CRC32
+        channel = self.channel
+        if not channel.can_write_now():
+            return WAKE
         parser = self.parser
+        crc = self.event_alg == _CRC32
         key = (rf.name, pos, want, crc, parser.state_key())  # the ordinary path's key (``_chunk``)
-        chunks = self.chunks
-        chunk = chunks.peek(key)
+        chunk = shared.chunks.get(key)
         if chunk is None:
-            data = rf.read_now(pos, want)
-            if data is None or len(data) != want:
-                return WAKE  # a read that would block, or a short one: the ordinary path reads and reports
-            chunk = scan_chunk(rf.name, pos, data, parser.copy(), crc)
-            chunks.put(key, chunk)
-        if not (chunk.ok and chunk.end == limit and self._plain_chunk(chunk)):
+            chunk = self.chunks.peek(key)
+            if chunk is None:
+                data = rf.read_now(pos, want)
+                if data is None or len(data) != want:
+                    return WAKE  # a read that would block, or a short one: the ordinary path reads and reports
+                chunk = scan_chunk(rf.name, pos, data, parser.copy(), crc)
+                self.chunks.put(key, chunk)
+            shared.chunks[key] = chunk
+        if not (chunk.ok and chunk.end == limit):
             return WAKE
         omit = self.omit_types
-        self.write_packets_now(chunk, omit, shared)
-        self._sent(chunk, omit)
+        if self.exclude is None and not self.maria_state:  # _plain_chunk depends on the chunk and these only
+            kind = (chunk, self.slow_types, self.skip_replication, omit)
+            counts = shared.plain.get(kind)
+            if counts is None:
+                counts = shared.plain[kind] = self._chunk_counts(chunk, omit) if self._plain_chunk(chunk) else ()
+        else:
+            counts = self._chunk_counts(chunk, omit) if self._plain_chunk(chunk) else ()
+        if not counts:
+            return WAKE
+        writable = channel.write_packets_now(chunk, omit, shared.framings)
+        # _sent, with the pass's clocks
+        parser.adopt(chunk.parser)
+        self.pos = end = chunk.end
+        progress = self.progress
+        progress.position = end
+        progress.events_sent += counts[0]
+        progress.bytes_sent += counts[1]
+        self.last_sent = shared.monotonic
         self.followed = True
-        self.progress.caught_up_at = time.time()
-        return SENT if self.channel.can_write_now() else WAKE  # above the high-water mark: its task drains
+        progress.caught_up_at = shared.wall
+        return SENT if writable else WAKE  # above the high-water mark: its task drains
+
+    @staticmethod
+    def _chunk_counts(chunk: Chunk, omit: frozenset[int]) -> tuple[int, int]:
+        """(events, payload bytes) that sending ``chunk`` without the types in ``omit`` counts (``_sent``)."""
+        framed, _seq_at, events = chunk.variant(omit)
+        return events, len(framed) - 4 * events
 
     def _check_not_purged(self, name: str) -> None:
         """ERR 1236 once ``name`` left the relay's index (retention with ``retention_force``): the open
@@ -651,9 +681,9 @@ class DumpSender(DumpStart):
         self.pos = chunk.end
         progress = self.progress
         progress.position = chunk.end
-        framed, _seq_at, events = chunk.variant(omit)
+        events, nbytes = self._chunk_counts(chunk, omit)
         progress.events_sent += events
-        progress.bytes_sent += len(framed) - 4 * events
+        progress.bytes_sent += nbytes
         self.last_sent = time.monotonic()
 
     async def _read(self, rf: _RelayFile, pos: int, n: int) -> bytes:
