@@ -1327,11 +1327,12 @@ class BytesSampler(threading.Thread):
 class RealBench:
     """Everything that lives across phases: the master, the replicas, the work directory, the options."""
 
-    def __init__(self, args, work: Path) -> None:
+    def __init__(self, args, work: Path, servers: Path) -> None:
         self.args = args
         self.work = work
-        self.master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=REAL_MASTER_CONFIG)
-        self.replicas = [Replica(i, work) for i in range(args.real_replicas)]
+        self.master = MariaDBSandbox(servers / "master", server_id=1, binlog_format="ROW",
+                                     extra_config=REAL_MASTER_CONFIG)
+        self.replicas = [Replica(i, servers) for i in range(args.real_replicas)]
         self.relay_options = [tuple(o.split("=", 1)) for o in args.relay_option]
         self.phase_no = 0
 
@@ -1714,7 +1715,8 @@ def run_real(args) -> dict:
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     work = Path(tempfile.mkdtemp(prefix="rp-fanout-real-", dir=args.workdir))
-    bench = RealBench(args, work)
+    servers = Path(tempfile.mkdtemp(prefix="rp-fanout-servers-", dir=args.servers_dir)) if args.servers_dir else work
+    bench = RealBench(args, work, servers)
     report: dict = {"mode": "real", "loads": {}, "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
     try:
         bench.start()
@@ -1761,10 +1763,11 @@ def run_real(args) -> dict:
                                                   "summary": summarize_load([{"phases": phases}])})
     finally:
         bench.stop()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            log(f"kept {work}")
+        for tree in {work, servers}:
+            if not args.keep:
+                shutil.rmtree(tree, ignore_errors=True)
+            else:
+                log(f"kept {tree}")
     for load in report["loads"].values():
         for rep in load["repeats"]:
             for ph in rep["phases"].values():
@@ -1790,7 +1793,11 @@ def write_real_markdown(path: Path, report: dict, notes: str | None, png_name: s
         f"master; relay options: {a['relay_option'] or 'defaults'}); phase `direct`: the relay stopped, the same "
         f"clients connect to the master. Phase order alternates over {a['repeats']} repeats "
         "(relay-direct, direct-relay, ...); figures are the median (min-max) over the repeats; each ratio is "
-        "computed per repeat (relay and direct of the same repeat) and then summarized.",
+        "computed per repeat (relay and direct of the same repeat) and then summarized."
+        + (f" The master's and the replicas' data directories are on {a['servers_dir']} (`--servers-dir`), the "
+           "mariadb-binlog clients' output on "
+           f"{a.get('clients_dir') or 'the relay disk'}; the relay directory is on the disk."
+           if a.get("servers_dir") else ""),
         "",
         "Per phase: an idle window of "
         f"{a['idle_seconds']:g} s with every client connected and no load (CPU baseline), then the load for "
@@ -2009,6 +2016,11 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
                         "the relay's filesystem). On one machine their writes share the relay's disk, which no "
                         "remote client does: on ext4 (data=ordered) the relay's fdatasync then waits for their "
                         "writeback. /dev/shm keeps them off it")
+    g.add_argument("--servers-dir", default=None, metavar="DIR",
+                   help="where the master's and the MariaDB replicas' data directories live (default: the work "
+                        "directory, on the relay's filesystem). On a fleet they are other machines with their own "
+                        "disks; here their writeback (InnoDB, binlog, relay logs) shares the relay's disk and its "
+                        "fdatasync waits behind it. /dev/shm keeps them off it (the relay's directory stays on disk)")
     g.add_argument("--writers", type=int, default=1, help="writer processes sharing the load's rate (one tops out "
                    "near 600 trx/s on these machines)")
     g.add_argument("--sample-clients", type=int, default=4, help="mariadb-binlog clients whose lag is measured")
@@ -2074,7 +2086,8 @@ def real_main(args, argv: list[str]) -> int:
         report = run_real(args)
         report["args"] = {k: getattr(args, k) for k in (
             "binlog_clients", "real_replicas", "repeats", "idle_seconds", "seconds", "rates", "relay_option",
-            "sample_clients", "tail_interval", "replica_poll_interval", "quick", "writers", "clients_dir")}
+            "sample_clients", "tail_interval", "replica_poll_interval", "quick", "writers", "clients_dir",
+            "servers_dir")}
         report["machine"] = machine_info()
         report["command"] = benchinfo.command_line(__file__, argv)
     if args.save_json is not None:
