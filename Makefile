@@ -61,7 +61,8 @@ system-packages:
 	  if [ -n "$$compose" ]; then $$apt install -y --no-install-recommends docker-compose; fi; \
 	fi
 
-# Reinstalls only when setup.cfg / pyproject.toml change, or the venv moved or got another python.
+# Reinstalls only when setup.cfg / pyproject.toml / setup.py / the C extension's source change, or the venv moved
+# or got another python, or the C extension (built in place by the editable install) is missing.
 python-env: system-packages
 	@py=$$($(FIND_PYTHON)); \
 	if [ -z "$$py" ]; then echo "make setup: no python >= 3.11 found" >&2; exit 1; fi; \
@@ -70,8 +71,9 @@ python-env: system-packages
 	  rm -rf $(VENV); \
 	  "$$py" -m venv $(VENV); \
 	fi; \
-	want="$$(sha256sum setup.cfg pyproject.toml; echo "$(CURDIR)"; $(PY) -VV)"; \
-	if [ "$$(cat $(STAMP) 2>/dev/null)" != "$$want" ]; then \
+	want="$$(sha256sum setup.cfg pyproject.toml setup.py relayproxy/downstream/_sendbatch.c; echo "$(CURDIR)"; $(PY) -VV)"; \
+	if [ "$$(cat $(STAMP) 2>/dev/null)" != "$$want" ] \
+	    || ! $(PY) -c 'import relayproxy.downstream._sendbatch' >/dev/null 2>&1; then \
 	  echo "make setup: installing relayproxy[test] into $(VENV)"; \
 	  $(PY) -m pip install -q --disable-pip-version-check -e '.[test]'; \
 	  printf '%s\n' "$$want" > $(STAMP); \

@@ -11,6 +11,7 @@ rewritten event by event) back to their own tasks. Nothing past a published hori
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 import zlib
 
@@ -18,6 +19,7 @@ import pytest
 
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import GtidSet
+from relayproxy.downstream import sendbatch
 from relayproxy.downstream.dump import chunks as K
 from relayproxy.downstream.dump import followers as F
 from relayproxy.upstream.connection import UpstreamConnection
@@ -129,7 +131,8 @@ def _scenario(tmp_path, name: str, image: bytes, version: str, clients: list[tup
                 await asyncio.sleep(0.02)
             await asyncio.wait_for(asyncio.gather(*readers), 30)
             followers = F._followers.get(store.horizon)
-            counters = (followers.passes, followers.written, followers.woken) if followers else (0, 0, 0)
+            counters = (followers.passes, followers.written, followers.woken, followers.batched) if followers else (
+                0, 0, 0, 0)
             for c in conns:
                 c.abort()
             K.PIECES_MIN_PACKET = _DEFAULT_PIECES  # the reference goes out as patched copies whatever the fixture
@@ -154,6 +157,25 @@ def framing(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["batch", "batch, 2 threads", "transports"])
+def sends(request, monkeypatch):
+    """The ways the shared pass writes: one batch call for the pass's sockets (sendbatch.py, the C extension), the
+    batch split over two threads (forced here for 4 clients), and each socket's transport (no C extension)."""
+    if request.param == "batch, 2 threads":
+        monkeypatch.setattr(sendbatch, "THREADS", 2)
+        monkeypatch.setattr(sendbatch, "SPLIT_MIN", 1)
+    elif request.param == "transports":
+        monkeypatch.setattr(sendbatch, "_forced_off", True)
+    return request.param
+
+
+def _check_batched(sends: str, batched: int, written: int) -> None:
+    if sends == "transports":
+        assert batched == 0, "the pass batched its writes with the C extension turned off"
+    else:
+        assert batched >= written > 0, f"{batched} batch writes for {written} ranges written by the pass"
+
+
 def _compare(clients, outs, refs) -> None:
     for (label, _setup, _start), out, ref in zip(clients, outs, refs):
         assert len(out) == len(ref), f"{label}: {len(out)} events followed, {len(ref)} from the finished file"
@@ -161,7 +183,7 @@ def _compare(clients, outs, refs) -> None:
             assert a == b, f"{label}: event {i} differs (type {_event_type(a)} vs {_event_type(b)})"
 
 
-def test_mysql_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corpus_dir, framing):
+def test_mysql_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corpus_dir, framing, sends):
     image = as_sent((corpus_dir / MYSQL80).read_bytes())
     name = "binlog.000004"
     sid = "83759871-1141-11ed-b12d-0242ac130003"
@@ -173,9 +195,10 @@ def test_mysql_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corp
         # 6-26 are in the file; 6-7 are durable at the start: skipped, then it follows
         ("GTID, skips the first two", CRC, lambda flags: _gtid_dump(GtidSet.parse(f"{sid}:1-7"), flags)),
     ]
-    outs, refs, (passes, written, woken) = _scenario(tmp_path, name, image, "8.0.29", clients, first=12, steps=12,
-                                                     expect_parked=4)
+    outs, refs, (passes, written, woken, batched) = _scenario(tmp_path, name, image, "8.0.29", clients, first=12,
+                                                              steps=12, expect_parked=4)
     _compare(clients, outs, refs)
+    _check_batched(sends, batched, written)
     assert passes >= 5, f"only {passes} shared passes for 12 advances"
     assert written >= 4 * 5, f"the shared pass wrote {written} ranges: the followers were not served by it"
 
@@ -189,7 +212,7 @@ def _maria_gtid_at(events, index: int) -> str:
     return f"{domain}-{server_id}-{seq}"
 
 
-def test_mariadb_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corpus_dir, framing):
+def test_mariadb_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, corpus_dir, framing, sends):
     image = as_sent((corpus_dir / MARIA_DIR / MARIA_FILE).read_bytes())
     events = split_events(image)
     annotate = BINLOG_SEND_ANNOTATE_ROWS_EVENT
@@ -203,9 +226,10 @@ def test_mariadb_followers_get_the_same_stream_as_the_ordinary_path(tmp_path, co
         ("capability 0 (event by event)", CRC + ["SET @mariadb_slave_capability=0"],
          lambda flags: _file_dump(MARIA_FILE, 4, flags)),
     ]
-    outs, refs, (passes, written, woken) = _scenario(tmp_path, MARIA_FILE, image, "10.11.6-MariaDB-log", clients,
-                                                     first=100, steps=20, expect_parked=4)
+    outs, refs, (passes, written, woken, batched) = _scenario(tmp_path, MARIA_FILE, image, "10.11.6-MariaDB-log",
+                                                              clients, first=100, steps=20, expect_parked=4)
     _compare(clients, outs, refs)
+    _check_batched(sends, batched, written)
     assert passes >= 10, f"only {passes} shared passes for 20 advances"
     assert written >= 2 * 10, f"the shared pass wrote {written} ranges"
     # (capability 0 parks too: each range it cannot take as it is wakes its task, which rewrites the GTID events)
@@ -283,3 +307,60 @@ def test_an_event_that_looks_like_an_ack_request_does_not_restart_the_numbering(
     assert len(plain) == 1 + len(events)  # the fake ROTATE, then every event of the file
     assert all(p[1:5] == struct.pack("<I", 0x6A5001EF) for p in plain[1:]) and plain[1][:3] == b"\x00\xef\x01"
     assert skip[-1][1:] == events[-1][1], "the last group (GTID 26) did not arrive whole"
+
+
+@pytest.mark.parametrize("sends", ["batch", "transports"], indirect=True)
+def test_a_replica_whose_socket_fills_in_a_pass_gets_the_rest_in_order(tmp_path, corpus_dir, sends):
+    """A replica that reads nothing while megabytes become durable: the pass's batch write to it takes only part of
+    a range (its socket is full), the rest goes to its transport, the dump leaves the pass for its own task (above
+    the high-water mark), and once the replica reads, its stream is byte-identical to the finished file's. The
+    replica beside it, reading all along, is served by the pass and gets the same."""
+    image = as_sent((corpus_dir / MARIA_DIR / "mariadb-repl-bin.000002").read_bytes())
+    name = "mariadb-repl-bin.000002"
+    events = split_events(image)[:-1]  # up to its closing ROTATE (there is no next file here)
+    end = events[-1][0] + len(events[-1][1])
+    store, feeder = live_store(tmp_path, name)
+    feeder.feed_events(events[:50])
+    store.sync()
+    ctx = make_ctx(store, semi_sync=False, version="10.11.6-MariaDB-log")
+    cap4 = CRC + ["SET @mariadb_slave_capability=4"]
+
+    async def run():
+        async with _serving(ctx, 0) as (port, _pool):
+            reader = await _open(port, cap4, _file_dump(name, 4, BINLOG_SEND_ANNOTATE_ROWS_EVENT))
+            slow = await _open(port, cap4, _file_dump(name, 4, BINLOG_SEND_ANNOTATE_ROWS_EVENT))
+            slow._protocol.max_buffered = 0  # stop reading at the first bytes: the kernel's buffers fill
+            out_reader: list[bytes] = []
+            reading = asyncio.create_task(_read_until(reader, end, out_reader, store.horizon))
+            await asyncio.sleep(0.3)
+            assert F.describe(store.horizon)["parked"] == 2
+            for dump in F._followers[store.horizon].parked:  # the relay's side: a full socket sooner
+                sock = dump.channel._protocol.transport.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            rest = events[50:]
+            per = max(1, len(rest) // 100)  # ~37 KB an advance (a pass reads at most 64 KB inline)
+            for i in range(0, len(rest), per):
+                feeder.feed_events(rest[i : i + per])
+                store.sync()
+                await asyncio.sleep(0.02)
+            await asyncio.wait_for(reading, 30)
+            out_slow: list[bytes] = []
+            await asyncio.wait_for(_read_until(slow, end, out_slow, store.horizon), 30)
+            counters = F.describe(store.horizon)
+            reader.abort()
+            slow.abort()
+            ref = await _reference(port, cap4, _file_dump(name, 4, BINLOG_SEND_ANNOTATE_ROWS_EVENT | BINLOG_DUMP_NON_BLOCK))
+            assert _log_pos(ref[-1]) == end
+            return out_reader, out_slow, ref, counters
+
+    try:
+        out_reader, out_slow, ref, counters = asyncio.run(asyncio.wait_for(run(), 90))
+    finally:
+        store.close()
+    assert out_reader == ref, "the replica that kept reading got another stream"
+    assert out_slow == ref, "the replica whose socket filled got another stream"
+    if sends == "batch":
+        assert counters["partial"] >= 1, f"no batch write was partial: {counters}"
+    else:
+        assert counters["batched"] == 0
+    assert counters["woken"] >= 1, f"the full replica never left the pass for its own task: {counters}"

@@ -257,6 +257,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("sender_processes", _non_negative_int, 0,
            "--listen: worker processes that serve binlog dumps (plain, non-semi-sync connections), so fan-out "
            "uses every core; 0: every dump is served by the relay process", "N"),
+    Option("send_threads", _positive_int, 1,
+           "--listen: threads that write a horizon advance to the replicas waiting for it (one batch call per "
+           "thread, without the GIL; used from 32 such replicas on), so a large fan-out's sends use more cores", "N"),
     Option("http_max_connections", _positive_int, 64,
            "--http: concurrent connections; more are answered 503 and closed", "N"),
 )

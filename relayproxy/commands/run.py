@@ -208,6 +208,7 @@ def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":
 
 def _downstream_server(cfg, session):
     """The listener for replicas and tools (--listen), with its users and optional TLS."""
+    from ..downstream import sendbatch
     from ..downstream.context import DownstreamContext
     from ..downstream.server import DownstreamServer, server_tls_context
 
@@ -223,6 +224,7 @@ def _downstream_server(cfg, session):
         raise RelayStartupError("a user requires TLS but no tls_cert is configured for --listen")
     from ..ops.status import relay_status
 
+    sendbatch.configure(getattr(cfg, "send_threads", 1))
     ctx = DownstreamContext(cfg, session, server_uuid=session.replica_uuid,
                             status_document=lambda: relay_status(cfg, session.store, session),
                             replication=session if hasattr(session, "change_master") else None)

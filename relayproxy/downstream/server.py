@@ -207,6 +207,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer_host = "?"
         self.peer_port = 0
+        self.fd = -1  # the socket's descriptor once connected (the shared pass's batch writes, sendbatch.py)
         self.tls: MemoryTls | None = None
         self.tls_handshake: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
@@ -226,6 +227,8 @@ class _ClientProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1  # the shared pass's batch writes (sendbatch.py)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             host = str(peer[0])
@@ -603,29 +606,50 @@ class _DumpChannel:
         protocol = self._protocol
         return not (protocol.is_closing or protocol._write_paused or protocol.input_ended.done())
 
-    def write_packets_now(self, chunk: Chunk, omit: frozenset[int], framings: dict) -> bool:
+    def write_packets_now(self, chunk: Chunk, omit: frozenset[int], shared: Any, owner: Any) -> bool:
         """``send_packets`` without waiting (the shared pass at a horizon advance, dump/followers.py; the caller
-        checked ``can_write_now`` just now, in the same callback). ``framings`` holds the framings made in this
-        pass: dumps at the same sequence id share one. Returns ``can_write_now()`` after the write (False above
-        the high-water mark: the dump's own task then waits for the replica with the write timeout)."""
+        checked ``can_write_now`` just now, in the same callback). ``shared.framings`` holds the framings made in
+        this pass: dumps at the same sequence id share one. A socket whose transport holds nothing unsent gets its
+        write in the pass's batch (``shared.sends``, sendbatch.py; ``owner`` is the dump, for ``write_rest``).
+        Returns ``can_write_now()`` after the write (False above the high-water mark: the dump's own task then waits
+        for the replica with the write timeout); True for a write left to the batch."""
         if self._pending:
             self.flush()
         key = (chunk, self._seq, omit)
+        framings = shared.framings
         framed = framings.get(key)
         if framed is None:
+            total = len(chunk.variant(omit)[0])
             if chunk.as_pieces(omit):
-                framed = framings[key] = (True, *chunk.pieces_for(self._seq, omit))
+                framed = framings[key] = (True, *chunk.pieces_for(self._seq, omit), total)
             else:
-                framed = framings[key] = (False, *chunk.frame_for(self._seq, omit))
-        pieces, data, self._seq = framed
+                framed = framings[key] = (False, *chunk.frame_for(self._seq, omit), total)
+        pieces, data, self._seq, total = framed
         protocol = self._protocol
         if protocol.tls is not None:
             protocol.write_pieces(data) if pieces else protocol.write(data)
-        elif pieces:
-            protocol.transport.writelines(data)
         else:
-            protocol.transport.write(data)
+            transport = protocol.transport
+            sends = shared.sends
+            if sends is not None and protocol.fd >= 0 and not transport.get_write_buffer_size():
+                sends.append((protocol.fd, data))
+                shared.queued.append((self, data, pieces, total, owner))
+                return True
+            if pieces:
+                transport.writelines(data)
+            else:
+                transport.write(data)
         return not (protocol._write_paused or protocol.is_closing or protocol.input_ended.done())
+
+    def write_rest(self, data, pieces: bool, taken: int) -> bool:
+        """A batch write (``write_packets_now``) of which the socket took ``taken`` bytes (< 0: none, an error):
+        the rest goes to the transport, which queues it or reports the error as for any write. Returns
+        ``can_write_now()``."""
+        protocol = self._protocol
+        if not protocol.is_closing:
+            rest = b"".join(data) if pieces else data
+            protocol.transport.write(memoryview(rest)[taken:] if taken > 0 else rest)
+        return self.can_write_now()
 
     async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None:
         """Send one payload of `total` bytes that arrives as `chunks` (the first starting with the 0x00 / 0xEF

@@ -26,6 +26,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ...log import get_logger
+from .. import sendbatch
 
 if TYPE_CHECKING:
     from ...relay.horizon import Horizon, HorizonSnapshot
@@ -43,14 +44,39 @@ class Pass:
     ``_plain_chunk`` looks at, for dumps with no GTID set to skip and no MariaDB domain still looking for its start),
     ``framings`` a chunk's framing from one sequence id, and the clocks read once for the pass."""
 
-    __slots__ = ("chunks", "plain", "framings", "monotonic", "wall")
+    __slots__ = ("chunks", "plain", "framings", "monotonic", "wall", "sends", "queued", "rests")
 
-    def __init__(self) -> None:
+    def __init__(self, batch: bool = False) -> None:
         self.chunks: dict = {}
         self.plain: dict = {}
         self.framings: dict = {}
         self.monotonic = time.monotonic()
         self.wall = time.time()
+        # The writes gathered for one batch (sendbatch.py; None: each channel writes through its transport):
+        # (fd, data) for the batch, and (channel, data, pieces, total, dump) to hand what a socket left back.
+        self.sends: list | None = [] if batch else None
+        self.queued: list = []
+        self.rests = 0  # batch writes a socket took only part of (the rest went to its transport)
+
+    def flush(self) -> list:
+        """Write the gathered writes; returns the dumps whose channel cannot take another write now (a socket that
+        took only part: the transport holds the rest above its high-water mark, or reports the error)."""
+        sends, queued = self.sends, self.queued
+        if not sends:
+            return []
+        self.sends, self.queued = [], []
+        try:
+            results = sendbatch.send(sends, sendbatch.THREADS)
+        except Exception as exc:  # nothing of the batch was written (its checks come before any write)
+            log.error("the shared pass's batch write failed; its writes go through the transports", error=repr(exc))
+            results = [-1] * len(sends)
+        blocked = []
+        for (channel, data, pieces, total, dump), taken in zip(queued, results):
+            if taken != total:
+                self.rests += 1
+                if not channel.write_rest(data, pieces, taken):
+                    blocked.append(dump)
+        return blocked
 
 
 class Followers:
@@ -66,6 +92,8 @@ class Followers:
         self.passes = 0
         self.written = 0
         self.woken = 0
+        self.batched = 0  # writes made by one batch call (sendbatch.py) instead of each transport
+        self.partial = 0  # of those, the ones a socket took only part of (the rest went to its transport)
 
     def park(self, dump: Any, seq: int, future: asyncio.Future) -> bool:
         """Park ``dump`` (its task awaits ``future``) until the horizon passes ``seq`` with something it cannot take
@@ -98,7 +126,7 @@ class Followers:
         parked = self.parked
         if parked:
             self.passes += 1
-            shared = Pass()
+            shared = Pass(sendbatch.available())
             for dump, waiter in list(parked.items()):
                 if waiter.done():
                     continue  # woken already (timer, replica gone): its task unparks it
@@ -116,6 +144,14 @@ class Followers:
                 del parked[dump]
                 self.woken += 1
                 waiter.set_result(snapshot)
+            if shared.sends:
+                self.batched += len(shared.sends)
+                for dump in shared.flush():  # above the high-water mark now: its task drains
+                    waiter = parked.pop(dump, None)
+                    if waiter is not None and not waiter.done():
+                        self.woken += 1
+                        waiter.set_result(snapshot)
+                self.partial += shared.rests
         if parked:
             self._listen()
 
@@ -127,9 +163,9 @@ def describe(horizon: "Horizon") -> dict[str, int]:
     """What /status shows of the dumps parked at ``horizon`` in this process (all zeros before any parked)."""
     followers = _followers.get(horizon)
     if followers is None:
-        return {"parked": 0, "passes": 0, "written": 0, "woken": 0}
+        return {"parked": 0, "passes": 0, "written": 0, "woken": 0, "batched": 0, "partial": 0}
     return {"parked": len(followers.parked), "passes": followers.passes, "written": followers.written,
-            "woken": followers.woken}
+            "woken": followers.woken, "batched": followers.batched, "partial": followers.partial}
 
 
 def followers_of(horizon: "Horizon") -> Followers:

@@ -510,7 +510,7 @@ class DumpSender(DumpStart):
             counts = self._chunk_counts(chunk, omit) if self._plain_chunk(chunk) else ()
         if not counts:
             return WAKE
-        writable = channel.write_packets_now(chunk, omit, shared.framings)
+        writable = channel.write_packets_now(chunk, omit, shared, self)
         # _sent, with the pass's clocks
         parser.adopt(chunk.parser)
         self.pos = end = chunk.end
