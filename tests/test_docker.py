@@ -362,7 +362,7 @@ def test_dockerfile_builds_a_wheel_from_files_the_dockerignore_lets_through():
     build = dockerfile_instructions()
     copies = [rest.split()[:-1] for kw, rest in build if kw == "COPY" and not rest.startswith("--from")]
     sources = {source for copy in copies for source in copy}
-    assert sources == {"pyproject.toml", "setup.cfg", "README.md", "relayproxy"}
+    assert sources == {"pyproject.toml", "setup.cfg", "setup.py", "README.md", "relayproxy"}
     (wheel_and_install,) = [rest for kw, rest in build if kw == "RUN" and "pip wheel" in rest]
     assert re.search(r"pip install --no-index --find-links /wheels relayproxy\b", wheel_and_install)
     # The runtime stage takes the virtualenv the wheels went into, and puts it first on PATH.
