@@ -354,3 +354,47 @@ def test_the_cache_is_bounded_and_a_failed_read_lets_waiters_read_themselves():
         assert ("g", 1) not in cache._pending
 
     asyncio.run(scenario())
+
+
+def test_a_dropped_chunk_leaves_no_cyclic_garbage(corpus_dir):
+    """A chunk keeps its parser for the end state only: nothing of it waits for the cyclic collector once the cache
+    lets it go (a full collection stops the loop; at 1,000 advances a second thousands of chunks were left to it)."""
+    import gc
+
+    base = corpus_dir / "mariadb-operator-mariadb-poc/mariadb-binlog/binlogs/domain_id_0"
+    image = (base / "mariadb-repl-bin.000005").read_bytes()
+    events = split_events(image)
+    fde = FormatDescription.parse(events[0][1])
+    start = events[1][0]
+
+    def parsers() -> int:
+        return sum(isinstance(o, B.TransactionBoundaryParser) for o in gc.get_objects())
+
+    follower = B.TransactionBoundaryParser(fde=fde)  # a dump's own parser (it lives as long as the dump)
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        before = parsers()
+        for _ in range(50):
+            chunk = K.scan_chunk(NAME, start, image[start:], follower.copy(), True)
+            assert chunk.ok and chunk.parser is not None and chunk.parser.feed is None
+            follower.adopt(chunk.parser)  # what a dump takes from it
+            assert follower.state_key() == chunk.parser.state_key()
+            del chunk
+        assert parsers() == before, "chunks' parsers are left for the cyclic collector"
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_the_cache_holds_a_bounded_number_of_chunks():
+    async def scenario():
+        cache = K.ChunkCache(budget=1 << 30, max_chunks=4)
+        for i in range(20):
+            await cache.get(("f", i), lambda: asyncio.sleep(0, K.Chunk("f", 4, b"x")))
+            cache.put(("g", i), K.Chunk("g", 4, b"y"))
+        assert len(cache._done) == 4
+        assert list(cache._done) == [("f", 18), ("g", 18), ("f", 19), ("g", 19)]
+
+    asyncio.run(scenario())

@@ -236,7 +236,7 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
     from ..ops.status import relay_status
     from ..relay import closed_files
     from ..relay.conversion import keyring_from_config
-    from .run import RelayStartupError, _downstream_server
+    from .run import RelayStartupError, _downstream_server, settle_gc
 
     try:  # closed files of a relay directory may be encrypted (encryption_key_file / encryption_key_env)
         closed_files.configure(options.binlog_dir, keyring=keyring_from_config(cfg))
@@ -304,6 +304,8 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
                 "http": address, "listen": listen_address, "store": store, "session": session,
                 "downstream": downstream, "stop": lambda: loop.call_soon_threadsafe(stopping.set),
             })
+        elif ready is None:
+            settle_gc()
         await stopping.wait()
     finally:
         if follower is not None:
