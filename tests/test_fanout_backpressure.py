@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from relayproxy.binlog import constants as C
+from relayproxy.lab.harness import replica_status
 
 from .test_downstream_topologies import (  # noqa: F401 - fixtures
     FIRST_FILE,
@@ -117,4 +118,66 @@ def test_a_replica_that_stops_reading_costs_bounded_memory_and_slows_no_one(mari
         except Exception:  # noqa: BLE001 - pymysql raises OperationalError/InterfaceError on a closed connection
             dropped = True
     assert dropped, "a client that read nothing was never dropped"
+    stalled.close()
+
+
+def test_a_client_that_stops_reading_for_60_s_under_load(mariadb, relays, tmp_path):
+    """The issue's case as written: a client stops reading mid-stream and stays connected for the relay's default
+    net_write_timeout (60 s) while the master writes all along. Through the whole stall the reading replica keeps
+    applying (checked in every 10 s window: it is never held back by the stalled client), the relay's memory stays
+    within the same bound, and at the end of the stall the relay drops the client. Lag figures are printed."""
+    master = mariadb("master")
+    prepare_master(master)
+    relay = relays("relay", master.port)  # net_write_timeout: the default, 60 s
+    mixed_load(master, big=False)
+    wait_relay(relay, master)
+    replica = mariadb("replica", server_id=11)
+    change_master(replica, relay.listen_port)
+    replica.execute("START SLAVE")
+    wait_replica(replica, master)
+    baseline = _rss_kb(relay.proc.pid)
+    stalled = RawDumpClient(relay.listen_port, FIRST_FILE)
+    assert stalled.event()[4] == C.ROTATE_EVENT  # then it reads nothing more
+    sampler = _Sampler(relay.proc.pid)
+    sampler.start()
+    stalled_at = time.monotonic()
+    applied = []  # (seconds into the stall, rows the replica has applied)
+    behind = []  # seconds behind, as SHOW SLAVE STATUS says, sampled every second
+    try:
+        with Writer(master, rotate_every=400, limit=10**9) as writer:
+            mixed_load(master, rounds=1, big=True)  # a >16 MB event the stalled client never reads
+            while time.monotonic() - stalled_at < 58:
+                time.sleep(1)
+                rows = replica.execute("SELECT COUNT(*) FROM app.w")[0][0]
+                applied.append((time.monotonic() - stalled_at, int(rows)))
+                seconds = replica_status(replica).get("Seconds_Behind_Master")
+                if seconds is not None:
+                    behind.append(int(seconds))
+        wait_relay(relay, master)
+        status = wait_replica(replica, master, timeout=60)
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    assert not status["Last_IO_Error"] and not status["Last_SQL_Error"], status
+    assert_same_data(master, replica)
+    assert writer.done > 1000, f"only {writer.done} transactions during the stall"
+    for window in range(0, 50, 10):  # the reading replica applied something in every 10 s of the stall
+        rows = [n for t, n in applied if window <= t < window + 10]
+        assert rows and rows[-1] > rows[0], f"the replica applied nothing between {window} and {window + 10} s"
+    grew_mb = (sampler.peak - baseline) / 1024
+    print(f"\n60 s stall: {writer.done} transactions written meanwhile; relay RSS {baseline / 1024:.1f} MB before, "
+          f"peak {sampler.peak / 1024:.1f} MB (+{grew_mb:.1f} MB); the reading replica's Seconds_Behind_Master "
+          f"max {max(behind, default=0)} s over {len(behind)} samples")
+    assert grew_mb < 48, f"the relay grew by {grew_mb:.1f} MB while one client read nothing for 60 s"
+    # Reading now would let the relay write again (and count as progress): first let the timeout pass.
+    time.sleep(max(0.0, stalled_at + 65 - time.monotonic()))
+    deadline = time.monotonic() + 60
+    dropped = False
+    while time.monotonic() < deadline and not dropped:
+        try:
+            stalled.conn._sock.settimeout(5)
+            stalled.event()
+        except Exception:  # noqa: BLE001 - pymysql raises OperationalError/InterfaceError on a closed connection
+            dropped = True
+    assert dropped, "a client that read nothing for net_write_timeout was never dropped"
     stalled.close()
