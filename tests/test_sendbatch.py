@@ -189,3 +189,44 @@ def test_what_a_peer_receives_is_the_prefix_the_result_counts(batches, sndbuf):
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_a_rest_the_transport_refuses_drops_the_replica_instead_of_leaving_a_hole():
+    """``write_rest`` hands what a socket did not take to its transport; if that fails the stream would have a hole,
+    so the replica is disconnected (it reconnects from where it is) and the pass hands the dump back to its task."""
+    import asyncio
+
+    from relayproxy.downstream.server import _DumpChannel
+
+    class Transport:
+        aborted = False
+
+        def write(self, data):
+            raise RuntimeError("transport refuses")
+
+        def abort(self):
+            self.aborted = True
+
+        def is_closing(self):
+            return self.aborted
+
+    class Protocol:
+        peer_host, peer_port = "127.0.0.1", 1
+        _write_paused = False
+
+        def __init__(self, loop):
+            self.transport = Transport()
+            self.input_ended = loop.create_future()
+            self.closed = loop.create_future()
+
+        @property
+        def is_closing(self):
+            return self.transport.is_closing()
+
+    async def scenario():
+        protocol = Protocol(asyncio.get_running_loop())
+        channel = _DumpChannel(protocol, 1.0, 1)
+        assert channel.write_rest([b"abc", b"def"], True, 2) is False
+        assert protocol.transport.aborted
+
+    asyncio.run(scenario())

@@ -648,7 +648,12 @@ class _DumpChannel:
         protocol = self._protocol
         if not protocol.is_closing:
             rest = b"".join(data) if pieces else data
-            protocol.transport.write(memoryview(rest)[taken:] if taken > 0 else rest)
+            try:
+                protocol.transport.write(memoryview(rest)[taken:] if taken > 0 else rest)
+            except Exception as exc:  # the stream would have a hole: drop the replica (it reconnects where it is)
+                log.error("cannot queue the rest of a batch write; the replica is disconnected",
+                          client=f"{protocol.peer_host}:{protocol.peer_port}", error=repr(exc))
+                protocol.transport.abort()
         return self.can_write_now()
 
     async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None:
