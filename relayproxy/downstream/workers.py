@@ -27,6 +27,7 @@ import array
 import asyncio
 import collections
 import contextlib
+import gc
 import os
 import pickle
 import socket
@@ -626,6 +627,9 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         worker = Worker(sock, args.relay_dir, slot=args.slot, write_timeout=args.write_timeout,
                         net_read_timeout=args.net_read_timeout)
+        # Start-up is over: out of the cyclic collector's full collections, as in the relay process (settle_gc).
+        gc.collect()
+        gc.freeze()
         await worker.run()
 
     try:
