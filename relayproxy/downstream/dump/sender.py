@@ -470,7 +470,8 @@ class DumpSender(DumpStart):
         """At an advance while parked: write ``[pos, snap.position)`` now when it needs nothing done for this
         replica (SENT), or nothing is new for it (STAY); else WAKE its task for the ordinary path. What the dumps
         of the pass have in common (the chunk, whether it is plain for dumps of a kind, a framing) is worked out
-        once, in ``shared``; ``_plain`` and ``_sent`` are written out here (this runs per replica per advance)."""
+        once, in ``shared``; ``_sent`` is written out here with the pass's clocks (this runs per replica per
+        advance)."""
         rf = self.rf
         pos = self.pos
         if snap.file != rf.name or self.gone.done():
@@ -479,8 +480,7 @@ class DumpSender(DumpStart):
         if limit <= pos:
             return STAY
         want = limit - pos
-        if (want > SHARED_CHUNK or self.semi_sync or self.skipping or self.skip_end or self.reposition
-                or self.fake_gtid_list):  # too large, or not _plain()
+        if want > SHARED_CHUNK or not self._plain():
             return WAKE
         channel = self.channel
         if not channel.can_write_now():
