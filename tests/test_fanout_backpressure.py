@@ -66,26 +66,51 @@ class _Sampler(threading.Thread):
             time.sleep(0.05)
 
 
-@pytest.mark.parametrize("senders", [0, 2])
-def test_a_replica_that_stops_reading_costs_bounded_memory_and_slows_no_one(mariadb, relays, tmp_path, senders):
+def _relay_and_reading_replica(mariadb, relays, extra: list[str] | None = None):
+    """A master with a first load, the relay, and a MariaDB replica of the relay that has caught up."""
     master = mariadb("master")
     prepare_master(master)
-    relay = relays("relay", master.port, extra=["--sender-processes", str(senders),
-                                                "--net-write-timeout", str(STALL_TIMEOUT)])
+    relay = relays("relay", master.port, extra=extra or [])
     mixed_load(master, big=False)
     wait_relay(relay, master)
     replica = mariadb("replica", server_id=11)
     change_master(replica, relay.listen_port)
     replica.execute("START SLAVE")
     wait_replica(replica, master)
-    if senders:
-        relay.wait_for(lambda s: sum(w["dumps"] for w in s["sender_processes"]["workers"]) == 1, 20,
-                       "the replica's dump in a sender process")
+    return master, relay, replica
+
+
+def _stall_a_client(relay):
+    """(the relay's RSS now, a dump client that has read its first event and reads nothing more, an RSS sampler
+    started on the relay)."""
     baseline = _rss_kb(relay.proc.pid)
     stalled = RawDumpClient(relay.listen_port, FIRST_FILE)
     assert stalled.event()[4] == C.ROTATE_EVENT  # then it reads nothing more
     sampler = _Sampler(relay.proc.pid)
     sampler.start()
+    return baseline, stalled, sampler
+
+
+def _dropped(stalled: RawDumpClient, within: float) -> bool:
+    """Whether the relay closes the stalled client's connection within ``within`` seconds of reading it again."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            stalled.conn._sock.settimeout(5)
+            stalled.event()
+        except Exception:  # noqa: BLE001 - pymysql raises OperationalError/InterfaceError on a closed connection
+            return True
+    return False
+
+
+@pytest.mark.parametrize("senders", [0, 2])
+def test_a_replica_that_stops_reading_costs_bounded_memory_and_slows_no_one(mariadb, relays, tmp_path, senders):
+    master, relay, replica = _relay_and_reading_replica(
+        mariadb, relays, ["--sender-processes", str(senders), "--net-write-timeout", str(STALL_TIMEOUT)])
+    if senders:
+        relay.wait_for(lambda s: sum(w["dumps"] for w in s["sender_processes"]["workers"]) == 1, 20,
+                       "the replica's dump in a sender process")
+    baseline, stalled, sampler = _stall_a_client(relay)
     began = time.monotonic()
     try:
         with Writer(master, rotate_every=150) as writer:
@@ -109,15 +134,7 @@ def test_a_replica_that_stops_reading_costs_bounded_memory_and_slows_no_one(mari
     # and the socket buffers, whatever the backlog. 48 MB is well under the 2 x 16 MB + load it missed.
     assert grew_mb < 48, f"the relay grew by {grew_mb:.1f} MB while one client read nothing"
     # After net_write_timeout without reading, the relay drops it: the client finds the connection closed.
-    deadline = time.monotonic() + STALL_TIMEOUT + 30
-    dropped = False
-    while time.monotonic() < deadline and not dropped:
-        try:
-            stalled.conn._sock.settimeout(5)
-            stalled.event()
-        except Exception:  # noqa: BLE001 - pymysql raises OperationalError/InterfaceError on a closed connection
-            dropped = True
-    assert dropped, "a client that read nothing was never dropped"
+    assert _dropped(stalled, STALL_TIMEOUT + 30), "a client that read nothing was never dropped"
     stalled.close()
 
 
@@ -126,20 +143,8 @@ def test_a_client_that_stops_reading_for_60_s_under_load(mariadb, relays, tmp_pa
     net_write_timeout (60 s) while the master writes all along. Through the whole stall the reading replica keeps
     applying (checked in every 10 s window: it is never held back by the stalled client), the relay's memory stays
     within the same bound, and at the end of the stall the relay drops the client. Lag figures are printed."""
-    master = mariadb("master")
-    prepare_master(master)
-    relay = relays("relay", master.port)  # net_write_timeout: the default, 60 s
-    mixed_load(master, big=False)
-    wait_relay(relay, master)
-    replica = mariadb("replica", server_id=11)
-    change_master(replica, relay.listen_port)
-    replica.execute("START SLAVE")
-    wait_replica(replica, master)
-    baseline = _rss_kb(relay.proc.pid)
-    stalled = RawDumpClient(relay.listen_port, FIRST_FILE)
-    assert stalled.event()[4] == C.ROTATE_EVENT  # then it reads nothing more
-    sampler = _Sampler(relay.proc.pid)
-    sampler.start()
+    master, relay, replica = _relay_and_reading_replica(mariadb, relays)  # net_write_timeout: the default, 60 s
+    baseline, stalled, sampler = _stall_a_client(relay)
     stalled_at = time.monotonic()
     applied = []  # (seconds into the stall, rows the replica has applied)
     behind = []  # seconds behind, as SHOW SLAVE STATUS says, sampled every second
@@ -171,13 +176,5 @@ def test_a_client_that_stops_reading_for_60_s_under_load(mariadb, relays, tmp_pa
     assert grew_mb < 48, f"the relay grew by {grew_mb:.1f} MB while one client read nothing for 60 s"
     # Reading now would let the relay write again (and count as progress): first let the timeout pass.
     time.sleep(max(0.0, stalled_at + 65 - time.monotonic()))
-    deadline = time.monotonic() + 60
-    dropped = False
-    while time.monotonic() < deadline and not dropped:
-        try:
-            stalled.conn._sock.settimeout(5)
-            stalled.event()
-        except Exception:  # noqa: BLE001 - pymysql raises OperationalError/InterfaceError on a closed connection
-            dropped = True
-    assert dropped, "a client that read nothing for net_write_timeout was never dropped"
+    assert _dropped(stalled, 60), "a client that read nothing for net_write_timeout was never dropped"
     stalled.close()
