@@ -186,6 +186,31 @@ def test_real_mariadb_files_across_rotations_and_gtid_starts(tmp_path, corpus_di
         store.close()
 
 
+def test_a_cached_chunk_keeps_its_range_once_and_a_replica_that_cannot_take_it_reads_again(tmp_path, corpus_dir):
+    """A framed chunk drops the bytes it was read from (the framing holds every whole event), so the cache holds
+    a range once; a replica for which the chunk is not plain (capability 0: every GTID event is rewritten) finds
+    it cached without those bytes, reads the range again and gets exactly the event-by-event stream."""
+    names = [f"mariadb-repl-bin.{n:06d}" for n in (4, 5)]
+    base = corpus_dir / "mariadb-operator-mariadb-poc/mariadb-binlog/binlogs/domain_id_0"
+    store = relay_with(tmp_path, {name: (base / name).read_bytes() for name in names})
+    try:
+        cache = K.chunk_cache(store)
+        request = file_request(names[0], 4, P.BINLOG_DUMP_NON_BLOCK | P.BINLOG_SEND_ANNOTATE_ROWS_EVENT)
+        _payloads, channel = both(store, dict(CRC32, mariadb_slave_capability=4), request)
+        assert channel.chunks_sent >= len(names)
+        held = [chunk for chunk in cache._done.values() if chunk.ok]
+        assert held, "nothing was cached"
+        for chunk in held:
+            assert chunk.data is None and chunk.size == len(chunk.framed)
+            assert chunk.length >= chunk.end - chunk.start
+        hits = cache.hits
+        payloads, channel = both(store, dict(CRC32, mariadb_slave_capability=0), request)
+        assert cache.hits > hits, "the capability-0 replica never met a cached chunk"
+        assert channel.chunks_sent == 0 and len(payloads) > len(held)
+    finally:
+        store.close()
+
+
 def test_followers_at_the_horizon_share_one_chunk_per_advance(tmp_path, corpus_dir):
     """Replicas waiting at the horizon all ask for the range it advanced by: it is read and framed once."""
     image = (corpus_dir / "zendesk-maxwell/src/test/resources/sql/replay/binlog.000004").read_bytes()

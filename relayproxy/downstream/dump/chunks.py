@@ -48,21 +48,24 @@ class Chunk:
     """Events ``[start, end)`` of relay file ``name``, read once.
 
     ``data`` holds the bytes read (``end - start`` of them are whole events; a cut event after them is not
-    part of the chunk). When ``ok``, every event's CRC matched and the parser raised no error, and
-    ``framed`` holds the events as dump packets (0x00 prefix, sequence id 0) with ``seq_at`` the offset of
-    each packet's sequence byte; ``types`` are the event types met, ``flags`` the union of their header
+    part of the chunk), ``length`` how many were read. When ``ok``, every event's CRC matched and the parser
+    raised no error, and ``framed`` holds the events as dump packets (0x00 prefix, sequence id 0) with
+    ``seq_at`` the offset of each packet's sequence byte; ``data`` is then None: the framing holds every
+    whole event of it, so a cache keeps the range once, not twice (a replica that must take the range event
+    by event reads it again); ``types`` are the event types met, ``flags`` the union of their header
     flags, ``gtids`` the GTIDs of the groups that open in the chunk (None for a group without one),
     ``gtid_set`` the MySQL ones as a set, and ``parser`` the boundary parser's state at ``end``.
     """
 
-    __slots__ = ("name", "start", "end", "data", "ok", "framed", "seq_at", "types", "flags", "gtids",
+    __slots__ = ("name", "start", "end", "data", "length", "ok", "framed", "seq_at", "types", "flags", "gtids",
                  "gtid_set", "parser", "events", "event_types", "_variants")
 
     def __init__(self, name: str, start: int, data: bytes):
         self.name = name
         self.start = start
         self.end = start
-        self.data = data
+        self.data: bytes | None = data
+        self.length = len(data)
         self.ok = False
         self.framed: bytes = b""
         self.seq_at: array = array("I")
@@ -77,7 +80,7 @@ class Chunk:
 
     @property
     def size(self) -> int:
-        return len(self.data) + len(self.framed)
+        return (len(self.data) if self.data is not None else 0) + len(self.framed)
 
     def variant(self, omit: frozenset[int]) -> tuple[bytes, array, int]:
         """(framed packets, their sequence-byte offsets, how many) without the events whose type is in ``omit``
@@ -192,6 +195,8 @@ def scan_chunk(name: str, start: int, data: bytes, parser: B.TransactionBoundary
         return chunk  # nothing whole: the first event is larger than what was read, or broken
     chunk.ok = ok
     chunk.framed = b"".join(parts)
+    if ok:
+        chunk.data = None  # every whole event read is in the framing (``Chunk``)
     chunk.types = frozenset(types)
     chunk.flags = flags_any
     chunk.parser = parser

@@ -550,11 +550,11 @@ class DumpSender(DumpStart):
                 want = min(limit - pos, SHARED_CHUNK)
                 chunk = await self._chunk(rf, pos, want, crc)
                 if chunk is not None:
-                    if chunk.ok and len(chunk.data) == want and self._plain_chunk(chunk):
+                    if chunk.ok and chunk.length == want and self._plain_chunk(chunk):
                         await self._send_chunk(chunk)
                         pos = chunk.end
                         continue
-                    data = chunk.data
+                    data = chunk.data  # None when the framing holds it all: read again below
             if data is None:
                 want = min(limit - pos, READ_CHUNK)
                 try:
