@@ -23,9 +23,11 @@ from relayproxy.binlog import constants as C
 from relayproxy.binlog.events import FormatDescription
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.downstream.dump import chunks as K
+from relayproxy.downstream.dump import sender as S
 from relayproxy.relay.store import RelayEventError
 from relayproxy.wire import packets as P
 
+from . import eventgen as eg
 from .test_downstream_dump import (
     CRC32,
     FakeChannel,
@@ -263,6 +265,87 @@ def test_a_damaged_event_inside_a_chunk_gets_the_event_by_event_error(tmp_path, 
         assert code == 1236 and "did not pass crc check" in message and f"at {offset}," in message
         sent = b"".join(p[1:] for p in payloads[:-1])
         assert image[offset : offset + len(event)] not in sent  # the damaged event never left
+    finally:
+        store.close()
+
+
+def _large_events_image() -> tuple[bytes, list[int]]:
+    """A MySQL file of DDL-like groups (GTID + one Query) whose statements are larger than a shared chunk, up to
+    and past what a chunk may hold (``_STREAM_PIECE``), between small ones; and the sizes of the large events."""
+    sizes = [300 << 10, 1 << 20, (3 << 20) + 7, 5 << 20, (256 << 10) + 1]
+    events, gno = [eg.previous_gtids()], 1
+    for size in sizes:
+        for small in range(3):
+            events += [eg.gtid(gno), eg.query(f"CREATE TABLE t{gno} (a INT)")]
+            gno += 1
+        text = b"/* " + bytes(97 + i % 26 for i in range(size)) + b" */ CREATE TABLE big" + str(gno).encode() + b" (a INT)"
+        events += [eg.gtid(gno), eg.query(text)]
+        gno += 1
+    events += [eg.gtid(gno), eg.query("DROP TABLE t1")]
+    return eg.binlog_file(*events), [len(e) for e in events if len(e) > S.SHARED_CHUNK]
+
+
+def test_events_larger_than_a_chunk_are_shared_too(tmp_path):
+    """An event larger than a shared chunk (a bulk statement, a large row event), up to ``_STREAM_PIECE``, is a
+    chunk of its own: replicas catching up through it share its read, CRC check and framing, and get the same
+    bytes as event by event. Larger events are still streamed from the file by each replica."""
+    image, large = _large_events_image()
+    store = relay_with(tmp_path, {NAME: image})
+    try:
+        cache = K.chunk_cache(store)
+        request = file_request(NAME, 4, P.BINLOG_DUMP_NON_BLOCK)
+        payloads, channel = both(store, dict(CRC32), request)
+        sent = {len(p) - 1 for p in payloads}
+        assert all(size in sent for size in large), "a large event was not sent whole"
+        shared = [c for c in cache._done.values() if c.ok and c.end - c.start > S.SHARED_CHUNK]
+        assert sorted(c.end - c.start for c in shared) == sorted(n for n in large if n <= S._STREAM_PIECE)
+        misses = cache.misses
+        for _ in range(3):  # more replicas catching up: every chunk, large ones included, is read once
+            again, _channel = both(store, dict(CRC32), request)
+            assert again == payloads
+        assert cache.misses == misses, "a replica read a chunk another had read"
+        both(store, dict(CRC32), gtid_request(GtidSet.parse(str(GtidSet()))))  # MySQL GTID from nothing
+    finally:
+        store.close()
+
+
+def test_large_annotate_events_are_shared_whether_sent_or_left_out(tmp_path):
+    """MariaDB writes each row-based statement's text as an ANNOTATE_ROWS event: a bulk INSERT's is as large as its
+    rows. A replica that did not ask for them is sent the chunks without them; one that did gets them. Both share
+    the one read of each, and get the event-by-event path's bytes."""
+    events, text = [], b"INSERT INTO t VALUES " + b",".join(b"('%s')" % (b"x" * 8000) for _ in range(100))
+    for seq in range(1, 6):
+        events += [eg.maria_gtid(seq), eg.query("BEGIN"),
+                   eg.event(C.MARIA_ANNOTATE_ROWS_EVENT, text[: (seq * 200 << 10)]),
+                   eg.table_map(), eg.write_rows(), eg.xid(seq)]
+    image = eg.binlog_file(*events, server_version="10.11.6-MariaDB-log")
+    store = relay_with(tmp_path, {NAME: image})
+    try:
+        cache = K.chunk_cache(store)
+        for flags in (P.BINLOG_DUMP_NON_BLOCK, P.BINLOG_DUMP_NON_BLOCK | P.BINLOG_SEND_ANNOTATE_ROWS_EVENT):
+            payloads, channel = both(store, dict(CRC32, mariadb_slave_capability=4), file_request(NAME, 4, flags))
+            annotations = [p for p in payloads if len(p) > 5 and p[1 + 4] == C.MARIA_ANNOTATE_ROWS_EVENT]
+            assert len(annotations) == (5 if flags & P.BINLOG_SEND_ANNOTATE_ROWS_EVENT else 0)
+            assert channel.chunks_sent >= 5
+        large = [c for c in cache._done.values() if c.ok and c.types == {C.MARIA_ANNOTATE_ROWS_EVENT}]
+        assert len(large) >= 4, "the large ANNOTATE_ROWS events were not chunks of their own"
+    finally:
+        store.close()
+
+
+def test_a_damaged_large_event_gets_the_event_by_event_error(tmp_path):
+    image, large = _large_events_image()
+    store = relay_with(tmp_path, {NAME: image})
+    events = split_events(image)
+    offset, event = next((o, e) for o, e in events if len(e) == large[1])
+    damaged = bytearray(image)
+    damaged[offset + len(event) // 2] ^= 0xFF  # the CRC no longer matches
+    (tmp_path / "relay" / NAME).write_bytes(bytes(damaged))  # damaged after recovery checked it
+    try:
+        payloads, _channel = both(store, dict(CRC32), file_request(NAME, 4))
+        code, message = error_of(decode(payloads)[1])
+        assert code == 1236 and "did not pass crc check" in message and f"at {offset}," in message
+        assert all(len(p) - 1 != len(event) for p in payloads[:-1])  # the damaged event never left
     finally:
         store.close()
 

@@ -548,9 +548,9 @@ class DumpSender(DumpStart):
             data = None
             if self.chunks is not None and self._plain():
                 want = min(limit - pos, SHARED_CHUNK)
-                chunk = await self._chunk(rf, pos, want, crc)
+                chunk = await self._chunk(rf, pos, want, crc, limit)
                 if chunk is not None:
-                    if chunk.ok and chunk.length == want and self._plain_chunk(chunk):
+                    if chunk.ok and chunk.length >= want and chunk.end <= limit and self._plain_chunk(chunk):
                         await self._send_chunk(chunk)
                         pos = chunk.end
                         continue
@@ -652,12 +652,19 @@ class DumpSender(DumpStart):
                     seen.update(MariaGtid(*gtid))  # met on the way (_maria_skip)
         return True
 
-    async def _chunk(self, rf: _RelayFile, pos: int, want: int, crc: bool) -> Chunk | None:
+    async def _chunk(self, rf: _RelayFile, pos: int, want: int, crc: bool, limit: int) -> Chunk | None:
+        """The shared chunk of ``want`` bytes at ``pos``; when the event there is larger (up to ``_STREAM_PIECE``,
+        and ending by ``limit``), the chunk of that one event: every replica that catches up through large
+        events (a bulk statement, a large row event) then shares its read, CRC check and framing too."""
         parser = self.parser
         key = (rf.name, pos, want, crc, parser.state_key())
 
         async def make() -> Chunk:
             data = await rf.read(pos, want)
+            if len(data) == want >= C.HEADER_LEN:
+                size = _header_unpack_from(data, 0)[3]
+                if want < size <= _STREAM_PIECE and pos + size <= limit:
+                    data = await rf.read(pos, size)
             return scan_chunk(rf.name, pos, data, parser.copy(), crc)
 
         try:
