@@ -1059,10 +1059,13 @@ def _discard_loop(fd: int, counter: list[int], stop: threading.Event) -> None:
         sock.close()
 
 
-def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, conn, discard: bool = False) -> None:
+def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, conn, discard: bool = False,
+                      hold: bool = False) -> None:
     """n cheap dump clients in one asyncio loop: connect, register, dump from start, read and discard. ``discard``:
     once the dump has started, each socket is read by a thread with recv(MSG_TRUNC) (``_discard_loop``), which
-    does not even copy the bytes: the cheapest client there is, for measuring a server's egress ceiling."""
+    does not even copy the bytes: the cheapest client there is, for measuring a server's egress ceiling.
+    ``hold``: every client logs in and registers, then waits for "go" before it asks for its dump, so that the
+    clients of several processes start their dumps together (``IdleClients.go``)."""
     counters: list[list[int]] = []
     stop = threading.Event()
     threads: list[threading.Thread] = []
@@ -1071,6 +1074,10 @@ def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, 
         got = {"bytes": 0, "errors": []}
         conns: list[UpstreamConnection] = []
         sem = asyncio.Semaphore(50)
+        go = asyncio.Event()
+        registered: list[int] = []
+        if not hold:
+            go.set()
 
         async def one(i: int) -> None:
             try:
@@ -1081,7 +1088,9 @@ def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, 
                     await c.query("SET @master_binlog_checksum=@@global.binlog_checksum")
                     await c.query("SET @mariadb_slave_capability=4")
                     await c.register_slave(first_id + i)
-                    await c.binlog_dump(start[0], start[1], first_id + i)
+                registered.append(i)
+                await go.wait()
+                await c.binlog_dump(start[0], start[1], first_id + i)
             except Exception as exc:  # noqa: BLE001 - reported
                 got["errors"].append(f"{i}: {exc!r}")
                 return
@@ -1109,8 +1118,14 @@ def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, 
 
         ready: list[int] = []
         tasks = [asyncio.create_task(one(i)) for i in range(n)]
+        if hold:
+            while len(registered) + len(got["errors"]) < n:
+                await asyncio.sleep(0.01)
+            conn.send({"registered": len(registered)})
+            await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # "go"
+            go.set()
         while len(ready) + len(got["errors"]) < n:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05 if not hold else 0.002)
         conn.send({"ready": len(ready), "errors": got["errors"][:5]})
         while await asyncio.get_running_loop().run_in_executor(None, conn.recv) == "count":
             conn.send(got["bytes"] + sum(c[0] for c in counters))
@@ -1141,14 +1156,24 @@ class _CountingProtocol(asyncio.Protocol):
 
 
 class IdleClients:
-    def __init__(self, port: int, start: tuple[str, int], n: int, first_id: int = 20000, discard: bool = False) -> None:
+    def __init__(self, port: int, start: tuple[str, int], n: int, first_id: int = 20000, discard: bool = False,
+                 hold: bool = False) -> None:
+        """``hold``: the clients log in and register, then wait for ``go()`` to ask for their dumps."""
         ctx = multiprocessing.get_context("spawn")
         self.parent, child = ctx.Pipe()
         # server_ids first_id.. : two groups of clients need distinct ones (a server ends an older dump of the same id)
-        self.proc = ctx.Process(target=idle_clients_main, args=(port, start, n, first_id, child, discard), daemon=True)
+        self.proc = ctx.Process(target=idle_clients_main, args=(port, start, n, first_id, child, discard, hold),
+                                daemon=True)
         self.proc.start()
         child.close()
         self.n = n
+        self.ready = self.parent.recv()
+
+    def go(self) -> None:
+        """Held clients ask for their dumps now (``wait_started`` then waits until every one has)."""
+        self.parent.send("go")
+
+    def wait_started(self) -> None:
         self.ready = self.parent.recv()
 
     def received(self) -> int:

@@ -1,14 +1,15 @@
 """Egress ceiling of fan-out: how many MB/s the relay can send, with 0, 1 or 2 sender processes, against the master.
 
-A MariaDB master holds a backlog (bulk rows of 8 KB: per-byte work dominates, as in a large fan-out of a busy
-master). For each target -- `direct` (the master's own dump threads), `relay` with `sender_processes = 0`, 1 and 2
--- K dump clients start together at the first file and read the whole backlog as fast as they can; the result is
-the aggregate MB/s they received (bytes / time from the first connect to the last byte) and the CPU of the relay's
-processes over that window. The clients are deliberately cheap so that the server side saturates first: 2
-processes; each logs in and starts its dump with asyncio, then (by default, `--clients-read discard`) a thread per
-socket reads with recv(MSG_TRUNC), with which Linux drops TCP data without copying it to the client. They still
-share the machine's cores with the servers, which is said in the results. Targets run in an order that is rotated
-between repeats; the figures are medians with the range.
+A MariaDB master holds a backlog (multi-row INSERTs of 8 KB BLOBs: per-byte work dominates, as in a large fan-out
+of a busy master). For each target -- `direct` (the master's own dump threads), `relay` with `sender_processes = 0`,
+1 and 2 -- K dump clients log in and register, then all ask for their dumps at the first file at once and read the
+whole backlog as fast as they can; the result is the aggregate MB/s they received (bytes / time from the moment
+they asked to the last byte) and, over that window, the CPU of the server (the relay's processes, or the master's
+`mariadbd`), of the clients' processes and of the whole machine. The clients are deliberately cheap so that the
+server side saturates first: 2 processes; each logs in and starts its dumps with asyncio, then (by default,
+`--clients-read discard`) a thread per socket reads with recv(MSG_TRUNC), with which Linux drops TCP data without
+copying it to the client. They still share the machine's cores with the servers, which the cores columns show.
+Targets run in an order that is rotated between repeats; the figures are medians with the range.
 
     .venv/bin/python benchmarks/fanout_ceiling.py [--clients 24] [--backlog-mb 60] [--repeats 3]
 """
@@ -27,7 +28,16 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import benchinfo  # noqa: E402
-from fanout import REAL_MASTER_CONFIG, REPL_PASSWORD, REPL_USER, IdleClients, Relay, master_end, tree_cpu  # noqa: E402
+from fanout import (  # noqa: E402
+    CLK_TCK,
+    REAL_MASTER_CONFIG,
+    REPL_PASSWORD,
+    REPL_USER,
+    IdleClients,
+    Relay,
+    master_end,
+    tree_cpu,
+)
 
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
@@ -50,28 +60,49 @@ def make_backlog(master: MariaDBSandbox, mb: int) -> None:
         conn.close()
 
 
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (/proc/stat: total less idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    total = sum(fields) / CLK_TCK
+    return total - (fields[3] + fields[4]) / CLK_TCK, total
+
+
 def drain(port: int, clients: int, settle: float = 1.5, timeout: float = 300.0,
-          discard: bool = False) -> tuple[int, float, int]:
+          discard: bool = False, server_pid: int | None = None) -> dict:
     """Start `clients` dump clients (2 processes) at the first file; (bytes they received, seconds to the last byte,
-    clients that failed). ``discard``: the clients drop what they receive in the kernel (recv MSG_TRUNC)."""
+    clients that failed). ``discard``: the clients drop what they receive in the kernel (recv MSG_TRUNC). Every
+    client logs in and registers first; then all ask for their dumps together, and the time runs from then."""
+    halves = [IdleClients(port, ("master-bin.000001", 4), clients // 2, first_id=20000, discard=discard, hold=True),
+              IdleClients(port, ("master-bin.000001", 4), clients - clients // 2, first_id=30000, discard=discard,
+                          hold=True)]
+    server0, clients0, machine0 = tree_cpu(server_pid), [tree_cpu(h.proc.pid) for h in halves], machine_busy()
     began = time.monotonic()
-    halves = [IdleClients(port, ("master-bin.000001", 4), clients // 2, first_id=20000, discard=discard),
-              IdleClients(port, ("master-bin.000001", 4), clients - clients // 2, first_id=30000, discard=discard)]
+    for h in halves:
+        h.go()
+    for h in halves:
+        h.wait_started()
     last, last_change, total = -1, time.monotonic(), 0
+    sample = lambda: (tree_cpu(server_pid), [tree_cpu(h.proc.pid) for h in halves], machine_busy())  # noqa: E731
+    at_last = sample()
     while time.monotonic() - began < timeout:
         total = sum(h.received() for h in halves)
         now = time.monotonic()
         if total != last:
             last, last_change = total, now
+            at_last = sample()  # CPU up to the last byte: the settle wait after it is not counted
         elif now - last_change >= settle:
             break
         time.sleep(0.02)
+    server1, clients1, machine1 = at_last
     errors = 0
     for h in halves:
         errors += len(h.ready.get("errors") or []) if isinstance(h.ready, dict) else 0
         end = h.stop()
         errors += int(end.get("error_count") or 0) if isinstance(end, dict) else 0
-    return total, last_change - began, errors
+    return {"bytes": total, "seconds": last_change - began, "errors": errors,
+            "server_cpu_s": (server1 - server0) if server0 is not None and server1 is not None else None,
+            "clients_cpu_s": sum(b - a for a, b in zip(clients0, clients1) if a is not None and b is not None),
+            "machine_busy_s": machine1[0] - machine0[0], "machine_s": machine1[1] - machine0[1]}
 
 
 def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, index: int,
@@ -79,7 +110,7 @@ def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, in
     relay = None
     try:
         if target == "direct":
-            port, pid = master.port, None
+            port, pid = master.port, master.pid
         else:
             senders = target.split("-")[1]
             where = work / f"{target}-{index}"
@@ -88,11 +119,10 @@ def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, in
             relay.wait_for(master_end(master), timeout=300)
             port, pid = relay.listen_port, relay.pid
             time.sleep(0.5)
-        cpu0 = tree_cpu(pid) if pid else None
-        got, seconds, errors = drain(port, clients, discard=discard)
-        cpu = (tree_cpu(pid) - cpu0) if pid else None
-        return {"target": target, "bytes": got, "seconds": seconds, "mb_per_s": got / 1e6 / seconds, "errors": errors,
-                "relay_cpu_s": cpu, "relay_cpu_s_per_mb": (cpu / (got / 1e6)) if cpu else None}
+        d = drain(port, clients, discard=discard, server_pid=pid)
+        got, seconds, cpu = d["bytes"], d["seconds"], d["server_cpu_s"]
+        return {"target": target, **d, "mb_per_s": got / 1e6 / seconds,
+                "relay_cpu_s": cpu if target != "direct" else None, "server_cpu_s_per_mb": (cpu / (got / 1e6)) if cpu else None}
     finally:
         if relay is not None:
             relay.stop()
@@ -126,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["repeat"] = r
                 runs.append(result)
                 print(f"repeat {r} {target}: {result['mb_per_s']:.1f} MB/s ({result['bytes'] / 1e6:.0f} MB in "
-                      f"{result['seconds']:.2f} s), relay CPU {result['relay_cpu_s']}, client errors "
+                      f"{result['seconds']:.2f} s), server CPU {result['server_cpu_s']}, clients CPU "
+                      f"{result['clients_cpu_s']:.2f}, machine busy {result['machine_busy_s']:.2f}, client errors "
                       f"{result['errors']}", flush=True)
     finally:
         master.stop()
@@ -140,26 +171,40 @@ def write_results(args, argv, targets, runs) -> None:
     lines += benchinfo.header_block(Path(__file__), argv, machine, runs=args.repeats,
                                     what="the targets' order rotated between repeats")
     lines += ["", __doc__.split("\n\n")[1].replace("\n", " "), "",
-              f"{args.clients} clients ({args.clients_read} reads), backlog {args.backlog_mb} MB of 8 KB row events; "
-              "**the clients, the master and the relay share the machine's 2 cores**.", "",
-              "| target | aggregate MB/s received | relay CPU s per MB | vs direct (per repeat) | vs relay-0 (per repeat) |",
-              "|---|---:|---:|---:|---:|"]
+              f"{args.clients} clients ({args.clients_read} reads), backlog {args.backlog_mb} MB of rows (MariaDB's ROW "
+              "binlog of multi-row INSERTs of 8 KB BLOBs, 100 rows a statement: 8 KB row events, and each statement's "
+              "text, about 1 MB, as an ANNOTATE_ROWS event that these clients do not ask for); "
+              "**the clients, the master and the relay share the machine's 2 cores**. Server CPU is the relay's "
+              "processes' or, for `direct`, the master's whole `mariadbd`; cores are CPU seconds over the drain's "
+              "seconds (the machine's: all processes and the kernel, out of 2).", "",
+              "| target | aggregate MB/s received | server CPU s per MB | cores: server | cores: clients | "
+              "cores: machine busy | vs direct (per repeat) | vs relay-0 (per repeat) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     by = {t: [r for r in runs if r["target"] == t] for t in targets}
+
+    def cores(rows: list[dict], key: str) -> str:
+        values = [r[key] / r["seconds"] for r in rows if r.get(key) is not None]
+        return benchinfo.fmt_median_range(values, "{:.2f}") if values else "-"
+
     for t in targets:
         rates = [r["mb_per_s"] for r in by[t]]
-        cpu = [r["relay_cpu_s_per_mb"] for r in by[t] if r["relay_cpu_s_per_mb"]]
+        cpu = [r["server_cpu_s_per_mb"] for r in by[t] if r["server_cpu_s_per_mb"]]
         vs_direct = [r["mb_per_s"] / d["mb_per_s"] for r in by[t] for d in by.get("direct", []) if d["repeat"] == r["repeat"]]
         vs_r0 = [r["mb_per_s"] / d["mb_per_s"] for r in by[t] for d in by.get("relay-0", []) if d["repeat"] == r["repeat"]]
         lines.append(f"| {t} | {benchinfo.fmt_median_range(rates, '{:.1f}')} | "
                      f"{benchinfo.fmt_median_range(cpu, '{:.4f}') if cpu else '-'} | "
+                     f"{cores(by[t], 'server_cpu_s')} | {cores(by[t], 'clients_cpu_s')} | "
+                     f"{cores(by[t], 'machine_busy_s')} | "
                      f"{benchinfo.fmt_median_range(vs_direct, '{:.2f}', 'x') if vs_direct else '-'} | "
                      f"{benchinfo.fmt_median_range(vs_r0, '{:.2f}', 'x') if vs_r0 else '-'} |")
     lines += ["", "Runs (every client of a run receives the whole backlog; MB is what all of them received):", "",
-              "| repeat | target | MB | seconds | MB/s | relay CPU s | client errors |", "|---:|---|---:|---:|---:|---:|---:|"]
+              "| repeat | target | MB | seconds | MB/s | server CPU s | clients CPU s | machine busy CPU s | "
+              "client errors |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
-        cpu = f"{r['relay_cpu_s']:.2f}" if r["relay_cpu_s"] is not None else "-"
+        cpu = f"{r['server_cpu_s']:.2f}" if r["server_cpu_s"] is not None else "-"
         lines.append(f"| {r['repeat']} | {r['target']} | {r['bytes'] / 1e6:.0f} | {r['seconds']:.2f} | "
-                     f"{r['mb_per_s']:.1f} | {cpu} | {r['errors']} |")
+                     f"{r['mb_per_s']:.1f} | {cpu} | {r['clients_cpu_s']:.2f} | {r['machine_busy_s']:.2f} | "
+                     f"{r['errors']} |")
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "fanout_ceiling.md").write_text("\n".join(lines) + "\n")
     medians = {t: statistics.median([r["mb_per_s"] for r in by[t]]) for t in targets if by[t]}
