@@ -4,6 +4,7 @@ use, rebuilt when missing or damaged, removed with their file, and the catalog a
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from relayproxy.binlog.reader import scan_bytes, scan_file
@@ -103,3 +104,66 @@ def test_store_indexes_closed_files_catalog_uses_them_purge_removes_them(tmp_pat
     RelayStore.open(relay).close()
     assert sorted(p.name for p in relay.iterdir() if p.name.startswith(FI.SIDECAR_PREFIX)) == [
         FI.sidecar_name("binlog.000002")]
+
+
+def test_the_indexer_goes_on_after_a_defect_on_one_file(tmp_path, monkeypatch, caplog):
+    """An unexpected error while indexing one closed file is logged and the next file is still indexed (the
+    background thread used to die with it, and nothing was indexed again until a restart)."""
+    built = []
+    real_build = FI.build
+
+    def build(path, name, **kw):
+        if name == "bad.000001":
+            raise ZeroDivisionError("a defect")
+        idx = real_build(path, name, **kw)
+        built.append(name)
+        return idx
+
+    monkeypatch.setattr(FI, "build", build)
+    data = mysql_image()
+    for name in ("bad.000001", "good.000002"):
+        (tmp_path / name).write_bytes(data)
+    indexer = FI.Indexer(tmp_path)
+    try:
+        indexer.closed("bad.000001")
+        assert indexer.wait_idle(30)
+        indexer.closed("good.000002")
+        assert indexer.wait_idle(30)
+        assert built == ["good.000002"] and indexer.built == ["good.000002"]
+        assert FI.load(tmp_path, "good.000002")[0] is not None and FI.load(tmp_path, "bad.000001")[0] is None
+        assert "relay file index failed" in caplog.text and "ZeroDivisionError" in caplog.text
+    finally:
+        indexer.close()
+    assert not [t for t in threading.enumerate() if t.name == "relay-fileindex"]
+
+
+def test_a_simulated_crash_ends_the_indexer_thread_quietly(tmp_path, monkeypatch):
+    """Under crashfs the machine 'goes down' inside a call (SimulatedCrash, a BaseException): the thread ends
+    without an unhandled-exception report, and a later closed file starts another."""
+    from relayproxy.lab.crashfs import SimulatedCrash
+
+    calls = []
+    real_build = FI.build
+
+    def build(path, name, **kw):
+        calls.append(name)
+        if len(calls) == 1:
+            raise SimulatedCrash()
+        return real_build(path, name, **kw)
+
+    monkeypatch.setattr(FI, "build", build)
+    data = mysql_image()
+    for name in ("a.000001", "b.000002"):
+        (tmp_path / name).write_bytes(data)
+    indexer = FI.Indexer(tmp_path)
+    reported = []
+    monkeypatch.setattr(threading, "excepthook", reported.append)
+    try:
+        indexer.closed("a.000001")
+        assert indexer.wait_idle(30)
+        indexer.closed("b.000002")
+        assert indexer.wait_idle(30)
+        assert indexer.built == ["b.000002"] and calls == ["a.000001", "b.000002"]
+    finally:
+        indexer.close()
+    assert reported == []

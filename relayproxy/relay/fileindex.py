@@ -363,6 +363,15 @@ class Indexer:
             except (OSError, FileIndexError) as exc:
                 log.warning("relay file index not written: the file will be scanned when needed", file=name,
                             error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - a defect met on one file must not end indexing for good
+                log.error("relay file index failed: the file will be scanned when needed", file=name,
+                          error=repr(exc))
+            except BaseException:
+                # The process is going down (or, under crashfs, the simulated machine did): this thread ends
+                # without a word; a later closed() starts another.
+                with self._lock:
+                    self._thread = None
+                return
             finally:
                 with self._lock:
                     self._busy = False
