@@ -196,7 +196,7 @@ def test_side_by_side_kill9_direct_replica_with_relay_log_recovery_and_relay(mar
     direct.execute("START SLAVE")
     with Writer(master, rotate_every=200) as writer:
         time.sleep(1.0)
-        wait_replica(direct, master)
+        wait_replica(direct, master, under_load=True)
         # The direct replica lags: its SQL thread stops (a long query, a slow apply), its IO thread goes on receiving.
         direct.execute("STOP SLAVE SQL_THREAD")
         time.sleep(2.0)
