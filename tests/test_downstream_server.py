@@ -140,7 +140,7 @@ def make_ctx(flavour: str = "mysql", version: str | None = None) -> DownstreamCo
     version = version or ("8.0.36" if flavour == "mysql" else "10.11.6-MariaDB-log")
     cfg = types.SimpleNamespace(server_id=77)
     status = types.SimpleNamespace(master_flavour=flavour, master_server_version=version)
-    store = types.SimpleNamespace(flavour=flavour, format_description=None, horizon=None)
+    store = types.SimpleNamespace(flavour=flavour, format_description=None, latest_format_description=None, horizon=None)
     session = types.SimpleNamespace(store=store, status=status)
     return DownstreamContext(cfg, session, server_uuid="relay-uuid",
                              status_document=lambda: relay_status(cfg, session.store, session))

@@ -583,6 +583,28 @@ def test_binlog_checksum_follows_the_relay_fde(tmp_path):
         assert r.rows("SHOW GLOBAL VARIABLES LIKE 'BINLOG_CHECKSUM'") == [["binlog_checksum", "NONE"]]
 
 
+@pytest.mark.parametrize("checksum", [True, False], ids=["crc32", "none"])
+def test_binlog_checksum_while_the_newest_file_has_no_fde(tmp_path, checksum):
+    """A newest file that holds only the magic (a relay restarted between a master switch and the new master's
+    first event; a file just rotated to) answers with the previous file's FORMAT_DESCRIPTION, NONE as faithfully
+    as CRC32, and never NULL: a MariaDB replica stops for good on NULL (1593, "when it tried to SELECT
+    @master_binlog_checksum")."""
+    first = E.binlog_file(E.event(C.PREVIOUS_GTIDS_LOG_EVENT, GtidSet().encode(), checksum=checksum),
+                          E.query("CREATE TABLE t (a INT)", checksum=checksum), checksum=checksum)
+    want = "CRC32" if checksum else "NONE"
+    d = relay_dir_with(tmp_path, {"binlog.000001": first, "binlog.000002": C.BINLOG_MAGIC})
+    with RelayStore.open(d) as store:
+        assert store.format_description is None and store.current_file == "binlog.000002"
+        r = Relay(store, d)
+        r.ok("SET @master_binlog_checksum= @@global.binlog_checksum")
+        assert r.one("SELECT @master_binlog_checksum") == want
+        store.start_file("binlog.000003")  # rotated again while running: still the last one written
+        assert r.one("SELECT @@global.binlog_checksum") == want
+    alone = relay_dir_with(tmp_path / "alone", {"binlog.000001": C.BINLOG_MAGIC})
+    with RelayStore.open(alone) as store:  # nothing written, no master asked: NULL, not a guess
+        assert Relay(store, alone).one("SELECT @@global.binlog_checksum") is None
+
+
 # ---------------------------------------------------------------------------------------------
 # HA managers and tools
 

@@ -174,7 +174,7 @@ class DownstreamContext:
         if upstream:
             base = upstream.split("-log")[0]
             return f"{base}-relayproxy-log" if "MariaDB" not in base else upstream
-        fde = self.store.format_description
+        fde = self.store.latest_format_description
         if fde is not None:
             return fde.server_version
         return "8.0.36-relayproxy-log" if self.flavour == "mysql" else "10.11.6-MariaDB-relayproxy-log"

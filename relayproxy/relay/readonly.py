@@ -513,6 +513,8 @@ class ReadOnlyBinlogDir:
     def format_description(self) -> FormatDescription | None:
         return self._fde
 
+    latest_format_description = format_description  # --follow keeps the last one seen when a new file has none
+
     def purge_to(self, name: str) -> list[str]:
         raise ReadOnlyStoreError(
             f"relayproxy serve is read-only: it never deletes the binlog files it serves (nothing before {name} "

@@ -73,6 +73,7 @@ from .recovery import (
     check_file_name,
     fsync_dir,
     read_final_rotate,
+    read_first_fde,
     recover,
     write_epochs,
     write_file_atomically,
@@ -318,6 +319,9 @@ class RelayStore:
         self._boundary = recovered.end  # end of the last complete group / outside event
         self._gtids = recovered.gtids
         self._fde: FormatDescription | None = recovered.fde
+        # The newest FORMAT_DESCRIPTION of an earlier file, while the current one has none yet.
+        self._prior_fde = None if recovered.fde is not None or len(self._index) < 2 else \
+            read_first_fde(relay_dir / self._index[-2])
         self._checksum_len = recovered.fde.checksum_len if recovered.fde else 0
         self._start_set_seen = recovered.start_set_seen
         self._file_start_gtids = recovered.file_start_gtids
@@ -421,6 +425,12 @@ class RelayStore:
     def format_description(self) -> FormatDescription | None:
         """The current file's FORMAT_DESCRIPTION, once written."""
         return self._fde
+
+    @property
+    def latest_format_description(self) -> FormatDescription | None:
+        """The newest FORMAT_DESCRIPTION the relay has: the current file's, or while the current file holds none
+        yet (just rotated; an epoch's first file waiting for its new master's), the previous file's."""
+        return self._fde or self._prior_fde
 
     @property
     def current_file_closed(self) -> bool:
@@ -581,6 +591,7 @@ class RelayStore:
         self._appendable = True
         self._buf = bytearray()
         self._written = self._end = self._synced = self._boundary = 4
+        self._prior_fde = self._fde or self._prior_fde
         self._fde = None
         self._checksum_len = 0
         self._start_set_seen = False

@@ -110,10 +110,11 @@ class SysVar:
 
 
 def _binlog_checksum(env: Env) -> str | None:
-    """The relay's checksum algorithm, from its current file's FORMAT_DESCRIPTION (what the dump sends); before
-    any file, the master's value when the session fetched it; else NULL (a guess would change how a client cuts
-    events)."""
-    fde = env.ctx.store.format_description
+    """The relay's checksum algorithm, from its newest FORMAT_DESCRIPTION (what the dump sends; while the current
+    file holds none yet, as after a rotation or at a new epoch's first file, the previous file's); before any file,
+    the master's value when the session fetched it; else NULL (a guess would change how a client cuts events; a
+    MariaDB replica stops on NULL, so NULL is only for a relay that has never seen a master)."""
+    fde = env.ctx.store.latest_format_description
     if fde is None:
         found = env.master_var("binlog_checksum")
         return str(found).upper() if found is not None else None
