@@ -350,6 +350,34 @@ def test_a_damaged_large_event_gets_the_event_by_event_error(tmp_path):
         store.close()
 
 
+def test_a_grown_chunk_in_the_cache_is_never_sent_past_a_replicas_limit(tmp_path):
+    """Defence in depth: the chunk a large event grew into for one replica is sent to another only when it ends by
+    that replica's limit. Valid files never put a limit inside an event; a closed file cut on disk inside a large
+    event after one replica read it does: the next replica must get the event-by-event path's error there, not the
+    cached event and what follows it."""
+    image, large = _large_events_image()
+    closed = image + eg.rotate("binlog.000002")
+    store = relay_with(tmp_path, {NAME: closed, "binlog.000002": C.BINLOG_MAGIC})
+    try:
+        cache = K.chunk_cache(store)
+        first = run(dump_all(make_ctx(store), make_conn(**CRC32), file_request(NAME, 4, P.BINLOG_DUMP_NON_BLOCK),
+                             FakeChannel()))
+        assert all(size in {len(p) - 1 for p in first.payloads} for size in large)
+        offset, event = next((o, e) for o, e in split_events(image) if len(e) == large[1])
+        grown = [c for c in cache._done.values() if c.ok and c.start == offset]
+        assert grown and grown[0].end == offset + len(event), "the 1 MB event was not a chunk of its own"
+        cut = offset + S.SHARED_CHUNK + 100  # inside the event, past a chunk's worth of it: the same chunk key
+        with open(tmp_path / "relay" / NAME, "r+b") as f:
+            f.truncate(cut)
+        payloads = run(dump_all(make_ctx(store), make_conn(**CRC32), file_request(NAME, 4, P.BINLOG_DUMP_NON_BLOCK),
+                                FakeChannel())).payloads
+        code, message = error_of(decode(payloads)[1])
+        assert code == 1236 and f"at {offset}," in message, message
+        assert all(len(p) - 1 != len(event) for p in payloads[:-1]), "the cached event went past the file's end"
+    finally:
+        store.close()
+
+
 # -- the scanner alone ---------------------------------------------------------------------------
 
 
