@@ -137,8 +137,24 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP: handled like Ctrl-C, so every cleanup step runs."""
 
 
-def _raise_terminated(signum: int, _frame: object) -> None:
-    raise _Terminated(signal.Signals(signum).name)
+class _Stop:
+    """Ctrl-C, SIGTERM and SIGHUP as exceptions that cannot be lost. Python ignores an exception raised while a
+    ``__del__`` runs (PyMySQL's results have one), so a signal that lands there would be dropped and the demo would
+    go on; the handler also records the signal, and ``check()`` (called at every progress line) raises it again."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def exception(self, signum: int) -> KeyboardInterrupt:
+        return KeyboardInterrupt() if signum == signal.SIGINT else _Terminated(signal.Signals(signum).name)
+
+    def handler(self, signum: int, _frame: object) -> None:
+        self.signum = signum
+        raise self.exception(signum)
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise self.exception(self.signum)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,8 +181,21 @@ def run(args: argparse.Namespace) -> int:
     print(INTRO, file=out)
     print(f"files in {workdir}", file=out)
     print(LEGEND, file=out, flush=True)
-    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    story = CrashStory(workdir, observe=view.show, narrate=view.say)
+    stop = _Stop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for sig, handler in previous.items():
+        if sig != signal.SIGINT or handler is signal.default_int_handler:  # an inherited SIG_IGN stays ignored
+            signal.signal(sig, stop.handler)
+
+    def observe(snapshot: Snapshot) -> None:
+        stop.check()
+        view.show(snapshot)
+
+    def narrate(text: str) -> None:
+        stop.check()
+        view.say(text)
+
+    story = CrashStory(workdir, observe=observe, narrate=narrate)
     result: StoryResult | None = None
     failover: FailoverResult | None = None
     code = 1
@@ -214,9 +243,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"relayproxy demo: cannot write --json {args.json}: {exc.strerror}", file=sys.stderr)
                     code = code or 1
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
     return code
 
 
