@@ -11,13 +11,25 @@ from typing import Any
 
 import pytest
 
-from relayproxy.lab.sandbox import MariaDBSandbox, SandboxError
+from relayproxy.lab.sandbox import TEMPLATE_ENV, MariaDBSandbox, SandboxError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
 
 _sandboxes = pytest.StashKey[list[MariaDBSandbox]]()
 _outcomes = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def datadir_templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """New sandbox datadirs (here and in the demos and labs the tests start) copy one `mariadb-install-db` output
+    per option set, kept in this session's temporary folder (lab/sandbox.py), instead of bootstrapping each."""
+    before = os.environ.get(TEMPLATE_ENV)
+    if before is None:
+        os.environ[TEMPLATE_ENV] = str(tmp_path_factory.getbasetemp() / "datadir-templates")
+    yield
+    if before is None:
+        os.environ.pop(TEMPLATE_ENV, None)
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,33 @@ def test_extra_config_reaches_bootstrap_and_server(mariadb):
     assert master.execute("SELECT @@innodb_page_size, @@binlog_annotate_row_events") == ((8192, 0),)
 
 
+def test_new_datadirs_are_copies_of_one_bootstrap_per_option_set(mariadb, monkeypatch, tmp_path):
+    """mariadb-install-db runs once per (binaries, InnoDB options): later datadirs are copies of its output, each
+    its own (a server's writes never reach the template or another copy); other InnoDB options get their own
+    bootstrap; without RELAYPROXY_SANDBOX_TEMPLATES mariadb-install-db runs for every datadir."""
+    monkeypatch.setenv(sandbox_module.TEMPLATE_ENV, str(tmp_path / "templates"))
+    calls = []
+    real = sandbox_module._run_install_db
+    monkeypatch.setattr(sandbox_module, "_run_install_db", lambda *a: (calls.append(a[3]), real(*a))[1])
+    a, b = mariadb("a"), mariadb("b", server_id=2)
+    assert len(calls) == 1 and calls[0].is_relative_to(tmp_path / "templates")  # built beside its place
+    assert len(list((tmp_path / "templates").iterdir())) == 1
+    (template,) = (tmp_path / "templates").iterdir()
+    before = sorted(p.name for p in (template).iterdir())
+    a.execute("CREATE DATABASE only_on_a")
+    assert (a.datadir / "only_on_a").is_dir() and not (b.datadir / "only_on_a").exists()
+    assert sorted(p.name for p in template.iterdir()) == before
+    assert a.execute("SELECT COUNT(*) FROM mysql.user WHERE user = 'root'") == b.execute(
+        "SELECT COUNT(*) FROM mysql.user WHERE user = 'root'")
+    mariadb("c", extra_config={"innodb_page_size": "8k"})
+    assert len(calls) == 2 and len(list((tmp_path / "templates").iterdir())) == 2
+    monkeypatch.delenv(sandbox_module.TEMPLATE_ENV)
+    d = mariadb("d", server_id=4)
+    assert len(calls) == 3 and calls[-1] == d.datadir
+    assert d.execute("SELECT @@server_id") == ((4,),)
+    assert len(list((tmp_path / "templates").iterdir())) == 2
+
+
 def test_created_user_connects_with_replication_grants(mariadb):
     master = mariadb()
     master.create_user("repl", "s3cret")

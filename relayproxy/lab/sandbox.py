@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -83,6 +84,75 @@ def _option_line(key: str, value: Any, prefix: str = "") -> str:
     """`key=value` as my.cnf (or, with prefix "--", the command line) spells it; True is a bare flag."""
     name = prefix + key.replace("_", "-")
     return name if value is True else f"{name}={value}"
+
+
+# A directory for datadirs as `mariadb-install-db` writes them, one per (binaries, InnoDB options, user): a new
+# sandbox copies one. Unset: every new datadir runs `mariadb-install-db` (the demo leaves nothing behind).
+TEMPLATE_ENV = "RELAYPROXY_SANDBOX_TEMPLATES"
+
+
+def _datadir_template(install_db: str, options: list[str], run_as: list[str]) -> Path | None:
+    """The datadir `mariadb-install-db` wrote for `options` with these binaries, made on first use in the directory
+    $RELAYPROXY_SANDBOX_TEMPLATES names; None when it is unset. Keyed by the binaries' paths, sizes and times, so an upgraded server gets a new one;
+    built beside its final place and renamed there, so a concurrent user sees it whole or not at all."""
+    root = os.environ.get(TEMPLATE_ENV)
+    if not root:
+        return None
+    key_parts = [install_db, *options, *run_as, str(os.geteuid())]
+    for binary in (install_db, find_binary("mariadbd", "mysqld")):
+        st = os.stat(binary)
+        key_parts += [binary, str(st.st_size), str(st.st_mtime_ns)]
+    key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()[:20]
+    template = Path(root) / key
+    if (template / "mysql").is_dir():
+        return template
+    template.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=template.parent))
+    try:
+        (building / "tmp").mkdir()
+        _run_install_db(install_db, options, run_as, building / "data", building / "tmp")
+        try:
+            os.rename(building / "data", template)
+        except OSError:
+            if not (template / "mysql").is_dir():  # not another process's template: a real failure
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return template
+
+
+def _run_install_db(install_db: str, options: list[str], run_as: list[str], datadir: Path, tmpdir: Path) -> None:
+    cmd = [
+        install_db,
+        "--no-defaults",
+        "--auth-root-authentication-method=normal",
+        f"--datadir={datadir}",
+        "--skip-test-db",
+        "--skip-name-resolve",
+        *run_as,
+        f"--tmpdir={tmpdir}",
+        *options,
+    ]
+    began = time.monotonic()
+    # Own session, so that on a timeout or an interrupt the script's bootstrap mariadbd dies with it.
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=300)
+    except BaseException as exc:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        shutil.rmtree(datadir, ignore_errors=True)
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise SandboxError(f"{install_db} did not finish within {exc.timeout:.0f}s") from None
+        raise
+    if proc.returncode != 0:
+        shutil.rmtree(datadir, ignore_errors=True)
+        tail = "\n".join(output.decode("utf-8", "replace").splitlines()[-40:])
+        raise SandboxError(f"{' '.join(cmd)} failed with exit code {proc.returncode}:\n{tail}")
+    log.debug("sandbox datadir initialised", datadir=str(datadir), seconds=round(time.monotonic() - began, 3))
 
 
 class MariaDBSandbox:
@@ -262,39 +332,24 @@ class MariaDBSandbox:
         return ["--user=root"] if os.geteuid() == 0 else []
 
     def _install_db(self) -> None:
+        """A fresh datadir: with $RELAYPROXY_SANDBOX_TEMPLATES, a copy of the one `mariadb-install-db` wrote there for
+        these InnoDB options and binaries (made once, as mysql-test-run bootstraps once and copies; the tests set
+        it), else `mariadb-install-db` itself."""
         install_db = find_binary("mariadb-install-db", "mysql_install_db")
-        cmd = [
-            install_db,
-            "--no-defaults",
-            "--auth-root-authentication-method=normal",
-            f"--datadir={self.datadir}",
-            "--skip-test-db",
-            "--skip-name-resolve",
-            *self._run_as(),
-            f"--tmpdir={self.tmpdir}",
-            # InnoDB options shape the files the bootstrap creates (page size, log size): same as every start.
-            *(_option_line(k, v, "--") for k, v in self.config().items() if k.startswith("innodb")),
-        ]
+        # InnoDB options shape the files the bootstrap creates (page size, log size): same as every start.
+        options = [_option_line(k, v, "--") for k, v in self.config().items() if k.startswith("innodb")]
+        template = _datadir_template(install_db, options, self._run_as())
+        if template is None:
+            _run_install_db(install_db, options, self._run_as(), self.datadir, self.tmpdir)
+            return
         began = time.monotonic()
-        # Own session, so that on a timeout or an interrupt the script's bootstrap mariadbd dies with it.
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
         try:
-            output, _ = proc.communicate(timeout=300)
-        except BaseException as exc:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            shutil.copytree(template, self.datadir, symlinks=True, dirs_exist_ok=True)
+        except BaseException:
             shutil.rmtree(self.datadir, ignore_errors=True)
-            if isinstance(exc, subprocess.TimeoutExpired):
-                raise SandboxError(f"{install_db} did not finish within {exc.timeout:.0f}s") from None
             raise
-        if proc.returncode != 0:
-            shutil.rmtree(self.datadir, ignore_errors=True)
-            tail = "\n".join(output.decode("utf-8", "replace").splitlines()[-40:])
-            raise SandboxError(f"{' '.join(cmd)} failed with exit code {proc.returncode}:\n{tail}")
-        log.debug("sandbox datadir initialised", datadir=str(self.datadir), seconds=round(time.monotonic() - began, 3))
+        log.debug("sandbox datadir copied", datadir=str(self.datadir), template=str(template),
+                  seconds=round(time.monotonic() - began, 3))
 
     def _spawn(self, command: list[str]) -> None:
         self._write_config()
