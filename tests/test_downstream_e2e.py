@@ -126,3 +126,53 @@ def test_mariadb_binlog_reads_the_relay_like_a_master(chain, tmp_path):
 def out_as_relay(out, names):
     (out / "relayproxy.index").write_text("".join(f"{n}\n" for n in names))
     return out
+
+
+@pytest.mark.parametrize("use_gtid", ["no", "slave_pos"])
+def test_a_replica_started_before_the_relay_reached_its_master_waits_and_then_streams(mariadb, tmp_path, use_gtid):
+    """A fresh relay whose master is down has no file and does not know its binlog_checksum. A MariaDB replica
+    started behind it must not stop for good (NULL there is 1593, "when it tried to SELECT
+    @master_binlog_checksum", which it never retries): the relay closes such a connection, and the replica keeps
+    connecting (Slave_IO_Running: Connecting) until the master is up; then it streams, equal to the master."""
+    from relayproxy.lab.sandbox import MariaDBSandbox
+
+    master = MariaDBSandbox(tmp_path / "master", port=free_port())  # not started yet: the relay finds no one
+    config = tmp_path / "relay.toml"
+    config.write_text(USERS_TOML)
+    listen = free_port()
+    relay = RelayProcess(tmp_path / "relay", master.port, gtid_mode="mariadb",
+                         extra=["--listen", f"127.0.0.1:{listen}", "--config", str(config)])
+    relay.listen_port = listen
+    relay.start()
+    try:
+        replica = mariadb("replica", server_id=3)
+        replica.execute(
+            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={listen}, MASTER_USER='repl', "
+            "MASTER_PASSWORD='replpw', MASTER_CONNECT_RETRY=1, "
+            + ("MASTER_LOG_FILE='master-bin.000001', MASTER_LOG_POS=4, MASTER_USE_GTID=no" if use_gtid == "no"
+               else "MASTER_USE_GTID=slave_pos"))
+        replica.execute("START SLAVE")
+        deadline = time.monotonic() + 60
+        while relay.log_path.read_text().count("closed the connection without an answer") < 2:
+            status = replica_status(replica)
+            assert status["Slave_IO_Running"] != "No", f"the replica stopped: {status}"
+            assert time.monotonic() < deadline, f"the replica did not try twice: {status}\n{relay.log_tail()}"
+            time.sleep(0.2)
+        status = replica_status(replica)
+        assert status["Slave_IO_Running"] == "Connecting" and status["Last_IO_Errno"] != "1593", status
+        assert relay.status()["master_log_file"] in (None, ""), relay.status()  # it still has nothing
+        master.start()
+        try:
+            prepare_master(master)
+            mixed_load(master, big=False)
+            relay.wait_caught_up(master)
+            status = wait_replica(replica, master)
+            assert status["Slave_IO_Running"] == "Yes" and status["Slave_SQL_Running"] == "Yes", status
+            for (table,) in master.execute(
+                    "SELECT CONCAT(table_schema, '.', table_name) FROM information_schema.tables "
+                    "WHERE table_schema = 'app'"):
+                assert table_rows(replica, table) == table_rows(master, table), table
+        finally:
+            master.stop()
+    finally:
+        relay.stop()

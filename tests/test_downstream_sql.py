@@ -36,7 +36,7 @@ from relayproxy.relay.master_variables import VARIABLES as MASTER_VARIABLES
 from relayproxy.relay.store import RelayStore, SyncPolicy
 from relayproxy.upstream.receiver import ReceiverCounters
 from relayproxy.upstream.session import UpstreamStatus
-from relayproxy.wire.results import ErrorResponse, OkResponse, ResultSet
+from relayproxy.wire.results import CloseConnection, ErrorResponse, OkResponse, ResultSet
 
 from . import eventgen as E
 
@@ -602,7 +602,16 @@ def test_binlog_checksum_while_the_newest_file_has_no_fde(tmp_path, checksum):
         assert r.one("SELECT @@global.binlog_checksum") == want
     alone = relay_dir_with(tmp_path / "alone", {"binlog.000001": C.BINLOG_MAGIC})
     with RelayStore.open(alone) as store:  # nothing written, no master asked: NULL, not a guess
-        assert Relay(store, alone).one("SELECT @@global.binlog_checksum") is None
+        r = Relay(store, alone)
+        assert r.one("SELECT @@global.binlog_checksum") is None
+        # ... but a replica announcing itself with it would stop for good on NULL: its connection is closed
+        # instead (a network error to it: it connects again), and nothing is assigned.
+        for sql in ("SET @master_binlog_checksum= @@global.binlog_checksum",
+                    "SET @master_binlog_checksum = @@global.binlog_checksum, "
+                    "@source_binlog_checksum = @@global.binlog_checksum"):
+            assert isinstance(r.run(sql), CloseConnection), sql
+        assert r.one("SELECT @master_binlog_checksum") is None
+        r.ok("SET @other = @@global.binlog_checksum")  # any other variable: NULL, as asked
 
 
 # ---------------------------------------------------------------------------------------------

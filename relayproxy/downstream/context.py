@@ -164,8 +164,13 @@ class DownstreamContext:
 
     @property
     def flavour(self) -> str:
-        """mysql or mariadb: what the relay looks like to replicas (the upstream master's flavour)."""
-        return self.store.flavour or self.session.status.master_flavour or "mysql"
+        """mysql or mariadb: what the relay looks like to replicas (the upstream master's flavour; before the relay
+        has a file or has reached its master, the flavour its GTID mode names, else mysql)."""
+        found = self.store.flavour or self.session.status.master_flavour
+        if found:
+            return found
+        configured = getattr(self.cfg, "gtid_mode", None)
+        return configured if configured in ("mysql", "mariadb") else "mysql"
 
     @property
     def server_version(self) -> str:

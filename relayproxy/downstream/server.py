@@ -42,6 +42,7 @@ from ..wire.packets import (
     packet_count,
 )
 from ..wire.results import (
+    CloseConnection,
     ErrorResponse,
     Response,
     encode_error,
@@ -1064,6 +1065,10 @@ class _Session:
                 response = await response
         except MySQLError as exc:
             response = ErrorResponse(exc.code, exc.sqlstate, exc.message)
+        if isinstance(response, CloseConnection):
+            self._note("warning", "closed the connection without an answer", reason=response.reason,
+                       statement=sql_text[:200])
+            raise _Close
         await self._send(encode_response(response, capabilities=self.capabilities, status=SERVER_STATUS_AUTOCOMMIT))
 
     async def _init_db(self, payload: bytes) -> None:

@@ -50,7 +50,15 @@ class ErrorResponse:
     message: str
 
 
-Response = OkResponse | ResultSet | ErrorResponse
+@dataclass(frozen=True)
+class CloseConnection:
+    """No answer: the server logs ``reason`` and closes the connection. A replica's IO thread takes that as a
+    network error and connects again later, where an answer it cannot use would stop it for good."""
+
+    reason: str
+
+
+Response = OkResponse | ResultSet | ErrorResponse | CloseConnection
 
 
 _U16 = struct.Struct("<H")
@@ -291,7 +299,7 @@ def encode_response(
         return [encode_error_response(response, protocol41=bool(capabilities & CLIENT_PROTOCOL_41))]
     if isinstance(response, ResultSet):
         return encode_result_set(response, deprecate_eof=bool(capabilities & CLIENT_DEPRECATE_EOF), status=status)
-    raise TypeError(f"not a response: {type(response).__name__}")
+    raise TypeError(f"not a response with packets: {type(response).__name__}")  # CloseConnection has none
 
 
 __all__ = [

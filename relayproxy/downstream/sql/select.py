@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...wire.results import OkResponse, Response, ResultSet
+from ...wire.results import CloseConnection, OkResponse, Response, ResultSet
 from .errors import (
     ER_BAD_DB_ERROR,
     ER_GLOBAL_VARIABLE,
@@ -18,7 +18,7 @@ from .expressions import Evaluator, _Literal, _Node
 from .limits import ER_WARN_ALLOW_MAX_PACKET_SIZE, value_size
 from .parser import _CLAUSE_WORDS, Parser, _limit
 from .values import _output, _truthy
-from .variables import _default_collation, _lookup_variable
+from .variables import _binlog_checksum, _default_collation, _lookup_variable
 
 if TYPE_CHECKING:
     from .env import Env
@@ -201,6 +201,12 @@ def _set(p: Parser, env: Env) -> Response:
             break
     p.end_of_statement()
     _check_user_variables(env, user)
+    if any(value is None and name.lower() in _CHECKSUM_ANNOUNCEMENTS for name, value in user) \
+            and _binlog_checksum(env) is None:
+        # A replica's IO thread announcing itself: told NULL, a MariaDB or MySQL replica stops for good (1593);
+        # a closed connection is a network error to it, and it connects again after its connect retry.
+        return CloseConnection("a replica asked for @@global.binlog_checksum, which the relay does not know yet "
+                               "(it has no relay file and has not reached its master)")
     for name, value in user:
         env.conn.user_vars[name] = value
     for name, value, reset in session:
@@ -209,6 +215,9 @@ def _set(p: Parser, env: Env) -> Response:
         else:
             env.conn.session_vars[name] = value
     return OkResponse()
+
+
+_CHECKSUM_ANNOUNCEMENTS = frozenset({"master_binlog_checksum", "source_binlog_checksum"})
 
 
 def _check_user_variables(env: Env, assigned: list[tuple[str, Any]]) -> None:
