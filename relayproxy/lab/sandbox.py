@@ -93,8 +93,9 @@ TEMPLATE_ENV = "RELAYPROXY_SANDBOX_TEMPLATES"
 
 def _datadir_template(install_db: str, options: list[str], run_as: list[str]) -> Path | None:
     """The datadir `mariadb-install-db` wrote for `options` with these binaries, made on first use in the directory
-    $RELAYPROXY_SANDBOX_TEMPLATES names; None when it is unset. Keyed by the binaries' paths, sizes and times, so an upgraded server gets a new one;
-    built beside its final place and renamed there, so a concurrent user sees it whole or not at all."""
+    $RELAYPROXY_SANDBOX_TEMPLATES names; None when it is unset. Keyed by the binaries' paths, sizes and times, so
+    an upgraded server gets a new one; built beside its final place and renamed there, so a concurrent user sees it
+    whole or not at all."""
     root = os.environ.get(TEMPLATE_ENV)
     if not root:
         return None
