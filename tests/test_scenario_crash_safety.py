@@ -437,7 +437,12 @@ def _durable_state(relay_dir: Path) -> tuple[list[str], R.DurableMark]:
 def _os_crash(relay_dir: Path, names: list[str], mark: R.DurableMark, rng: random.Random) -> dict:
     """Turn the files of a killed relay into what an OS crash could leave: the mark's file cut anywhere at or past
     the mark (bytes past the last fsync may or may not have reached the disk), possibly with garbage after it
-    (stale blocks, zeros); a file created after it keeps at least its fsynced magic. Earlier files are whole."""
+    (stale blocks, zeros); a file created after it keeps at least its fsynced magic. Earlier files are whole.
+    A file the relay created but had not yet named in its index (frozen between the two) counts as the newest:
+    start_file fsynced the file before it whole, and recovery adopts it."""
+    base = names[-1].rsplit(".", 1)[0]
+    names = names + sorted(p.name for p in relay_dir.glob(f"{base}.*")
+                           if p.name.rsplit(".", 1)[1].isdigit() and p.name > names[-1])
     at = names.index(mark.file)
     done = {"file": mark.file, "durable": mark.position}
     for name in names[at:]:
