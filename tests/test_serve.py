@@ -678,6 +678,20 @@ def test_relay_directory_is_served_without_recovery(corpus_dir, tmp_path):
     assert snapshot(d) == before  # no truncation, no index rewrite, no durable mark, no relayproxy.uuid
 
 
+def test_a_relay_directory_whose_newest_file_is_only_the_magic(corpus_dir, tmp_path):
+    """A relay directory copied between a rotation (or a master switch) and the next event: the newest file holds
+    only the magic. serve answers @@binlog_checksum and the version from the files before it, not NULL (on which a
+    MariaDB replica stops for good: 1593), as the relay itself does."""
+    d = copy_files(corpus_dir, [f"{MARIA_DIR}/{n}" for n in MARIA_FILES[:2]], tmp_path / "relay")
+    base, seq = MARIA_FILES[1].rsplit(".", 1)
+    newest = f"{base}.{int(seq) + 1:0{len(seq)}d}"
+    (d / newest).write_bytes(C.BINLOG_MAGIC)
+    (d / "relayproxy.index").write_text("".join(f"{n}\n" for n in [*MARIA_FILES[:2], newest]))
+    with served(d) as server:
+        checksum, version = server.sql("SELECT @@global.binlog_checksum, @@version")[0]
+        assert checksum == "CRC32" and "MariaDB" in version, (checksum, version)
+
+
 # ---------------------------------------------------------------------------------------------
 # --follow
 
