@@ -69,6 +69,7 @@ _FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per replica host a
 
 # -- reading and sending ---------------------------------------------------------------------------
 READ_CHUNK = 1 << 20  # bytes read from a relay file at once
+_EVENTS_PER_YIELD = 1024  # events the event-by-event path handles between two turns of the event loop
 SHARED_CHUNK = 256 << 10  # bytes of a shared framed chunk (bounds what one replica's socket buffer holds)
 _HEAD = 64 << 10  # what the boundary parser may look at of an event that is streamed
 _STREAM_PIECE = 4 << 20  # bytes of a large event read (and held) at a time while it is sent
@@ -565,7 +566,7 @@ class DumpSender(DumpStart):
             if n < want:
                 raise _read_failure(MSG_TRUNCATED, pos, pos + n)
             view = memoryview(data)
-            off = 0
+            off = handled = 0
             while off + C.HEADER_LEN <= n:
                 _ts, type_code, _sid, size, _lp, flags = _header_unpack_from(data, off)
                 end = off + size
@@ -581,6 +582,11 @@ class DumpSender(DumpStart):
                     raise _read_failure(MSG_CRC, pos + off, pos + end)
                 await self._handle(view, off, size, pos + off, type_code, flags, None)
                 off = end
+                handled += 1
+                if not handled % _EVENTS_PER_YIELD:
+                    # A read holds up to READ_CHUNK of small events, all skipped or sent without a wait (a GTID
+                    # dump skipping to its point, a fast socket): let the loop serve everyone else in between.
+                    await asyncio.sleep(0)
             if off:
                 pos += off
                 continue
