@@ -12,6 +12,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("relayproxy.commands.run", "replicate from a master into durable relay files (the relay)"),
     "serve": ("relayproxy.commands.serve", "serve existing binlog files read-only to replicas and tools, as their master"),
     "status": ("relayproxy.commands.status", "show a running relay's horizon and upstream health"),
+    "promote": (
+        "relayproxy.commands.promote",
+        "after the master died: catch a candidate up from the relays, promote it, repoint relays and replicas",
+    ),
     "demo": (
         "relayproxy.commands.demo",
         "local master, relay and replicas: a live workload, then a master crash mid-transaction, side by side",

@@ -1,0 +1,184 @@
+"""What `relayproxy promote` decides from GTID state alone (no I/O): which relay is the most advanced, whether relays
+diverge, what the candidate lacks and what it has that no relay has.
+
+Two flavours of "what a server holds":
+
+- MySQL: a GTID set (`@@gtid_executed`); containment and difference are exact.
+- MariaDB: a binlog state (`@@gtid_binlog_state`, one latest GTID per (domain, server_id)), merged with the
+  replica's `@@gtid_slave_pos` for a candidate. A server holds a GTID d-s-n when its entry for (d, s) is at n
+  or later: within a domain sequence numbers only grow (gtid_strict_mode's rule, and what MariaDB's own
+  MASTER_GTID_WAIT and slave_pos connect assume), so having s's n' >= n means having seen s's n.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtid, MariaGtidPosition
+
+History = Union[GtidSet, MariaBinlogState]
+
+# exit codes of `relayproxy promote` (documented in docs/failover.md and --help)
+EXIT_DONE = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_UNREACHABLE = 4
+EXIT_TIMED_OUT = 5
+EXIT_REPLICAS_LEFT = 6
+
+
+def parse_history(flavour: str, text: str | None) -> History:
+    """A server's GTID text as the flavour's history (MySQL set, MariaDB state); None/'' is empty."""
+    text = (text or "").strip()
+    if flavour == "mysql":
+        return GtidSet(text.replace("\n", ""))
+    return MariaBinlogState.parse(text.replace("\n", "").replace(" ", ""))
+
+
+def merge_mariadb(state: MariaBinlogState, *others: MariaBinlogState | MariaGtidPosition) -> MariaBinlogState:
+    """The union of MariaDB states/positions: per (domain, server_id) the later seq_no."""
+    merged = state.copy()
+    for other in others:
+        for gtid in other:
+            have = merged.get(gtid.domain_id, gtid.server_id)
+            if have is None or have.seq_no < gtid.seq_no:
+                merged.update(gtid)
+    return merged
+
+
+def _maria_holds(have: MariaBinlogState, gtid: MariaGtid) -> bool:
+    entry = have.get(gtid.domain_id, gtid.server_id)
+    return entry is not None and entry.seq_no >= gtid.seq_no
+
+
+@dataclass(frozen=True)
+class Lack:
+    """What `have` lacks of `want`, as text a person reads, and a transaction count (exact for MySQL; for MariaDB
+    the sum of sequence-number gaps per (domain, server), exact when one server writes each domain)."""
+
+    text: str
+    count: int
+
+    def __bool__(self) -> bool:
+        return bool(self.text)
+
+
+def lacks(have: History, want: History) -> Lack:
+    """What `want` holds that `have` does not."""
+    if isinstance(want, GtidSet):
+        assert isinstance(have, GtidSet)
+        missing = want.subtract(have)
+        return Lack(missing.format(","), missing.count())
+    assert isinstance(have, MariaBinlogState)
+    parts: list[str] = []
+    count = 0
+    for gtid in want:
+        if _maria_holds(have, gtid):
+            continue
+        entry = have.get(gtid.domain_id, gtid.server_id)
+        if entry is None:
+            parts.append(f"{gtid} and earlier GTIDs of server {gtid.server_id} in domain {gtid.domain_id}")
+            count += 1
+        else:
+            first = MariaGtid(gtid.domain_id, gtid.server_id, entry.seq_no + 1)
+            parts.append(str(gtid) if first == gtid else f"{first}..{gtid}")
+            count += gtid.seq_no - entry.seq_no
+    return Lack(", ".join(parts), count)
+
+
+def holds(have: History, want: History) -> bool:
+    return not lacks(have, want)
+
+
+def union(histories: list[History]) -> History | None:
+    if not histories:
+        return None
+    if isinstance(histories[0], GtidSet):
+        out = GtidSet()
+        for h in histories:
+            out.update(h)
+        return out
+    return merge_mariadb(histories[0], *histories[1:])
+
+
+@dataclass
+class RelayFacts:
+    """What one relay said: its address, the master its files came from, its complete-transaction history."""
+
+    address: str
+    history: History
+    master_server_id: int = 0  # 0: the relay does not know (never reached its master since it started)
+    master_address: str = ""
+    follows_candidate: bool = False  # already repointed to the candidate (a run that is being repeated)
+
+
+@dataclass
+class CandidateFacts:
+    address: str
+    history: History  # what it has executed (MySQL gtid_executed; MariaDB binlog state merged with slave_pos)
+    is_replica: bool
+    server_id: int = 0
+
+
+@dataclass
+class Plan:
+    """The decision: catch the candidate up from `source` (unless it holds it already), then promote it."""
+
+    source: RelayFacts
+    lacking: Lack  # what the candidate lacks of the source relay
+    errant: Lack  # what the candidate has that no relay has
+    behind: dict[str, Lack] = field(default_factory=dict)  # other relays: what they lack of the source
+
+    @property
+    def needs_catch_up(self) -> bool:
+        return bool(self.lacking)
+
+
+class Refusal(Exception):
+    """The facts forbid a promotion; the message names the servers and GTIDs."""
+
+
+def decide(candidate: CandidateFacts, relays: list[RelayFacts], *, strict: bool = False) -> Plan:
+    """Pick the most advanced relay and say what the candidate needs; raise Refusal when relays disagree (other
+    masters, diverged histories), when the candidate is no replica and lacks what the relays hold, or (strict)
+    when the candidate has errant GTIDs."""
+    if not relays:
+        raise Refusal("no relay answered: there is nothing to catch the candidate up from")
+    masters = {r.master_server_id for r in relays if r.master_server_id and not r.follows_candidate}
+    if len(masters) > 1:
+        named = "; ".join(f"{r.address} relays server_id {r.master_server_id} ({r.master_address})"
+                          for r in relays if r.master_server_id and not r.follows_candidate)
+        raise Refusal(f"the relays relay different masters: {named}")
+    source = relays[0]
+    for relay in relays[1:]:
+        if holds(relay.history, source.history):
+            if not holds(source.history, relay.history) or (relay.follows_candidate < source.follows_candidate):
+                source = relay  # strictly further; on a tie, one still relaying the old master
+    for relay in relays:
+        extra = lacks(source.history, relay.history)
+        if extra:
+            theirs = lacks(relay.history, source.history)
+            raise Refusal(f"the relays diverge: {relay.address} has {extra.text} that {source.address} lacks, and "
+                          f"{source.address} has {theirs.text or 'nothing'} that {relay.address} lacks; no relay holds "
+                          "every transaction of the others")
+    lacking = lacks(candidate.history, source.history)
+    everything = union([r.history for r in relays])
+    errant = lacks(everything, candidate.history)
+    if lacking and not candidate.is_replica:
+        raise Refusal(f"the candidate {candidate.address} is not a replica (it has no replication configured) and "
+                      f"lacks {lacking.text} that the relay {source.address} holds: it is not a server of this "
+                      "topology, or another master already; name a replica of the failed master")
+    if strict and errant:
+        raise Refusal(f"--strict: the candidate {candidate.address} has GTIDs that no relay has (errant "
+                      f"transactions): {errant.text}")
+    behind = {r.address: lacks(r.history, source.history) for r in relays if r is not source}
+    return Plan(source, lacking, errant, {a: b for a, b in behind.items() if b})
+
+
+def position_text(history: History) -> str:
+    """The short form a person compares: MySQL's set, MariaDB's per-domain position."""
+    if isinstance(history, GtidSet):
+        return history.format(",")
+    return str(history.current_position())
