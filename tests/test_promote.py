@@ -115,3 +115,108 @@ def test_promote_catches_the_lagging_candidate_up_from_the_relay(tmp_path):
         code, doc, _ = promote(lab, tmp_path)
         assert code == 0 and doc["outcome"] == "already promoted", doc
         assert relay_sql(lab.relay_port, "SHOW SLAVE STATUS")[0]["Master_Port"] == r1.port
+
+
+def _closed_port() -> int:
+    from relayproxy.lab.harness import free_port
+
+    return free_port()
+
+
+def test_promote_refuses_bad_input_then_converges_after_a_timeout_and_a_kill(tmp_path, mariadb):
+    """Each bad input: a clear message naming the server, its exit code, and nothing changed. Then a catch-up that
+    cannot finish (the candidate's SQL thread blocked by a table lock) times out (5) leaving the candidate replicating
+    from the relay; a run killed with SIGKILL mid catch-up; and the next run converges, every insert once."""
+    from relayproxy.lab.harness import RelayProcess
+
+    with FailoverLab(tmp_path / "lab", candidates=1) as lab:
+        lab.start()
+        r1 = lab.r1
+        # an errant transaction on the candidate, in a domain of its own (no conflict with domain 0's sequence)
+        r1.execute("SET SESSION gtid_domain_id = 9")
+        r1.execute(f"CREATE TABLE {SCHEMA}.local_only (a INT PRIMARY KEY)")
+        r1.execute("SET SESSION gtid_domain_id = 0")
+        last, _ = lagging_candidate_then_crash(lab, 80)
+        relay = f"127.0.0.1:{lab.relay_port}"
+
+        def unchanged() -> None:
+            status = replica_status(r1)
+            assert status["Master_Port"] == lab.links["R1"].proxy.port and int(
+                r1.execute("SELECT @@GLOBAL.read_only")[0][0]) == 1
+            assert relay_sql(lab.relay_port, "SHOW SLAVE STATUS")[0]["Slave_IO_Running"] != "No"
+
+        closed = _closed_port()
+        code, doc, _ = promote(lab, tmp_path, "--candidate", f"127.0.0.1:{closed}")  # argparse: the last one wins
+        assert code == 4 and doc["outcome"] == "unreachable" and f"candidate 127.0.0.1:{closed}" in doc["message"]
+
+        code, doc, _ = promote(lab, tmp_path, relays=[relay, f"127.0.0.1:{closed}"])
+        assert code == 4 and f"relay 127.0.0.1:{closed} is unreachable" in doc["message"]
+        assert "--skip-unreachable-relays" in doc["message"]
+        unchanged()
+
+        code, doc, _ = promote(lab, tmp_path, "--dry-run", "--skip-unreachable-relays",
+                               relays=[relay, f"127.0.0.1:{closed}"])
+        assert code == 0 and doc["outcome"] == "dry run" and any(closed_ in w for w in doc["warnings"]
+                                                                 for closed_ in [str(closed)])
+
+        (tmp_path / "bad.pw").write_text("wrong\n")
+        code, doc, _ = promote(lab, tmp_path, "--relay-password-file", str(tmp_path / "bad.pw"))
+        assert code == 4 and f"relay {relay}: login as 'admin' refused" in doc["message"]
+
+        code, doc, _ = promote(lab, tmp_path, "--candidate-password-file", str(tmp_path / "nowhere.pw"))
+        assert code == 2 and "nowhere.pw" in doc["message"]
+
+        code, doc, _ = promote(lab, tmp_path, "--strict")
+        assert code == 3 and "9-2-1" in doc["message"] and "--strict" in doc["message"]
+        unchanged()
+
+        # a server that is no replica and lacks what the relay holds; a relay of another master
+        other = mariadb("other", server_id=31)
+        other.create_user("repl", "replpw")
+        other.execute("CREATE DATABASE elsewhere")
+        code, doc, _ = promote(lab, tmp_path, candidate=other)
+        assert code == 3 and "is not a replica" in doc["message"] and f"127.0.0.1:{other.port}" in doc["message"]
+        other_relay = RelayProcess(tmp_path / "other-relay", other.port, server_id=131, gtid_mode="mariadb",
+                                   extra=["--listen", f"127.0.0.1:{(port := _closed_port())}",
+                                          "--users", f"repl:replpw,{ADMIN_USER}:{ADMIN_PASSWORD}:admin"]).start()
+        try:
+            other_relay.wait_for(lambda s: s.get("io_running"), 30, "the other relay streaming")
+            code, doc, _ = promote(lab, tmp_path, relays=[relay, f"127.0.0.1:{port}"])
+            assert code == 3 and "different masters" in doc["message"] and "server_id 31" in doc["message"], doc
+        finally:
+            other_relay.stop()
+        unchanged()
+
+        # a catch-up that cannot finish: the candidate's SQL thread waits on a table lock
+        locker = r1.connect()
+        locker.cursor().execute(f"LOCK TABLES {SCHEMA}.t1 READ, {SCHEMA}.t2 READ, {SCHEMA}.t3 READ")
+        code, doc, _ = promote(lab, tmp_path, "--timeout", "4")
+        assert code == 5 and doc["outcome"] == "timed out", doc
+        assert f"left replicating from relay {relay}" in doc["message"] and "run the same command again" in doc["message"]
+        assert replica_status(r1)["Master_Port"] == lab.relay_port
+        assert relay_sql(lab.relay_port, "SHOW SLAVE STATUS")[0]["Slave_IO_Running"] == "No"  # fenced
+
+        # run again while the SQL thread is still blocked: its STOP SLAVE waits, and the run is killed there (as an
+        # HA tool's own timeout would); then the lock goes and the next run converges
+        (tmp_path / "cand.pw").write_text("\n")
+        running = subprocess.Popen(
+            [sys.executable, "-m", "relayproxy.commands.cli", "promote", "--candidate", f"127.0.0.1:{r1.port}",
+             "--candidate-user", "root", "--candidate-password-file", str(tmp_path / "cand.pw"), "--relay", relay,
+             "--relay-user", ADMIN_USER, "--relay-password-file", str(tmp_path / "relay.pw")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = ""
+        while "decided" not in seen and running.poll() is None:
+            seen += running.stderr.readline()
+        time.sleep(1.0)
+        assert running.poll() is None, f"the run should wait on STOP SLAVE: {seen}{running.communicate()}"
+        running.kill()
+        running.communicate()
+        locker.close()
+        code, doc, _ = promote(lab, tmp_path)
+        assert code == 0 and doc["outcome"] == "promoted", doc
+        assert "9-2-1" in doc["errant"] and any("9-2-1" in w for w in doc["warnings"])
+        assert covers(binlog_pos(r1), last) and replica_status(r1) == {}
+        assert_every_insert_once(lab, r1)
+        lab.load.run(r1, 20)
+        lab.wait_converged(r1)
+        assert_same_data(r1, lab.r2)

@@ -156,6 +156,9 @@ class Server:
     def rows(self, statement: str) -> list[dict]:
         if self.conn is None:
             self.connect()
+        # no statement outlives the run's --timeout (a STOP SLAVE can wait on a blocked SQL thread for ever)
+        left = self.deadline - time.monotonic()
+        self.conn._read_timeout = self.conn._write_timeout = max(1.0, min(60.0, left + 1.0))
         try:
             with self.conn.cursor() as cur:
                 cur.execute(statement)
@@ -163,6 +166,10 @@ class Server:
                 return [dict(zip(columns, row)) for row in cur.fetchall()]
         except (pymysql.MySQLError, OSError) as exc:
             shown = statement if "PASSWORD" not in statement.upper() else statement.split(",")[0] + ", ..."
+            if time.monotonic() >= self.deadline:
+                self.close()
+                raise Stop(P.EXIT_TIMED_OUT, f"timed out: {self.name} had not answered {shown!r} when the run's "
+                                             "--timeout ran out; run the same command again to continue") from None
             stop = self._stop(exc, shown)
             if stop.code == P.EXIT_UNREACHABLE:
                 self.close()
@@ -198,10 +205,13 @@ class Server:
     def start_replica(self) -> None:
         self.execute("START REPLICA" if self._new_terms() else "START SLAVE")
 
-    def change_master(self, host: str, port: int, user: str | None, password: str | None) -> None:
+    def change_master(self, host: str, port: int, user: str | None, password: str | None, *,
+                      no_delay: bool = False) -> None:
         new = self.flavour == "mysql" and self.at_least(8, 0, 23)
         word = "SOURCE" if new else "MASTER"
         parts = [f"{word}_HOST={_quote(host)}", f"{word}_PORT={port}"]
+        if no_delay:  # a delayed replica chosen as candidate catches up now (CHANGE MASTER keeps a delay it had)
+            parts.append(f"{word}_DELAY=0")
         if user is not None:
             parts.append(f"{word}_USER={_quote(user)}")
         if password is not None:
@@ -504,7 +514,7 @@ class Promoter:
         user = self.repl_user if self.repl_user is not None else self.args.relay_user
         password = self.repl_password if self.repl_user is not None else source.password
         self.candidate.stop_replica()
-        self.candidate.change_master(source.address[0], source.address[1], user, password)
+        self.candidate.change_master(source.address[0], source.address[1], user, password, no_delay=True)
         self.candidate.start_replica()
         self.step("pointed the candidate at the relay", f"{source.name.split()[-1]} by GTID")
         want = plan.source.history
