@@ -161,6 +161,25 @@ def test_collector_leaves_out_what_is_unknown_and_series_of_gone_replicas():
     assert not fams["relayproxy_replica_position_bytes"].samples
 
 
+def test_semi_sync_tally_families_follow_the_status_document():
+    fams = scrape(base_status())
+    assert "relayproxy_semi_sync_master_waiting" not in fams or not fams["relayproxy_semi_sync_master_waiting"].samples
+    assert value(fams, "relayproxy_semi_sync_unrequested_transactions",
+                 "relayproxy_semi_sync_unrequested_transactions_total") == 0
+    fams = scrape(base_status(
+        semi_sync=True, semi_sync_master_waiting=False, semi_sync_ack_requests=40, semi_sync_last_ack_request_time=1e9,
+        semi_sync_unrequested_transactions=3, semi_sync_last_unrequested_time=1e9 + 5,
+        semi_sync_last_unrequested_gtid="0-1-57"))
+    assert value(fams, "relayproxy_semi_sync_master_waiting") == 0
+    assert fams["relayproxy_semi_sync_unrequested_transactions"].type == "counter"
+    assert value(fams, "relayproxy_semi_sync_unrequested_transactions",
+                 "relayproxy_semi_sync_unrequested_transactions_total") == 3
+    assert value(fams, "relayproxy_semi_sync_ack_requests", "relayproxy_semi_sync_ack_requests_total") == 40
+    assert value(fams, "relayproxy_semi_sync_last_ack_request_timestamp_seconds") == 1e9
+    assert value(fams, "relayproxy_semi_sync_last_unrequested_timestamp_seconds") == 1e9 + 5
+    assert value(scrape(base_status(semi_sync_master_waiting=True)), "relayproxy_semi_sync_master_waiting") == 1
+
+
 def test_process_collectors_are_registered():
     fams = scrape(base_status(), process=True)
     assert "process_cpu_seconds" in fams and "python_info" in fams

@@ -24,7 +24,7 @@ from relayproxy.binlog import encoders as E
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_bytes, scan_file
 from relayproxy.relay.store import RelayGapError, RelayMismatchError, RelayStore, RelayStoreError
-from relayproxy.upstream.receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, StreamError
+from relayproxy.upstream.receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, StreamError, gtid_text
 from relayproxy.wire.packets import MySQLError
 
 from . import eventgen as G
@@ -674,6 +674,48 @@ def test_semi_sync_ack_pending_only_for_flagged_appended_groups(tmp_path, corpus
     assert receiver.ack_pending is not None
     reconnect(receiver, semi_sync=True)
     assert receiver.ack_pending is None
+
+
+def test_semi_sync_tally_counts_transaction_ends_the_master_did_not_ask_to_acknowledge(tmp_path, corpus_dir):
+    """MariaDB flags a transaction's last event while it waits for it (or, in fallback, once the replica has caught
+    up with its latest commit); a group ending unflagged is tallied with its GTID. Only at group ends."""
+    image = read(corpus_dir, MARIA118)
+    name = _name(MARIA118)
+    ends = group_ends(image)
+    store, receiver = new_receiver(tmp_path, semi_sync=True)
+    now = [1000.0]
+    receiver.clock = lambda: now[0]
+    tally = receiver.semi_sync
+    assert tally.master_waiting is None and tally.ack_requests == tally.unrequested_transactions == 0
+    stream = master_events([(name, image)], name, 4)
+    cut = [index_ending_at(stream, end) for end in ends[:4]]
+    flags = {cut[0]: 1, cut[2]: 0, cut[3]: 1}  # group 2 (cut[1]) and 3 end unflagged
+    # Flags on events other than group ends (the fallback master flags any event at its commit position) are
+    # not tallied: MariaDB only waits on transaction ends.
+    receiver.feed(payload(e, flags.get(i, 1 if i < cut[0] else 0)) for i, e in enumerate(stream[: cut[0] + 1]))
+    assert (tally.ack_requests, tally.unrequested_transactions, tally.master_waiting) == (1, 0, True)
+    assert tally.last_ack_request_time == 1000.0 and tally.last_unrequested_gtid is None
+    now[0] = 1001.0
+    receiver.feed(payload(e, flags.get(i, 0)) for i, e in enumerate(stream[: cut[2] + 1]) if i > cut[0])
+    assert (tally.ack_requests, tally.unrequested_transactions, tally.master_waiting) == (1, 2, False)
+    gtid = tally.last_unrequested_gtid
+    assert isinstance(gtid[0], int) and gtid_text(gtid) == "-".join(map(str, gtid))
+    assert tally.last_unrequested_time == 1001.0 and tally.last_ack_request_time == 1000.0
+    receiver.feed(payload(e, flags.get(i, 0)) for i, e in enumerate(stream[: cut[3] + 1]) if i > cut[2])
+    assert (tally.ack_requests, tally.unrequested_transactions, tally.master_waiting) == (2, 2, True)
+    assert tally.last_unrequested_gtid == gtid and receiver.counters.transactions == 4
+    store.sync()
+    # A new stream: the master's waiting is unknown until its first transaction end; re-sent groups (duplicates)
+    # are not tallied again, whatever their flag.
+    reconnect(receiver, semi_sync=True)
+    assert tally.master_waiting is None and tally.unrequested_transactions == 2
+    receiver.feed(payload(e, 0) for e in master_events([(name, image)], name, 4)[: cut[3] + 1])
+    assert receiver.counters.duplicates > 0 and (tally.ack_requests, tally.unrequested_transactions) == (2, 2)
+    # An asynchronous stream tallies nothing.
+    reconnect(receiver, semi_sync=False)
+    receiver.feed(payload(e) for e in master_events([(name, image)], name, 4))
+    assert receiver.counters.transactions > 4
+    assert (tally.ack_requests, tally.unrequested_transactions, tally.master_waiting) == (2, 2, None)
 
 
 # -- end_stream ----------------------------------------------------------------------------------------------------

@@ -166,6 +166,15 @@ def _upstream(s: dict[str, Any]) -> Iterator:
     yield GaugeMetricFamily("relayproxy_io_running", "1 while the upstream connection streams", value=int(bool(s.get("io_running"))))
     yield GaugeMetricFamily("relayproxy_semi_sync_active", "1 while the upstream connection uses semi-sync",
                             value=int(bool(s.get("semi_sync") and s.get("io_running"))))
+    waiting = s.get("semi_sync_master_waiting")
+    yield from _gauge("relayproxy_semi_sync_master_waiting",
+                      "1 when the latest transaction end of the semi-sync stream asked for an ACK, 0 when it did not "
+                      "(absent until one arrives on the current stream)", None if waiting is None else int(waiting))
+    yield from _gauge("relayproxy_semi_sync_last_ack_request_timestamp_seconds",
+                      "Unix time the master last asked the relay to ACK a transaction", s.get("semi_sync_last_ack_request_time"))
+    yield from _gauge("relayproxy_semi_sync_last_unrequested_timestamp_seconds",
+                      "Unix time of the latest semi-sync transaction the master did not ask the relay to ACK",
+                      s.get("semi_sync_last_unrequested_time"))
     yield from _gauge("relayproxy_lag_bytes", "Master position minus horizon (absent while they are in different files)",
                       s.get("lag_bytes"))
     yield from _gauge("relayproxy_lag_seconds", "Seconds_Behind_Master of the relay (absent while not streaming)",
@@ -182,6 +191,10 @@ def _upstream(s: dict[str, Any]) -> Iterator:
         ("connect_failures", "connect_failures", "Upstream connections or attempts that ended in an error"),
         ("store_failures", "store_failures", "Rounds that ended because the relay store could not write (full disk, EIO)"),
         ("semi_sync_acks", "semi_sync_acks", "Semi-sync ACKs sent to the master, each after a durable write"),
+        ("semi_sync_ack_requests", "semi_sync_ack_requests",
+         "Transactions whose last event asked the relay for a semi-sync ACK (NEED_ACK)"),
+        ("semi_sync_unrequested_transactions", "semi_sync_unrequested_transactions",
+         "Transactions received on a semi-sync stream whose end did not ask for an ACK (master in fallback, or a later one awaited)"),
         ("semi_sync_replica_waits", "semi_sync_replica_waits",
          "Upstream ACKs that first waited for semi-sync replicas of the relay"),
         ("semi_sync_replica_timeouts", "semi_sync_replica_timeouts",

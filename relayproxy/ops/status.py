@@ -9,6 +9,7 @@ from typing import Any
 from .. import __version__
 from ..downstream.dump.followers import describe as describe_followers
 from ..relay import closed_files
+from ..upstream.receiver import gtid_text
 
 
 def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[str, Any]:
@@ -104,6 +105,7 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "horizon_seq": horizon.seq,
         "semi_sync_replica_waits": up.semi_sync_replica_waits,
         "semi_sync_replica_timeouts": up.semi_sync_replica_timeouts,
+        **_semi_sync_tally(receiver),
         "replicas": _replicas(downstream, horizon, names, disk["sizes"]) if downstream is not None else [],
     }
     if downstream is not None:
@@ -120,6 +122,24 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     if retention is not None:
         doc["retention"] = retention.stats.as_dict()
     return doc
+
+
+def _semi_sync_tally(receiver) -> dict[str, Any]:
+    """What semi-sync streams' transaction ends said about the master's waiting (docs/failover.md, "Semi-sync
+    fallback: the hole"): since the relay started; ``master_waiting`` is None until this stream's first end."""
+    tally = getattr(receiver, "semi_sync", None)
+    if tally is None:
+        return {}
+    asked = tally.last_ack_request_time
+    return {
+        "semi_sync_master_waiting": tally.master_waiting,
+        "semi_sync_ack_requests": tally.ack_requests,
+        "semi_sync_last_ack_request_time": asked,
+        "semi_sync_ack_request_age_seconds": round(max(time.time() - asked, 0.0), 3) if asked is not None else None,
+        "semi_sync_unrequested_transactions": tally.unrequested_transactions,
+        "semi_sync_last_unrequested_gtid": gtid_text(tally.last_unrequested_gtid),
+        "semi_sync_last_unrequested_time": tally.last_unrequested_time,
+    }
 
 
 def _epochs(store) -> list[dict[str, Any]]:
@@ -270,6 +290,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"Received:               {status.get('transactions_received')} transactions, "
         f"{status.get('events_received')} events, {status.get('bytes_received')} bytes",
         f"Semi-sync:              {'on' if status.get('semi_sync') else 'off'} ({status.get('semi_sync_acks')} acks)",
+        *_semi_sync_lines(status),
         f"Reconnects:             {status.get('reconnects')}; errors: "
         + (", ".join(f"{kind} {n}" for kind, n in (status.get("errors_by_kind") or {}).items() if n) or "none"),
         f"Relay dir:              {status.get('relay_dir')} ({status.get('relay_files')} files, sync {status.get('sync_mode')})",
@@ -294,6 +315,29 @@ def format_status(status: dict[str, Any]) -> str:
             + (f", acked {r['last_ack'][0]}:{r['last_ack'][1]}" if r.get("last_ack") else "")
         )
     return "\n".join(lines)
+
+
+def _semi_sync_lines(status: dict[str, Any]) -> list[str]:
+    """The semi-sync tally, once the relay has seen a semi-sync transaction end."""
+    asked, unrequested = status.get("semi_sync_ack_requests"), status.get("semi_sync_unrequested_transactions")
+    if not asked and not unrequested:
+        return []
+    waiting = status.get("semi_sync_master_waiting")
+    age = status.get("semi_sync_ack_request_age_seconds")
+    lines = [
+        "Semi-sync master:       "
+        + {True: "waiting for ACKs (the latest transaction end asked for one)",
+           False: "NOT asking for ACKs (the latest transaction end did not)", None: "unknown on this stream"}[waiting]
+        + ("; never asked" if age is None else f"; last asked {age:.1f} s ago" if age < 60 else f"; last asked {_age(age)} ago")
+    ]
+    if unrequested:
+        when = status.get("semi_sync_last_unrequested_time")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "?"
+        lines.append(
+            f"Not asked to ACK:       {unrequested} transactions, latest {status.get('semi_sync_last_unrequested_gtid')}"
+            f" at {stamp}"
+        )
+    return lines
 
 
 def _size(n) -> str:

@@ -33,6 +33,8 @@ next event is written, as the GTID dump's gap would have (``_held_group``). Epoc
 from __future__ import annotations
 
 import struct
+import time
+import uuid
 from dataclasses import dataclass
 
 from ..binlog import boundary as B
@@ -81,6 +83,39 @@ class ReceiverCounters:
     fillers: int = 0  # filler events written over stretches a GTID dump skipped
 
 
+@dataclass
+class SemiSyncTally:
+    """What the transaction ends of semi-sync streams said about the master's waiting (docs/failover.md,
+    "Semi-sync fallback: the hole"). Kept in memory from the relay's start; written at transaction ends only.
+
+    MariaDB's rule (semisync_master.cc ``update_sync_header``): while semi-sync is ON the master sets NEED_ACK on a
+    transaction's last event when it waits (or will wait) for that position and no ACK covers it yet; an earlier
+    transaction end is left unflagged when a later one is already waited for (the later ACK covers it). While OFF
+    (after ``rpl_semi_sync_master_timeout``) it sets NEED_ACK on every event at or after its latest commit position:
+    a replica that has caught up is asked to ACK so the master can switch back ON, a replica behind is not asked.
+    """
+
+    ack_requests: int = 0  # transaction ends that carried NEED_ACK
+    unrequested_transactions: int = 0  # transaction ends that did not
+    last_unrequested_gtid: tuple | None = None
+    last_unrequested_time: float | None = None
+    master_waiting: bool | None = None  # the latest transaction end asked for an ACK (None: none seen this stream)
+    last_ack_request_time: float | None = None
+
+
+def gtid_text(gtid) -> str | None:
+    """Text of a boundary-parser GTID: ``domain-server-seq``, ``uuid:gno`` or ``uuid:tag:gno``."""
+    if gtid is None:
+        return None
+    if isinstance(gtid[0], int):
+        return "-".join(str(part) for part in gtid)
+    if len(gtid) == 3:
+        sid, tag, gno = gtid
+        return f"{uuid.UUID(bytes=bytes(sid))}:{tag}:{gno}" if tag else f"{uuid.UUID(bytes=bytes(sid))}:{gno}"
+    sid, gno = gtid
+    return f"{uuid.UUID(bytes=bytes(sid))}:{gno}"
+
+
 class RelayReceiver:
     """Feeds one dump stream at a time into a RelayStore through the transaction-boundary parser."""
 
@@ -94,6 +129,8 @@ class RelayReceiver:
         self.master_position: tuple[str, int] | None = None  # latest position the master told us of
         self.master_timestamp = 0  # timestamp of the latest real event (for lag in seconds)
         self.ack_pending: tuple[str, int] | None = None  # semi-sync: (file, end) the master waits on
+        self.semi_sync = SemiSyncTally()
+        self.clock = time.time  # stamps the semi-sync tally (tests replace it)
         self._next_offset = 0
         self._checksum_len = 0
         self._announced_crc = False
@@ -131,6 +168,7 @@ class RelayReceiver:
         self._semi_sync = semi_sync
         self.master_file = None
         self.ack_pending = None
+        self.semi_sync.master_waiting = None  # unknown until this stream's first transaction end
         self._skipping = False
         self._skipped_to = None
         self._held = None
@@ -346,6 +384,8 @@ class RelayReceiver:
             if kind == B.GROUP_END:
                 self.store.group_complete(end, self.parser.gtid)
                 self.counters.transactions += 1
+                if self._semi_sync:
+                    self._semi_sync_end(need_ack)
             elif kind == B.EVENT_OUTSIDE:
                 self.store.boundary_outside(end)
             if need_ack:
@@ -355,6 +395,18 @@ class RelayReceiver:
         if timestamp:
             self.master_timestamp = timestamp
         self._note_master_position(self.master_file, end)
+
+    def _semi_sync_end(self, need_ack: bool) -> None:
+        """A transaction ended on a semi-sync stream: tally whether the master asked for its ACK."""
+        tally = self.semi_sync
+        tally.master_waiting = need_ack
+        if need_ack:
+            tally.ack_requests += 1
+            tally.last_ack_request_time = self.clock()
+        else:
+            tally.unrequested_transactions += 1
+            tally.last_unrequested_gtid = self.parser.gtid
+            tally.last_unrequested_time = self.clock()
 
     def _held_group(self, ev: memoryview, type_code: int, flags: int, offset: int, size: int) -> bool:
         """In a by-position dump of a later epoch: True when the event belongs to a group the relay holds (its
