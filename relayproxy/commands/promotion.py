@@ -78,7 +78,11 @@ def lacks(have: History, want: History) -> Lack:
         if _maria_holds(have, gtid):
             continue
         entry = have.get(gtid.domain_id, gtid.server_id)
-        if entry is None:
+        if entry is None and have.latest(gtid.domain_id) is None:
+            first = MariaGtid(gtid.domain_id, gtid.server_id, 1)  # the whole domain is missing
+            parts.append(str(gtid) if gtid.seq_no <= 1 else f"{first}..{gtid}")
+            count += max(1, gtid.seq_no)
+        elif entry is None:  # other servers wrote the domain too: which of its numbers are this server's is unknown
             parts.append(f"{gtid} and earlier GTIDs of server {gtid.server_id} in domain {gtid.domain_id}")
             count += 1
         else:
