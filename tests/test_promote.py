@@ -176,6 +176,11 @@ def test_promote_refuses_bad_input_then_converges_after_a_timeout_and_a_kill(tmp
         other.execute("CREATE DATABASE elsewhere")
         code, doc, _ = promote(lab, tmp_path, candidate=other)
         assert code == 3 and "is not a replica" in doc["message"] and f"127.0.0.1:{other.port}" in doc["message"]
+        assert "is writable" in doc["message"]
+        other.execute("SET GLOBAL read_only = 1")
+        code, doc, _ = promote(lab, tmp_path, candidate=other)
+        assert code == 3 and "--candidate-detached" in doc["message"], doc
+        other.execute("SET GLOBAL read_only = 0")
         other_relay = RelayProcess(tmp_path / "other-relay", other.port, server_id=131, gtid_mode="mariadb",
                                    extra=["--listen", f"127.0.0.1:{(port := _closed_port())}",
                                           "--users", f"repl:replpw,{ADMIN_USER}:{ADMIN_PASSWORD}:admin"]).start()
@@ -220,3 +225,22 @@ def test_promote_refuses_bad_input_then_converges_after_a_timeout_and_a_kill(tmp
         lab.load.run(r1, 20)
         lab.wait_converged(r1)
         assert_same_data(r1, lab.r2)
+
+
+def test_a_candidate_the_ha_tool_detached_read_only_is_caught_up_with_candidate_detached(tmp_path):
+    """MHA and Orchestrator may reset the candidate's replication before their hook runs; while it is read-only,
+    `--candidate-detached` lets promote catch it up from the relay."""
+    with FailoverLab(tmp_path / "lab", candidates=1) as lab:
+        lab.start()
+        last, _ = lagging_candidate_then_crash(lab, 60)
+        r1 = lab.r1
+        for statement in ("STOP SLAVE", "RESET SLAVE ALL"):  # what the HA tool did; read_only stays on
+            r1.execute(statement)
+        code, doc, _ = promote(lab, tmp_path)
+        assert code == 3 and "--candidate-detached" in doc["message"]
+        code, doc, _ = promote(lab, tmp_path, "--candidate-detached")
+        assert code == 0 and doc["outcome"] == "promoted", doc
+        assert covers(binlog_pos(r1), last) and replica_status(r1) == {}
+        assert_every_insert_once(lab, r1)
+        lab.load.run(r1, 10)
+        lab.wait_converged(r1)

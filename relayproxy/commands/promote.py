@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
         help=f"give up after this long in all (default {DEFAULT_TIMEOUT:.0f})")
     add("--strict", action="store_true", help="refuse when the candidate has GTIDs that no relay has")
+    add("--candidate-detached", action="store_true",
+        help="accept a candidate with no replication configured while it is read-only (an HA tool such as MHA "
+             "detached it before calling this hook); a writable one is refused")
     add("--skip-unreachable-relays", action="store_true",
         help="go on without a relay that cannot be reached (by default refused: a commit acknowledged only by "
              "that relay would be lost)")
@@ -350,9 +353,10 @@ class Promoter:
 
     def read_candidate(self) -> P.CandidateFacts:
         status = self.candidate.replica_status()
+        read_only = bool(int(self.candidate.value("SELECT @@GLOBAL.read_only") or 0))
         return P.CandidateFacts(f"{self.candidate.address[0]}:{self.candidate.address[1]}",
                                 self.candidate.history(replica_side=True), status is not None,
-                                self.candidate_server_id)
+                                self.candidate_server_id, read_only)
 
     def read_all(self, relays: list[Server]) -> tuple[P.CandidateFacts, list[P.RelayFacts]]:
         facts = []
@@ -410,7 +414,7 @@ class Promoter:
             except Stop as exc:
                 self.report.replicas.append({"address": replica.name.split()[-1], "result": f"unreachable: {exc}"})
         self.step("read the topology", f"{len(reachable)} relay(s), flavour {self.flavour}")
-        plan = P.decide(cand, relay_facts, strict=args.strict)
+        plan = P.decide(cand, relay_facts, strict=args.strict, detached_ok=args.candidate_detached)
         self._record_plan(plan)
         if args.dry_run:
             self.report.outcome = "dry run"
@@ -469,7 +473,8 @@ class Promoter:
         self._fence_candidate()
         cand, relay_facts = self.read_all(relays)
         self._record_relays(relays)
-        plan = P.decide(cand, relay_facts, strict=self.args.strict)
+        plan = P.decide(cand, relay_facts, strict=self.args.strict,
+                        detached_ok=self.args.candidate_detached)
         self._record_plan(plan)
         self.step("decided", f"source relay {plan.source.address}; candidate lacks "
                              f"{plan.lacking.text or 'nothing'}" + (f"; errant {plan.errant.text}" if plan.errant else ""))

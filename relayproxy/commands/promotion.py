@@ -124,6 +124,7 @@ class CandidateFacts:
     history: History  # what it has executed (MySQL gtid_executed; MariaDB binlog state merged with slave_pos)
     is_replica: bool
     server_id: int = 0
+    read_only: bool = True
 
 
 @dataclass
@@ -144,9 +145,11 @@ class Refusal(Exception):
     """The facts forbid a promotion; the message names the servers and GTIDs."""
 
 
-def decide(candidate: CandidateFacts, relays: list[RelayFacts], *, strict: bool = False) -> Plan:
+def decide(candidate: CandidateFacts, relays: list[RelayFacts], *, strict: bool = False,
+           detached_ok: bool = False) -> Plan:
     """Pick the most advanced relay and say what the candidate needs; raise Refusal when relays disagree (other
-    masters, diverged histories), when the candidate is no replica and lacks what the relays hold, or (strict)
+    masters, diverged histories), when the candidate is no replica and lacks what the relays hold (unless
+    `detached_ok` and it is still read-only: an HA tool detached it without opening it to writes), or (strict)
     when the candidate has errant GTIDs."""
     if not relays:
         raise Refusal("no relay answered: there is nothing to catch the candidate up from")
@@ -171,9 +174,15 @@ def decide(candidate: CandidateFacts, relays: list[RelayFacts], *, strict: bool 
     everything = union([r.history for r in relays])
     errant = lacks(everything, candidate.history)
     if lacking and not candidate.is_replica:
-        raise Refusal(f"the candidate {candidate.address} is not a replica (it has no replication configured) and "
-                      f"lacks {lacking.text} that the relay {source.address} holds: it is not a server of this "
-                      "topology, or another master already; name a replica of the failed master")
+        if not candidate.read_only:
+            raise Refusal(f"the candidate {candidate.address} is not a replica (it has no replication configured), "
+                          f"is writable (read_only off) and lacks {lacking.text} that the relay {source.address} "
+                          "holds: it is another master already, or not a server of this topology; transactions "
+                          "written on it since would conflict with what it lacks")
+        if not detached_ok:
+            raise Refusal(f"the candidate {candidate.address} is not a replica (it has no replication configured) and "
+                          f"lacks {lacking.text} that the relay {source.address} holds; name a replica of the failed "
+                          "master, or pass --candidate-detached if an HA tool detached this read-only candidate")
     if strict and errant:
         raise Refusal(f"--strict: the candidate {candidate.address} has GTIDs that no relay has (errant "
                       f"transactions): {errant.text}")
