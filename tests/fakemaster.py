@@ -183,6 +183,11 @@ class BinlogFile:
         return out
 
 
+def _uuid(sid: bytes) -> str:
+    h = bytes(sid).hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def gtid_of(ev: bytes, fmt: FormatDescription) -> tuple[bytes, str, int]:
     view = view_event(ev, 0, fmt)
     return view.sid, view.tag or "", view.gno
@@ -715,11 +720,44 @@ class FakeMySQLMaster:
         if upper in ("SHOW BINARY LOGS", "SHOW MASTER LOGS"):
             rows = [[f.name, str(f.size), "No"] for f in self.index.files]
             return self._result(["Log_name", "File_size", "Encrypted"], rows, caps)
+        match = re.fullmatch(r"SHOW BINLOG EVENTS IN '([^']*)'(?: FROM (\d+))?(?: LIMIT (\d+))?", text, re.IGNORECASE)
+        if match:  # what a relay repointed by MASTER_LOG_FILE/MASTER_LOG_POS reads to translate them into GTIDs
+            return self._binlog_events(match.group(1), int(match.group(2) or 4), match.group(3), caps)
         if upper in ("SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"):
             last = self.index.files[-1]
             return self._result(["File", "Position", "Binlog_Do_DB", "Binlog_Ignore_DB", "Executed_Gtid_Set"],
                                 [[last.name, str(last.size), "", "", self.index.executed().format(",\n")]], caps)
         return self._error(ER_PARSE_ERROR, "42000", f"You have an error in your SQL syntax near '{text[:40]}'")
+
+    def _binlog_events(self, name: str, pos: int, limit: str | None, caps: int) -> bytes:
+        """SHOW BINLOG EVENTS IN name FROM pos LIMIT n, with MySQL 8.0's columns, names, Info for the GTID events
+        and its errors (ER_ERROR_WHEN_EXECUTING_COMMAND for a file it does not have or a position inside an event)."""
+        found = self.index.get(name)
+        if found is None:
+            return self._error(1220, "HY000", "Error when executing command SHOW BINLOG EVENTS: Could not find target "
+                               "log")
+        binlog = found[1]
+        if pos > binlog.size:
+            return self._error(1220, "HY000", "Error when executing command SHOW BINLOG EVENTS: Invalid pos "
+                               f"specified. Requested from pos:{pos} is greater than actual file size:{binlog.size}")
+        events = binlog.events_from(pos)
+        if pos < binlog.size and (not events or events[0][0] != pos):
+            return self._error(1220, "HY000", "Error when executing command SHOW BINLOG EVENTS: Wrong offset or I/O "
+                               "error")
+        names = {C.FORMAT_DESCRIPTION_EVENT: "Format_desc", C.PREVIOUS_GTIDS_LOG_EVENT: "Previous_gtids",
+                 C.GTID_LOG_EVENT: "Gtid", C.QUERY_EVENT: "Query", C.XID_EVENT: "Xid", C.ROTATE_EVENT: "Rotate"}
+        rows = []
+        for off, ev in events[: int(limit) if limit is not None else None]:
+            type_code, server_id, size = ev[4], int.from_bytes(ev[5:9], "little"), len(ev)
+            info = ""
+            if type_code in _GTID_TYPES:
+                sid, _tag, gno = gtid_of(ev, binlog.format)
+                info = f"SET @@SESSION.GTID_NEXT= '{_uuid(sid)}:{gno}'"
+            elif type_code == C.PREVIOUS_GTIDS_LOG_EVENT:
+                info = (binlog.previous_gtids or GtidSet()).format(",\n")
+            rows.append([name, str(off), names.get(type_code, f"Unknown({type_code})"), str(server_id),
+                         str(off + size), info])
+        return self._result(["Log_name", "Pos", "Event_type", "Server_id", "End_log_pos", "Info"], rows, caps)
 
     def _global_variables(self) -> dict[str, str | None]:
         """The master's replication-relevant variables (MySQL has no gtid_domain_id, gtid_strict_mode,

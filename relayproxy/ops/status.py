@@ -68,6 +68,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         # SQL layer answers @@binlog_format & co. with; and why a persisted copy was ignored, if it was.
         "master_variables": (getattr(up, "extra", None) or {}).get("master_variables"),
         "master_variables_error": (getattr(up, "extra", None) or {}).get("master_variables_error"),
+        # The last switch of masters the session decided (upstream/repoint.py): the coordinates CHANGE MASTER gave,
+        # their GTID translation on the new master, the relay's GTID set, what was missing, the decision.
+        "last_switch": (getattr(up, "extra", None) or {}).get("last_switch"),
         "master_position": (
             {"file": master_position[0], "position": master_position[1]} if master_position is not None else None
         ),

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..binlog.gtid import GtidSet, MariaBinlogState
+from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtidPosition
 from ..log import get_logger
 from ..relay.master_info import (
     MasterChoiceError,
@@ -46,6 +46,7 @@ from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed, SyncTic
 from ..wire.packets import MySQLError
 from .connection import UpstreamConnection
 from .receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
+from .repoint import BadCoordinates, check_boundary, check_coordinates, decide_switch, mysql_gtids_at, sql_string
 
 log = get_logger("relayproxy.upstream")
 
@@ -58,6 +59,13 @@ ER_UNKNOWN_SYSTEM_VARIABLE = 1193
 class MasterRefused(StreamError):
     """The master is not one the relay may stream from (another server than its files came from, or one that
     lacks GTIDs the relay holds): nothing is written; the operator decides (CHANGE MASTER)."""
+
+
+class CoordinatesRefused(MasterRefused):
+    """MASTER_LOG_FILE/MASTER_LOG_POS name no transaction boundary of the new master (no such file, beyond its end,
+    inside an event or a transaction): shown as a replica shows a position its master cannot serve (1236)."""
+
+    code = 1236
 
 
 class ReplicationAdminError(Exception):
@@ -285,16 +293,24 @@ class UpstreamSession:
             info = apply_change(self.master, options, flavour=flavour)
         except MasterChoiceError as exc:
             raise ReplicationAdminError(exc.code, exc.sqlstate, exc.message) from None
-        if ("log_file" in options or "log_pos" in options) and self.store.current_file is not None:
-            at = self.store.upstream_position() if hasattr(self.store, "upstream_position") else (
-                self.store.horizon.snapshot().file, self.store.horizon.position)
-            if (options.get("log_file", at[0]), options.get("log_pos", at[1])) != tuple(at):
+        coordinates = "log_file" in options or "log_pos" in options
+        if coordinates and self.store.current_file is not None:
+            at = self._upstream_at()
+            recorded = self.identity or self.master
+            another = (info.host, info.port) != (recorded.host, recorded.port)
+            if (options.get("log_file", at[0]), options.get("log_pos", at[1])) != tuple(at) and not another:
                 # A relay's files are one continuous history: it resumes from its horizon, never from a position
-                # a client names (that would leave a gap or repeat transactions in the files replicas read).
+                # a client names on the same master (that would leave a gap or repeat transactions in the files
+                # replicas read). On another master the coordinates are translated into its GTIDs at connect.
                 raise ReplicationAdminError(
                     ER_WRONG_ARGUMENTS, "HY000",
                     f"Incorrect arguments to MASTER_LOG_FILE/MASTER_LOG_POS: the relay continues from its horizon "
-                    f"{at[0]}:{at[1]}; a file and position only choose where an empty relay starts")
+                    f"{at[0]}:{at[1]} on {recorded.host}:{recorded.port}; a file and position choose where an empty "
+                    "relay starts, or where the relay joins another master (a new MASTER_HOST/MASTER_PORT)")
+        elif self.store.current_file is not None and not self.master.unfollowed and info.log_file is not None:
+            # Coordinates of an earlier CHANGE MASTER (or --start-file) that a stream has followed are spent: a
+            # relay with files never resumes from them, and a later switch must not translate them.
+            info = replace(info, log_file=None, log_pos=None)
         old = self.master
         self.master_info_file.save_choice(info)
         self.master = info
@@ -302,6 +318,14 @@ class UpstreamSession:
         log.info("master changed by CHANGE MASTER", old_master=old.address, new_master=info.address,
                  gtid_mode=info.gtid_mode, user=info.user, log_file=info.log_file, log_pos=info.log_pos)
         return info
+
+    def _upstream_at(self) -> tuple[str | None, int]:
+        """The horizon in the current master's own coordinates (the relay's file names differ after a switch)."""
+        upstream = getattr(self.store, "upstream_position", None)
+        if upstream is not None:
+            return tuple(upstream())
+        horizon = self.store.horizon.snapshot()
+        return horizon.file, horizon.position
 
     def _switch_permitted(self, identity: MasterIdentity) -> bool:
         """A CHANGE MASTER chose this master's address since the relay last streamed: an address other than the
@@ -339,8 +363,8 @@ class UpstreamSession:
         self.status.last_io_error = text
         self.status.last_io_error_time = time.time()
         # ER_SLAVE_FATAL_ERROR for a master the relay refuses (as a replica stops on equal server UUIDs).
-        self.status.last_io_errno = exc.code if isinstance(exc, MySQLError) else 1593 if isinstance(
-            exc, MasterRefused) else None
+        self.status.last_io_errno = exc.code if isinstance(exc, (MySQLError, CoordinatesRefused)) else 1593 if (
+            isinstance(exc, MasterRefused)) else None
         kind = upstream_error_kind(exc)
         self.status.errors[kind] = self.status.errors.get(kind, 0) + 1
         if store_cannot_write:
@@ -567,6 +591,15 @@ class UpstreamSession:
         same = recorded.server_id == identity.server_id and (
             recorded.server_uuid is None or identity.server_uuid is None or recorded.server_uuid == identity.server_uuid)
         if same:
+            if self.master.unfollowed and self.master.gtid_mode == "off" and self.master.log_file is not None:
+                at = self._upstream_at()
+                if (self.master.log_file, self.master.log_pos) != tuple(at):
+                    raise MasterRefused(
+                        f"the master at {self.master.address} is the server the relay's files came from "
+                        f"(server_id {identity.server_id}); the relay continues from its horizon "
+                        f"{at[0]}:{at[1]} there, not from MASTER_LOG_FILE/MASTER_LOG_POS {self.master.log_file}:"
+                        f"{self.master.log_pos} (a gap or a repeat in the files replicas read). Nothing was written; "
+                        "repoint with CHANGE MASTER TO without MASTER_LOG_FILE/MASTER_LOG_POS")
             self._choice_followed()  # the choice found the recorded master: it is followed now
             if (recorded.host, recorded.port) != (identity.host, identity.port):
                 self._record_identity(identity)  # the same server at another address
@@ -580,12 +613,22 @@ class UpstreamSession:
                 "different history. To switch masters, repoint the relay with STOP SLAVE; CHANGE MASTER TO ...; "
                 "START SLAVE (by GTID)")
         horizon = store.horizon.snapshot()
-        if self.master.gtid_mode == "off" or not horizon.gtids:
+        by_coordinates = self.master.gtid_mode == "off" and self.master.log_file is not None
+        if (self.master.gtid_mode == "off" and not by_coordinates) or not horizon.gtids:
             raise MasterRefused(
                 f"switching from {was} to {now} at {self.master.address} needs GTIDs: the relay continues by its "
-                "GTID set on a new master (CHANGE MASTER TO ... MASTER_USE_GTID=slave_pos or MASTER_AUTO_POSITION=1), "
+                "GTID set on a new master (CHANGE MASTER TO ... MASTER_USE_GTID=slave_pos or MASTER_AUTO_POSITION=1, "
+                "or MASTER_LOG_FILE/MASTER_LOG_POS of the new master, which the relay translates into its GTIDs), "
                 "never by a file/position on another server")
+        coordinates = translated = None
+        if by_coordinates:
+            coordinates = (self.master.log_file, self.master.log_pos or 4)
+            translated = await self._translate_coordinates(conn, *coordinates)
         missing = await self._missing_on_master(conn, horizon.gtids)
+        decision = decide_switch(master=self.master.address, server_id=identity.server_id, relay=horizon.gtids,
+                                 missing=missing, coordinates=coordinates, translated=translated, at=time.time())
+        self.status.extra["last_switch"] = decision.describe()
+        log.info("switch decision", old_master=f"{recorded.host}:{recorded.port}", **decision.describe())
         if missing:
             raise MasterRefused(
                 f"the new master {self.master.address} ({now}) lacks GTIDs the relay holds: {missing} (those "
@@ -593,7 +636,9 @@ class UpstreamSession:
                 "served what is durable. Choose another master, or accept the loss by re-seeding the relay")
         log.info("switching masters", old_master=f"{recorded.host}:{recorded.port}", old_server_id=recorded.server_id,
                  new_master=self.master.address, new_server_id=identity.server_id, joined_at=horizon.text,
-                 relay_file=horizon.file, relay_position=horizon.position)
+                 relay_file=horizon.file, relay_position=horizon.position,
+                 coordinates=None if coordinates is None else f"{coordinates[0]}:{coordinates[1]}",
+                 coordinates_gtids=decision.translated)
         # The identity is recorded once the new epoch is (relay/epochs.py: its record is the commit point of
         # the switch); a crash before that switches again at the next start.
         self._switch_to = identity
@@ -618,6 +663,46 @@ class UpstreamSession:
         self.master_info_file.save_identity(identity)
         self.identity = identity
         self._choice_followed()
+
+    async def _translate_coordinates(self, conn: UpstreamConnection, file: str, pos: int):
+        """The new master's GTID state at (file, pos): MariaDB ``BINLOG_GTID_POS``; MySQL the file's Previous_gtids
+        and the GTIDs of its transactions before pos (SHOW BINLOG EVENTS, read in bounded pages). Raises
+        CoordinatesRefused naming what is wrong (no such file, beyond its end, not at a transaction boundary)."""
+        address = self.master.address
+        try:
+            rows = (await conn.query("SHOW BINARY LOGS")).rows
+            size = check_coordinates(file, pos, [(str(r[0]), int(r[1])) for r in rows], address)
+            event_type = event_error = None
+            if 4 < pos < size:
+                try:
+                    found = (await conn.query(f"SHOW BINLOG EVENTS IN {sql_string(file)} FROM {pos} LIMIT 1")).rows
+                except MySQLError as exc:
+                    event_error = f"error {exc.code}: {exc.message}"
+                else:
+                    event_type = str(found[0][2]) if found else None
+            check_boundary(file, pos, size, event_type, event_error, address)
+            if conn.is_mariadb:
+                found = (await conn.query(f"SELECT BINLOG_GTID_POS({sql_string(file)}, {pos})")).rows
+                text = found[0][0] if found else None
+                if text is None:
+                    raise BadCoordinates(f"the new master {address} cannot translate {file}:{pos} into GTIDs "
+                                         "(BINLOG_GTID_POS answered NULL)")
+                return MariaGtidPosition.parse(str(text))
+            gtids = GtidSet()
+            at = 4
+            while at < pos:  # pages of events: bounded memory whatever the file's size
+                page = (await conn.query(f"SHOW BINLOG EVENTS IN {sql_string(file)} FROM {at} LIMIT 1000")).rows
+                if not page:
+                    break
+                gtids.update(mysql_gtids_at(page, pos))
+                at = int(page[-1][4]) if int(page[-1][4]) > at else pos
+            return gtids
+        except BadCoordinates as exc:
+            raise CoordinatesRefused(f"{exc}. Nothing was written; replicas are served what is durable") from None
+        except MySQLError as exc:
+            raise CoordinatesRefused(f"the new master {address} could not translate MASTER_LOG_FILE/MASTER_LOG_POS "
+                                     f"{file}:{pos} into GTIDs (error {exc.code}: {exc.message}); nothing was "
+                                     "written") from None
 
     async def _missing_on_master(self, conn: UpstreamConnection, relay_gtids) -> str:
         """The relay's GTIDs the master does not have, as text ('' when it has them all)."""
@@ -653,10 +738,12 @@ class UpstreamSession:
             log.info("bootstrapping an empty relay", start_file=start, position=position)
             await conn.binlog_dump(start, position, cfg.server_id, flags)
             return True
-        if not by_position and master.gtid_mode == "mysql" and isinstance(horizon.gtids, GtidSet):
+        # A new master is joined by GTID even when CHANGE MASTER gave its file/position (translated, _check_master).
+        gtid_mode = ("mariadb" if conn.is_mariadb else "mysql") if switching else master.gtid_mode
+        if not by_position and gtid_mode == "mysql" and isinstance(horizon.gtids, GtidSet):
             await conn.binlog_dump_gtid(cfg.server_id, horizon.gtids.encode(), flags=flags)
             return False
-        if not by_position and master.gtid_mode == "mariadb" and isinstance(horizon.gtids, MariaBinlogState):
+        if not by_position and gtid_mode == "mariadb" and isinstance(horizon.gtids, MariaBinlogState):
             position = str(horizon.gtids.current_position())
             await conn.query(f"SET @slave_connect_state = '{position}'")
             await conn.query("SET @slave_gtid_strict_mode = 1")
@@ -895,5 +982,6 @@ def _persistent_uuid(relay_dir: Path) -> str:
         return value
 
 
-__all__ = ["UpstreamSession", "UpstreamStatus", "MasterStreamEnded", "MasterRefused", "ReplicationAdminError",
+__all__ = ["UpstreamSession", "UpstreamStatus", "MasterStreamEnded", "MasterRefused", "CoordinatesRefused",
+           "ReplicationAdminError",
            "UPSTREAM_ERROR_KINDS", "upstream_error_kind"]
