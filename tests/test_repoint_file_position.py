@@ -141,6 +141,38 @@ def test_sql_string_escapes_what_a_client_gave():
     assert sql_string("a'b\\c") == "'a\\'b\\\\c'"
 
 
+def test_change_master_accepts_coordinates_for_another_address_only(tmp_path, corpus_dir):
+    """No master needed: on a relay with files, coordinates other than the horizon are accepted for another address
+    (translated at connect), refused (1210) for the address the files came from; coordinates a stream has followed
+    (here --start-file's) are spent: a CHANGE MASTER without coordinates forgets them, while a second CHANGE MASTER
+    before START SLAVE keeps the first one's (MySQL's rule)."""
+    from relayproxy.relay.master_info import MasterInfo
+
+    from .test_downstream_sql import MYSQL_CORPUS, relay_dir_with
+    from .test_replication_admin_sql import Relay
+
+    d = relay_dir_with(tmp_path, {"binlog.000004": corpus_dir / MYSQL_CORPUS})
+    r = Relay(d, gtid_mode="off")
+    try:
+        session = r.session
+        session.master = MasterInfo(**{**session.master.__dict__, "log_file": "binlog.000001", "log_pos": 4})
+        r.ok("STOP SLAVE")
+        r.ok("CHANGE MASTER TO MASTER_CONNECT_RETRY=7")
+        assert (session.master.log_file, session.master.log_pos) == (None, None)  # --start-file's: spent
+        err = r.error("CHANGE MASTER TO MASTER_LOG_FILE='binlog.000002', MASTER_LOG_POS=4", 1210)
+        assert "joins another master (a new MASTER_HOST/MASTER_PORT)" in err.message
+        r.ok("CHANGE MASTER TO MASTER_HOST='127.0.0.9', MASTER_LOG_FILE='mysql-bin.000003', MASTER_LOG_POS=2231")
+        chosen = session.master
+        assert (chosen.host, chosen.log_file, chosen.log_pos, chosen.gtid_mode, chosen.unfollowed) == (
+            "127.0.0.9", "mysql-bin.000003", 2231, "off", True)
+        r.ok("CHANGE MASTER TO MASTER_PASSWORD='other'")  # the switch is not made yet: its coordinates stay
+        assert (session.master.log_file, session.master.log_pos) == ("mysql-bin.000003", 2231)
+        r.ok("CHANGE MASTER TO MASTER_HOST='127.0.0.10'")  # a new address without coordinates forgets them
+        assert (session.master.log_file, session.master.log_pos) == (None, None)
+    finally:
+        r.close()
+
+
 # -- real servers -----------------------------------------------------------------------------------------------------
 
 
