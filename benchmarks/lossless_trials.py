@@ -1,0 +1,360 @@
+"""Lossless promotion, randomized: a semi-sync master killed under load, `relayproxy promote` through the relay vs
+promoting the lagging direct replica as it is, side by side in every trial.
+
+Each trial is one run of ``relayproxy.lab.lossless.Trial`` (its docstring has the whole topology): a fresh semi-sync
+MariaDB master (AFTER_SYNC), one or two relays as its semi-sync replicas, a direct candidate replica whose link
+holds each chunk of the stream a random 0-500 ms, sometimes a replica behind the relay; four writer threads commit
+mixed transactions (one row, 2-10 rows, now and then 1-3 MB) and record every COMMIT that returned; the master is
+killed with SIGKILL at a random moment. Kinds, in turn: ``master`` (only that), ``relay-kill`` (a relay also killed
+with SIGKILL around the master's kill and restarted from its directory), ``promote-kill`` (the first
+`relayproxy promote` killed mid-way, then run again), and every ``--fallback-every``-th trial ``fallback`` (a short
+semi-sync timeout and the relays' links paused: the master falls back to async before the kill).
+
+Per trial: acknowledged commits missing on the promoted master (must be 0), rows applied twice (0), partial
+transactions (0), errant GTIDs (0); the loss of promoting the candidate as it was (once it applied all it had
+received, before promote runs); the time from the master's kill until the candidate's @@read_only is 0, less the
+time that snapshot took; and new writes on the promoted master reaching the relays and the replica behind them.
+In fallback trials the commits that returned after the pause are counted apart: their loss is the documented hole.
+
+    .venv/bin/python benchmarks/lossless_trials.py                      # 200 trials, seed 1
+    .venv/bin/python benchmarks/lossless_trials.py --trials 12 --seed 7 --out /tmp/lt/lossless_trials.md
+
+Writes benchmarks/results/lossless_trials.md (tables per kind, every trial listed) and a PNG beside it. Exit code 1
+when any trial of a lossless kind lost, duplicated or made errant anything, or could not be run to its end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+import benchinfo  # benchmarks/benchinfo.py: this script's folder is on sys.path
+
+from relayproxy.lab.lossless import (
+    KINDS,
+    LONG_TIMEOUT_MS,
+    SHORT_TIMEOUT_MS,
+    TrialResult,
+    TrialSpec,
+    run_trial,
+    trial_kinds,
+    trial_seeds,
+)
+from relayproxy.lab.sandbox import TEMPLATE_ENV
+
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+
+def log(msg: str) -> None:
+    print(f"[lossless_trials {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def run_trials(count: int, seed: int, *, fallback_every: int, workdir: Path, keep: bool = False,
+               progress=log) -> list[dict]:
+    """Run the trials; one dict per trial (TrialResult.as_dict, or the error that stopped it)."""
+    rows = []
+    for i, (trial_seed, kind) in enumerate(zip(trial_seeds(seed, count), trial_kinds(count,
+                                                                                      fallback_every=fallback_every))):
+        spec = TrialSpec.draw(trial_seed, kind)
+        trial_dir = workdir / f"trial{i + 1:03d}-{trial_seed}"
+        try:
+            result = run_trial(trial_dir, spec, keep=keep)
+        except Exception as exc:  # noqa: BLE001 - recorded; a finding for promote, or for the lab
+            result = TrialResult(spec, error=f"{type(exc).__name__}: {exc}"[:6000])
+            progress(f"trial {i + 1}/{count} (seed {trial_seed}, {kind}) FAILED TO RUN; kept {trial_dir}: "
+                     f"{result.error[:600]}")
+        else:
+            verdict = "" if result.ok else f" -- NOT OK, kept {trial_dir}"
+            progress(f"trial {i + 1}/{count}: {result.summary()}{verdict}")
+        row = result.as_dict()
+        row["index"] = i + 1
+        rows.append(row)
+    return rows
+
+
+def kind_summary(rows: list[dict], kind: str) -> dict:
+    mine = [r for r in rows if r["spec"]["kind"] == kind]
+    done = [r for r in mine if r["error"] is None]
+    times = [r["kill_to_writable"] for r in done]
+    direct = [r["direct_lost"] for r in done]
+    return {
+        "kind": kind, "trials": len(mine), "errors": len(mine) - len(done),
+        "acked": sum(r["acked"] for r in done), "acked_rows": sum(r["acked_rows"] for r in done),
+        "lost": sum(r["lost"] for r in done), "duplicate_rows": sum(r["duplicate_rows"] for r in done),
+        "partial": sum(r["partial"] for r in done), "errant": sum(len(r["errant"]) for r in done),
+        "direct_lost": sum(direct), "direct_max": max(direct, default=0),
+        "direct_trials": sum(d > 0 for d in direct), "direct_lost_rows": sum(r["direct_lost_rows"] for r in done),
+        "unacked_returned": sum(r["unacked_returned"] for r in done),
+        "unacked_lost": sum(r["unacked_lost"] for r in done),
+        "unacked_trials": sum(r["unacked_lost"] > 0 for r in done),
+        "fell_back": sum(bool(r["fell_back"]) for r in done),
+        "promote_killed": sum(any(p.get("killed") for p in r["promote_runs"]) for r in done),
+        "promote_reruns": sum(len(r["promote_runs"]) - 1 for r in done),
+        "candidate_ahead": sum(bool(r["candidate_ahead"]) for r in done),
+        "candidate_extra": sum(bool(r["candidate_extra"]) for r in done),
+        "replica_checked": sum(r["replica_caught_up"] is not None for r in done),
+        "replica_ok": sum(r["replica_caught_up"] is True for r in done),
+        "writable_median": benchinfo.median_range(times)[0] if times else None,
+        "writable_p95": percentile(times, 95) if times else None,
+        "writable_max": max(times, default=None),
+        "trial_seconds": sum(r["total_seconds"] for r in done),
+    }
+
+
+def fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def write_markdown(path: Path, report: dict) -> None:
+    rows = report["trials"]
+    summaries = [kind_summary(rows, k) for k in KINDS if any(r["spec"]["kind"] == k for r in rows)]
+    lossless = [s for s in summaries if s["kind"] != "fallback"]
+    bad = [r for r in rows if r["spec"]["kind"] != "fallback" and not r["ok"]]
+    bad_fallback = [r for r in rows if r["spec"]["kind"] == "fallback" and not r["ok"]]
+    out = ["# Lossless promotion: randomized trials, through the relay vs the direct candidate as it is", ""]
+    out += benchinfo.header_block(
+        __file__, [], report["machine"], runs=1, command=report["command"],
+        what=(f"{len(rows)} randomized trials (seed {report['seed']}), each its own topology, the two promotions "
+              "side by side in every trial"))
+    total_acked = sum(s["acked"] for s in lossless)
+    lost = sum(s["lost"] + s["duplicate_rows"] + s["partial"] + s["errant"] for s in lossless)
+    out += [
+        f"**Through the relay: {sum(s['lost'] for s in lossless)} acknowledged commits lost of {total_acked:,} "
+        f"in {sum(s['trials'] for s in lossless)} trials of the lossless kinds, "
+        f"{sum(s['duplicate_rows'] for s in lossless)} rows applied twice, {sum(s['errant'] for s in lossless)} "
+        f"errant GTIDs, {len(bad)} trial(s) not OK.** Promoting the lagging direct candidate as it was would have lost "
+        f"{sum(s['direct_lost'] for s in lossless):,} acknowledged commits, in "
+        f"{sum(s['direct_trials'] for s in lossless)} of those trials.",
+        "",
+        "An acknowledged commit is a transaction whose COMMIT returned on the semi-sync master "
+        f"(`rpl_semi_sync_master_wait_point=AFTER_SYNC`, `rpl_semi_sync_master_timeout={LONG_TIMEOUT_MS}` ms: "
+        "longer than any trial, so it returned only once a relay had it durable; each lossless trial also checks "
+        "that the master's `Rpl_semi_sync_master_no_tx` did not grow). *Lost via the relay* counts them missing on "
+        "the master `relayproxy promote` made; *lost promoting as-is* counts those the candidate lacked once it had "
+        "applied everything it received (its link dropped at the kill, as a dead master's host leaves it), measured "
+        "in the same trial just before promote ran. *kill -> writable*: from the master's SIGKILL until the "
+        "candidate's `@@read_only` reads 0 (polled every 10 ms), less the time the direct snapshot took.",
+        "",
+        "| kind | trials | acked commits (rows) | lost via relay | rows applied twice | partial trx | errant GTIDs "
+        "| lost promoting as-is: sum / max / trials with loss | kill -> writable median / p95 / max, s "
+        "| promote runs after the first | new writes reached T |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in summaries:
+        errors = f" ({s['errors']} not run to the end)" if s["errors"] else ""
+        out.append(
+            f"| {s['kind']} | {s['trials']}{errors} "
+            f"| {s['acked']:,} ({s['acked_rows']:,}) | {s['lost']} | {s['duplicate_rows']} | {s['partial']} "
+            f"| {s['errant']} | {s['direct_lost']:,} / {s['direct_max']:,} / {s['direct_trials']} "
+            f"| {fmt_s(s['writable_median'])} / {fmt_s(s['writable_p95'])} / {fmt_s(s['writable_max'])} "
+            f"| {s['promote_reruns']} | {s['replica_ok']} of {s['replica_checked']} |")
+    out += ["",
+            "- *master*: the master killed. *relay-kill*: a relay also killed with SIGKILL at a random moment from "
+            "during the load to 0.3 s after the master's kill, restarted from its directory 0-1 s later. "
+            "*promote-kill*: the first `relayproxy promote` killed with SIGKILL 0.25-0.65 s after it started "
+            f"({sum(s['promote_killed'] for s in summaries)} kills landed while it ran), then run again. "
+            "*fallback*: below.",
+            f"- The candidate had received more than every relay when the master died in "
+            f"{sum(s['candidate_ahead'] for s in summaries)} trials (the relays acknowledge after their fsync; the "
+            "candidate's async stream can be ahead when its delay is small, or while a relay is down): promote must "
+            "then lose nothing and keep what the candidate has. `relayproxy promote` reported such GTIDs under "
+            f"\"errant\" (on the candidate, in no relay) in {sum(s['candidate_extra'] for s in summaries)} trials; "
+            "they are the dead master's own transactions (its server_id), not errant in the usual sense, and are not "
+            "counted in the *errant GTIDs* column (GTIDs on the promoted master with another server_id than the "
+            "dead master's).", ""]
+    fb = next((s for s in summaries if s["kind"] == "fallback"), None)
+    if fb:
+        out += [
+            "## The documented hole: semi-sync fell back to async", "",
+            f"In {fb['trials']} fallback trials the master ran with `rpl_semi_sync_master_timeout={SHORT_TIMEOUT_MS}` "
+            "ms and the relays' links were paused during the load (a stalled or partitioned relay): the master "
+            f"waited {SHORT_TIMEOUT_MS} ms, switched to asynchronous replication (`Rpl_semi_sync_master_status` OFF in "
+            f"{fb['fell_back']} of them) and went on returning COMMITs no relay had acknowledged. Those are counted "
+            "apart and are not a promise the relay makes:", "",
+            "| | trials | commits | lost via relay |", "|---|---:|---:|---:|",
+            f"| returned before the pause (acknowledged) | {fb['trials']} | {fb['acked']:,} | {fb['lost']} |",
+            f"| returned after the pause (unacknowledged once the master fell back) | {fb['trials']} "
+            f"| {fb['unacked_returned']:,} | {fb['unacked_lost']:,} (in {fb['unacked_trials']} trials) |", "",
+            "Some of the later commits survive anyway: those returned before the timeout expired were acknowledged "
+            "late, and the candidate's own async stream may hold others (promote keeps what the candidate has). "
+            "Monitoring `Rpl_semi_sync_master_status` (or running with a timeout the application can afford to "
+            "wait) is what closes this hole; the relay cannot.", ""]
+    if bad or bad_fallback:
+        out += ["## Trials not OK", ""]
+        for r in bad + bad_fallback:
+            s = r["spec"]
+            out += [f"- trial {r['index']}, seed {s['seed']}, {s['kind']}: lost {r['lost']} {r['lost_tids'][:10]}, "
+                    f"duplicate rows {r['duplicate_rows']}, partial {r['partial']}, errant {r['errant']}, "
+                    f"replica {r['replica_caught_up']}, promote runs {json.dumps(r['promote_runs'])[:1500]}"
+                    + (f"; error: {r['error'][:1500]}" if r["error"] else "")]
+        out.append("")
+    out += ["## Every trial", "",
+            "`TrialSpec.draw(seed, kind)` (relayproxy/lab/lossless.py) gives a trial's choices again from its seed. "
+            "delay: the candidate link's hold per chunk; load: seconds of writes before the kill; big: chance that "
+            "a transaction is 1-3 MB; relay kill: seconds relative to the master's kill (negative: before); promote "
+            "exits: each run's exit code (k: killed).", "",
+            "| # | seed | kind | relays | delay, s | T | load, s | big | acked | in flight | lost via relay "
+            "| as-is lost | candidate ahead | kill -> writable, s | promote exits | event | trial, s |",
+            "|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|---:|"]
+    for r in rows:
+        s = r["spec"]
+        event = ""
+        if s["kind"] == "relay-kill":
+            at = r["relay_killed_at"] if r["relay_killed_at"] is not None else s["relay_kill_at"]
+            event = f"relay{s['killed_relay'] + 1} killed at {at:+.2f} s, down {s['relay_down']:.2f} s"
+        elif s["kind"] == "promote-kill":
+            event = f"promote killed after {s['promote_kill_after']:.2f} s"
+        elif s["kind"] == "fallback":
+            event = (f"paused at {s['pause_at']:.2f} s; fell back {'yes' if r['fell_back'] else 'no'}; unacked "
+                     f"{r['unacked_returned']}, lost {r['unacked_lost']}")
+        exits = ",".join("k" if p.get("killed") else str(p.get("exit_code")) for p in r["promote_runs"])
+        if r["error"]:
+            out.append(f"| {r['index']} | {s['seed']} | {s['kind']} | {s['relays']} | {s['candidate_delay']:.3f} | "
+                       f"{'yes' if s['replica'] else 'no'} | {s['load_seconds']:.2f} | {s['big_chance']} | "
+                       f"not run to the end: {r['error'][:200]!r} | | | | | | {exits} | {event} | |")
+            continue
+        out.append(
+            f"| {r['index']} | {s['seed']} | {s['kind']} | {s['relays']} | {s['candidate_delay']:.3f} "
+            f"| {'yes' if s['replica'] else 'no'} | {s['load_seconds']:.2f} | {s['big_chance']} | {r['acked']} "
+            f"| {r['in_flight']} | {r['lost']} | {r['direct_lost']} | {'yes' if r['candidate_ahead'] else ''} "
+            f"| {r['kill_to_writable']:.2f} | {exits} | {event} | {r['total_seconds']:.1f} |")
+    trial_seconds = [r["total_seconds"] for r in rows if r["error"] is None]
+    out += ["",
+            f"Whole run: {report['run_seconds']:.0f} s for {len(rows)} trials (a trial, set-up to tear-down: median "
+            f"{benchinfo.median_range(trial_seconds)[0] if trial_seconds else 0:.1f} s, max "
+            f"{max(trial_seconds, default=0):.1f} s).", "",
+            "Settings: every server MariaDB, binlog_format=ROW, GTID strict mode; the master and the candidate with "
+            "binlog basename mysql-bin, the candidate with log_slave_updates and read_only=1; the relays "
+            "`relayproxy run --semi-sync on --gtid-mode mariadb --listen ... --users repl:...,admin:...:admin` with "
+            "the test harness's `--heartbeat-period 0.5 --reconnect-max-delay 0.5`; promote as "
+            "`relayproxy promote --candidate ... --relay ... [--relay ...] --relay-user admin --repl-user repl --json "
+            "--timeout 60`, run again after an exit of 4 or 5 and after its kill. The candidate's link is a "
+            "`ThreadedFaultProxy` that reads up to 8 MB at a time and holds each read for the trial's delay (so the "
+            "delay is mostly latency, not a throughput cap); at the kill it and any relay link are dropped without "
+            "flushing and refuse connections.", ""]
+    if report.get("notes"):
+        out += [report["notes"].rstrip(), ""]
+    out += benchinfo.machine_section(report["machine"])
+    path.write_text("\n".join(out))
+
+
+def write_plot(path: Path, report: dict) -> bool:
+    plt = benchinfo.pyplot()
+    if plt is None:
+        return False
+    rows = [r for r in report["trials"] if r["error"] is None]
+    if not rows:
+        return False
+    colors = {"master": "#4c72b0", "relay-kill": "#dd8452", "promote-kill": "#55a868", "fallback": "#c44e52"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5.5))
+    for kind in KINDS:
+        mine = [r for r in rows if r["spec"]["kind"] == kind]
+        if not mine:
+            continue
+        left.scatter([r["spec"]["candidate_delay"] * 1000 for r in mine], [r["direct_lost"] for r in mine], s=14,
+                     color=colors[kind], marker="o", alpha=0.7, label=f"{kind}: promoting the candidate as-is")
+        left.scatter([r["spec"]["candidate_delay"] * 1000 for r in mine], [r["lost"] for r in mine], s=18,
+                     color=colors[kind], marker="x", label=f"{kind}: via the relay (acknowledged)")
+    fb = [r for r in rows if r["spec"]["kind"] == "fallback"]
+    if fb:
+        left.scatter([r["spec"]["candidate_delay"] * 1000 for r in fb], [r["unacked_lost"] for r in fb], s=22,
+                     facecolors="none", edgecolors=colors["fallback"], marker="s",
+                     label="fallback: unacknowledged lost via the relay (the hole)")
+    left.set_yscale("symlog", linthresh=1)
+    left.set_xlabel("candidate link delay per chunk, ms")
+    left.set_ylabel("acknowledged commits lost (symlog)")
+    left.set_title("Loss per trial", fontsize=9)
+    left.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    kinds = [k for k in KINDS if any(r["spec"]["kind"] == k for r in rows)]
+    data = [[r["kill_to_writable"] for r in rows if r["spec"]["kind"] == k] for k in kinds]
+    right.boxplot(data, whis=(5, 95), showfliers=True)
+    right.set_xticks(range(1, len(kinds) + 1), kinds, fontsize=8)
+    right.set_ylabel("seconds, master killed -> candidate writable")
+    right.set_title("kill -> writable (box: quartiles, whiskers: p5-p95)", fontsize=9)
+    fig.suptitle(f"relayproxy promote: {len(rows)} randomized trials (seed {report['seed']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=200, help="number of trials (default 200)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="seed of the run: each trial's seed is drawn from it (default 1)")
+    p.add_argument("--fallback-every", type=int, default=10, help="every k-th trial is a fallback trial (default 10; "
+                   "0: none)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "lossless_trials.md",
+                   help="markdown results; the plot goes beside it with the suffix .png")
+    p.add_argument("--save-json", type=Path, default=None, help="also write every trial as JSON here")
+    p.add_argument("--render", type=Path, default=None, metavar="JSON", help="measure nothing: write the markdown "
+                   "and plot again from a report saved by --save-json")
+    p.add_argument("--notes", type=Path, default=None, help="markdown appended to the results (written by hand)")
+    p.add_argument("--workdir", type=Path, default=None, help="parent of the trials' directories (default $TMPDIR); "
+                   "a trial that is not OK keeps its directory there")
+    p.add_argument("--keep", action="store_true", help="keep every trial's directory")
+    args = p.parse_args(argv)
+    if args.trials < 1:
+        p.error("--trials must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    out_md, out_png = args.out, args.out.with_suffix(".png")
+    if args.render is not None:
+        report = json.loads(args.render.read_text())
+    else:
+        from relayproxy.log import configure_logging
+
+        configure_logging(fmt="json", level="warning")
+        began = time.monotonic()
+        workdir = Path(tempfile.mkdtemp(prefix="lossless-", dir=args.workdir))
+        made_templates = TEMPLATE_ENV not in os.environ
+        if made_templates:  # one mariadb-install-db per option set, copied for every server (as the tests do)
+            os.environ[TEMPLATE_ENV] = str(workdir / "datadir-templates")
+        try:
+            trials = run_trials(args.trials, args.seed, fallback_every=args.fallback_every, workdir=workdir,
+                                keep=args.keep)
+        finally:
+            if made_templates:
+                shutil.rmtree(workdir / "datadir-templates", ignore_errors=True)
+        report = {"command": benchinfo.command_line(__file__, argv), "seed": args.seed, "trials": trials,
+                  "run_seconds": round(time.monotonic() - began, 1), "machine": benchinfo.machine_info(server=True)}
+        if not any(p.name.startswith("trial") for p in workdir.iterdir()):
+            shutil.rmtree(workdir, ignore_errors=True)
+        if args.save_json:
+            args.save_json.parent.mkdir(parents=True, exist_ok=True)
+            args.save_json.write_text(json.dumps(report, indent=1))
+    if args.notes:
+        report["notes"] = args.notes.read_text()
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    write_markdown(out_md, report)
+    plotted = write_plot(out_png, report)
+    log(f"wrote {out_md}" + (f" and {out_png}" if plotted else " (no plot)") + f"; {len(report['trials'])} trials in "
+        f"{report['run_seconds']:.0f} s")
+    bad = [r for r in report["trials"] if r["spec"]["kind"] != "fallback" and not r["ok"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

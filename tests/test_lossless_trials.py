@@ -1,0 +1,56 @@
+"""Randomized lossless-promotion trials (relayproxy/lab/lossless.py): a semi-sync master killed under load, then
+`relayproxy promote` through the relay, beside what promoting the lagging direct replica as it is would lose.
+
+Every trial of a lossless kind (master killed; a relay killed and restarted too; promote itself killed and run
+again) must lose no acknowledged commit, apply no row twice and leave no errant GTID; the direct promotion must lose
+something in some of them, or the trials could not tell the two apart. One fallback trial (semi-sync timed out
+before the kill) shows the documented hole: commits returned unacknowledged may be lost, counted, not asserted.
+
+The seed is random per run and printed; RELAYPROXY_LOSSLESS_SEED=<seed> reruns a run, and
+`TrialSpec.draw(<trial seed>, <kind>)` one trial (benchmarks/lossless_trials.py runs many more).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+
+from relayproxy.lab.lossless import TrialSpec, run_trial, trial_kinds, trial_seeds
+
+pytestmark = pytest.mark.server
+
+TRIALS = 20
+
+
+def test_promote_through_the_relay_loses_no_acknowledged_commit(tmp_path, capsys):
+    seed = int(os.environ.get("RELAYPROXY_LOSSLESS_SEED") or random.randrange(1, 2**31))
+    with capsys.disabled():
+        print(f"\nlossless trials: seed {seed} (RELAYPROXY_LOSSLESS_SEED={seed} reruns them)")
+    began = time.monotonic()
+    results = []
+    for i, (trial_seed, kind) in enumerate(zip(trial_seeds(seed, TRIALS), trial_kinds(TRIALS))):
+        result = run_trial(tmp_path / f"trial{i}", TrialSpec.draw(trial_seed, kind))
+        results.append(result)
+        with capsys.disabled():
+            print(f"  {i + 1:2d}. {result.summary()}")
+        context = f"run seed {seed}, {result.summary()}; promote runs {result.promote_runs}"
+        assert result.no_tx == 0 and not result.fell_back, f"the master fell back to async: {context}"
+        assert result.lost == 0, f"acknowledged transactions lost {result.lost_tids[:20]}: {context}"
+        assert result.duplicate_rows == 0 and result.partial == 0, context
+        assert result.errant == [], context
+        assert result.replica_caught_up is not False, f"new writes did not reach the relay's replica: {context}"
+        assert result.promote_runs[-1]["exit_code"] == 0, context
+    fallback = run_trial(tmp_path / "fallback", TrialSpec.draw(trial_seeds(seed + 1, 1)[0], "fallback"))
+    elapsed = time.monotonic() - began
+    with capsys.disabled():
+        print(f"  fallback: {fallback.summary()}")
+        print(f"  {TRIALS + 1} trials in {elapsed:.0f} s")
+    # The hole is shown, not asserted away: what returned after the fallback may be gone, what returned before not.
+    assert fallback.fell_back, fallback.summary()
+    assert fallback.lost == 0 and fallback.duplicate_rows == 0 and fallback.errant == [], fallback.summary()
+    # The comparison means something only if promoting the candidate as it was lost commits in some trials.
+    assert sum(r.direct_lost > 0 for r in results) >= TRIALS // 4, [r.direct_lost for r in results]
+    assert sum(r.acked for r in results) > sum(r.direct_lost for r in results) > 0
