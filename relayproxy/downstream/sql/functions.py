@@ -4,6 +4,7 @@ GTID_SUBTRACT, BINLOG_GTID_POS ...): one table, ``_FUNCTIONS``."""
 from __future__ import annotations
 
 import datetime as _dt
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -157,7 +158,79 @@ def _gtids_at(path, position: int) -> Any:
     return result.gtids_after
 
 
+# -- user-level locks (GET_LOCK ...): HA tools take one on every server before they touch it (MHA:
+# 'MHA_Master_High_Availability_Failover'). Per relay process, by name (case-insensitive), held by a connection id
+# with a count (a session may take the same lock again); a lock whose connection has gone is free.
+
+_USER_LOCKS: weakref.WeakKeyDictionary[Any, dict[str, list[int]]] = weakref.WeakKeyDictionary()
+
+
+def _locks(env: Env) -> dict[str, list[int]]:
+    locks = _USER_LOCKS.setdefault(env.ctx, {})
+    for name in [n for n, (holder, _) in locks.items() if holder not in env.ctx.connections]:
+        del locks[name]  # its session ended: released, as a server releases a closed session's locks
+    return locks
+
+
+def _lock_name(value: Any) -> str | None:
+    return None if value is None else _to_text(value).lower()
+
+
+def _get_lock(env: Env, args: list[Any]) -> Any:
+    """1: taken (or taken again by this session); 0: another session holds it. The relay does not wait for it:
+    a lock held elsewhere answers 0 at once, which is what the server answers when the timeout runs out."""
+    name = _lock_name(args[0])
+    if name is None:
+        return None
+    locks = _locks(env)
+    holder = locks.get(name)
+    if holder is None:
+        locks[name] = [env.conn.conn_id, 1]
+        return 1
+    if holder[0] == env.conn.conn_id:
+        holder[1] += 1
+        return 1
+    return 0
+
+
+def _release_lock(env: Env, args: list[Any]) -> Any:
+    name = _lock_name(args[0])
+    locks = _locks(env)
+    holder = locks.get(name) if name is not None else None
+    if holder is None:
+        return None
+    if holder[0] != env.conn.conn_id:
+        return 0
+    holder[1] -= 1
+    if holder[1] == 0:
+        del locks[name]
+    return 1
+
+
+def _release_all_locks(env: Env, args: list[Any]) -> Any:
+    locks = _locks(env)
+    mine = [n for n, (holder, _) in locks.items() if holder == env.conn.conn_id]
+    count = sum(locks.pop(n)[1] for n in mine)
+    return count
+
+
+def _is_used_lock(env: Env, args: list[Any]) -> Any:
+    name = _lock_name(args[0])
+    holder = _locks(env).get(name) if name is not None else None
+    return holder[0] if holder is not None else None
+
+
+def _is_free_lock(env: Env, args: list[Any]) -> Any:
+    name = _lock_name(args[0])
+    return None if name is None else int(name not in _locks(env))
+
+
 _FUNCTIONS: dict[str, _Function] = {
+    "GET_LOCK": _Function(_get_lock, 2, 2),
+    "RELEASE_LOCK": _Function(_release_lock, 1, 1),
+    "RELEASE_ALL_LOCKS": _Function(_release_all_locks),
+    "IS_USED_LOCK": _Function(_is_used_lock, 1, 1),
+    "IS_FREE_LOCK": _Function(_is_free_lock, 1, 1),
     "IFNULL": _Function(_first_not_null, 2, 2),
     "COALESCE": _Function(_first_not_null, 1, 255),
     "IF": _Function(_if, 3, 3),

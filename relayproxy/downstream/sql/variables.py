@@ -3,6 +3,7 @@ entry here to answer a new ``@@variable`` or ``SHOW STATUS`` row; say only what 
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from dataclasses import dataclass
@@ -173,6 +174,15 @@ def _version_comment(env: Env) -> str:
     return f"relayproxy {__version__} binlog relay"
 
 
+def _datadir(env: Env) -> str | None:
+    """The relay directory (absolute, with the trailing slash servers print): where the relay's files and state are.
+    NULL when the relay runs without one (never the case for ``run`` and ``serve``)."""
+    relay_dir = getattr(env.ctx.cfg, "relay_dir", None)
+    if not relay_dir:
+        return None
+    return os.path.join(os.path.abspath(str(relay_dir)), "")
+
+
 def _semi_sync(env: Env) -> bool:
     return bool(getattr(env.ctx.cfg, "semi_sync", False))
 
@@ -213,6 +223,8 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("report_port", _listen_port, "int", has_session=False),
     SysVar("version", lambda e: e.version, has_session=False),
     SysVar("version_comment", _version_comment, has_session=False),
+    SysVar("datadir", _datadir, has_session=False,
+           doc="the relay directory: its files (the master's names and offsets) and its state"),
     SysVar("license", lambda e: "GPL", has_session=False),
     # -- what kind of server this is: a read-only binlog server that logs its master's events
     SysVar("read_only", lambda e: True, "bool", has_session=False),
@@ -236,6 +248,16 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("binlog_gtid_index", _from_master("binlog_gtid_index", None), "bool", has_session=False,
            exists=_master_has("binlog_gtid_index", lambda e: not e.mysql and e.at_least(11, 4, 0))),
     SysVar("binlog_checksum", _binlog_checksum, has_session=False),
+    # -- what a replica's applier would have: the relay applies nothing, keeps no relay-log.info (its position is
+    # its files) and never deletes a file because it was applied (retention is its expire_logs_days)
+    SysVar("slave_parallel_workers", lambda e: 0, "int", has_session=False, doc="0: no applier threads"),
+    SysVar("slave_parallel_threads", lambda e: 0, "int", has_session=False, exists=_mariadb_only),
+    SysVar("replica_parallel_workers", lambda e: 0, "int", has_session=False, exists=_mysql_since(8, 0, 26)),
+    SysVar("relay_log_purge", lambda e: False, "bool", has_session=False,
+           doc="OFF: no file is deleted because it was applied; retention_* purge the oldest files"),
+    SysVar("relay_log_info_file", lambda e: None, has_session=False,
+           doc="NULL: the relay has no relay-log.info; its position is its files (MHA then looks for "
+               "<datadir>/relay-log.info, which does not exist: docs/failover.md, MHA 0.58)"),
     SysVar("master_info_repository", lambda e: "TABLE", has_session=False, exists=_mysql_only),
     SysVar("relay_log_info_repository", lambda e: "TABLE", has_session=False, exists=_mysql_only),
     # -- GTIDs, from the horizon (MySQL) or the horizon's binlog state (MariaDB)

@@ -1,0 +1,250 @@
+"""MHA 0.58 (Debian's mha4mysql-manager and mha4mysql-node) run for real against a topology with the relay.
+
+    M1 ──┬── R1  candidate (GTID slave_pos, log_bin, log_slave_updates)
+         ├── R4  candidate (same)
+         └── relayproxy ──┬── R2  by GTID
+                          └── R3  by file/position
+
+What MHA does with a relay, as run here (docs/failover.md, "MHA 0.58", has the log lines and the reasons):
+
+- With the relay listed in app.cnf (``no_master=1``, ``ignore_fail=1``) MHA refuses it: ``masterha_check_repl``
+  fails on the relay's missing relay-log.info (MHA applies relay logs by SQL on every replica it lists; the relay
+  applies nothing) and the online switch stops at "Slave SQL thread is not running" on the relay.
+- So app.cnf lists the servers only; the relay is repointed by the script MHA calls when the new master takes
+  over (``master_ip_failover_script`` / ``master_ip_online_change_script`` ``--command=start``: lab/mha.py's hook,
+  STOP SLAVE; CHANGE MASTER TO ... MASTER_USE_GTID=slave_pos; START SLAVE on the relay).
+- ``master_binlog_dir`` of the master is the relay directory: the relay's files are the master's binlogs (names,
+  offsets, bytes), so MHA's "Saving Dead Master's Binlog Phase" reads from them the transactions the candidates
+  had not received, and applies them to the new master and the other candidate.
+
+Debian's MHA 0.58 needs two one-line fixes on this Perl and MariaDB (lab/mha.py, OVERLAY_FIXES): made at test
+time from the installed modules into a folder on PERL5LIB (and, through sshd's SetEnv, for the node tools).
+Every MHA command's output is printed (pytest shows it for a failing test; -s shows it always).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from relayproxy.lab import mha
+from relayproxy.lab.failover import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    BASENAME,
+    REPL_PASSWORD,
+    REPL_USER,
+    MixedLoad,
+    binlog_pos,
+    covers,
+    relay_sql,
+    slave_pos,
+    uids,
+    wait_until,
+)
+from relayproxy.lab.harness import (
+    RelayProcess,
+    assert_same_data,
+    change_master,
+    free_port,
+    replica_status,
+    wait_relay,
+    wait_replica,
+)
+
+pytestmark = pytest.mark.server
+
+MHA_USER, MHA_PASSWORD = "mha", "mhapw"
+
+
+@pytest.fixture(scope="module")
+def mha_installed() -> None:
+    missing = mha.missing_packages()
+    if missing:
+        pytest.fail(f"MHA is not installed here: missing {', '.join(missing)} (`make setup` installs "
+                    f"{' '.join(mha.MHA_PACKAGES)} with apt)", pytrace=False)
+
+
+def _candidate(mariadb, name: str, server_id: int):
+    return mariadb(name, server_id=server_id, binlog_format="ROW", log_bin_name=BASENAME,
+                   extra_config={"log_slave_updates": 1, "read_only": 1 if name != "m1" else None})
+
+
+def _assert_every_uid_once(load: MixedLoad, servers: dict) -> None:
+    for name, server in servers.items():
+        for table, want in load.inserted.items():
+            count, found = uids(server, table)
+            assert count == len(found), f"{name}.{table}: {count - len(found)} rows inserted twice"
+            assert found == want, (f"{name}.{table}: missing {sorted(want - found)[:10]}, "
+                                   f"unexpected {sorted(found - want)[:10]}")
+
+
+def _wait_converged(relay: RelayProcess, source, replicas: dict, timeout: float = 60.0) -> str:
+    """The relay holds `source`'s gtid_binlog_pos without an upstream error; each replica has applied it."""
+
+    def probe() -> str | None:
+        want = binlog_pos(source)
+        status = relay.status()
+        assert not status.get("last_io_error"), f"relay: {status['last_io_error']}\n{relay.log_tail()}"
+        if not covers(status["retrieved_gtid_set"], want):
+            return None
+        for name, replica in replicas.items():
+            state = replica_status(replica)
+            assert "No" not in (state.get("Slave_IO_Running"), state.get("Slave_SQL_Running")), (
+                f"{name} stopped: {state.get('Last_IO_Error')} {state.get('Last_SQL_Error')}")
+            if not covers(slave_pos(replica), want):
+                return None
+        return want
+
+    return wait_until(f"the relay and {sorted(replicas)} to hold {source.basedir.name}'s GTIDs", probe, timeout,
+                      relay.log_tail)
+
+
+def _relay_master(relay_port: int) -> tuple[int, str]:
+    row = relay_sql(relay_port, "SHOW SLAVE STATUS")[0]
+    return int(row["Master_Port"]), row["Slave_IO_Running"]
+
+
+def test_mha_switches_masters_with_the_relay(mha_installed, mariadb, tmp_path: Path):
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    m1 = _candidate(mariadb, "m1", 1)
+    r1 = _candidate(mariadb, "r1", 2)
+    r4 = _candidate(mariadb, "r4", 4)
+    r2 = mariadb("r2", server_id=5, log_bin=False)
+    r3 = mariadb("r3", server_id=6, log_bin=False)
+    m1.create_user(REPL_USER, REPL_PASSWORD)
+    m1.execute("CREATE USER %s@'%%' IDENTIFIED BY %s", (MHA_USER, MHA_PASSWORD))
+    m1.execute("GRANT ALL PRIVILEGES ON *.* TO %s@'%%' WITH GRANT OPTION", (MHA_USER,))
+    load = MixedLoad(seed=5)
+    load.create_schema(m1)
+    relay_port = free_port()
+    relay = RelayProcess(
+        tmp_path / "relay", m1.port, server_id=100, gtid_mode="mariadb",
+        extra=["--listen", f"127.0.0.1:{relay_port}",
+               "--users", f"{REPL_USER}:{REPL_PASSWORD},{ADMIN_USER}:{ADMIN_PASSWORD}:admin,"
+                        f"{MHA_USER}:{MHA_PASSWORD}:admin"])
+    ssh = None
+    try:
+        relay.start()
+        for candidate in (r1, r4):
+            change_master(candidate, m1.port, file=None)
+            candidate.execute("START SLAVE")
+        load.run(m1, 60)
+        wait_relay(relay, m1)
+        first_file = relay_sql(relay_port, "SHOW BINARY LOGS")[0]["Log_name"]
+        change_master(r2, relay_port, file=None)
+        change_master(r3, relay_port, file=first_file, pos=4)
+        for replica in (r1, r4, r2, r3):
+            if replica in (r2, r3):
+                replica.execute("START SLAVE")
+            wait_replica(replica, m1)
+
+        overlay = mha.build_overlay(tmp_path / "mha-overlay")
+        ssh = mha.PrivateSshd(tmp_path / "ssh", set_env={"PERL5LIB": str(overlay)}).start()
+        work = tmp_path / "mha"
+        for sub in ("manager", "remote"):
+            (work / sub).mkdir(parents=True, exist_ok=True)
+        hook = mha.hook_command([relay_port], admin_user=ADMIN_USER, admin_password=ADMIN_PASSWORD,
+                                repl_user=REPL_USER, repl_password=REPL_PASSWORD)
+
+        def config(name: str, servers: list[mha.MhaServer], *, with_hook: bool = True) -> Path:
+            text = mha.app_cnf(workdir=work, user=MHA_USER, password=MHA_PASSWORD, repl_user=REPL_USER,
+                               repl_password=REPL_PASSWORD, ssh=ssh, servers=servers)
+            if with_hook:
+                text = text.replace("ping_interval=1\n", f"ping_interval=1\nmaster_ip_failover_script={hook}\n"
+                                    f"master_ip_online_change_script={hook}\n", 1)
+            path = work / f"{name}.cnf"
+            path.write_text(text)
+            print(f"--- {path}\n{text}", flush=True)
+            return path
+
+        def run(*argv: str) -> mha.MhaRun:
+            return mha.run_mha(list(argv), overlay=overlay)
+
+        relay_dir = str((tmp_path / "relay").absolute())
+        m1_section = mha.MhaServer("server1", m1.port, {"candidate_master": 1, "master_binlog_dir": relay_dir})
+        candidates = [mha.MhaServer("server2", r1.port, {"candidate_master": 1}),
+                      mha.MhaServer("server3", r4.port, {"candidate_master": 1})]
+        timings["topology"] = time.monotonic() - started
+
+        # 1. The relay listed as a replica (no_master=1, ignore_fail=1): MHA's checks refuse it.
+        listed = config("relay-listed", [m1_section, *candidates,
+                                         mha.MhaServer("server4", relay_port, {"no_master": 1, "ignore_fail": 1})],
+                        with_hook=False)
+        check = run("masterha_check_repl", f"--conf={listed}", "--skip_check_ssh")
+        assert check.returncode != 0, "MHA accepted the relay as a replica: update docs/failover.md"
+        assert f"Could not open relay-log-info file {relay_dir}/relay-log.info" in check.output
+        online = run("masterha_master_switch", "--master_state=alive", f"--conf={listed}",
+                     "--new_master_host=127.0.0.1", f"--new_master_port={r1.port}", "--orig_master_is_new_slave",
+                     "--interactive=0", "--running_updates_limit=10")
+        assert online.returncode != 0
+        assert f"Slave SQL thread is not running on 127.0.0.1(127.0.0.1:{relay_port})" in online.output
+        assert _relay_master(relay_port) == (m1.port, "Yes")  # nothing was changed
+        timings["relay listed: check_repl, online switch refused"] = time.monotonic() - started
+
+        # 2. The servers only, the hook for the relay, the relay directory as the master's binlog directory.
+        cnf = config("app", [m1_section, *candidates])
+        check = run("masterha_check_repl", f"--conf={cnf}")
+        assert check.returncode == 0 and "MySQL Replication Health is OK." in check.output
+        timings["check_repl"] = time.monotonic() - started
+
+        # 3. Dead master: the candidates stop receiving, M1 commits more (the relay has it), then kill -9.
+        for candidate in (r1, r4):
+            candidate.execute("STOP SLAVE IO_THREAD")
+        load.run(m1, 25)
+        wait_relay(relay, m1)
+        for replica in (r2, r3):
+            wait_replica(replica, m1)
+        final, behind = binlog_pos(m1), binlog_pos(r1)
+        assert not covers(behind, final)  # the relay, R2 and R3 hold transactions no candidate has
+        m1.kill()
+        dead = run("masterha_master_switch", "--master_state=dead", f"--conf={cnf}",
+                   "--dead_master_host=127.0.0.1", "--dead_master_ip=127.0.0.1", f"--dead_master_port={m1.port}",
+                   "--new_master_host=127.0.0.1", f"--new_master_port={r1.port}", "--interactive=0",
+                   "--ignore_last_failover")
+        assert dead.returncode == 0, "MHA's dead-master switch failed"
+        assert f"--binlog_dir={relay_dir}" in dead.output  # the missing transactions came from the relay's files
+        assert "relay 127.0.0.1:%d repointed at 127.0.0.1:%d by GTID" % (relay_port, r1.port) in dead.output
+        timings["dead switch"] = time.monotonic() - started
+        assert _relay_master(relay_port)[0] == r1.port
+        load.run(r1, 40)
+        _wait_converged(relay, r1, {"R4": r4, "R2": r2, "R3": r3})
+        _assert_every_uid_once(load, {"R1": r1, "R4": r4, "R2": r2, "R3": r3})
+        for replica in (r4, r2, r3):
+            assert_same_data(r1, replica)
+        relay.stop()
+        relay.start()
+        load.run(r1, 10)
+        _wait_converged(relay, r1, {"R4": r4, "R2": r2, "R3": r3})
+        _assert_every_uid_once(load, {"R1": r1, "R2": r2, "R3": r3})
+        timings["dead switch checked, relay restarted"] = time.monotonic() - started
+
+        # 4. Online switch R1 -> R4; R1 becomes a replica of R4; the hook repoints the relay.
+        cnf = config("online", [mha.MhaServer("server1", r1.port, {"candidate_master": 1}),
+                                mha.MhaServer("server2", r4.port, {"candidate_master": 1})])
+        online = run("masterha_master_switch", "--master_state=alive", f"--conf={cnf}",
+                     "--new_master_host=127.0.0.1", f"--new_master_port={r4.port}", "--orig_master_is_new_slave",
+                     "--interactive=0", "--running_updates_limit=10")
+        assert online.returncode == 0, "MHA's online switch failed"
+        assert "relay 127.0.0.1:%d repointed at 127.0.0.1:%d by GTID" % (relay_port, r4.port) in online.output
+        timings["online switch"] = time.monotonic() - started
+        assert _relay_master(relay_port)[0] == r4.port
+        load.run(r4, 40)
+        _wait_converged(relay, r4, {"R1": r1, "R2": r2, "R3": r3})
+        _assert_every_uid_once(load, {"R4": r4, "R1": r1, "R2": r2, "R3": r3})
+        for replica in (r1, r2, r3):
+            assert_same_data(r4, replica)
+        relay.stop()
+        relay.start()
+        load.run(r4, 10)
+        _wait_converged(relay, r4, {"R1": r1, "R2": r2, "R3": r3})
+        _assert_every_uid_once(load, {"R4": r4, "R2": r2, "R3": r3})
+        timings["online switch checked, relay restarted"] = time.monotonic() - started
+    finally:
+        print("timings (s since the start): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), flush=True)
+        if ssh is not None:
+            ssh.stop()
+        relay.stop()
