@@ -24,6 +24,7 @@ Every MHA command's output is printed (pytest shows it for a failing test; -s sh
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -147,13 +148,13 @@ def test_mha_switches_masters_with_the_relay(mha_installed, mariadb, tmp_path: P
         work = tmp_path / "mha"
         for sub in ("manager", "remote"):
             (work / sub).mkdir(parents=True, exist_ok=True)
-        hook = mha.hook_command([relay_port], admin_user=ADMIN_USER, admin_password=ADMIN_PASSWORD,
-                                repl_user=REPL_USER, repl_password=REPL_PASSWORD)
 
-        def config(name: str, servers: list[mha.MhaServer], *, with_hook: bool = True) -> Path:
+        def config(name: str, servers: list[mha.MhaServer], *, relay_change: str | None = "gtid") -> Path:
             text = mha.app_cnf(workdir=work, user=MHA_USER, password=MHA_PASSWORD, repl_user=REPL_USER,
                                repl_password=REPL_PASSWORD, ssh=ssh, servers=servers)
-            if with_hook:
+            if relay_change:
+                hook = mha.hook_command([relay_port], admin_user=ADMIN_USER, admin_password=ADMIN_PASSWORD,
+                                        repl_user=REPL_USER, repl_password=REPL_PASSWORD, change=relay_change)
                 text = text.replace("ping_interval=1\n", f"ping_interval=1\nmaster_ip_failover_script={hook}\n"
                                     f"master_ip_online_change_script={hook}\n", 1)
             path = work / f"{name}.cnf"
@@ -173,7 +174,7 @@ def test_mha_switches_masters_with_the_relay(mha_installed, mariadb, tmp_path: P
         # 1. The relay listed as a replica (no_master=1, ignore_fail=1): MHA's checks refuse it.
         listed = config("relay-listed", [m1_section, *candidates,
                                          mha.MhaServer("server4", relay_port, {"no_master": 1, "ignore_fail": 1})],
-                        with_hook=False)
+                        relay_change=None)
         check = run("masterha_check_repl", f"--conf={listed}", "--skip_check_ssh")
         assert check.returncode != 0, "MHA accepted the relay as a replica: update docs/failover.md"
         assert f"Could not open relay-log-info file {relay_dir}/relay-log.info" in check.output
@@ -185,8 +186,9 @@ def test_mha_switches_masters_with_the_relay(mha_installed, mariadb, tmp_path: P
         assert _relay_master(relay_port) == (m1.port, "Yes")  # nothing was changed
         timings["relay listed: check_repl, online switch refused"] = time.monotonic() - started
 
-        # 2. The servers only, the hook for the relay, the relay directory as the master's binlog directory.
-        cnf = config("app", [m1_section, *candidates])
+        # 2. The servers only, the hook for the relay, the relay directory as the master's binlog directory. The
+        # hook sends the relay what MHA sends the replicas it lists: the new master's file and position.
+        cnf = config("app", [m1_section, *candidates], relay_change="file-pos")
         check = run("masterha_check_repl", f"--conf={cnf}")
         assert check.returncode == 0 and "MySQL Replication Health is OK." in check.output
         timings["check_repl"] = time.monotonic() - started
@@ -207,9 +209,16 @@ def test_mha_switches_masters_with_the_relay(mha_installed, mariadb, tmp_path: P
                    "--ignore_last_failover")
         assert dead.returncode == 0, "MHA's dead-master switch failed"
         assert f"--binlog_dir={relay_dir}" in dead.output  # the missing transactions came from the relay's files
-        assert "relay 127.0.0.1:%d repointed at 127.0.0.1:%d by GTID" % (relay_port, r1.port) in dead.output
+        mha_said = re.search(r"Statement should be: CHANGE MASTER TO MASTER_HOST='127\.0\.0\.1', "
+                             rf"MASTER_PORT={r1.port}, MASTER_LOG_FILE='([^']+)', MASTER_LOG_POS=(\d+)", dead.output)
+        assert mha_said, "MHA did not print the coordinates it gives the other replicas"
+        file, position = mha_said.group(1), int(mha_said.group(2))
+        assert f"relay 127.0.0.1:{relay_port} repointed at 127.0.0.1:{r1.port} at {file}:{position}" in dead.output
         timings["dead switch"] = time.monotonic() - started
         assert _relay_master(relay_port)[0] == r1.port
+        switch = wait_until("the relay's switch decision", lambda: (relay.status().get("last_switch") or {})
+                            .get("coordinates") and relay.status()["last_switch"], 30, relay.log_tail)
+        assert switch["accepted"] and switch["coordinates"] == {"file": file, "position": position}, switch
         load.run(r1, 40)
         _wait_converged(relay, r1, {"R4": r4, "R2": r2, "R3": r3})
         _assert_every_uid_once(load, {"R1": r1, "R4": r4, "R2": r2, "R3": r3})

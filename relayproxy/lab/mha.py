@@ -211,21 +211,23 @@ HOOK_LOG_ENV = "RELAYPROXY_MHA_HOOK_LOG"
 
 
 def hook_command(relays: list[int], *, admin_user: str, admin_password: str, repl_user: str,
-                 repl_password: str) -> str:
+                 repl_password: str, change: str = "gtid") -> str:
     """The command line for app.cnf's master_ip_failover_script / master_ip_online_change_script: this module run
     with the venv's Python; MHA appends its own --command=... --new_master_host=... arguments."""
     import sys
 
     relays_arg = ",".join(f"127.0.0.1:{port}" for port in relays)
     return (f"{sys.executable} -m relayproxy.lab.mha --relays={relays_arg} --relay-user={admin_user} "
-            f"--relay-password={admin_password} --repl-user={repl_user} --repl-password={repl_password}")
+            f"--relay-password={admin_password} --repl-user={repl_user} --repl-password={repl_password} "
+            f"--relay-change={change}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """MHA's master_ip_failover_script / master_ip_online_change_script contract: ``--command=status|stop|stopssh``
     exit 0 (no virtual IP here); ``--command=start`` repoints every relay at ``--new_master_ip:--new_master_port``
-    by GTID (STOP SLAVE; CHANGE MASTER TO ... MASTER_USE_GTID=slave_pos; START SLAVE as an admin account), exactly
-    what docs/failover.md tells an operator to send. Unknown MHA arguments are accepted and ignored."""
+    (STOP SLAVE; CHANGE MASTER TO ...; START SLAVE as an admin account): ``--relay-change=gtid`` with
+    MASTER_USE_GTID=slave_pos (docs/failover.md), ``file-pos`` with the new master's SHOW MASTER STATUS and no GTID
+    option, the statement MHA sends every replica it lists. Unknown MHA arguments are accepted and ignored."""
     import argparse
 
     import pymysql
@@ -239,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--command", required=True)
     parser.add_argument("--new_master_ip", "--new_master_host", dest="new_master_ip")
     parser.add_argument("--new_master_port", type=int)
+    parser.add_argument("--new_master_user")
+    parser.add_argument("--new_master_password")
+    parser.add_argument("--relay-change", choices=("gtid", "file-pos"), default="gtid")
     args, _mha_rest = parser.parse_known_args(argv)
     log_path = os.environ.get(HOOK_LOG_ENV)
 
@@ -251,16 +256,24 @@ def main(argv: list[str] | None = None) -> int:
     note(f"--command={args.command} new master {args.new_master_ip}:{args.new_master_port}")
     if args.command != "start":
         return 0
+    change = (f"CHANGE MASTER TO MASTER_HOST='{args.new_master_ip}', MASTER_PORT={args.new_master_port}, "
+              f"MASTER_USER='{args.repl_user}', MASTER_PASSWORD='{args.repl_password}'")
+    if args.relay_change == "gtid":
+        change, how = change + ", MASTER_USE_GTID=slave_pos", "by GTID"
+    else:  # where MHA points the replicas it lists: the new master's position when the hook runs
+        with pymysql.connect(host=args.new_master_ip, port=args.new_master_port, user=args.new_master_user,
+                             password=args.new_master_password, connect_timeout=10) as conn, conn.cursor() as cur:
+            cur.execute("SHOW MASTER STATUS")
+            file, position = cur.fetchone()[:2]
+        change, how = change + f", MASTER_LOG_FILE='{file}', MASTER_LOG_POS={position}", f"at {file}:{position}"
     for relay in filter(None, args.relays.split(",")):
         host, port = relay.rsplit(":", 1)
         with pymysql.connect(host=host, port=int(port), user=args.relay_user, password=args.relay_password,
                              connect_timeout=10, read_timeout=60) as conn, conn.cursor() as cur:
             cur.execute("STOP SLAVE")
-            cur.execute(f"CHANGE MASTER TO MASTER_HOST='{args.new_master_ip}', MASTER_PORT={args.new_master_port}, "
-                        f"MASTER_USER='{args.repl_user}', MASTER_PASSWORD='{args.repl_password}', "
-                        "MASTER_USE_GTID=slave_pos")
+            cur.execute(change)
             cur.execute("START SLAVE")
-        note(f"relay {relay} repointed at {args.new_master_ip}:{args.new_master_port} by GTID")
+        note(f"relay {relay} repointed at {args.new_master_ip}:{args.new_master_port} {how}")
     return 0
 
 
