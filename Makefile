@@ -27,7 +27,7 @@ FIND_PYTHON := for p in python3.13 python3.12 python3.11 python3; do \
 help:
 	@echo "make demo    set up, then run relayproxy demo: master, relay, replicas; a master crash mid-transaction"
 	@echo "make test    set up, then run every test (unit, corpus and real-server tests) with pytest"
-	@echo "make setup   install mariadb-server, python3-venv, a JRE and docker-compose with apt if missing, create .venv, install relayproxy"
+	@echo "make setup   install mariadb-server, python3-venv, a JRE, docker-compose and MHA (+ openssh-server) with apt if missing, create .venv, install relayproxy"
 	@echo "make lint    byte-compile everything; ruff too if it is installed in .venv"
 	@echo "make bench   re-run every benchmark on this checkout and rewrite benchmarks/results/ (takes long; not part of make test)"
 	@echo "make clean   remove caches and build output (keeps .venv)"
@@ -37,7 +37,9 @@ setup: python-env
 # Installs with apt only what is missing: mariadb-server when there is no mariadbd, python3 / python3-venv
 # when there is no python >= 3.11 able to create a venv, a Java runtime for PySpark when there is no java,
 # docker-compose (Debian's v1, without the Docker engine
-# it recommends: tests/test_docker.py only validates the compose files) when there is no docker-compose.
+# it recommends: tests/test_docker.py only validates the compose files) when there is no docker-compose, and
+# MHA 0.58 (mha4mysql-manager, mha4mysql-node) with openssh-server for tests/test_mha.py, which runs MHA for real
+# over its own private sshd on a free port (on a machine with systemd, apt also starts the package's own sshd).
 # Root runs apt directly, others through sudo.
 system-packages:
 	@missing=""; \
@@ -46,6 +48,9 @@ system-packages:
 	if [ -z "$$py" ]; then missing="$$missing python3 python3-venv"; \
 	elif ! "$$py" -c 'import ensurepip, venv' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
 	if ! command -v java >/dev/null 2>&1; then missing="$$missing default-jre-headless"; fi; \
+	if ! command -v masterha_check_repl >/dev/null 2>&1; then missing="$$missing mha4mysql-manager"; fi; \
+	if ! command -v apply_diff_relay_logs >/dev/null 2>&1; then missing="$$missing mha4mysql-node"; fi; \
+	if [ ! -x /usr/sbin/sshd ]; then missing="$$missing openssh-server"; fi; \
 	compose=""; \
 	if ! command -v docker-compose >/dev/null 2>&1; then compose=" docker-compose"; fi; \
 	if [ -n "$$missing$$compose" ]; then \
