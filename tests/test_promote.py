@@ -171,7 +171,10 @@ def test_promote_refuses_bad_input_then_converges_after_a_timeout_and_a_kill(tmp
         unchanged()
 
         # a server that is no replica and lacks what the relay holds; a relay of another master
-        other = mariadb("other", server_id=31)
+        nolsu = mariadb("nolsu", server_id=32)  # log_slave_updates off (MariaDB's default)
+        code, doc, _ = promote(lab, tmp_path, candidate=nolsu)
+        assert code == 3 and "log_slave_updates off" in doc["message"] and f"127.0.0.1:{nolsu.port}" in doc["message"]
+        other = mariadb("other", server_id=31, extra_config={"log_slave_updates": 1})
         other.create_user("repl", "replpw")
         other.execute("CREATE DATABASE elsewhere")
         code, doc, _ = promote(lab, tmp_path, candidate=other)

@@ -387,6 +387,7 @@ class Promoter:
         self.candidate.connect()
         self.flavour = self.report.flavour = self.candidate.flavour
         self.candidate_server_id = int(self.candidate.value("SELECT @@server_id") or 0)
+        self.check_candidate_can_be_a_master()
         reachable = []
         for relay in self.relays:
             try:
@@ -439,6 +440,17 @@ class Promoter:
             return P.EXIT_REPLICAS_LEFT
         self.report.outcome = self.report.outcome or "promoted"
         return P.EXIT_DONE
+
+    def check_candidate_can_be_a_master(self) -> None:
+        """Refused before anything changes: a candidate the relays could not follow by GTID once promoted."""
+        c = self.candidate
+        if not int(c.value("SELECT @@GLOBAL.log_bin") or 0):
+            raise Stop(P.EXIT_REFUSED, f"{c.name} has no binary log (log_bin off): once promoted, the relays and "
+                       "replicas could not replicate from it; choose a candidate with log_bin")
+        if c.flavour == "mariadb" and not int(c.value("SELECT @@GLOBAL.log_slave_updates") or 0):
+            raise Stop(P.EXIT_REFUSED, f"{c.name} has log_slave_updates off: what it catches up from the relay would "
+                       "not be in its binary log, so the relays (and GTID replicas) could not join it by GTID once it "
+                       "is promoted; set log_slave_updates = ON (a restart) or choose another candidate")
 
     def _record_plan(self, plan: P.Plan) -> None:
         self.report.source_relay = plan.source.address
