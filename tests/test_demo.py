@@ -1,5 +1,6 @@
-"""`relayproxy demo` as a user runs it (stdout not a terminal): the crash story's summary, JSON logs, bad flags, and
-no process or file left behind, whether it ends normally or by Ctrl-C."""
+"""`relayproxy demo` as a user runs it (stdout not a terminal): the crash story's summary, the failover, the semi-sync
+master killed under load (act 3), JSON logs, bad flags, and no process or file left behind, whether it ends normally
+or by Ctrl-C."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 
 from relayproxy.commands.demo import _Stop, _Terminated, processes_mentioning
 
-SHORT_RUN = ["--workload-seconds", "2", "--stuck-seconds", "4", "--big-mb", "8", "--failover-writes", "5"]
+SHORT_RUN = ["--workload-seconds", "2", "--stuck-seconds", "4", "--big-mb", "8", "--failover-writes", "5",
+             "--lossless-seconds", "2"]
 
 
 def _ctrl_c_enabled() -> None:
@@ -101,6 +103,32 @@ def test_demo_shows_the_direct_replica_stuck_and_the_relay_replica_at_rest(tmp_p
     files = failover["relay_files"]
     assert files == sorted(files) and len(files) >= 2  # the new master's files continue the relay's sequence
 
+    # Act 3: a semi-sync master killed under load. The figures are recounted here from the ids the demo recorded:
+    # acknowledged (COMMIT returned), on the candidate before `relayproxy promote` and after it.
+    act3 = result.stdout.split("act 3, a semi-sync master killed under load:", 1)[1]
+    assert re.search(r"kill\+\d+\.\ds +master down  relay 0-1-\d+  candidate 0-1-\d+", result.stdout), result.stdout
+    lossless = data["lossless"]
+    acked = set(lossless["acknowledged_ids"])
+    before = set(lossless["candidate_ids_before_promote"])
+    after = set(lossless["candidate_ids_after_promote"])
+    assert len(acked) == lossless["acknowledged"] > 0
+    assert lossless["direct_lost"] == len(acked - before) > 0, "the lagging candidate should lack acknowledged commits"
+    assert lossless["lost_after_promote"] == len(acked - after) == 0
+    assert before <= after  # promote only added
+    assert table_row(act3, "acknowledged commits lost") == [f"{len(acked - before)} of {len(acked)}",
+                                                            f"0 of {len(acked)}"]
+    assert lossless["duplicate_rows"] == lossless["partial"] == 0 and lossless["errant"] == []
+    promote = lossless["promote"]
+    assert promote["exit_code"] == 0 and promote["outcome"] == "promoted", promote
+    assert promote["fetched_count"] >= lossless["direct_lost"]
+    assert "--candidate-password-file" in promote["command"] and "--relay-password-file" in promote["command"]
+    assert "adminpw" not in result.stdout and "replpw" not in result.stdout
+    assert 0 < lossless["kill_to_writable_seconds"] < 30
+    assert lossless["relay_follows"] == f"127.0.0.1:{lossless['candidate_port']}"
+    assert lossless["replica_caught_up"] is True
+    assert re.search(r"kill -9 to a writable candidate: \d+\.\d\d s", act3)
+    assert "the replica behind relayproxy has them, same rows as the new master" in act3
+
     # stderr is not a terminal either, so every log line is JSON with the stable keys.
     records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
     assert any(r["event"] == "sandbox started" for r in records)
@@ -160,6 +188,8 @@ def test_a_signal_raised_inside_a_finalizer_is_raised_again(signum, kind):
         (["--workload-seconds", "-1"], "--workload-seconds must be >= 0"),
         (["--big-mb", "0"], "--big-mb must be between 1 and 1024"),
         (["--failover-writes", "0"], "--failover-writes must be between 1 and 100000"),
+        (["--lossless-seconds", "0"], "--lossless-seconds must be between 0.5 and 600"),
+        (["--lossless-delay-ms", "-1"], "--lossless-delay-ms must be between 0 and 5000"),
     ],
 )
 def test_bad_flags_are_refused_before_anything_starts(tmp_path, flags, complaint):
@@ -176,5 +206,5 @@ def test_demo_help_names_its_flags():
     result = subprocess.run(demo_command("--help"), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     for flag in ("--keep", "--workload-seconds", "--stuck-seconds", "--big-mb", "--no-live", "--json",
-                 "--no-failover", "--failover-writes"):
+                 "--no-failover", "--failover-writes", "--no-lossless", "--lossless-seconds", "--lossless-delay-ms"):
         assert flag in result.stdout

@@ -3,8 +3,11 @@
 A local MariaDB master, relayproxy, a replica through it and one direct, in a temporary folder; a live view of a
 mixed workload, then the master killed mid-transaction, and which replica an HA controller may promote. Act 2
 (unless --no-failover): the direct replica is promoted, relayproxy is repointed to it with SQL as an HA tool
-repoints any replica, and the replica behind relayproxy goes on receiving the new master's writes. Nothing is
-left running or on disk afterwards (unless --keep), also after Ctrl-C, SIGTERM or an error.
+repoints any replica, and the replica behind relayproxy goes on receiving the new master's writes. Act 3 (unless
+--no-failover or --no-lossless; relayproxy.lab.semisync_story): a semi-sync master with relayproxy as its semi-sync
+replica is killed under load; what promoting a lagging direct candidate as it is would lose, beside `relayproxy
+promote` run as an HA tool runs it. Nothing is left running or on disk afterwards (unless --keep), also after
+Ctrl-C, SIGTERM or an error.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pymysql
 
 from ..lab.faultproxy import FaultProxyError
 from ..lab.sandbox import SandboxError
+from ..lab.semisync_story import LosslessResult, LosslessStory
 from ..lab.story import CrashStory, FailoverResult, Snapshot, StoryError, StoryResult, promote_and_repoint
 from ..log import configure_logging, get_logger
 
@@ -78,7 +82,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-failover",
         action="store_true",
-        help="stop after the crash (act 1); by default act 2 promotes the direct replica and repoints relayproxy",
+        help="stop after the crash (act 1); by default act 2 promotes the direct replica and repoints relayproxy, "
+        "and act 3 kills a semi-sync master under load and runs relayproxy promote",
+    )
+    parser.add_argument(
+        "--no-lossless",
+        action="store_true",
+        help="skip act 3 (a semi-sync master killed under load: a direct promotion's loss beside relayproxy promote)",
+    )
+    parser.add_argument(
+        "--lossless-seconds", type=float, default=5.0, metavar="S",
+        help="how long the 4 writers commit on the semi-sync master before it is killed in act 3 (default 5)",
+    )
+    parser.add_argument(
+        "--lossless-delay-ms", type=int, default=250, metavar="MS",
+        help="how long the act 3 candidate's link holds the master's stream, so that it lags (default 250)",
     )
     parser.add_argument(
         "--failover-writes", type=int, default=50, metavar="N",
@@ -165,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
             ("--stuck-seconds", args.stuck_seconds, args.stuck_seconds > 0, "> 0"),
             ("--big-mb", args.big_mb, 1 <= args.big_mb <= 1024, "between 1 and 1024"),
             ("--failover-writes", args.failover_writes, 1 <= args.failover_writes <= 100_000, "between 1 and 100000"),
+            ("--lossless-seconds", args.lossless_seconds, 0.5 <= args.lossless_seconds <= 600,
+             "between 0.5 and 600"),
+            ("--lossless-delay-ms", args.lossless_delay_ms, 0 <= args.lossless_delay_ms <= 5000, "between 0 and 5000"),
         )
         if not ok
     ]
@@ -196,8 +217,10 @@ def run(args: argparse.Namespace) -> int:
         view.say(text)
 
     story = CrashStory(workdir, observe=observe, narrate=narrate)
+    lossless: LosslessStory | None = None
     result: StoryResult | None = None
     failover: FailoverResult | None = None
+    lossless_result: LosslessResult | None = None
     code = 1
     try:
         with story:
@@ -215,16 +238,30 @@ def run(args: argparse.Namespace) -> int:
                 view.end_line()
                 code = _report_failover(failover, out)
         view.end_line()
+        if code == 0 and not args.no_failover and not args.no_lossless:
+            # Acts 1 and 2's servers are stopped by now: act 3 has the machine to itself.
+            lossless = LosslessStory(
+                workdir / "act3", load_seconds=args.lossless_seconds, candidate_delay=args.lossless_delay_ms / 1000,
+                observe=observe, narrate=narrate,
+            )  # fmt: skip
+            with lossless:
+                lossless_result = lossless.run()
+            view.end_line()
+            code = _report_lossless(lossless_result, out)
     except KeyboardInterrupt as exc:
         view.end_line()
         terminated = isinstance(exc, _Terminated)
         why = f"terminated by {exc}" if terminated else "interrupted"
         print(f"relayproxy demo: {why}; stopping everything", file=sys.stderr)
         code = 143 if terminated else 130
-    except (StoryError, SandboxError, FaultProxyError, pymysql.MySQLError, OSError) as exc:
+    # AssertionError: the lab's waits in act 3 (relayproxy.lab.lossless) report a failure as one.
+    except (StoryError, SandboxError, FaultProxyError, pymysql.MySQLError, OSError, AssertionError) as exc:
         view.end_line()
         print(f"relayproxy demo failed: {exc}", file=sys.stderr)
-        if story.relay is not None:
+        if lossless is not None:
+            with contextlib.suppress(Exception):
+                print(f"act 3's topology:\n{lossless.trial.describe()}", file=sys.stderr)
+        elif story.relay is not None:
             print(f"tail of the relay's log:\n{story.relay.log_tail(15)}", file=sys.stderr)
         code = 1
     finally:
@@ -232,12 +269,14 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         try:
-            code = _clean_up(story, workdir, args.keep, out, code)
+            code = _clean_up(story, lossless, workdir, args.keep, out, code)
             if args.json and result is not None:
                 try:
                     figures = result.as_dict()
                     if failover is not None:
                         figures["failover"] = _failover_dict(failover)
+                    if lossless_result is not None:
+                        figures["lossless"] = lossless_result.as_dict()
                     Path(args.json).write_text(json.dumps(figures, indent=2, default=str) + "\n")
                 except OSError as exc:
                     print(f"relayproxy demo: cannot write --json {args.json}: {exc.strerror}", file=sys.stderr)
@@ -303,6 +342,37 @@ def _report_failover(result: FailoverResult, out: TextIO) -> int:
     return 0
 
 
+def _report_lossless(result: LosslessResult, out: TextIO) -> int:
+    print("\nact 3, a semi-sync master killed under load:", file=out)
+    for line in result.summary_lines():
+        print(line, file=out)
+    print(file=out)
+    broken = []
+    if result.lost:
+        broken.append(f"{result.lost} acknowledged commits are missing on the promoted candidate")
+    if result.duplicate_rows or result.partial or result.errant:
+        broken.append("the promoted candidate holds rows twice, partial transactions or GTIDs not from the old master")
+    if not result.replica_caught_up:
+        broken.append("the replica behind relayproxy did not receive the new master's writes")
+    if broken:
+        print(_wrap("; ".join(broken) + ": that breaks relayproxy's promise."), file=out)
+        out.flush()
+        return 1
+    acked = len(result.acknowledged_ids)
+    if result.direct_lost:
+        direct = (f"Promoting the candidate as it was would have lost {result.direct_lost} of the {acked} commits "
+                  "the master had acknowledged to its clients.")
+    else:
+        direct = ("This time the candidate's link kept up: it had every acknowledged commit, so a direct promotion "
+                  "would have lost nothing either.")
+    print(_wrap(f"{direct} The master acknowledged a commit only once relayproxy had it durable, so relayproxy held "
+                "all of them; relayproxy promote put what the candidate lacked on it before making it writable: "
+                f"0 of {acked} lost, and relayproxy and the replica behind it went on from the new master "
+                "(docs/failover.md, \"Lossless promotion\")."), file=out)
+    out.flush()
+    return 0
+
+
 def _failover_dict(result: FailoverResult) -> dict:
     return {
         "new_master_port": result.new_master_port,
@@ -316,13 +386,17 @@ def _failover_dict(result: FailoverResult) -> dict:
     }
 
 
-def _clean_up(story: CrashStory, workdir: Path, keep: bool, out: TextIO, code: int) -> int:
+def _clean_up(story: CrashStory, lossless: LosslessStory | None, workdir: Path, keep: bool, out: TextIO,
+              code: int) -> int:
     """Stop whatever still runs, make sure no process of the demo is left, remove the folder unless kept."""
-    try:
-        story.close()
-    except StoryError as exc:
-        print(f"relayproxy demo: {exc}", file=sys.stderr)
-        code = code or 1
+    for close in (story.close, lossless.close if lossless is not None else None):
+        if close is None:
+            continue
+        try:
+            close()
+        except (StoryError, AssertionError) as exc:  # the lossless trial's TrialError is an AssertionError
+            print(f"relayproxy demo: {exc}", file=sys.stderr)
+            code = code or 1
     leftovers = processes_mentioning(workdir)
     for pid in leftovers:  # only processes whose command line names our own temporary folder: ours
         with contextlib.suppress(ProcessLookupError, PermissionError):
