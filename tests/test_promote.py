@@ -241,6 +241,25 @@ def test_a_candidate_the_ha_tool_detached_read_only_is_caught_up_with_candidate_
             r1.execute(statement)
         code, doc, _ = promote(lab, tmp_path)
         assert code == 3 and "--candidate-detached" in doc["message"]
+        # the relay is lost while the candidate catches up from it (the catch-up held back by a table lock): the run
+        # ends at once, naming it; with the relay back, the next run converges
+        locker = r1.connect()
+        locker.cursor().execute(f"LOCK TABLES {SCHEMA}.t1 READ, {SCHEMA}.t2 READ, {SCHEMA}.t3 READ")
+        running = subprocess.Popen(
+            [sys.executable, "-m", "relayproxy.commands.cli", "promote", "--json", "--candidate-detached",
+             "--candidate", f"127.0.0.1:{r1.port}", "--candidate-user", "root", "--candidate-password-file",
+             str(tmp_path / "cand.pw"), "--relay", f"127.0.0.1:{lab.relay_port}", "--relay-user", ADMIN_USER,
+             "--relay-password-file", str(tmp_path / "relay.pw")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = ""
+        while "catching up" not in seen and running.poll() is None:
+            seen += running.stderr.readline()
+        lab.relay.kill9()
+        out, _ = running.communicate(timeout=30)
+        doc = json.loads(out)
+        assert running.returncode == 4 and "lost while the candidate caught up" in doc["message"], doc
+        lab.relay.start()
+        locker.close()
         code, doc, _ = promote(lab, tmp_path, "--candidate-detached")
         assert code == 0 and doc["outcome"] == "promoted", doc
         assert covers(binlog_pos(r1), last) and replica_status(r1) == {}

@@ -551,6 +551,15 @@ class Promoter:
                            f"{plan.source.address} while it still lacked {lack.text}: IO {io}, SQL {sql}: "
                            + "; ".join(errors))
             if time.monotonic() - last_report >= 1.0:
+                try:
+                    source.value("SELECT 1")  # a relay lost mid catch-up ends the run now, not at --timeout
+                except Stop as exc:
+                    if exc.code != P.EXIT_UNREACHABLE:
+                        raise
+                    raise Stop(exc.code, f"{exc}: lost while the candidate caught up from it (it still lacks "
+                               f"{lack.text}); the candidate is left replicating from it and the relays' IO is "
+                               "stopped; run the same command again once the relay is back (or without it, "
+                               "--skip-unreachable-relays)") from None
                 self.say(f"catching up: the candidate lacks {lack.count} transaction(s) ({lack.text[:200]})"
                          + (f"; {'; '.join(errors)[:200]}" if errors else ""))
                 last_report = time.monotonic()
