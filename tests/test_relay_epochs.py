@@ -40,7 +40,9 @@ OTHER = "11111111-2222-3333-4444-555555555555"
 M1 = {"host": "m1.example", "port": 3306, "server_id": 1, "server_uuid": U}
 M2 = {"host": "m2.example", "port": 3307, "server_id": 2, "server_uuid": "22222222-0000-0000-0000-000000000002"}
 M3 = {"host": "m3.example", "port": 3306, "server_id": 3, "server_uuid": None}
-RELAY_ID = 99
+RELAY_ID = 99  # the relay's own server_id: recorded with an epoch, never written into a relay file
+SRC_ID = 1  # the server_id of the corpus file's FORMAT_DESCRIPTION (M1's and M2's images), and of eventgen's
+MARIA_ID = 10  # the MariaDB corpus chain's
 T = 1700000000
 
 
@@ -86,16 +88,18 @@ def m1_image(p: Parts) -> bytes:
     return rebuild(p.fde, [p.prev] + [ev for i in M1_ORDER for ev in p.groups[i]])
 
 
-def filler_bytes(start: int, end: int, checksum: bool = True, server_id: int = RELAY_ID) -> bytes:
-    """A filler as the relay must write it, built here independently of the encoders."""
+def filler_bytes(start: int, end: int, checksum: bool = True, server_id: int = SRC_ID) -> bytes:
+    """A filler as the relay must write it, built here independently of the encoders: timestamp 0, the server_id
+    of the file's FORMAT_DESCRIPTION."""
     size = end - start
     head = struct.pack("<IBIIIH", 0, C.IGNORABLE_LOG_EVENT, server_id, size, end & 0xFFFFFFFF, C.LOG_EVENT_IGNORABLE_F)
     body = head + bytes(size - C.HEADER_LEN - (4 if checksum else 0))
     return body + struct.pack("<I", zlib.crc32(body)) if checksum else body
 
 
-def rotate_bytes(name: str, start: int, server_id: int = RELAY_ID, timestamp: int = T) -> bytes:
-    """The ROTATE the relay appends at a switch: a real (not artificial) rotate at the file's end."""
+def rotate_bytes(name: str, start: int, server_id: int = SRC_ID, timestamp: int = 0) -> bytes:
+    """The ROTATE the relay appends at a switch: a real (not artificial) rotate at the file's end, timestamp 0,
+    the server_id of the file's FORMAT_DESCRIPTION (the old master's)."""
     body = struct.pack("<Q", 4) + name.encode()
     size = C.HEADER_LEN + len(body) + 4
     raw = struct.pack("<IBIIIH", timestamp, C.ROTATE_EVENT, server_id, size, start + size, 0) + body
@@ -257,6 +261,76 @@ def test_failover_to_lower_numbered_files_continues_the_relay_sequence_with_fill
     reopened.close()
 
 
+def _with_created(fde: bytes, created: int) -> bytes:
+    """The FDE as a master sends it from the file's start (create_timestamp set), CRC recomputed."""
+    ev = bytearray(fde)
+    struct.pack_into("<I", ev, C.HEADER_LEN + 2 + 50, created)
+    struct.pack_into("<I", ev, len(ev) - 4, zlib.crc32(ev[:-4]))
+    return bytes(ev)
+
+
+@pytest.mark.parametrize("restart", ["none", "before-switch", "after-record"])
+def test_relay_written_bytes_depend_only_on_the_history(tmp_path, corpus_dir, restart, monkeypatch):
+    """Design invariant 11: two relays (other server_ids, other clocks, one restarted, the join FDE sent with and
+    without its create_timestamp) that follow the same masters hold the same bytes: the epoch ROTATE, the
+    fillers and the join file's FORMAT_DESCRIPTION depend on the history only."""
+    p = mysql_parts(corpus_dir)
+    m1 = m1_image(p)
+    images = {}
+    for name, relay_id, now, created in (("a", 101, T, 0), ("b", 4242, T + 3600.5, T - 86400)):
+        path = tmp_path / name
+        store, receiver = RelayStore.open(path), None
+        receiver = RelayReceiver(store, relay_server_id=relay_id)
+        m1_phase(store, receiver, m1)
+        if name == "b" and restart == "before-switch":
+            store.close()
+            store = RelayStore.open(path)
+            receiver = RelayReceiver(store, relay_server_id=relay_id)
+        if name == "b" and restart == "after-record":
+            # A crash right after the epoch record: the ROTATE is appended again on restart, by another clock.
+            monkeypatch.setattr(RelayStore, "_complete_epoch_switch", lambda self: None)
+            store.begin_epoch(M2, "binlog.000002", relay_server_id=relay_id, now=now)
+            monkeypatch.undo()
+            store.close()
+            store = RelayStore.open(path)
+            receiver = RelayReceiver(store, relay_server_id=relay_id + 1)
+            now += 77
+        store.begin_epoch(M2, "binlog.000002", relay_server_id=relay_id, now=now)
+        sent = m2_dump(store, p.image)
+        assert sent[1][4] == C.FORMAT_DESCRIPTION_EVENT
+        if created:
+            sent[1] = _with_created(sent[1], created)  # as a dump from the file's start sends it
+        stream(receiver, sent, by_position=False)
+        store.sync()
+        assert receiver.counters.fillers == 2
+        images[name] = {f: store.path(f).read_bytes() for f in store.files()}
+        assert store.epochs.current.relay_server_id == relay_id  # who switched: the record only
+        store.close()
+    assert list(images["a"]) == list(images["b"]) == ["binlog.000004", "binlog.000005"]
+    for f in images["a"]:
+        assert images["a"][f] == images["b"][f], f
+    join = images["a"]["binlog.000005"]
+    fde = join[4 : 4 + len(p.fde)]
+    assert struct.unpack_from("<I", fde, C.HEADER_LEN + 2 + 50)[0] == 0 and not fde[17] & C.LOG_EVENT_BINLOG_IN_USE_F
+    assert scan_bytes(join).ok  # the recomputed CRC holds
+
+
+def test_the_join_rotate_is_a_function_of_its_inputs():
+    """join_rotate: name, offset, the file's FDE and its checksum setting; nothing else reaches the bytes."""
+    from relayproxy.binlog.events import FormatDescription
+    from . import eventgen as G
+
+    fde = FormatDescription.parse(G.fde(), 0)
+    one = S.join_rotate("binlog.000005", fde, 1000, checksum=True)
+    assert one == S.join_rotate("binlog.000005", fde, 1000, checksum=True)
+    assert one == rotate_bytes("binlog.000005", 1000, server_id=fde.server_id, timestamp=0)
+    other = FormatDescription.parse(G.event(C.FORMAT_DESCRIPTION_EVENT, G.fde()[C.HEADER_LEN:-4], server_id=77), 0)
+    assert struct.unpack_from("<I", S.join_rotate("binlog.000005", other, 1000, checksum=True), 5)[0] == 77
+    plain = S.join_rotate("binlog.000005", fde, 1000, checksum=False)
+    assert plain == struct.pack("<IBIIIH", 0, C.ROTATE_EVENT, fde.server_id, 40, 1040, 0) + struct.pack(
+        "<Q", 4) + b"binlog.000005"
+
+
 def test_the_switch_rotate_is_a_valid_event_and_the_old_files_last_transaction_stays(tmp_path, corpus_dir):
     p = mysql_parts(corpus_dir)
     store, _receiver = failover_run(tmp_path / "relay", p)
@@ -267,7 +341,7 @@ def test_the_switch_rotate_is_a_valid_event_and_the_old_files_last_transaction_s
     assert result.ok and not result.partial_tail and result.warnings == [] and result.boundary_errors == 0
     assert result.groups_complete == 12 and result.rotate_to == ("binlog.000005", 4)
     last = events[-1]
-    assert (last.type_code, last.timestamp, last.server_id, last.flags) == (C.ROTATE_EVENT, T, RELAY_ID, 0)
+    assert (last.type_code, last.timestamp, last.server_id, last.flags) == (C.ROTATE_EVENT, 0, SRC_ID, 0)
     assert last.log_pos == last.end == os.path.getsize(path) == result.good_end and last.crc_ok is True
     assert last.boundary == B.EVENT_OUTSIDE
     before = events[-2]  # U:20 (a DDL), the last transaction M1 sent whole, ends where the ROTATE begins
@@ -287,7 +361,7 @@ def test_fillers_are_outside_every_group_and_scanned_with_their_crc(tmp_path, co
     ends = group_ends(p.image)
     p0 = 4 + len(p.fde) + len(p.prev)
     assert [(e.offset, e.end) for e in fillers] == [(p0, ends[10]), (ends[13], ends[14])]
-    assert all(e.crc_ok is True and e.boundary == B.EVENT_OUTSIDE and e.server_id == RELAY_ID for e in fillers)
+    assert all(e.crc_ok is True and e.boundary == B.EVENT_OUTSIDE and e.server_id == SRC_ID for e in fillers)
     assert all(is_filler(e.data) for e in fillers)
     assert not any(g.start <= f.offset < g.end for g in groups for f in fillers)
     assert result.ok and result.groups_complete == 9 and result.boundary_errors == 0
@@ -393,8 +467,8 @@ def test_mariadb_join_with_a_leading_gap_and_another_basename(tmp_path, corpus_d
     join = store.path("mariadb-repl-bin.000006").read_bytes()
     # A BINLOG_CHECKPOINT sits between the first two groups (outside any group): it is kept between two fillers.
     assert (spans[0][1], spans[1][0]) == (1196, 1246)
-    assert join == (image[: spans[0][0]] + filler_bytes(spans[0][0], 1196) + image[1196:1246]
-                    + filler_bytes(1246, spans[39][1]) + image[spans[39][1] :])
+    assert join == (image[: spans[0][0]] + filler_bytes(spans[0][0], 1196, server_id=MARIA_ID) + image[1196:1246]
+                    + filler_bytes(1246, spans[39][1], server_id=MARIA_ID) + image[spans[39][1] :])
     assert receiver.counters.fillers == 2
     assert store.horizon.snapshot().text == "0-10-262667" == str(scan_bytes(image).gtids_after)
     assert str(FileCatalog(store).start_of("mariadb-repl-bin.000006")[0]) == "0-10-262620"
@@ -806,12 +880,12 @@ def test_a_large_filler_is_sparse_and_recovery_checks_its_crc(tmp_path):
     events = []
     result = scan_file(path, on_event=events.append)
     filler = events[2]
-    assert (filler.offset, filler.size, filler.server_id, filler.streamed, filler.crc_ok) == (end, gap, 7, True, True)
+    assert (filler.offset, filler.size, filler.server_id, filler.streamed, filler.crc_ok) == (end, gap, SRC_ID, True, True)
     with open(path, "rb") as f:
         f.seek(end)
-        assert f.read(C.HEADER_LEN + 8) == filler_bytes(end, end + gap, server_id=7)[: C.HEADER_LEN + 8]
+        assert f.read(C.HEADER_LEN + 8) == filler_bytes(end, end + gap)[: C.HEADER_LEN + 8]
         f.seek(end + gap - 4)
-        assert f.read(4) == filler_bytes(end, end + gap, server_id=7)[-4:]
+        assert f.read(4) == filler_bytes(end, end + gap)[-4:]
     assert result.ok and result.groups_complete == 1
     reopened = RelayStore.open(tmp_path / "relay")
     assert reopened.horizon.snapshot().coordinates == ("binlog.000001", end + gap + sum(len(e) for _, e in group))
@@ -837,7 +911,7 @@ def test_a_gap_beyond_one_event_is_split_and_small_gaps_are_refused(tmp_path, mo
     sizes = [e.size for e in fillers]
     assert sizes == [917505, 917505, 917505, 917504, 23] and sum(sizes[:4]) == gap
     assert all(e.crc_ok and e.log_pos == e.end for e in fillers)
-    assert (tmp_path / "relay" / "binlog.000001").read_bytes()[end + gap :] == filler_bytes(end + gap, end + gap + 23, server_id=7)
+    assert (tmp_path / "relay" / "binlog.000001").read_bytes()[end + gap :] == filler_bytes(end + gap, end + gap + 23)
 
 
 def test_fillers_without_checksums(tmp_path):
@@ -848,7 +922,7 @@ def test_fillers_without_checksums(tmp_path):
     path = store.path("binlog.000001")
     store.close()
     data = path.read_bytes()
-    assert data[end:] == filler_bytes(end, end + 19, False, 7) + filler_bytes(end + 19, end + 19 + (2 << 20), False, 7)
+    assert data[end:] == filler_bytes(end, end + 19, False) + filler_bytes(end + 19, end + 19 + (2 << 20), False)
     reopened = RelayStore.open(tmp_path / "relay")
     assert reopened.horizon.snapshot().position == len(data)
     reopened.close()

@@ -226,7 +226,8 @@ def assert_follows(lab: FailoverLab, port: int, server_id: int) -> None:
 
 def assert_history_kept(lab: FailoverLab, before: dict[str, bytes]) -> None:
     """The files written before the switch are unchanged byte for byte, but for one event appended to the last:
-    the relay's ROTATE (its server_id, log_pos = the file's end) to epoch 2's first file at position 4."""
+    the relay's ROTATE (timestamp 0, M1's server_id as the file's FORMAT_DESCRIPTION has it, log_pos = the file's
+    end: nothing of the relay's own, design invariant 11) to epoch 2's first file at position 4."""
     names = list(before)
     for name in names[:-1]:
         assert (lab.relay.relay_dir / name).read_bytes() == before[name], f"{name} changed"
@@ -235,10 +236,11 @@ def assert_history_kept(lab: FailoverLab, before: dict[str, bytes]) -> None:
     assert data[: len(before[last])] == before[last], f"{last} was overwritten"
     tail = data[len(before[last]):]
     assert len(tail) >= C.HEADER_LEN, f"{last} gained {len(tail)} bytes, not the ROTATE of the switch"
-    _ts, type_code, server_id, size, log_pos, _flags = HEADER.unpack_from(tail, 0)
+    ts, type_code, server_id, size, log_pos, _flags = HEADER.unpack_from(tail, 0)
     first = relay_epochs(lab)[1]["first_file"]
-    assert (type_code, server_id, size, log_pos) == (C.ROTATE_EVENT, lab.relay_server_id, len(tail), len(data)), (
-        f"{last} gained {len(tail)} bytes: {C.event_name(type_code)} server_id {server_id} size {size} "
+    m1_id = HEADER.unpack_from(data, 4)[2]
+    assert (ts, type_code, server_id, size, log_pos) == (0, C.ROTATE_EVENT, m1_id, len(tail), len(data)), (
+        f"{last} gained {len(tail)} bytes: {C.event_name(type_code)} timestamp {ts} server_id {server_id} size {size} "
         f"log_pos {log_pos}, not one ROTATE of the relay")
     body = tail[C.HEADER_LEN: size - C.CHECKSUM_LEN]
     assert (int.from_bytes(body[:8], "little"), body[8:].decode()) == (4, first), body

@@ -264,6 +264,7 @@ class FailoverLab:
     links: dict[str, HeldLink] = field(init=False, default_factory=dict)
     load: MixedLoad = field(init=False, default_factory=MixedLoad)
     first_file: str = field(init=False, default="")
+    more_relays: dict[str, tuple[RelayProcess, int]] = field(init=False, default_factory=dict)  # name: (relay, SQL port)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).absolute()
@@ -322,6 +323,7 @@ class FailoverLab:
         steps: list[Callable[[], None]] = [
             *(lambda s=s: s.stop(timeout=15) for s in (self.r2, self.r3)),
             lambda: self.relay.stop() if self.relay else None,
+            *(lambda r=relay: r.stop() for relay, _port in self.more_relays.values()),
             *(lambda link=link: link.proxy.stop() for link in self.links.values()),
             *(lambda s=s: s.stop(timeout=15) for s in (self.r4, self.r1, self.m1) if s is not None),
         ]
@@ -333,15 +335,32 @@ class FailoverLab:
         if problems:
             raise FailoverError("could not stop everything cleanly: " + "; ".join(problems))
 
+    def add_relay(self, name: str, server_id: int) -> tuple[RelayProcess, int]:
+        """Another relay on M1 (started now, behind its own held link, same accounts and flags as the first);
+        returns it with its --listen port. `kill_mid_transaction` holds and waits for it like the first."""
+        if name in self.links or not name.startswith("relay"):
+            raise ValueError(f"relay name {name!r}: must start with 'relay' and be new")
+        proxy = ThreadedFaultProxy(self.m1.host, self.m1.port).start()
+        self.links[name] = HeldLink(proxy, MidTransactionHold(proxy, name))
+        port = free_port()
+        relay = RelayProcess(
+            self.workdir / name, proxy.port, server_id=server_id, gtid_mode="mariadb",
+            extra=["--listen", f"127.0.0.1:{port}",
+                   "--users", f"{REPL_USER}:{REPL_PASSWORD},{ADMIN_USER}:{ADMIN_PASSWORD}:admin", *self.relay_extra])
+        self.more_relays[name] = (relay, port)
+        relay.start()
+        return relay, port
+
     # -- waits -------------------------------------------------------------------------------------------------
 
     def wait_caught_up_m1(self, replicas: list[MariaDBSandbox] | None = None, timeout: float = 60.0) -> None:
-        """Before any switch: the relay's horizon and each replica's Exec position (default: every server
+        """Before any switch: every relay's horizon and each replica's Exec position (default: every server
         replicating) are M1's current position (same names and offsets through the relay in M1's epoch)."""
         if replicas is None:
             replicas = [s for n, s in self.servers().items() if n != "M1" and s.running and replica_status(s)]
         with self.explained():
-            wait_relay(self.relay, self.m1, timeout)
+            for relay in [self.relay, *(r for r, _port in self.more_relays.values())]:
+                wait_relay(relay, self.m1, timeout)
             for replica in replicas:
                 wait_replica(replica, self.m1, timeout)
 
@@ -386,9 +405,10 @@ class FailoverLab:
         if set(held.values()) != {cut} or not last_complete[1] < cut < big_end[1] or big_end[0] != last_complete[0]:
             raise FailoverError(f"links held at {held}, not at one point inside the big transaction "
                                 f"{last_complete}..{big_end}")
-        self.relay.wait_for(lambda s: s.get("master_position") == {"file": big_end[0], "position": cut}, 30,
-                            "the relay to receive the first half of the big transaction")
-        for name in held.keys() - {"relay"}:
+        for relay in [self.relay, *(r for r, _port in self.more_relays.values())]:
+            relay.wait_for(lambda s: s.get("master_position") == {"file": big_end[0], "position": cut}, 30,
+                           f"{relay.relay_dir.name} to receive the first half of the big transaction")
+        for name in held.keys() - {"relay", *self.more_relays}:
             replica = self.r1 if name == "R1" else self.r4
             wait_until(f"{name} to read up to {cut}",
                        lambda r=replica: int(replica_status(r)["Read_Master_Log_Pos"]) == cut, 30, self.describe)

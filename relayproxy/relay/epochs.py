@@ -212,8 +212,8 @@ class Epoch:
     upstream_first_file: str | None  # the master's name for it
     master: tuple | None  # ((key, value), ...) of normalise_master; see master_dict
     join_gtids: str | None  # the relay's complete GTID set when the epoch began (text)
-    started: float | None  # unix time the epoch was recorded (also the switch ROTATE's timestamp)
-    relay_server_id: int | None  # server_id of the ROTATE the relay wrote at the switch
+    started: float | None  # unix time the epoch was recorded (the record only: no relay file byte depends on it)
+    relay_server_id: int | None  # server_id of the relay that switched (the record only, as ``started``)
     implicit: bool = False
 
     @property

@@ -37,6 +37,11 @@ last file (to the new epoch's first file) is re-appended, byte-identical, by ``b
 IGNORABLE events of the relay's own (never inside a group); the first file of an epoch may start with
 a GTID set that lacks part of the relay's (``join_gtids ∪ its set`` is the set at its start).
 
+Same history, same bytes (design invariant 11): what the relay writes itself (the epoch ROTATE,
+``join_rotate``; fillers; the join file's FORMAT_DESCRIPTION, ``_join_fde``) depends only on the
+files and the stream, never on the relay's server_id, its clock or when it connected, so two relays
+that followed the same masters hold byte-identical files.
+
 Errors from the file system (full disk, EIO) poison the store: every later call raises
 ``RelayStoreFailed``; the OSError names the file. Reopen it; recovery cuts the unfinished tail and the
 horizon is unchanged. After a failed fsync, ``close()`` first cuts the current file back to the last
@@ -117,6 +122,39 @@ _SPECIAL = [False] * 256
 for _t in (C.FORMAT_DESCRIPTION_EVENT, C.PREVIOUS_GTIDS_LOG_EVENT, C.MARIA_GTID_LIST_EVENT):
     _SPECIAL[_t] = True
 del _t
+
+
+
+
+def join_rotate(first_file: str, fde: FormatDescription, end: int, *, checksum: bool) -> bytes:
+    """The ROTATE a relay appends at ``end`` of its last file of an epoch, naming the next epoch's first file.
+
+    Every field is a function of the history the relays share (design invariant 11): the name, the offset, and
+    the file's own FORMAT_DESCRIPTION. server_id is that FDE's (the master that wrote the file), so the file ends
+    as if its master had rotated it: never the relay's own id, which a replica of the relay could share, and
+    which would make the replica's IO thread treat the ROTATE as its own event (skipped from its relay log
+    unless ``replicate_same_server_id``); a replica with the old master's id would be that master itself, which
+    skips the old master's events anyway. timestamp 0, as the servers stamp the events they make up (fake
+    ROTATE, heartbeats): a replica's SQL thread does not take a 0 timestamp into Seconds_Behind_Master, and no
+    clock or crash timing can change it, so the ROTATE re-appended after a crash is byte-identical.
+    """
+    size = C.HEADER_LEN + 8 + len(first_file.encode("utf-8", "surrogateescape")) + (C.CHECKSUM_LEN if checksum else 0)
+    return _enc.rotate(first_file, 4, server_id=fde.server_id, checksum=checksum, timestamp=0,
+                       log_pos=(end + size) & _U32)
+
+
+def _join_fde(event) -> bytes:
+    """The FORMAT_DESCRIPTION a relay stores at the head of an epoch's join file: the new master's, with
+    create_timestamp 0 and the in-use flag clear (CRC recomputed).
+
+    How the master sends that FDE depends on how the relay asked, not on the history: MariaDB's GTID dump
+    zeroes ``created`` only while the requested position is not reached at the file's start, a dump by
+    position from offset 4 sends it as written (non-zero in the first binlog after the server started). The
+    relay stores the one form, so relays that agree on the history hold the same bytes (design invariant 11).
+    ``created = 0`` is also what a replica of the relay should see there: it tells a replica that the master
+    restarted and its temporary tables are gone, which a switch of masters is not a reason to do.
+    """
+    return _enc.fde_copy(event, clear_in_use=True, created=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -634,10 +672,12 @@ class RelayStore:
 
         Steps: the current file is made durable; the new epoch is recorded in ``relayproxy.epochs``
         (first relay file = the relay's next sequence number, join set = the durable GTID set): that
-        record is the commit point; then a ROTATE to ``(first file, 4)`` made by the relay (timestamp
-        ``now``, server_id ``relay_server_id``, CRC32 when the file has checksums) is appended to the
-        current file, made durable, and the horizon moves past it, so file/position replicas of the
-        relay follow it into the new file. The receiver's next ``start_file(F)`` creates that file.
+        record is the commit point; then a ROTATE to ``(first file, 4)`` made by the relay
+        (``join_rotate``: timestamp 0, the server_id of the file's FORMAT_DESCRIPTION, CRC32 when the
+        file has checksums) is appended to the current file, made durable, and the horizon moves past
+        it, so file/position replicas of the relay follow it into the new file. The receiver's next
+        ``start_file(F)`` creates that file. ``relay_server_id`` and ``now`` go into the record only
+        (who switched, and when): no byte of a relay file depends on them.
 
         Idempotent: called again for the same master it completes a switch a crash cut (the ROTATE is
         re-appended byte for byte from the record) and returns the current epoch. While the current
@@ -741,23 +781,21 @@ class RelayStore:
                 f"{self._file} has no FORMAT_DESCRIPTION_EVENT: it cannot end with the ROTATE to {epoch.first_file}"
             )
         end = self._end
-        size = C.HEADER_LEN + 8 + len(epoch.first_file.encode("utf-8", "surrogateescape")) + self._checksum_len
-        event = _enc.rotate(
-            epoch.first_file, 4, server_id=epoch.relay_server_id, checksum=self._checksum_len == C.CHECKSUM_LEN,
-            timestamp=int(epoch.started) & _U32, log_pos=(end + size) & _U32,
-        )
+        event = join_rotate(epoch.first_file, self._fde, end, checksum=self._checksum_len == C.CHECKSUM_LEN)
         self.write_event(end, event)
         self.boundary_outside(end + len(event))
 
     # -- fillers ---------------------------------------------------------------------------------
-    def write_filler(self, offset: int, *, relay_server_id: int) -> int:
+    def write_filler(self, offset: int, *, relay_server_id: int | None = None) -> int:
         """Cover ``[current_end, offset)`` with the relay's filler events (a GTID dump skipped groups the
         relay has); returns how many (one, unless the gap exceeds ``FILLER_MAX_SIZE``).
 
         Only at a boundary (no open group). Each filler is IGNORABLE_LOG_EVENT with
-        LOG_EVENT_IGNORABLE_F, server_id ``relay_server_id``, log_pos its end, a zero body and a CRC32
-        when the file has checksums; large ones are written sparse. They end outside any group: the
-        horizon may move past them. Raises RelayGapError when the gap is smaller than an event.
+        LOG_EVENT_IGNORABLE_F, timestamp 0, the server_id of the file's FORMAT_DESCRIPTION (the master
+        that wrote the file), log_pos its end, a zero body and a CRC32 when the file has checksums; large
+        ones are written sparse. Nothing in them depends on the relay (``relay_server_id`` is accepted and
+        ignored): relays that skipped the same stretch write the same bytes. They end outside any group:
+        the horizon may move past them. Raises RelayGapError when the gap is smaller than an event.
         """
         self._check()
         self._settle()  # a large filler truncates (extends) the file
@@ -774,6 +812,7 @@ class RelayStore:
         if self._fde is None:
             raise RelayStateError(f"write_filler in {self._file} before its FORMAT_DESCRIPTION_EVENT")
         checksum = self._checksum_len == C.CHECKSUM_LEN
+        server_id = self._fde.server_id
         try:
             sizes = _enc.filler_sizes(offset - end, checksum, FILLER_MAX_SIZE)
         except ValueError:
@@ -783,10 +822,10 @@ class RelayStore:
             for size in sizes:
                 stop = at + size
                 if size < SPARSE_FILLER_BYTES:
-                    self.write_event(at, _enc.filler(size, log_pos=stop & _U32, server_id=relay_server_id,
+                    self.write_event(at, _enc.filler(size, log_pos=stop & _U32, server_id=server_id,
                                                      checksum=checksum))
                 else:
-                    self._write_sparse_filler(at, size, relay_server_id, checksum)
+                    self._write_sparse_filler(at, size, server_id, checksum)
                 at = stop
         except OSError as exc:
             self._fail(exc)
@@ -859,7 +898,8 @@ class RelayStore:
             if header[3] != n or (log_pos != (end + n) & _U32 and (log_pos or header[5] & _ARTIFICIAL)):
                 self._bad_header(offset, n, header)
             if _SPECIAL[header[1]] or end == 4:
-                self._special_event(header[1], event, offset)
+                event = self._special_event(header[1], event, offset)
+                n = len(event)
             self._last_type = header[1]
             try:
                 if n >= DIRECT_BYTES:
@@ -933,7 +973,9 @@ class RelayStore:
             f"{(offset + n) & _U32}: it does not sit at its master offset"
         )
 
-    def _special_event(self, type_code: int, event, offset: int) -> None:
+    def _special_event(self, type_code: int, event, offset: int):
+        """Check an event the store looks into and take what it says; returns the bytes to store (the event,
+        or for the FORMAT_DESCRIPTION of an epoch's join file its deterministic form: ``_join_fde``)."""
         if offset == 4 and type_code != C.FORMAT_DESCRIPTION_EVENT:
             raise RelayEventError(
                 f"{C.event_name(type_code)} event at offset 4: a binlog file starts with its FORMAT_DESCRIPTION_EVENT"
@@ -948,15 +990,18 @@ class RelayStore:
                 )
             try:
                 fde = FormatDescription.parse(event, 0, len(event))
+                if self._epochs.join_epoch(self._file) is not None:
+                    event = _join_fde(event)
+                    fde = FormatDescription.parse(event, 0, len(event))
             except (BinlogFormatError, ValueError) as exc:
                 raise RelayEventError(f"FORMAT_DESCRIPTION_EVENT at offset {offset}: {exc}") from None
             self._fde = fde
             self._checksum_len = fde.checksum_len
             if self._flavour is None:
                 self._flavour = fde.flavour
-            return
+            return event
         if self._start_set_seen:
-            return  # as the scanner: only the first set event of a file defines its start set
+            return event  # as the scanner: only the first set event of a file defines its start set
         length = len(event) - C.HEADER_LEN - self._checksum_len
         try:
             if type_code == C.PREVIOUS_GTIDS_LOG_EVENT:
@@ -968,7 +1013,7 @@ class RelayStore:
         join_epoch = self._epochs.join_epoch(self._file)
         if join_epoch is not None:
             self._join_start_set(gtids, join_epoch, offset, len(event), type_code)
-            return
+            return event
         carried = self._carried_gtids
         # A MySQL PREVIOUS_GTIDS may name more than the relay holds: GTIDs the master counts as executed
         # but no file holds (SET GLOBAL gtid_purged after a restore, MySQL's 5.6.22 case). Adopting it
@@ -987,6 +1032,7 @@ class RelayStore:
         self._gtids = gtids
         self._file_start_gtids = gtids.copy()
         self._start_set_seen = True
+        return event
 
     def _join_start_set(self, gtids, epoch: Epoch, offset: int, size: int, type_code: int) -> None:
         """The first file of an epoch starts with its new master's set, which may be a strict subset of
@@ -1030,7 +1076,8 @@ class RelayStore:
     def _same_format_description(self, stored: bytes, event) -> bool:
         """A re-sent FDE may differ from the file's in what a master changes when it sends one:
         the in-use flag (cleared), create_timestamp (zeroed when the dump does not start at the
-        file's first event, e.g. a GTID dump) and so the CRC (recomputed, and checked here)."""
+        file's first event, e.g. a GTID dump; a join file stores it zeroed, ``_join_fde``) and so
+        the CRC (recomputed, and checked here)."""
         try:
             FormatDescription.parse(event, 0, len(event))
         except (BinlogFormatError, ValueError) as exc:
@@ -1042,7 +1089,8 @@ class RelayStore:
             stored[:_FLAGS_AT] == event[:_FLAGS_AT]
             and (stored[_FLAGS_AT] | _IN_USE) == (event[_FLAGS_AT] | _IN_USE)
             and stored[_FLAGS_AT + 1 : _FDE_CREATED] == event[_FLAGS_AT + 1 : _FDE_CREATED]
-            and created in (stored[_FDE_CREATED:_FDE_CREATED_END], b"\0\0\0\0")
+            and (created == stored[_FDE_CREATED:_FDE_CREATED_END] or b"\0\0\0\0" in (
+                created, stored[_FDE_CREATED:_FDE_CREATED_END]))
             and stored[_FDE_CREATED_END:tail] == event[_FDE_CREATED_END:tail]
         )
 

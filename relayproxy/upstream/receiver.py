@@ -121,7 +121,7 @@ class RelayReceiver:
 
     def __init__(self, store, *, verify_checksums: bool = True, flavour: str = "auto", relay_server_id: int = 0):
         self.store = store
-        self.relay_server_id = relay_server_id  # stamped on the relay's own events (fillers, the epoch ROTATE)
+        self.relay_server_id = relay_server_id  # recorded with an epoch; never written into a relay file
         self.parser = B.TransactionBoundaryParser(flavour)
         self.verify_checksums = verify_checksums
         self.counters = ReceiverCounters()
