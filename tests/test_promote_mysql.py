@@ -397,3 +397,32 @@ def test_a_detached_read_only_mysql_candidate_is_caught_up_with_candidate_detach
     assert cand.gtid_executed == f"{A}:1-7" and cand.source is None and not cand.read_only
     assert relay_status["Source_Port"] == cand.port and relay_status["Replica_IO_Running"] == "Yes"
 
+
+def test_a_candidate_the_relay_refuses_to_log_in_ends_the_run_and_a_rerun_converges(tmp_path):
+    """A wrong --repl-password-file: the candidate's IO thread retries the login for ever ("Connecting", 1045), as
+    MySQL's does; promote ends with 4 naming the refusal instead of waiting out --timeout, leaves the candidate
+    pointing at the relay, and the same command with the right account converges."""
+
+    async def scenario():
+        async with lagging_candidate(tmp_path) as (m1, info, cand, _r2):
+            port = info["listen"][1]
+            (tmp_path / "bad.pw").write_text("wrong\n")
+            (tmp_path / "good.pw").write_text("opspw\n")
+            started = asyncio.get_running_loop().time()
+            refused = await promote(tmp_path, cand, [port], "--repl-user", "ops", "--repl-password-file",
+                                    str(tmp_path / "bad.pw"))
+            seconds = asyncio.get_running_loop().time() - started
+            left = (cand.source.port, cand.source.io, cand.source.io_errno, cand.read_only)
+            done = await promote(tmp_path, cand, [port], "--repl-user", "ops", "--repl-password-file",
+                                 str(tmp_path / "good.pw"))
+            return refused, seconds, left, done, cand, port
+
+    (code, refused, _), seconds, left, (code_done, doc, _), cand, port = asyncio.run(scenario())
+    assert code == 4 and refused["outcome"] == "unreachable", refused
+    assert refused["message"].startswith(f"candidate 127.0.0.1:{cand.port} cannot log into relay 127.0.0.1:{port} as "
+                                         "'ops': 1045 Error connecting to source 'ops@127.0.0.1:"), refused["message"]
+    assert "Access denied for user 'ops'" in refused["message"] and "run the same command again" in refused["message"]
+    assert seconds < 30  # not the --timeout of 60 s
+    assert left == (port, "Connecting", 1045, True)
+    assert code_done == 0 and doc["outcome"] == "promoted" and doc["fetched"] == f"{A}:5-7", doc
+    assert cand.gtid_executed == f"{A}:1-7" and cand.source is None

@@ -536,6 +536,7 @@ class Promoter:
         self.step("pointed the candidate at the relay", f"{source.name.split()[-1]} by GTID")
         want = plan.source.history
         last_report = 0.0
+        refused_since: float | None = None
         while True:
             have = self.candidate.history(replica_side=True)
             lack = P.lacks(have, want)
@@ -550,6 +551,17 @@ class Promoter:
                 raise Stop(P.EXIT_REFUSED, f"{self.candidate.name} stopped replicating from relay "
                            f"{plan.source.address} while it still lacked {lack.text}: IO {io}, SQL {sql}: "
                            + "; ".join(errors))
+            # a login the relay refuses (its IO thread retries it for ever, "Connecting") ends the run, once it lasts
+            io_errno = int(_col(status, "Last_IO_Errno", default=0) or 0)
+            if io == "Yes" or io_errno not in _LOGIN_CODES:
+                refused_since = None
+            elif refused_since is None:
+                refused_since = time.monotonic()
+            elif time.monotonic() - refused_since >= 1.0:
+                raise Stop(P.EXIT_UNREACHABLE, f"{self.candidate.name} cannot log into relay {plan.source.address} "
+                           f"as {user!r}: {io_errno} {'; '.join(errors)}; it is left pointing at the relay and the "
+                           "relays' IO is stopped; fix the account (--repl-user, --repl-password-file) and run the "
+                           "same command again")
             if time.monotonic() - last_report >= 1.0:
                 try:
                     source.value("SELECT 1")  # a relay lost mid catch-up ends the run now, not at --timeout
@@ -567,7 +579,7 @@ class Promoter:
                 raise Stop(P.EXIT_TIMED_OUT, f"timed out after {self.args.timeout:.0f} s catching up: "
                            f"{self.candidate.name} still lacks {lack.text}; it is left replicating from relay "
                            f"{plan.source.address} (the relays' IO is stopped); run the same command again to "
-                           "continue")
+                           "continue" + (f" (its replication reports: {'; '.join(errors)})" if errors else ""))
             time.sleep(0.05)
         self.step("caught up", f"the candidate holds relay {plan.source.address}'s "
                                f"{P.position_text(want)}")
