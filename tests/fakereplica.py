@@ -396,6 +396,9 @@ class FakeMySQLReplica(FakeMySQLMaster):
                  "AUTO_POSITION": "auto_position", "CONNECT_RETRY": "connect_retry", "DELAY": "delay"}
         changed = {}
         for key, value in pairs:
+            if key.upper() == f"GET_{word}_PUBLIC_KEY" and self._new_terms((8, 0, 4)):
+                changed["get_public_key"] = int(value)
+                continue
             head, _, option = key.upper().partition("_")
             if head != word or option not in known:
                 raise _Fatal(ER_PARSE_ERROR, f"You have an error in your SQL syntax near '{key}'")

@@ -268,7 +268,8 @@ def test_promote_catches_the_lagging_mysql_candidate_up_from_the_relay(tmp_path,
     # ... in MySQL's words for the candidate's version, in this order
     w = words(version)
     o, r = w["option"], w["replica"]
-    change = f"{w['change']} {o}_AUTO_POSITION, {o}_HOST, {o}_PASSWORD, {o}_PORT, {o}_USER"
+    key = f"GET_{o}_PUBLIC_KEY, " if tuple(map(int, version.split("."))) >= (8, 0, 4) else ""
+    change = f"{w['change']} {key}{o}_AUTO_POSITION, {o}_HOST, {o}_PASSWORD, {o}_PORT, {o}_USER"
     shape = admin_shape(admin)
     shape = [s.replace(f", {o}_DELAY", "") for s in shape]  # resetting a delay is allowed
     assert shape == [f"STOP {r} IO_THREAD", f"STOP {r}", change, f"START {r}", f"STOP {r}", f"RESET {r} ALL",

@@ -215,6 +215,10 @@ class Server:
         parts = [f"{word}_HOST={_quote(host)}", f"{word}_PORT={port}"]
         if no_delay:  # a delayed replica chosen as candidate catches up now (CHANGE MASTER keeps a delay it had)
             parts.append(f"{word}_DELAY=0")
+            if self.flavour == "mysql" and self.at_least(8, 0, 4):
+                # caching_sha2_password without TLS needs the source's RSA key, which a MySQL replica asks for only
+                # when told to (a relay account of that plugin would otherwise refuse the login: 2061)
+                parts.append(f"GET_{word}_PUBLIC_KEY=1")
         if user is not None:
             parts.append(f"{word}_USER={_quote(user)}")
         if password is not None:
