@@ -99,16 +99,18 @@ def kind_summary(rows: list[dict], kind: str) -> dict:
         "acked": sum(r["acked"] for r in done), "acked_rows": sum(r["acked_rows"] for r in done),
         "lost": sum(r["lost"] for r in done), "duplicate_rows": sum(r["duplicate_rows"] for r in done),
         "partial": sum(r["partial"] for r in done), "errant": sum(len(r["errant"]) for r in done),
+        "relay_dropped": sum(len(r.get("relay_dropped", [])) for r in done),
         "direct_lost": sum(direct), "direct_max": max(direct, default=0),
         "direct_trials": sum(d > 0 for d in direct), "direct_lost_rows": sum(r["direct_lost_rows"] for r in done),
         "unacked_returned": sum(r["unacked_returned"] for r in done),
         "unacked_lost": sum(r["unacked_lost"] for r in done),
+        "direct_unacked_lost": sum(r.get("direct_unacked_lost", 0) for r in done),
         "unacked_trials": sum(r["unacked_lost"] > 0 for r in done),
         "fell_back": sum(bool(r["fell_back"]) for r in done),
         "promote_killed": sum(any(p.get("killed") for p in r["promote_runs"]) for r in done),
         "promote_reruns": sum(len(r["promote_runs"]) - 1 for r in done),
         "candidate_ahead": sum(bool(r["candidate_ahead"]) for r in done),
-        "candidate_extra": sum(bool(r["candidate_extra"]) for r in done),
+        "candidate_extra": sum(bool(r.get("candidate_extra")) for r in done),
         "replica_checked": sum(r["replica_caught_up"] is not None for r in done),
         "replica_ok": sum(r["replica_caught_up"] is True for r in done),
         "writable_median": benchinfo.median_range(times)[0] if times else None,
@@ -139,7 +141,8 @@ def write_markdown(path: Path, report: dict) -> None:
         f"**Through the relay: {sum(s['lost'] for s in lossless)} acknowledged commits lost of {total_acked:,} "
         f"in {sum(s['trials'] for s in lossless)} trials of the lossless kinds, "
         f"{sum(s['duplicate_rows'] for s in lossless)} rows applied twice, {sum(s['errant'] for s in lossless)} "
-        f"errant GTIDs, {len(bad)} trial(s) not OK.** Promoting the lagging direct candidate as it was would have lost "
+        f"errant GTIDs, {sum(s['relay_dropped'] for s in lossless)} relays holding a GTID the promoted master "
+        f"lacked, {len(bad)} trial(s) not OK.** Promoting the lagging direct candidate as it was would have lost "
         f"{sum(s['direct_lost'] for s in lossless):,} acknowledged commits, in "
         f"{sum(s['direct_trials'] for s in lossless)} of those trials.",
         "",
@@ -167,7 +170,8 @@ def write_markdown(path: Path, report: dict) -> None:
             f"| {s['promote_reruns']} | {s['replica_ok']} of {s['replica_checked']} |")
     out += ["",
             "- *master*: the master killed. *relay-kill*: a relay also killed with SIGKILL at a random moment from "
-            "during the load to 0.3 s after the master's kill, restarted from its directory 0-1 s later. "
+            "during the load to 1.5 s after the master's kill (promote runs from ~0.3-1 s after it: the relay can be "
+            "down when promote starts, or die under it), restarted from its directory 0-1 s later. "
             "*promote-kill*: the first `relayproxy promote` killed with SIGKILL 0.25-0.65 s after it started "
             f"({sum(s['promote_killed'] for s in summaries)} kills landed while it ran), then run again. "
             "*fallback*: below.",
@@ -188,10 +192,12 @@ def write_markdown(path: Path, report: dict) -> None:
             f"waited {SHORT_TIMEOUT_MS} ms, switched to asynchronous replication (`Rpl_semi_sync_master_status` OFF in "
             f"{fb['fell_back']} of them) and went on returning COMMITs no relay had acknowledged. Those are counted "
             "apart and are not a promise the relay makes:", "",
-            "| | trials | commits | lost via relay |", "|---|---:|---:|---:|",
-            f"| returned before the pause (acknowledged) | {fb['trials']} | {fb['acked']:,} | {fb['lost']} |",
+            "| | trials | commits | lost via relay | lost promoting the candidate as-is |", "|---|---:|---:|---:|---:|",
+            f"| returned before the pause (acknowledged) | {fb['trials']} | {fb['acked']:,} | {fb['lost']} "
+            f"| {fb['direct_lost']:,} |",
             f"| returned after the pause (unacknowledged once the master fell back) | {fb['trials']} "
-            f"| {fb['unacked_returned']:,} | {fb['unacked_lost']:,} (in {fb['unacked_trials']} trials) |", "",
+            f"| {fb['unacked_returned']:,} | {fb['unacked_lost']:,} (in {fb['unacked_trials']} trials) "
+            f"| {fb['direct_unacked_lost']:,} |", "",
             "Some of the later commits survive anyway: those returned before the timeout expired were acknowledged "
             "late, and the candidate's own async stream may hold others (promote keeps what the candidate has). "
             "Monitoring `Rpl_semi_sync_master_status` (or running with a timeout the application can afford to "
@@ -202,6 +208,7 @@ def write_markdown(path: Path, report: dict) -> None:
             s = r["spec"]
             out += [f"- trial {r['index']}, seed {s['seed']}, {s['kind']}: lost {r['lost']} {r['lost_tids'][:10]}, "
                     f"duplicate rows {r['duplicate_rows']}, partial {r['partial']}, errant {r['errant']}, "
+                    f"relay held more {r.get('relay_dropped')}, "
                     f"replica {r['replica_caught_up']}, promote runs {json.dumps(r['promote_runs'])[:1500]}"
                     + (f"; error: {r['error'][:1500]}" if r["error"] else "")]
         out.append("")
@@ -220,7 +227,10 @@ def write_markdown(path: Path, report: dict) -> None:
             at = r["relay_killed_at"] if r["relay_killed_at"] is not None else s["relay_kill_at"]
             event = f"relay{s['killed_relay'] + 1} killed at {at:+.2f} s, down {s['relay_down']:.2f} s"
         elif s["kind"] == "promote-kill":
-            event = f"promote killed after {s['promote_kill_after']:.2f} s"
+            left = next((p.get("state_after_kill") for p in r["promote_runs"] if p.get("killed")), None)
+            event = (f"promote killed after {s['promote_kill_after']:.2f} s" + (f", left: {left}" if left else "")
+                     if left or any(p.get("killed") for p in r["promote_runs"]) else
+                     f"promote done before its kill at {s['promote_kill_after']:.2f} s")
         elif s["kind"] == "fallback":
             event = (f"paused at {s['pause_at']:.2f} s; fell back {'yes' if r['fell_back'] else 'no'}; unacked "
                      f"{r['unacked_returned']}, lost {r['unacked_lost']}")
@@ -245,10 +255,10 @@ def write_markdown(path: Path, report: dict) -> None:
             "`relayproxy run --semi-sync on --gtid-mode mariadb --listen ... --users repl:...,admin:...:admin` with "
             "the test harness's `--heartbeat-period 0.5 --reconnect-max-delay 0.5`; promote as "
             "`relayproxy promote --candidate ... --relay ... [--relay ...] --relay-user admin --repl-user repl --json "
-            "--timeout 60`, run again after an exit of 4 or 5 and after its kill. The candidate's link is a "
-            "`ThreadedFaultProxy` that reads up to 8 MB at a time and holds each read for the trial's delay (so the "
-            "delay is mostly latency, not a throughput cap); at the kill it and any relay link are dropped without "
-            "flushing and refuse connections.", ""]
+            "--timeout 60`, run again 0.5 s after an exit of 4, 5 or 6 and at once after its kill. The candidate's "
+            "link is a `ThreadedFaultProxy` that reads up to 8 MB at a time and holds each read for the trial's "
+            "delay (so the delay is mostly latency, not a throughput cap); at the kill it and any relay link are "
+            "dropped without flushing and refuse connections.", ""]
     if report.get("notes"):
         out += [report["notes"].rstrip(), ""]
     out += benchinfo.machine_section(report["machine"])

@@ -25,10 +25,10 @@ dropped without flushing (what a dead master's host leaves in flight is gone). P
   Commits that returned before the pause are held to the same rule (none lost); those after it are counted apart.
 
 Then, in the same trial: the direct promotion's loss (C, its link gone, has applied all it received: the acknowledged
-transactions it lacks are what promoting it as it is would lose), `relayproxy promote` (run again after exit 4 or 5,
-or after its kill), and the checks on the promoted C: acknowledged transactions missing, rows applied twice, partial
-transactions, GTIDs not from M (errant), the kill-to-writable time (from M's kill until C's @@read_only is 0, less
-the time the direct snapshot took, which no HA tool spends), and new writes on C reaching T behind the relay.
+transactions it lacks are what promoting it as it is would lose), `relayproxy promote` (run again after exit 4, 5 or
+6, or after its kill), and the checks on the promoted C: acknowledged transactions missing, rows applied twice,
+partial transactions, GTIDs not from M (errant), the kill-to-writable time (from M's kill until C's @@read_only is 0,
+less the time the direct snapshot took, which no HA tool spends), and new writes on C reaching the relays and T.
 
 `run_trial(workdir, TrialSpec.draw(seed, kind))` runs one; a seed alone reproduces a trial's choices (not its
 timing). Used by tests/test_lossless_trials.py and benchmarks/lossless_trials.py.
@@ -66,6 +66,7 @@ SHORT_TIMEOUT_MS = 300  # the fallback kind's
 BIG_ROW = 4000  # bytes of one row of a big transaction
 WRITERS = 4
 PROMOTE_TIMEOUT = 60.0  # --timeout given to `relayproxy promote`
+RETRY_PAUSE = 0.5  # seconds before promote runs again after an exit of 4, 5 or 6 (an HA tool's retry)
 
 
 class TrialError(AssertionError):
@@ -99,7 +100,8 @@ class TrialSpec:
                    replica=rnd.random() < 0.5, load_seconds=round(rnd.uniform(0.8, 2.5), 3),
                    big_chance=rnd.choice((0.0, 0.003, 0.01)))
         if kind == "relay-kill":
-            spec.relay_kill_at = round(rnd.uniform(-spec.load_seconds + 0.2, 0.3), 3)
+            # from during the load to while promote runs (it starts ~0.3-1 s after M's kill, after the snapshot)
+            spec.relay_kill_at = round(rnd.uniform(-spec.load_seconds + 0.2, 1.5), 3)
             spec.relay_down = round(rnd.uniform(0.0, 1.0), 3)
             spec.killed_relay = rnd.randrange(spec.relays)
         elif kind == "promote-kill":
@@ -127,10 +129,12 @@ class TrialResult:
     # promote's "errant": GTIDs the candidate had that no relay had. Here they are M's own transactions (server_id
     # 1) that reached C but no relay (a relay down, an ACK in flight): unacknowledged, kept, not errant in M's sense.
     candidate_extra: str = ""
+    relay_dropped: list[str] = field(default_factory=list)  # a relay held GTIDs the promoted master lacks (none)
     direct_lost: int = 0  # acknowledged transactions the candidate lacked as it was: promoting it directly loses them
     direct_lost_rows: int = 0
     unacked_returned: int = 0  # fallback: COMMITs that returned after the pause
     unacked_lost: int = 0  # fallback: of those, missing on the promoted master (the documented hole)
+    direct_unacked_lost: int = 0  # fallback: of those, missing on the candidate as it was
     fell_back: bool = False  # the master reported Rpl_semi_sync_master_status OFF, or no_tx grew, before the kill
     no_tx: int = 0  # Rpl_semi_sync_master_no_tx grown during the load (lossless kinds: must stay 0)
     kill_to_writable: float = 0.0  # s, from M's kill to C's read_only = 0, less the snapshot
@@ -156,7 +160,8 @@ class TrialResult:
 
     @property
     def ok(self) -> bool:
-        return (self.error is None and not (self.lost or self.partial or self.duplicate_rows or self.errant)
+        return (self.error is None
+                and not (self.lost or self.partial or self.duplicate_rows or self.errant or self.relay_dropped)
                 and self.replica_caught_up is not False)
 
     def summary(self) -> str:
@@ -413,11 +418,11 @@ class Trial:
         missing = [t for t in self.acked if have.get(t, 0) == 0]
         self.result.direct_lost = len(missing)
         self.result.direct_lost_rows = sum(self.acked[t][0] for t in missing)
+        self.result.direct_unacked_lost = sum(1 for t in self.unacked if have.get(t, 0) == 0)
 
     def promote(self, killed: float, snapshot: float) -> None:
-        """`relayproxy promote` until it reports done (again after 4 or 5, or after the kill of promote-kill)."""
-        if self._relay_restarter is not None:
-            self._relay_restarter.join(60)
+        """`relayproxy promote` until it reports done (again after 4, 5 or 6, or after the kill of promote-kill)."""
+        # relay-kill: a relay may be down or restarting now (promote then exits 4 and runs again)
         for relay in self.relays:
             try:
                 self.result.relay_gtids.append(str(relay.status()["retrieved_gtid_set"]))
@@ -433,13 +438,14 @@ class Trial:
                 run = self._promote_once(kill_after)
                 self.result.promote_runs.append(run)
                 if run.get("killed"):
+                    run["state_after_kill"] = self.promote_progress()
                     continue
                 if run["exit_code"] == 0:
                     break
-                if run["exit_code"] not in (4, 5):
+                if run["exit_code"] not in (4, 5, 6):  # unreachable, timed out, promoted but a relay left: again
                     raise TrialError(f"relayproxy promote exited with {run['exit_code']}: {run.get('message')}\n"
                                      f"{run.get('stderr', '')[-2000:]}")
-                time.sleep(1.0)
+                time.sleep(RETRY_PAUSE)
             else:
                 raise TrialError(f"relayproxy promote did not finish: {self.result.promote_runs}")
             wait_quietly(lambda: bool(writable), 5)
@@ -449,6 +455,28 @@ class Trial:
         if not writable:
             raise TrialError("promote reported done but the candidate's @@read_only is still 1")
         self.result.kill_to_writable = round(writable[0] - killed - snapshot, 3)
+
+    def promote_progress(self) -> str:
+        """Where a killed promote left things: C's master, IO thread and read_only; each relay's master and IO."""
+        c = self.candidate
+        try:
+            st = replica_status(c)
+            port = int(st["Master_Port"]) if st else None
+            where = ("no replication" if not st else "old master's link" if port == self.candidate_link.port
+                     else f"relay{self.relay_ports.index(port) + 1}" if port in self.relay_ports else f"port {port}")
+            text = (f"candidate: {where}, IO {st.get('Slave_IO_Running', '-') if st else '-'}, read_only "
+                    f"{c.execute('SELECT @@GLOBAL.read_only')[0][0]}")
+        except (pymysql.MySQLError, OSError) as exc:
+            text = f"candidate: {exc!r}"
+        for i, relay in enumerate(self.relays):
+            try:
+                st = relay.status()
+            except OSError:
+                text += f"; relay{i + 1} down"
+                continue
+            target = "candidate" if st.get("master_port") == c.port else "old master"
+            text += f"; relay{i + 1} on {target}, IO {'on' if st.get('io_running') else 'off'}"
+        return text
 
     def _watch_writable(self, found: list[float], stop: threading.Event) -> None:
         conn = None
@@ -531,6 +559,13 @@ class Trial:
         state = str(c.execute("SELECT @@GLOBAL.gtid_binlog_state")[0][0])
         r.errant = [g for g in filter(None, state.split(",")) if int(g.split("-")[1]) != MASTER_ID]
         r.candidate_extra = str(r.promote_report.get("errant") or "")
+        # Nothing a relay holds is dropped at the switch: the promoted master has every relay's set (a relay still
+        # restarting is read once it answers; the relays follow C by now, so their sets can only be within C's).
+        mine = str(c.execute("SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+        for i, relay in enumerate(self.relays):
+            held = wait(f"relay{i + 1} to answer", lambda relay=relay: relay.status()["retrieved_gtid_set"] or "-", 30)
+            if not covers(mine, held if held != "-" else ""):
+                r.relay_dropped.append(f"relay{i + 1} held {held}, the promoted master has {mine}")
         # New writes on the promoted master reach every relay and T behind relay1.
         with c.connect() as conn, conn.cursor() as cur:
             for i in range(5):
