@@ -169,3 +169,94 @@ def test_a_simulated_crash_ends_the_indexer_thread_quietly(tmp_path, monkeypatch
     finally:
         indexer.close()
     assert reported == []
+
+
+# -- SHA-256: what operators compare between relays ---------------------------------------------------------------
+
+
+def test_the_index_holds_the_files_sha256_and_the_deep_check_compares_it(tmp_path, corpus_dir):
+    import hashlib
+    import json
+
+    data = as_sent((corpus_dir / "zalora-binlog-parser/data/gtid-fixtures/mysql-bin.01").read_bytes())
+    path = tmp_path / "mysql-bin.01"
+    path.write_bytes(data)
+    idx = FI.build(path, path.name)
+    assert idx.sha256 == hashlib.sha256(data).hexdigest()
+    assert FI.sha256_of(path) == (idx.sha256, len(data))
+    assert FI.sha256_of(path, 100) == (hashlib.sha256(data[:100]).hexdigest(), 100)
+    FI.write(tmp_path, idx)
+    # A change in the middle keeps the identity (size, FDE, last 64 KiB) and the CRC32 forged: SHA-256 tells.
+    record = json.loads(FI.sidecar_path(tmp_path, path.name).read_text())
+    assert record["version"] == 2 and record["body"]["sha256"] == idx.sha256
+    forged = FI.FileIndex(**{**record["body"], "sha256": "0" * 64})
+    assert "SHA-256 differs" in FI.verify_content(forged, path)
+    # An index of version 1 (no SHA-256) is not used: it is rebuilt, with the SHA-256.
+    body = {k: v for k, v in record["body"].items() if k != "sha256"}
+    from relayproxy.relay.checkpoint import encode_record
+
+    FI.sidecar_path(tmp_path, path.name).write_bytes(encode_record("relayproxy-fileindex", 1, body))
+    assert FI.load(tmp_path, path.name) == (None, "index damaged: version 1, this relay reads version 2")
+    assert FI.index_for(tmp_path, path.name, writable=True).sha256 == idx.sha256
+    assert FI.load(tmp_path, path.name)[0].sha256 == idx.sha256
+    bad = dict(record["body"], sha256="not hex")
+    FI.sidecar_path(tmp_path, path.name).write_bytes(encode_record("relayproxy-fileindex", 2, bad))
+    assert "sha256 is not 64" in FI.load(tmp_path, path.name)[1]
+
+
+def test_store_file_digests_closed_files_only_and_status_shows_them(tmp_path):
+    import hashlib
+    from types import SimpleNamespace
+
+    from relayproxy.ops.status import _file_digests
+
+    first = mysql_image("binlog.000002", groups=6)
+    second = mysql_image("binlog.000003", groups=3, rotate=False, start=scan_bytes(first).gtids_after)
+    relay = tmp_path / "relay"
+    store = RelayStore.open(relay)
+    for name, image in (("binlog.000001", first), ("binlog.000002", second)):
+        store.start_file(name)
+        Feeder(store).feed_all(image)
+    assert store._indexer.wait_idle()
+    closed = (relay / "binlog.000001").read_bytes()
+    assert store.file_digest("binlog.000001") == hashlib.sha256(closed).hexdigest()
+    assert store.file_digest("binlog.000002") is None  # the current file grows: hashed on demand only
+    horizon = store.horizon.snapshot()
+    sizes = {"binlog.000001": len(closed), "binlog.000002": horizon.position}
+    assert _file_digests(store, store.files(), sizes, horizon) == [
+        {"file": "binlog.000001", "size": len(closed), "sha256": hashlib.sha256(closed).hexdigest()},
+        {"file": "binlog.000002", "size": horizon.position, "sha256": None}]
+    # An index lost (or written before SHA-256s): null at first, built in the background, then shown.
+    FI.remove(relay, "binlog.000001")
+    store._indexer.forget("binlog.000001")
+    assert store.file_digest("binlog.000001") is None
+    assert store._indexer.wait_idle()
+    assert store.file_digest("binlog.000001") == hashlib.sha256(closed).hexdigest()
+    assert FI.load(relay, "binlog.000001")[0] is not None
+    # The current file's digest on demand, over the horizon (what `relayproxy inspect --summary` does).
+    current = (relay / "binlog.000002").read_bytes()[: horizon.position]
+    assert FI.sha256_of(relay / "binlog.000002", horizon.position)[0] == hashlib.sha256(current).hexdigest()
+    store.close()
+    assert _file_digests(SimpleNamespace(), ["a"], {"a": 9}, SimpleNamespace(file=None, position=0)) == [
+        {"file": "a", "size": 9, "sha256": None}]
+
+
+def test_inspect_summary_and_json_show_the_sha256(tmp_path, capsys):
+    import hashlib
+    import json
+
+    from relayproxy.commands import cli
+
+    image = mysql_image("binlog.000002", groups=3)
+    path = tmp_path / "binlog.000001"
+    path.write_bytes(image + b"\x01\x02\x03")  # a partial event after the last complete transaction
+    assert cli.main(["inspect", "--summary", str(path)]) in (0, 1)
+    out = capsys.readouterr().out
+    want = hashlib.sha256(image).hexdigest()
+    assert f"sha256: {want} (the first {len(image)} (the last complete transaction's end) of" in out
+    path.write_bytes(image)
+    assert cli.main(["inspect", "--summary", str(path)]) == 0
+    assert f"sha256: {want} (all {len(image)} bytes)" in capsys.readouterr().out
+    assert cli.main(["inspect", "--json", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["sha256"], doc["sha256_bytes"], doc["size"]) == (want, len(image), len(image))

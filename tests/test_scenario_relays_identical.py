@@ -6,11 +6,12 @@ with a big transaction half sent to everyone; R1 is promoted; both relays are re
 more writes and rotates. Then every relay file is byte-identical between the two relays: the same names, the same
 bytes, including what each relay wrote itself (the ROTATE that ends M1's last file, the fillers over what R1's
 GTID dump skipped, the FORMAT_DESCRIPTION of the join file). A replica or a file/position tool can move from one
-relay to the other at its own coordinates.
+relay to the other at its own coordinates; their /status shows the same SHA-256 for every closed file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pytest
@@ -66,6 +67,15 @@ def test_two_relays_of_one_master_hold_identical_files_across_a_failover(tmp_pat
                        and not r.status().get("last_io_error"), TIMEOUT, lab.describe)
             relay.wait_for(lambda s: (s["upstream_log_file"], s["upstream_log_pos"]) == master_status(lab.r1),
                            TIMEOUT, "the horizon at R1's position")
+        # What an operator compares (docs/operations.md): /status relay_file_digests, closed files by SHA-256.
+        def digests(relay):
+            shown = relay.status()["relay_file_digests"]
+            return shown if all(d["sha256"] for d in shown[:-1]) else None
+
+        shown = [wait_until(f"{r.relay_dir.name}'s closed files to have their SHA-256", lambda r=r: digests(r),
+                            TIMEOUT, lab.describe) for r in (lab.relay, relay2)]
+        assert shown[0] == shown[1], f"/status relay_file_digests differ:\n{shown[0]}\n{shown[1]}"
+        assert shown[0][-1]["sha256"] is None  # the current file grows: hashed on demand only
         lab.relay.stop()
         relay2.stop()
 
@@ -73,6 +83,8 @@ def test_two_relays_of_one_master_hold_identical_files_across_a_failover(tmp_pat
         assert list(one) == list(two), f"relay files differ in names: {list(one)} and {list(two)}"
         differ = {name: first_difference(one[name], two[name]) for name in one if one[name] != two[name]}
         assert not differ, f"files differ between the two relays: {differ}"
+        assert [(d["file"], d["size"]) for d in shown[0]] == [(name, len(data)) for name, data in one.items()]
+        assert all(d["sha256"] == hashlib.sha256(one[d["file"]]).hexdigest() for d in shown[0][:-1])
 
         # The switch happened, with relay-written events in it: a ROTATE ending M1's last file and fillers.
         epochs = (lab.relay.relay_dir / "relayproxy.epochs").read_text()

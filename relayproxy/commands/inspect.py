@@ -14,7 +14,7 @@ from ..binlog import constants as C
 from ..binlog.encryption import ALGORITHMS, BinlogKeyError, DecryptingStream
 from ..binlog.events import BinlogFormatError, FormatDescription
 from ..binlog.reader import ScannedEvent, ScannedGroup, ScanResult, scan_file
-from ..relay import closed_files
+from ..relay import closed_files, fileindex
 from ..relay.conversion import keyring_from_config
 
 KEY_FILE_KEY_ENV = "RELAYPROXY_BINLOG_KEY_FILE_KEY"
@@ -23,7 +23,8 @@ KEY_FILE_KEY_ENV = "RELAYPROXY_BINLOG_KEY_FILE_KEY"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="binlog or relay-log files")
     parser.add_argument("--json", action="store_true", help="one JSON object per file per line")
-    parser.add_argument("--summary", action="store_true", help="human output without the per-event listing")
+    parser.add_argument("--summary", action="store_true",
+                        help="human output without the per-event listing, with each file's SHA-256")
     parser.add_argument("--no-verify", action="store_true", help="do not verify CRC32 checksums")
     parser.add_argument("--encryption-key-file", metavar="PATH",
                         help="keys of encrypted relay files ('<id>:<64 hex digits>' a line; encrypt_at_rest)")
@@ -62,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
     for path in args.files:
         if args.json:
             result = _scan(path, verify=not args.no_verify, decrypt=decrypt)
-            print(json.dumps(result_to_json(result)), flush=True)
+            doc = result_to_json(result)
+            doc.update(file_digest(path, result, decrypt))
+            print(json.dumps(doc), flush=True)
         else:
             result = _print_human(path, verify=not args.no_verify, events=not args.summary, out=sys.stdout,
-                                  decrypt=decrypt)
+                                  decrypt=decrypt, digest=args.summary)
         all_ok = all_ok and result.ok
     return 0 if all_ok else 1
 
@@ -162,7 +165,27 @@ def _event_info(ev: ScannedEvent, fde: FormatDescription | None) -> str:
         return f"undecodable: {exc}"
 
 
-def _print_human(path: str, *, verify: bool, events: bool, out: TextIO, decrypt: dict | None = None) -> ScanResult:
+def file_digest(path: str, r: ScanResult, decrypt: dict | None = None) -> dict:
+    """``{"sha256", "sha256_bytes", "size"}`` of a file's logical bytes (a relay file in any storage form) up to the
+    end of its last complete transaction (``good_end``: all of a closed file; for the file a relay is writing, what
+    a recovery would keep, so two relays compare what both made durable). ``sha256`` is None when the file cannot
+    be read or is an ``encrypt_binlog`` file read through a key file (its plain bytes are not on disk)."""
+    out = {"sha256": None, "sha256_bytes": None, "size": None}
+    if decrypt is not None or r.fde is None:
+        return out
+    target = Path(path)
+    if target.name.endswith(closed_files.SUFFIX):
+        target = target.with_name(closed_files.logical_name(target.name))
+    try:
+        out["size"] = closed_files.logical_size(target)
+        out["sha256"], out["sha256_bytes"] = fileindex.sha256_of(target, max(r.good_end, 4), keyring=_keyring)
+    except (OSError, closed_files.StoredFileError, fileindex.FileIndexError):
+        pass
+    return out
+
+
+def _print_human(path: str, *, verify: bool, events: bool, out: TextIO, decrypt: dict | None = None,
+                 digest: bool = False) -> ScanResult:
     state = {"fde": None}
     print(f"== {path}", file=out)
     if events:
@@ -201,6 +224,12 @@ def _print_human(path: str, *, verify: bool, events: bool, out: TextIO, decrypt:
     j = result_to_json(r)
     if j["gtid_set_after"] is not None:
         print(f"GTID set after this file: {j['gtid_set_after'] or '(empty)'}", file=out)
+    if digest:
+        d = file_digest(path, r, decrypt)
+        if d["sha256"] is not None:
+            whole = "all" if d["sha256_bytes"] == d["size"] else f"the first {d['sha256_bytes']} (the last complete " \
+                "transaction's end) of"
+            print(f"sha256: {d['sha256']} ({whole} {d['size']} bytes)", file=out)
     for w in r.warnings:
         print(f"warning: {w}", file=out)
     if r.error:

@@ -16,7 +16,8 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     """One consistent snapshot for GET /status, /metrics, `relayproxy status` and SHOW REPLICA STATUS.
 
     Cheap enough for every scrape: counters already kept, plus one stat() per relay file and one
-    statvfs() of the relay directory; no file is read. ``fsync`` is the relay's ``FsyncStats``.
+    statvfs() of the relay directory; no relay file is read (a closed file's SHA-256 comes from its index,
+    read once and cached). ``fsync`` is the relay's ``FsyncStats``.
     """
     horizon = store.horizon.snapshot()
     up = session.status
@@ -87,6 +88,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "server_id": cfg.server_id,
         "relay_dir": str(cfg.relay_dir),
         "relay_files": len(names),
+        # Per file: its durable size and SHA-256 (closed files, from their index; the current file grows: null, and
+        # `relayproxy inspect --summary` hashes it on demand). Two relays of one master compare these (operations.md).
+        "relay_file_digests": _file_digests(store, names, disk["sizes"], horizon),
         "relay_disk_bytes": disk["bytes"],
         "relay_fs_free_bytes": disk["fs_free"],
         "relay_fs_size_bytes": disk["fs_size"],
@@ -113,6 +117,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     }
     if downstream is not None:
         doc["horizon_followers"] = describe_followers(store.horizon)
+        describe_logins = getattr(downstream, "describe_logins", None)
+        if describe_logins is not None:  # --listen's host blocking and password throttle
+            doc["logins"] = describe_logins()
     senders = getattr(downstream, "senders", None)
     if senders is not None:
         doc["sender_processes"] = senders.describe()
@@ -125,6 +132,22 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     if retention is not None:
         doc["retention"] = retention.stats.as_dict()
     return doc
+
+
+def _file_digests(store, names: list[str], sizes: dict[str, int], horizon) -> list[dict[str, Any]]:
+    """[{file, size, sha256}] oldest first: a closed file's SHA-256 from the store's cache of its index (no file is
+    read once it is cached; null while its index is being built), the current file's size is the horizon's."""
+    digest = getattr(store, "file_digest", None)
+    out = []
+    for name in names:
+        current = name == horizon.file
+        if name not in sizes and not current:
+            continue  # purged meanwhile
+        out.append({"file": name, "size": horizon.position if current else sizes[name],
+                    "sha256": None if current or digest is None else digest(name)})
+        if current:
+            break  # files after the horizon's hold nothing durable yet
+    return out
 
 
 def _semi_sync_tally(receiver) -> dict[str, Any]:

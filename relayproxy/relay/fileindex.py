@@ -7,8 +7,9 @@ and the dump start read that instead (O(files)).
 
 An index holds: the file's size, the CRC32 of its FORMAT_DESCRIPTION and of its last 64 KiB (its identity,
 checked at every use: three small reads), the CRC32 of the whole file (computed by the scan that builds the
-index, for a deep check, ``verify_content``; not read at every use, which would cost what the index saves), the
-event and group counts, the first and last event offsets, the GTID set at its start (PREVIOUS_GTIDS / GTID_LIST)
+index, for a deep check, ``verify_content``; not read at every use, which would cost what the index saves), its
+SHA-256 (the same pass: what operators compare between two relays of one master, ``/status`` and ``relayproxy
+inspect --summary``, docs/operations.md), the event and group counts, the first and last event offsets, the GTID set at its start (PREVIOUS_GTIDS / GTID_LIST)
 and end, the final ROTATE, and a sparse map: every ``SPARSE_BYTES`` a group boundary with the file's GTID set
 there (and how many anonymous groups precede it), so a GTID dump can start near its point, not at offset 4.
 
@@ -23,6 +24,7 @@ know indexes ignores them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from dataclasses import asdict, dataclass, field
@@ -42,7 +44,7 @@ log = get_logger(__name__)
 SIDECAR_PREFIX = RESERVED_PREFIX + "fileindex."
 SPARSE_BYTES = 8 << 20  # a sparse map entry at the first group boundary past every 8 MiB
 _FORMAT = "relayproxy-fileindex"
-_VERSION = 1
+_VERSION = 2  # 2: sha256 (an index of version 1 is rebuilt, as any index that does not verify)
 _CHUNK = 1 << 20
 _MAX_RECORD = 64 << 20
 
@@ -68,6 +70,7 @@ class FileIndex:
     tail_len: int
     tail_crc: int
     file_crc: int
+    sha256: str  # hex SHA-256 of the file's logical bytes (all ``size`` of them)
     events: int
     groups: int
     anonymous_groups: int
@@ -109,6 +112,8 @@ class FileIndex:
         ints = (idx.size, idx.fde_len, idx.fde_crc, idx.tail_len, idx.tail_crc, idx.file_crc, idx.events)
         if not isinstance(idx.name, str) or not all(type(v) is int for v in ints) or not isinstance(idx.sparse, list):
             raise FileIndexError("fields of the wrong type")
+        if not isinstance(idx.sha256, str) or len(idx.sha256) != 64 or idx.sha256.strip("0123456789abcdef"):
+            raise FileIndexError("sha256 is not 64 lowercase hex digits")
         return idx
 
 
@@ -157,15 +162,39 @@ def check_identity(idx: FileIndex, path: Path) -> str | None:
 
 
 def verify_content(idx: FileIndex, path: Path) -> str | None:
-    """The deep check: why the whole file's CRC32 differs from the index's, or None (reads the whole file)."""
+    """The deep check: why the whole file's CRC32 or SHA-256 differs from the index's, or None (reads the whole
+    file)."""
     problem = check_identity(idx, path)
     if problem is not None:
         return problem
     crc = 0
+    digest = hashlib.sha256()
     with closed_files.open_stream(path) as f:
         while chunk := f.read(_CHUNK):
             crc = _crc32(chunk, crc)
-    return None if crc == idx.file_crc else "the file's CRC32 differs from the index's: its content changed"
+            digest.update(chunk)
+    if crc != idx.file_crc:
+        return "the file's CRC32 differs from the index's: its content changed"
+    if digest.hexdigest() != idx.sha256:
+        return "the file's SHA-256 differs from the index's: its content changed"
+    return None
+
+
+def sha256_of(path: Path, length: int | None = None, *, keyring=None) -> tuple[str, int]:
+    """(hex SHA-256, bytes hashed) of a relay file's logical bytes (any storage form), its first ``length`` bytes
+    when given (the durable length of a file still growing), else all of it. Reads what it hashes."""
+    digest = hashlib.sha256()
+    done = 0
+    with closed_files.open_stream(path, keyring=keyring) as f:
+        while length is None or done < length:
+            chunk = f.read(_CHUNK if length is None else min(_CHUNK, length - done))
+            if not chunk:
+                break
+            digest.update(chunk)
+            done += len(chunk)
+    if length is not None and done < length:
+        raise FileIndexError(f"{path} holds {done} bytes, fewer than the {length} to hash")
+    return digest.hexdigest(), done
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,6 +225,7 @@ def build(path: Path, name: str, *, sparse_bytes: int = SPARSE_BYTES, stop: thre
 
     scanner = BinlogScanner(on_group=on_group, on_event=on_event, path=os.fspath(path), max_event_in_memory=1 << 20)
     crc = 0
+    digest = hashlib.sha256()
     with closed_files.open_stream(path) as f:  # any storage form (relay/closed_files.py)
         size_at_open = f.seek(0, os.SEEK_END)
         f.seek(0)
@@ -203,6 +233,7 @@ def build(path: Path, name: str, *, sparse_bytes: int = SPARSE_BYTES, stop: thre
             if stop is not None and stop.is_set():
                 raise _Stopped()
             crc = _crc32(chunk, crc)
+            digest.update(chunk)
             scanner.feed(chunk)
     r = scanner.finish()
     size, fde_len, fde_crc, tail_len, tail_crc = _identity(path)
@@ -212,6 +243,7 @@ def build(path: Path, name: str, *, sparse_bytes: int = SPARSE_BYTES, stop: thre
         "it ends inside a group" if r.partial_tail else None)
     return FileIndex(
         name=name, size=size, fde_len=fde_len, fde_crc=fde_crc, tail_len=tail_len, tail_crc=tail_crc, file_crc=crc,
+        sha256=digest.hexdigest(),
         events=r.events, groups=r.groups_complete, anonymous_groups=counts["anonymous"], first_event=4,
         last_event=counts["last_event"], server_version=r.server_version,
         checksum_alg=r.fde.checksum_alg if r.fde else None, start_gtids=encode_gtids(r.start_gtids),
@@ -325,7 +357,30 @@ class Indexer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.built: list[str] = []
+        self._digests: dict[str, str] = {}  # name -> SHA-256 of closed files (their logical bytes never change)
+        self._asked: set[str] = set()  # files without a usable index, queued once by digest()
         clean_leftovers(self.relay_dir)
+
+    def digest(self, name: str) -> str | None:
+        """The SHA-256 of the closed file ``name`` from its verified index, cached; None while it has no usable
+        index (one is then built in the background: an index written before SHA-256s, or lost, is rebuilt).
+        Only for closed files: the caller never asks for the file being written."""
+        found = self._digests.get(name)
+        if found is not None:
+            return found
+        idx, _why = load(self.relay_dir, name)
+        if idx is not None:
+            self._digests[name] = idx.sha256
+            return idx.sha256
+        if name not in self._asked and closed_files.locate(self.relay_dir / name) is not None:
+            self._asked.add(name)
+            self.closed(name)
+        return None
+
+    def forget(self, name: str) -> None:
+        """``name`` is gone (purged): drop its cached digest."""
+        self._digests.pop(name, None)
+        self._asked.discard(name)
 
     def closed(self, name: str) -> None:
         """``name`` is closed (the store started the next file): index it."""
@@ -355,8 +410,10 @@ class Indexer:
                 self._busy = True
             try:
                 path = self.relay_dir / name
-                if path.exists() and load(self.relay_dir, name)[0] is None:
-                    write(self.relay_dir, build(path, name, stop=self._stop))
+                if closed_files.locate(path) is not None and load(self.relay_dir, name)[0] is None:
+                    idx = build(path, name, stop=self._stop)
+                    write(self.relay_dir, idx)
+                    self._digests[name] = idx.sha256
                     self.built.append(name)
             except _Stopped:
                 return

@@ -477,6 +477,14 @@ class RelayStore:
         to the epoch's first file)."""
         return self._last_type in (C.ROTATE_EVENT, C.STOP_EVENT) or self.epoch_switch_pending
 
+    def file_digest(self, name: str) -> str | None:
+        """SHA-256 of a closed relay file's logical bytes, from its index (``relay/fileindex.py``); None for the
+        current file (it grows: ``fileindex.sha256_of(path, horizon position)`` hashes it on demand) and while a
+        closed file's index is being built."""
+        if name == self._file or self._closed:
+            return None
+        return self._indexer.digest(name)
+
     # -- epochs ----------------------------------------------------------------------------------
     @property
     def epochs(self) -> Epochs:
@@ -869,6 +877,7 @@ class RelayStore:
             for parent in {p.parent for p in removed if p.parent != self.relay_dir}:
                 fsync_dir(parent)
             _fileindex.remove(self.relay_dir, old)  # its index goes with it (a crash between: removed at open)
+            self._indexer.forget(old)
         fsync_dir(self.relay_dir)
         pruned = self._epochs.pruned(self._index[0])
         if pruned != self._epochs:
