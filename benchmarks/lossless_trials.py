@@ -26,6 +26,7 @@ when any trial of a lossless kind lost, duplicated or made errant anything, or c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -120,6 +121,39 @@ def kind_summary(rows: list[dict], kind: str) -> dict:
     }
 
 
+def one_line(error: str) -> str:
+    """An error's first line and the last line that names an error (a relay's log tail follows the first)."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    named = []
+    for line in lines[1:]:
+        if line.startswith("{"):  # a relay's JSON log record: its error, else its event
+            with contextlib.suppress(ValueError, AttributeError):
+                record = json.loads(line)
+                line = f"relay log: {record.get('event')}: {record.get('error', '')}"
+        if "Error" in line or "error" in line:
+            named.append(line)
+    text = lines[0] if lines else ""
+    if named:
+        text += " ... " + named[-1]
+    return text.replace("|", "/")[:700]
+
+
+def step_table(rows: list[dict]) -> list[str]:
+    """Median / p95 / max seconds of each step `relayproxy promote --json` reported, over the runs that exited 0."""
+    steps: dict[str, list[float]] = {}
+    for r in rows:
+        for step in (r.get("promote_report") or {}).get("steps") or []:
+            steps.setdefault(step["step"], []).append(float(step["seconds"]))
+    if not steps:
+        return []
+    out = ["| step (as `relayproxy promote --json` names it) | runs | median, s | p95, s | max, s |",
+           "|---|---:|---:|---:|---:|"]
+    for name, values in steps.items():
+        out.append(f"| {name} | {len(values)} | {benchinfo.median_range(values)[0]:.3f} "
+                   f"| {percentile(values, 95):.3f} | {max(values):.3f} |")
+    return out
+
+
 def fmt_s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -190,7 +224,8 @@ def write_markdown(path: Path, report: dict) -> None:
             f"In {fb['trials']} fallback trials the master ran with `rpl_semi_sync_master_timeout={SHORT_TIMEOUT_MS}` "
             "ms and the relays' links were paused during the load (a stalled or partitioned relay): the master "
             f"waited {SHORT_TIMEOUT_MS} ms, switched to asynchronous replication (`Rpl_semi_sync_master_status` OFF in "
-            f"{fb['fell_back']} of them) and went on returning COMMITs no relay had acknowledged. Those are counted "
+            f"{fb['fell_back']} of the {fb['trials'] - fb['errors']} run to the end) and went on returning COMMITs no "
+            "relay had acknowledged. Those are counted "
             "apart and are not a promise the relay makes:", "",
             "| | trials | commits | lost via relay | lost promoting the candidate as-is |", "|---|---:|---:|---:|---:|",
             f"| returned before the pause (acknowledged) | {fb['trials']} | {fb['acked']:,} | {fb['lost']} "
@@ -210,8 +245,14 @@ def write_markdown(path: Path, report: dict) -> None:
                     f"duplicate rows {r['duplicate_rows']}, partial {r['partial']}, errant {r['errant']}, "
                     f"relay held more {r.get('relay_dropped')}, "
                     f"replica {r['replica_caught_up']}, promote runs {json.dumps(r['promote_runs'])[:1500]}"
-                    + (f"; error: {r['error'][:1500]}" if r["error"] else "")]
+                    + (f"; error: {one_line(r['error'])}" if r["error"] else "")]
         out.append("")
+    steps = step_table([r for r in rows if r["error"] is None])
+    if steps:
+        out += ["## Where promote's time goes", "",
+                "The steps of the run that finished each trial (its `--json` document; a rerun after a kill or an "
+                "exit of 4 finds some steps done). The Python start-up of the command (~0.2-0.3 s here) is in no "
+                "step.", "", *steps, ""]
     out += ["## Every trial", "",
             "`TrialSpec.draw(seed, kind)` (relayproxy/lab/lossless.py) gives a trial's choices again from its seed. "
             "delay: the candidate link's hold per chunk; load: seconds of writes before the kill; big: chance that "
