@@ -210,41 +210,66 @@ def test_per_host_cap_refuses_before_the_greeting() -> None:
     asyncio.run(scenario())
 
 
-def test_http_port_has_a_connection_cap(capsys: pytest.CaptureFixture[str]) -> None:
+def test_http_idle_flood_gives_way_to_status_and_metrics(capsys: pytest.CaptureFixture[str]) -> None:
+    """Far more idle connections than --http's cap (and a slowloris trickling a request): each newcomer takes the
+    slot of the oldest connection without a complete request, so /status and /metrics answer; only when every slot
+    is serving a request does a newcomer get 503."""
     from relayproxy.ops.http import HttpApi
 
-    async def get(host: str, port: int, request: bool = True) -> bytes:
+    async def get(host: str, port: int, path: str = "/status") -> bytes:
         reader, writer = await asyncio.open_connection(host, port)
-        if request:  # (the 503 comes without reading the request: one sent could reset the connection first)
-            writer.write(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
-        data = await asyncio.wait_for(reader.read(), 5)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = await asyncio.wait_for(reader.read(), 30)
         writer.close()
         return data
 
+    async def closed(reader: asyncio.StreamReader) -> bool:
+        try:
+            return await asyncio.wait_for(reader.read(), 30) == b""
+        except ConnectionError:
+            return True
+
     async def scenario() -> None:
-        api = HttpApi(lambda: {"ok": True}, max_connections=2)
+        huge = {"ok": True, "pad": "x" * 20_000_000}
+        state = {"doc": {"ok": True}}
+        api = HttpApi(lambda: state["doc"], max_connections=8)
         host, port = await api.start("127.0.0.1", 0)
         try:
-            idle = [await asyncio.open_connection(host, port) for _ in range(2)]
-            for _ in range(50):  # until the server has taken both
-                if api._active == 2:
+            slowloris_reader, slowloris = await asyncio.open_connection(host, port)
+            slowloris.write(b"GET /sta")  # a request that never completes
+            idle = [await asyncio.open_connection(host, port) for _ in range(60)]
+            for path in ("/status", "/metrics", "/status"):
+                answer = await get(host, port, path)
+                assert answer.startswith(b"HTTP/1.1 200 "), answer[:100]
+            assert b'"http"' in await get(host, port) and b"relayproxy_http_idle_dropped" in await get(host, port, "/metrics")
+            assert await closed(slowloris_reader)  # the oldest, closed first without an answer
+            for reader, _ in idle[:40]:
+                assert await closed(reader)
+            assert api._active <= api.max_connections and api.dropped_idle >= 50
+            # Every slot serving a request whose answer nobody reads: now a newcomer gets 503.
+            state["doc"] = huge
+            readers = []
+            for _ in range(8):
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+                readers.append((reader, writer))
+            for _ in range(1000):
+                if len(api._serving) == 8:
                     break
                 await asyncio.sleep(0.01)
-            for _ in range(5):
-                assert (await get(host, port, request=False)).startswith(b"HTTP/1.1 503 ")
-            for _, writer in idle:
-                writer.close()
-            for _ in range(50):
-                if api._active == 0:
-                    break
-                await asyncio.sleep(0.01)
-            assert (await get(host, port)).startswith(b"HTTP/1.1 200 ")
+            reader, writer = await asyncio.open_connection(host, port)
+            assert (await asyncio.wait_for(reader.read(), 30)).startswith(b"HTTP/1.1 503 ")
+            writer.close()
+            for _, w in (*idle, *readers):
+                w.close()
+            slowloris.close()
         finally:
             await api.close()
 
     asyncio.run(scenario())
     lines = [line for line in capsys.readouterr().err.splitlines() if "relayproxy.http" in line]
-    assert sum("over the cap" in line for line in lines) == 1  # one line per burst, not per connection
+    assert sum("closed the oldest without a complete request" in line for line in lines) == 1  # not one per drop
+    assert sum("over the cap" in line for line in lines) == 1
 
 
 def test_a_failing_http_request_is_one_line_with_a_reference_not_a_traceback(capsys: pytest.CaptureFixture[str]):

@@ -5,15 +5,18 @@ asserted), the relay's RSS came back within a generous margin of its baseline, a
 lines at most; at the end the relay's files equal the master's byte for byte and the replica has everything.
 
 The attackers come from other loopback addresses than the replica (127.0.0.2-4): the failed-login burst and the
-idle flood block or fill their own host, never the replica's."""
+idle flood throttle, block or fill their own host, never the replica's. The HTTP idle flood holds far more idle
+connections on --http than its cap while /status and /metrics are read."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import struct
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pymysql
@@ -35,6 +38,10 @@ pytestmark = pytest.mark.server
 
 CONFIG = """
 max_connect_errors = 10
+login_failures_threshold = 3
+login_min_delay = 0.05
+login_max_delay = 0.2
+http_max_connections = 16
 handshake_timeout = 2.0
 net_read_timeout = 2.0
 
@@ -231,6 +238,9 @@ def heartbeat_overflow(port: int) -> None:
 
 
 def failed_login_burst(port: int) -> None:
+    """25 wrong passwords: every one is 1045 (slowed down after the third, never a block, as the servers), and the
+    right one still logs in. Then 12 connections closed without a handshake: those block the host (1129) until FLUSH
+    HOSTS."""
     codes = []
     for _ in range(25):
         try:
@@ -238,19 +248,52 @@ def failed_login_burst(port: int) -> None:
                             connect_timeout=10).close()
         except pymysql.MySQLError as exc:
             codes.append(exc.args[0])
-    # 10 refusals, then the host is blocked (a login or two more may slip in while the server counts the last
-    # failures: the count is taken when a refused connection has ended).
-    first_blocked = codes.index(1129)
-    assert 10 <= first_blocked <= 12 and set(codes[:first_blocked]) == {1045}, codes
-    assert set(codes[first_blocked:]) == {1129}, codes
+    assert codes == [1045] * 25, codes
+    pymysql.connect(host="127.0.0.1", port=port, user="repl", password="replpw", bind_address=BURST_HOST,
+                    connect_timeout=10).close()
+    for _ in range(12):
+        socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(BURST_HOST, 0)).close()
+    deadline = time.monotonic() + 30
+    while True:  # the relay counts a close after the client has moved on
+        try:
+            pymysql.connect(host="127.0.0.1", port=port, user="repl", password="replpw", bind_address=BURST_HOST,
+                            connect_timeout=10).close()
+        except pymysql.MySQLError as exc:
+            assert exc.args[0] == 1129, exc.args
+            break
+        assert time.monotonic() < deadline, "12 handshake errors did not block the host"
+        for _ in range(10):
+            socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(BURST_HOST, 0)).close()
     admin = connect("ops", "opspw", port)  # from another host: FLUSH HOSTS lets the burst's host in again
     admin.cursor().execute("FLUSH HOSTS")
     admin.close()
     pymysql.connect(host="127.0.0.1", port=port, user="repl", password="replpw", bind_address=BURST_HOST).close()
 
 
+_HTTP: dict[str, int] = {}  # the relay's --http port, set by the test
+
+
+def http_idle_flood(port: int) -> None:
+    """1,500 idle connections on --http (cap 16): /status and /metrics still answer, and report the drops."""
+    http = _HTTP["port"]
+    flood = []
+    try:
+        for _ in range(1500):
+            flood.append(socket.create_connection(("127.0.0.1", http), timeout=10, source_address=(FLOOD_HOST, 0)))
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/status", timeout=30) as response:
+            assert response.status == 200
+            doc = json.load(response)
+        assert doc["http"]["dropped_idle"] >= 1500 - 16, doc["http"]
+        assert doc["logins"]["throttle"]["failed_logins"] >= 25, doc["logins"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=30) as response:
+            assert response.status == 200 and b"relayproxy_http_idle_dropped" in response.read()
+    finally:
+        for s in flood:
+            s.close()
+
+
 ATTACKS = [big_select, like_backtracking, deep_parentheses, concat_growth, long_user_name, idle_flood,
-           half_sent_packet, zombie_dump, heartbeat_overflow, failed_login_burst]
+           half_sent_packet, zombie_dump, heartbeat_overflow, failed_login_burst, http_idle_flood]
 
 
 def test_attacks_while_a_replica_streams(mariadb, tmp_path: Path) -> None:
@@ -261,6 +304,7 @@ def test_attacks_while_a_replica_streams(mariadb, tmp_path: Path) -> None:
     listen = free_port()
     relay = RelayProcess(tmp_path / "relay", master.port, gtid_mode="mariadb",
                          extra=["--listen", f"127.0.0.1:{listen}", "--config", str(config)]).start()
+    _HTTP["port"] = relay.http_port
     replica = mariadb("replica", server_id=REPLICA_SERVER_ID)
     report = []
     baseline = 0

@@ -243,11 +243,21 @@ OPTIONS: tuple[Option, ...] = (
            "--listen: connections not logged in yet (at most max_connections); when full, a newcomer replaces the "
            "oldest that has waited over a second", "N"),
     Option("max_connect_errors", _positive_int, 100,
-           "--listen: consecutive failed logins (bad password, bad or unfinished handshake) after which a client "
-           "host is refused with 1129 until FLUSH HOSTS or host_block_time; a good login resets the count", "N"),
+           "--listen: consecutive handshake errors (a connection closed, bad or timed out before its credentials were "
+           "checked; not a wrong password, never from 127.0.0.1 or ::1, as the servers) after which a client host "
+           "is refused with 1129 until FLUSH HOSTS or host_block_time; a good login resets the count", "N"),
     Option("host_block_time", _duration_or_zero, 0.0,
            "--listen: how long a host blocked by max_connect_errors stays blocked (a duration); 0: until an admin "
            "runs FLUSH HOSTS, as the servers", "DURATION"),
+    Option("login_failures_threshold", _non_negative_int, 3,
+           "--listen: consecutive wrong logins of one account from one host before each further attempt's answer "
+           "is delayed (MySQL's connection_control); a good login resets it; 0: no delays", "N"),
+    Option("login_min_delay", _duration, 1.0,
+           "--listen: the first throttled attempt's delay; each further one adds as much, up to login_max_delay",
+           "DURATION"),
+    Option("login_max_delay", _duration, 30.0,
+           "--listen: the longest delay of a throttled login (keep it below the replicas' slave_net_timeout)",
+           "DURATION"),
     Option("handshake_timeout", _positive_float, 10.0,
            "--listen: seconds from accept to a completed login (MySQL's connect_timeout)"),
     Option("net_read_timeout", _positive_float, 30.0,
@@ -261,7 +271,8 @@ OPTIONS: tuple[Option, ...] = (
            "--listen: threads that write a horizon advance to the replicas waiting for it (one batch call per "
            "thread, without the GIL; used from 32 such replicas on), so a large fan-out's sends use more cores", "N"),
     Option("http_max_connections", _positive_int, 64,
-           "--http: concurrent connections; more are answered 503 and closed", "N"),
+           "--http: concurrent connections; when all are taken, a newcomer replaces the oldest one without a "
+           "complete request (503 only when every one is answering a request)", "N"),
 )
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
 

@@ -257,5 +257,11 @@ def _downstream_server(cfg, session):
         "net_read_timeout": getattr(cfg, "net_read_timeout", None),
         "max_connect_errors": getattr(cfg, "max_connect_errors", None),
         "host_block_time": getattr(cfg, "host_block_time", None),
+        "login_failures_threshold": getattr(cfg, "login_failures_threshold", None),
+        "login_min_delay": getattr(cfg, "login_min_delay", None),
+        "login_max_delay": getattr(cfg, "login_max_delay", None),
     }
+    if (limits["login_min_delay"] or 0) > (limits["login_max_delay"] or float("inf")):
+        raise RelayStartupError(f"login_min_delay ({limits['login_min_delay']:g}s) is longer than login_max_delay "
+                                f"({limits['login_max_delay']:g}s)")
     return DownstreamServer(ctx, cfg.users, tls_context=tls, **{k: v for k, v in limits.items() if v is not None})

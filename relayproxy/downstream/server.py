@@ -91,6 +91,7 @@ DumpServer = Callable[[DownstreamContext, ConnectionState, DumpRequest, DumpChan
 
 # Server error codes (include/mysqld_error.h).
 ER_CON_COUNT_ERROR = 1040
+ER_ACCESS_DENIED_ERROR = 1045
 ER_HOST_IS_BLOCKED = 1129
 ER_NO_DB_ERROR = 1046
 ER_UNKNOWN_COM_ERROR = 1047
@@ -118,6 +119,17 @@ DEFAULT_MAX_UNAUTHENTICATED = 100  # connections between accept and a successful
 DEFAULT_MAX_CONNECT_ERRORS = 100  # MariaDB's and MySQL's max_connect_errors
 DEFAULT_HOST_BLOCK_TIME = 0.0  # seconds a blocked host stays blocked; 0: until FLUSH HOSTS (as the servers)
 _HOST_CACHE_SIZE = 10_000  # hosts whose failed logins are remembered (the oldest is forgotten beyond)
+# The servers never count a loopback client's connection errors (hostname.cc ip_to_hostname: "Do not count connect
+# errors from localhost"): exactly these two addresses, not the rest of 127.0.0.0/8.
+_LOOPBACK = frozenset({"127.0.0.1", "::1"})
+# Password guessing (MySQL's connection_control): after this many consecutive wrong logins of one account from one
+# host, each further attempt's answer waits 1, 2, 3... times the minimum delay, at most the maximum. connection_control
+# allows up to 2147483 s; a relay's maximum stays below the replicas' connect/read timeout (slave_net_timeout, 60 s),
+# so a replica with a wrong password still sees its 1045 rather than a lost connection.
+DEFAULT_LOGIN_FAILURES_THRESHOLD = 3
+DEFAULT_LOGIN_MIN_DELAY = 1.0
+DEFAULT_LOGIN_MAX_DELAY = 30.0
+_THROTTLE_KEYS = 10_000  # (account, host) pairs whose failures are remembered (the least recently failing forgotten)
 # An unauthenticated connection older than this may be dropped to make room for a new one when their budget is
 # full: a client logs in within milliseconds, an idle socket that has sat this long holds a slot for nothing.
 DEFAULT_UNAUTHENTICATED_GRACE = 1.0
@@ -492,6 +504,18 @@ class _ClientProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def hold_reading(self) -> None:
+        """Stop reading the socket for a while (a throttled login's delay): what the client sends waits in the
+        kernel, not in the relay."""
+        if self.transport is not None and not self._read_paused:
+            with contextlib.suppress(RuntimeError):
+                self.transport.pause_reading()
+
+    def release_reading(self) -> None:
+        if self.transport is not None and not self._read_paused and not self.transport.is_closing():
+            with contextlib.suppress(RuntimeError):
+                self.transport.resume_reading()
+
 
 # -- the dump channel ---------------------------------------------------------------------------------------------
 
@@ -714,11 +738,17 @@ class _DumpChannel:
 
 
 class ConnectErrors:
-    """Failed logins per client host (MySQL's max_connect_errors, sans-I/O): after `limit` consecutive failures a
-    host is blocked (new connections get 1129 before the greeting) until ``flush()`` (FLUSH HOSTS) or, when
-    `block_seconds` > 0, until that long has passed; a successful login resets the host's count. Connections that
-    already logged in, and other hosts, are never affected. At most `max_hosts` hosts are remembered (the least
-    recently failing is forgotten first), so a client spraying addresses cannot grow it without bound."""
+    """Connection errors per client host (MySQL's and MariaDB's max_connect_errors, sans-I/O): after `limit`
+    consecutive handshake errors a host is blocked (new connections get 1129 before the greeting) until ``flush()``
+    (FLUSH HOSTS) or, when `block_seconds` > 0, until that long has passed; a successful login resets the host's
+    count. Connections that already logged in, and other hosts, are never affected. At most `max_hosts` hosts are
+    remembered (the least recently failing is forgotten first), so a client spraying addresses cannot grow it
+    without bound.
+
+    What counts is what the servers count (Host_errors::sum_connect_errors: only handshake errors): a connection
+    that ends before its credentials were checked (closed, bad or timed-out handshake, TLS failure). A wrong
+    password or unknown account is an authentication error, which the servers do not count here (LoginThrottle
+    slows those down instead), and a loopback client (127.0.0.1, ::1) is never counted nor blocked."""
 
     def __init__(self, limit: int = DEFAULT_MAX_CONNECT_ERRORS, block_seconds: float = DEFAULT_HOST_BLOCK_TIME,
                  *, max_hosts: int = _HOST_CACHE_SIZE, clock: Callable[[], float] = time.monotonic) -> None:
@@ -731,6 +761,11 @@ class ConnectErrors:
         self._errors: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._blocked: dict[str, float] = {}  # host -> clock() when it was blocked
 
+    @staticmethod
+    def counted(host: str) -> bool:
+        """Whether this host's connection errors count at all (not for the loopback addresses, as the servers)."""
+        return host not in _LOOPBACK
+
     def blocked(self, host: str) -> bool:
         since = self._blocked.get(host)
         if since is None:
@@ -742,7 +777,9 @@ class ConnectErrors:
         return True
 
     def failed(self, host: str) -> bool:
-        """Count one failed handshake or login; True when it blocks the host (once, at the limit)."""
+        """Count one handshake error; True when it blocks the host (once, at the limit)."""
+        if not self.counted(host):
+            return False
         count = self._errors.pop(host, 0) + 1
         self._errors[host] = count
         while len(self._errors) > self.max_hosts:
@@ -766,6 +803,75 @@ class ConnectErrors:
         self._blocked.clear()
         return blocked
 
+    def describe(self) -> dict[str, Any]:
+        return {"max_connect_errors": self.limit, "host_block_time": self.block_seconds,
+                "hosts_counted": len(self._errors), "hosts_blocked": len(self._blocked)}
+
+
+class LoginThrottle:
+    """Password guessing slowed down per account and client host (MySQL's connection_control, sans-I/O): after
+    `threshold` consecutive wrong logins of one user name from one host, the answer to each further attempt of that
+    pair (right or wrong) waits ``delay()``: (failures - threshold + 1) x `min_delay`, at most `max_delay`. A
+    successful login resets the pair. Never a lockout, and never a delay for another user name or another host.
+    `threshold` 0 turns it off. At most `max_keys` pairs are remembered (the least recently failing is forgotten)."""
+
+    def __init__(self, threshold: int = DEFAULT_LOGIN_FAILURES_THRESHOLD, min_delay: float = DEFAULT_LOGIN_MIN_DELAY,
+                 max_delay: float = DEFAULT_LOGIN_MAX_DELAY, *, max_keys: int = _THROTTLE_KEYS) -> None:
+        if threshold < 0:
+            raise ValueError(f"login_failures_threshold must be 0 (off) or more, got {threshold}")
+        if not 0 < min_delay <= max_delay:
+            raise ValueError(f"login_min_delay ({min_delay:g}s) must be positive and at most login_max_delay "
+                             f"({max_delay:g}s)")
+        self.threshold = threshold
+        self.min_delay = min_delay
+        self.max_delay = max_delay
+        self.max_keys = max_keys
+        self._failures: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+        self.failed_logins = 0  # wrong logins counted since the start
+        self.delayed_logins = 0  # logins whose answer was delayed since the start
+        self.delaying = 0  # logins being delayed now
+
+    def failures(self, user: str, host: str) -> int:
+        return self._failures.get((user, host), 0)
+
+    def delay(self, user: str, host: str) -> float:
+        """Seconds the answer to this login attempt waits (0: at once)."""
+        if self.threshold == 0:
+            return 0.0
+        over = self._failures.get((user, host), 0) - self.threshold + 1
+        return 0.0 if over <= 0 else min(over * self.min_delay, self.max_delay)
+
+    def failed(self, user: str, host: str) -> None:
+        if self.threshold == 0:
+            return
+        self.failed_logins += 1
+        key = (user, host)
+        self._failures[key] = self._failures.pop(key, 0) + 1
+        while len(self._failures) > self.max_keys:
+            self._failures.popitem(last=False)
+
+    def succeeded(self, user: str, host: str) -> None:
+        self._failures.pop((user, host), None)
+
+    def describe(self, limit: int = 10) -> dict[str, Any]:
+        """For /status: the settings, the counters, and the `limit` pairs with the most consecutive failures among
+        those being delayed (user names shortened: they are the client's)."""
+        throttled = [(n, key) for key, n in self._failures.items() if self.threshold and n >= self.threshold]
+        throttled.sort(key=lambda item: -item[0])
+        return {
+            "login_failures_threshold": self.threshold,
+            "login_min_delay": self.min_delay,
+            "login_max_delay": self.max_delay,
+            "failed_logins": self.failed_logins,
+            "delayed_logins": self.delayed_logins,
+            "delaying_now": self.delaying,
+            "throttled_accounts": len(throttled),
+            "most_failing": [
+                {"user": _short(user), "host": host, "consecutive_failures": n, "next_delay": self.delay(user, host)}
+                for n, (user, host) in throttled[:limit]
+            ],
+        }
+
 
 class _Session:
     """One client, from the greeting to the close: handshake, authentication, then its commands in order."""
@@ -782,7 +888,8 @@ class _Session:
         self.started = time.monotonic()
         self.refusal: str | None = None  # set by the server: refuse with 1040 before the greeting
         self.blocked = False  # set by the server: the host is blocked (1129 before the greeting)
-        self.greeted = False  # the greeting went out: leaving before logging in is a failed login
+        self.greeted = False  # the greeting went out: leaving before the credentials are checked is a handshake error
+        self.credentials_checked = False  # the login reached a verdict on the credentials (right or wrong)
         self.logged_in = False
         self.counted = False  # holds a slot in the server's counts
         self.evicted = False
@@ -885,8 +992,8 @@ class _Session:
             with contextlib.suppress(ConnectionError, MySQLError, RuntimeError, asyncio.CancelledError):
                 await self._send([error])
         finally:
-            if self.greeted and not self.logged_in and not self.evicted and not server._closing:
-                server._login_failed(self)
+            if self.greeted and not self.credentials_checked and not self.evicted and not server._closing:
+                server._handshake_failed(self)  # what the servers count toward max_connect_errors
             self.ctx.connections.pop(self.conn_id, None)
             server._release(self)
             with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -909,14 +1016,79 @@ class _Session:
         timeout = server.handshake_timeout
         try:
             async with asyncio.timeout(timeout):
-                await self._authenticate()
+                step, response = await self._authenticate()
         except TimeoutError:
             self._note("info", "handshake timed out", seconds=timeout)
             if self.protocol.tls is not None and not self.protocol.tls.handshake_complete:
                 raise _Close from None  # no way to send an ERR mid-TLS-handshake
             await self._fail(ER_HANDSHAKE_ERROR, "08S01", f"Bad handshake: no complete handshake within {timeout:g}s")
+        # The throttle's delay is not part of the handshake: it is the relay's doing, not the client's.
+        await self._answer_login(step, response)
 
-    async def _authenticate(self) -> None:
+    async def _hold(self, seconds: float) -> None:
+        """Wait before answering a throttled login: the task sleeps (nothing runs for it), the socket is not read (a
+        client cannot make the relay buffer for it meanwhile), and it keeps its unauthenticated slot, so a newcomer
+        may still take that slot (evict) when the budget is full."""
+        throttle = self.server.login_throttle
+        throttle.delayed_logins += 1
+        throttle.delaying += 1
+        self.protocol.hold_reading()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            throttle.delaying -= 1
+            self.protocol.release_reading()
+
+    async def _answer_login(self, step: AuthAccepted | AuthRejected, response: Any) -> None:
+        """The verdict on the credentials: counted by the login throttle (per user name and host), delayed when that
+        pair has failed too often, then answered: 1045 and closed, or the login goes on."""
+        server = self.server
+        throttle = server.login_throttle
+        user, host = response.user, self.host
+        secure = self.protocol.tls is not None
+        credentials = isinstance(step, AuthAccepted) or step.error.code == ER_ACCESS_DENIED_ERROR
+        delay = 0.0
+        if credentials:
+            self.credentials_checked = True  # right or wrong: not a handshake error (max_connect_errors)
+            delay = throttle.delay(user, host)
+            if isinstance(step, AuthRejected):
+                throttle.failed(user, host)  # before the delay: attempts made meanwhile see it
+            if delay > 0:
+                await self._hold(delay)
+        if isinstance(step, AuthRejected):
+            self._note("warning", "login refused", user=_short(response.user), reason=step.reason, tls=secure,
+                       consecutive_failures=throttle.failures(user, host) or None,
+                       delayed=round(delay, 3) if delay else None)
+            error = step.error
+            await self._fail(error.code, error.sqlstate, error.message)
+        assert isinstance(step, AuthAccepted)
+        self.logged_in = True  # the credentials were good: not a failed login, whatever follows
+        throttle.succeeded(user, host)
+        server.connect_errors.succeeded(self.host)
+        refusal = server._logged_in(self, step.user)
+        if refusal is not None:
+            self._note("warning", "login refused: too many connections", user=_short(step.user.name), reason=refusal)
+            await self._fail(ER_CON_COUNT_ERROR, "08004", "Too many connections")
+        state = self.state
+        state.user = step.user.name
+        state.account = step.user
+        state.tls = secure
+        state.database = response.database
+        state.capabilities = self.capabilities
+        self.protocol.decoder.max_payload = server.max_packet
+        await self._send([*step.packets, encode_ok()])
+        # Debug, not info: HA managers and monitoring log in every few seconds.
+        self._log.debug(
+            "client logged in",
+            user=step.user.name,
+            plugin=step.plugin,
+            tls=secure,
+            tls_version=self.protocol.tls.version if self.protocol.tls else None,
+            program=_short(response.connect_attrs.get("program_name") or response.connect_attrs.get("_client_name")),
+        )
+
+    async def _authenticate(self) -> tuple[AuthAccepted | AuthRejected, Any]:
+        """Greeting, TLS, handshake response and the authentication exchange, up to the verdict (not sent yet)."""
         server = self.server
         ctx = self.ctx
         flavour = ctx.flavour
@@ -964,34 +1136,7 @@ class _Session:
         while isinstance(step, SendAuthPackets):
             await self._send(step.packets)
             step = auth.receive(await self._read(None))
-        if isinstance(step, AuthRejected):
-            self._note("warning", "login refused", user=_short(response.user), reason=step.reason, tls=secure)
-            error = step.error
-            await self._fail(error.code, error.sqlstate, error.message)
-        assert isinstance(step, AuthAccepted)
-        self.logged_in = True  # the credentials were good: not a failed login, whatever follows
-        server.connect_errors.succeeded(self.host)
-        refusal = server._logged_in(self, step.user)
-        if refusal is not None:
-            self._note("warning", "login refused: too many connections", user=_short(step.user.name), reason=refusal)
-            await self._fail(ER_CON_COUNT_ERROR, "08004", "Too many connections")
-        state = self.state
-        state.user = step.user.name
-        state.account = step.user
-        state.tls = secure
-        state.database = response.database
-        state.capabilities = self.capabilities
-        self.protocol.decoder.max_payload = server.max_packet
-        await self._send([*step.packets, encode_ok()])
-        # Debug, not info: HA managers and monitoring log in every few seconds.
-        self._log.debug(
-            "client logged in",
-            user=step.user.name,
-            plugin=step.plugin,
-            tls=secure,
-            tls_version=self.protocol.tls.version if self.protocol.tls else None,
-            program=_short(response.connect_attrs.get("program_name") or response.connect_attrs.get("_client_name")),
-        )
+        return step, response
 
     async def _start_tls(self) -> None:
         handshake = self.protocol.tls_handshake
@@ -1313,9 +1458,14 @@ class DownstreamServer:
     one client address, refused with 1040 before the greeting (the user is not known yet: not 1203, which
     is MySQL's per-account max_user_connections).
 
-    Failed logins: `max_connect_errors` consecutive connections from one host that end without logging in block
-    that host (1129 before the greeting, as the servers) until FLUSH HOSTS (``ctx.flush_hosts``, admin) or, when
+    Connection errors: `max_connect_errors` consecutive connections from one host that end before their
+    credentials were checked (handshake errors, what the servers count; never from 127.0.0.1 or ::1) block that host
+    (1129 before the greeting, as the servers) until FLUSH HOSTS (``ctx.flush_hosts``, admin) or, when
     `host_block_time` > 0, for that many seconds; a successful login resets the count (ConnectErrors).
+
+    Wrong passwords: after `login_failures_threshold` consecutive wrong logins of one user name from one host, the
+    answer to each further attempt of that pair waits 1, 2, 3... x `login_min_delay`, at most `login_max_delay`
+    (MySQL's connection_control; LoginThrottle); a successful login resets it.
     """
 
     def __init__(
@@ -1340,6 +1490,9 @@ class DownstreamServer:
         log_lines_per_host: int = DEFAULT_LOG_LINES_PER_HOST,
         max_connect_errors: int = DEFAULT_MAX_CONNECT_ERRORS,
         host_block_time: float = DEFAULT_HOST_BLOCK_TIME,
+        login_failures_threshold: int = DEFAULT_LOGIN_FAILURES_THRESHOLD,
+        login_min_delay: float = DEFAULT_LOGIN_MIN_DELAY,
+        login_max_delay: float = DEFAULT_LOGIN_MAX_DELAY,
     ) -> None:
         # Imported here rather than at the top: they bring in the store and the binlog code, which a server
         # built with stand-ins (tests, tools) does not need.
@@ -1367,6 +1520,7 @@ class DownstreamServer:
         self.max_buffered = max_buffered
         self.log_limiter = PeerLogLimiter(log_lines_per_host, 60.0)
         self.connect_errors = ConnectErrors(max_connect_errors, host_block_time)
+        self.login_throttle = LoginThrottle(login_failures_threshold, login_min_delay, login_max_delay)
         ctx.kill_connection = self.kill
         ctx.flush_hosts = self.connect_errors.flush
         self._server: asyncio.AbstractServer | None = None
@@ -1479,9 +1633,9 @@ class DownstreamServer:
         self._unauthenticated.pop(session.conn_id, None)
         return None
 
-    def _login_failed(self, session: _Session) -> None:
-        """A connection from `session.host` ended without logging in (bad password, bad or timed-out handshake,
-        TLS failure, gone before the login): counted toward max_connect_errors."""
+    def _handshake_failed(self, session: _Session) -> None:
+        """A connection from `session.host` ended before its credentials were checked (closed, bad or timed-out
+        handshake, TLS failure): a handshake error, what the servers count toward max_connect_errors."""
         if self.connect_errors.failed(session.host):
             log.warning("host blocked after failed logins", host=session.host,
                         max_connect_errors=self.connect_errors.limit,
@@ -1495,6 +1649,10 @@ class DownstreamServer:
             self._per_host[session.host] -= 1
             if self._per_host[session.host] <= 0:
                 del self._per_host[session.host]
+
+    def describe_logins(self) -> dict[str, Any]:
+        """/status `logins`: the host blocking (max_connect_errors) and the password throttle, with their counts."""
+        return {"host_blocking": self.connect_errors.describe(), "throttle": self.login_throttle.describe()}
 
     @property
     def authenticated_count(self) -> int:
@@ -1552,7 +1710,9 @@ class DownstreamServer:
 
 __all__ = [
     "ClientConnectionLost",
+    "ConnectErrors",
     "DownstreamServer",
+    "LoginThrottle",
     "DumpServer",
     "SqlExecutor",
     "parse_binlog_dump",

@@ -101,6 +101,8 @@ class RelayCollector:
         yield from _disk(s)
         yield from _retention(s.get("retention"))
         yield from _replicas(s.get("replicas") or [])
+        yield from _logins(s.get("logins"))
+        yield from _http(s.get("http"))
 
 
 def _gauge(name: str, help_text: str, value) -> Iterator[GaugeMetricFamily]:
@@ -276,6 +278,38 @@ def _replicas(replicas: list[dict[str, Any]]) -> Iterator:
         if r.get("last_ack"):
             acked.add_metric([*ident, r["last_ack"][0]], r["last_ack"][1])
     yield from (position, lag_bytes, lag_seconds, events, sent, acked)
+
+
+def _logins(logins: dict[str, Any] | None) -> Iterator:
+    """--listen's admission: host blocking (max_connect_errors) and the password throttle (absent without --listen)."""
+    if not logins:
+        return
+    hosts = logins.get("host_blocking") or {}
+    yield GaugeMetricFamily("relayproxy_blocked_hosts",
+                            "Client hosts refused with 1129 after max_connect_errors handshake errors (until FLUSH HOSTS)",
+                            value=hosts.get("hosts_blocked") or 0)
+    throttle = logins.get("throttle") or {}
+    yield _counter("relayproxy_login_failures", "Logins refused for a wrong password or an unknown account (1045)",
+                   throttle.get("failed_logins"))
+    yield _counter("relayproxy_login_delays",
+                   "Login answers delayed by the password throttle (an account and host over login_failures_threshold)",
+                   throttle.get("delayed_logins"))
+    yield GaugeMetricFamily("relayproxy_logins_delayed_now", "Logins waiting for their throttle delay now",
+                            value=throttle.get("delaying_now") or 0)
+    yield GaugeMetricFamily("relayproxy_throttled_accounts",
+                            "Account and host pairs over login_failures_threshold (their next login is delayed)",
+                            value=throttle.get("throttled_accounts") or 0)
+
+
+def _http(http: dict[str, Any] | None) -> Iterator:
+    if not http:
+        return
+    yield GaugeMetricFamily("relayproxy_http_connections", "Connections open on --http", value=http.get("connections") or 0)
+    yield _counter("relayproxy_http_idle_dropped",
+                   "--http connections closed without an answer to make room (the oldest without a complete request)",
+                   http.get("dropped_idle"))
+    yield _counter("relayproxy_http_busy_refused", "--http connections answered 503: every slot was serving a request",
+                   http.get("refused_busy"))
 
 
 def _text(value) -> str:
