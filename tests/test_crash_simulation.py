@@ -8,7 +8,7 @@ synced content ("drop"), everything ("keep"), or per file a random part of the u
 random part of the unsynced directory operations ("random"). Then:
 
 - the durable mark on that disk never points past what survived of its file, and what is below it is the master's
-  bytes (a store that wrote its mark before the fsync fails here, see the report of issue 16);
+  bytes (a store that writes its mark before the fsync fails here: the mutation test below runs one);
 - reopening recovers a horizon at or past the last one the store published (what replicas may have been sent, what
   a semi-sync ACK confirmed), its GTID set included, and recovery never reports once-durable data gone;
 - every relay file is a byte prefix of the master's, all but the newest whole;
@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import random
 import shutil
+
+import pytest
 
 from relayproxy.lab.crashfs import CrashFS, SimulatedCrash
 from relayproxy.relay import recovery as R
@@ -142,6 +144,24 @@ def _check_after_crash(directory, files, disk: dict[str, bytes], published, what
     return snap
 
 
+def _crash_at(tmp_path, files, points, modes, rng) -> list[tuple]:
+    """Crash the store at each call of ``points``, recover from each disk of ``modes`` and check the recovery
+    (_check_after_crash); returns (point, crashing call, mode, published horizon, recovered horizon) rows."""
+    rows = []
+    for point in points:
+        for i, mode in enumerate(modes):
+            d = tmp_path / f"c{point}-{mode}-{i}"
+            d.mkdir()
+            layer, published = _run_until_crash(d, files, point)
+            assert layer.crashed, f"crash point {point} not reached ({layer.calls} calls)"
+            disk = layer.materialize(mode, rng)
+            what = f"crash at call {point} ({layer.crash_call}), disk {mode!r}"
+            snap = _check_after_crash(d, files, disk, published, what)
+            rows.append((point, layer.crash_call, mode, published, snap))
+            shutil.rmtree(d)
+    return rows
+
+
 def test_os_crash_at_random_points_keeps_every_published_transaction(tmp_path, corpus_dir):
     """A clean run first (the layer changes nothing: byte-identical files), then CRASH_POINTS random crash points,
     each recovered from the three disks a crash can leave."""
@@ -160,18 +180,7 @@ def test_os_crash_at_random_points_keeps_every_published_transaction(tmp_path, c
 
     rng = random.Random(f"{SEED}-oscrash")
     points = sorted(rng.sample(range(1, total + 1), CRASH_POINTS))
-    rows = []
-    for point in points:
-        for mode in MODES:
-            d = tmp_path / f"c{point}-{mode}"
-            d.mkdir()
-            layer, published = _run_until_crash(d, files, point)
-            assert layer.crashed, f"crash point {point} not reached ({layer.calls} calls)"
-            disk = layer.materialize(mode, rng)
-            what = f"crash at call {point} ({layer.crash_call}), disk {mode!r}"
-            snap = _check_after_crash(d, files, disk, published, what)
-            rows.append((point, layer.crash_call, mode, published, snap))
-            shutil.rmtree(d)
+    rows = _crash_at(tmp_path, files, points, MODES, rng)
     print("call  crashing call                                       disk    published horizon            "
           "recovered horizon")
     for point, call, mode, published, snap in rows:
@@ -211,6 +220,34 @@ def test_os_crash_with_the_fsync_pipelined_keeps_every_published_transaction(tmp
             between += layer.crash_call.startswith("pwrite")
             shutil.rmtree(d)
     assert between > 0, "no crash point fell on an event's write"
+
+
+def test_a_store_that_writes_its_durable_mark_before_the_fsync_fails_the_os_crash_test(tmp_path, corpus_dir,
+                                                                                        monkeypatch):
+    """The mutation the test above exists to catch (README, failure 4): a store that records its durable mark
+    before the fdatasync of the data it names. The same feeding, crash points and checks, on such a store: a crash
+    at a data fdatasync can leave the new mark on disk without the bytes it names, and the check must say so."""
+    make_durable = S.SyncTicket._make_durable
+
+    def mark_before_fsync(ticket):
+        if ticket.moves:
+            ticket._marks.write(ticket.file, ticket.position)  # the mutation: the mark before the fdatasync
+        make_durable(ticket)
+
+    monkeypatch.setattr(S.SyncTicket, "_make_durable", mark_before_fsync)
+    files = _files(corpus_dir)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    layer, _ = _run_until_crash(clean, files, None)
+    # The crash points: the data fdatasyncs (those of relay files, after the mark was written), as the random points
+    # of the test above fall on them; each recovered from several random disks and the two fixed ones.
+    fsyncs = [n for n, call in enumerate(layer.log, 1) if call.startswith("fdatasync mariadb-repl-bin.")]
+    assert len(fsyncs) > 100, layer.log[:20]
+    rng = random.Random(f"{SEED}-mark-before-fsync")
+    points = sorted(rng.sample(fsyncs, 12))
+    with pytest.raises(AssertionError, match="points past what survived|differs from the master's bytes"):
+        _crash_at(tmp_path, files, points, ("drop", "keep") + ("random",) * 6, rng)
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_crashfs_keeps_only_what_was_synced(tmp_path):

@@ -1,6 +1,6 @@
-"""Issue 5, scenario 4: crash safety of the relay with a real MariaDB master and a MariaDB replica through it.
+"""Scenario 4: crash safety of the relay with a real MariaDB master and a MariaDB replica through it.
 
-- side by side (issue 16): a direct MariaDB replica with relay_log_recovery=1 (its SQL thread lagging) and the relay,
+- side by side: a direct MariaDB replica with relay_log_recovery=1 (its SQL thread lagging) and the relay,
   kill -9 at the same moment mid a 12 MB transaction: the direct replica throws away every relay-log byte its SQL
   thread had not applied and downloads it again from the master; the relay keeps every complete transaction it had
   (a byte-identical prefix of the master's files) and fetches only the unfinished one again;
@@ -243,6 +243,13 @@ def test_side_by_side_kill9_direct_replica_with_relay_log_recovery_and_relay(mar
     newest = names[-1]
     r_received = (newest, len(r_on_disk[newest]))
     r_refetch = _master_distance(master, kept, r_received)
+    # Complete transactions the relay threw away: the master's binlog (of which the relay's newest file is a byte
+    # prefix) scanned up to what the relay had on disk; its last complete transaction ends at good_end, and
+    # recovery keeps up to ``kept``.
+    master_file = {p.name: p for p in master.binlog_files()}[newest]
+    with open(master_file, "rb") as f:
+        complete_end = scan_bytes(f.read(r_received[1])).good_end
+    r_complete_thrown_away = complete_end - kept[1]
     reports = _recovery_reports(relay, since)
     print(f"\nkilled both at master {master_at_kill[0]}:{master_at_kill[1]}, mid a {BIG_ROWS * BIG_ROW_BYTES >> 20} MB "
           f"transaction\n"
@@ -256,7 +263,8 @@ def test_side_by_side_kill9_direct_replica_with_relay_log_recovery_and_relay(mar
           f"relay: horizon {horizon_before[0]}:{horizon_before[1]} before the kill, durable mark "
           f"{r_mark.file}:{r_mark.position}, {r_received[1]} bytes of {newest} on disk; recovery keeps {kept[0]}:{kept[1]} "
           f"({reports[0] if reports else '?'}), a moment after restart the horizon is {horizon_after[0]}:"
-          f"{horizon_after[1]}: fetches {r_refetch} bytes again, all of the unfinished big transaction; 0 bytes of complete transactions")
+          f"{horizon_after[1]}: fetches {r_refetch} bytes again, the unfinished transaction; {r_complete_thrown_away} bytes of "
+          f"complete transactions (the last complete one on disk ends at {newest}:{complete_end})")
 
     # Properties of the usual stack (MariaDB's documented relay_log_recovery behaviour): the relay logs it had are
     # not read again (its SQL thread starts in a new relay log at 4), and its IO thread restarts from what the SQL
@@ -264,6 +272,7 @@ def test_side_by_side_kill9_direct_replica_with_relay_log_recovery_and_relay(mar
     assert d_after["Relay_Log_File"] not in d_on_disk and int(d_after["Relay_Log_Pos"]) == 4, d_after
     assert restart_from == applied < received, (restart_from, applied, received)
     assert complete_thrown_away > 0, "the lagging direct replica threw nothing away: the comparison shows nothing"
+    assert complete_thrown_away == _master_distance(master, applied, received), (applied, received)
     # Properties of the relay: nothing durable lost, the kept files a byte-identical prefix of what it had, nothing
     # fetched again but the tail past the horizon.
     assert kept >= horizon_before and horizon_after >= horizon_before, (horizon_before, kept, horizon_after)
@@ -275,6 +284,10 @@ def test_side_by_side_kill9_direct_replica_with_relay_log_recovery_and_relay(mar
         assert now[:keep] == data[:keep], f"{name}: recovery changed bytes it had to keep (first {keep})"
     # Recovery cuts only an unfinished group (no complete transaction is thrown away), never damage.
     assert plan.tail.kind in (R.WHOLE, R.PARTIAL), (plan.tail.kind, plan.tail.detail)
+    assert r_complete_thrown_away == 0, (
+        f"recovery cut {r_complete_thrown_away} bytes of complete transactions ({newest}: kept {kept[1]}, the last "
+        f"complete transaction on disk ends at {complete_end})")
+    assert r_refetch > 0, "the relay had nothing of the big transaction when killed: the comparison shows nothing"
 
     # The end: both replicas equal the master, every transaction exactly once.
     for replica in (direct, behind):
