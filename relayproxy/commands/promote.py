@@ -430,6 +430,7 @@ class Promoter:
             self.step("already promoted", "the candidate is writable and every relay follows it")
         else:
             plan = self.fence_and_decide(reachable)
+            self.level_relays(plan, reachable)
             if plan.needs_catch_up:
                 self.catch_up(plan)
             self.promote()
@@ -498,6 +499,67 @@ class Promoter:
             self.report.warnings.append(f"the candidate has GTIDs that no relay has: {plan.errant.text} (errant "
                                         "transactions, or transactions of the old master no relay received)")
         return plan
+
+    def level_relays(self, plan: P.Plan, relays: list[Server]) -> None:
+        """Peer catch-up (docs/failover.md): each fenced relay behind the source relay fetches the rest of the
+        epoch from it by file/position at its own horizon (the same bytes, so the relays stay byte-identical
+        through the switch), is waited for until it holds the source's history, and is stopped again. One that
+        cannot be levelled is named in a warning and repointed by GTID as the others: the same transactions, in
+        different bytes from there on."""
+        source = next(r for r in relays if self.facts.get(r) is plan.source)
+        # --repl-user, else the relay keeps its own replication account (CHANGE MASTER keeps what it is not given),
+        # which the candidate must accept anyway once the relays are repointed; the source relay too.
+        account = "" if self.repl_user is None else (f", MASTER_USER={_quote(self.repl_user)}, "
+                                                     f"MASTER_PASSWORD={_quote(self.repl_password or '')}")
+        done = []
+        for relay in relays:
+            facts = self.facts[relay]
+            if relay is source or facts.follows_candidate or not plan.behind.get(facts.address):
+                continue
+            entry = self._relay_entry(relay)
+            file, pos = "its horizon", 0
+            try:
+                status = relay.replica_status() or {}
+                file = _col(status, "Master_Log_File", "Source_Log_File")
+                pos = int(_col(status, "Read_Master_Log_Pos", "Read_Source_Log_Pos", default=0) or 0)
+                gtid = "MASTER_AUTO_POSITION=0" if relay.flavour == "mysql" else "MASTER_USE_GTID=no"
+                relay.execute(f"CHANGE MASTER TO MASTER_HOST={_quote(source.address[0])}, MASTER_PORT="
+                              f"{source.address[1]}{account}, MASTER_LOG_FILE={_quote(str(file))}, "
+                              f"MASTER_LOG_POS={pos}, {gtid}")
+                relay.start_replica()
+                last_report, error = 0.0, ""
+                while True:
+                    lack = P.lacks(relay.history(replica_side=False), plan.source.history)
+                    if not lack:
+                        break
+                    status = relay.replica_status() or {}
+                    error = str(_col(status, "Last_IO_Error", "Last_Replica_IO_Error", default="") or "")
+                    if "peer catch-up refused" in error or "relayproxy peer catch-up" in error:
+                        raise Stop(P.EXIT_REFUSED, error)
+                    if self.remaining() <= 0:
+                        raise Stop(P.EXIT_TIMED_OUT, f"--timeout ran out while it still lacked {lack.text}"
+                                   + (f" ({error})" if error else ""))
+                    if time.monotonic() - last_report >= 1.0:
+                        self.say(f"levelling {relay.name} from relay {plan.source.address}: it lacks {lack.count} "
+                                 f"transaction(s) ({lack.text[:200]})" + (f"; {error[:200]}" if error else ""))
+                        last_report = time.monotonic()
+                    time.sleep(0.05)
+                entry["levelled"] = f"from {plan.source.address} at {file}:{pos}, by file/position"
+                done.append(relay.name.split()[-1])
+            except Stop as exc:
+                entry["levelled"] = f"no: {exc}"
+                self.report.warnings.append(
+                    f"{relay.name} could not be levelled with relay {plan.source.address} ({exc}); it is repointed "
+                    "by GTID: it will hold the same transactions, but its files differ from the other relays' from "
+                    f"{file}:{pos} on")
+            finally:
+                try:
+                    relay.stop_replica()
+                except Stop:
+                    pass
+        if done:
+            self.step("levelled the relays", f"{', '.join(done)} fetched the rest of the epoch from relay "
+                                             f"{plan.source.address} by file/position")
 
     def _fence_candidate(self) -> None:
         """Stop the candidate's link to the old master and let it apply what it has received, unless it already

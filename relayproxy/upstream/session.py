@@ -43,7 +43,9 @@ from ..relay.master_variables import (
 )
 from ..relay.recovery import write_file_atomically
 from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed, SyncTicket
-from ..wire.packets import MySQLError
+from ..binlog.constants import FORMAT_DESCRIPTION_EVENT, HEARTBEAT_LOG_EVENT, LOG_EVENT_ARTIFICIAL_F, event_name
+from ..binlog.encoders import fde_copy
+from ..wire.packets import MySQLError, parse_err
 from .connection import UpstreamConnection
 from .receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
 from .repoint import BadCoordinates, check_boundary, check_coordinates, decide_switch, mysql_gtids_at, sql_string
@@ -165,6 +167,7 @@ class UpstreamSession:
         self._connected_identity: MasterIdentity | None = None
         self._round: asyncio.Future | None = None  # the current connect-and-stream round
         self._switch_to: MasterIdentity | None = None  # the new master, until its epoch is recorded
+        self._peer: dict | None = None  # a peer relay the current round catches up from (_check_peer)
         # A store failure (full disk, EIO) stays in last_io_error until the store writes again: a
         # reconnect alone does not clear it (the next write would fail the same way).
         self._store_failing = False
@@ -447,7 +450,10 @@ class UpstreamSession:
         checksum, semi_sync = await self._prepare(conn)
         conn.semi_sync = semi_sync
         switching = await self._check_master(conn)
-        await self._fetch_master_variables(conn)
+        if self._peer is None:
+            await self._fetch_master_variables(conn)  # a peer relay's are its master's: the relay keeps its own copy
+        else:
+            await conn.query("SET @relayproxy_peer = 1")  # the master's names and bytes, never past its epoch
         by_position = await self._request_dump(conn, switching=switching)
         # A new upstream epoch begins at the stream's first ROTATE (its file is known only then): when
         # switching masters, and for an empty relay (its first epoch, with this master's identity).
@@ -583,6 +589,8 @@ class UpstreamSession:
                                   flavour=status.master_flavour, host=self.master.host, port=self.master.port)
         self._connected_identity = identity
         self._switch_to = None
+        self._peer = None
+        self.status.extra.pop("peer_catch_up", None)
         recorded = self.identity
         store = self.store
         if recorded is None or store.current_file is None:
@@ -606,6 +614,11 @@ class UpstreamSession:
             return False
         was = f"server_id {recorded.server_id}" + (f" ({recorded.server_uuid})" if recorded.server_uuid else "")
         now = f"server_id {identity.server_id}" + (f" ({identity.server_uuid})" if identity.server_uuid else "")
+        if self.master.gtid_mode == "off":
+            peer = await probe_peer(conn)
+            if peer is not None:
+                await self._check_peer(conn, peer, identity)
+                return False
         if not self._switch_permitted(identity):
             raise MasterRefused(
                 f"the master at {self.master.address} is {now}, but the relay's files came from {was} at "
@@ -643,6 +656,103 @@ class UpstreamSession:
         # the switch); a crash before that switches again at the next start.
         self._switch_to = identity
         return True
+
+    async def _check_peer(self, conn: UpstreamConnection, peer: dict, identity: MasterIdentity) -> None:
+        """Peer catch-up within an epoch: the upstream is another relay (it answers ``@@relayproxy_epoch``) and a
+        CHANGE MASTER by file/position chose it. Accepted only when its current epoch is the relay's current epoch
+        (the same master's server_id/uuid, the same epoch number and first files), the coordinates are the relay's
+        own horizon, and the peer's bytes of the horizon file up to the horizon are the relay's (compared over a
+        second, non-blocking dump); the relay then continues by file/position in the same epoch, appending exactly
+        the bytes the peer holds (the master's events at the master's names and offsets: no new epoch, no
+        ROTATE, no filler). Anything else is refused (MasterRefused) naming the peer, its master, its epoch and
+        the first difference; nothing is written."""
+        address = self.master.address
+        epochs = getattr(self.store, "epochs", None)
+        mine = None if epochs is None or not epochs.epochs else epochs.current
+        own = (mine.master_dict or {}) if mine is not None and not mine.implicit else {}
+        theirs = (f"the relay {address} (server_id {identity.server_id}) holds epoch {peer['epoch']} of the master "
+                  f"server_id {peer['server_id']}" + (f" ({peer['server_uuid']})" if peer["server_uuid"] else ""))
+        ours = (f"this relay's current epoch {mine.epoch} is of the master server_id {own.get('server_id')}"
+                if own else "this relay has no recorded epoch")
+
+        def refuse(why: str) -> MasterRefused:
+            return MasterRefused(f"peer catch-up refused: {theirs}; {ours}: {why}. Nothing was written; replicas "
+                                 "are served what is durable")
+
+        if not own or peer["epoch"] is None:
+            raise refuse("no epoch to compare")
+        if int(peer["server_id"] or -1) != int(own.get("server_id") or -2) or (
+                peer["server_uuid"] and own.get("server_uuid") and peer["server_uuid"] != own.get("server_uuid")):
+            raise refuse("a relay of another master")
+        if (int(peer["epoch"]), peer["first_file"], peer["upstream_first_file"]) != (
+                mine.epoch, mine.first_file, mine.upstream_first_file):
+            raise refuse(f"another epoch (it began at {peer['first_file']} <- {peer['upstream_first_file']}, this "
+                         f"relay's epoch {mine.epoch} at {mine.first_file} <- {mine.upstream_first_file})")
+        at = self._upstream_at()
+        if self.master.unfollowed and self.master.log_file is not None and (
+                self.master.log_file, self.master.log_pos or 4) != tuple(at):
+            raise refuse(f"MASTER_LOG_FILE/MASTER_LOG_POS {self.master.log_file}:{self.master.log_pos} are not this "
+                         f"relay's horizon {at[0]}:{at[1]} (a peer catch-up continues from the horizon only)")
+        horizon = self.store.horizon.snapshot()
+        difference = await self._compare_with_peer(horizon.file, at[0], horizon.position)
+        if difference is not None:
+            raise refuse(difference)
+        self._peer = {"peer": address, "peer_server_id": identity.server_id, "epoch": mine.epoch,
+                      "master_server_id": own.get("server_id"), "from": f"{at[0]}:{at[1]}",
+                      "verified_bytes": horizon.position}
+        self.status.extra["peer_catch_up"] = dict(self._peer)
+        self._choice_followed()
+        log.info("catching up from a peer relay", **self._peer)
+
+    async def _compare_with_peer(self, relay_file: str, upstream_file: str, length: int) -> str | None:
+        """The first difference between the peer's bytes of ``upstream_file`` and this relay's ``relay_file`` up
+        to ``length`` (its horizon), read over a second connection with a non-blocking dump (the peer sends what
+        it holds and ends); None when they are the same."""
+        master = self.master
+        cfg = self.cfg
+        conn = await UpstreamConnection.connect(
+            master.host, master.port, master.user, master.password, ssl_mode=master.ssl_mode, ssl_ca=master.ssl_ca,
+            ssl_cert=master.ssl_cert, ssl_key=master.ssl_key, server_public_key=master.public_key_path,
+            connect_timeout=cfg.connect_timeout)
+        try:
+            await conn.query("SET @master_binlog_checksum = @@global.binlog_checksum, @relayproxy_peer = 1, "
+                             f"@mariadb_slave_capability = {MARIA_SLAVE_CAPABILITY_MINE}")
+            flags = BINLOG_DUMP_NON_BLOCK | (BINLOG_SEND_ANNOTATE_ROWS_EVENT if conn.is_mariadb else 0)
+            await conn.binlog_dump(upstream_file, 4, cfg.server_id, flags)
+            at = 4
+            with open(self.store.path(relay_file), "rb") as own:
+                while at < length:
+                    for payload in await conn.read_packets():
+                        if not payload or payload[0] == 0xFE and len(payload) < 9:
+                            return (f"the peer holds {upstream_file} up to {at} only, this relay up to {length}: "
+                                    "it is behind this relay")
+                        if payload[0] == 0xFF:
+                            error = parse_err(bytes(payload))
+                            return f"the peer refused the comparison dump (error {error.code}: {error.message})"
+                        event = memoryview(payload)[1:]
+                        if len(event) < 19:
+                            return f"the peer sent a {len(event)}-byte event"
+                        type_code, flags_ = event[4], struct.unpack_from("<H", event, 17)[0]
+                        if flags_ & LOG_EVENT_ARTIFICIAL_F or type_code == HEARTBEAT_LOG_EVENT:
+                            continue
+                        own.seek(at)
+                        expected = own.read(len(event))
+                        if type_code == FORMAT_DESCRIPTION_EVENT and at == 4:
+                            expected = fde_copy(expected, clear_in_use=True)
+                        if at + len(event) > length:
+                            return (f"the peer's event at {upstream_file}:{at} ends at {at + len(event)}, past this "
+                                    f"relay's horizon {length}: not the same transaction boundaries")
+                        if bytes(event) != expected:
+                            first = next((i for i, (x, y) in enumerate(zip(bytes(event), expected)) if x != y),
+                                         min(len(event), len(expected)))
+                            return (f"their bytes differ at {upstream_file}:{at + first} (in the event at {at}; "
+                                    f"{event_name(type_code)})")
+                        at += len(event)
+                        if at >= length:
+                            break
+            return None
+        finally:
+            conn.abort()
 
     def _switch_done(self) -> None:
         """After a batch: once the store has begun the new master's epoch, record that master's identity."""
@@ -935,6 +1045,20 @@ def upstream_error_kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return "store" if exc.errno in _STORAGE_ONLY else "io"  # sockets never fail with these
     return "internal"
+
+
+async def probe_peer(conn: UpstreamConnection) -> dict | None:
+    """The upstream's current epoch when it is a relay (it answers ``@@relayproxy_epoch``, a server 1193), else None."""
+    names = ("epoch", "server_id", "server_uuid", "first_file", "upstream_first_file")
+    columns = ("relayproxy_epoch", "relayproxy_master_server_id", "relayproxy_master_server_uuid",
+               "relayproxy_epoch_first_file", "relayproxy_epoch_upstream_first_file")
+    try:
+        rows = (await conn.query("SELECT " + ", ".join(f"@@GLOBAL.{c}" for c in columns))).rows
+    except MySQLError as exc:
+        if exc.code == ER_UNKNOWN_SYSTEM_VARIABLE:
+            return None
+        raise
+    return dict(zip(names, rows[0])) if rows else None
 
 
 async def fetch_master_variables(query, names: tuple[str, ...] = MASTER_VARIABLES, **identity) -> MasterVariables:

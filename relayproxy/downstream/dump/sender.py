@@ -176,6 +176,9 @@ class DumpSender(DumpStart):
         self.skip_end = 0  # exclude_group_end_pos: end of the last skipped group not yet told
         self.reposition = 0  # a fake ROTATE to (file, here) is due before the next event: a filler was skipped
         self.file_epoch = None  # the upstream epoch of the file being sent when its master's names differ
+        # A peer relay catching up within the current epoch (@relayproxy_peer = 1, by file/position: the upstream
+        # session's peer catch-up): the master's names and bytes, exactly as held, and never past the epoch.
+        self.peer = self.mode == "file" and _truthy(_user_var(uv, "relayproxy_peer"))
         # MariaDB GTID.
         self.maria_state: dict[int, _MariaStart] = {}
         self.maria_seen = MariaBinlogState()  # until_binlog_state: GTIDs met while skipping
@@ -252,9 +255,10 @@ class DumpSender(DumpStart):
             # The fake rotate goes out before every file, even after the real ROTATE that ended the
             # previous one (MySQL keeps it for mysqlbinlog; the replica records two rotates).
             await self._send_event(
-                encoders.artificial_rotate(name, pos, self.server_id, self.event_alg == _CRC32), False
+                encoders.artificial_rotate(self._peer_name(name) if self.peer else name, pos, self.server_id,
+                                           self.event_alg == _CRC32), False
             )
-            self.file_epoch = self._epoch_of(name)
+            self.file_epoch = None if self.peer else self._epoch_of(name)
             self.slow_types = self._slow_types()
             try:
                 rf = _RelayFile(name, self.ctx.store.path(name))
@@ -284,6 +288,47 @@ class DumpSender(DumpStart):
         except ValueError:
             return None
         return epoch if epoch.epoch >= 2 else None
+
+    # -- a peer relay's catch-up (docs/failover.md, "Peer catch-up within an epoch") ---------------------------
+    def _peer_name(self, name: str) -> str:
+        """The master's name of a relay file (the peer asks and counts in the master's names)."""
+        epochs = getattr(self.ctx.store, "epochs", None)
+        try:
+            return name if epochs is None else epochs.upstream_name(name)[1]
+        except ValueError:
+            return name
+
+    def _peer_start(self, file: str) -> str:
+        """The relay file holding the master's ``file`` in the relay's current epoch (the peer's horizon file)."""
+        epochs = getattr(self.ctx.store, "epochs", None)
+        if epochs is None:
+            return file
+        try:
+            return epochs.relay_name(file)
+        except ValueError as exc:
+            raise _DumpFailure(f"relayproxy peer catch-up: {exc}") from None
+
+    def _peer_epoch_end(self, buf, off: int, size: int) -> None:
+        """A ROTATE in a peer catch-up: the relay's own epoch ROTATE (timestamp 0, naming the first file of the
+        next epoch) ends the catch-up with an error: the peer follows this epoch's master only, never the next
+        master's stream, which it joins by its own switch (its own GTID set, its own ROTATE)."""
+        epochs = getattr(self.ctx.store, "epochs", None)
+        if epochs is None or not epochs.epochs:
+            return
+        crc = self.event_alg == _CRC32
+        target = bytes(buf[off + C.HEADER_LEN + 8 : off + size - (C.CHECKSUM_LEN if crc else 0)]).decode(
+            "utf-8", "replace")
+        try:
+            here = epochs.epoch_of(self.file)
+        except ValueError:
+            return
+        following = [e for e in epochs.epochs if e.epoch == here.epoch + 1]
+        if following and following[0].first_file == target and _header_unpack_from(buf, off)[0] == 0:
+            master = here.master_dict or {}
+            raise _DumpFailure(
+                f"relayproxy peer catch-up: epoch {here.epoch} (master server_id {master.get('server_id')}) "
+                f"ends at {self._peer_name(self.file)}:{self.pos}; this relay follows epoch {following[0].epoch} "
+                "from there (not served to a peer)")
 
     def _relay_rotate(self, buf, off: int, size: int) -> bytes | None:
         """A master's ROTATE in an epoch >= 2 file, naming the relay's file instead of the master's (else None:
@@ -619,8 +664,8 @@ class DumpSender(DumpStart):
         _OMIT by type alone), which a shared chunk can leave out as well."""
         slow = {C.FORMAT_DESCRIPTION_EVENT, _IGNORABLE}  # FDEs are adopted; relay-made fillers are never sent
         omit: set[int] = set()
-        if self.file_epoch is not None:
-            slow.add(C.ROTATE_EVENT)  # renamed to the relay's file names
+        if self.file_epoch is not None or self.peer:
+            slow.add(C.ROTATE_EVENT)  # renamed to the relay's file names; a peer's: the epoch's end is checked
         if self.exclude is not None:
             slow.add(C.ANONYMOUS_GTID_LOG_EVENT)  # refused to an auto-position replica
         if self.flavour == "mariadb":
@@ -715,6 +760,9 @@ class DumpSender(DumpStart):
         The replica must still learn the position past it: an auto-position replica from a heartbeat before the
         next event, as after skipped groups; a MariaDB replica that tolerates holes from the next event's
         log_pos; any other replica (file/position: it counts bytes) from a fake ROTATE to (this file, here)."""
+        if self.peer:
+            raise _DumpFailure(f"relayproxy peer catch-up: {self._peer_name(self.file)}:{self.pos} holds a filler "
+                               "(transactions this relay got from an earlier master): not served to a peer")
         self.pos = end_pos
         self.progress.position = end_pos
         if self.exclude is not None:
@@ -750,6 +798,8 @@ class DumpSender(DumpStart):
         ``buf[off:off + size]`` is the event, or only its head when ``rf`` is given (a large event,
         streamed from the file)."""
         action, replacement, need_ack = self._decide(buf, off, size, file_pos, type_code, flags)
+        if self.peer and type_code == C.ROTATE_EVENT:
+            self._peer_epoch_end(buf, off, size)
         if type_code == C.ROTATE_EVENT and self.file_epoch is not None and action == _SEND and rf is None:
             renamed = self._relay_rotate(buf, off, size)
             if renamed is not None:

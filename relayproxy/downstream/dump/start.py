@@ -203,6 +203,9 @@ class DumpStart:
             return await self._plan_mariadb_gtid()
         if self.mode != "file":
             raise _DumpFailure(f"unknown dump request kind {self.request.kind!r}", ER_UNKNOWN_ERROR)
+        if getattr(self, "peer", False) and self.request.file:
+            # A peer relay asks in the master's names of the current epoch (sender.py, _peer_start).
+            return self._check_file_position(self._peer_start(self.request.file), self.request.position)
         return self._check_file_position(self.request.file, self.request.position)
 
     def _durable_names(self) -> list[str]:

@@ -213,6 +213,22 @@ def _master_has(name: str, otherwise: Callable[[Env], bool]) -> Callable[[Env], 
     return exists
 
 
+def _epoch_field(name: str) -> Callable[[Env], Any]:
+    """A field of the relay's current upstream epoch (relay/epochs.py), NULL while none is recorded: what a peer
+    relay checks before it catches up from this one by file/position (docs/failover.md, "Peer catch-up")."""
+
+    def value(env: Env) -> Any:
+        epochs = getattr(env.ctx.store, "epochs", None)
+        current = None if epochs is None or not epochs.epochs else epochs.current
+        if current is None or current.implicit:
+            return None
+        if name in ("server_id", "server_uuid", "host", "port"):
+            return (current.master_dict or {}).get(name)
+        return getattr(current, name)
+
+    return value
+
+
 SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     # -- identity: the relay's own, never the master's (a replica refuses a master with its own id/uuid)
     SysVar("server_id", lambda e: e.ctx.server_id, "int", has_session=False, doc="the relay's --server-id"),
@@ -319,6 +335,13 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("sql_log_bin", lambda e: True, "bool", has_global=False),
     SysVar("skip_replication", lambda e: False, "bool", has_global=False,
            doc="MariaDB replicas SET it with replicate_events_marked_for_skip=FILTER_ON_MASTER"),
+    # -- the relay's current upstream epoch (relayproxy.epochs): which master its newest files came from; a
+    # server answers 1193 to these, so a relay that connects knows whether it talks to a relay of which master
+    SysVar("relayproxy_epoch", _epoch_field("epoch"), "int", has_session=False),
+    SysVar("relayproxy_master_server_id", _epoch_field("server_id"), "int", has_session=False),
+    SysVar("relayproxy_master_server_uuid", _epoch_field("server_uuid"), has_session=False),
+    SysVar("relayproxy_epoch_first_file", _epoch_field("first_file"), has_session=False),
+    SysVar("relayproxy_epoch_upstream_first_file", _epoch_field("upstream_first_file"), has_session=False),
 )
 
 _VARIABLES_BY_NAME: dict[str, SysVar] = {v.name: v for v in SYSTEM_VARIABLES}
