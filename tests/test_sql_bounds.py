@@ -14,6 +14,7 @@ from relayproxy.commands import config
 from relayproxy.downstream.sql import dispatch, execute, limits
 from relayproxy.downstream.sql import env as env_module
 from relayproxy.downstream.sql.errors import SqlError
+from relayproxy.downstream.sql import parser as parser_module
 from relayproxy.downstream.sql.parser import Parser, tokenize
 from relayproxy.downstream.sql.values import like_match
 from relayproxy.wire.results import ErrorResponse, ResultSet, encode_response
@@ -97,24 +98,29 @@ def test_the_limit_is_configurable(tmp_path, corpus_dir, no_traceback):
 def test_deep_or_long_expressions_are_a_syntax_error_not_a_recursion_error(mysql_relay, sql, no_traceback):
     e = mysql_relay.error(sql, 1064)
     assert "relayproxy refuses" in e.message
-    assert any(str(n) in e.message for n in (limits.MAX_NESTING, limits.MAX_EXPRESSION_DEPTH, limits.MAX_TERMS))
+    assert any(str(n) in e.message
+               for n in (limits.MAX_NESTING, limits.MAX_EXPRESSION_DEPTH, limits.MAX_TERMS, limits.MAX_TOKENS))
 
 
-def test_the_parser_stops_reading_at_the_limit():
-    sql = "SELECT " + "1+" * 300_000 + "1"
+def test_the_parser_stops_reading_at_the_limit(monkeypatch):
+    sql = "SELECT " + "1+" * 10_000 + "1"  # under MAX_TOKENS, over MAX_EXPRESSION_DEPTH
     tokens = tokenize(sql)
-    assert len(tokens) <= len(sql)  # the tokenizer is linear: at most one token per character
     p = Parser(sql, tokens, "mysql")
     p.advance()
     with pytest.raises(SqlError):
         p.expr()
-    assert p.i <= 2 * limits.MAX_EXPRESSION_DEPTH + 2  # refused after ~256 terms, not 300,000
-    sql = "SELECT " + "(" * 10_000 + "1" + ")" * 10_000
-    p = Parser(sql, tokenize(sql), "mysql")
-    p.advance()
-    with pytest.raises(SqlError):
-        p.expr()
-    assert p.i <= limits.MAX_NESTING + 1
+    assert p.i <= 2 * limits.MAX_EXPRESSION_DEPTH + 2  # refused after ~256 terms, not 10,000
+    # The tokenizer stops at its own bounds: the MAX_TOKENS + 1-th token, the MAX_NESTING + 1-th parenthesis.
+    consumed = []
+    real_read_token = parser_module._read_token
+    monkeypatch.setattr(parser_module, "_read_token", lambda sql, i: consumed.append(i) or real_read_token(sql, i))
+    with pytest.raises(SqlError, match=f"more than {limits.MAX_TOKENS} tokens"):
+        tokenize("SELECT " + "1+" * 300_000 + "1")
+    assert len(consumed) == limits.MAX_TOKENS
+    consumed.clear()
+    with pytest.raises(SqlError, match=f"nested more than {limits.MAX_NESTING} deep"):
+        tokenize("SELECT " + "(" * 10_000 + "1" + ")" * 10_000)
+    assert len(consumed) == limits.MAX_NESTING + 2  # SELECT and the parentheses
 
 
 def test_expressions_under_the_limits_still_answer(mysql_relay):

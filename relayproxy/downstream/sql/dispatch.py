@@ -20,6 +20,7 @@ from .parser import Parser, Token, tokenize
 from .replication import is_replication_statement, replication_statement
 from .select import _do, _select, _set, _transaction, _use
 from .show import _show, prepare_binlog_events
+from .slicing import run_sliced, work
 
 log = get_logger("relayproxy.downstream.sql")
 _FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per client host and minute
@@ -31,18 +32,19 @@ _FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per client host an
 async def execute(ctx, conn: ConnectionState, sql: str) -> Response:
     """Answer one COM_QUERY (what ``downstream/server.py`` awaits): OkResponse, ResultSet or ErrorResponse.
 
-    The statement runs on the caller's thread, as ``execute_sync``, except the two answers that may read
-    a lot of relay data, which are computed in a worker thread first so the event loop (the upstream
-    session, every dump) never stalls on them: ``BINLOG_GTID_POS('file', pos)`` with literal arguments
-    (a MariaDB replica's form; it reads the file up to ``pos``) and the first ``gtid_purged`` (the
-    catalog scans each closed file once). Never raises.
+    The statement runs on the event loop's thread in slices (``slicing.run_sliced``): its tokenizing, parsing
+    and evaluation give the loop a turn every ``slicing.WORK_PER_SLICE`` units of work, so no statement, whatever
+    its shape, holds the upstream session, the dumps or /status for more than a slice (invariant 7). It is
+    tokenized once. The two answers that may read a lot of relay data are computed in a worker thread first:
+    ``BINLOG_GTID_POS('file', pos)`` with literal arguments (a MariaDB replica's form; it reads the file up to
+    ``pos``) and the first ``gtid_purged`` (the catalog scans each closed file once). Never raises.
     """
     if isinstance(sql, (bytes, bytearray)):
         sql = bytes(sql).decode("utf-8", "replace")
     prefetched: dict[tuple[str, int], Any] = {}
     try:
         check_statement_size(ctx, sql)
-        tokens = tokenize(sql)
+        tokens = await run_sliced(tokenize, sql)
     except SqlError as exc:
         return exc.response()
     first, second = ([t.value.upper() if t.kind == "word" else None for t in tokens[:2]] + [None, None])[:2]
@@ -55,16 +57,21 @@ async def execute(ctx, conn: ConnectionState, sql: str) -> Response:
         await _prefetch(ctx, tokens, prefetched)
     except Exception:  # only an optimisation: the statement computes what is missing itself
         log.exception("prefetch for SQL statement failed", statement=sql[:200])
-    return _execute(ctx, conn, sql, prefetched)
+    return await run_sliced(_execute, ctx, conn, sql, prefetched, tokens)
 
 
 async def _show_binlog_events(ctx, conn: ConnectionState, sql: str, tokens: list[Token]) -> Response:
-    """SHOW BINLOG EVENTS: parsed and checked here, the file read in a worker thread (never on the loop)."""
+    """SHOW BINLOG EVENTS: parsed and checked here (in slices), the file read in a worker thread (never on the
+    loop)."""
     env = Env(ctx, conn)
-    try:
+
+    def prepare():
         parser = Parser(sql, tokens, env.flavour)
         parser.expect_word("SHOW")
-        path, name, size, request, max_rows = prepare_binlog_events(parser, env)
+        return prepare_binlog_events(parser, env)
+
+    try:
+        path, name, size, request, max_rows = await run_sliced(prepare)
         return await asyncio.to_thread(read_binlog_events, path, name, size, request, flavour=env.flavour,
                                        max_rows=max_rows)
     except SqlError as exc:
@@ -76,26 +83,42 @@ async def _show_binlog_events(ctx, conn: ConnectionState, sql: str, tokens: list
                              f"relayproxy internal error (reference {ref}) answering SHOW BINLOG EVENTS")
 
 
+def _prefetch_wanted(tokens: list[Token]) -> tuple[list[tuple[str, Any]], bool]:
+    """What ``_prefetch`` reads ahead for a statement: its ``BINLOG_GTID_POS('file', pos)`` calls with literal
+    arguments, and whether it reads ``gtid_purged``. One pass over the tokens, charged to the statement's slice."""
+    calls: list[tuple[str, Any]] = []
+    purged = False
+    show = bool(tokens) and tokens[0].kind == "word" and tokens[0].value.upper() == "SHOW"
+    for i, tok in enumerate(tokens):
+        if not i & 7:
+            work(1)
+        if tok.kind == "word":
+            word = tok.value.upper()
+            if word == "BINLOG_GTID_POS":
+                args = tokens[i + 1:i + 6]
+                if [t.kind for t in args] == ["op", "string", "op", "number", "op"] and args[0].value == "(" \
+                        and args[2].value == "," and args[4].value == ")":
+                    calls.append((args[1].value, args[3].value))
+            elif show and word == "VARIABLES":
+                purged = True
+        elif tok.kind == "sysvar" and tok.value[1] == "gtid_purged":
+            purged = True
+    return calls, purged
+
+
 async def _prefetch(ctx, tokens: list[Token], prefetched: dict[tuple[str, int], Any]) -> None:
-    kinds = [(t.kind, t.value.upper() if t.kind == "word" else t.value) for t in tokens]
+    calls, mentions_purged = await run_sliced(_prefetch_wanted, tokens)
     catalog: FileCatalog | None = None
-    for i, (kind, value) in enumerate(kinds):
-        if kind == "word" and value == "BINLOG_GTID_POS" and [k for k, _ in kinds[i + 1:i + 6]] == [
-            "op", "string", "op", "number", "op"
-        ] and kinds[i + 1][1] == "(" and kinds[i + 3][1] == "," and kinds[i + 5][1] == ")":
-            name, position = kinds[i + 2][1], kinds[i + 4][1]
-            catalog = catalog or _catalog_for(ctx)
-            try:
-                info = next((f for f in catalog.files() if f.name == name), None)
-                if info is None or not isinstance(position, int) or not 4 < position <= info.size:
-                    continue
-                path = ctx.store.path(name)
-            except (CatalogError, KeyError):
-                continue  # the statement itself answers NULL
-            prefetched[(str(path), position)] = await asyncio.to_thread(_gtids_at, path, position)
-    mentions_purged = any(k == "sysvar" and v[1] == "gtid_purged" for k, v in kinds) or (
-        kinds and kinds[0] == ("word", "SHOW") and ("word", "VARIABLES") in kinds
-    )
+    for name, position in calls:
+        catalog = catalog or _catalog_for(ctx)
+        try:
+            info = next((f for f in catalog.files() if f.name == name), None)
+            if info is None or not isinstance(position, int) or not 4 < position <= info.size:
+                continue
+            path = ctx.store.path(name)
+        except (CatalogError, KeyError):
+            continue  # the statement itself answers NULL
+        prefetched[(str(path), position)] = await asyncio.to_thread(_gtids_at, path, position)
     if mentions_purged and ctx.flavour != "mariadb":
         catalog = catalog or _catalog_for(ctx)
         try:
@@ -115,11 +138,13 @@ def execute_sync(ctx, conn: ConnectionState, sql: str) -> Response:
     return _execute(ctx, conn, sql, {})
 
 
-def _execute(ctx, conn: ConnectionState, sql: str, prefetched: dict[tuple[str, int], Any]) -> Response:
+def _execute(ctx, conn: ConnectionState, sql: str, prefetched: dict[tuple[str, int], Any],
+             tokens: list[Token] | None = None) -> Response:
     env = Env(ctx, conn, prefetched)
     try:
         check_statement_size(ctx, sql)
-        tokens = tokenize(sql)
+        if tokens is None:
+            tokens = tokenize(sql)
         if tokens[0].kind == "eof" or (tokens[0].kind == "op" and tokens[0].value == ";" and tokens[1].kind == "eof"):
             return ErrorResponse(ER_EMPTY_QUERY, "42000", "Query was empty")
         parser = Parser(sql, tokens, env.flavour)

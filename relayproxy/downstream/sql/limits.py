@@ -13,12 +13,23 @@ relay's memory without bound (issue 14). Each bound is structural (bytes, nodes,
 - ``MAX_EXPRESSION_DEPTH`` (256): an expression tree deeper than this (``1+1+...+1`` is as deep as it is long)
   is a 1064 naming the limit; evaluation recurses once per level, so this bounds the evaluator's stack.
 - ``MAX_TERMS`` (10,000): expression nodes (literals, operators, calls) in one statement; more is a 1064.
+- ``MAX_TOKENS`` (30,000): tokens and comments in one statement; the tokenizer stops with a 1064 naming the limit
+  at the next one, so a megabyte of ``1+1+...`` costs 30,000 tokens' work, not half a million. Parentheses
+  opened more than ``MAX_NESTING`` deep are refused by the tokenizer as they open.
+- ``MAX_SELECT_ITEMS`` (1,024): columns of one SELECT; more is ER_TOO_MANY_FIELDS 1117 ("Too many columns").
+  The result set is encoded in one piece on the event loop (about 3 µs a column definition on a busy core),
+  and no client of a relay selects that many. The values of the row together are bounded by
+  ``max_statement_bytes`` as each one is (1301).
 - ``MAX_STEPS`` (200,000): evaluation steps of one statement (one per node evaluated, one per LIKE candidate,
   one per KiB of string built); more is MySQL's ER_QUERY_TIMEOUT 3024 / MariaDB's ER_STATEMENT_TIMEOUT 1969,
   naming the budget.
 - Numbers: integers outside BIGINT (signed or unsigned) and doubles that overflow are ER_DATA_OUT_OF_RANGE
   1690, as are datetimes moved out of range by INTERVAL arithmetic (MySQL: NULL with warning 1441); a literal
   too large for a DOUBLE is ER_ILLEGAL_VALUE_FOR_TYPE 1367.
+
+Every bound above caps a statement's total work; ``slicing.py`` caps the work done between two turns of the
+event loop: the tokenizer, the parser and ``Budget.charge`` report their work there, and a statement run by
+``dispatch.execute`` gives the loop a turn every ``slicing.WORK_PER_SLICE`` units, whatever its shape.
 """
 
 from __future__ import annotations
@@ -27,11 +38,15 @@ import math
 from typing import Any
 
 from .errors import SqlError
+from .slicing import work
 
 DEFAULT_MAX_STATEMENT_BYTES = 1 << 20
 MAX_NESTING = 64
 MAX_EXPRESSION_DEPTH = 256
 MAX_TERMS = 10_000
+MAX_TOKENS = 30_000  # three a term: a literal, an operator or comma, a parenthesis or keyword
+MAX_SELECT_ITEMS = 1024
+SCAN_CHARS_PER_UNIT = 4  # escapes read in a quoted text per unit of slicing.work
 MAX_STEPS = 200_000
 STEP_BYTES = 1024  # one step per this many characters of string built
 
@@ -39,6 +54,7 @@ BIGINT_MIN = -(1 << 63)
 BIGINT_UNSIGNED_MAX = (1 << 64) - 1
 
 ER_NET_PACKET_TOO_LARGE = 1153
+ER_TOO_MANY_FIELDS = 1117
 ER_WARN_ALLOW_MAX_PACKET_SIZE = 1301
 ER_ILLEGAL_VALUE_FOR_TYPE = 1367
 ER_DATA_OUT_OF_RANGE = 1690
@@ -100,6 +116,7 @@ class Budget:
 
     def charge(self, steps: int = 1) -> None:
         self.steps += steps
+        work(steps)  # the statement's slice: the event loop turns between slices (slicing.py)
         if self.steps > self.limit:
             detail = (f"relayproxy stops a statement after {self.limit} evaluation steps; "
                       "ask for less in one statement")

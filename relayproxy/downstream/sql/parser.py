@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import ER_PARSE_ERROR, SqlError, _unsupported
 from .expressions import (
@@ -28,19 +27,31 @@ from .expressions import (
     _UserVarRef,
 )
 from .functions import _BARE_FUNCTIONS, _FUNCTIONS
-from .limits import BIGINT_UNSIGNED_MAX, ER_ILLEGAL_VALUE_FOR_TYPE, MAX_EXPRESSION_DEPTH, MAX_NESTING, MAX_TERMS
+from .limits import (
+    BIGINT_UNSIGNED_MAX,
+    ER_ILLEGAL_VALUE_FOR_TYPE,
+    MAX_EXPRESSION_DEPTH,
+    MAX_NESTING,
+    MAX_TERMS,
+    MAX_TOKENS,
+    SCAN_CHARS_PER_UNIT,
+)
+from .slicing import work
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
+class Token(NamedTuple):
     """One lexical token. ``start``/``end`` index the original text (column names are slices of it).
 
     kinds: ``word`` (keyword or bare identifier, value as written), ``qident`` (`quoted`), ``string``,
     ``number`` (int or float), ``sysvar`` (value ``(scope or None, lower-case name)``), ``uservar``
     (lower-case name), ``op``, ``eof``.
+
+    A named tuple, not a class with slots: a tuple of strings and numbers leaves the cyclic collector's books at
+    its first collection, so the thirty thousand tokens of a statement at MAX_TOKENS do not push the collector
+    into a full collection (a stall of the whole loop) the way as many tracked objects would.
     """
 
     kind: str
@@ -55,6 +66,17 @@ _USERVAR_RE = re.compile(r"[A-Za-z0-9_$.\u0080-\U0010ffff]+")
 _NUMBER_RE = re.compile(r"0[xX][0-9A-Fa-f]+|(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _OPERATORS = ("<=>", ":=", "<=", ">=", "<>", "!=", "||", "&&", "(", ")", ",", ".", "=", "<", ">", "+", "-",
               "*", "/", "%", ";", "!", "~", "^", "&", "|")
+# The operators by first character, longest first (the order above): one dict look-up a token, not 26 tries.
+_OPERATORS_BY_FIRST: dict[str, tuple[str, ...]] = {}
+for _op in _OPERATORS:
+    _OPERATORS_BY_FIRST[_op[0]] = _OPERATORS_BY_FIRST.get(_op[0], ()) + (_op,)
+del _op
+# Whitespace as str.isspace() has it (re's \s is the same Unicode test), skipped in one match, not a char a turn.
+_SPACE_RE = re.compile(r"\s+")
+# The run of a quoted text up to its next quote (or, where escapes apply, backslash): copied in one piece.
+_QUOTED_RUNS = {("'", True): re.compile(r"[^'\\]+"), ('"', True): re.compile(r'[^"\\]+'),
+                ("`", False): re.compile(r"[^`]+"), ("'", False): re.compile(r"[^']+"),
+                ('"', False): re.compile(r'[^"]+'), ("`", True): re.compile(r"[^`\\]+")}
 # MySQL string escapes; \% and \_ keep their backslash (they only mean something to LIKE).
 _ESCAPES = {"0": "\0", "'": "'", '"': '"', "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a",
             "\\": "\\", "%": "\\%", "_": "\\_"}
@@ -78,10 +100,26 @@ def _syntax_error(sql: str, pos: int, flavour: str = "mysql") -> SqlError:
 
 
 def _read_quoted(sql: str, i: int, quote: str, *, escapes: bool) -> tuple[str, int]:
-    """The text of a quoted string or identifier opening at ``sql[i]``, and the index after it."""
+    """The text of a quoted string or identifier opening at ``sql[i]``, and the index after it.
+
+    Runs without a quote or escape are copied in one piece; each escape or doubled quote is a turn of the loop,
+    charged to the statement's slice (slicing.work) so a megabyte of ``\\n`` is read between turns of the
+    event loop, not in one."""
     out: list[str] = []
     j, n = i + 1, len(sql)
+    run = _QUOTED_RUNS[(quote, escapes)]
+    turns = 0
     while j < n:
+        m = run.match(sql, j)
+        if m is not None:
+            out.append(m.group())
+            j = m.end()
+            if j >= n:
+                break
+        turns += 1
+        if turns == SCAN_CHARS_PER_UNIT:
+            work(1)
+            turns = 0
         c = sql[j]
         if escapes and c == "\\" and j + 1 < n:
             out.append(_ESCAPES.get(sql[j + 1], sql[j + 1]))
@@ -166,10 +204,25 @@ def _read_token(sql: str, i: int) -> Token:
             return Token("number", _number_value(sql, i, text, hexadecimal, real), i, m.end())
     if word is not None:
         return Token("word", word.group(), i, word.end())
-    for op in _OPERATORS:
+    for op in _OPERATORS_BY_FIRST.get(c, ()):
         if sql.startswith(op, i):
             return Token("op", op, i, i + len(op))
     raise _syntax_error(sql, i)
+
+
+def _limit_error(sql: str, pos: int, what: str) -> SqlError:
+    """A statement past one of limits.py's bounds: the parse error servers give, naming the bound."""
+    near = sql[pos:pos + 80]
+    return SqlError(ER_PARSE_ERROR, "42000", f"{what} near '{near}' at line {_line_of(sql, pos)}")
+
+
+def nesting_error(sql: str, pos: int) -> SqlError:
+    return _limit_error(sql, pos, f"relayproxy refuses expressions nested more than {MAX_NESTING} deep "
+                                  "(parentheses, function calls, prefix operators)")
+
+
+def _too_many_tokens(sql: str, pos: int) -> SqlError:
+    return _limit_error(sql, pos, f"relayproxy refuses statements of more than {MAX_TOKENS} tokens and comments")
 
 
 def tokenize(sql: str, *, strict: bool = True) -> list[Token]:
@@ -182,17 +235,30 @@ def tokenize(sql: str, *, strict: bool = True) -> list[Token]:
     ``strict=False`` becomes a ``bad`` token and tokenizing goes on: an unclosed quote (value None) or comment
     (value ``"/*"``) runs to the end of the text; otherwise the token is the one character (value that
     character; ``@`` of a variable that cannot be read), and the next token starts after it.
+
+    Bounded (limits.py), whatever ``strict``: reading stops with a 1064 at the ``MAX_TOKENS + 1``-th token or
+    comment and at a parenthesis opened ``MAX_NESTING + 1`` deep (the parser would refuse it), so a statement's
+    tokens cost O(the limit), not O(the statement). Each token and comment is charged to the statement's slice
+    (slicing.work): run under ``slicing.run_sliced``, the event loop turns every few hundred of them.
     """
     tokens: list[Token] = []
+    append = tokens.append
     i, n = 0, len(sql)
     in_executable = False
+    depth = 0  # parentheses open
+    comments = 0  # counted with the tokens: a megabyte of /**/ is as much to read as of 1+1
+    space = _SPACE_RE.match
     while True:
         # Whitespace and comments.
         while i < n:
             c = sql[i]
             if c.isspace():
-                i += 1
-            elif sql.startswith("/*", i):
+                i = space(sql, i).end()
+            elif c == "/" and sql.startswith("/*", i):
+                comments += 1
+                if len(tokens) + comments > MAX_TOKENS:
+                    raise _too_many_tokens(sql, i)
+                work(1)
                 m = _EXECUTABLE_COMMENT_RE.match(sql, i)
                 if m is not None and not in_executable:
                     in_executable = True
@@ -202,21 +268,29 @@ def tokenize(sql: str, *, strict: bool = True) -> list[Token]:
                 if end < 0:
                     if strict:
                         raise _syntax_error(sql, i)
-                    tokens.append(Token("bad", "/*", i, n))
+                    append(Token("bad", "/*", i, n))
                     i = n
                     break
                 i = end + 2
-            elif in_executable and sql.startswith("*/", i):
+            elif in_executable and c == "*" and sql.startswith("*/", i):
                 in_executable = False
                 i += 2
-            elif c == "#" or (sql.startswith("--", i) and (i + 2 >= n or sql[i + 2].isspace() or ord(sql[i + 2]) < 32)):
+            elif c == "#" or (c == "-" and sql.startswith("--", i)
+                              and (i + 2 >= n or sql[i + 2].isspace() or ord(sql[i + 2]) < 32)):
+                comments += 1
+                if len(tokens) + comments > MAX_TOKENS:
+                    raise _too_many_tokens(sql, i)
+                work(1)
                 end = sql.find("\n", i)
                 i = n if end < 0 else end + 1
             else:
                 break
         if i >= n:
-            tokens.append(Token("eof", None, n, n))
+            append(Token("eof", None, n, n))
             return tokens
+        if len(tokens) + comments >= MAX_TOKENS:
+            raise _too_many_tokens(sql, i)
+        work(1)
         try:
             token = _read_token(sql, i)
         except SqlError:
@@ -224,7 +298,14 @@ def tokenize(sql: str, *, strict: bool = True) -> list[Token]:
                 raise
             quote = sql[i] in "'\"`"
             token = Token("bad", None if quote else sql[i], i, n if quote else i + 1)
-        tokens.append(token)
+        if token.kind == "op":
+            if token.value == "(":
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise nesting_error(sql, i)
+            elif token.value == ")" and depth:
+                depth -= 1
+        append(token)
         i = token.end
 
 
@@ -260,6 +341,7 @@ class Parser:
 
     def advance(self) -> Token:
         tok = self.tokens[self.i]
+        work(1)  # the statement's slice (slicing.py): a token consumed, with the parsing around it
         if tok.kind != "eof":
             self.i += 1
             self.last_end = tok.end
@@ -321,14 +403,12 @@ class Parser:
 
     # -- bounds ----------------------------------------------------------------------------------
     def _limit_error(self, what: str) -> SqlError:
-        near = self.sql[self.cur.start:self.cur.start + 80]
-        return SqlError(ER_PARSE_ERROR, "42000", f"{what} near '{near}' at line {_line_of(self.sql, self.cur.start)}")
+        return _limit_error(self.sql, self.cur.start, what)
 
     def _nest(self) -> None:
         self.nesting += 1
         if self.nesting > MAX_NESTING:
-            raise self._limit_error(f"relayproxy refuses expressions nested more than {MAX_NESTING} deep "
-                                    "(parentheses, function calls, prefix operators)")
+            raise nesting_error(self.sql, self.cur.start)
 
     def _leaf(self, node: _Node) -> _Node:
         return self._node(node)
@@ -336,9 +416,18 @@ class Parser:
     def _node(self, node: _Node, *children: _Node) -> _Node:
         """Count a node built from ``children`` against MAX_TERMS and MAX_EXPRESSION_DEPTH."""
         self.terms += 1
+        work(1)
         if self.terms > MAX_TERMS:
             raise self._limit_error(f"relayproxy refuses statements of more than {MAX_TERMS} terms")
-        depth = 1 + max((self._depths.get(id(c), 1) for c in children), default=0)
+        depth = 0
+        depths = self._depths
+        for count, child in enumerate(children, 1):  # an IN list or a call may have thousands
+            child_depth = depths.get(id(child), 1)
+            if child_depth > depth:
+                depth = child_depth
+            if not count & 7:
+                work(1)
+        depth += 1
         if depth > MAX_EXPRESSION_DEPTH:
             raise self._limit_error(f"relayproxy refuses expressions more than {MAX_EXPRESSION_DEPTH} operators deep")
         self._depths[id(node)] = depth

@@ -9,12 +9,13 @@ transaction boundary), so they run in ``execute`` (async), never in ``execute_sy
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from ...log import PeerLogLimiter, get_logger, report_failure
 from ...wire.results import ErrorResponse, OkResponse, Response
 from .. import privileges
-from .errors import ER_NOT_SUPPORTED_YET
+from .errors import ER_NOT_SUPPORTED_YET, SqlError
 from .replication_parser import (
     AdminStatementError,
     ChangeMaster,
@@ -24,6 +25,7 @@ from .replication_parser import (
     check_flavour,
     parse_admin_statement,
 )
+from .slicing import run_sliced
 
 if TYPE_CHECKING:
     from ..context import ConnectionState
@@ -54,12 +56,15 @@ async def replication_statement(ctx, conn: ConnectionState, sql: str) -> Respons
     """Answer one replication admin statement; never raises."""
     flavour = ctx.flavour
     try:
-        statement = parse_admin_statement(sql, flavour=flavour)
+        # In slices, as every statement (slicing.py): the tokenizer's bounds and pauses apply here too.
+        statement = await run_sliced(functools.partial(parse_admin_statement, sql, flavour=flavour))
         if statement is None:
             return ErrorResponse(ER_NOT_SUPPORTED_YET, "42000", f"relayproxy does not support '{sql.strip()[:40]}'")
         check_flavour(statement, flavour)
     except AdminStatementError as exc:
         return ErrorResponse(exc.code, exc.sqlstate, exc.message)
+    except SqlError as exc:  # past a tokenizer bound (limits.py)
+        return exc.response()
     denied = _denied(ctx, conn)
     if denied is not None:
         return denied

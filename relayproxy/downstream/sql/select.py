@@ -15,8 +15,9 @@ from .errors import (
     _unsupported,
 )
 from .expressions import Evaluator, _Literal, _Node
-from .limits import ER_WARN_ALLOW_MAX_PACKET_SIZE, value_size
+from .limits import ER_TOO_MANY_FIELDS, ER_WARN_ALLOW_MAX_PACKET_SIZE, MAX_SELECT_ITEMS, too_large, value_size
 from .parser import _CLAUSE_WORDS, Parser, _limit
+from .slicing import work
 from .values import _output, _truthy
 from .variables import _binlog_checksum, _default_collation, _lookup_variable
 
@@ -50,6 +51,9 @@ def _select(p: Parser, env: Env) -> Response:
         items.append((node, name))
         if not p.accept_op(","):
             break
+        if len(items) >= MAX_SELECT_ITEMS:
+            raise SqlError(ER_TOO_MANY_FIELDS, "HY000",
+                           f"Too many columns (relayproxy answers at most {MAX_SELECT_ITEMS} in one SELECT)")
     if p.accept_word("FROM"):
         p.expect_word("DUAL")  # anything else was refused by _refuse_tables
     where = p.expr() if p.accept_word("WHERE") else None
@@ -65,7 +69,14 @@ def _select(p: Parser, env: Env) -> Response:
         p.expect_word("MODE")
     p.end_of_statement()
     ev = Evaluator(env)
-    row = [_output(node.eval(ev)) for node, _ in items]
+    row = []
+    size = 0
+    for node, _ in items:
+        value = _output(node.eval(ev))
+        size += value_size(value)
+        if size > env.max_value_bytes:  # one row is one packet: what a server would not send, nor does the relay
+            raise too_large("the row", env.max_value_bytes)
+        row.append(value)
     rows = [row]
     if where is not None:
         w = where.eval(ev)
@@ -81,6 +92,7 @@ def _refuse_tables(p: Parser) -> None:
     depth = 0
     for j in range(p.i, len(p.tokens) - 1):
         tok = p.tokens[j]
+        work(1)
         if tok.kind == "op" and tok.value in "()":
             depth += 1 if tok.value == "(" else -1
         elif depth == 0 and tok.kind == "word" and tok.value.upper() == "FROM":
