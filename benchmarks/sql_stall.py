@@ -1,0 +1,169 @@
+"""How long a hostile or merely large statement holds the relay's event loop (invariant 7), before and after the
+SQL layer ran in slices.
+
+For each statement shape (the defect's 1,000,008-byte ``SELECT 1+1+...+1`` from a monitoring account, and the
+largest statements of other shapes within the limits) the relay's own ``downstream.sql.execute`` answers it on a
+uvloop event loop in this process, while a probe task on the same loop notes each turn it gets: the time to the
+answer, the longest wall-clock gap between two turns of the probe (the stall every replica and /status would
+see), and the most CPU time (``time.thread_time``, which a busy machine's preemption does not inflate) between two
+turns. Start-up objects are frozen out of the cyclic collector first, as ``relayproxy run`` does.
+
+``--before DIR`` also measures a checkout of an earlier commit (``git worktree add DIR <commit>`` or ``git archive
+<commit> | tar -x -C DIR``; ``--before-commit`` names it), each in its own process, and writes both to
+``benchmarks/results/sql_stall.md``.
+
+    .venv/bin/python benchmarks/sql_stall.py [--runs 3] [--before DIR --before-commit COMMIT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results" / "sql_stall.md"
+MIB = 1 << 20
+
+SHAPES = [  # (name, statement)
+    ("the defect's SELECT 1+1+...+1, 1,000,008 bytes", "SELECT 1" + "+1" * ((1_000_008 - 8) // 2)),
+    ("IN list of 9,998 (at MAX_TERMS)", "SELECT 1 IN (" + ",".join(["2"] * 9998) + ")"),
+    ("1,024 select items (at MAX_SELECT_ITEMS)", "SELECT " + ",".join(["1"] * 1024)),
+    ("/**/ comments, 1 MiB", "SELECT 1" + "/**/" * ((MIB - 10) // 4)),
+    ("string of \\n escapes, 1 MiB", "SELECT '" + "\\n" * ((MIB - 10) // 2) + "'"),
+    ("string literal, 1 MiB", "SELECT '" + "x" * (MIB - 10) + "'"),
+    ("unterminated quote, 1 MiB", "SELECT '" + "x" * (MIB - 10)),
+]
+
+
+def measure(runs: int) -> list[dict]:
+    """In the process whose ``relayproxy`` is the one to measure (PYTHONPATH)."""
+    import asyncio
+    import gc
+    import tempfile
+    import time
+    import types
+
+    from relayproxy.commands import config
+    from relayproxy.downstream.context import ConnectionState, DownstreamContext
+    from relayproxy.downstream.sql import execute
+    from relayproxy.relay.store import RelayStore
+    from relayproxy.upstream.receiver import ReceiverCounters
+    from relayproxy.upstream.session import UpstreamStatus
+
+    try:
+        import uvloop
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    relay_dir = Path(tempfile.mkdtemp(prefix="sql-stall-"))
+    cfg = config.load(None, environ={"RELAYPROXY_SERVER_ID": "100", "RELAYPROXY_USER": "repl",
+                                     "RELAYPROXY_RELAY_DIR": str(relay_dir), "RELAYPROXY_MASTER": "127.0.0.1:3306",
+                                     "RELAYPROXY_GTID_MODE": "mysql"})
+    store = RelayStore.open(relay_dir)
+    status = UpstreamStatus(io_running=True, state="streaming", master_server_id=1)
+    session = types.SimpleNamespace(store=store, status=status, receiver=types.SimpleNamespace(
+        master_position=None, master_timestamp=0, counters=ReceiverCounters()))
+    ctx = DownstreamContext(cfg, session, server_uuid="00000000-0000-0000-0000-000000000100",
+                            status_document=lambda: {})
+    conn = ConnectionState(conn_id=7, user="monitor", host="10.0.0.9")
+    ctx.connections[7] = conn
+    gc.collect()
+    gc.freeze()
+
+    async def once(sql: str) -> dict:
+        walls, cpus = [], []
+        done = False
+
+        async def probe():
+            wall, cpu = time.perf_counter(), time.thread_time()
+            while not done:
+                await asyncio.sleep(0)
+                now_wall, now_cpu = time.perf_counter(), time.thread_time()
+                walls.append(now_wall - wall)
+                cpus.append(now_cpu - cpu)
+                wall, cpu = now_wall, now_cpu
+
+        task = asyncio.create_task(probe())
+        await asyncio.sleep(0)
+        started = time.perf_counter()
+        response = await execute(ctx, conn, sql)
+        seconds = time.perf_counter() - started
+        done = True
+        await task
+        return {"seconds": seconds, "stall": max(walls), "cpu": max(cpus), "turns": len(walls),
+                "answer": getattr(response, "code", "result")}
+
+    out = []
+    for name, sql in SHAPES:
+        samples = [run(once(sql)) for _ in range(runs)]
+        out.append({"shape": name, "bytes": len(sql.encode()), "samples": samples})
+    store.close()
+    return out
+
+
+def summary(values: list[float], scale: float, digits: int) -> str:
+    m, lo, hi = statistics.median(values) * scale, min(values) * scale, max(values) * scale
+    return f"{m:,.{digits}f} [{lo:,.{digits}f}-{hi:,.{digits}f}]"
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| statement | bytes | answer | seconds to answer | longest stall, ms (wall) | most CPU in one turn, ms "
+             "| loop turns meanwhile |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        s = row["samples"]
+        lines.append(f"| {row['shape']} | {row['bytes']:,} | {s[0]['answer']} | "
+                     f"{summary([x['seconds'] for x in s], 1, 3)} | {summary([x['stall'] for x in s], 1000, 1)} | "
+                     f"{summary([x['cpu'] for x in s], 1000, 1)} | {statistics.median([x['turns'] for x in s]):,.0f} |")
+    return lines
+
+
+def run_in(source: Path, runs: int) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--measure", "--runs", str(runs)],
+                          env=env, cwd=source, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--before", type=Path, help="a checkout of an earlier commit to measure too")
+    parser.add_argument("--before-commit", default="not recorded")
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(args.runs)))
+        return 0
+    sys.path.insert(0, str(HERE))
+    from benchinfo import command_line, machine_info, machine_section
+
+    after = run_in(REPO, args.runs)
+    before = run_in(args.before, args.runs) if args.before else None
+    machine = machine_info()
+    lines = ["# SQL statements and the event loop: time to answer and the longest stall", "",
+             "Produced by (from the repository root):", "", "```", command_line(__file__, argv), "```", "",
+             f"- commit: {machine['relayproxy commit'].split()[0]}; tree: "
+             f"{'dirty' if '+' in machine['relayproxy commit'] else 'clean'} ({machine['relayproxy commit']})",
+             f"- repeats: {args.runs} runs of each statement; figures are the median with the range [min-max]", "",
+             "Each statement is answered by `downstream.sql.execute` on a uvloop event loop while a probe task on "
+             "the same loop notes every turn it gets. *Longest stall* is the longest wall-clock gap between two turns "
+             "of the probe: how long every replica, the upstream session and /status waited (a busy machine's "
+             "preemption is in it); *most CPU in one turn* is the same gap in thread CPU time.", ""]
+    if before is not None:
+        lines += [f"## Before: commit {args.before_commit} (the whole statement in one turn of the loop)", "",
+                  *table(before), ""]
+    lines += [f"## After: commit {machine['relayproxy commit'].split()[0]} (the statement in slices, bounded as its "
+              "limits are crossed)", "", *table(after), "", *machine_section(machine)]
+    RESULTS.write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
