@@ -22,8 +22,11 @@ Where things live: ``parser`` (tokenizer and expression parser), ``expressions``
 ``functions`` (evaluation), ``variables`` (``SYSTEM_VARIABLES``, ``STATUS_VARIABLES``: add an entry there to
 answer a new one), ``select`` (SELECT, SET, DO, transactions), ``show`` (the status statements),
 ``admin`` (statements that change the relay), ``dispatch`` (add a statement's first word there), ``limits``
-(the bounds every statement runs under: statement size, nesting, terms, evaluation steps, value sizes).
-``execute`` is the coroutine the server awaits; ``execute_sync`` is the same without the event loop.
+(the bounds every statement runs under: statement size, tokens, nesting, terms, select items, evaluation steps,
+value sizes).
+``execute`` is the coroutine the server awaits: it runs the statement in slices on the loop's thread
+(``slicing``: the loop turns every few hundred units of work, whatever the statement); ``execute_sync`` is the
+same in one piece, without the event loop.
 Neither does network I/O. Disk work: ``PURGE`` unlinks files (on the caller's thread, the one that owns
 the store); ``BINLOG_GTID_POS`` reads one relay file up to the position and the first ``gtid_purged``
 scans closed files, both moved to a worker thread by ``execute``.
