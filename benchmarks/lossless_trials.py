@@ -330,7 +330,7 @@ def write_plot(path: Path, report: dict) -> bool:
                      label="fallback: unacknowledged lost via the relay (the hole)")
     left.set_yscale("symlog", linthresh=1)
     left.set_xlabel("candidate link delay per chunk, ms")
-    left.set_ylabel("acknowledged commits lost (symlog)")
+    left.set_ylabel("commits lost in the trial (symlog)")
     left.set_title("Loss per trial", fontsize=9)
     left.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     kinds = [k for k in KINDS if any(r["spec"]["kind"] == k for r in rows)]
