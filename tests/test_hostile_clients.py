@@ -444,7 +444,8 @@ def test_a_statement_that_trips_a_bug_logs_one_line_with_a_reference(
     from test_downstream_server import make_ctx
 
     ctx = make_ctx()
-    messages = [dispatch._execute(ctx, conn, "SELECT " + "(" * 150 + "1" + ")" * 150, {}).message for _ in range(6)]
+    # within the statement limits (64 levels of parentheses), so the statement reaches the failing _dispatch
+    messages = [dispatch._execute(ctx, conn, "SELECT " + "(" * 60 + "1" + ")" * 60, {}).message for _ in range(6)]
     err = capsys.readouterr().err
     lines = [json.loads(raw) for raw in err.splitlines() if raw.startswith("{") and "SQL statement failed" in raw]
     assert len(lines) == 3 and len(err) < 3 * 1000
