@@ -16,36 +16,22 @@ from relayproxy.lab.failover import (
     ADMIN_USER,
     SCHEMA,
     FailoverLab,
+    assert_every_insert_once,
     binlog_pos,
     covers,
     relay_sql,
-    uids,
-    wait_until,
+    run_promote,
 )
 from relayproxy.lab.harness import assert_same_data, replica_status
 
 pytestmark = pytest.mark.server
 
 
-def promote(lab: FailoverLab, tmp: Path, *extra: str, candidate=None, relays=None, timeout: float = 120) -> tuple[int, dict, str]:
-    """Run `relayproxy promote --json` as an HA tool would (a subprocess); returns (exit code, document, stderr)."""
-    (tmp / "cand.pw").write_text("\n")
-    (tmp / "relay.pw").write_text(ADMIN_PASSWORD + "\n")
+def promote(lab: FailoverLab, tmp: Path, *extra: str, candidate=None, relays=None) -> tuple[int, dict, str]:
+    """`relayproxy promote --json` run as an HA tool would (a subprocess) on the lab's candidate R1 and relay."""
     candidate = candidate or lab.r1
-    relays = relays or [f"127.0.0.1:{lab.relay_port}"]
-    command = [sys.executable, "-m", "relayproxy.commands.cli", "promote", "--json",
-               "--candidate", f"127.0.0.1:{candidate.port}", "--candidate-user", "root",
-               "--candidate-password-file", str(tmp / "cand.pw"),
-               *(a for r in relays for a in ("--relay", r)),
-               "--relay-user", ADMIN_USER, "--relay-password-file", str(tmp / "relay.pw"), *extra]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    print(done.stderr)
-    try:
-        document = json.loads(done.stdout)
-    except ValueError:
-        pytest.fail(f"promote printed no JSON document (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
-    print(json.dumps(document, indent=1))
-    return done.returncode, document, done.stderr
+    ports = [int(r.rpartition(":")[2]) for r in relays] if relays else [lab.relay_port]
+    return run_promote(tmp, candidate.port, ports, *extra)
 
 
 def lagging_candidate_then_crash(lab: FailoverLab, behind: int) -> tuple[str, int]:
@@ -61,13 +47,6 @@ def lagging_candidate_then_crash(lab: FailoverLab, behind: int) -> tuple[str, in
     for link in lab.links.values():
         link.proxy.drop_connections()
     return last, behind
-
-
-def assert_every_insert_once(lab: FailoverLab, server) -> None:
-    for table, inserted in lab.load.inserted.items():
-        count, found = uids(server, table)
-        assert count == len(found), f"{table}: a row was applied twice on {server.basedir.name}"
-        assert inserted <= found, f"{table}: {len(inserted - found)} committed inserts missing on {server.basedir.name}"
 
 
 def test_promote_catches_the_lagging_candidate_up_from_the_relay(tmp_path):
@@ -98,7 +77,7 @@ def test_promote_catches_the_lagging_candidate_up_from_the_relay(tmp_path):
         assert covers(binlog_pos(r1), last)
         assert int(r1.execute("SELECT @@GLOBAL.read_only")[0][0]) == 0
         assert replica_status(r1) == {}  # no replication left
-        assert_every_insert_once(lab, r1)
+        assert_every_insert_once(lab.load, r1)
         relay_status = relay_sql(lab.relay_port, "SHOW SLAVE STATUS")[0]
         assert relay_status["Master_Port"] == r1.port and relay_status["Slave_IO_Running"] == "Yes"
 
@@ -109,7 +88,7 @@ def test_promote_catches_the_lagging_candidate_up_from_the_relay(tmp_path):
                                     "result": f"repointed to 127.0.0.1:{r1.port} by GTID"}]
         for replica in (lab.r2, lab.r3, lab.r4):
             assert_same_data(r1, replica)
-            assert_every_insert_once(lab, replica)
+            assert_every_insert_once(lab.load, replica)
 
         # a second run finds it done and changes nothing
         code, doc, _ = promote(lab, tmp_path)
@@ -224,7 +203,7 @@ def test_promote_refuses_bad_input_then_converges_after_a_timeout_and_a_kill(tmp
         assert code == 0 and doc["outcome"] == "promoted", doc
         assert "9-2-1" in doc["errant"] and any("9-2-1" in w for w in doc["warnings"])
         assert covers(binlog_pos(r1), last) and replica_status(r1) == {}
-        assert_every_insert_once(lab, r1)
+        assert_every_insert_once(lab.load, r1)
         lab.load.run(r1, 20)
         lab.wait_converged(r1)
         assert_same_data(r1, lab.r2)
@@ -263,6 +242,6 @@ def test_a_candidate_the_ha_tool_detached_read_only_is_caught_up_with_candidate_
         code, doc, _ = promote(lab, tmp_path, "--candidate-detached")
         assert code == 0 and doc["outcome"] == "promoted", doc
         assert covers(binlog_pos(r1), last) and replica_status(r1) == {}
-        assert_every_insert_once(lab, r1)
+        assert_every_insert_once(lab.load, r1)
         lab.load.run(r1, 10)
         lab.wait_converged(r1)

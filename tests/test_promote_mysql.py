@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pymysql
 import pytest
 
+from relayproxy.lab.failover import run_promote
 from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, FaultProxy
 
 from .fakemaster import FakeMySQLMaster
@@ -44,7 +42,6 @@ from .fakereplica import (
 )
 from .test_fake_mysql_master import running_relay, wait_for
 
-REPO = Path(__file__).resolve().parents[1]
 A = "aaaaaaaa-1111-4111-8111-000000000001"  # M1, the master that dies (server_id 1)
 B = "bbbbbbbb-2222-4222-8222-000000000002"  # the candidate (server_id 2)
 C = "cccccccc-3333-4333-8333-000000000003"  # errant: written on the candidate, in no relay
@@ -106,21 +103,8 @@ async def one_line(port: int) -> str:
 
 async def promote(tmp: Path, cand: FakeMySQLReplica, relays: list[int], *extra: str) -> tuple[int, dict, str]:
     """`relayproxy promote --json` as a subprocess; (exit code, JSON document, stderr)."""
-    (tmp / "cand.pw").write_text("rootpw\n")
-    (tmp / "relay.pw").write_text("opspw\n")
-    command = [sys.executable, "-m", "relayproxy.commands.cli", "promote", "--json",
-               "--candidate", f"127.0.0.1:{cand.port}", "--candidate-user", "root",
-               "--candidate-password-file", str(tmp / "cand.pw"),
-               *(a for port in relays for a in ("--relay", f"127.0.0.1:{port}")),
-               "--relay-user", "ops", "--relay-password-file", str(tmp / "relay.pw"), "--timeout", "60", *extra]
-    done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120, cwd=REPO)
-    print(done.stderr)
-    try:
-        document = json.loads(done.stdout)
-    except ValueError:
-        pytest.fail(f"promote printed no JSON document (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
-    print(json.dumps(document, indent=1))
-    return done.returncode, document, done.stderr
+    return await asyncio.to_thread(run_promote, tmp, cand.port, relays, "--timeout", "60", *extra, relay_user="ops",
+                                   relay_password="opspw", candidate_password="rootpw", timeout=120)
 
 
 @contextlib.asynccontextmanager

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -27,10 +25,13 @@ from relayproxy.lab.failover import (
     REPL_PASSWORD,
     REPL_USER,
     FailoverLab,
+    assert_every_insert_once,
     binlog_pos,
+    first_difference,
+    relay_file_bytes,
+    run_promote,
     covers,
     relay_sql,
-    uids,
     wait_until,
 )
 from relayproxy.lab.harness import RelayProcess, assert_same_data, free_port, master_status, replica_status, wait_relay
@@ -38,40 +39,6 @@ from relayproxy.lab.harness import RelayProcess, assert_same_data, free_port, ma
 pytestmark = pytest.mark.server
 
 TIMEOUT = 60.0
-
-
-def relay_files(relay_dir) -> dict[str, bytes]:
-    names = (relay_dir / "relayproxy.index").read_text().split()
-    return {name: (relay_dir / name).read_bytes() for name in names}
-
-
-def first_difference(a: bytes, b: bytes) -> str:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return f"first difference at byte {i} ({len(a)} and {len(b)} bytes)"
-    return f"one is a prefix of the other ({len(a)} and {len(b)} bytes)"
-
-
-def run_promote(lab: FailoverLab, tmp, relays: list[int]) -> tuple[int, dict, str]:
-    (tmp / "cand.pw").write_text("\n")
-    (tmp / "relay.pw").write_text(ADMIN_PASSWORD + "\n")
-    command = [sys.executable, "-m", "relayproxy.commands.cli", "promote", "--json",
-               "--candidate", f"127.0.0.1:{lab.r1.port}", "--candidate-user", "root",
-               "--candidate-password-file", str(tmp / "cand.pw"),
-               *(a for port in relays for a in ("--relay", f"127.0.0.1:{port}")),
-               "--relay-user", ADMIN_USER, "--relay-password-file", str(tmp / "relay.pw"), "--timeout", "120"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    print(done.stderr)
-    document = json.loads(done.stdout)
-    print(json.dumps(document, indent=1))
-    return done.returncode, document, done.stderr
-
-
-def assert_every_insert_once(lab: FailoverLab, server) -> None:
-    for table, inserted in lab.load.inserted.items():
-        count, found = uids(server, table)
-        assert count == len(found), f"{table}: a row was applied twice on {server.basedir.name}"
-        assert inserted <= found, f"{table}: {len(inserted - found)} committed inserts missing on {server.basedir.name}"
 
 
 def test_promote_levels_a_lagging_relay_from_its_peer_and_the_relays_stay_identical(tmp_path, capsys):
@@ -97,7 +64,7 @@ def test_promote_levels_a_lagging_relay_from_its_peer_and_the_relays_stay_identi
         behind = relay2.status()["retrieved_gtid_set"]
         assert covers(lab.relay.status()["retrieved_gtid_set"], last) and not covers(behind, last), behind
 
-        code, doc, stderr = run_promote(lab, tmp_path, [lab.relay_port, port2])
+        code, doc, stderr = run_promote(tmp_path, lab.r1.port, [lab.relay_port, port2], "--timeout", "120")
         assert code == 0, doc
         steps = {s["step"] for s in doc["steps"]}
         assert "levelled the relays" in steps, doc["steps"]
@@ -136,7 +103,7 @@ def test_promote_levels_a_lagging_relay_from_its_peer_and_the_relays_stay_identi
         lab.load.run(lab.r1, 40)
         lab.wait_converged(lab.r1, [lab.r2, lab.r3])
         for server in (lab.r1, lab.r2, lab.r3):
-            assert_every_insert_once(lab, server)
+            assert_every_insert_once(lab.load, server)
         for replica in (lab.r2, lab.r3):
             assert_same_data(lab.r1, replica)
             assert int(replica_status(replica)["Master_Port"]) == port2
@@ -146,7 +113,7 @@ def test_promote_levels_a_lagging_relay_from_its_peer_and_the_relays_stay_identi
                            TIMEOUT, "the horizon at R1's position")
         lab.relay.stop()
         relay2.stop()
-        one, two = relay_files(lab.relay.relay_dir), relay_files(relay2.relay_dir)
+        one, two = relay_file_bytes(lab.relay.relay_dir), relay_file_bytes(relay2.relay_dir)
         assert list(one) == list(two), f"relay files differ in names: {list(one)} and {list(two)}"
         differ = {name: first_difference(one[name], two[name]) for name in one if one[name] != two[name]}
         assert not differ, f"files differ between the two relays: {differ}"
@@ -172,7 +139,7 @@ def test_a_relay_of_another_master_is_refused_as_a_peer(tmp_path):
             wait_relay(other, lab.r1, TIMEOUT)
             assert relay_sql(other_port, "SELECT @@relayproxy_master_server_id AS m, @@relayproxy_epoch AS e") == [
                 {"m": 2, "e": 1}]
-            before = relay_files(lab.relay.relay_dir)
+            before = relay_file_bytes(lab.relay.relay_dir)
             relay_sql(lab.relay_port, "STOP SLAVE")
             at = relay_sql(lab.relay_port, "SHOW SLAVE STATUS")[0]
             relay_sql(lab.relay_port, f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={other_port}, "
@@ -186,7 +153,7 @@ def test_a_relay_of_another_master_is_refused_as_a_peer(tmp_path):
             assert "peer catch-up refused" in error and "a relay of another master" in error, error
             assert f"127.0.0.1:{other_port} (server_id 102)" in error and "master server_id 2" in error, error
             assert "epoch 1" in error, error
-            assert relay_files(lab.relay.relay_dir) == before  # nothing written
+            assert relay_file_bytes(lab.relay.relay_dir) == before  # nothing written
             assert replica_status(lab.r2)["Slave_IO_Running"] == "Yes"  # replicas still served
         finally:
             other.stop()

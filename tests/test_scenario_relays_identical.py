@@ -18,25 +18,22 @@ import pytest
 
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.reader import scan_file
-from relayproxy.lab.failover import FailoverLab, binlog_pos, covers, promote, repoint_relay, wait_until
+from relayproxy.lab.failover import (
+    FailoverLab,
+    binlog_pos,
+    covers,
+    first_difference,
+    promote,
+    relay_file_bytes,
+    repoint_relay,
+    wait_until,
+)
 from relayproxy.lab.harness import master_status, wait_relay
 from relayproxy.relay.epochs import is_filler
 
 pytestmark = pytest.mark.server
 
 TIMEOUT = 60.0
-
-
-def relay_files(relay_dir) -> dict[str, bytes]:
-    names = (relay_dir / "relayproxy.index").read_text().split()
-    return {name: (relay_dir / name).read_bytes() for name in names}
-
-
-def first_difference(a: bytes, b: bytes) -> str:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return f"first difference at byte {i} ({len(a)} and {len(b)} bytes)"
-    return f"one is a prefix of the other ({len(a)} and {len(b)} bytes)"
 
 
 def test_two_relays_of_one_master_hold_identical_files_across_a_failover(tmp_path, capsys):
@@ -79,7 +76,7 @@ def test_two_relays_of_one_master_hold_identical_files_across_a_failover(tmp_pat
         lab.relay.stop()
         relay2.stop()
 
-        one, two = relay_files(lab.relay.relay_dir), relay_files(relay2.relay_dir)
+        one, two = relay_file_bytes(lab.relay.relay_dir), relay_file_bytes(relay2.relay_dir)
         assert list(one) == list(two), f"relay files differ in names: {list(one)} and {list(two)}"
         differ = {name: first_difference(one[name], two[name]) for name in one if one[name] != two[name]}
         assert not differ, f"files differ between the two relays: {differ}"

@@ -958,3 +958,16 @@ class MariaBinlogState:
             state.update(MariaGtid._make(_GTID_LIST_ENTRY.unpack_from(buf, pos)))
             pos += _GTID_LIST_ENTRY.size
         return state, flags
+
+
+def boundary_gtid_text(gtid) -> str | None:
+    """Text of a boundary-parser GTID: ``domain-server-seq``, ``uuid:gno`` or ``uuid:tag:gno``."""
+    if gtid is None:
+        return None
+    if isinstance(gtid[0], int):
+        return "-".join(str(part) for part in gtid)
+    if len(gtid) == 3:
+        sid, tag, gno = gtid
+        return f"{_uuid.UUID(bytes=bytes(sid))}:{tag}:{gno}" if tag else f"{_uuid.UUID(bytes=bytes(sid))}:{gno}"
+    sid, gno = gtid
+    return f"{_uuid.UUID(bytes=bytes(sid))}:{gno}"

@@ -6,13 +6,13 @@ import argparse
 import json
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import TextIO
 
 from ..binlog import constants as C
 from ..binlog.encryption import ALGORITHMS, BinlogKeyError, DecryptingStream
 from ..binlog.events import BinlogFormatError, FormatDescription
+from ..binlog.gtid import boundary_gtid_text
 from ..binlog.reader import ScannedEvent, ScannedGroup, ScanResult, scan_file
 from ..relay import closed_files, fileindex
 from ..relay.conversion import keyring_from_config
@@ -103,17 +103,7 @@ def _scan(path: str, verify: bool, decrypt: dict | None = None, **callbacks) -> 
         return ScanResult(path=path, error=str(exc))
 
 
-def format_gtid(gtid) -> str | None:
-    """Text of a boundary-parser GTID: ``uuid:gno``, ``uuid:tag:gno`` or ``domain-server-seq``."""
-    if gtid is None:
-        return None
-    if isinstance(gtid[0], int):
-        return "-".join(str(part) for part in gtid)
-    if len(gtid) == 3:
-        sid, tag, gno = gtid
-        return f"{uuid.UUID(bytes=bytes(sid))}:{tag}:{gno}" if tag else f"{uuid.UUID(bytes=bytes(sid))}:{gno}"
-    sid, gno = gtid
-    return f"{uuid.UUID(bytes=bytes(sid))}:{gno}"
+format_gtid = boundary_gtid_text  # the name this module has exported
 
 
 def result_to_json(r: ScanResult) -> dict:

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -222,6 +225,53 @@ def uids(server: MariaDBSandbox, table: str) -> tuple[int, set[int]]:
     """(row count, set of uids) of one table: count == len(set) when no insert was applied twice."""
     rows = server.execute(f"SELECT uid FROM {SCHEMA}.{table}")
     return len(rows), {int(r[0]) for r in rows}
+
+
+def assert_every_insert_once(load: MixedLoad, server: MariaDBSandbox) -> None:
+    """Every insert `load` committed is on `server`, none twice."""
+    for table, inserted in load.inserted.items():
+        count, found = uids(server, table)
+        assert count == len(found), f"{table}: a row was applied twice on {server.basedir.name}"
+        assert inserted <= found, f"{table}: {len(inserted - found)} committed inserts missing on {server.basedir.name}"
+
+
+# -- relayproxy promote as an HA tool runs it ----------------------------------------------------------------------
+
+
+def run_promote(workdir: Path, candidate_port: int, relay_ports: list[int], *extra: str, relay_user: str = ADMIN_USER,
+                relay_password: str = ADMIN_PASSWORD, candidate_user: str = "root", candidate_password: str = "",
+                timeout: float = 180.0) -> tuple[int, dict, str]:
+    """`relayproxy promote --json` as a subprocess with password files (written in `workdir`) on 127.0.0.1; returns
+    (exit code, its JSON document, its stderr). Later flags in `extra` override earlier ones (argparse)."""
+    (workdir / "cand.pw").write_text(candidate_password + "\n")
+    (workdir / "relay.pw").write_text(relay_password + "\n")
+    command = [sys.executable, "-m", "relayproxy.commands.cli", "promote", "--json",
+               "--candidate", f"127.0.0.1:{candidate_port}", "--candidate-user", candidate_user,
+               "--candidate-password-file", str(workdir / "cand.pw"),
+               *(a for port in relay_ports for a in ("--relay", f"127.0.0.1:{port}")),
+               "--relay-user", relay_user, "--relay-password-file", str(workdir / "relay.pw"), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    print(done.stderr)
+    try:
+        document = json.loads(done.stdout)
+    except ValueError:
+        raise FailoverError(f"promote printed no JSON document (exit {done.returncode}):\n{done.stdout}\n"
+                            f"{done.stderr}") from None
+    print(json.dumps(document, indent=1))
+    return done.returncode, document, done.stderr
+
+
+def relay_file_bytes(relay_dir: Path) -> dict[str, bytes]:
+    """A relay's files in index order, with their bytes."""
+    names = (relay_dir / "relayproxy.index").read_text().split()
+    return {name: (relay_dir / name).read_bytes() for name in names}
+
+
+def first_difference(a: bytes, b: bytes) -> str:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"first difference at byte {i} ({len(a)} and {len(b)} bytes)"
+    return f"one is a prefix of the other ({len(a)} and {len(b)} bytes)"
 
 
 # -- the topology --------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 from .. import __version__
 from ..downstream.dump.followers import describe as describe_followers
 from ..relay import closed_files
-from ..upstream.receiver import gtid_text
+from ..binlog.gtid import boundary_gtid_text as gtid_text
 
 
 def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[str, Any]:

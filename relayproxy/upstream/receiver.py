@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import struct
 import time
-import uuid
 from dataclasses import dataclass
 
 from ..binlog import boundary as B
@@ -101,19 +100,6 @@ class SemiSyncTally:
     last_unrequested_time: float | None = None
     master_waiting: bool | None = None  # the latest transaction end asked for an ACK (None: none seen this stream)
     last_ack_request_time: float | None = None
-
-
-def gtid_text(gtid) -> str | None:
-    """Text of a boundary-parser GTID: ``domain-server-seq``, ``uuid:gno`` or ``uuid:tag:gno``."""
-    if gtid is None:
-        return None
-    if isinstance(gtid[0], int):
-        return "-".join(str(part) for part in gtid)
-    if len(gtid) == 3:
-        sid, tag, gno = gtid
-        return f"{uuid.UUID(bytes=bytes(sid))}:{tag}:{gno}" if tag else f"{uuid.UUID(bytes=bytes(sid))}:{gno}"
-    sid, gno = gtid
-    return f"{uuid.UUID(bytes=bytes(sid))}:{gno}"
 
 
 class RelayReceiver:
