@@ -583,7 +583,13 @@ class Promoter:
                    _col(row, "Exec_Master_Log_Pos", "Exec_Source_Log_Pos"))
             done = (now == (_col(row, "Master_Log_File", "Source_Log_File"),
                             _col(row, "Read_Master_Log_Pos", "Read_Source_Log_Pos")))
+            state = str(_col(row, "Slave_SQL_Running_State", "Replica_SQL_Running_State", default="") or "")
             if done or _col(row, "Slave_SQL_Running", "Replica_SQL_Running") != "Yes":
+                break
+            if "read all relay log" in state:
+                # idle at the end of what the stopped IO thread wrote (a partial transaction there never completes);
+                # parallel workers may still be applying: the STOP SLAVE before the catch-up waits for them, and a
+                # history read now can only be smaller (a catch-up that fetches what they apply is harmless)
                 break
             if now != last:
                 last, since = now, time.monotonic()
