@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import sys
 import time
 
 import pytest
@@ -84,3 +85,23 @@ def test_a_rerun_converges_after_a_kill_while_levelling_a_relay(tmp_path):
         assert run.returncode == 0, (run.stdout[-1500:], run.stderr[-1500:])
     finally:
         trial.close()
+
+
+def test_the_benchmark_writes_its_results(tmp_path):
+    """benchmarks/lossless_trials.py end to end on two trials (one lossless, one fallback): the shared header, the
+    table per kind, the fallback section, every trial listed, the plot. Figures are not asserted beyond the rule."""
+    out = tmp_path / "results" / "lossless_trials.md"
+    argv = ["--trials", "2", "--fallback-every", "2", "--seed", "3", "--out", str(out), "--workdir", str(tmp_path)]
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lossless_trials.py"), *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    text = out.read_text()
+    assert text.splitlines()[2] == "Produced by (from the repository root):"
+    assert "benchmarks/lossless_trials.py --trials 2 --fallback-every 2 --seed 3" in text
+    assert "- commit: " in text and "## Machine" in text and "- mariadbd:" in text
+    assert "**Through the relay: 0 acknowledged commits lost of " in text
+    assert "| master | 1 |" in text and "| fallback | 1 |" in text
+    assert "## The documented hole: semi-sync fell back to async" in text
+    assert "## Where promote's time goes" in text
+    assert text.count("| master | ") + text.count("| fallback | ") >= 4  # the table per kind, then every trial
+    assert out.with_suffix(".png").stat().st_size > 1000
