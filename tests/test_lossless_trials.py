@@ -60,9 +60,6 @@ def test_promote_through_the_relay_loses_no_acknowledged_commit(tmp_path, capsys
     assert sum(r.acked for r in results) > sum(r.direct_lost for r in results) > 0
 
 
-@pytest.mark.xfail(strict=True, reason="a promote killed while levelling a relay from the source relay leaves that "
-                   "relay replicating from the source relay; the next run refuses it (exit 3, 'the relays relay "
-                   "different masters') instead of converging")
 def test_a_rerun_converges_after_a_kill_while_levelling_a_relay(tmp_path):
     """Seen in a randomized trial (seed 1509219996, promote-kill): the state promote's level_relays leaves when it is
     killed after its CHANGE MASTER to the source relay, made by hand here; running promote again must finish it."""

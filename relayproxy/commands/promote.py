@@ -351,6 +351,17 @@ class Promoter:
         master_id = int(_col(status, "Master_Server_Id", "Source_Server_Id", default=0) or 0)
         follows = bool(status) and (self._same_address(host, port)
                                     or (bool(master_id) and master_id == self.candidate_server_id))
+        # The master its files came from (its current epoch's), which SHOW SLAVE STATUS does not show while the relay
+        # is levelled from a peer relay (then Master_Server_Id is the peer's own) or has not reached its master yet.
+        try:
+            epoch_master = int(relay.value("SELECT @@relayproxy_master_server_id") or 0)
+        except Stop as exc:
+            if exc.code != P.EXIT_REFUSED:
+                raise
+            epoch_master = 0  # a relay from before the variable: Master_Server_Id is all there is
+        if epoch_master:
+            master_id = epoch_master
+            follows = follows or epoch_master == self.candidate_server_id
         facts = P.RelayFacts(f"{relay.address[0]}:{relay.address[1]}", relay.history(replica_side=False),
                              master_id, f"{host}:{port}" if status else "no master", follows)
         return facts
