@@ -315,12 +315,17 @@ class Trial:
                 link = ThreadedFaultProxy(m.host, m.port).start()
                 self.relay_links.append(link)
                 upstream = link.port
-            port = free_port()
+            while True:  # free_port() closes what it bound: two calls can return the same port
+                port = free_port()
+                relay = RelayProcess(
+                    self.workdir / f"relay{i + 1}", upstream, server_id=100 + i, gtid_mode="mariadb",
+                    extra=["--listen", f"127.0.0.1:{port}", "--semi-sync", "on",
+                           "--users", f"{REPL_USER}:{REPL_PASSWORD},{ADMIN_USER}:{ADMIN_PASSWORD}:admin"])
+                taken = {*self.relay_ports, *(r.http_port for r in self.relays)}
+                if port != relay.http_port and not {port, relay.http_port} & taken:
+                    break
             self.relay_ports.append(port)
-            self.relays.append(RelayProcess(
-                self.workdir / f"relay{i + 1}", upstream, server_id=100 + i, gtid_mode="mariadb",
-                extra=["--listen", f"127.0.0.1:{port}", "--semi-sync", "on",
-                       "--users", f"{REPL_USER}:{REPL_PASSWORD},{ADMIN_USER}:{ADMIN_PASSWORD}:admin"]).start())
+            self.relays.append(relay.start())
         # A large read size: each chunk waits the delay once, so the delay acts as latency more than as a
         # throughput cap (64 KB per 0.5 s would leave C minutes behind).
         self.candidate_link = ThreadedFaultProxy(m.host, m.port, read_size=8 << 20).start()
