@@ -212,11 +212,11 @@ def write_markdown(path: Path, report: dict) -> None:
             f"- The candidate had received more than every relay when the master died in "
             f"{sum(s['candidate_ahead'] for s in summaries)} trials (the relays acknowledge after their fsync; the "
             "candidate's async stream can be ahead when its delay is small, or while a relay is down): promote must "
-            "then lose nothing and keep what the candidate has. `relayproxy promote` reported such GTIDs under "
-            f"\"errant\" (on the candidate, in no relay) in {sum(s['candidate_extra'] for s in summaries)} trials; "
-            "they are the dead master's own transactions (its server_id), not errant in the usual sense, and are not "
-            "counted in the *errant GTIDs* column (GTIDs on the promoted master with another server_id than the "
-            "dead master's).", ""]
+            "then lose nothing and keep what the candidate has. `relayproxy promote` reported such GTIDs (the dead "
+            "master's own transactions, on the candidate, in no relay: `unrelayed`, or `errant` from a promote that "
+            f"did not tell them apart) in {sum(s['candidate_extra'] for s in summaries)} trials; they are not counted "
+            "in the *errant GTIDs* column (GTIDs on the promoted master with another server_id than the dead "
+            "master's).", ""]
     fb = next((s for s in summaries if s["kind"] == "fallback"), None)
     if fb:
         out += [

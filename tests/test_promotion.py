@@ -44,9 +44,12 @@ def test_the_most_advanced_relay_is_the_source_and_the_others_are_behind():
 def test_a_candidate_already_holding_everything_needs_no_catch_up():
     plan = P.decide(candidate("0-1-60"), [relay("r1:1", "0-1-57")])
     assert not plan.needs_catch_up
-    # what it has beyond every relay is reported: the old master's transactions no relay received (never acknowledged
-    # through a relay), or errant ones; promote cannot tell which
-    assert plan.errant == P.Lack("0-1-58..0-1-60", 3)
+    # what it has beyond every relay is the failed master's own (server 1): received by it, by no relay (never
+    # acknowledged through a relay); kept and said, not errant
+    assert plan.unrelayed == P.Lack("0-1-58..0-1-60", 3) and not plan.errant
+    # with the master unknown (no relay has reached it) it cannot be told apart: errant, to be safe
+    unknown = P.decide(candidate("0-1-60"), [relay("r1:1", "0-1-57", master=0)])
+    assert unknown.errant == P.Lack("0-1-58..0-1-60", 3) and not unknown.unrelayed
 
 
 def test_errant_gtids_are_reported_and_refused_when_strict():
@@ -130,7 +133,9 @@ def test_relays_at_prefixes_never_diverge_and_the_longest_is_the_source(history,
     longest = max(relay_cuts)
     assert P.holds(plan.source.history, prefix_state(history, longest))
     assert P.holds(prefix_state(history, longest), plan.source.history)
-    assert bool(plan.errant) == (cand_cut > longest)  # ahead of every relay: reported
+    # ahead of every relay: said, as the master's own (server 1) or errant (server 4 wrote them)
+    assert (bool(plan.unrelayed) or bool(plan.errant)) == (cand_cut > longest)
+    assert not plan.errant or any(s == 4 for _, s in history[longest:cand_cut])
     # the candidate lacks something exactly when it is behind the longest relay; after catching up it lacks nothing
     assert bool(plan.lacking) == (cand_cut < longest)
     caught_up = P.merge_mariadb(cand.history, plan.source.history)

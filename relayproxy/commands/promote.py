@@ -255,6 +255,7 @@ class Report:
     fetched: str = ""
     fetched_count: int = 0
     errant: str = ""
+    unrelayed: str = ""
     warnings: list[str] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
     total_seconds: float = 0.0
@@ -275,7 +276,9 @@ class Report:
             lines.append(f"  caught up from relay {self.source_relay}: "
                          + (f"{self.fetched} ({self.fetched_count} transactions)" if self.fetched else "nothing lacking"))
         if self.errant:
-            lines.append(f"  errant (on the candidate, in no relay): {self.errant}")
+            lines.append(f"  errant (on the candidate, in no relay, not from the failed master): {self.errant}")
+        if self.unrelayed:
+            lines.append(f"  the failed master's, on the candidate, in no relay (kept): {self.unrelayed}")
         for r in self.replicas:
             lines.append(f"  replica {r['address']}: {r.get('result')}")
         for w in self.warnings:
@@ -353,17 +356,19 @@ class Promoter:
                                     or (bool(master_id) and master_id == self.candidate_server_id))
         # The master its files came from (its current epoch's), which SHOW SLAVE STATUS does not show while the relay
         # is levelled from a peer relay (then Master_Server_Id is the peer's own) or has not reached its master yet.
+        master_uuid = str(_col(status, "Master_UUID", "Source_UUID", default="") or "")
         try:
-            epoch_master = int(relay.value("SELECT @@relayproxy_master_server_id") or 0)
+            row = relay.rows("SELECT @@relayproxy_master_server_id AS id, @@relayproxy_master_server_uuid AS uuid")[0]
+            epoch_master, epoch_uuid = int(row["id"] or 0), str(row["uuid"] or "")
         except Stop as exc:
             if exc.code != P.EXIT_REFUSED:
                 raise
-            epoch_master = 0  # a relay from before the variable: Master_Server_Id is all there is
+            epoch_master, epoch_uuid = 0, ""  # a relay from before the variables: SHOW SLAVE STATUS is all there is
         if epoch_master:
-            master_id = epoch_master
+            master_id, master_uuid = epoch_master, epoch_uuid or master_uuid
             follows = follows or epoch_master == self.candidate_server_id
         facts = P.RelayFacts(f"{relay.address[0]}:{relay.address[1]}", relay.history(replica_side=False),
-                             master_id, f"{host}:{port}" if status else "no master", follows)
+                             master_id, f"{host}:{port}" if status else "no master", follows, master_uuid)
         return facts
 
     def read_candidate(self) -> P.CandidateFacts:
@@ -472,6 +477,7 @@ class Promoter:
         self.report.source_relay = plan.source.address
         self.report.fetched, self.report.fetched_count = plan.lacking.text, plan.lacking.count
         self.report.errant = plan.errant.text
+        self.report.unrelayed = plan.unrelayed.text
         for address, lack in plan.behind.items():
             for entry in self.report.relays:
                 if entry["address"] == address:
@@ -507,8 +513,11 @@ class Promoter:
         self.step("decided", f"source relay {plan.source.address}; candidate lacks "
                              f"{plan.lacking.text or 'nothing'}" + (f"; errant {plan.errant.text}" if plan.errant else ""))
         if plan.errant:
-            self.report.warnings.append(f"the candidate has GTIDs that no relay has: {plan.errant.text} (errant "
-                                        "transactions, or transactions of the old master no relay received)")
+            self.report.warnings.append(f"the candidate has GTIDs that no relay has and the failed master did not "
+                                        f"write: {plan.errant.text} (errant transactions)")
+        if plan.unrelayed:
+            self.report.warnings.append(f"the candidate has transactions of the failed master that no relay received: "
+                                        f"{plan.unrelayed.text} (never acknowledged through a relay; kept)")
         return plan
 
     def level_relays(self, plan: P.Plan, relays: list[Server]) -> None:

@@ -116,6 +116,7 @@ class RelayFacts:
     master_server_id: int = 0  # 0: the relay does not know (never reached its master since it started)
     master_address: str = ""
     follows_candidate: bool = False  # already repointed to the candidate (a run that is being repeated)
+    master_uuid: str = ""  # MySQL: the master's server_uuid, when the relay knows it
 
 
 @dataclass
@@ -133,8 +134,9 @@ class Plan:
 
     source: RelayFacts
     lacking: Lack  # what the candidate lacks of the source relay
-    errant: Lack  # what the candidate has that no relay has
+    errant: Lack  # what the candidate has that no relay has, written by another server than the relays' master
     behind: dict[str, Lack] = field(default_factory=dict)  # other relays: what they lack of the source
+    unrelayed: Lack = Lack("", 0)  # the relays' master's own transactions the candidate received and no relay did
 
     @property
     def needs_catch_up(self) -> bool:
@@ -143,6 +145,19 @@ class Plan:
 
 class Refusal(Exception):
     """The facts forbid a promotion; the message names the servers and GTIDs."""
+
+
+def split_by_origin(history: History, server_id: int, uuid: str) -> tuple[History, History]:
+    """(what the master `server_id` / `uuid` wrote, the rest) of a history. With the master unknown, all is rest."""
+    if isinstance(history, GtidSet):
+        mine, rest = GtidSet(), GtidSet()
+        for sid, tag, start, end in history.intervals():
+            (mine if uuid and sid == uuid.lower() else rest).add_interval(sid, start, end + 1, tag)
+        return mine, rest
+    mine_state, rest_state = MariaBinlogState(), MariaBinlogState()
+    for gtid in history:
+        (mine_state if server_id and gtid.server_id == server_id else rest_state).update(gtid)
+    return mine_state, rest_state
 
 
 def decide(candidate: CandidateFacts, relays: list[RelayFacts], *, strict: bool = False,
@@ -172,7 +187,13 @@ def decide(candidate: CandidateFacts, relays: list[RelayFacts], *, strict: bool 
                           "every transaction of the others")
     lacking = lacks(candidate.history, source.history)
     everything = union([r.history for r in relays])
-    errant = lacks(everything, candidate.history)
+    # What the candidate has beyond every relay: the relays' master's own transactions it received and no relay did
+    # (never acknowledged through a relay: kept, and said), and transactions of any other origin (errant).
+    master_id = next(iter(masters), 0)
+    master_uuid = next((r.master_uuid for r in relays if r.master_uuid and not r.follows_candidate), "")
+    from_master, foreign = split_by_origin(candidate.history, master_id, master_uuid)
+    errant = lacks(everything, foreign)
+    unrelayed = lacks(everything, from_master)
     if lacking and not candidate.is_replica:
         if not candidate.read_only:
             raise Refusal(f"the candidate {candidate.address} is not a replica (it has no replication configured), "
@@ -187,7 +208,7 @@ def decide(candidate: CandidateFacts, relays: list[RelayFacts], *, strict: bool 
         raise Refusal(f"--strict: the candidate {candidate.address} has GTIDs that no relay has (errant "
                       f"transactions): {errant.text}")
     behind = {r.address: lacks(r.history, source.history) for r in relays if r is not source}
-    return Plan(source, lacking, errant, {a: b for a, b in behind.items() if b})
+    return Plan(source, lacking, errant, {a: b for a, b in behind.items() if b}, unrelayed)
 
 
 def position_text(history: History) -> str:

@@ -126,8 +126,8 @@ class TrialResult:
     partial: int = 0  # transactions present with some rows missing (must be 0)
     duplicate_rows: int = 0  # rows applied twice (must be 0)
     errant: list[str] = field(default_factory=list)  # GTIDs on the promoted master not from M (must be none)
-    # promote's "errant": GTIDs the candidate had that no relay had. Here they are M's own transactions (server_id
-    # 1) that reached C but no relay (a relay down, an ACK in flight): unacknowledged, kept, not errant in M's sense.
+    # promote's "unrelayed" (or "errant"): GTIDs the candidate had that no relay had. Here they are M's own
+    # transactions (server_id 1) that reached C but no relay (a relay down, an ACK in flight): unacknowledged, kept.
     candidate_extra: str = ""
     relay_dropped: list[str] = field(default_factory=list)  # a relay held GTIDs the promoted master lacks (none)
     direct_lost: int = 0  # acknowledged transactions the candidate lacked as it was: promoting it directly loses them
@@ -563,7 +563,7 @@ class Trial:
         r.unacked_lost = sum(1 for t in self.unacked if have.get(t, 0) == 0)
         state = str(c.execute("SELECT @@GLOBAL.gtid_binlog_state")[0][0])
         r.errant = [g for g in filter(None, state.split(",")) if int(g.split("-")[1]) != MASTER_ID]
-        r.candidate_extra = str(r.promote_report.get("errant") or "")
+        r.candidate_extra = str(r.promote_report.get("unrelayed") or r.promote_report.get("errant") or "")
         # Nothing a relay holds is dropped at the switch: the promoted master has every relay's set (a relay still
         # restarting is read once it answers; the relays follow C by now, so their sets can only be within C's).
         mine = str(c.execute("SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
