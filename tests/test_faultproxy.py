@@ -367,6 +367,26 @@ def test_drop_connections_kills_live_connections(proxy: ThreadedFaultProxy) -> N
         assert fetch_one(conn, "SELECT 3") == 3
 
 
+def test_retarget_moves_the_address_to_another_server_and_drops_open_connections(
+    proxy: ThreadedFaultProxy, master: MariaDBSandbox, mariadb
+) -> None:
+    other = mariadb("other", server_id=77)
+    kept = connect(proxy)
+    assert fetch_one(kept, "SELECT @@server_id") == master.server_id
+    assert proxy.retarget(other.host, other.port) == 1  # what a VIP or DNS name moved to another server does
+    with pytest.raises(pymysql.err.OperationalError) as raised:
+        fetch_one(kept, "SELECT 1")
+    assert raised.value.args[0] in LOST
+    kept.close()
+    assert (proxy.upstream_host, proxy.upstream_port) == (other.host, other.port)
+    with connect(proxy) as conn:
+        assert fetch_one(conn, "SELECT @@server_id") == 77
+    proxy.wait_until_idle()
+    assert proxy.retarget(master.host, master.port) == 0
+    with connect(proxy) as conn:
+        assert fetch_one(conn, "SELECT @@server_id") == master.server_id
+
+
 def test_wait_for_bytes_fails_fast_when_the_connection_closes(proxy: ThreadedFaultProxy) -> None:
     with connect(proxy):
         conn_id = proxy.connection().id

@@ -28,6 +28,8 @@ Which connection a fault applies to is chosen by `on`:
 With several concurrent connections pass ids: "current" is then merely the newest.
 
 Flow-wide faults (`pause`, `delay`, `fragment`, `refuse`) apply to every connection, present and future.
+`retarget(host, port)` moves the upstream (a VIP or DNS name moved to another server): open connections are
+dropped, new ones go to the new upstream.
 
 Observing
 ---------
@@ -835,6 +837,14 @@ class FaultProxy:
             self._close(conn, "dropped" + (" with reset" if reset else ""), "reset" if reset else "abort")
         return len(conns)
 
+    def retarget(self, upstream_host: str, upstream_port: int, *, reset: bool = False) -> int:
+        """Send new connections to another upstream (a VIP or DNS name moved to another server) and drop the open
+        ones, as a moved address ends them (`drop_connections`); returns how many were dropped. Faults armed for
+        the next connection, taps and flow-wide settings stay."""
+        self.upstream_host, self.upstream_port = upstream_host, upstream_port
+        log.debug("faultproxy retargeted", port=self.port, upstream=f"{upstream_host}:{upstream_port}")
+        return self.drop_connections(reset=reset)
+
     def refuse(self, enabled: bool = True, *, reset: bool = False) -> None:
         """Refuse new connections (a master that is down) until refuse(False); open ones are untouched.
 
@@ -1200,6 +1210,11 @@ class ThreadedFaultProxy:
 
     def drop_connections(self, *, reset: bool = False) -> int:
         return self._call(lambda p: p.drop_connections(reset=reset))
+
+    def retarget(self, upstream_host: str, upstream_port: int, *, reset: bool = False) -> int:
+        dropped = self._call(lambda p: p.retarget(upstream_host, upstream_port, reset=reset))
+        self.upstream_host, self.upstream_port = upstream_host, upstream_port
+        return dropped
 
     def refuse(self, enabled: bool = True, *, reset: bool = False) -> None:
         self._call(lambda p: p.refuse(enabled, reset=reset))
