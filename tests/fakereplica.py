@@ -45,6 +45,7 @@ from relayproxy.wire.packets import encode_packet
 
 from . import eventgen as E
 from .fakemaster import FakeMySQLMaster, _gtid_text
+from .test_downstream_sql import MYSQL80_REPLICA_COLUMNS
 
 ER_PARSE_ERROR = 1064
 ER_UNKNOWN_SYSTEM_VARIABLE = 1193
@@ -60,20 +61,7 @@ COM_REGISTER_SLAVE = 0x15
 COM_BINLOG_DUMP_GTID = 0x1E
 
 # SHOW REPLICA STATUS as MySQL 8.0.36 names its columns, in its order; SHOW SLAVE STATUS has the old names.
-REPLICA_COLUMNS = [
-    "Replica_IO_State", "Source_Host", "Source_User", "Source_Port", "Connect_Retry", "Source_Log_File",
-    "Read_Source_Log_Pos", "Relay_Log_File", "Relay_Log_Pos", "Relay_Source_Log_File", "Replica_IO_Running",
-    "Replica_SQL_Running", "Replicate_Do_DB", "Replicate_Ignore_DB", "Replicate_Do_Table", "Replicate_Ignore_Table",
-    "Replicate_Wild_Do_Table", "Replicate_Wild_Ignore_Table", "Last_Errno", "Last_Error", "Skip_Counter",
-    "Exec_Source_Log_Pos", "Relay_Log_Space", "Until_Condition", "Until_Log_File", "Until_Log_Pos",
-    "Source_SSL_Allowed", "Source_SSL_CA_File", "Source_SSL_CA_Path", "Source_SSL_Cert", "Source_SSL_Cipher",
-    "Source_SSL_Key", "Seconds_Behind_Source", "Source_SSL_Verify_Server_Cert", "Last_IO_Errno", "Last_IO_Error",
-    "Last_SQL_Errno", "Last_SQL_Error", "Replicate_Ignore_Server_Ids", "Source_Server_Id", "Source_UUID",
-    "Source_Info_File", "SQL_Delay", "SQL_Remaining_Delay", "Replica_SQL_Running_State", "Source_Retry_Count",
-    "Source_Bind", "Last_IO_Error_Timestamp", "Last_SQL_Error_Timestamp", "Source_SSL_Crl", "Source_SSL_Crlpath",
-    "Retrieved_Gtid_Set", "Executed_Gtid_Set", "Auto_Position", "Replicate_Rewrite_DB", "Channel_Name",
-    "Source_TLS_Version", "Source_public_key_path", "Get_Source_public_key", "Network_Namespace",
-]
+REPLICA_COLUMNS = MYSQL80_REPLICA_COLUMNS
 _INT_COLUMNS = {"Source_Port", "Connect_Retry", "Read_Source_Log_Pos", "Relay_Log_Pos", "Last_Errno", "Skip_Counter",
                 "Exec_Source_Log_Pos", "Relay_Log_Space", "Until_Log_Pos", "Last_IO_Errno", "Last_SQL_Errno",
                 "Source_Server_Id", "SQL_Delay", "Source_Retry_Count", "Auto_Position", "Get_Source_public_key"}

@@ -32,7 +32,15 @@ from typing import Any, Self
 import pymysql
 
 from .faultproxy import ThreadedFaultProxy
-from .harness import RelayProcess, free_port, master_status, replica_status, wait_relay, wait_replica
+from .harness import (
+    RelayProcess,
+    free_port,
+    master_status,
+    replica_status,
+    run_every_step,
+    wait_relay,
+    wait_replica,
+)
 from .harness import change_master as _change_master
 from .sandbox import MariaDBSandbox
 from .story import MidTransactionHold
@@ -369,7 +377,6 @@ class FailoverLab:
 
     def close(self) -> None:
         """Stop every process (replicas first); each step runs even if an earlier one fails; idempotent."""
-        problems = []
         steps: list[Callable[[], None]] = [
             *(lambda s=s: s.stop(timeout=15) for s in (self.r2, self.r3)),
             lambda: self.relay.stop() if self.relay else None,
@@ -377,11 +384,7 @@ class FailoverLab:
             *(lambda link=link: link.proxy.stop() for link in self.links.values()),
             *(lambda s=s: s.stop(timeout=15) for s in (self.r4, self.r1, self.m1) if s is not None),
         ]
-        for step in steps:
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 - stop the rest, report at the end
-                problems.append(repr(exc))
+        problems = run_every_step(steps)
         if problems:
             raise FailoverError("could not stop everything cleanly: " + "; ".join(problems))
 

@@ -23,6 +23,17 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout holding relayproxy/ (
 FIRST_FILE = "master-bin.000001"  # a fresh MariaDBSandbox master's first binlog
 
 
+def run_every_step(steps) -> list[str]:
+    """Run each step of a shutdown even if an earlier one fails; the failures, as text (none: empty)."""
+    problems = []
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - stop the rest, report at the end
+            problems.append(repr(exc))
+    return problems
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

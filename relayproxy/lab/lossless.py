@@ -54,7 +54,7 @@ import pymysql
 
 from .failover import ADMIN_PASSWORD, ADMIN_USER, BASENAME, REPL_PASSWORD, REPL_USER, covers, gtid_seqs
 from .faultproxy import SERVER_TO_CLIENT, ThreadedFaultProxy
-from .harness import REPO, RelayProcess, change_master, free_port, replica_status
+from .harness import REPO, RelayProcess, change_master, free_port, replica_status, run_every_step
 from .sandbox import MariaDBSandbox
 
 KINDS = ("master", "relay-kill", "promote-kill", "fallback")
@@ -614,17 +614,12 @@ class Trial:
         return self.result
 
     def close(self) -> None:
-        problems = []
         if self._relay_restarter is not None:
             self._relay_restarter.join(30)
         steps = [*(lambda r=r: r.stop() for r in self.relays),
                  *(lambda p=p: p.stop() for p in [self.candidate_link, *self.relay_links] if p is not None),
                  *(lambda s=s: s.stop(timeout=10) for s in self.servers())]
-        for step in steps:
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 - stop the rest, report at the end
-                problems.append(repr(exc))
+        problems = run_every_step(steps)
         if problems:
             raise TrialError("could not stop everything cleanly: " + "; ".join(problems))
 
