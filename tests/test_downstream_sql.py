@@ -643,6 +643,7 @@ def test_orchestrator_discovery_queries(mysql_relay):
         ["rpl_semi_sync_master_enabled", "ON"], ["rpl_semi_sync_source_enabled", "ON"]]
     assert r.rows("show global status like 'rpl_semi_sync_%'") == [
         ["Rpl_semi_sync_master_clients", "0"], ["Rpl_semi_sync_master_status", "ON"],
+        ["Rpl_semi_sync_replica_status", "OFF"], ["Rpl_semi_sync_slave_status", "OFF"],  # its own upstream: not streaming
         ["Rpl_semi_sync_source_clients", "0"], ["Rpl_semi_sync_source_status", "ON"]]
 
 

@@ -71,6 +71,9 @@ def test_promote_catches_the_lagging_candidate_up_from_the_relay(tmp_path):
         assert code == 0, doc
         assert doc["outcome"] == "promoted" and doc["exit_code"] == 0
         assert doc["fetched_count"] >= behind
+        # this relay runs without semi-sync: it acknowledged nothing, and promote says what that means
+        assert doc["relays"][0]["semi_sync"]["acks"] == 0
+        assert any("acknowledged nothing to the master" in w for w in doc["warnings"]), doc["warnings"]
         assert {s["step"] for s in doc["steps"]} >= {"stopped the relays' IO", "caught up", "promoted the candidate",
                                                       "repointed the relays"}
         assert "catching up" in stderr or doc["fetched_count"] == 0

@@ -243,7 +243,9 @@ def test_promote_catches_the_lagging_mysql_candidate_up_from_the_relay(tmp_path,
     assert (doc["fetched"], doc["fetched_count"], doc["errant"]) == (f"{A}:5-7", 3, "")
     assert doc["relays"] == [{"address": f"127.0.0.1:{port}", "reachable": True, "gtids": f"{A}:1-7",
                               "master": doc["relays"][0]["master"], "master_server_id": 1,
-                              "follows_candidate": False, "result": "follows the candidate",
+                              "follows_candidate": False,
+                              "semi_sync": {"acks": 0, "unrequested_transactions": 0, "last_unrequested_gtid": ""},
+                              "result": "follows the candidate",
                               "gtids_after": f"{A}:1-7"}], doc["relays"]
     assert step_names(doc) == ["read the topology", "stopped the relays' IO", "stopped the candidate's IO thread",
                                "decided", "pointed the candidate at the relay", "caught up", "promoted the candidate",

@@ -426,6 +426,7 @@ class Promoter:
             raise Stop(P.EXIT_UNREACHABLE, "no relay could be reached")
         cand, relay_facts = self.read_all(reachable)
         self._record_relays(reachable)
+        self._semi_sync_warnings(reachable)
         self.report.candidate = {"address": cand.address, "server_id": self.candidate_server_id,
                                  "version": self.candidate.version, "is_replica": cand.is_replica,
                                  "before": P.position_text(cand.history)}
@@ -461,6 +462,34 @@ class Promoter:
             return P.EXIT_REPLICAS_LEFT
         self.report.outcome = self.report.outcome or "promoted"
         return P.EXIT_DONE
+
+    def _semi_sync_warnings(self, relays: list[Server]) -> None:
+        """What each relay saw of semi-sync (docs/failover.md, "Semi-sync fallback: the hole"), in the report; a
+        warning when a relay acknowledged nothing: commits returned without waiting for it."""
+        for relay in relays:
+            try:
+                rows = relay.rows("SHOW GLOBAL STATUS WHERE Variable_name IN ('Rpl_semi_sync_slave_status', "
+                                  "'Relayproxy_semi_sync_acks', 'Relayproxy_semi_sync_unrequested_transactions', "
+                                  "'Relayproxy_semi_sync_last_unrequested_gtid')")
+            except Stop as exc:
+                if exc.code != P.EXIT_REFUSED:
+                    raise
+                continue  # a relay from before these counters
+            seen = {str(r.get("Variable_name")): str(r.get("Value") or "") for r in rows}
+            if not seen:
+                continue
+            name = f"{relay.address[0]}:{relay.address[1]}"
+            acks = int(seen.get("Relayproxy_semi_sync_acks") or 0)
+            unrequested = int(seen.get("Relayproxy_semi_sync_unrequested_transactions") or 0)
+            self._relay_entry(relay)["semi_sync"] = {"acks": acks, "unrequested_transactions": unrequested,
+                                                     "last_unrequested_gtid": seen.get(
+                                                         "Relayproxy_semi_sync_last_unrequested_gtid", "")}
+            if not acks:
+                self.report.warnings.append(
+                    f"relay {name} acknowledged nothing to the master since it started (no semi-sync, or not yet): "
+                    "commits returned to clients without waiting for it, and those no relay received are lost")
+            # The unrequested count is reported, not warned about: concurrent commits leave ends unflagged in a
+            # healthy stream, and a stalled relay is asked for fallback commits (docs/failover.md): no verdict.
 
     def check_candidate_can_be_a_master(self) -> None:
         """Refused before anything changes: a candidate the relays could not follow by GTID once promoted."""

@@ -369,6 +369,21 @@ def _semi_sync_clients(env: Env) -> int:
     return sum(1 for c in env.ctx.connections.values() if c.dump is not None and c.dump.semi_sync)
 
 
+def _upstream(name: str, render: Callable[[Any], Any] = lambda v: v) -> Callable[[Env], Any]:
+    """A field of the relay's status document (its upstream side), as SHOW STATUS shows it."""
+    return lambda env: render((env.ctx.status_document() or {}).get(name))
+
+
+def _on_off(value: Any) -> str:
+    return "" if value is None else ("ON" if value else "OFF")
+
+
+def _replica_semi_sync(env: Env) -> str:
+    """The relay as its master's semi-sync replica: ON while the stream it reads negotiated semi-sync."""
+    doc = env.ctx.status_document() or {}
+    return "ON" if doc.get("semi_sync") and doc.get("io_running") else "OFF"
+
+
 STATUS_VARIABLES: tuple[StatusVar, ...] = (
     StatusVar("Uptime", _uptime),
     StatusVar("Uptime_since_flush_status", _uptime),
@@ -380,4 +395,14 @@ STATUS_VARIABLES: tuple[StatusVar, ...] = (
     StatusVar("Rpl_semi_sync_source_status", lambda e: "ON" if _semi_sync(e) else "OFF",
               exists=_mysql_since(8, 0, 26)),
     StatusVar("Rpl_semi_sync_source_clients", _semi_sync_clients, exists=_mysql_since(8, 0, 26)),
+    StatusVar("Rpl_semi_sync_slave_status", _replica_semi_sync),
+    StatusVar("Rpl_semi_sync_replica_status", _replica_semi_sync, exists=_mysql_since(8, 0, 26)),
+    # What semi-sync streams' transaction ends said (docs/failover.md, "Semi-sync fallback: the hole"), for an HA
+    # tool that speaks SQL only (relayproxy promote reads them): the relay's own counters, since it started.
+    StatusVar("Relayproxy_semi_sync_acks", _upstream("semi_sync_acks", lambda v: int(v or 0))),
+    StatusVar("Relayproxy_semi_sync_master_waiting", _upstream("semi_sync_master_waiting", _on_off)),
+    StatusVar("Relayproxy_semi_sync_unrequested_transactions",
+              _upstream("semi_sync_unrequested_transactions", lambda v: int(v or 0))),
+    StatusVar("Relayproxy_semi_sync_last_unrequested_gtid",
+              _upstream("semi_sync_last_unrequested_gtid", lambda v: v or "")),
 )
