@@ -209,7 +209,8 @@ class Server:
         self.execute("START REPLICA" if self._new_terms() else "START SLAVE")
 
     def change_master(self, host: str, port: int, user: str | None, password: str | None, *,
-                      no_delay: bool = False) -> None:
+                      no_delay: bool = False, at: tuple[str, int] | None = None) -> None:
+        """Point this server at host:port by GTID, or with `at` by file/position (a relay levelled from its peer)."""
         new = self.flavour == "mysql" and self.at_least(8, 0, 23)
         word = "SOURCE" if new else "MASTER"
         parts = [f"{word}_HOST={_quote(host)}", f"{word}_PORT={port}"]
@@ -223,7 +224,11 @@ class Server:
             parts.append(f"{word}_USER={_quote(user)}")
         if password is not None:
             parts.append(f"{word}_PASSWORD={_quote(password)}")
-        parts.append(f"{word}_AUTO_POSITION=1" if self.flavour == "mysql" else "MASTER_USE_GTID=slave_pos")
+        if at is not None:
+            parts += [f"{word}_LOG_FILE={_quote(at[0])}", f"{word}_LOG_POS={at[1]}",
+                      f"{word}_AUTO_POSITION=0" if self.flavour == "mysql" else "MASTER_USE_GTID=no"]
+        else:
+            parts.append(f"{word}_AUTO_POSITION=1" if self.flavour == "mysql" else "MASTER_USE_GTID=slave_pos")
         head = "CHANGE REPLICATION SOURCE TO " if new else "CHANGE MASTER TO "
         self.execute(head + ", ".join(parts))
 
@@ -558,8 +563,6 @@ class Promoter:
         source = next(r for r in relays if self.facts.get(r) is plan.source)
         # --repl-user, else the relay keeps its own replication account (CHANGE MASTER keeps what it is not given),
         # which the candidate must accept anyway once the relays are repointed; the source relay too.
-        account = "" if self.repl_user is None else (f", MASTER_USER={_quote(self.repl_user)}, "
-                                                     f"MASTER_PASSWORD={_quote(self.repl_password or '')}")
         done = []
         for relay in relays:
             facts = self.facts[relay]
@@ -571,10 +574,8 @@ class Promoter:
                 status = relay.replica_status() or {}
                 file = _col(status, "Master_Log_File", "Source_Log_File")
                 pos = int(_col(status, "Read_Master_Log_Pos", "Read_Source_Log_Pos", default=0) or 0)
-                gtid = "MASTER_AUTO_POSITION=0" if relay.flavour == "mysql" else "MASTER_USE_GTID=no"
-                relay.execute(f"CHANGE MASTER TO MASTER_HOST={_quote(source.address[0])}, MASTER_PORT="
-                              f"{source.address[1]}{account}, MASTER_LOG_FILE={_quote(str(file))}, "
-                              f"MASTER_LOG_POS={pos}, {gtid}")
+                relay.change_master(source.address[0], source.address[1], self.repl_user, self.repl_password,
+                                    at=(str(file), pos))
                 relay.start_replica()
                 last_report, error = 0.0, ""
                 while True:
