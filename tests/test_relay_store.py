@@ -784,13 +784,28 @@ def test_unlisted_next_file_is_adopted_when_whole(tmp_path):
     assert store.horizon.snapshot().coordinates == ("binlog.000002", len(second))
     assert any("stray.bin" in w for w in store.recovery.warnings)
     store.close()
-    # a next file with a cut group is not adopted (and not touched)
+    # a next file with a cut group is not adopted: it is moved aside whole (nothing in an unlisted file was ever
+    # durable or served), so the relay can write that name again when its master sends it
     shutil.rmtree(d)
     d = relay_dir_with(tmp_path, {"binlog.000001": first, "binlog.000002": second[:-60]}, index=["binlog.000001"])
     store = RelayStore.open(d)
     assert store.files() == ["binlog.000001"]
-    assert (d / "binlog.000002").read_bytes() == second[:-60]
+    aside = d / R.UNADOPTED_DIR / "binlog.000002.1"
+    assert not (d / "binlog.000002").exists() and aside.read_bytes() == second[:-60]
+    assert any("binlog.000002" in w and str(aside) in w for w in store.recovery.warnings)
+    store.start_file("binlog.000002")
+    Feeder(store).feed_all(second)
     store.close()
+    assert (d / "binlog.000002").read_bytes() == second
+    # a second one of the same name does not overwrite the first
+    shutil.rmtree(d)
+    d = relay_dir_with(tmp_path, {"binlog.000001": first, "binlog.000002": second[:-70]}, index=["binlog.000001"])
+    (d / R.UNADOPTED_DIR).mkdir()
+    (d / R.UNADOPTED_DIR / "binlog.000002.1").write_bytes(b"earlier")
+    RelayStore.open(d).close()
+    assert (d / R.UNADOPTED_DIR / "binlog.000002.1").read_bytes() == b"earlier"
+    assert (d / R.UNADOPTED_DIR / "binlog.000002.2").read_bytes() == second[:-70]
+    assert not (d / "binlog.000002").exists()
     # an empty one (the crash came before its magic was durable) is adopted, its magic completed
     (d / "binlog.000002").write_bytes(b"")
     store = RelayStore.open(d)

@@ -527,6 +527,8 @@ ROTATION_STATES = {
     "magic-only": "file N+1 listed with only its fsynced magic (crash before its FDE was fsynced)",
     "created-unlisted-empty": "file N+1 created, empty, not yet in the index (crash inside start_file)",
     "created-unlisted-partial-magic": "file N+1 with 2 bytes of magic, not in the index",
+    "created-unlisted-debris": "file N+1 not in the index, its magic then debris (seen in CI: the relay stopped "
+                               "with 'already exists' when the stream reached N+1)",
     "not-created": "file N+1 never created: N (with its ROTATE) is the newest file",
 }
 
@@ -570,6 +572,10 @@ def test_simulated_os_crash_at_rotation_boundary(mariadb, relays):
                 os.truncate(d / newer, 0)
             elif state == "created-unlisted-partial-magic":
                 os.truncate(d / newer, 2)
+            elif state == "created-unlisted-debris":
+                os.truncate(d / newer, 4)
+                with open(d / newer, "ab") as f:
+                    f.write(rng.randbytes(rng.randint(23, 1500)))
             else:
                 os.unlink(d / newer)
         since = _log_size(relay)
@@ -579,6 +585,8 @@ def test_simulated_os_crash_at_rotation_boundary(mariadb, relays):
         assert recovered >= _coords(older, older_size), f"{state}: lost the closed file {older}: {recovered}"
         assert (d / older).stat().st_size == older_size
         reports = _recovery_reports(relay, since)
+        if state == "created-unlisted-debris":
+            assert (d / R.UNADOPTED_DIR / f"{newer}.1").stat().st_size > 4, f"{state}: {newer} not kept aside"
         for _ in range(rng.randint(1, 3)):
             master.execute("INSERT INTO app.r VALUES (%s, %s)", (next_id, state + " after"))
             next_id += 1

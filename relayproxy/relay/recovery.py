@@ -71,6 +71,7 @@ RESERVED_NAMES = frozenset({INDEX_NAME, INDEX_TMP_NAME, DURABLE_MARK_NAME})
 # The relay's own files in its directory (index, durable mark, relayproxy.uuid, ...) start with
 # this; relay files never do, so recovery never mistakes one for the other.
 RESERVED_PREFIX = "relayproxy."
+UNADOPTED_DIR = RESERVED_PREFIX + "unadopted"  # unlisted files recovery could not adopt, kept here
 MAX_NAME_BYTES = 255
 _MARK_RECORD_LEN = 512
 _MARK_PREFIX = "relayproxy-durable v1"
@@ -942,8 +943,26 @@ def _adopt_unlisted(path: Path, warn) -> bool:
         warn(f"adopted {path.name}: created but not yet listed when the relay stopped ({size} bytes, whole)")
         return True
     problem = scan.error or ("it ends inside a group" if scan.partial_tail else "CRC errors")
-    warn(f"{path.name} is not listed and was not adopted: {problem}")
+    # The relay lists a file before it appends any event to it, so nothing in an unlisted file was durable or
+    # served: keep it for the operator, out of the way of the file the relay will write under this name (left
+    # in place, it would stop the relay with "already exists" when the stream reaches that name).
+    aside = _set_aside(path)
+    warn(f"{path.name} is not listed and was not adopted: {problem}; moved to {aside} (never served; "
+         "the relay fetches this file again from its master)")
     return False
+
+
+def _set_aside(path: Path) -> Path:
+    """Move ``path`` into the relay directory's UNADOPTED_DIR under a name that never collides; durable."""
+    folder = path.parent / UNADOPTED_DIR
+    folder.mkdir(exist_ok=True)
+    n = 1
+    while (target := folder / f"{path.name}.{n}").exists():
+        n += 1
+    os.rename(path, target)
+    fsync_dir(folder)
+    fsync_dir(path.parent)
+    return target
 
 
 def _apply_tail(tail: TailPlan, mark: DurableMark | None, report: RecoveryReport, warn) -> None:
