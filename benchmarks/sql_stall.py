@@ -50,6 +50,7 @@ def measure(runs: int) -> list[dict]:
     import types
 
     from relayproxy.commands import config
+    from relayproxy.commands.run import SessionRelayView
     from relayproxy.downstream.context import ConnectionState, DownstreamContext
     from relayproxy.downstream.sql import execute
     from relayproxy.relay.store import RelayStore
@@ -69,7 +70,7 @@ def measure(runs: int) -> list[dict]:
     status = UpstreamStatus(io_running=True, state="streaming", master_server_id=1)
     session = types.SimpleNamespace(store=store, status=status, receiver=types.SimpleNamespace(
         master_position=None, master_timestamp=0, counters=ReceiverCounters()))
-    ctx = DownstreamContext(cfg, session, server_uuid="00000000-0000-0000-0000-000000000100",
+    ctx = DownstreamContext(SessionRelayView(cfg, session, server_uuid="00000000-0000-0000-0000-000000000100"),
                             status_document=lambda: {})
     conn = ConnectionState(conn_id=7, user="monitor", host="10.0.0.9")
     ctx.connections[7] = conn

@@ -22,6 +22,7 @@ from relayproxy.binlog.events import FormatDescription
 from relayproxy.binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from relayproxy.binlog.reader import scan_file
 from relayproxy.binlog.views import view_event
+from relayproxy.commands.run import SessionRelayView
 from relayproxy.downstream import dump as D
 from relayproxy.downstream.context import (
     ConnectionState,
@@ -137,7 +138,7 @@ def make_ctx(store: RelayStore, *, master_uuid: str | None = None, semi_sync: bo
     cfg = SimpleNamespace(server_id=RELAY_ID, semi_sync=semi_sync)
     status = SimpleNamespace(master_uuid=master_uuid, master_flavour=None, master_server_version=version)
     session = SimpleNamespace(store=store, status=status)
-    return DownstreamContext(cfg, session, server_uuid="4f0c8f0e-0000-4000-8000-000000000001",
+    return DownstreamContext(SessionRelayView(cfg, session, server_uuid="4f0c8f0e-0000-4000-8000-000000000001"),
                              status_document=lambda: relay_status(cfg, session.store, session))
 
 

@@ -29,6 +29,7 @@ from cryptography.x509.oid import NameOID
 from pymysql import _auth as pymysql_auth
 
 from relayproxy.binlog.encoders import artificial_rotate
+from relayproxy.commands.run import SessionRelayView
 from relayproxy.downstream.context import (
     ConnectionState,
     DownstreamContext,
@@ -142,7 +143,7 @@ def make_ctx(flavour: str = "mysql", version: str | None = None) -> DownstreamCo
     status = types.SimpleNamespace(master_flavour=flavour, master_server_version=version)
     store = types.SimpleNamespace(flavour=flavour, format_description=None, latest_format_description=None, horizon=None)
     session = types.SimpleNamespace(store=store, status=status)
-    return DownstreamContext(cfg, session, server_uuid="relay-uuid",
+    return DownstreamContext(SessionRelayView(cfg, session, server_uuid="relay-uuid"),
                              status_document=lambda: relay_status(cfg, session.store, session))
 
 

@@ -24,6 +24,7 @@ from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from relayproxy.binlog.reader import scan_file
 from relayproxy.commands import config
+from relayproxy.commands.run import SessionRelayView
 from relayproxy.downstream.context import (
     ConnectionState,
     DownstreamContext,
@@ -126,7 +127,7 @@ class Relay:
                                                master_uuid=MYSQL_CORPUS_UUID)
         self.receiver = types.SimpleNamespace(master_position=None, master_timestamp=0, counters=ReceiverCounters())
         self.session = types.SimpleNamespace(store=store, status=self.status, receiver=self.receiver)
-        self.ctx = DownstreamContext(self.cfg, self.session, server_uuid=RELAY_UUID,
+        self.ctx = DownstreamContext(SessionRelayView(self.cfg, self.session, server_uuid=RELAY_UUID),
                                      status_document=lambda: relay_status(self.cfg, self.session.store, self.session))
         self.conn = self.connect(7)
 

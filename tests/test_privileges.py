@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_downstream_server import RawClient, Stub, make_ctx, serving  # noqa: E402
 
 from relayproxy.commands import config  # noqa: E402
+from relayproxy.commands.run import SessionRelayView  # noqa: E402
 from relayproxy.downstream import privileges  # noqa: E402
 from relayproxy.downstream.context import ConnectionState, DownstreamContext, DumpProgress  # noqa: E402
 from relayproxy.downstream.sql import execute  # noqa: E402
@@ -129,7 +130,8 @@ class Relay:
         self.store = RelayStore.open(relay_dir)
         self.session = UpstreamSession(self.cfg, self.store)
         self.session.status.master_flavour = flavour
-        self.ctx = DownstreamContext(self.cfg, self.session, server_uuid="00000000-0000-4000-8000-000000000100",
+        self.ctx = DownstreamContext(SessionRelayView(self.cfg, self.session,
+                                                      server_uuid="00000000-0000-4000-8000-000000000100"),
                                      status_document=lambda: relay_status(self.cfg, self.session.store, self.session),
                                      replication=self.session)
         self.killed: list[int] = []

@@ -12,6 +12,7 @@ import stat
 import pytest
 
 from relayproxy.commands import config
+from relayproxy.commands.run import SessionRelayView
 from relayproxy.downstream.context import ConnectionState, DownstreamContext
 from relayproxy.downstream.sql import execute
 from relayproxy.ops.status import relay_status
@@ -40,7 +41,8 @@ class Relay:
         self.store = RelayStore.open(relay_dir)
         self.session = UpstreamSession(self.cfg, self.store)
         self.session.status.master_flavour = "mariadb" if gtid_mode == "mariadb" else "mysql"
-        self.ctx = DownstreamContext(self.cfg, self.session, server_uuid="00000000-0000-4000-8000-000000000100",
+        self.ctx = DownstreamContext(SessionRelayView(self.cfg, self.session,
+                                                      server_uuid="00000000-0000-4000-8000-000000000100"),
                                      status_document=lambda: relay_status(self.cfg, self.session.store, self.session),
                                      replication=self.session if replication else None)
 

@@ -196,7 +196,7 @@ def test_a_rest_the_transport_refuses_drops_the_replica_instead_of_leaving_a_hol
     so the replica is disconnected (it reconnects from where it is) and the pass hands the dump back to its task."""
     import asyncio
 
-    from relayproxy.downstream.server import _DumpChannel
+    from relayproxy.downstream.server import ClientDumpChannel
 
     class Transport:
         aborted = False
@@ -225,7 +225,7 @@ def test_a_rest_the_transport_refuses_drops_the_replica_instead_of_leaving_a_hol
 
     async def scenario():
         protocol = Protocol(asyncio.get_running_loop())
-        channel = _DumpChannel(protocol, 1.0, 1)
+        channel = ClientDumpChannel(protocol, 1.0, 1)
         assert channel.write_rest([b"abc", b"def"], True, 2) is False
         assert protocol.transport.aborted
 

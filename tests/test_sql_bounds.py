@@ -281,7 +281,7 @@ def test_max_allowed_packet_is_the_enforced_packet_limit(limit):
     from .test_downstream_server import make_ctx, rsa_key
 
     ctx = make_ctx("mysql")
-    ctx.cfg.max_statement_bytes = limit
+    ctx.relay.cfg.max_statement_bytes = limit
     users = [DownstreamUser("app", "app-pw", plugin="mysql_native_password")]
 
     async def scenario() -> None:

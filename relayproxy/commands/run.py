@@ -8,7 +8,9 @@ import fcntl
 import os
 import signal
 import sys
+import threading
 
+from ..downstream.view import MasterFacts, ReplicaSettings
 from ..log import get_logger
 from . import config
 
@@ -219,6 +221,87 @@ def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":
     return asyncio.get_running_loop().create_task(retention.run(), name="relay-retention")
 
 
+class SessionRelayView:
+    """The relay as its replicas see it (downstream/view.py's RelayView), over the upstream session (``run``) or
+    serve's FileServingSession. Every member is read when asked: the session can reopen its store, and the master
+    (its flavour, version, UUID, variables) is known only once the session has talked to it."""
+
+    def __init__(self, cfg, session, *, server_uuid: str):
+        self.cfg = cfg
+        self.session = session
+        self.server_uuid = server_uuid
+        self._catalog = None  # (store, its FileCatalog)
+        self._catalog_lock = threading.Lock()  # the dump start gets the catalog in a worker thread
+
+    @property
+    def store(self):
+        return self.session.store
+
+    @property
+    def horizon(self):
+        return self.session.store.horizon
+
+    @property
+    def catalog(self):
+        """One FileCatalog shared by the SQL layer and the dump senders; a reopened store gets a new one."""
+        store = self.session.store
+        kept = self._catalog
+        if kept is None or kept[0] is not store:
+            from ..relay.catalog import FileCatalog
+
+            with self._catalog_lock:
+                kept = self._catalog
+                if kept is None or kept[0] is not store:
+                    kept = self._catalog = (store, FileCatalog(store))
+        return kept[1]
+
+    @property
+    def server_id(self) -> int:
+        return self.cfg.server_id
+
+    @property
+    def flavour(self) -> str:
+        """mysql or mariadb: what the relay looks like to replicas (the upstream master's flavour; before the relay
+        has a file or has reached its master, the flavour its GTID mode names, else mysql)."""
+        found = self.session.store.flavour or self.session.status.master_flavour
+        if found:
+            return found
+        configured = getattr(self.cfg, "gtid_mode", None)
+        return configured if configured in ("mysql", "mariadb") else "mysql"
+
+    @property
+    def server_version(self) -> str:
+        """The version string replicas see: the master's, marked as a relay."""
+        upstream = self.session.status.master_server_version
+        if upstream:
+            base = upstream.split("-log")[0]
+            return f"{base}-relayproxy-log" if "MariaDB" not in base else upstream
+        fde = self.session.store.latest_format_description
+        if fde is not None:
+            return fde.server_version
+        return "8.0.36-relayproxy-log" if self.flavour == "mysql" else "10.11.6-MariaDB-relayproxy-log"
+
+    @property
+    def master(self) -> MasterFacts:
+        """The session's status of its master; the variables it fetched and persisted (relay/master_variables.py)."""
+        status = self.session.status
+        extra = getattr(status, "extra", None) or {}
+        absent = (extra.get("master_variables_source") or {}).get("absent")
+        counters = getattr(getattr(self.session, "receiver", None), "counters", None)
+        return MasterFacts(
+            master_uuid=getattr(status, "master_uuid", None),
+            master_server_id=getattr(status, "master_server_id", None),
+            io_running=bool(getattr(status, "io_running", False)),
+            heartbeats=getattr(counters, "heartbeats", 0) if counters is not None else 0,
+            variables=extra.get("master_variables") or {},
+            absent=frozenset(absent) if absent else frozenset(),
+        )
+
+    @property
+    def settings(self) -> ReplicaSettings:
+        return ReplicaSettings.from_config(self.cfg)
+
+
 def _downstream_server(cfg, session):
     """The listener for replicas and tools (--listen), with its users and optional TLS."""
     from ..downstream import sendbatch
@@ -238,7 +321,7 @@ def _downstream_server(cfg, session):
     from ..ops.status import relay_status
 
     sendbatch.configure(getattr(cfg, "send_threads", 1))
-    ctx = DownstreamContext(cfg, session, server_uuid=session.replica_uuid,
+    ctx = DownstreamContext(SessionRelayView(cfg, session, server_uuid=session.replica_uuid),
                             status_document=lambda: relay_status(cfg, session.store, session),
                             replication=session if hasattr(session, "change_master") else None)
     if cfg.semi_sync_replicas > 0:

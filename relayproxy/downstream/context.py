@@ -6,6 +6,8 @@ the server (wire), the SQL layer and the dump sender.
   channel)`` for COM_BINLOG_DUMP / COM_BINLOG_DUMP_GTID.
 - ``downstream/sql.py`` answers the statements replicas, tools and HA managers send, from ``ctx``.
 - ``downstream/dump.py`` streams relay files to a replica, never past the horizon.
+- ``downstream/view.py``'s ``RelayView`` is all they see of the relay (``ctx.relay``): never the upstream session
+  or the configuration.
 """
 
 from __future__ import annotations
@@ -13,9 +15,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .semisync import SemiSyncTracker
+from .view import RelayView, ReplicaSettings
+
+if TYPE_CHECKING:
+    from ..relay.catalog import FileCatalog
+    from ..relay.horizon import Horizon
 
 # ---------------------------------------------------------------------------------------------
 # Per-connection state.
@@ -112,27 +119,36 @@ class ReplicationControl(Protocol):
         """CHANGE MASTER TO (canonical option keys): validate and persist; raises with code/sqlstate/message."""
 
 
+class SenderProcesses(Protocol):
+    """The sender processes as the server hands dumps to them (``downstream/workers.py``'s SenderPool implements
+    it; the server does not import the workers, which run the server's connection classes)."""
+
+    def pick(self) -> Any:
+        """A live worker for one more dump (the server logs its ``slot`` and ``process.pid``), None when none is."""
+
+    async def hand_off(self, worker: Any, ticket: dict[str, Any], fd: int, progress: DumpProgress) -> None:
+        """Give the replica's socket ``fd`` (closed here) to ``worker`` and wait until its dump ends there."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Relay-wide state for the downstream side.
 
 
 class DownstreamContext:
-    """The relay as the downstream side sees it. ``store`` follows the session (it can be reopened)."""
+    """The downstream side's shared state: the relay as it reads it (``relay``, a RelayView), the connections, the
+    semi-sync tracker and the seams the wiring command binds. ``store``, ``horizon``, ``catalog`` and the identity
+    are the view's, read at the time of asking (the store can be reopened)."""
 
-    def __init__(self, cfg, session, *, server_uuid: str, status_document: Callable[[], dict[str, Any]],
+    def __init__(self, relay: RelayView, *, status_document: Callable[[], dict[str, Any]],
                  replication: ReplicationControl | None = None, started: float | None = None):
-        self.cfg = cfg
-        self.session = session
+        self.relay = relay
         self.replication = replication  # None for `relayproxy serve`: no master to repoint
         # The relay's status document (ops/status.py's relay_status, bound by the command that wires the
         # relay): SHOW SLAVE STATUS reports the upstream IO thread, which this layer does not import.
         self.status_document = status_document
-        self.server_uuid = server_uuid
         self.started = started or time.time()
         self.connections: dict[int, ConnectionState] = {}
         self.semi_sync_waiters: list[asyncio.Future] = []
-        self._catalog = None
-        self._catalog_store = None
         self.semi_sync = SemiSyncTracker()  # ACKs of semi-sync replicas of the relay
         # Bound by the server (downstream/server.py) for KILL and FLUSH HOSTS: end one connection by id (False:
         # unknown), and forget every host's failed-login count (returns how many hosts were blocked).
@@ -141,48 +157,35 @@ class DownstreamContext:
 
     @property
     def store(self):
-        return self.session.store
+        return self.relay.store
 
     @property
-    def catalog(self):
-        """One FileCatalog shared by the SQL layer and the dump senders; follows a reopened store."""
-        from ..relay.catalog import FileCatalog
-
-        store = self.session.store
-        if self._catalog is None or self._catalog_store is not store:
-            self._catalog = FileCatalog(store)
-            self._catalog_store = store
-        return self._catalog
+    def catalog(self) -> FileCatalog:
+        return self.relay.catalog
 
     @property
-    def horizon(self):
-        return self.session.store.horizon
+    def horizon(self) -> Horizon:
+        return self.relay.horizon
 
     @property
     def server_id(self) -> int:
-        return self.cfg.server_id
+        return self.relay.server_id
+
+    @property
+    def server_uuid(self) -> str:
+        return self.relay.server_uuid
 
     @property
     def flavour(self) -> str:
-        """mysql or mariadb: what the relay looks like to replicas (the upstream master's flavour; before the relay
-        has a file or has reached its master, the flavour its GTID mode names, else mysql)."""
-        found = self.store.flavour or self.session.status.master_flavour
-        if found:
-            return found
-        configured = getattr(self.cfg, "gtid_mode", None)
-        return configured if configured in ("mysql", "mariadb") else "mysql"
+        return self.relay.flavour
 
     @property
     def server_version(self) -> str:
-        """The version string replicas see: the master's, marked as a relay."""
-        upstream = self.session.status.master_server_version
-        if upstream:
-            base = upstream.split("-log")[0]
-            return f"{base}-relayproxy-log" if "MariaDB" not in base else upstream
-        fde = self.store.latest_format_description
-        if fde is not None:
-            return fde.server_version
-        return "8.0.36-relayproxy-log" if self.flavour == "mysql" else "10.11.6-MariaDB-relayproxy-log"
+        return self.relay.server_version
+
+    @property
+    def settings(self) -> ReplicaSettings:
+        return self.relay.settings
 
     def replicas(self) -> list[ConnectionState]:
         return [c for c in self.connections.values() if c.registration is not None or c.dump is not None]

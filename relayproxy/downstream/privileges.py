@@ -54,7 +54,7 @@ def account_of(ctx, conn: ConnectionState) -> DownstreamUser | None:
     account = getattr(conn, "account", None)
     if account is not None:
         return account
-    return find_user(getattr(ctx.cfg, "users", None) or (), conn.user, conn.host)
+    return find_user(ctx.settings.users, conn.user, conn.host)
 
 
 def granted(ctx, conn: ConnectionState) -> frozenset[str]:
@@ -63,7 +63,7 @@ def granted(ctx, conn: ConnectionState) -> frozenset[str]:
     account = account_of(ctx, conn)
     if account is not None:
         return account.granted
-    return DEFAULT_PRIVILEGES if not (getattr(ctx.cfg, "users", None) or ()) else frozenset()
+    return DEFAULT_PRIVILEGES if not ctx.settings.users else frozenset()
 
 
 def has(ctx, conn: ConnectionState, privilege: str) -> bool:

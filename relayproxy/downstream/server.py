@@ -76,12 +76,12 @@ from .context import (
     DumpProgress,
     DumpRequest,
     ReplicaRegistration,
+    SenderProcesses,
 )
 from .sql.limits import max_statement_bytes
 
 if TYPE_CHECKING:
     from .dump.chunks import Chunk
-    from .workers import SenderPool
 
 log = get_logger(__name__)
 
@@ -198,23 +198,29 @@ def server_tls_context(
 # -- transport ----------------------------------------------------------------------------------------------------
 
 
-class _ClientProtocol(asyncio.Protocol):
+class ClientProtocol(asyncio.Protocol):
     """Bytes from one client: decrypted when TLS is on, decoded in bulk into payloads that wait for the
     connection's single reader; reading pauses while more than `max_buffered` bytes of them wait.
 
     The first packet is cut out by hand: when it is an SSLRequest, what follows it in the same read is the
     ClientHello and goes to TLS, not to the packet decoder. Writes go through `write()` (encrypting when TLS is on);
     `drain()` waits while the transport's buffer is over its high-water mark.
+
+    ``on_connected(protocol)`` (the server's) returns the session that will read the connection. A connection that
+    arrives ``logged_in`` (a replica's socket handed to a sender process, downstream/workers.py) has no handshake
+    packet to cut out and no server to tell.
     """
 
-    def __init__(self, server: DownstreamServer) -> None:
-        self._server = server
-        self.tls_context = server.tls_context
+    def __init__(self, *, max_buffered: int, net_read_timeout: float, tls_context: ssl.SSLContext | None = None,
+                 on_connected: Callable[[ClientProtocol], _Session | None] | None = None,
+                 logged_in: bool = False) -> None:
+        self._on_connected = on_connected
+        self.tls_context = tls_context
         self.decoder = PacketDecoder(max_payload=HANDSHAKE_MAX_PAYLOAD, keep_sequences=True)
         # Sequence ids are checked by the reader, per exchange; semi-sync ACKs restart them mid-dump.
         self.decoder.expect_sequence(None)
-        self.max_buffered = server.max_buffered
-        self.net_read_timeout = server.net_read_timeout
+        self.max_buffered = max_buffered
+        self.net_read_timeout = net_read_timeout
         self._last_data = 0.0  # time.monotonic() of the last bytes received
         self._partial = False  # the bytes received end inside a packet
         self.transport: asyncio.Transport | None = None
@@ -226,7 +232,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.error: BaseException | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.input_ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # client half-closed
-        self._first: bytearray | None = bytearray()
+        self._first: bytearray | None = None if logged_in else bytearray()
         self._discard = False
         self._ready: collections.deque[tuple[int, bytes]] = collections.deque()
         self._ready_bytes = 0
@@ -249,7 +255,8 @@ class _ClientProtocol(asyncio.Protocol):
             if host.startswith("::ffff:") and "." in host:
                 host = host[7:]
             self.peer_host, self.peer_port = host, int(peer[1])
-        self.session = self._server._accept(self)
+        if self._on_connected is not None:
+            self.session = self._on_connected(self)
 
     def data_received(self, data: bytes) -> None:
         if self.error is not None or self._discard:
@@ -520,7 +527,7 @@ class _ClientProtocol(asyncio.Protocol):
 # -- the dump channel ---------------------------------------------------------------------------------------------
 
 
-class _DumpChannel:
+class ClientDumpChannel:
     """DumpChannel for one COM_BINLOG_DUMP[_GTID]: the reply stream's packets, numbered on from the command's.
 
     In a semi-sync dump (``semi_sync``), after a payload that asks for an ACK (0x00 0xEF 0x01 ...) the numbering
@@ -529,7 +536,7 @@ class _DumpChannel:
     (ReplSemiSyncMaster::readSlaveReply: net_clear, then pkt_nr++), so the next event must carry 1.
     """
 
-    def __init__(self, protocol: _ClientProtocol, write_timeout: float | None, first_seq: int) -> None:
+    def __init__(self, protocol: ClientProtocol, write_timeout: float | None, first_seq: int) -> None:
         self._protocol = protocol
         self._write_timeout = write_timeout
         self._seq = first_seq
@@ -876,7 +883,7 @@ class LoginThrottle:
 class _Session:
     """One client, from the greeting to the close: handshake, authentication, then its commands in order."""
 
-    def __init__(self, server: DownstreamServer, protocol: _ClientProtocol, conn_id: int) -> None:
+    def __init__(self, server: DownstreamServer, protocol: ClientProtocol, conn_id: int) -> None:
         self.server = server
         self.protocol = protocol
         self.ctx = server.ctx
@@ -1258,7 +1265,7 @@ class _Session:
             if handed:
                 self.dumping = None
                 return
-        channel = _DumpChannel(self.protocol, self.server.write_timeout, self._seq)
+        channel = ClientDumpChannel(self.protocol, self.server.write_timeout, self._seq)
         task = asyncio.ensure_future(self.server.dump(self.ctx, state, request, channel))
         try:
             closed, ended = self.protocol.closed, self.protocol.input_ended
@@ -1290,7 +1297,7 @@ class _Session:
             await channel.send_final(message)
 
 
-    async def _hand_off(self, pool: SenderPool, request: DumpRequest) -> bool:
+    async def _hand_off(self, pool: SenderProcesses, request: DumpRequest) -> bool:
         """Serve the dump from a sender process (workers.py) when it can be moved there: a plain connection (a
         TLS session cannot change process), no semi-sync (its ACKs belong to this process's tracker), nothing
         read from the replica past the dump command. False: serve it here."""
@@ -1299,7 +1306,7 @@ class _Session:
         protocol, state = self.protocol, self.state
         transport = protocol.transport
         semi_sync = _truthy(_user_var(state.user_vars, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
-        if protocol.tls is not None or (semi_sync and getattr(self.ctx.cfg, "semi_sync", False)):
+        if protocol.tls is not None or (semi_sync and self.ctx.settings.semi_sync):
             return False
         if transport is None or transport.is_closing():
             return False
@@ -1525,7 +1532,7 @@ class DownstreamServer:
         ctx.flush_hosts = self.connect_errors.flush
         self._server: asyncio.AbstractServer | None = None
         self._sessions: dict[int, _Session] = {}
-        self.senders: SenderPool | None = None  # dumps served by sender processes (workers.py), when configured
+        self.senders: SenderProcesses | None = None  # dumps served by sender processes (workers.py), when configured
         self._unauthenticated: dict[int, _Session] = {}  # oldest first
         self._per_host: collections.Counter[str] = collections.Counter()
         self._ids = itertools.count(1)
@@ -1580,7 +1587,7 @@ class DownstreamServer:
             raise RuntimeError("the server is already started")
         loop = asyncio.get_running_loop()
         try:
-            self._server = await loop.create_server(lambda: _ClientProtocol(self), host, port, reuse_address=True)
+            self._server = await loop.create_server(self._new_protocol, host, port, reuse_address=True)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         address = self.address
@@ -1588,7 +1595,11 @@ class DownstreamServer:
                  users=len(self._users))
         return address
 
-    def _accept(self, protocol: _ClientProtocol) -> _Session | None:
+    def _new_protocol(self) -> ClientProtocol:
+        return ClientProtocol(max_buffered=self.max_buffered, net_read_timeout=self.net_read_timeout,
+                              tls_context=self.tls_context, on_connected=self._accept)
+
+    def _accept(self, protocol: ClientProtocol) -> _Session | None:
         if self._closing:
             protocol.abort()
             return None
@@ -1710,6 +1721,8 @@ class DownstreamServer:
 
 __all__ = [
     "ClientConnectionLost",
+    "ClientDumpChannel",
+    "ClientProtocol",
     "ConnectErrors",
     "DownstreamServer",
     "LoginThrottle",

@@ -35,14 +35,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from ..log import get_logger
 from ..relay import closed_files
+from ..relay.catalog import FileCatalog
 from ..relay.epochs import Epochs, EpochsError, gtid_text, parse_gtid_text, read_epochs
 from ..relay.horizon import Horizon
 from .context import ConnectionState, DownstreamContext, DumpProgress, DumpRequest
+from .dump import serve_dump
+from .server import ClientConnectionLost, ClientDumpChannel, ClientProtocol
+from .view import MasterFacts, ReplicaSettings
 
 log = get_logger("relayproxy.downstream.workers")
 
@@ -51,6 +54,7 @@ _PROGRESS_EVERY = 0.5  # seconds between a worker's progress reports
 _RESPAWN_DELAY = 1.0  # at most one new worker a second per slot
 _FOLLOW_RECHECK = 1.0  # the relay process re-reads files/status this often without an advance (a purge)
 _PROGRESS_FIELDS = ("file", "position", "events_sent", "bytes_sent", "caught_up_at", "mode", "last_ack")
+_MAX_BUFFERED = 1 << 20  # unread input of a handed-off replica before reading pauses (a dump replica says little)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +361,6 @@ class SenderPool:
         ctx = self.ctx
         store = ctx.store
         snap = store.horizon.snapshot()
-        status = getattr(ctx.session, "status", None)
         epochs = getattr(store, "epochs", None)
         return {
             "horizon": (snap.file, snap.position, gtid_text(snap.gtids)),
@@ -367,7 +370,7 @@ class SenderPool:
             "server_version": ctx.server_version,
             "server_id": ctx.server_id,
             "server_uuid": ctx.server_uuid,
-            "master_uuid": getattr(status, "master_uuid", None),
+            "master_uuid": ctx.relay.master.master_uuid,
             "epochs": epochs,  # immutable: a new object when the epochs change (sent as JSON, see _push)
         }
 
@@ -456,55 +459,46 @@ class FollowerStore:
                     self.horizon = Horizon(file, position, parse_gtid_text(text))
 
 
-class _WorkerContext(DownstreamContext):
-    """The dump sender's context in a worker: identity and status as the relay process last pushed them."""
+class FollowerView:
+    """A sender process's RelayView: the files, horizon, identity and master as the relay process last pushed them.
+    Its settings are the defaults: semi-sync dumps stay in the relay process, and a worker answers no SQL."""
 
     def __init__(self, store: FollowerStore):
-        self.info: dict[str, Any] = {}
-        status = SimpleNamespace(master_uuid=None, master_flavour=None, master_server_version=None)
-        session = SimpleNamespace(store=store, status=status)
-        cfg = SimpleNamespace(server_id=0, semi_sync=False)
-        super().__init__(cfg, session, server_uuid="", status_document=lambda: {})
+        self.store = store
+        self.catalog = FileCatalog(store)  # the store object lives as long as the worker (its horizon is replaced)
+        self.settings = ReplicaSettings()
+        self.server_id = 0
+        self.server_uuid = ""
+        self.master = MasterFacts()
+        self.flavour = "mysql"
+        self.server_version = ""
+
+    @property
+    def horizon(self) -> Horizon:
+        return self.store.horizon
 
     def apply(self, state: dict[str, Any]) -> None:
-        self.info.update(state)
         if "server_id" in state:
-            self.cfg.server_id = state["server_id"]
+            self.server_id = state["server_id"]
         if "server_uuid" in state:
             self.server_uuid = state["server_uuid"]
         if "master_uuid" in state:
-            self.session.status.master_uuid = state["master_uuid"]
-
-    @property
-    def flavour(self) -> str:
-        return self.info.get("flavour") or "mysql"
-
-    @property
-    def server_version(self) -> str:
-        return self.info.get("server_version") or ""
-
-
-class _Shim:
-    """What ``_ClientProtocol`` asks of its server, for a connection that arrives already logged in."""
-
-    tls_context = None
-
-    def __init__(self, net_read_timeout: float):
-        self.net_read_timeout = net_read_timeout
-        self.max_buffered = 1 << 20
-
-    def _accept(self, protocol) -> None:
-        return None
+            self.master = MasterFacts(master_uuid=state["master_uuid"])
+        if "flavour" in state:
+            self.flavour = state["flavour"] or "mysql"
+        if "server_version" in state:
+            self.server_version = state["server_version"] or ""
 
 
 class Worker:
     def __init__(self, sock: socket.socket, relay_dir: Path, *, slot: int, write_timeout: float,
                  net_read_timeout: float):
         self.store = FollowerStore(relay_dir)
-        self.ctx = _WorkerContext(self.store)
+        self.view = FollowerView(self.store)
+        self.ctx = DownstreamContext(self.view, status_document=dict)
         self.slot = slot
         self.write_timeout = write_timeout
-        self.shim = _Shim(net_read_timeout)
+        self.net_read_timeout = net_read_timeout
         self.dumps: dict[int, tuple[ConnectionState, asyncio.Task]] = {}
         self.done = asyncio.get_running_loop().create_future()
         self.control = _Control(sock, self._on_message, self._on_close)
@@ -517,7 +511,7 @@ class Worker:
     def _on_message(self, message: dict, fds: list[int]) -> None:
         kind = message.get("t")
         if kind == "state":
-            self.ctx.apply(message)
+            self.view.apply(message)
             self.store.apply(message)
         elif kind == "dump":
             ticket = message["ticket"]
@@ -538,9 +532,6 @@ class Worker:
                 os.close(fd)
 
     async def _serve(self, ticket: dict, fd: int) -> None:
-        from .dump import serve_dump
-        from .server import ClientConnectionLost, _ClientProtocol, _DumpChannel
-
         conn_id = ticket["conn_id"]
         loop = asyncio.get_running_loop()
         error: str | None = None
@@ -553,12 +544,12 @@ class Worker:
         try:
             sock = socket.socket(fileno=fd)
             sock.setblocking(False)
-            protocol = _ClientProtocol(self.shim)
-            protocol._first = None  # logged in long ago: no handshake packet to cut out
+            protocol = ClientProtocol(max_buffered=_MAX_BUFFERED, net_read_timeout=self.net_read_timeout,
+                                      logged_in=True)
             await loop.connect_accepted_socket(lambda: protocol, sock)
             request = DumpRequest(ticket["kind"], ticket["server_id"], ticket["flags"], ticket["file"],
                                   ticket["position"], ticket["gtid_set"])
-            channel = _DumpChannel(protocol, self.write_timeout, ticket["seq"])
+            channel = ClientDumpChannel(protocol, self.write_timeout, ticket["seq"])
             try:
                 await serve_dump(self.ctx, conn, request, channel)
             finally:

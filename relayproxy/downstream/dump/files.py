@@ -8,16 +8,13 @@ import errno
 import os
 import struct
 import threading
-import weakref
 from collections import OrderedDict
-from typing import Any
 
 from ...binlog import constants as C
 from ...binlog.events import HEADER
 from ...binlog.gtid import GtidSet
 from ...log import get_logger
 from ...relay import closed_files, fileindex
-from ...relay.catalog import FileCatalog
 from ...relay.closed_files import StoredFileError, open_relay_file
 
 log = get_logger("relayproxy.downstream.dump")
@@ -32,19 +29,9 @@ _GTID_TYPES = frozenset({C.GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT})
 # Relay files and the catalog
 # ---------------------------------------------------------------------------------------------
 
-_catalogs: "weakref.WeakKeyDictionary[Any, FileCatalog]" = weakref.WeakKeyDictionary()
 _file_gtids: "OrderedDict[tuple, GtidSet]" = OrderedDict()
 _file_gtids_lock = threading.Lock()
 _FILE_GTIDS_CACHE = 256
-
-
-def _catalog(store: Any) -> FileCatalog:
-    """One FileCatalog per store, shared by every dump, so file headers are read once."""
-    catalog = _catalogs.get(store)
-    if catalog is None:
-        catalog = FileCatalog(store)
-        _catalogs[store] = catalog
-    return catalog
 
 
 def _scan_file_gtids(path: str) -> GtidSet:

@@ -156,7 +156,7 @@ class DumpSender(DumpStart):
         self.capability = _int(_user_var(uv, "mariadb_slave_capability"), "mariadb_slave_capability")
         self.skip_replication = self.flavour == "mariadb" and _truthy(conn.session_vars.get("skip_replication"))
         wants_semi_sync = _truthy(_user_var(uv, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
-        self.semi_sync = wants_semi_sync and bool(getattr(ctx.cfg, "semi_sync", False))
+        self.semi_sync = wants_semi_sync and ctx.settings.semi_sync
         # The server may have put a DumpProgress on the connection already: keep that object.
         self.progress = conn.dump if isinstance(conn.dump, DumpProgress) else DumpProgress()
         self.progress.mode = self.mode

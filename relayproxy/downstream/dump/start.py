@@ -35,7 +35,7 @@ from .errors import (
     MSG_PURGED,
     _DumpFailure,
 )
-from .files import _GTID_TYPES, _catalog, _header_unpack_from, _scan_file_gtids
+from .files import _GTID_TYPES, _header_unpack_from, _scan_file_gtids
 
 
 @dataclass(slots=True)
@@ -249,7 +249,7 @@ class DumpStart:
         """Durable files with their starting GTID sets, oldest first. The horizon's file is left out
         while its PREVIOUS_GTIDS / GTID_LIST is not durable yet (right after a rotation): it is
         reached by following the rotation, and must not pass for a file without GTIDs."""
-        catalog = _catalog(self.ctx.store)
+        catalog = self.ctx.catalog  # the shared one (thread-safe to get: this runs in a worker thread)
         try:
             infos = catalog.files()
         except CatalogError as exc:
@@ -306,8 +306,7 @@ class DumpStart:
         """Whose GTIDs the replica may not have more of than the relay (the MySQL master checks its own
         server UUID). The relay stands for its upstream master, so that is the upstream master's UUID;
         before the relay has talked to it (status unknown), every UUID the relay files hold."""
-        status = getattr(self.ctx.session, "status", None)
-        uuid = getattr(status, "master_uuid", None)
+        uuid = self.ctx.relay.master.master_uuid
         if uuid:
             return [str(uuid).strip().lower()]
         return relay_set.sids()

@@ -12,7 +12,7 @@ from ...wire.results import ErrorResponse, Response
 from ..context import ConnectionState
 from .admin import _flush, _kill, _purge
 from .binlog_events import read_binlog_events
-from .env import Env, _catalog_for
+from .env import Env
 from .errors import ER_EMPTY_QUERY, ER_UNKNOWN_ERROR, SqlError, _unsupported
 from .functions import _gtids_at
 from .limits import check_statement_size
@@ -110,7 +110,7 @@ async def _prefetch(ctx, tokens: list[Token], prefetched: dict[tuple[str, int], 
     calls, mentions_purged = await run_sliced(_prefetch_wanted, tokens)
     catalog: FileCatalog | None = None
     for name, position in calls:
-        catalog = catalog or _catalog_for(ctx)
+        catalog = catalog or ctx.catalog
         try:
             info = next((f for f in catalog.files() if f.name == name), None)
             if info is None or not isinstance(position, int) or not 4 < position <= info.size:
@@ -120,7 +120,7 @@ async def _prefetch(ctx, tokens: list[Token], prefetched: dict[tuple[str, int], 
             continue  # the statement itself answers NULL
         prefetched[(str(path), position)] = await asyncio.to_thread(_gtids_at, path, position)
     if mentions_purged and ctx.flavour != "mariadb":
-        catalog = catalog or _catalog_for(ctx)
+        catalog = catalog or ctx.catalog
         try:
             await asyncio.to_thread(catalog.purged)  # fills the catalog's per-file cache
         except CatalogError:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 from typing import Any
 
 from ...binlog.events import split_version
@@ -13,34 +12,13 @@ from ...binlog.gtid import GtidSet, MariaBinlogState
 from ...relay.catalog import FileCatalog
 from .. import privileges
 from ..context import ConnectionState
+from ..view import MasterFacts
 from .errors import ER_INCORRECT_GLOBAL_LOCAL_VAR, SqlError, _unknown_variable
 from .limits import MAX_STEPS, Budget, max_statement_bytes
 from .variables import _lookup_variable
 
 # ---------------------------------------------------------------------------------------------
 # Per-statement view of the relay: one horizon snapshot, so every value in one answer agrees.
-
-_cached_catalog: tuple["weakref.ref[Any]", FileCatalog] | None = None
-
-
-def _catalog_for(ctx) -> FileCatalog:
-    """The FileCatalog of the context's current store, kept between statements.
-
-    Keeping it matters: ``gtid_purged`` scans closed files once and file headers are read once. A
-    ``ctx.catalog`` for that store is used when the server provides one; otherwise the last one built
-    here is reused while the store is the same object (a store reopened after a failure gets a fresh
-    one, and only one is ever kept, so nothing accumulates).
-    """
-    global _cached_catalog
-    store = ctx.store
-    shared = getattr(ctx, "catalog", None)
-    if isinstance(shared, FileCatalog) and getattr(shared, "_store", None) is store:
-        return shared
-    if _cached_catalog is not None and _cached_catalog[0]() is store:
-        return _cached_catalog[1]
-    catalog = FileCatalog(store)
-    _cached_catalog = (weakref.ref(store), catalog)
-    return catalog
 
 
 class Env:
@@ -96,24 +74,27 @@ class Env:
 
     @functools.cached_property
     def catalog(self) -> FileCatalog:
-        return _catalog_for(self.ctx)
+        """The relay's shared FileCatalog (``ctx.catalog``: one per store, kept between statements, so closed
+        files are scanned and headers read once)."""
+        return self.ctx.catalog
+
+    @functools.cached_property
+    def master(self) -> MasterFacts:
+        """What the relay knows of its master, read once for the statement."""
+        return self.ctx.relay.master
 
     def master_var(self, name: str) -> Any:
-        """A variable of the upstream master, when the session recorded it (``status.extra["master_variables"]``).
+        """A variable of the upstream master, when the relay knows it (``RelayView.master.variables``).
 
         Some answers (binlog_format, binlog_row_image, gtid_mode ...) describe the stream, whose truth
         is on the master; the upstream session fetches them at every connect and persists them
         (relay/master_variables.py). None when the relay does not know.
         """
-        extra = getattr(self.ctx.session.status, "extra", None) or {}
-        variables = extra.get("master_variables") or {}
-        return variables.get(name)
+        return self.master.variables.get(name)
 
     def master_lacks(self, name: str) -> bool:
         """The master said it has no such variable (ER_UNKNOWN_SYSTEM_VARIABLE when the session asked)."""
-        extra = getattr(self.ctx.session.status, "extra", None) or {}
-        source = extra.get("master_variables_source") or {}
-        return name in (source.get("absent") or ())
+        return name in self.master.absent
 
     @property
     def mysql_gtids(self) -> GtidSet | None:

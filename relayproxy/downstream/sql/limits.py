@@ -63,8 +63,8 @@ ER_STATEMENT_TIMEOUT = 1969  # MariaDB: max_statement_time exceeded
 
 
 def max_statement_bytes(ctx: Any) -> int:
-    """The configured ``max_statement_bytes`` (contexts built without a configuration get the default)."""
-    value = getattr(getattr(ctx, "cfg", None), "max_statement_bytes", None)
+    """The configured ``max_statement_bytes`` (the default when it is not configured)."""
+    value = ctx.settings.max_statement_bytes
     return value if isinstance(value, int) and value > 0 else DEFAULT_MAX_STATEMENT_BYTES
 
 

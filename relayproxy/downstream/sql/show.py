@@ -140,7 +140,7 @@ def _show_grants(p: Parser, env: Env) -> ResultSet:
                 pattern = str(p.advance().value).strip("'\"`")
             if (name, pattern) != (user, host):
                 env.require(privileges.SHOW_OTHER_GRANTS)
-                users = getattr(env.ctx.cfg, "users", None) or ()
+                users = env.ctx.settings.users
                 account = next((u for u in users if u.name == name and u.host.lower() == pattern.lower()), None)
                 if account is None:
                     raise SqlError(ER_NONEXISTING_GRANT, "42000",
@@ -158,7 +158,7 @@ def prepare_binlog_events(p: Parser, env: Env):
     request = binlog_events.parse_show_binlog_events(p)
     env.require(privileges.SHOW_BINLOG_EVENTS)
     name, path, size = binlog_events.resolve(env, request, _catalog_files(env))
-    max_rows = int(getattr(env.ctx.cfg, "show_binlog_events_max_rows", None) or binlog_events.DEFAULT_MAX_ROWS)
+    max_rows = int(env.ctx.settings.show_binlog_events_max_rows or binlog_events.DEFAULT_MAX_ROWS)
     return path, name, size, request, max_rows
 
 
@@ -409,9 +409,9 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
     nothing, it has no SQL thread.
     """
     ctx = env.ctx
-    cfg = ctx.cfg
+    cfg = ctx.settings
     st = ctx.status_document()
-    up = ctx.session.status
+    up = ctx.relay.master
     state = st.get("state") or ""
     if st["io_running"]:
         io_running = "Yes"
@@ -439,9 +439,8 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
         relay_space = sum(_stored_size(ctx.store.path(n)) for n in ctx.store.files())
     # The master in force (CHANGE MASTER's choice or the configuration), else the configuration (serve).
     master = st.get("master") or {}
-    ssl_mode = master.get("ssl_mode") or getattr(cfg, "ssl_mode", "disabled") or "disabled"
-    gtid_mode = st.get("gtid_mode") or getattr(cfg, "gtid_mode", "off")
-    counters = getattr(ctx.session.receiver, "counters", None)
+    ssl_mode = master.get("ssl_mode") or cfg.ssl_mode or "disabled"
+    gtid_mode = st.get("gtid_mode") or cfg.gtid_mode or "off"
     # Master_Log_File / Read_Master_Log_Pos are the master's own coordinates of the horizon: the same as the
     # relay's file and offset until a switch of masters, the new master's after it (SHOW BINARY LOGS keeps
     # the relay's names).
@@ -449,9 +448,9 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
     return {
         "io_state": io_state,
         "host": st.get("master_host") or "",
-        "user": master.get("user") or getattr(cfg, "user", None) or "",
+        "user": master.get("user") or cfg.user or "",
         "port": st.get("master_port") or 0,
-        "connect_retry": int(round(getattr(cfg, "reconnect_max_delay", 60) or 60)),
+        "connect_retry": int(round(cfg.reconnect_max_delay or 60)),
         "log_file": (env.snapshot.file if same_epoch else st.get("upstream_log_file")) or "",
         "log_pos": (env.snapshot.position if same_epoch else st.get("upstream_log_pos")) if env.snapshot.file else 4,
         "io_running": io_running,
@@ -462,9 +461,9 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
         "relay_space": relay_space,
         "until_none": "None",
         "ssl_allowed": "No" if ssl_mode == "disabled" else "Yes",
-        "ssl_ca": master.get("ssl_ca") or getattr(cfg, "ssl_ca", None) or "",
-        "ssl_cert": master.get("ssl_cert") or getattr(cfg, "ssl_cert", None) or "",
-        "ssl_key": master.get("ssl_key") or getattr(cfg, "ssl_key", None) or "",
+        "ssl_ca": master.get("ssl_ca") or cfg.ssl_ca or "",
+        "ssl_cert": master.get("ssl_cert") or cfg.ssl_cert or "",
+        "ssl_key": master.get("ssl_key") or cfg.ssl_key or "",
         "ssl_verify": "Yes" if ssl_mode == "verify_identity" else "No",
         "seconds_behind": st.get("seconds_behind_master"),
         "io_errno": errno,
@@ -472,7 +471,7 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
         "io_error_time": time.strftime("%y%m%d %H:%M:%S", time.localtime(error_time)) if error and error_time else "",
         "master_server_id": up.master_server_id or 0,
         "master_uuid": up.master_uuid or "",
-        "info_file": str(getattr(cfg, "relay_dir", "") or ""),
+        "info_file": str(cfg.relay_dir or ""),
         "sql_state": "",
         "retry_count": 0,  # the relay reconnects for ever
         "gtid_set": gtid_text,
@@ -481,8 +480,8 @@ def _replica_values(env: Env, *, new_terms: bool) -> dict[str, Any]:
         "gtid_io_pos": str(gtids.current_position()) if isinstance(gtids, MariaBinlogState) else "",
         "parallel_mode": "optimistic",
         "max_relay_log_size": 1 << 30,
-        "heartbeats": getattr(counters, "heartbeats", 0) if counters is not None else 0,
-        "heartbeat_period": float(master.get("heartbeat_period") or getattr(cfg, "heartbeat_period", 0.0) or 0.0),
+        "heartbeats": up.heartbeats,
+        "heartbeat_period": float(master.get("heartbeat_period") or cfg.heartbeat_period or 0.0),
     }
 
 
@@ -502,7 +501,7 @@ def _show_replica_status(env: Env, *, new_names: bool, all_connections: bool) ->
         if all_connections:
             spec = list(_MARIADB_ALL_PREFIX) + spec + list(_MARIADB_ALL_SUFFIX)
     columns = [name for name, _ in spec]
-    if not getattr(env.ctx.cfg, "master", None):
+    if not env.ctx.settings.master:
         return ResultSet(columns, [])
     # Stage texts follow the version (MySQL 8.0.26 renamed them), not the syntax used.
     values = _replica_values(env, new_terms=env.mysql and env.at_least(8, 0, 26))

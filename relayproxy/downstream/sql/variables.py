@@ -135,7 +135,7 @@ def _gtid_mode(env: Env) -> str:
     if override:
         return str(override).upper()
     gtids = env.mysql_gtids
-    return "ON" if env.ctx.cfg.gtid_mode == "mysql" or (gtids is not None and bool(gtids)) else "OFF"
+    return "ON" if env.ctx.settings.gtid_mode == "mysql" or (gtids is not None and bool(gtids)) else "OFF"
 
 
 def _gtid_executed(env: Env) -> str:
@@ -166,7 +166,7 @@ def _sql_mode(env: Env) -> str:
 
 
 def _listen_port(env: Env) -> int:
-    listen = getattr(env.ctx.cfg, "listen", None)
+    listen = env.ctx.settings.listen
     return int(listen[1]) if listen else 3306
 
 
@@ -177,14 +177,14 @@ def _version_comment(env: Env) -> str:
 def _datadir(env: Env) -> str | None:
     """The relay directory (absolute, with the trailing slash servers print): where the relay's files and state are.
     NULL when the relay runs without one (never the case for ``run`` and ``serve``)."""
-    relay_dir = getattr(env.ctx.cfg, "relay_dir", None)
+    relay_dir = env.ctx.settings.relay_dir
     if not relay_dir:
         return None
     return os.path.join(os.path.abspath(str(relay_dir)), "")
 
 
 def _semi_sync(env: Env) -> bool:
-    return bool(getattr(env.ctx.cfg, "semi_sync", False))
+    return env.ctx.settings.semi_sync
 
 
 def _from_master(name: str, default: Any) -> Callable[[Env], Any]:
@@ -389,7 +389,7 @@ STATUS_VARIABLES: tuple[StatusVar, ...] = (
     StatusVar("Uptime_since_flush_status", _uptime),
     StatusVar("Threads_connected", lambda e: len(e.ctx.connections)),
     StatusVar("Threads_running", lambda e: 1),
-    StatusVar("Slave_running", lambda e: "ON" if e.ctx.session.status.io_running else "OFF", exists=_mariadb_only),
+    StatusVar("Slave_running", lambda e: "ON" if e.ctx.relay.master.io_running else "OFF", exists=_mariadb_only),
     StatusVar("Rpl_semi_sync_master_status", lambda e: "ON" if _semi_sync(e) else "OFF"),
     StatusVar("Rpl_semi_sync_master_clients", _semi_sync_clients),
     StatusVar("Rpl_semi_sync_source_status", lambda e: "ON" if _semi_sync(e) else "OFF",
