@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from relayproxy.lab.sandbox import TEMPLATE_ENV, MariaDBSandbox, SandboxError
+from relayproxy.lab.sandbox import FORBID_ENV, TEMPLATE_ENV, MariaDBSandbox, SandboxError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
@@ -105,10 +106,78 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.server)
 
 
+# -- a test that starts what its markers do not say fails ---------------------------------------------------------
+# `make test-quick` (-m "not server and not spark and ...") trusts the markers, so they are checked: while a test runs
+# (setup, call, teardown), a program it starts from this process is looked up here, and one that needs a marker the
+# test lacks fails the test (the program is not started). A mariadbd started by a child process (the demo, a
+# benchmark, the relay as a process) is refused by lab/sandbox.py itself, through FORBID_ENV set below.
+PROGRAM_MARKERS = {
+    "mariadbd": "server", "mysqld": "server", "mariadb-install-db": "server", "mysql_install_db": "server",
+    "spark-submit": "spark", "java": "spark",
+    "docker": "docker", "docker-compose": "docker",
+    "sshd": "mha", "masterha_manager": "mha", "masterha_check_repl": "mha", "masterha_master_switch": "mha",
+}
+_running: pytest.Item | None = None
+_violations = pytest.StashKey[list[str]]()
+
+
+def _programs(executable: Any, args: Any) -> set[str]:
+    words: list[Any] = [executable]
+    if isinstance(args, (str, bytes, os.PathLike)):
+        words.append(args)
+    elif args:
+        args = list(args)
+        words.append(args[0])
+        if len(args) >= 3 and os.path.basename(os.fsdecode(args[0])) in ("sh", "bash") and args[1] == "-c":
+            words.extend(os.fsdecode(args[2]).split())  # shell=True: the command line's words
+    return {os.path.basename(os.fsdecode(w)) for w in words if w}
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event != "subprocess.Popen" or _running is None:
+        return
+    item = _running
+    for program in _programs(args[0], args[1]):
+        marker = PROGRAM_MARKERS.get(program)
+        if marker is not None and item.get_closest_marker(marker) is None:
+            problem = f"{item.nodeid} starts {program} but has no @pytest.mark.{marker} (setup.cfg lists the markers)"
+            item.stash.setdefault(_violations, []).append(problem)
+            raise RuntimeError(problem)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.addaudithook(_audit)  # audit hooks cannot be removed; with no test running it returns at once
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    global _running
+    forbid_before = os.environ.get(FORBID_ENV)
+    if item.get_closest_marker("server") is None:
+        os.environ[FORBID_ENV] = f"{item.nodeid} has no @pytest.mark.server"
+    else:
+        os.environ.pop(FORBID_ENV, None)
+    _running = item
+    try:
+        return (yield)
+    finally:
+        _running = None
+        if forbid_before is None:
+            os.environ.pop(FORBID_ENV, None)
+        else:
+            os.environ[FORBID_ENV] = forbid_before
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report: pytest.TestReport = yield
-    item.stash.setdefault(_outcomes, {})[report.when] = report
+    problems = item.stash.get(_violations, [])
+    outcomes = item.stash.setdefault(_outcomes, {})
+    if problems and report.when == "teardown" and not any(r.failed for r in (*outcomes.values(), report)):
+        # The test caught the RuntimeError the audit hook raised: the marker is missing all the same.
+        report.outcome = "failed"
+        report.longrepr = "\n".join(problems)
+    outcomes[report.when] = report
     if report.failed and report.when == "call":
         for sandbox in item.stash.get(_sandboxes, []):
             if not sandbox.error_log.exists():

@@ -162,6 +162,7 @@ def _crash_at(tmp_path, files, points, modes, rng) -> list[tuple]:
     return rows
 
 
+@pytest.mark.slow
 def test_os_crash_at_random_points_keeps_every_published_transaction(tmp_path, corpus_dir):
     """A clean run first (the layer changes nothing: byte-identical files), then CRASH_POINTS random crash points,
     each recovered from the three disks a crash can leave."""
@@ -193,6 +194,7 @@ def test_os_crash_at_random_points_keeps_every_published_transaction(tmp_path, c
           f" written, and survived, but not yet published); none lost a published transaction")
 
 
+@pytest.mark.slow
 def test_os_crash_with_the_fsync_pipelined_keeps_every_published_transaction(tmp_path, corpus_dir, monkeypatch):
     """As above, with the fsync of each batch overlapping the writes of the next (the session's pipeline): a crash
     at any call, between a batch's begin_sync and its fdatasync included, loses no published transaction."""

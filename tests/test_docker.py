@@ -37,6 +37,8 @@ DATABASE_SERVICES = ("master", "replica-relay", "replica-direct")
 KNOWN_ENV = {o.env for o in config.OPTIONS} | {config.ENV_PREFIX + "CONFIG"}
 ENV_TOKEN = re.compile(r"\bRELAYPROXY_[A-Z0-9_]+\b")
 
+pytestmark = pytest.mark.docker
+
 
 # -- helpers: docker-compose, the CLI, the Dockerfile ---------------------------------------------------------------
 

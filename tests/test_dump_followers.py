@@ -309,6 +309,7 @@ def test_an_event_that_looks_like_an_ack_request_does_not_restart_the_numbering(
     assert skip[-1][1:] == events[-1][1], "the last group (GTID 26) did not arrive whole"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sends", ["batch", "transports"], indirect=True)
 def test_a_replica_whose_socket_fills_in_a_pass_gets_the_rest_in_order(tmp_path, corpus_dir, sends):
     """A replica that reads nothing while megabytes become durable: the pass's batch write to it takes only part of

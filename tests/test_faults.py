@@ -61,6 +61,7 @@ def check_cut(data, events, group_ends, cut, name):
         assert re.match(r"at offset \d+: file ends inside", r.error), r.error
 
 
+@pytest.mark.slow
 def test_every_file_cut_at_every_boundary_and_inside_events(corpus_dir, manifest):
     rng = random.Random(20261121)
     cuts_checked = 0

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pymysql
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -251,6 +252,7 @@ def test_block_time_lifts_the_block() -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_a_delayed_login_holds_only_its_socket_and_delays_no_one_else() -> None:
     """repl@127.0.0.2 over the threshold waits its delay (long here): meanwhile its socket is not read, it keeps its
     unauthenticated slot (a newcomer may take it when the budget is full), and logins of another account from that

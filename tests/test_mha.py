@@ -55,7 +55,7 @@ from relayproxy.lab.harness import (
     wait_replica,
 )
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.mha]
 
 MHA_USER, MHA_PASSWORD = "mha", "mhapw"
 

@@ -42,6 +42,9 @@ from .fakereplica import (
 )
 from .test_fake_mysql_master import running_relay, wait_for
 
+# Each test runs the relay and `relayproxy promote` as a process against scripted servers: 2 to 9 s each.
+pytestmark = pytest.mark.slow
+
 A = "aaaaaaaa-1111-4111-8111-000000000001"  # M1, the master that dies (server_id 1)
 B = "bbbbbbbb-2222-4222-8222-000000000002"  # the candidate (server_id 2)
 C = "cccccccc-3333-4333-8333-000000000003"  # errant: written on the candidate, in no relay

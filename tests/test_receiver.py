@@ -783,6 +783,7 @@ class _Relay:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+@pytest.mark.slow
 @given(data=st.data())
 def test_random_batches_and_reconnects_rebuild_the_corpus_files(corpus_dir, data):
     which = data.draw(st.sampled_from(["mysql-gtid", "mysql-position", "mariadb-chain"]), label="stream")

@@ -248,6 +248,7 @@ def _mutate(payloads: list[bytes], data) -> list[bytes]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
+@pytest.mark.slow
 @given(case=damaged_streams())
 def test_damaged_streams_fail_identically_on_both_paths(streams, case):
     """Bit flips, cut payloads, cut streams, lost and repeated events: the same error (type and message)

@@ -128,6 +128,7 @@ def test_the_store_checkpoints_at_durable_boundaries_only(recorded):
         assert (last.file, last.offset) == (newest, end), kind
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_recovery_from_a_checkpoint_equals_the_full_scan(recorded, tmp_path_factory, data):

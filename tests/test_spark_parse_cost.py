@@ -18,6 +18,8 @@ if str(REPO_ROOT / "benchmarks") not in sys.path:
 
 import spark_parse_cost  # noqa: E402
 
+pytestmark = pytest.mark.spark
+
 # One file per flavour family: MySQL 5.7, MySQL 8.0, MariaDB 10.0, and a MariaDB 11.8 file of 527 events that
 # --split-bytes 4096 cuts into many splits.
 FILES = {

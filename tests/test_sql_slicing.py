@@ -239,6 +239,7 @@ def check(relay: Relay, sql: str, want: set) -> tuple[object, int, int]:
 @settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
+@pytest.mark.slow
 @given(case=st.one_of(statements(), mixes))
 @example(case=("chain", (1_000_008 - 8) // 2))  # the defect's statement: 1,000,008 bytes
 @example(case=("chain", limits.MAX_TOKENS // 2))

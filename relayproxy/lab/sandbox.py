@@ -89,6 +89,9 @@ def _option_line(key: str, value: Any, prefix: str = "") -> str:
 # A directory for datadirs as `mariadb-install-db` writes them, one per (binaries, InnoDB options, user): a new
 # sandbox copies one. Unset: every new datadir runs `mariadb-install-db` (the demo leaves nothing behind).
 TEMPLATE_ENV = "RELAYPROXY_SANDBOX_TEMPLATES"
+# Set (to the reason) while a test without the `server` marker runs (tests/conftest.py): start() refuses, also in
+# the processes such a test starts (the demo, a benchmark), so a server never hides behind a missing marker.
+FORBID_ENV = "RELAYPROXY_SANDBOX_FORBIDDEN"
 
 
 def _datadir_template(install_db: str, options: list[str], run_as: list[str]) -> Path | None:
@@ -292,6 +295,9 @@ class MariaDBSandbox:
         """Initialise the datadir if needed, start mariadbd and return once it accepts connections."""
         if self.running:
             raise SandboxError(f"sandbox in {self.basedir} is already running (pid {self.pid})")
+        forbidden = os.environ.get(FORBID_ENV)
+        if forbidden:
+            raise SandboxError(f"not starting mariadbd in {self.basedir}: {forbidden} ({FORBID_ENV} is set)")
         began = time.monotonic()
         command = self.server_command()
         self.basedir.mkdir(parents=True, exist_ok=True)
