@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 
 from .constants import CHECKSUM_LEN
 
 try:  # ISA-L's CRC32 (SIMD, ~10x zlib's on 8 KB events, ~3x on 150-byte ones): the same function, same values
+    if os.environ.get("RELAYPROXY_PURE_PYTHON") == "1":  # the build without compiled extras (tests/test_pure_python.py)
+        raise ImportError("RELAYPROXY_PURE_PYTHON=1")
     from isal.isal_zlib import crc32 as _isal_crc32
 except ImportError:  # no wheel for this platform: zlib's
     _isal_crc32 = None

@@ -9,8 +9,9 @@ helper threads write the others, so the kernel's work for a pass runs on as many
 part is written; what a socket did not take (full, or an error) is handed to its transport afterwards, which queues
 the rest or reports the error in its own way, exactly as if it had been given the whole write.
 
-Without the C extension (no compiler at install time) ``available()`` is False and the pass writes through the
-transports as before; the tests run both.
+Without the C extension (no compiler at install time, or ``RELAYPROXY_PURE_PYTHON=1`` in the environment: the
+pure-Python build, which tests/test_pure_python.py runs in every ``make test``) ``available()`` is False and the
+pass writes through the transports as before; the tests run both.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import threading
 from typing import Any
 
 try:
+    if os.environ.get("RELAYPROXY_PURE_PYTHON") == "1":
+        raise ImportError("RELAYPROXY_PURE_PYTHON=1")
     from ._sendbatch import send_batch as _send_batch
 except ImportError:  # built without a compiler: the pass writes through the transports
     _send_batch = None

@@ -1,0 +1,55 @@
+"""The pure-Python build: relayproxy without its compiled parts, as on a machine with no compiler or no isal wheel.
+
+Two modules have a compiled fast path and a Python fallback: ``downstream/sendbatch.py`` (the C extension
+``_sendbatch.c``; without it the shared pass writes through the transports) and ``binlog/checksum.py`` (ISA-L's
+CRC32 from the ``isal`` package; without it zlib's). ``RELAYPROXY_PURE_PYTHON=1`` in the environment turns both
+off, in the process and in every process it starts (sender processes, the relay run as a process). ``make test``
+builds the extension and installs isal, so the rest of the suite runs the fast paths; the test below runs the tests
+that exercise the fallbacks once more, in a pytest subprocess with the variable set (a few seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from relayproxy.binlog import checksum
+from relayproxy.downstream import sendbatch
+
+REPO = Path(__file__).resolve().parent.parent
+PURE_ENV = "RELAYPROXY_PURE_PYTHON"
+
+# Run again with RELAYPROXY_PURE_PYTHON=1: the shared pass without the extension (in this process and in a sender
+# process), zlib's CRC32 over the whole corpus and the property tests, and the check that the switch took.
+PURE_TESTS = [
+    "tests/test_pure_python.py::test_the_compiled_parts_in_use_are_the_ones_the_environment_asks_for",
+    "tests/test_dump_followers.py::test_mysql_followers_get_the_same_stream_as_the_ordinary_path[copies-transports]",
+    "tests/test_dump_followers.py::test_mariadb_followers_get_the_same_stream_as_the_ordinary_path[pieces-transports]",
+    "tests/test_dump_followers.py::test_heartbeats_still_come_once_the_stream_goes_quiet",
+    "tests/test_sender_processes.py::test_mysql_dumps_through_a_sender_process_are_byte_identical",
+    "tests/test_checksum_impl.py::test_the_crc32_in_use_equals_zlibs",
+    "tests/test_checksum_impl.py::test_a_crc32_over_an_event_and_its_stored_crc_is_zlibs_residue",
+    "tests/test_corpus.py",
+]
+
+
+def test_the_compiled_parts_in_use_are_the_ones_the_environment_asks_for():
+    """Here (make test): the extension and isal. In the pure-Python run below: neither, and still a working pass."""
+    if os.environ.get(PURE_ENV) == "1":
+        assert sendbatch._send_batch is None and not sendbatch.available(), "the C extension is loaded"
+        assert checksum.CRC32_IMPL == "zlib", checksum.CRC32_IMPL
+    else:
+        assert sendbatch.available(), "relayproxy.downstream._sendbatch is missing: pip install -e . did not build it"
+        assert checksum.CRC32_IMPL == "isal", checksum.CRC32_IMPL
+
+
+def test_the_pure_python_build_passes_the_tests_of_the_fallbacks(tmp_path):
+    env = {**os.environ, PURE_ENV: "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "pure"),
+               *PURE_TESTS]
+    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    assert out.returncode == 0, f"with {PURE_ENV}=1: {summary}\n{out.stdout[-6000:]}\n{out.stderr[-2000:]}"
+    assert " failed" not in summary and " error" not in summary and " deselected" not in summary, summary
