@@ -1,8 +1,9 @@
 """The package's layers, checked from the source: imports go only downward, nothing imports in a circle, and the
 runtime never imports the lab (docs/architecture.md draws the same picture).
 
-Every ``import`` / ``from ... import`` in ``relayproxy/`` counts, at module level or inside a function, except
-those under ``if TYPE_CHECKING:`` (annotations only, never executed).
+Every ``import`` / ``from ... import`` in ``relayproxy/`` counts, at module level or inside a function. The layers
+leave out those under ``if TYPE_CHECKING:`` (annotations only, never executed); the circles count them too, and a
+``from package import name`` depends on the package's ``__init__`` (its re-exports), not only on the submodule.
 """
 
 from __future__ import annotations
@@ -58,27 +59,39 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The relayproxy modules `path` imports (a name imported from a package counts as its submodule if one exists)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = _type_checking_nodes(tree)
-    me = module_name(path)
-    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+def imports_of(path: Path, modules: set[str], *, annotations: bool = False) -> set[str]:
+    """The relayproxy modules `path` imports (see ``imports_in``)."""
+    return imports_in(path.read_text(encoding="utf-8"), module_name(path), package=path.name == "__init__.py",
+                      modules=modules, annotations=annotations)
+
+
+def imports_in(source: str, me: str, *, package: bool, modules: set[str], annotations: bool = False) -> set[str]:
+    """The relayproxy modules that module `me` (a package's ``__init__`` when ``package``) imports in `source`.
+    ``from package import name`` depends on the package (its ``__init__``) and, when ``name`` is a submodule, on
+    it too. ``annotations``: count imports under ``if TYPE_CHECKING:``, and a module importing from itself (a
+    package's ``__init__`` reading its own re-exports) as a self-loop."""
+    tree = ast.parse(source)
+    skip = set() if annotations else _type_checking_nodes(tree)
+    here = me if package else me.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
+            if annotations and me in targets:
+                found.add(me)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")
+                base = here.split(".")
                 base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            targets = [target]
-            targets += [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules]
+            submodules = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules]
+            if annotations and target == me and not submodules:
+                found.add(me)  # names read back from its own, half-initialised namespace
+            targets = [target, *submodules]
         else:
             continue
         for target in targets:
@@ -87,13 +100,15 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
-def build_graph() -> dict[str, set[str]]:
+def build_graph(*, annotations: bool = False) -> dict[str, set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in paths}
-    return {module_name(p): {t for t in imports_of(p, modules) if t in modules} for p in paths}
+    return {module_name(p): {t for t in imports_of(p, modules, annotations=annotations) if t in modules}
+            for p in paths}
 
 
 GRAPH = build_graph()
+FULL_GRAPH = build_graph(annotations=True)  # for the circles: TYPE_CHECKING imports and self-loops count
 
 
 def test_every_module_belongs_to_a_layer():
@@ -127,56 +142,92 @@ def test_the_runtime_never_imports_the_lab():
     assert lab_imports(GRAPH) == []
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import circle, as the list of modules around it, or None."""
-    WHITE, GREY, BLACK = 0, 1, 2
-    colour = dict.fromkeys(graph, WHITE)
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle: the strongly connected components of more than one module (Tarjan's algorithm), and
+    the modules that import themselves."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
     stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
 
-    def visit(node: str) -> list[str] | None:
-        colour[node] = GREY
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
         stack.append(node)
+        on_stack.add(node)
         for nxt in sorted(graph.get(node, ())):
-            if nxt not in colour:
+            if nxt not in graph:
                 continue
-            if colour[nxt] == GREY:
-                return stack[stack.index(nxt):] + [nxt]
-            if colour[nxt] == WHITE and (cycle := visit(nxt)):
-                return cycle
-        stack.pop()
-        colour[node] = BLACK
-        return None
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                circles.append(sorted(component))
 
     for start in sorted(graph):
-        if colour[start] == WHITE and (cycle := visit(start)):
-            return cycle
-    return None
+        if start not in index:
+            visit(start)
+    return sorted(circles)
 
 
-def _without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """A package's __init__ re-exporting its modules is not a circle with them: Python imports the package first."""
-    packages = {m for m in graph if (PACKAGE.parent / m.replace(".", "/") / "__init__.py").exists()}
-    return {m: {t for t in ts if not (t in packages and m.startswith(t + "."))} for m, ts in graph.items()}
+def describe_circle(graph: dict[str, set[str]], members: list[str]) -> str:
+    inside = set(members)
+    return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & inside))}" for m in members)
 
 
 def test_no_import_circles_anywhere_in_the_package():
-    assert find_cycle(_without_package_inits(GRAPH)) is None
+    """Counting TYPE_CHECKING imports and packages' __init__ re-exports: a circle is a module graph nobody can
+    read bottom-up, even when Python happens to import it."""
+    circles = import_circles(FULL_GRAPH)
+    assert not circles, "import circles: " + " | ".join(describe_circle(FULL_GRAPH, c) for c in circles)
 
 
-@pytest.mark.parametrize("mutation", ["upward", "circle", "lab"])
+@pytest.mark.parametrize("mutation", ["upward", "circle", "annotation", "init", "self", "lab"])
 def test_the_checks_catch_what_they_are_for(mutation):
     """Each rule fails on a graph that breaks it (so an empty answer above means something)."""
-    graph = {m: set(ts) for m, ts in GRAPH.items()}
+    graph = {m: set(ts) for m, ts in FULL_GRAPH.items()}
     if mutation == "upward":
+        graph = {m: set(ts) for m, ts in GRAPH.items()}
         graph["relayproxy.wire.packets"].add("relayproxy.downstream.context")
         assert upward_imports(graph) == ["relayproxy.wire.packets -> relayproxy.downstream.context"]
     elif mutation == "circle":
         graph["relayproxy.binlog.constants"].add("relayproxy.binlog.reader")
-        cycle = find_cycle(_without_package_inits(graph))
-        assert cycle is not None and "relayproxy.binlog.constants" in cycle
+        assert any("relayproxy.binlog.constants" in c and "relayproxy.binlog.reader" in c
+                   for c in import_circles(graph))
+    elif mutation == "annotation":  # one side only under TYPE_CHECKING
+        source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .workers import SenderPool\n"
+        found = imports_of_source(source, "relayproxy.downstream.server")
+        assert "relayproxy.downstream.workers" in found
+        graph["relayproxy.downstream.server"] |= found
+        assert ["relayproxy.downstream.server", "relayproxy.downstream.workers"] in import_circles(graph)
+    elif mutation == "init":  # a submodule importing a sibling through its package's __init__
+        found = imports_of_source("from . import closed_files\n", "relayproxy.relay.store")
+        assert found == {"relayproxy.relay", "relayproxy.relay.closed_files"}
+        graph["relayproxy.relay.store"] |= found
+        assert any({"relayproxy.relay", "relayproxy.relay.store"} <= set(c) for c in import_circles(graph))
+    elif mutation == "self":  # a package's __init__ reading its own re-exports
+        found = imports_of_source("from relayproxy.relay import Horizon\n", "relayproxy.relay", package=True)
+        graph["relayproxy.relay"] |= found
+        assert ["relayproxy.relay"] in import_circles(graph)
     else:
+        graph = {m: set(ts) for m, ts in GRAPH.items()}
         graph["relayproxy.upstream.session"].add("relayproxy.lab.sandbox")
         assert lab_imports(graph) == ["relayproxy.upstream.session -> relayproxy.lab.sandbox"]
+
+
+def imports_of_source(source: str, module: str, *, package: bool = False) -> set[str]:
+    """``imports_in`` for a made-up source text of ``module``, with the circles' rules (the checks' own test)."""
+    return imports_in(source, module, package=package, modules=set(FULL_GRAPH), annotations=True)
 
 
 def test_every_package_says_what_it_owns():

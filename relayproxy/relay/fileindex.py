@@ -35,7 +35,7 @@ from ..binlog.checksum import crc32 as _crc32
 from ..binlog.gtid import GtidSet
 from ..binlog.reader import BinlogScanner, ScannedGroup
 from ..log import get_logger
-from . import closed_files
+from .closed_files import StoredFileError, archive_dir_of, locate, logical_name, open_relay_file, open_stream
 from .checkpoint import TAIL_BYTES, decode_gtids, decode_record, encode_gtids, encode_record, read_fde_bytes
 from .recovery import RESERVED_PREFIX, write_file_atomically
 
@@ -124,7 +124,7 @@ class FileIndex:
 def _identity(path: Path) -> tuple[int, int, int, int, int]:
     """(size, FDE length, FDE CRC32, tail length, tail CRC32) of a file as it is now: its logical bytes, in
     whatever form it is stored (relay/closed_files.py: compressed, encrypted, archived)."""
-    f = closed_files.open_relay_file(path)
+    f = open_relay_file(path)
     try:
         size = f.size()
         fde = _read_fde(f) if size >= 4 + C.HEADER_LEN else None
@@ -169,7 +169,7 @@ def verify_content(idx: FileIndex, path: Path) -> str | None:
         return problem
     crc = 0
     digest = hashlib.sha256()
-    with closed_files.open_stream(path) as f:
+    with open_stream(path) as f:
         while chunk := f.read(_CHUNK):
             crc = _crc32(chunk, crc)
             digest.update(chunk)
@@ -185,7 +185,7 @@ def sha256_of(path: Path, length: int | None = None, *, keyring=None) -> tuple[s
     when given (the durable length of a file still growing), else all of it. Reads what it hashes."""
     digest = hashlib.sha256()
     done = 0
-    with closed_files.open_stream(path, keyring=keyring) as f:
+    with open_stream(path, keyring=keyring) as f:
         while length is None or done < length:
             chunk = f.read(_CHUNK if length is None else min(_CHUNK, length - done))
             if not chunk:
@@ -226,7 +226,7 @@ def build(path: Path, name: str, *, sparse_bytes: int = SPARSE_BYTES, stop: thre
     scanner = BinlogScanner(on_group=on_group, on_event=on_event, path=os.fspath(path), max_event_in_memory=1 << 20)
     crc = 0
     digest = hashlib.sha256()
-    with closed_files.open_stream(path) as f:  # any storage form (relay/closed_files.py)
+    with open_stream(path) as f:  # any storage form (relay/closed_files.py)
         size_at_open = f.seek(0, os.SEEK_END)
         f.seek(0)
         while chunk := f.read(_CHUNK):
@@ -271,7 +271,7 @@ def load(relay_dir: Path, name: str) -> tuple[FileIndex | None, str | None]:
         problem = check_identity(idx, Path(relay_dir) / name)
     except OSError as exc:
         return None, f"cannot read the file to check its index: {exc.strerror}"
-    except closed_files.StoredFileError as exc:
+    except StoredFileError as exc:
         return None, f"cannot read the file to check its index: {exc}"
     if problem is not None:
         return None, f"index does not match: {problem}"
@@ -324,11 +324,11 @@ def clean_leftovers(relay_dir: Path) -> list[str]:
     except OSError:
         return removed
     # A relay file may be stored converted (<name>.rpz) or archived (relay/closed_files.py): its index stays.
-    names = {closed_files.logical_name(e.name) for e in entries}
-    archive = closed_files.archive_dir_of(relay_dir)
+    names = {logical_name(e.name) for e in entries}
+    archive = archive_dir_of(relay_dir)
     if archive is not None:
         try:
-            names |= {closed_files.logical_name(e.name) for e in os.scandir(archive)}
+            names |= {logical_name(e.name) for e in os.scandir(archive)}
         except OSError:
             return removed  # the archive is not there: nothing can be told stale (recovery refuses to start)
     for entry in entries:
@@ -372,7 +372,7 @@ class Indexer:
         if idx is not None:
             self._digests[name] = idx.sha256
             return idx.sha256
-        if name not in self._asked and closed_files.locate(self.relay_dir / name) is not None:
+        if name not in self._asked and locate(self.relay_dir / name) is not None:
             self._asked.add(name)
             self.closed(name)
         return None
@@ -410,7 +410,7 @@ class Indexer:
                 self._busy = True
             try:
                 path = self.relay_dir / name
-                if closed_files.locate(path) is not None and load(self.relay_dir, name)[0] is None:
+                if locate(path) is not None and load(self.relay_dir, name)[0] is None:
                     idx = build(path, name, stop=self._stop)
                     write(self.relay_dir, idx)
                     self._digests[name] = idx.sha256

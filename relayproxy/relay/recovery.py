@@ -50,7 +50,14 @@ from ..binlog.checksum import crc32 as _crc32
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription, split_version
 from ..binlog.gtid import GtidSet, MariaBinlogState
 from ..binlog.reader import BinlogScanner, ScanResult, scan_file
-from . import closed_files
+from .closed_files import (
+    TMP_SUFFIX,
+    StoredFileError,
+    clean_leftovers,
+    open_stream,
+    present_names,
+)
+from .closed_files import scan as scan_stored
 from .checkpoint import CHECKPOINT_TMP_NAME, ResumePoint, read_checkpoint, verify
 from .epochs import (
     EPOCHS_NAME,
@@ -297,7 +304,7 @@ class DurableMarkWriter:
 def read_first_fde(path: Path) -> FormatDescription | None:
     """The FORMAT_DESCRIPTION at offset 4 of a file, or None when it is absent or damaged."""
     try:
-        with closed_files.open_stream(path) as f:  # any storage form (closed_files.py)
+        with open_stream(path) as f:  # any storage form (closed_files.py)
             head = f.read(4 + C.HEADER_LEN)
             if len(head) < 4 + C.HEADER_LEN or head[:4] != C.BINLOG_MAGIC:
                 return None
@@ -317,7 +324,7 @@ def read_final_rotate(path: Path) -> tuple[str, int] | None:
     size covers the last bytes; when it carries a CRC, the CRC must match.
     """
     try:
-        with closed_files.open_stream(path) as f:  # any storage form (closed_files.py)
+        with open_stream(path) as f:  # any storage form (closed_files.py)
             size = f.seek(0, os.SEEK_END)
             take = min(size - 4, C.HEADER_LEN + 8 + MAX_NAME_BYTES + C.CHECKSUM_LEN)
             if take < C.HEADER_LEN + 8:
@@ -326,7 +333,7 @@ def read_final_rotate(path: Path) -> tuple[str, int] | None:
             tail = f.read(take)
     except OSError:
         return None
-    except closed_files.StoredFileError as exc:
+    except StoredFileError as exc:
         raise RelayRecoveryError(f"cannot read the end of closed relay file {Path(path).name}: {exc}",
                                  file=Path(path).name) from None
     for event_size in range(C.HEADER_LEN + 8 + 1, take + 1):
@@ -715,8 +722,8 @@ def plan_recovery(directory: Path, names: list[str], *, epochs: Epochs, mark: Du
             scan = closed_scans[-1]
         else:
             try:
-                scan = closed_files.scan(directory / names[-2])  # may be compressed, encrypted, archived
-            except closed_files.StoredFileError as exc:
+                scan = scan_stored(directory / names[-2])  # may be compressed, encrypted, archived
+            except StoredFileError as exc:
                 raise RelayRecoveryError(str(exc), file=names[-2]) from None
             if scan.error or scan.crc_errors:
                 plan.previous_warning = f"{names[-2]}: {scan.error or 'CRC errors'} (while reading its GTID set)"
@@ -805,15 +812,15 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True, use_checkpoint
         if entry.is_file(follow_symlinks=False)
         and not entry.name.startswith(RESERVED_PREFIX)
         and not entry.name.startswith(".")
-        and not entry.name.endswith(closed_files.TMP_SUFFIX)
+        and not entry.name.endswith(TMP_SUFFIX)
     }
     # Closed files may be stored converted (<name>.rpz) or in the archive directory (closed_files.py);
     # an interrupted conversion or archive step leaves temp files or two forms of a file: cleaned here.
     try:
-        closed_files.clean_leftovers(relay_dir, listed, warn)
-    except closed_files.StoredFileError as exc:
+        clean_leftovers(relay_dir, listed, warn)
+    except StoredFileError as exc:
         raise RelayRecoveryError(str(exc)) from None
-    present = closed_files.present_names(relay_dir, {n for n in present if (relay_dir / n).exists()}, listed)
+    present = present_names(relay_dir, {n for n in present if (relay_dir / n).exists()}, listed)
 
     # Listed files that are gone: tolerable only at the ends of the list.
     exists = [name in present for name in listed]

@@ -64,11 +64,21 @@ from ..binlog import encoders as _enc
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from ..log import get_logger
-from . import closed_files
-from . import epochs as _epochs
-from . import fileindex as _fileindex
 from .checkpoint import CHECKPOINT_NAME, CHECKPOINT_TMP_NAME, CheckpointError, capture
-from .epochs import Epoch, Epochs, EpochsError, gtid_missing, gtid_text, gtid_union
+from .closed_files import remove_all
+from .epochs import (
+    EPOCHS_NAME,
+    Epoch,
+    Epochs,
+    EpochsError,
+    gtid_missing,
+    gtid_text,
+    gtid_union,
+    normalise_master,
+    parse_gtid_text,
+)
+from .fileindex import Indexer
+from .fileindex import remove as remove_file_index
 from .horizon import Horizon
 from .recovery import (
     DurableMarkWriter,
@@ -393,7 +403,7 @@ class RelayStore:
         self.checkpoint_seconds = CHECKPOINT_SECONDS
         self.checkpoints = 0  # checkpoints written by this store
         self.sidecars_writable = True  # file indexes (relay/fileindex.py) may be written here
-        self._indexer = _fileindex.Indexer(relay_dir)
+        self._indexer = Indexer(relay_dir)
         self._marks = DurableMarkWriter(relay_dir)
         try:
             if self._file is not None:
@@ -697,7 +707,7 @@ class RelayStore:
         self._check()
         self._settle()
         try:
-            master = _epochs.normalise_master(master)
+            master = normalise_master(master)
             check_file_name(upstream_first_file)
         except ValueError as exc:
             raise RelayStateError(f"begin_epoch: {exc}") from None
@@ -756,7 +766,7 @@ class RelayStore:
         try:
             write_epochs(self.relay_dir, planned)
         except OSError as exc:
-            self._fail(exc, self.relay_dir / _epochs.EPOCHS_NAME)
+            self._fail(exc, self.relay_dir / EPOCHS_NAME)
             raise
         self._epochs = planned
 
@@ -873,10 +883,10 @@ class RelayStore:
         write_index(self.relay_dir, self._index[keep_from:])
         self._index = self._index[keep_from:]
         for old in purged:
-            removed = closed_files.remove_all(self.relay_dir / old)  # plain, converted, archived
+            removed = remove_all(self.relay_dir / old)  # plain, converted, archived
             for parent in {p.parent for p in removed if p.parent != self.relay_dir}:
                 fsync_dir(parent)
-            _fileindex.remove(self.relay_dir, old)  # its index goes with it (a crash between: removed at open)
+            remove_file_index(self.relay_dir, old)  # its index goes with it (a crash between: removed at open)
             self._indexer.forget(old)
         fsync_dir(self.relay_dir)
         pruned = self._epochs.pruned(self._index[0])
@@ -1049,7 +1059,7 @@ class RelayStore:
         the set at its start is ``join_gtids ∪ its set``. A set naming GTIDs the relay never had (the
         new master had them before this file: errant or other-domain transactions) is recorded, not
         refused: they count as purged (FileCatalog.purged), the relay cannot serve them."""
-        join = _epochs.parse_gtid_text(epoch.join_gtids)
+        join = parse_gtid_text(epoch.join_gtids)
         try:
             effective = gtid_union(join, gtids)
             extra = gtid_missing(gtids, join) if join is not None else None

@@ -13,9 +13,8 @@ from ...relay.catalog import FileCatalog
 from .. import privileges
 from ..context import ConnectionState
 from ..view import MasterFacts
-from .errors import ER_INCORRECT_GLOBAL_LOCAL_VAR, SqlError, _unknown_variable
+from .errors import SqlError
 from .limits import MAX_STEPS, Budget, max_statement_bytes
-from .variables import _lookup_variable
 
 # ---------------------------------------------------------------------------------------------
 # Per-statement view of the relay: one horizon snapshot, so every value in one answer agrees.
@@ -105,21 +104,3 @@ class Env:
     def maria_state(self) -> MariaBinlogState:
         gtids = self.snapshot.gtids
         return gtids if isinstance(gtids, MariaBinlogState) else MariaBinlogState()
-
-    def read_variable(self, name: str, scope: str | None) -> Any:
-        """``@@name`` / ``@@global.name`` / ``@@session.name`` as SELECT shows it (booleans as 1/0)."""
-        var = _lookup_variable(self, name)
-        session = self.conn.session_vars
-        if var is None:
-            if scope != "global" and name in session:
-                return session[name]
-            raise _unknown_variable(name)
-        if scope == "global":
-            if not var.has_global:
-                raise SqlError(ER_INCORRECT_GLOBAL_LOCAL_VAR, "HY000", f"Variable '{name}' is a SESSION variable")
-            return var.select_value(self)
-        if scope == "session" and not var.has_session:
-            raise SqlError(ER_INCORRECT_GLOBAL_LOCAL_VAR, "HY000", f"Variable '{name}' is a GLOBAL variable")
-        if var.has_session and name in session:
-            return session[name]
-        return var.select_value(self)

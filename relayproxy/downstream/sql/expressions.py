@@ -16,6 +16,7 @@ from .errors import (
 from .functions import _FUNCTIONS
 from .limits import STEP_BYTES, check_number, out_of_range, too_large, value_size
 from .values import _compare, _to_datetime, _to_number, _to_text, _truthy, like_match
+from .variables import read_variable
 
 if TYPE_CHECKING:
     from .env import Env
@@ -48,7 +49,7 @@ class _SysVarRef(_Node):
 
     def eval(self, ev: "Evaluator") -> Any:
         ev.budget.charge()
-        return ev.env.read_variable(self.name, self.scope)
+        return read_variable(ev.env, self.name, self.scope)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from ...relay import closed_files
 from ...relay.catalog import CatalogError
 from ...wire.results import Response, ResultSet
 from .. import privileges
-from . import binlog_events
+from .binlog_events import DEFAULT_MAX_ROWS, parse_show_binlog_events, read_binlog_events, resolve
 from .errors import (
     ER_NONEXISTING_GRANT,
     ER_REPLICA_CHANNEL_DOES_NOT_EXIST,
@@ -155,17 +155,17 @@ def prepare_binlog_events(p: Parser, env: Env):
     """SHOW BINLOG EVENTS parsed, its privilege checked, its file found: (path, name, size, request, max_rows)."""
     p.expect_word("BINLOG")
     p.expect_word("EVENTS")
-    request = binlog_events.parse_show_binlog_events(p)
+    request = parse_show_binlog_events(p)
     env.require(privileges.SHOW_BINLOG_EVENTS)
-    name, path, size = binlog_events.resolve(env, request, _catalog_files(env))
-    max_rows = int(env.ctx.settings.show_binlog_events_max_rows or binlog_events.DEFAULT_MAX_ROWS)
+    name, path, size = resolve(env, request, _catalog_files(env))
+    max_rows = int(env.ctx.settings.show_binlog_events_max_rows or DEFAULT_MAX_ROWS)
     return path, name, size, request, max_rows
 
 
 def show_binlog_events_sync(p: Parser, env: Env) -> ResultSet:
     """SHOW BINLOG EVENTS on the caller's thread (execute_sync; ``execute`` reads in a worker thread instead)."""
     path, name, size, request, max_rows = prepare_binlog_events(p, env)
-    return binlog_events.read_binlog_events(path, name, size, request, flavour=env.flavour, max_rows=max_rows)
+    return read_binlog_events(path, name, size, request, flavour=env.flavour, max_rows=max_rows)
 
 
 def _check_connection_name(name: str) -> None:

@@ -13,10 +13,12 @@ from ... import __version__
 from ...binlog.gtid import GtidSet
 from ...relay.catalog import CatalogError
 from .errors import (
+    ER_INCORRECT_GLOBAL_LOCAL_VAR,
     ER_UNKNOWN_ERROR,
     ER_WRONG_TYPE_FOR_VAR,
     ER_WRONG_VALUE_FOR_VAR,
     SqlError,
+    _unknown_variable,
 )
 from .values import _to_number, _to_text, _truthy
 
@@ -350,6 +352,25 @@ _VARIABLES_BY_NAME: dict[str, SysVar] = {v.name: v for v in SYSTEM_VARIABLES}
 def _lookup_variable(env: Env, name: str) -> SysVar | None:
     var = _VARIABLES_BY_NAME.get(name)
     return var if var is not None and var.exists(env) else None
+
+
+def read_variable(env: Env, name: str, scope: str | None) -> Any:
+    """``@@name`` / ``@@global.name`` / ``@@session.name`` as SELECT shows it (booleans as 1/0)."""
+    var = _lookup_variable(env, name)
+    session = env.conn.session_vars
+    if var is None:
+        if scope != "global" and name in session:
+            return session[name]
+        raise _unknown_variable(name)
+    if scope == "global":
+        if not var.has_global:
+            raise SqlError(ER_INCORRECT_GLOBAL_LOCAL_VAR, "HY000", f"Variable '{name}' is a SESSION variable")
+        return var.select_value(env)
+    if scope == "session" and not var.has_session:
+        raise SqlError(ER_INCORRECT_GLOBAL_LOCAL_VAR, "HY000", f"Variable '{name}' is a GLOBAL variable")
+    if var.has_session and name in session:
+        return session[name]
+    return var.select_value(env)
 
 
 @dataclass(frozen=True)
