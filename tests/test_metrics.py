@@ -334,6 +334,20 @@ def test_status_reports_disk_usage_and_per_replica_lag_across_files(tmp_path):
         store.close()
 
 
+def test_status_shows_the_peer_catch_up_in_force(tmp_path):
+    # docs/failover.md, "Peer catch-up within an epoch": /status has `peer_catch_up` (was kept in the session only).
+    store = two_file_store(tmp_path)
+    try:
+        session = fake_session(store)
+        assert relay_status(fake_cfg(store.relay_dir), store, session)["peer_catch_up"] is None
+        peer = {"peer": "relay1:3307", "peer_server_id": 101, "epoch": 1, "master_server_id": 1,
+                "from": "binlog.000002:120", "verified_bytes": 120}
+        session.status.extra["peer_catch_up"] = dict(peer)
+        assert relay_status(fake_cfg(store.relay_dir), store, session)["peer_catch_up"] == peer
+    finally:
+        store.close()
+
+
 def test_bytes_behind_and_file_index():
     names = ["b.000001", "b.000002", "b.000003"]
     sizes = {"b.000001": 1000, "b.000002": 504, "b.000003": 300}

@@ -72,6 +72,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         # The last switch of masters the session decided (upstream/repoint.py): the coordinates CHANGE MASTER gave,
         # their GTID translation on the new master, the relay's GTID set, what was missing, the decision.
         "last_switch": (getattr(up, "extra", None) or {}).get("last_switch"),
+        # A catch-up from a peer relay in force (upstream/session.py, _check_peer): the peer, its server_id, the
+        # epoch, the master, where it began and the bytes verified (docs/failover.md); null otherwise.
+        "peer_catch_up": (getattr(up, "extra", None) or {}).get("peer_catch_up"),
         "master_position": (
             {"file": master_position[0], "position": master_position[1]} if master_position is not None else None
         ),

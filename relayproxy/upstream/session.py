@@ -455,6 +455,7 @@ class UpstreamSession:
         else:
             await conn.query("SET @relayproxy_peer = 1")  # the master's names and bytes, never past its epoch
         by_position = await self._request_dump(conn, switching=switching)
+        conn.read_timeout = None  # from here the stream's own silence limit applies (_stream)
         # A new upstream epoch begins at the stream's first ROTATE (its file is known only then): when
         # switching masters, and for an empty relay (its first epoch, with this master's identity).
         epoch_master = _identity_dict(self._connected_identity) if switching or not self.store.files() else None
@@ -615,10 +616,13 @@ class UpstreamSession:
         was = f"server_id {recorded.server_id}" + (f" ({recorded.server_uuid})" if recorded.server_uuid else "")
         now = f"server_id {identity.server_id}" + (f" ({identity.server_uuid})" if identity.server_uuid else "")
         if self.master.gtid_mode == "off":
+            # Bounded waits until a peer's stream begins (_connect_and_stream resets it); a server answers 1193 at once.
+            conn.read_timeout = peer_read_timeout(self.master.heartbeat_period, self.cfg.connect_timeout)
             peer = await probe_peer(conn)
             if peer is not None:
                 await self._check_peer(conn, peer, identity)
                 return False
+            conn.read_timeout = None
         if not self._switch_permitted(identity):
             raise MasterRefused(
                 f"the master at {self.master.address} is {now}, but the relay's files came from {was} at "
@@ -713,7 +717,8 @@ class UpstreamSession:
         conn = await UpstreamConnection.connect(
             master.host, master.port, master.user, master.password, ssl_mode=master.ssl_mode, ssl_ca=master.ssl_ca,
             ssl_cert=master.ssl_cert, ssl_key=master.ssl_key, server_public_key=master.public_key_path,
-            connect_timeout=cfg.connect_timeout)
+            connect_timeout=cfg.connect_timeout, read_timeout=peer_read_timeout(master.heartbeat_period,
+                                                                              cfg.connect_timeout))
         try:
             await conn.query("SET @master_binlog_checksum = @@global.binlog_checksum, @relayproxy_peer = 1, "
                              f"@mariadb_slave_capability = {MARIA_SLAVE_CAPABILITY_MINE}")
@@ -1045,6 +1050,17 @@ def upstream_error_kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return "store" if exc.errno in _STORAGE_ONLY else "io"  # sockets never fail with these
     return "internal"
+
+
+def peer_read_timeout(heartbeat_period: float, connect_timeout: float) -> float:
+    """How long a relay that may be a peer can leave a reply or the comparison dump silent before it counts as
+    gone, until its stream begins (the stream has its own silence limit). The comparison dump is non-blocking (the
+    peer sends what it holds, no heartbeats) and reads the whole horizon file while the main connection waits; a
+    peer that froze or whose host vanished without closing the connections would otherwise hang the relay's
+    upstream for good (state "connecting", no error, no retry). The stream's silence limit, and never less than
+    the connect timeout."""
+    silence = 2 * heartbeat_period + 1.0 if heartbeat_period else 0.0
+    return max(silence, connect_timeout)
 
 
 async def probe_peer(conn: UpstreamConnection) -> dict | None:
