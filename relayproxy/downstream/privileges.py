@@ -21,9 +21,8 @@ from ..wire.accounts import (
     DownstreamUser,
     find_user,
 )
+from ..wire.errors import ER_SPECIFIC_ACCESS_DENIED_ERROR
 from .context import ConnectionState
-
-ER_SPECIFIC_ACCESS_DENIED_ERROR = 1227
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,19 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..log import PeerLogLimiter, get_logger, report_failure
 from ..wire.accounts import DownstreamUser, find_user
+from ..wire.errors import (
+    ER_ACCESS_DENIED_ERROR,
+    ER_CLIENT_INTERACTION_TIMEOUT,
+    ER_CON_COUNT_ERROR,
+    ER_HOST_IS_BLOCKED,
+    ER_MALFORMED_PACKET,
+    ER_NET_PACKETS_OUT_OF_ORDER,
+    ER_NET_PACKET_TOO_LARGE,
+    ER_NET_READ_INTERRUPTED,
+    ER_NO_DB_ERROR,
+    ER_UNKNOWN_COM_ERROR,
+    ER_UNKNOWN_ERROR,
+)
 from ..wire.packets import (
     CLIENT_SSL,
     COM_BINLOG_DUMP,
@@ -89,18 +102,6 @@ log = get_logger(__name__)
 SqlExecutor = Callable[[DownstreamContext, ConnectionState, str], Response | Awaitable[Response]]
 DumpServer = Callable[[DownstreamContext, ConnectionState, DumpRequest, DumpChannel], Awaitable[None]]
 
-# Server error codes (include/mysqld_error.h).
-ER_CON_COUNT_ERROR = 1040
-ER_ACCESS_DENIED_ERROR = 1045
-ER_HOST_IS_BLOCKED = 1129
-ER_NO_DB_ERROR = 1046
-ER_UNKNOWN_COM_ERROR = 1047
-ER_UNKNOWN_ERROR = 1105
-ER_NET_PACKET_TOO_LARGE = 1153
-ER_NET_PACKETS_OUT_OF_ORDER = 1156
-ER_NET_READ_INTERRUPTED = 1159  # "Got timeout reading communication packets"
-ER_MALFORMED_PACKET = 1835
-ER_CLIENT_INTERACTION_TIMEOUT = 4031
 
 # A handshake response holds a user name, a scramble and at most 64 KiB of connection attributes.
 HANDSHAKE_MAX_PAYLOAD = 128 * 1024
@@ -1353,7 +1354,6 @@ def _replica_identity(state: ConnectionState, request: DumpRequest) -> tuple[str
     if request.server_id:
         return ("server_id", request.server_id)
     return None
-
 
 
 def parse_register_slave(payload: bytes, *, master_server_id: int = 0) -> ReplicaRegistration:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..wire.errors import ER_BAD_SLAVE, ER_BAD_SLAVE_AUTO_POSITION, ER_WRONG_ARGUMENTS
 from .recovery import write_file_atomically
 
 __all__ = [
@@ -52,12 +53,6 @@ _TMP_SUFFIX = ".tmp"
 GTID_MODES = ("off", "mysql", "mariadb")
 SSL_MODES = ("disabled", "preferred", "required", "verify_ca", "verify_identity")
 FLAVOURS = ("mysql", "mariadb")
-
-# Error codes for a CHANGE MASTER whose result cannot be used (MySQL include/mysqld_error.h, MariaDB
-# sql/share/errmsg-utf8.txt: the same numbers and SQLSTATEs in both).
-ER_BAD_SLAVE = 1200  # HY000 "The server is not configured as slave; fix in config file or with CHANGE MASTER TO"
-ER_WRONG_ARGUMENTS = 1210  # HY000 "Incorrect arguments to %s"
-ER_BAD_SLAVE_AUTO_POSITION = 1776  # HY000, MySQL: coordinates given while MASTER_AUTO_POSITION is active
 
 
 class MasterInfoError(Exception):

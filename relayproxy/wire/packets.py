@@ -6,6 +6,21 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from .errors import (
+    CR_AUTH_PLUGIN_CANNOT_LOAD,
+    CR_AUTH_PLUGIN_ERR,
+    CR_COMMANDS_OUT_OF_SYNC,
+    CR_CONN_HOST_ERROR,
+    CR_MALFORMED_PACKET,
+    CR_NET_PACKET_TOO_LARGE,
+    CR_SERVER_GONE_ERROR,
+    CR_SERVER_HANDSHAKE_ERR,
+    CR_SERVER_LOST,
+    CR_SSL_CONNECTION_ERROR,
+    CR_UNKNOWN_ERROR,
+    ER_NET_PACKETS_OUT_OF_ORDER,
+)
+
 # -- framing -----------------------------------------------------------------------------------------------------
 
 HEADER_LEN = 4
@@ -98,20 +113,6 @@ LOCAL_INFILE_HEADER = 0xFB
 EOF_HEADER = 0xFE
 ERR_HEADER = 0xFF
 
-# -- client-side error codes (include/errmsg.h), for errors the client itself detects ----------------------------
-
-CR_UNKNOWN_ERROR = 2000
-CR_CONN_HOST_ERROR = 2003
-CR_SERVER_GONE_ERROR = 2006
-CR_SERVER_HANDSHAKE_ERR = 2012
-CR_SERVER_LOST = 2013
-CR_COMMANDS_OUT_OF_SYNC = 2014
-CR_NET_PACKET_TOO_LARGE = 2020
-CR_SSL_CONNECTION_ERROR = 2026
-CR_MALFORMED_PACKET = 2027
-CR_AUTH_PLUGIN_CANNOT_LOAD = 2059
-CR_AUTH_PLUGIN_ERR = 2061
-ER_NET_PACKETS_OUT_OF_ORDER = 1156
 
 # utf8mb4_general_ci: understood by every MySQL >= 5.5.3 and MariaDB, fits the handshake's one charset byte.
 CHARSET_UTF8MB4_GENERAL_CI = 45

@@ -32,6 +32,7 @@ from .auth import (
     CACHING_SHA2_REQUEST_PUBLIC_KEY,
     SCRAMBLE_LENGTH,
 )
+from .errors import ER_ACCESS_DENIED_ERROR, ER_HANDSHAKE_ERROR, ER_NOT_SUPPORTED_AUTH_MODE
 from .handshake import MARIADB_VERSION_PREFIX, PROTOCOL_VERSION
 from .packets import (
     CHARSET_UTF8MB4_GENERAL_CI,
@@ -61,10 +62,6 @@ from .packets import (
 )
 from .results import ErrorResponse
 
-# Server error codes of the connection phase (include/mysqld_error.h).
-ER_HANDSHAKE_ERROR = 1043
-ER_ACCESS_DENIED_ERROR = 1045
-ER_NOT_SUPPORTED_AUTH_MODE = 1251
 # utf8mb4_0900_ai_ci: what a MySQL 8 server announces.
 CHARSET_UTF8MB4_0900_AI_CI = 255
 

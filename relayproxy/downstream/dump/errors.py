@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+from ...wire.errors import (
+    ER_MALFORMED_GTID_SET_ENCODING,
+    ER_MASTER_FATAL_ERROR_READING_BINLOG,
+    ER_UNKNOWN_COM_ERROR,
+    ER_UNKNOWN_ERROR,
+    ER_WRONG_VALUE_FOR_VAR,
+)
 from ...wire.packets import CLIENT_DEPRECATE_EOF, EOF_HEADER
 from ...wire.results import encode_eof, encode_ok
 
 # -- error codes and texts (all reach the replica as ERR packets) ----------------------------------
-ER_UNKNOWN_COM_ERROR = 1047
-ER_UNKNOWN_ERROR = 1105
-ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236  # the replica's IO thread stops for good on this one
-ER_MALFORMED_GTID_SET_ENCODING = 1773
-ER_WRONG_VALUE_FOR_VAR = 1231  # a replica's @master_heartbeat_period and friends that no integer holds
 
 MSG_NO_FILE = "Could not find first log file name in binary log index file"
 MSG_POS_LT_4 = "Client requested master to start replication from position < 4"

@@ -37,6 +37,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ...wire.errors import (
+    ER_DATA_OUT_OF_RANGE,
+    ER_ILLEGAL_VALUE_FOR_TYPE,
+    ER_NET_PACKET_TOO_LARGE,
+    ER_QUERY_TIMEOUT,
+    ER_STATEMENT_TIMEOUT,
+    ER_TOO_MANY_FIELDS,
+    ER_WARN_ALLOW_MAX_PACKET_SIZE,
+)
 from .errors import SqlError
 from .slicing import work
 
@@ -52,14 +61,6 @@ STEP_BYTES = 1024  # one step per this many characters of string built
 
 BIGINT_MIN = -(1 << 63)
 BIGINT_UNSIGNED_MAX = (1 << 64) - 1
-
-ER_NET_PACKET_TOO_LARGE = 1153
-ER_TOO_MANY_FIELDS = 1117
-ER_WARN_ALLOW_MAX_PACKET_SIZE = 1301
-ER_ILLEGAL_VALUE_FOR_TYPE = 1367
-ER_DATA_OUT_OF_RANGE = 1690
-ER_QUERY_TIMEOUT = 3024  # MySQL: max_execution_time exceeded
-ER_STATEMENT_TIMEOUT = 1969  # MariaDB: max_statement_time exceeded
 
 
 def max_statement_bytes(ctx: Any) -> int:

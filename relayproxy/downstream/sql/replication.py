@@ -13,6 +13,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from ...log import PeerLogLimiter, get_logger, report_failure
+from ...wire.errors import ER_BAD_SLAVE
 from ...wire.results import ErrorResponse, OkResponse, Response
 from .. import privileges
 from .errors import ER_NOT_SUPPORTED_YET, SqlError
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 log = get_logger("relayproxy.downstream.sql")
 _FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per client host and minute
 
-ER_BAD_SLAVE = 1200  # "The server is not configured as slave; fix in config file or with CHANGE MASTER TO"
 _FIRST_WORDS = frozenset({"STOP", "START", "CHANGE", "RESET"})
 
 

@@ -35,6 +35,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ...wire.errors import (
+    ER_BAD_SLAVE_AUTO_POSITION,
+    ER_DUP_ARGUMENT,
+    ER_NOT_SUPPORTED_YET,
+    ER_PARSE_ERROR,
+    ER_REPLICA_CHANNEL_DOES_NOT_EXIST,
+    ER_SLAVE_HEARTBEAT_VALUE_OUT_OF_RANGE,
+    ER_UNKNOWN_ERROR,
+    ER_WRONG_ARGUMENTS,
+    WARN_NO_MASTER_INFO,
+)
 from .parser import Token, tokenize
 
 __all__ = [
@@ -62,21 +73,6 @@ _UINT64_MAX = 0xFFFFFFFFFFFFFFFF
 _BIN_LOG_HEADER_SIZE = 4  # both grammars raise MASTER_LOG_POS below 4 to 4
 
 # ---------------------------------------------------------------------------------------------
-# Error codes. Numbers and SQLSTATEs are the servers' (MySQL include/mysqld_error.h generated from
-# share/messages_to_clients.txt; MariaDB sql/share/errmsg-utf8.txt; the two agree on every code used here but
-# 3074, which is MySQL's alone and answers MySQL's FOR CHANNEL syntax).
-
-ER_PARSE_ERROR = 1064  # 42000, both servers: "You have an error in your SQL syntax; ... near '%s' at line %d"
-ER_UNKNOWN_ERROR = 1105  # HY000, both: the relay's own limits (statement size, option count)
-ER_WRONG_ARGUMENTS = 1210  # HY000, both: "Incorrect arguments to %s" (CHANGE MASTER TO MASTER_HOST='' answers it)
-ER_DUP_ARGUMENT = 1225  # HY000, both: "Option '%s' used twice in statement" (MariaDB, for MASTER_USE_GTID)
-ER_NOT_SUPPORTED_YET = 1235  # 42000, both: "This version of MySQL doesn't yet support '%s'"
-WARN_NO_MASTER_INFO = 1617  # HY000, MariaDB's text: "There is no master connection '%.*s'"
-ER_SLAVE_HEARTBEAT_VALUE_OUT_OF_RANGE = 1624  # HY000, both (renamed ER_REPLICA_... in MySQL 8).
-# Not 1703: 1703/1704 (..._OUT_OF_RANGE_MIN/_MAX) are the warnings for a period under 1 ms (reset to 0) or over
-# slave_net_timeout; only 1624 is an error.
-ER_BAD_SLAVE_AUTO_POSITION = 1776  # HY000, MySQL: MASTER_AUTO_POSITION=1 with MASTER_LOG_FILE/POS
-ER_REPLICA_CHANNEL_DOES_NOT_EXIST = 3074  # HY000, MySQL: "Replication channel '%s' does not exist."
 
 
 class AdminStatementError(Exception):
