@@ -1,6 +1,6 @@
 """Failover time: seconds from START SLAVE on the relay until a replica behind it has applied the new master's first
 transaction, at relay backlogs of 0, 100 MB and 1 GB of relay files, against a plain MariaDB replica repointed the
-same way in the same run (issue 11).
+same way in the same run.
 
 For each backlog size a topology of real servers is built (``relayproxy.lab``'s building blocks, without the fault
 proxies of ``FailoverLab``: nothing is held mid-transaction here, and a Python proxy would slow a 1 GB backlog)::

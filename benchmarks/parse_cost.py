@@ -23,8 +23,8 @@ and writes ``benchmarks/results/parse_cost.md`` and ``parse_cost.png`` (matplotl
     .venv/bin/python benchmarks/parse_cost.py            # full run, writes benchmarks/results/
     .venv/bin/python benchmarks/parse_cost.py --quick --json   # fast, prints JSON, writes nothing
 
-The targets (issues): boundary parsing <= 500 ns/event; the batch path (``feed_buffer``) >= 60x cheaper than
-python-mysql-replication (issue 15; it was 40x before).
+The targets: boundary parsing <= 500 ns/event; the batch path (``feed_buffer``) >= 60x cheaper than
+python-mysql-replication (it was 40x before the batch path).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ else:
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 TARGET_NS = 500
-TARGET_RATIO = 60  # issue 15: the batch path >= 60x cheaper than python-mysql-replication (was 40x)
+TARGET_RATIO = 60  # the batch path >= 60x cheaper than python-mysql-replication (was 40x)
 
 _unpack_from = HEADER.unpack_from
 _FDE = C.FORMAT_DESCRIPTION_EVENT

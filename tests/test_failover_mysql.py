@@ -1,4 +1,4 @@
-"""Issue 11, the MySQL side: the relay (``--gtid-mode mysql``) repointed by SQL to a promoted MySQL 8.0 master.
+"""Failover, the MySQL side: the relay (``--gtid-mode mysql``) repointed by SQL to a promoted MySQL 8.0 master.
 
 Two scripted masters (tests/fakemaster.py): M1 (server_id 1, uuid A) and M2 (server_id 2, uuid B), both with
 basename ``mysql-bin``; M2's files are numbered below the relay's. M2 is a promoted replica with

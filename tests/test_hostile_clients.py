@@ -1,4 +1,4 @@
-"""Hostile and careless clients (issue 14, items 4 to 6): each attack against the in-process server on 127.0.0.1
+"""Hostile and careless clients (log flooding, connection limits, stalled clients): each attack against the in-process server on 127.0.0.1
 gets the error a MySQL/MariaDB server gives, and the log grows by at most one compact line per attack (never a
 traceback). No timed asserts: small configured limits and timeouts, outcomes checked."""
 
@@ -71,7 +71,7 @@ async def login_error(client: RawClient, user: str, password: str) -> tuple[int,
         return err.code, err.message
 
 
-# -- item 4: log flooding -----------------------------------------------------------------------------------------
+# -- log flooding -------------------------------------------------------------------------------------------------
 
 
 def test_overlong_user_name_is_access_denied_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,7 +132,7 @@ def test_peer_log_limiter_counts_what_it_drops_and_reports_it() -> None:
     assert limiter.admit("h") == 0
 
 
-# -- item 5: connection limits ------------------------------------------------------------------------------------
+# -- connection limits --------------------------------------------------------------------------------------------
 
 
 def test_login_succeeds_during_an_unauthenticated_flood(capsys: pytest.CaptureFixture[str]) -> None:
@@ -306,7 +306,7 @@ def test_a_failing_http_request_is_one_line_with_a_reference_not_a_traceback(cap
     assert all(f"reference {ref}".encode() in b"".join(answers) for ref in refs)
 
 
-# -- item 6: stalled clients --------------------------------------------------------------------------------------
+# -- stalled clients ----------------------------------------------------------------------------------------------
 
 
 def test_half_a_packet_is_dropped_after_net_read_timeout(capsys: pytest.CaptureFixture[str]) -> None:

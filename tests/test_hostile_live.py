@@ -1,4 +1,4 @@
-"""Issue 14's attacks against a running relay while a real MariaDB replica streams through it: a real master with a
+"""Hostile clients' attacks against a running relay while a real MariaDB replica streams through it: a real master with a
 writer, the relay as a process (lab/harness.py), a real replica of the relay. After each attack: the replica's
 GTID position advanced (the largest gap between its observed advances during the attack is printed, never
 asserted), the relay's RSS came back within a generous margin of its baseline, and the relay's log grew by a few

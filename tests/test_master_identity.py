@@ -1,4 +1,4 @@
-"""The relay records which server its files came from and refuses to resume on another one (issue 11).
+"""The relay records which server its files came from and refuses to resume on another one.
 
 Before: restarted with ``--master`` pointing at another server whose binlog had the same name and size, the relay
 resumed at that offset by file/position and relayed the other server's history with no error. Now the master's

@@ -1,4 +1,4 @@
-"""The relay reports its master's replication-relevant variables truthfully (issue 14, item 7).
+"""The relay reports its master's replication-relevant variables truthfully (design invariant 8).
 
 Unit tests (no sockets) for the fetch, the durable file and the SQL answers; then the proof against a real
 MariaDB master with binlog_row_metadata=FULL: python-mysql-replication with its control connection and its

@@ -1,4 +1,4 @@
-"""Privileges on the relay's server port (issue 14): replication_slave (dump, register), replication_client (the
+"""Privileges on the relay's server port: replication_slave (dump, register), replication_client (the
 status statements), binlog_admin (PURGE), admin (everything). Every statement class against every privilege in
 process; the 1227 texts against a real MariaDB's; a real MariaDB replica refused, then replicating."""
 

@@ -1,4 +1,4 @@
-"""One place decides what a file list, a horizon and gtid_purged mean (issue 13, item 3).
+"""One place decides what a file list, a horizon and gtid_purged mean (relay/recovery.py's plan_recovery).
 
 The same directory opened by the relay (``RelayStore.open``: recovery's plan, applied) and by
 ``relayproxy serve`` (``ReadOnlyBinlogDir.open``: the same plan, only read) yields the same files, horizon

@@ -1,4 +1,4 @@
-"""Issue 11: the relay follows the master through a failover, repointed with SQL exactly like a replica.
+"""Failover: the relay follows the master through a failover, repointed with SQL exactly like a replica.
 
 Real MariaDB servers (relayproxy.lab.failover): master M1; candidates R1 (and R4) replicating from M1 with their own
 binlogs (basename mysql-bin, log_slave_updates, gtid_strict_mode); the relay on M1; R2 behind the relay by GTID and

@@ -1,4 +1,4 @@
-"""Issue 11, item 4: crash safety of the switch. The relay is killed with kill -9 at each point of a repoint
+"""Crash safety of the switch. The relay is killed with kill -9 at each point of a repoint
 (docs/failover.md, "Crash safety of the switch") and restarted with its ORIGINAL command line (--master still
 names M1, which is dead); it comes back consistent, following the master last chosen, nothing lost or repeated.
 

@@ -1,4 +1,4 @@
-"""Issue 5, scenario 1: the master dies (kill -9) while a large transaction is half sent. A MariaDB replica of the
+"""Scenario: the master dies (kill -9) while a large transaction is half sent. A MariaDB replica of the
 master directly is left with Read_Master_Log_Pos != Exec_Master_Log_Pos, so an HA controller's rule never lets it
 switch; the replica through relayproxy is at Read == Exec at the last complete transaction. Both in one run
 (relayproxy.lab.story), with the side-by-side figures reported."""

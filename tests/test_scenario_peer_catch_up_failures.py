@@ -1,4 +1,4 @@
-"""Peer catch-up within an epoch, when it goes wrong (docs/failover.md, "Peer catch-up within an epoch"; issue 25).
+"""Peer catch-up within an epoch, when it goes wrong (docs/failover.md, "Peer catch-up within an epoch").
 
 Real MariaDB servers (relayproxy.lab.failover): M1, the lab's relay A (server_id 100, R2 by GTID and R3 by
 file/position behind it) and a second relay B (server_id 101) of M1. A is stopped (STOP SLAVE) while M1 writes

@@ -1,4 +1,4 @@
-"""Issue 5, scenario 2: purged GTIDs. A replica lacking transactions that only purged files held gets error 1236
+"""Scenario: purged GTIDs. A replica lacking transactions that only purged files held gets error 1236
 and nothing is streamed, through the relay exactly as directly from the master, side by side (pytest -s).
 
 * MariaDB: a real master rotated under writes, mirrored by `relayproxy run`; the relay and the master purge the

@@ -1,4 +1,4 @@
-"""Issue 5, scenario 3: the upstream link stops inside a multi-event transaction, with real replicas on both paths.
+"""Scenario: the upstream link stops inside a multi-event transaction, with real replicas on both paths.
 
 One topology for the whole file's cut points (servers are not restarted per cut):
 

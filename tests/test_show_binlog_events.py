@@ -1,4 +1,4 @@
-"""SHOW BINLOG EVENTS on the relay (issue 14): the relay's answer for a file equals a real MariaDB master's for the
+"""SHOW BINLOG EVENTS on the relay: the relay's answer for a file equals a real MariaDB master's for the
 same file (Pos, Event_type, Server_id, End_log_pos and Info), its errors are the servers', it stops at the
 durable horizon and at the row cap; a MySQL-written corpus file served by `relayproxy serve` lists MySQL's type
 names."""

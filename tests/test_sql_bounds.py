@@ -1,4 +1,4 @@
-"""Issue 14's hostile statements on the SQL port: each gets one clear ERR, and the work each costs is bounded
+"""Hostile statements on the SQL port: each gets one clear ERR, and the work each costs is bounded
 structurally (bytes read, tokens consumed, evaluation steps counted), never by a timed assert."""
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def test_ordinary_statements_use_a_small_part_of_the_budget(mysql_relay, budgets
         assert budgets[-1].steps < limits.MAX_STEPS // 20, sql
 
 
-# -- @@max_allowed_packet is what the server enforces (issue 14) ----------------------------------------------------
+# -- @@max_allowed_packet is what the server enforces -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("limit", [4096, 1 << 20])
