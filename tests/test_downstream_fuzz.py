@@ -31,6 +31,7 @@ from pymysql import _auth as pymysql_auth
 
 from relayproxy.binlog import constants as C
 from relayproxy.commands import config
+from relayproxy.commands.run import SessionRelayView
 from relayproxy.downstream.context import DownstreamContext
 from relayproxy.downstream.server import DownstreamServer
 from relayproxy.downstream.users import DownstreamUser
@@ -78,7 +79,8 @@ class InProcessRelay:
         status = UpstreamStatus(io_running=True, state="streaming", master_server_id=10)
         receiver = types.SimpleNamespace(master_position=None, master_timestamp=0, counters=ReceiverCounters())
         self.session = types.SimpleNamespace(store=self.store, status=status, receiver=receiver)
-        self.ctx = DownstreamContext(self.cfg, self.session, server_uuid="5b0e9c4e-7a31-4c55-9d1e-2a6f3b8c9d10",
+        self.ctx = DownstreamContext(SessionRelayView(self.cfg, self.session,
+                                                      server_uuid="5b0e9c4e-7a31-4c55-9d1e-2a6f3b8c9d10"),
                                      status_document=lambda: relay_status(self.cfg, self.session.store, self.session))
         self.users = [DownstreamUser(USER, PASSWORD, plugin="mysql_native_password")]
         self.options = server_options
