@@ -77,9 +77,9 @@ python-env: system-packages
 	  rm -rf $(VENV); \
 	  "$$py" -m venv $(VENV); \
 	fi; \
-	want="$$(sha256sum setup.cfg pyproject.toml setup.py relayproxy/downstream/_sendbatch.c; echo "$(CURDIR)"; $(PY) -VV)"; \
+	want="$$(sha256sum setup.cfg pyproject.toml setup.py relayproxy/downstream/_sendbatch.c relayproxy/relay/_fsync.c; echo "$(CURDIR)"; $(PY) -VV)"; \
 	if [ "$$(cat $(STAMP) 2>/dev/null)" != "$$want" ] \
-	    || ! $(PY) -c 'import relayproxy.downstream._sendbatch' >/dev/null 2>&1; then \
+	    || ! $(PY) -c 'import relayproxy.downstream._sendbatch, relayproxy.relay._fsync' >/dev/null 2>&1; then \
 	  echo "make setup: installing relayproxy[test] into $(VENV)"; \
 	  $(PY) -m pip install -q --disable-pip-version-check -e '.[test]'; \
 	  printf '%s\n' "$$want" > $(STAMP); \

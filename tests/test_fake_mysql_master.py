@@ -335,8 +335,7 @@ def test_semi_sync_master_gets_acks_for_durable_transactions(tmp_path, mysql80):
 
 
 def test_semi_sync_ack_waits_for_the_relays_fsync(tmp_path, mysql80, monkeypatch):
-    """Fault injection: the relay's fsync (SyncTicket.make_durable, run in a worker thread) is held on an
-    Event. While it is held the master receives no ACK for the new transaction; once it completes, the
+    """Fault injection: the relay's fsync (run in the fsync thread: relay/fsyncer.py) is held on an Event. While it is held the master receives no ACK for the new transaction; once it completes, the
     ACK arrives for exactly that transaction, and it was not there when the fsync returned."""
     from relayproxy.relay.store import SyncTicket
 
@@ -359,6 +358,29 @@ def test_semi_sync_ack_waits_for_the_relays_fsync(tmp_path, mysql80, monkeypatch
         original(ticket)
 
     monkeypatch.setattr(SyncTicket, "make_durable", stalled_make_durable)
+
+    # The session's fsync thread (relay/fsyncer.py), held the same way: its Python worker in place of the C one.
+    from relayproxy.relay import fsyncer
+
+    class HoldingWorker(fsyncer.PyWorker):
+        def run_job(worker, fd, mark_fd, mark):
+            if armed.is_set() and not entered.is_set():
+                entered.set()
+                release.wait(30)
+                result = fsyncer.PyWorker.run_job(worker, fd, mark_fd, mark)
+                held["acks_when_durable"] = list(held["conn"].acks)
+                return result
+            return fsyncer.PyWorker.run_job(worker, fd, mark_fd, mark)
+
+    native_done = SyncTicket.native_done
+
+    def noted(ticket, *result):
+        if entered.is_set() and "ticket" not in held:  # the first to end once one is held is the held one
+            held["ticket"] = (ticket.file, ticket.position, ticket.needs_fsync)
+        native_done(ticket, *result)
+
+    monkeypatch.setattr(fsyncer, "new_worker", HoldingWorker)
+    monkeypatch.setattr(SyncTicket, "native_done", noted)
 
     async def scenario():
         async with FakeMySQLMaster([(NAME, image[: ends[10]])], semi_sync=True) as master:

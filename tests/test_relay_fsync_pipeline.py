@@ -19,6 +19,7 @@ import pytest
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_bytes
+from relayproxy.relay import fsyncer
 from relayproxy.relay.horizon import Horizon
 from relayproxy.relay.store import RelayStore, RelayStoreFailed, SyncTicket
 
@@ -80,6 +81,35 @@ class FsyncLedger:
 
         monkeypatch.setattr(SyncTicket, "make_durable", make_durable)
         monkeypatch.setattr(Horizon, "advance", checked_advance)
+
+        # The session's fsync thread (relay/fsyncer.py): the Python worker, held and counted the same way; a
+        # ticket's durability is recorded when the loop completes it (native_done), before complete_sync.
+        class LedgerWorker(fsyncer.PyWorker):
+            def run_job(worker, fd, mark_fd, mark):
+                with ledger.lock:
+                    ledger.in_flight += 1
+                    ledger.max_in_flight = max(ledger.max_in_flight, ledger.in_flight)
+                try:
+                    if ledger.armed.is_set() and ledger.held is None and mark is not None:
+                        ledger.held = True
+                        ledger.entered.set()
+                        assert ledger.release.wait(WAIT), "the held fsync was never released"
+                    return fsyncer.PyWorker.run_job(worker, fd, mark_fd, mark)
+                finally:
+                    with ledger.lock:
+                        ledger.in_flight -= 1
+
+        native_done = SyncTicket.native_done
+
+        def recorded(ticket, err, stage, seconds):
+            native_done(ticket, err, stage, seconds)
+            with ledger.lock:
+                if ticket.durable and ticket.moves:
+                    ledger.durable[ticket.file] = max(ledger.durable.get(ticket.file, 0), ticket.position)
+                    ledger.order.append(("durable", ticket.file, ticket.position))
+
+        monkeypatch.setattr(fsyncer, "new_worker", LedgerWorker)
+        monkeypatch.setattr(SyncTicket, "native_done", recorded)
 
     def hold_next(self) -> None:
         self.held = None

@@ -288,6 +288,9 @@ class DurableMarkWriter:
     def write(self, file: str, position: int) -> None:
         os.pwrite(self._fd, encode_durable_mark(file, position), 0)
 
+    def fileno(self) -> int:
+        return self._fd
+
     def fsync(self) -> None:
         os.fsync(self._fd)
 

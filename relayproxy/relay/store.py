@@ -80,12 +80,14 @@ from .epochs import (
 from .fileindex import Indexer
 from .fileindex import remove as remove_file_index
 from .horizon import Horizon
+from .fsyncer import NativeJob
 from .recovery import (
     DurableMarkWriter,
     RecoveryReport,
     RelayRecoveryError,
     RelayStoreError,
     check_file_name,
+    encode_durable_mark,
     fsync_dir,
     read_final_rotate,
     read_first_fde,
@@ -273,6 +275,30 @@ class SyncTicket:
         self._job = executor.submit(self.make_durable)
         return self._job
 
+    def submit_native(self, runner) -> None:
+        """Run the fdatasync and the mark's write in the C fsync thread (relay/fsyncer.py); ``native_done`` completes
+        the ticket on the thread that collects or waits for it. Not for a ticket with a checkpoint to write (Python:
+        the thread pool's ``submit``)."""
+        if self.checkpoint is not None:
+            raise RelayStateError("a ticket with a checkpoint to write runs in the thread pool")
+        with self._lock:
+            if self._ran:
+                raise RelayStateError("this sync ticket has run already")
+            self._ran = True
+        mark = encode_durable_mark(self.file, self.position) if self.moves else None
+        self._job = runner.start(self, self._fd if self.needs_fsync else -1, self._marks.fileno(), mark)
+
+    def native_done(self, err: int, stage: int, seconds: float) -> None:
+        """The C thread's result: as ``_make_durable`` ends (the store fails on an error)."""
+        self.fsync_seconds = seconds
+        if err:
+            what = "fdatasync of the relay file" if stage == 1 else "write of the durable mark"
+            exc = OSError(err, f"{os.strerror(err)} ({what})")
+            self.error = exc
+            self._on_error(self, exc)
+            return
+        self.durable = True
+
     @property
     def done(self) -> bool:
         """``make_durable`` has returned or raised (in the worker it was submitted to)."""
@@ -299,6 +325,10 @@ class SyncTicket:
         raise RelayStoreFailed, ``close()`` still works, and reopening recovers from the files.
         It runs once: a second call waits for the first and returns (or raises) as it did.
         """
+        job = self._job
+        if isinstance(job, NativeJob):  # it runs (or ran) in the C fsync thread: wait for that
+            job.result()
+            return
         with self._lock:
             if self._ran:
                 if self.error is not None:

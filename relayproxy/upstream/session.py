@@ -41,6 +41,7 @@ from ..relay.master_variables import (
     single_statement,
     variables_for,
 )
+from ..relay import fsyncer  # noqa: I001 - the C fsync thread (relay/fsyncer.py)
 from ..relay.recovery import write_file_atomically
 from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed, SyncTicket
 from ..binlog.constants import FORMAT_DESCRIPTION_EVENT, HEARTBEAT_LOG_EVENT, LOG_EVENT_ARTIFICIAL_F, event_name
@@ -174,6 +175,8 @@ class UpstreamSession:
         # The fsync in flight: (SyncTicket, asyncio future of its run in the fsync thread), at most one.
         self._flight: tuple[SyncTicket, asyncio.Future] | None = None
         self._fsync_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._native: fsyncer.NativeFsync | None = None  # the fsync thread (relay/fsyncer.py)
+        self._native_flight: tuple[SyncTicket, asyncio.Future] | None = None  # its ticket out, and the future
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -227,6 +230,7 @@ class UpstreamSession:
         if self._fsync_pool is not None:
             self._fsync_pool.shutdown(wait=False)  # idle: every round's fsync was waited for by the store
             self._fsync_pool = None
+        self._close_native()
 
     async def _wait_woken(self, timeout: float | None) -> None:
         """Sleep until stop(), START SLAVE / STOP SLAVE, or the timeout."""
@@ -950,11 +954,64 @@ class UpstreamSession:
             await asyncio.wait((flight[1],))
             self._published(store, flight[0])
         if store.failure is None and store.sync_due():
-            ticket = store.begin_sync()
-            future = asyncio.wrap_future(ticket.submit(self._fsync_executor()))
-            future.add_done_callback(_retrieved)
-            await asyncio.wait((future,))
+            ticket, future = self._flight = self._start_sync(store)
+            try:
+                await asyncio.wait((future,))
+            finally:
+                self._flight = None
             self._published(store, ticket)
+
+    def _start_sync(self, store) -> tuple[SyncTicket, asyncio.Future]:
+        """Begin the store's next sync and run it in the fsync thread (relay/fsyncer.py: C when built), or in the
+        thread pool for a ticket that also writes a recovery checkpoint. The future ends with the run."""
+        ticket = store.begin_sync()
+        if ticket.checkpoint is None:
+            native = self._native_fsync()
+            future = asyncio.get_running_loop().create_future()
+            ticket.submit_native(native)
+            self._native_flight = (ticket, future)
+            return ticket, future
+        future = asyncio.wrap_future(ticket.submit(self._fsync_executor()))
+        future.add_done_callback(_retrieved)
+        return ticket, future
+
+    def _native_fsync(self) -> fsyncer.NativeFsync:
+        native = self._native
+        if native is None:
+            loop = asyncio.get_running_loop()
+
+            def waited(_job) -> None:  # a store operation waited for the run: the eventfd may say nothing
+                try:
+                    loop.call_soon_threadsafe(self._resolve_flight)
+                except RuntimeError:  # the loop is closed: nothing waits on the flight any more
+                    pass
+
+            native = self._native = fsyncer.NativeFsync(on_waited=waited)
+            loop.add_reader(native.fileno(), self._native_ready)
+        return native
+
+    def _native_ready(self) -> None:
+        """The eventfd of the C fsync thread is readable: complete the ticket and wake the stream loop."""
+        native = self._native
+        if native is not None:
+            native.collect()
+        self._resolve_flight()
+
+    def _resolve_flight(self) -> None:
+        flight = self._native_flight  # (not self._flight: _drain takes that over while it waits)
+        if flight is not None and flight[0].done:
+            self._native_flight = None
+            if not flight[1].done():
+                flight[1].set_result(None)
+
+    def _close_native(self) -> None:
+        native, self._native = self._native, None
+        if native is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(native.fileno())
+            except (RuntimeError, ValueError):
+                pass
+            native.close()
 
     def _fsync_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._fsync_pool is None:
@@ -983,10 +1040,7 @@ class UpstreamSession:
             self._published(store, flight[0])
             flight = None
         if flight is None and store.sync_due():
-            ticket = store.begin_sync()
-            future = asyncio.wrap_future(ticket.submit(self._fsync_executor()))
-            future.add_done_callback(_retrieved)
-            self._flight = (ticket, future)
+            self._flight = self._start_sync(store)
         pending = self.receiver.ack_pending
         if pending is None:
             return
