@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from relayproxy.binlog import checksum
 from relayproxy.downstream import sendbatch
 
@@ -45,6 +47,7 @@ def test_the_compiled_parts_in_use_are_the_ones_the_environment_asks_for():
         assert checksum.CRC32_IMPL == "isal", checksum.CRC32_IMPL
 
 
+@pytest.mark.slow  # a pytest subprocess: about 6 s, in make test, not in make test-quick
 def test_the_pure_python_build_passes_the_tests_of_the_fallbacks(tmp_path):
     env = {**os.environ, PURE_ENV: "1"}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "pure"),

@@ -263,6 +263,7 @@ def test_damaged_streams_fail_identically_on_both_paths(streams, case):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
+@pytest.mark.slow
 @given(data=st.data())
 def test_unverified_checksums_on_both_paths(streams, data):
     """verify_checksums=False: no CRC check on either path, so a flipped body byte is stored as it came."""

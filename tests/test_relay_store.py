@@ -630,6 +630,7 @@ def _cut_recovers(tmp_path: Path, image: bytes, cut: int, tail: bytes, *, mark: 
         store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["mysql", "mariadb"])
 def test_recovery_after_a_cut_at_every_byte(fast_tmp, flavour):
     tmp_path = fast_tmp
