@@ -365,6 +365,7 @@ def assert_refused(client: Client, codes: tuple[int, ...]) -> None:
     assert len(packets) == 1 and parse_err(packets[0][1]).code in codes, packets
 
 
+@pytest.mark.slow
 def test_bad_clients_end_with_an_error_and_others_keep_working(relay_dir):
     with InProcessRelay(relay_dir, handshake_timeout=1.0, idle_timeout=2.0) as relay:
         with GoodClient(relay.port, relay_dir) as good:
@@ -699,6 +700,7 @@ def run_batch(port: int, cases) -> list[tuple[list[tuple[int, bytes]], int]]:
             c.close()
 
 
+@pytest.mark.slow
 def test_random_inputs_never_hang_or_hurt_other_clients(relay_dir):
     """At least 10,000 random inputs (RELAYPROXY_FUZZ_INPUTS), each on a fresh connection, BATCH at a time: the
     server closes within DEADLINE seconds of the client's half-close, in whole packets, never with an internal
