@@ -46,6 +46,7 @@ from ..relay.recovery import write_file_atomically
 from ..relay.store import RelayStore, RelayStoreError, RelayStoreFailed, SyncTicket
 from ..binlog.constants import FORMAT_DESCRIPTION_EVENT, HEARTBEAT_LOG_EVENT, LOG_EVENT_ARTIFICIAL_F, event_name
 from ..binlog.encoders import fde_copy
+from ..wire.errors import ER_SLAVE_MUST_STOP, ER_UNKNOWN_SYSTEM_VARIABLE, ER_WRONG_ARGUMENTS
 from ..wire.packets import MySQLError, parse_err
 from .connection import UpstreamConnection
 from .receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
@@ -56,7 +57,6 @@ log = get_logger("relayproxy.upstream")
 BINLOG_DUMP_NON_BLOCK = 0x01
 BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02  # MariaDB: without it the master leaves holes where ANNOTATE_ROWS were
 MARIA_SLAVE_CAPABILITY_MINE = 4
-ER_UNKNOWN_SYSTEM_VARIABLE = 1193
 
 
 class MasterRefused(StreamError):
@@ -79,10 +79,6 @@ class ReplicationAdminError(Exception):
         self.code = code
         self.sqlstate = sqlstate
         self.message = message
-
-
-ER_SLAVE_MUST_STOP = 1198
-ER_WRONG_ARGUMENTS = 1210  # "This operation cannot be performed with a running slave; run STOP SLAVE first"
 
 
 def config_values(cfg) -> dict:
