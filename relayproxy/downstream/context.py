@@ -4,8 +4,10 @@ the server (wire), the SQL layer and the dump sender.
 - ``downstream/server.py`` owns connections: handshake, auth, TLS, the command loop. It awaits
   ``sql.execute(ctx, conn, sql) -> Response`` (a coroutine) for COM_QUERY and ``dump.serve_dump(ctx, conn, request,
   channel)`` for COM_BINLOG_DUMP / COM_BINLOG_DUMP_GTID.
-- ``downstream/sql.py`` answers the statements replicas, tools and HA managers send, from ``ctx``.
-- ``downstream/dump.py`` streams relay files to a replica, never past the horizon.
+- ``downstream/sql/`` answers the statements replicas, tools and HA managers send, from ``ctx`` (``dispatch.py``
+  parses and routes; ``show.py``, ``variables.py``, ``env.py`` ... answer).
+- ``downstream/dump/`` streams relay files to a replica, never past the horizon (``sender.py`` per dump,
+  ``followers.py`` the shared pass at the horizon, ``chunks.py`` the shared reads).
 - ``downstream/view.py``'s ``RelayView`` is all they see of the relay (``ctx.relay``): never the upstream session
   or the configuration.
 """

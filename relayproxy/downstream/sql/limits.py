@@ -1,5 +1,5 @@
 """The bounds every statement on the SQL port runs under, so no client can stall the event loop or grow the
-relay's memory without bound (issue 14). Each bound is structural (bytes, nodes, depth, steps), never wall time.
+relay's memory without bound. Each bound is structural (bytes, nodes, depth, steps), never wall time.
 
 - ``max_statement_bytes`` (configuration, default 1 MiB): ``@@max_allowed_packet``. A client's command packet
   larger than this is refused by the server as it arrives (downstream/server.py: 1153 and the connection closed,
