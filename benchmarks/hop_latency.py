@@ -94,8 +94,9 @@ def writer(port: int, rate: float, seconds: float, first_id: int, out) -> None:
     out.put(done)
 
 
-def reader(port: int, server_id: int, file: str, pos: int, last_id: int, ready, out) -> None:
-    """Arrival times of bench.t's row events until ``last_id``; mp queue gets {id: time}."""
+def reader(port: int, server_id: int, file: str, pos: int, marker: int, last_id, ready, out) -> None:
+    """Arrival times of bench.t's row events until ``last_id``; mp queue gets {id: time}. ``ready`` is set once the
+    row ``marker`` (inserted after the readers were started) has arrived: the reader is connected and streaming."""
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.row_event import WriteRowsEvent
 
@@ -104,13 +105,14 @@ def reader(port: int, server_id: int, file: str, pos: int, last_id: int, ready, 
                                 log_file=file, log_pos=pos, blocking=True, only_events=[WriteRowsEvent],
                                 only_tables=["t"], only_schemas=["bench"], is_mariadb=True)
     seen: dict[int, float] = {}
-    ready.set()
     try:
         for event in stream:
             now = time.monotonic()
             for row in event.rows:
                 key = row["values"]["id"] if "id" in row["values"] else next(iter(row["values"].values()))
                 seen[key] = now
+                if key == marker:
+                    ready.set()
             if last_id.value and max(seen, default=0) >= last_id.value:
                 break
     finally:
@@ -126,15 +128,17 @@ def one_repeat(master: MariaDBSandbox, relay: RelayProcess, relay_port: int, rat
     last_id = ctx.Value("q", 0)
     results = {}
     readers = {}
+    marker = first_id - 5  # a row no repeat writes otherwise
     for name, port, sid in (("relay", relay_port, server_ids[0]), ("direct", master.port, server_ids[1])):
         ready, q = ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=reader, args=(port, sid, file, pos, last_id, ready, q), daemon=True)
+        p = ctx.Process(target=reader, args=(port, sid, file, pos, marker, last_id, ready, q), daemon=True)
         p.start()
         readers[name] = (p, q, ready)
+    master.execute("INSERT INTO bench.t VALUES (%s, %s)", (marker, "ready"))
     for name, (p, _, ready) in readers.items():
-        if not ready.wait(30):
-            raise RuntimeError(f"the {name} reader did not start")
-    time.sleep(1.0)  # both readers connected and idle at the master's end
+        if not ready.wait(60):
+            raise RuntimeError(f"the {name} reader did not receive the marker row within 60 s")
+    time.sleep(0.5)  # both readers connected, streaming and idle at the master's end
     wq = ctx.Queue()
     relay_cpu0 = cpu_seconds(relay.proc.pid)
     w = ctx.Process(target=writer, args=(master.port, rate, seconds, first_id, wq), daemon=True)
@@ -150,8 +154,12 @@ def one_repeat(master: MariaDBSandbox, relay: RelayProcess, relay_port: int, rat
     relay_cpu = cpu_seconds(relay.proc.pid) - relay_cpu0
     out = {"transactions": len(committed), "rate": len(committed) / seconds,
            "relay_cpu_ms_per_trx": 1000 * relay_cpu / max(len(committed), 1)}
+    start = min(committed.values())
+    out["series"] = {}
     for name, seen in results.items():
         lat = [1000 * (seen[i] - t) for i, t in committed.items() if i in seen]
+        out["series"][name] = [(round(t - start, 4), round(1000 * (seen[i] - t), 3)) for i, t in committed.items()
+                               if i in seen]
         missing = len(committed) - len(lat)
         if missing:
             raise RuntimeError(f"{name}: {missing} transactions never arrived")
@@ -173,7 +181,8 @@ def render(report: dict, argv: list[str]) -> str:
         "Command:", "", f"    {command_line(__file__, argv)}", "",
         f"Per repeat: {report['seconds']:g} s of autocommit INSERTs at {report['rate']:g} trx/s (one writer "
         "process); two python-mysql-replication readers (one process each, file/position, `is_mariadb`), one on "
-        "the relay and one on the master, both connected and idle at the master's end before the load. Latency = "
+        "the relay and one on the master, both streaming (each has received a marker row) and idle at the master's "
+        "end before the load. Latency = "
         "when a reader had the row event - when its COMMIT returned (CLOCK_MONOTONIC). The relay: "
         f"`relayproxy run` with its defaults (per-transaction durability: fdatasync before the horizon moves), "
         f"relay directory on {report['relay_fs']}; master datadir on {report['servers_dir']}.", "",
@@ -292,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(render(report, argv) + "\n")
     plot(report, args.output.with_suffix(".png"))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+        args.json.write_text(json.dumps(report))  # with every transaction's (commit time, latency) per repeat
     print(f"wrote {args.output}")
     return 0
 
