@@ -82,8 +82,11 @@ def machine_info(*, server: bool = False, **extra: str) -> dict[str, str]:
         pass
     try:
         commit = commit_info()
+        dirty = dirty_code_files()
+        tree = (f"dirty (uncommitted changes to code: {', '.join(dirty[:SHOWN_DIRTY])})" if dirty
+                else "clean (no uncommitted code changes)")
     except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
+        commit, tree = "unknown", "not recorded (git failed)"
     info = {
         "cpu": cpu,
         "cores": str(os.cpu_count()),
@@ -91,6 +94,7 @@ def machine_info(*, server: bool = False, **extra: str) -> dict[str, str]:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "relayproxy commit": commit,
+        "tree": tree,
     }
     if server:
         from relayproxy.lab.sandbox import find_binary
