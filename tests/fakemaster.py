@@ -462,6 +462,7 @@ class FakeMySQLMaster:
         self.auth_plugin = auth_plugin
         self.semi_sync = semi_sync
         self.cuts: list[int | None] = []  # dump-stream bytes after which the next dumps are cut (None: no cut)
+        self.silent_connections = 0  # the next N connections get no answer to any command after the handshake
         self.connections: list[ConnectionLog] = []
         self._server: asyncio.AbstractServer | None = None
         self._changed = asyncio.Event()
@@ -571,9 +572,15 @@ class FakeMySQLMaster:
         else:
             writer.write(encode_packet(ok, seq + 1))
         self.deprecate_eof = bool(client_caps & P.CLIENT_DEPRECATE_EOF)
+        silent = self.silent_connections > 0
+        if silent:  # a server that froze after the handshake: it reads, answers nothing, keeps the connection
+            self.silent_connections -= 1
         while True:
             seq, command = await self._read(reader)
             if not command:
+                continue
+            if silent:
+                log.commands.append("unanswered")
                 continue
             code = command[0]
             if code == P.COM_QUIT:

@@ -589,3 +589,27 @@ def test_gtid_failover_to_a_master_with_other_file_names_never_duplicates(tmp_pa
         scan_bytes(data, on_group=lambda g: seen.append(g.gtid) if g.complete else None)
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} transactions stored twice"
     assert GtidSet(status["retrieved_gtid_set"]).is_superset(had)
+
+
+def test_a_master_that_freezes_after_the_handshake_is_a_timeout_error_and_retried(tmp_path, mysql80, monkeypatch):
+    """A master that accepts the login and then answers nothing (a frozen server, a host gone without closing the
+    connection) used to hold the relay "connecting" for good: no error, no retry. Every reply owed before the stream
+    begins is bounded (session.MASTER_SETUP_TIMEOUT, here 0.3 s; the connect timeout 1 s): the relay records a
+    timeout naming the setup, reconnects, and streams once the master answers again."""
+    from relayproxy.upstream import session as S
+
+    monkeypatch.setattr(S, "MASTER_SETUP_TIMEOUT", 0.3)
+
+    async def scenario():
+        async with FakeMySQLMaster([(NAME, mysql80)]) as master:
+            master.silent_connections = 2
+            async with running_relay(master, tmp_path / "relay", connect_timeout="1") as info:
+                status = info["session"].status
+                await wait_for(lambda: status.last_io_error is not None, 15, "an error for the silent master")
+                error = status.last_io_error
+                await wait_for(at_end(info, NAME, len(mysql80)), 15, "the file once the master answers")
+                return error, [c.commands[:1] for c in master.connections]
+
+    error, commands = asyncio.run(scenario())
+    assert "did not answer" in error and "set up replication" in error, error
+    assert commands[:2] == [["unanswered"], ["unanswered"]] and len(commands) >= 3, commands

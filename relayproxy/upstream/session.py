@@ -350,6 +350,12 @@ class UpstreamSession:
         store_cannot_write = False
         if isinstance(exc, MySQLError):
             text = f"error {exc.code} from master: {exc.message}"
+        elif isinstance(exc, asyncio.TimeoutError) and self.status.state == "connecting":
+            waited = setup_read_timeout(self.master.heartbeat_period, self.cfg.connect_timeout)
+            who = "the peer relay" if self._peer is not None else "master"
+            text = (f"{who} {self.master.address} did not answer within the connect timeout or {waited:g} s while "
+                    "the relay set up replication (before its stream began): a frozen server or a lost host, "
+                    "treated as gone")
         elif isinstance(exc, asyncio.TimeoutError):
             text = (f"master {self.master.address} silent for more than two heartbeat periods (or connect timeout): "
                     "treated as gone")
@@ -442,6 +448,7 @@ class UpstreamSession:
             ssl_key=master.ssl_key,
             server_public_key=master.public_key_path,
             connect_timeout=cfg.connect_timeout,
+            read_timeout=setup_read_timeout(master.heartbeat_period, cfg.connect_timeout),
         )
         self._conn = conn
         self.status.connects += 1
@@ -622,7 +629,7 @@ class UpstreamSession:
             if peer is not None:
                 await self._check_peer(conn, peer, identity)
                 return False
-            conn.read_timeout = None
+            conn.read_timeout = setup_read_timeout(self.master.heartbeat_period, self.cfg.connect_timeout)
         if not self._switch_permitted(identity):
             raise MasterRefused(
                 f"the master at {self.master.address} is {now}, but the relay's files came from {was} at "
@@ -1100,6 +1107,19 @@ def upstream_error_kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return "store" if exc.errno in _STORAGE_ONLY else "io"  # sockets never fail with these
     return "internal"
+
+
+# The longest the relay waits for any reply its master owes before the stream begins (the setup queries, MariaDB's
+# BINLOG_GTID_POS over a large file, the dump's first packet). A master that froze after the handshake, or whose host
+# vanished without closing the connection, would otherwise hold the relay "connecting" for good, with no error and
+# no retry.
+MASTER_SETUP_TIMEOUT = 60.0
+
+
+def setup_read_timeout(heartbeat_period: float, connect_timeout: float) -> float:
+    """The read timeout of the upstream connection until its stream begins: MASTER_SETUP_TIMEOUT, or the peer's
+    bound (``peer_read_timeout``) when that is longer."""
+    return max(MASTER_SETUP_TIMEOUT, peer_read_timeout(heartbeat_period, connect_timeout))
 
 
 def peer_read_timeout(heartbeat_period: float, connect_timeout: float) -> float:
