@@ -60,7 +60,7 @@ from benchmarks.benchinfo import (  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.relay import RelayStore  # noqa: E402
 from relayproxy.relay import fileindex as FI  # noqa: E402
-from relayproxy.relay import recovery as R  # noqa: E402
+from relayproxy.relay import durable as DU  # noqa: E402
 from relayproxy.relay.catalog import FileCatalog  # noqa: E402
 from relayproxy.relay.checkpoint import CHECKPOINT_NAME  # noqa: E402
 from tests import eventgen as E  # noqa: E402
@@ -149,7 +149,7 @@ def newest_rows(base: Path, sizes: list[int], runs: int = 3, process: bool = Tru
         relay.mkdir()
         name = "binlog.000001"
         write_binlog(relay / name, mb, 1, None, FILE_VERSION)
-        R.write_index(relay, [name])
+        DU.write_index(relay, [name])
         os.sync()  # the file just written reaches the disk now, not behind the measured starts' fsyncs
         store = RelayStore.open(relay)  # one full scan, then a clean stop: the checkpoint at the horizon
         size = store.current_end
@@ -205,7 +205,7 @@ def make_closed_dir(base: Path, total_mb: int) -> tuple[Path, list[str]]:
     for i, name in enumerate(names[:-1]):
         gno = write_binlog(relay / name, FILE_MB, gno, names[i + 1], FILE_VERSION)
     write_binlog(relay / names[-1], NEWEST_MB, gno, None, FILE_VERSION)
-    R.write_index(relay, names)
+    DU.write_index(relay, names)
     store = RelayStore.open(relay)
     FileCatalog(store).purged()  # builds and writes the indexes
     store.close()  # a clean stop: the checkpoint at the horizon

@@ -292,7 +292,7 @@ def test_a_missing_archive_directory_refuses_to_start(tmp_path):
     with RelayStore.open(d) as store:
         CV.run_pending(store, CV.StorageOptions(archive_dir=archive, archive_after_files=0))
     archive.rename(tmp_path / "elsewhere")
-    from relayproxy.relay.recovery import RelayRecoveryError
+    from relayproxy.relay.errors import RelayRecoveryError
 
     with pytest.raises(RelayRecoveryError, match="archive directory .* is not there: mount it"):
         RelayStore.open(d)

@@ -26,7 +26,7 @@ import shutil
 import pytest
 
 from relayproxy.lab.crashfs import CrashFS, SimulatedCrash
-from relayproxy.relay import recovery as R
+from relayproxy.relay import durable as DU
 from relayproxy.relay import store as S
 from relayproxy.relay.store import RelayStore
 
@@ -106,7 +106,7 @@ def _run_until_crash(directory, files, crash_at: int | None, *, pipelined: bool 
 def _check_after_crash(directory, files, disk: dict[str, bytes], published, what: str) -> tuple:
     images = dict(files)
     # 1. The durable mark that survived never points past what survived of its file.
-    mark, problem = R.read_durable_mark(directory)
+    mark, problem = DU.read_durable_mark(directory)
     if mark is not None:
         have = disk.get(mark.file)
         assert have is not None, f"{what}: the durable mark {mark} names a file the crash left no trace of"
@@ -128,7 +128,7 @@ def _check_after_crash(directory, files, disk: dict[str, bytes], published, what
             assert have is not None and have.seq_no >= gtid.seq_no, (
                 f"{what}: published GTID {gtid} is lost after recovery (recovered set {snap.gtids})")
     # 3. Every relay file is a prefix of the master's, all but the newest whole.
-    names = R.read_index(directory) or []
+    names = DU.read_index(directory) or []
     for i, name in enumerate(names):
         data = (directory / name).read_bytes()
         if i < len(names) - 1:
@@ -140,7 +140,7 @@ def _check_after_crash(directory, files, disk: dict[str, bytes], published, what
     store.close()
     for name, image in files:
         assert (directory / name).read_bytes() == image, f"{what}: {name} differs after resuming"
-    assert R.read_index(directory) == NAMES
+    assert DU.read_index(directory) == NAMES
     return snap
 
 

@@ -32,7 +32,7 @@ from relayproxy.downstream.context import (
 from relayproxy.downstream.dump import errors as DE
 from relayproxy.ops.status import relay_status
 from relayproxy.relay import RelayStore, SyncPolicy
-from relayproxy.relay import recovery as R
+from relayproxy.relay import layout as LA
 from relayproxy.wire import packets as P
 
 from . import eventgen as E
@@ -286,7 +286,7 @@ def relay_with(tmp_path: Path, files: dict[str, bytes], **kw) -> RelayStore:
     d.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         (d / name).write_bytes(data)
-    (d / R.INDEX_NAME).write_text("".join(f"{n}\n" for n in files))
+    (d / LA.INDEX_NAME).write_text("".join(f"{n}\n" for n in files))
     return RelayStore.open(d, **kw)
 
 

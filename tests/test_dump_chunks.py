@@ -24,7 +24,7 @@ from relayproxy.binlog.events import FormatDescription
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.downstream.dump import chunks as K
 from relayproxy.downstream.dump import sender as S
-from relayproxy.relay.store import RelayEventError
+from relayproxy.relay.errors import RelayEventError
 from relayproxy.wire import packets as P
 
 from . import eventgen as eg

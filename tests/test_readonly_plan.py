@@ -12,9 +12,11 @@ from pathlib import Path
 
 from relayproxy.relay import RelayStore
 from relayproxy.relay.catalog import FileCatalog
-from relayproxy.relay.epochs import read_epochs
+from relayproxy.relay.durable import write_index
+from relayproxy.relay.epochs import EPOCHS_TMP_NAME, read_epochs
+from relayproxy.relay.layout import INDEX_TMP_NAME
 from relayproxy.relay.readonly import ReadOnlyBinlogDir, ServeOptions
-from relayproxy.relay.recovery import EPOCHS_TMP_NAME, INDEX_TMP_NAME, PARTIAL, plan_recovery, write_index
+from relayproxy.relay.recovery import PARTIAL, plan_recovery
 
 from .test_relay_epochs import failover_run, mysql_parts
 from .test_serve import MARIA_DIR, MARIA_FILES, MYSQL_GTID_FILES, _cut_inside_last_group, copy_files

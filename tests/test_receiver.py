@@ -23,7 +23,8 @@ from relayproxy.binlog import constants as C
 from relayproxy.binlog import encoders as E
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_bytes, scan_file
-from relayproxy.relay.store import RelayGapError, RelayMismatchError, RelayStore, RelayStoreError
+from relayproxy.relay.errors import RelayGapError, RelayMismatchError, RelayStoreError
+from relayproxy.relay.store import RelayStore
 from relayproxy.binlog.gtid import boundary_gtid_text as gtid_text
 from relayproxy.upstream.receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, StreamError
 from relayproxy.wire.packets import MySQLError

@@ -21,9 +21,11 @@ from relayproxy.binlog import constants as C
 from relayproxy.binlog.reader import scan_bytes
 from relayproxy.relay import RelayStore
 from relayproxy.relay import checkpoint as CP
+from relayproxy.relay import durable as DU
+from relayproxy.relay import layout as LA
 from relayproxy.relay import recovery as R
 from relayproxy.relay import store as S
-from relayproxy.relay.recovery import RelayRecoveryError
+from relayproxy.relay.errors import RelayRecoveryError
 
 from .test_relay_store import Feeder, split_events
 
@@ -147,11 +149,11 @@ def test_recovery_from_a_checkpoint_equals_the_full_scan(recorded, tmp_path_fact
         for name, content in files[:-1]:
             (relay / name).write_bytes(content)
         (relay / newest).write_bytes(image[:cut] + tail)
-        R.write_index(relay, [name for name, _ in files])
+        DU.write_index(relay, [name for name, _ in files])
         (relay / CP.CHECKPOINT_NAME).write_bytes(record)
         if mark is not None:
             position = CP.Checkpoint.decode(record).offset if mark == "checkpoint" else cut
-            (relay / R.DURABLE_MARK_NAME).write_bytes(R.encode_durable_mark(newest, position))
+            (relay / LA.DURABLE_MARK_NAME).write_bytes(DU.encode_durable_mark(newest, position))
         dirs.append(relay)
     with_cp = outcome(dirs[0], use_checkpoint=True)
     full = outcome(dirs[1], use_checkpoint=False)
@@ -173,7 +175,7 @@ def _relay_with_checkpoint(tmp_path, recorded, kind="mysql-gtid"):
     relay.mkdir()
     for name, content in stream_files:
         (relay / name).write_bytes(content)
-    R.write_index(relay, [name for name, _ in stream_files])
+    DU.write_index(relay, [name for name, _ in stream_files])
     (relay / CP.CHECKPOINT_NAME).write_bytes(records[-1])
     return relay, files
 
@@ -287,7 +289,7 @@ _CHILD = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     sys.path.insert(0, {repo!r})
-    from relayproxy.relay import RelayStore, recovery as R, store as S, checkpoint as CP
+    from relayproxy.relay import RelayStore, durable as DU, store as S, checkpoint as CP
     from tests.test_relay_store import Feeder, split_events
 
     relay, source, step, nth = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -298,7 +300,7 @@ _CHILD = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGKILL)
 
     real_unlink, real_open, real_write, real_fsync, real_replace = os.unlink, os.open, os.write, os.fsync, os.replace
-    real_fsync_dir = R.fsync_dir
+    real_fsync_dir = DU.fsync_dir
     real_waf = S.write_file_atomically
 
     def waf(path, payload, **kw):

@@ -21,7 +21,8 @@ from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_bytes
 from relayproxy.relay import fsyncer
 from relayproxy.relay.horizon import Horizon
-from relayproxy.relay.store import RelayStore, RelayStoreFailed, SyncTicket
+from relayproxy.relay.errors import RelayStoreFailed
+from relayproxy.relay.store import RelayStore, SyncTicket
 
 from . import eventgen as E
 from .fakemaster import FakeMySQLMaster, clear_in_use, next_binlog, split_events

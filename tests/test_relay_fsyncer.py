@@ -9,8 +9,8 @@ import select
 import pytest
 
 from relayproxy.relay import fsyncer
-from relayproxy.relay.recovery import encode_durable_mark, read_durable_mark
-from relayproxy.relay.store import RelayStoreFailed
+from relayproxy.relay.durable import encode_durable_mark, read_durable_mark
+from relayproxy.relay.errors import RelayStoreFailed
 
 from .fakemaster import split_events
 from .test_relay_store import NO_AUTO_SYNC, Feeder, fresh_store, mysql_image

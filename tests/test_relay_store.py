@@ -34,7 +34,8 @@ from relayproxy.relay import (
     RelayStoreFailed,
     SyncPolicy,
 )
-from relayproxy.relay import recovery as R
+from relayproxy.relay import durable as DU
+from relayproxy.relay import layout as LA
 from relayproxy.relay import store as S
 
 from . import eventgen as E
@@ -158,7 +159,7 @@ def relay_dir_with(tmp_path: Path, files: dict[str, bytes], *, index: list[str] 
     for name, data in files.items():
         (d / name).write_bytes(data)
     names = list(files) if index is None else index
-    (d / R.INDEX_NAME).write_text("".join(f"{n}\n" for n in names))
+    (d / LA.INDEX_NAME).write_text("".join(f"{n}\n" for n in names))
     return d
 
 
@@ -185,7 +186,7 @@ def test_stream_written_event_by_event_is_byte_identical(tmp_path, flavour, poli
     assert snap.gtids == scan_bytes(image).gtids_after
     assert store.flavour == flavour
     assert store.files() == ["binlog.000001"]
-    assert (tmp_path / "relay" / R.INDEX_NAME).read_text() == "binlog.000001\n"
+    assert (tmp_path / "relay" / LA.INDEX_NAME).read_text() == "binlog.000001\n"
     store.close()
 
 
@@ -492,7 +493,7 @@ def test_rotation_keeps_master_names_and_coordinates(tmp_path):
     d = tmp_path / "relay"
     assert (d / "binlog.000001").read_bytes() == first
     assert (d / "binlog.000002").read_bytes() == second
-    assert (d / R.INDEX_NAME).read_text() == "binlog.000001\nbinlog.000002\n"
+    assert (d / LA.INDEX_NAME).read_text() == "binlog.000001\nbinlog.000002\n"
     reopened = RelayStore.open(d)
     assert reopened.recovery.warnings == []
     assert reopened.horizon.snapshot().coordinates == ("binlog.000002", len(second))
@@ -540,7 +541,7 @@ def test_start_file_rules(tmp_path):
     store.start_file("binlog.000001")  # still only the magic: a no-op
     with pytest.raises(RelayStateError, match="not a plain file name"):
         store.start_file("../etc/passwd")
-    for reserved in (R.INDEX_NAME, "relayproxy.uuid"):
+    for reserved in (LA.INDEX_NAME, "relayproxy.uuid"):
         with pytest.raises(RelayStateError, match="reserved"):
             store.start_file(reserved)
     image = mysql_image()
@@ -616,7 +617,7 @@ def _cut_recovers(tmp_path: Path, image: bytes, cut: int, tail: bytes, *, mark: 
     relay_dir_with(tmp_path, {name: image[:cut] + tail})
     good_end, gtids = expected_after(image, cut)
     if mark:  # the horizon published before the crash: at most the last boundary before the cut
-        (d / R.DURABLE_MARK_NAME).write_bytes(R.encode_durable_mark(name, good_end))
+        (d / LA.DURABLE_MARK_NAME).write_bytes(DU.encode_durable_mark(name, good_end))
     store = RelayStore.open(d)
     try:
         assert (d / name).read_bytes() == image[:good_end], (cut, tail[:4])
@@ -676,7 +677,7 @@ def test_crash_after_sync_then_resume_writing(tmp_path, monkeypatch):
     good_end, gtids = expected_after(image, size_at_crash)
     assert snap.coordinates == ("binlog.000001", good_end) and snap.gtids == gtids
     assert snap.position >= durable.position
-    assert reopened.recovery.durable_mark == R.DurableMark("binlog.000001", durable.position)
+    assert reopened.recovery.durable_mark == DU.DurableMark("binlog.000001", durable.position)
     # the master re-sends from the horizon
     feeder = Feeder(reopened)
     for offset, ev in events:
@@ -764,11 +765,11 @@ def test_index_repairs(tmp_path):
         {"binlog.000001": first, "binlog.000002": second},
         index=["binlog.000000", "binlog.000001", "binlog.000002", "binlog.000003"],
     )
-    (d / R.INDEX_TMP_NAME).write_text("half written")
+    (d / LA.INDEX_TMP_NAME).write_text("half written")
     store = RelayStore.open(d)
     assert store.files() == ["binlog.000001", "binlog.000002"]
-    assert (d / R.INDEX_NAME).read_text() == "binlog.000001\nbinlog.000002\n"
-    assert not (d / R.INDEX_TMP_NAME).exists()
+    assert (d / LA.INDEX_NAME).read_text() == "binlog.000001\nbinlog.000002\n"
+    assert not (d / LA.INDEX_TMP_NAME).exists()
     warnings = "\n".join(store.recovery.warnings)
     assert "binlog.000000" in warnings and "binlog.000003" in warnings
     store.close()
@@ -791,7 +792,7 @@ def test_unlisted_next_file_is_adopted_when_whole(tmp_path):
     d = relay_dir_with(tmp_path, {"binlog.000001": first, "binlog.000002": second[:-60]}, index=["binlog.000001"])
     store = RelayStore.open(d)
     assert store.files() == ["binlog.000001"]
-    aside = d / R.UNADOPTED_DIR / "binlog.000002.1"
+    aside = d / LA.UNADOPTED_DIR / "binlog.000002.1"
     assert not (d / "binlog.000002").exists() and aside.read_bytes() == second[:-60]
     assert any("binlog.000002" in w and str(aside) in w for w in store.recovery.warnings)
     store.start_file("binlog.000002")
@@ -801,11 +802,11 @@ def test_unlisted_next_file_is_adopted_when_whole(tmp_path):
     # a second one of the same name does not overwrite the first
     shutil.rmtree(d)
     d = relay_dir_with(tmp_path, {"binlog.000001": first, "binlog.000002": second[:-70]}, index=["binlog.000001"])
-    (d / R.UNADOPTED_DIR).mkdir()
-    (d / R.UNADOPTED_DIR / "binlog.000002.1").write_bytes(b"earlier")
+    (d / LA.UNADOPTED_DIR).mkdir()
+    (d / LA.UNADOPTED_DIR / "binlog.000002.1").write_bytes(b"earlier")
     RelayStore.open(d).close()
-    assert (d / R.UNADOPTED_DIR / "binlog.000002.1").read_bytes() == b"earlier"
-    assert (d / R.UNADOPTED_DIR / "binlog.000002.2").read_bytes() == second[:-70]
+    assert (d / LA.UNADOPTED_DIR / "binlog.000002.1").read_bytes() == b"earlier"
+    assert (d / LA.UNADOPTED_DIR / "binlog.000002.2").read_bytes() == second[:-70]
     assert not (d / "binlog.000002").exists()
     # an empty one (the crash came before its magic was durable) is adopted, its magic completed
     (d / "binlog.000002").write_bytes(b"")

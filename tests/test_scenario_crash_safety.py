@@ -50,8 +50,11 @@ from relayproxy.lab.harness import (
     wait_relay,
     wait_replica,
 )
+from relayproxy.relay import durable as DU
+from relayproxy.relay import layout as LA
 from relayproxy.relay import recovery as R
-from relayproxy.relay.store import RelayStore, RelayStoreError
+from relayproxy.relay.errors import RelayStoreError
+from relayproxy.relay.store import RelayStore
 
 from .test_downstream_e2e import relay_sql
 from .test_downstream_topologies import relays  # noqa: F401 - a fixture
@@ -175,7 +178,7 @@ def _master_distance(master, a: tuple[str, int], b: tuple[str, int]) -> int:
 
 
 def _prefix_digests(relay_dir: Path) -> dict[str, bytes]:
-    return {name: (relay_dir / name).read_bytes() for name in R.read_index(relay_dir)}
+    return {name: (relay_dir / name).read_bytes() for name in DU.read_index(relay_dir)}
 
 
 @pytest.mark.server
@@ -210,9 +213,9 @@ def test_side_by_side_kill9_direct_replica_with_relay_log_recovery_and_relay(mar
         direct.kill()
         relay.kill9()
         master_at_kill = master_status(master)
-        r_mark, _ = R.read_durable_mark(relay.relay_dir)
+        r_mark, _ = DU.read_durable_mark(relay.relay_dir)
         r_on_disk = _prefix_digests(relay.relay_dir)  # what the killed relay left (kill -9 keeps written bytes)
-        names = R.read_index(relay.relay_dir)
+        names = DU.read_index(relay.relay_dir)
         plan = R.plan_recovery(relay.relay_dir, names, epochs=R.read_epochs(relay.relay_dir), mark=r_mark)
         kept = (plan.tail.name, plan.tail.end)  # what recovery will keep (the plan only reads)
         d_on_disk = _relay_logs(direct)
@@ -394,7 +397,7 @@ def _start_big_transaction_and_wait_for_its_tail(master, relay, first_id: int) -
             conn.close()
 
     def newest_size() -> tuple[str, int]:
-        name = R.read_index(relay.relay_dir)[-1]
+        name = DU.read_index(relay.relay_dir)[-1]
         try:
             return name, (relay.relay_dir / name).stat().st_size
         except FileNotFoundError:
@@ -409,7 +412,7 @@ def _start_big_transaction_and_wait_for_its_tail(master, relay, first_id: int) -
     polls = 0
     while time.monotonic() - start < 20:
         polls += 1
-        if polls % 50 == 0 and R.read_index(relay.relay_dir)[-1] != name:  # the writer rotated meanwhile
+        if polls % 50 == 0 and DU.read_index(relay.relay_dir)[-1] != name:  # the writer rotated meanwhile
             name, base = newest_size()
             path = relay.relay_dir / name
         try:
@@ -435,19 +438,19 @@ def _freeze(relay) -> None:
         time.sleep(0.001)
 
 
-def _durable_state(relay_dir: Path) -> tuple[list[str], R.DurableMark]:
+def _durable_state(relay_dir: Path) -> tuple[list[str], DU.DurableMark]:
     """The index and the durable mark, read while the relay is frozen. The store writes the mark only after the
     fsync that made it durable and before it publishes the horizon, so the mark is at once a lower bound of what
     is fsynced and an upper bound of what any replica can have been sent; files before the mark's file were
     fsynced whole before the next one was created."""
-    names = R.read_index(relay_dir)
-    mark, problem = R.read_durable_mark(relay_dir)
+    names = DU.read_index(relay_dir)
+    mark, problem = DU.read_durable_mark(relay_dir)
     assert mark is not None and problem is None, problem
     assert mark.file in names, (mark, names)
     return names, mark
 
 
-def _os_crash(relay_dir: Path, names: list[str], mark: R.DurableMark, rng: random.Random) -> dict:
+def _os_crash(relay_dir: Path, names: list[str], mark: DU.DurableMark, rng: random.Random) -> dict:
     """Turn the files of a killed relay into what an OS crash could leave: the mark's file cut anywhere at or past
     the mark (bytes past the last fsync may or may not have reached the disk), possibly with garbage after it
     (stale blocks, zeros); a file created after it keeps at least its fsynced magic. Earlier files are whole.
@@ -552,7 +555,7 @@ def test_simulated_os_crash_at_rotation_boundary(mariadb, relays):
         replica.execute("STOP SLAVE")  # it must not see N+1 before the crash: the states below predate it
         master.execute("FLUSH BINARY LOGS")
         wait_relay(relay, master)
-        names = R.read_index(relay.relay_dir)
+        names = DU.read_index(relay.relay_dir)
         older, newer = names[-2], names[-1]
         relay.kill9()  # the master is quiet: the relay had nothing more to write
         d = relay.relay_dir
@@ -564,10 +567,10 @@ def test_simulated_os_crash_at_rotation_boundary(mariadb, relays):
                 f.write(rng.randbytes(rng.randint(1, 500)))
         elif state == "magic-only":
             os.truncate(d / newer, 4)
-            (d / R.DURABLE_MARK_NAME).write_bytes(R.encode_durable_mark(newer, 4))
+            (d / LA.DURABLE_MARK_NAME).write_bytes(DU.encode_durable_mark(newer, 4))
         else:
-            R.write_index(d, names[:-1])
-            (d / R.DURABLE_MARK_NAME).write_bytes(R.encode_durable_mark(older, older_size))
+            DU.write_index(d, names[:-1])
+            (d / LA.DURABLE_MARK_NAME).write_bytes(DU.encode_durable_mark(older, older_size))
             if state == "created-unlisted-empty":
                 os.truncate(d / newer, 0)
             elif state == "created-unlisted-partial-magic":
@@ -586,7 +589,7 @@ def test_simulated_os_crash_at_rotation_boundary(mariadb, relays):
         assert (d / older).stat().st_size == older_size
         reports = _recovery_reports(relay, since)
         if state == "created-unlisted-debris":
-            assert (d / R.UNADOPTED_DIR / f"{newer}.1").stat().st_size > 4, f"{state}: {newer} not kept aside"
+            assert (d / LA.UNADOPTED_DIR / f"{newer}.1").stat().st_size > 4, f"{state}: {newer} not kept aside"
         for _ in range(rng.randint(1, 3)):
             master.execute("INSERT INTO app.r VALUES (%s, %s)", (next_id, state + " after"))
             next_id += 1
@@ -876,7 +879,7 @@ def test_write_or_fsync_failure_at_every_call_loses_nothing(tmp_path, monkeypatc
         reopened.close()
         for name, image in files:
             assert (d / name).read_bytes() == image, f"call {fail_at} ({counter.failed_call}): {name} differs"
-        assert R.read_index(d) == [name for name, _ in files]
+        assert DU.read_index(d) == [name for name, _ in files]
         outcomes[counter.failed_call or "none"] = outcomes.get(counter.failed_call or "none", 0) + 1
         shutil.rmtree(d)
     print(f"{os.strerror(error)} injected at each of {total} calls: {outcomes}; every run ended byte-identical")

@@ -1,17 +1,17 @@
 """The relay store: relay files in master coordinates, their recovery, and the durable horizon readers wait on."""
 
 from .horizon import Horizon, HorizonSnapshot
-from .recovery import RecoveryReport, RelayRecoveryError, RelayStoreError
-from .store import (
+from .errors import (
     RelayEventError,
     RelayGapError,
     RelayMismatchError,
+    RelayRecoveryError,
     RelayStateError,
-    RelayStore,
+    RelayStoreError,
     RelayStoreFailed,
-    SyncPolicy,
-    SyncTicket,
 )
+from .recovery import RecoveryReport
+from .store import RelayStore, SyncPolicy, SyncTicket
 
 __all__ = [
     "Horizon",

@@ -18,7 +18,7 @@ written:
   it, and the file's FDE CRC; the file must be at least ``offset`` long;
 - the upstream epoch of the file and its master (``relay/epochs.py``).
 
-Written atomically (temporary file, fsync, rename, directory fsync: ``recovery.write_file_atomically``), so a
+Written atomically (temporary file, fsync, rename, directory fsync: ``durable.write_file_atomically``), so a
 crash leaves the previous checkpoint or the new one. The record carries a CRC32 of its own body. Anything that
 does not verify (unreadable, damaged, another file, a file shorter than ``offset``, different bytes before
 ``offset``, another FDE, another epoch or master) is not used: recovery falls back to the full scan and says why

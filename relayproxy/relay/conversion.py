@@ -41,7 +41,7 @@ from ..binlog.checksum import crc32 as _crc32
 from ..log import get_logger
 from . import closed_files as CF
 from .closed_files import DEFAULT_FRAME_SIZE, FLAG_AESGCM, FLAG_ZSTD, SUFFIX, TMP_SUFFIX, Keyring, StoredFileError
-from .recovery import fsync_dir, write_file_atomically
+from .durable import fsync_dir, write_file_atomically
 
 log = get_logger("relayproxy.relay.conversion")
 

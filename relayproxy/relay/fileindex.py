@@ -37,7 +37,8 @@ from ..binlog.reader import BinlogScanner, ScannedGroup
 from ..log import get_logger
 from .closed_files import StoredFileError, archive_dir_of, locate, logical_name, open_relay_file, open_stream
 from .checkpoint import TAIL_BYTES, decode_gtids, decode_record, encode_gtids, encode_record, read_fde_bytes
-from .recovery import RESERVED_PREFIX, write_file_atomically
+from .durable import write_file_atomically
+from .layout import RESERVED_PREFIX
 
 log = get_logger(__name__)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..wire.errors import ER_BAD_SLAVE, ER_BAD_SLAVE_AUTO_POSITION, ER_WRONG_ARGUMENTS
-from .recovery import write_file_atomically
+from .durable import write_file_atomically
 
 __all__ = [
     "FILE_NAME",

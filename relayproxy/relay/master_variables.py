@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..log import get_logger
-from .recovery import write_file_atomically
+from .durable import write_file_atomically
 
 log = get_logger("relayproxy.relay")
 

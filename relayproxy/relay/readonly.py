@@ -26,21 +26,18 @@ from ..log import get_logger
 from . import closed_files
 from .epochs import Epochs, EpochsError, read_epochs
 from .horizon import Horizon
+from .durable import read_index
+from .errors import RelayRecoveryError, RelayStoreError
+from .layout import INDEX_NAME, RESERVED_PREFIX, next_file_name
 from .recovery import (
     DAMAGED,
-    INDEX_NAME,
     PARTIAL,
-    RESERVED_PREFIX,
-    RelayRecoveryError,
-    RelayStoreError,
     TailPlan,
     classify_scan,
     end_gtids,
     file_end_set,
     link,
-    next_file_name,
     plan_recovery,
-    read_index,
 )
 
 log = get_logger("relayproxy.serve")  # logs as the command it serves

@@ -81,21 +81,18 @@ from .fileindex import Indexer
 from .fileindex import remove as remove_file_index
 from .horizon import Horizon
 from .fsyncer import NativeJob
-from .recovery import (
-    DurableMarkWriter,
-    RecoveryReport,
+from .durable import DurableMarkWriter, encode_durable_mark, fsync_dir, write_epochs, write_file_atomically, write_index
+from .errors import (
+    RelayEventError,
+    RelayGapError,
+    RelayMismatchError,
     RelayRecoveryError,
+    RelayStateError,
     RelayStoreError,
-    check_file_name,
-    encode_durable_mark,
-    fsync_dir,
-    read_final_rotate,
-    read_first_fde,
-    recover,
-    write_epochs,
-    write_file_atomically,
-    write_index,
+    RelayStoreFailed,
 )
+from .layout import check_file_name
+from .recovery import RecoveryReport, read_final_rotate, read_first_fde, recover
 
 log = get_logger(__name__)
 
@@ -167,45 +164,6 @@ def _join_fde(event) -> bytes:
     restarted and its temporary tables are gone, which a switch of masters is not a reason to do.
     """
     return _enc.fde_copy(event, clear_in_use=True, created=0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Errors
-
-
-class RelayGapError(RelayStoreError):
-    """An event arrived beyond the end of the stored data: bytes in between were never received."""
-
-    def __init__(self, offset: int, current_end: int, file: str | None = None):
-        self.offset = offset
-        self.current_end = current_end
-        self.file = file
-        super().__init__(
-            f"gap in {file or 'the relay file'}: event at offset {offset}, but stored data ends at {current_end} "
-            f"({offset - current_end} bytes missing)"
-        )
-
-
-class RelayMismatchError(RelayStoreError):
-    """A re-sent event differs from the bytes the relay stored at that offset."""
-
-    def __init__(self, offset: int, size: int, file: str | None, detail: str):
-        self.offset = offset
-        self.size = size
-        self.file = file
-        super().__init__(f"re-sent event at {file}:{offset} ({size} bytes) differs from the stored one: {detail}")
-
-
-class RelayStateError(RelayStoreError):
-    """A call that does not fit the store's state (no current file, open group at a file switch...)."""
-
-
-class RelayEventError(RelayStoreError):
-    """The bytes handed to write_event are not a well-formed event at that offset."""
-
-
-class RelayStoreFailed(RelayStoreError):
-    """An earlier file-system error left the store unusable: reopen it (recovery repairs the tail)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from ..binlog import constants as C
 from ..binlog.checksum import ChecksumError
 from ..binlog.checksum import crc32 as _crc32
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
-from ..relay.store import RelayGapError
+from ..relay.errors import RelayGapError
 from ..wire.packets import parse_err
 
 _header_unpack_from = HEADER.unpack_from
