@@ -131,3 +131,12 @@ def eof_payload(capabilities: int) -> bytes:
     if capabilities & CLIENT_DEPRECATE_EOF:
         return encode_ok(header=EOF_HEADER)
     return encode_eof()
+
+
+def maria_not_in_binlog(gtid, binlog) -> _DumpFailure:
+    """give_error_start_pos_missing_in_binlog(): the "diverged" variant when the binlog (a ``MariaBinlogState``)
+    is past the requested GTID."""
+    latest = binlog.latest(gtid.domain_id)
+    if latest is not None and latest.seq_no >= gtid.seq_no:
+        return _DumpFailure(MSG_MARIA_NOT_IN_BINLOG2 % (gtid,))
+    return _DumpFailure(MSG_MARIA_NOT_IN_BINLOG % (gtid,))

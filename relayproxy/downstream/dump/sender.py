@@ -14,7 +14,7 @@ from ...binlog import encoders
 from ...binlog.checksum import ChecksumError
 from ...binlog.checksum import crc32 as _crc32
 from ...binlog.events import BinlogFormatError, FormatDescription, split_version
-from ...binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
+from ...binlog.gtid import GtidSet, MariaGtid
 from ...log import PeerLogLimiter, get_logger, report_failure
 from ...wire.packets import (
     BINLOG_DUMP_NON_BLOCK,
@@ -25,18 +25,14 @@ from ...wire.results import encode_error
 from ..context import DumpProgress
 from ..semisync import semi_sync_tracker
 from .chunks import Chunk, ChunkCache, chunk_cache, scan_chunk
+from .decide import END, REPLACE, SEND, SKIP, EventDecider
 from .errors import (
-    MSG_ANONYMOUS,
     MSG_BAD_MAGIC,
     MSG_BOGUS,
     MSG_CHECKSUM,
     MSG_CRC,
     MSG_FILE_PURGED,
     MSG_IO,
-    MSG_MARIA_ANNOTATE_DUMMY,
-    MSG_MARIA_GTID_COMPAT,
-    MSG_MARIA_HOLE,
-    MSG_MARIA_LIST_DUMMY,
     MSG_NEXT_LOG,
     MSG_NO_FDE_MARIADB,
     MSG_NO_FDE_MYSQL,
@@ -48,16 +44,13 @@ from .errors import (
     _ReplicaGone,
     eof_payload,
 )
-from .files import _CRC32, _GTID_TYPES, _U32, _U64, _header_unpack_from, _RelayFile
+from .files import _CRC32, _U32, _U64, _header_unpack_from, _RelayFile
 from .followers import SENT, STAY, WAKE, Pass, followers_of
 from .rewrite import (
-    _MARIA_GTID_HEADER_LEN,
     MARIA_SLAVE_CAPABILITY_ANNOTATE,
     MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT,
     MARIA_SLAVE_CAPABILITY_GTID,
     MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES,
-    begin_event,
-    dummy_event,
 )
 from .start import DumpStart, _checksum_alg, _int, _MariaStart, _truthy, _user_var
 
@@ -81,9 +74,6 @@ _IDLE_RECHECK = 30.0  # without heartbeats, re-read the horizon object this ofte
 # Relay-made fillers (relay/epochs.py is_filler): never sent.
 _IGNORABLE = C.IGNORABLE_LOG_EVENT
 _IGNORABLE_F = C.LOG_EVENT_IGNORABLE_F
-
-# Per-event outcomes of _decide().
-_SEND, _SKIP, _OMIT, _REPLACE = range(4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,22 +160,22 @@ class DumpSender(DumpStart):
         # Where the stream is: the file being sent and the end of the last event read from it.
         self.file: str | None = None
         self.pos = 0
+        # What to do with each event for this replica (decide.py): group skipping (MySQL auto-position's
+        # ``exclude``, MariaDB's ``maria_state``), capability rewrites, what is owed around events, ACK requests.
+        horizon_gtids = lambda: ctx.horizon.snapshot().gtids  # noqa: E731
+        self.decider = EventDecider(
+            self.parser, flavour=self.flavour, semi_sync=self.semi_sync, capability=self.capability,
+            send_annotate=self.send_annotate, skip_replication=self.skip_replication,
+            heartbeat_period=self.heartbeat_period, maria_strict=_truthy(_user_var(uv, "slave_gtid_strict_mode")),
+            binlog_gtids=horizon_gtids)
         # MySQL GTID protocol.
-        self.exclude: GtidSet | None = None
         self.clear_created = False  # m_gtid_clear_fd_created_flag
-        self.skip_end = 0  # exclude_group_end_pos: end of the last skipped group not yet told
-        self.reposition = 0  # a fake ROTATE to (file, here) is due before the next event: a filler was skipped
         self.file_epoch = None  # the upstream epoch of the file being sent when its master's names differ
         # A peer relay catching up within the current epoch (@relayproxy_peer = 1, by file/position: the upstream
         # session's peer catch-up): the master's names and bytes, exactly as held, and never past the epoch.
         self.peer = self.mode == "file" and _truthy(_user_var(uv, "relayproxy_peer"))
         # MariaDB GTID.
-        self.maria_state: dict[int, _MariaStart] = {}
-        self.maria_seen = MariaBinlogState()  # until_binlog_state: GTIDs met while skipping
-        self.maria_strict = _truthy(_user_var(uv, "slave_gtid_strict_mode"))
         self.maria_ignore_duplicates = _truthy(_user_var(uv, "slave_gtid_ignore_duplicates"))
-        self.fake_gtid_list = False
-        self.skipping = False
         self.last_sent = time.monotonic()
         self.send_stream = getattr(channel, "send_stream", None)
         # Shared framed chunks (chunks.py) for ranges that need nothing done for this replica.
@@ -200,6 +190,25 @@ class DumpSender(DumpStart):
         self.gone: asyncio.Future | None = None
         self.waiter: asyncio.Future | None = None  # what _wait is waiting on: the reader resolves it on leaving
         self.reader_task: asyncio.Task | None = None
+
+    # The start the preamble (start.py) sets: the decider's.
+    @property
+    def exclude(self) -> GtidSet | None:
+        """MySQL GTID protocol: the replica's GTID set (groups in it are skipped)."""
+        return self.decider.exclude
+
+    @exclude.setter
+    def exclude(self, gtids: GtidSet | None) -> None:
+        self.decider.exclude = gtids
+
+    @property
+    def maria_state(self) -> dict[int, _MariaStart]:
+        """MariaDB GTID: per domain, the GTID the replica asked for, until it is reached."""
+        return self.decider.maria_state
+
+    @maria_state.setter
+    def maria_state(self, state: dict[int, _MariaStart]) -> None:
+        self.decider.maria_state = state
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -248,7 +257,7 @@ class DumpSender(DumpStart):
         """Binlog_sender::run(): per file, a fake ROTATE, the FDE, the events; then the next file."""
         first = True
         while True:
-            self.file = name
+            self.file = self.decider.file = name
             self.pos = pos
             self.progress.file = name
             self.progress.position = pos
@@ -439,9 +448,9 @@ class DumpSender(DumpStart):
             limit, closed = self._durable_end(rf, snap)
             if limit >= need_end or closed:
                 return limit, closed
-            if self.skip_end:
-                await self._heartbeat(self.skip_end)
-                self.skip_end = 0
+            owed = self.decider.take_heartbeat()
+            if owed:
+                await self._heartbeat(owed)
             if self.non_block:
                 await self._send(eof_payload(self.conn.capabilities))
                 raise _Finished
@@ -547,7 +556,8 @@ class DumpSender(DumpStart):
         if not (chunk.ok and chunk.end == limit):
             return WAKE
         omit = self.omit_types
-        if self.exclude is None and not self.maria_state:  # _plain_chunk depends on the chunk and these only
+        decider = self.decider
+        if decider.exclude is None and not decider.maria_state:  # _plain_chunk: the chunk and these only
             kind = (chunk, self.slow_types, self.skip_replication, omit)
             counts = shared.plain.get(kind)
             if counts is None:
@@ -660,8 +670,8 @@ class DumpSender(DumpStart):
     # -- shared chunks: a whole range at once when it needs nothing done for this replica ----------------
     def _slow_types(self) -> frozenset[int]:
         """Event types that this replica cannot be sent as they are in the current file: a range holding one
-        goes event by event (``_handle``). Sets ``omit_types`` too: the types left out for it (``_maria_filter``'s
-        _OMIT by type alone), which a shared chunk can leave out as well."""
+        goes event by event (``_handle``). Sets ``omit_types`` too: the types left out for it (the decider's
+        OMIT by type alone, decide.py), which a shared chunk can leave out as well."""
         slow = {C.FORMAT_DESCRIPTION_EVENT, _IGNORABLE}  # FDEs are adopted; relay-made fillers are never sent
         omit: set[int] = set()
         if self.file_epoch is not None or self.peer:
@@ -683,24 +693,28 @@ class DumpSender(DumpStart):
 
     def _plain(self) -> bool:
         """Whether the next events can go as they are, unless a range holds something ``_plain_chunk`` refuses:
-        no group being skipped, nothing owed first (a heartbeat, a reposition, a GTID list), no ACKs asked."""
-        return not (self.semi_sync or self.skipping or self.skip_end or self.reposition or self.fake_gtid_list)
+        no group being skipped, nothing owed first (a heartbeat, a reposition, a GTID list), no ACKs asked
+        (``EventDecider.plain``, read here without the call: this runs per range and per parked replica)."""
+        d = self.decider
+        return not (self.semi_sync or d.skipping or d.skip_end or d.reposition or d.fake_gtid_list)
 
     def _plain_chunk(self, chunk: Chunk) -> bool:
         if not chunk.types.isdisjoint(self.slow_types):
             return False
         if self.skip_replication and chunk.flags & C.LOG_EVENT_SKIP_REPLICATION_F:
             return False
-        if self.exclude is not None and chunk.gtid_set is not None and not self.exclude.isdisjoint(chunk.gtid_set):
+        d = self.decider
+        exclude = d.exclude
+        if exclude is not None and chunk.gtid_set is not None and not exclude.isdisjoint(chunk.gtid_set):
             return False  # a group the replica has: it is skipped, event by event
-        if self.maria_state and chunk.gtids:
-            state = self.maria_state
+        if d.maria_state and chunk.gtids:
+            state = d.maria_state
             if any(gtid is not None and gtid[0] in state for gtid in chunk.gtids):
                 return False  # a domain still looking for its start GTID
-            seen = self.maria_seen
+            seen = d.maria_seen
             for gtid in chunk.gtids:
                 if gtid is not None:
-                    seen.update(MariaGtid(*gtid))  # met on the way (_maria_skip)
+                    seen.update(MariaGtid(*gtid))  # met on the way (EventDecider._maria_skip)
         return True
 
     async def _chunk(self, rf: _RelayFile, pos: int, want: int, crc: bool, limit: int) -> Chunk | None:
@@ -765,10 +779,7 @@ class DumpSender(DumpStart):
                                "(transactions this relay got from an earlier master): not served to a peer")
         self.pos = end_pos
         self.progress.position = end_pos
-        if self.exclude is not None:
-            self.skip_end = end_pos
-        elif not (self.flavour == "mariadb" and self.capability >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES):
-            self.reposition = end_pos
+        self.decider.filler(end_pos)
 
     async def _big_event(self, rf: _RelayFile, pos: int, size: int, type_code: int, flags: int, crc: bool) -> None:
         """A large event: CRC-checked in a first pass over the file (a corrupt event must not be half
@@ -793,160 +804,47 @@ class DumpSender(DumpStart):
 
     async def _handle(self, buf: memoryview, off: int, size: int, file_pos: int, type_code: int, flags: int,
                       rf: _RelayFile | None) -> None:
-        """One event: skip it, leave it out, rewrite it or send it; then move the replica's position.
+        """One event: what the decider (decide.py) says for it, carried out; then the replica's position moves.
 
         ``buf[off:off + size]`` is the event, or only its head when ``rf`` is given (a large event,
         streamed from the file)."""
-        action, replacement, need_ack = self._decide(buf, off, size, file_pos, type_code, flags)
-        if self.peer and type_code == C.ROTATE_EVENT:
-            self._peer_epoch_end(buf, off, size)
-        if type_code == C.ROTATE_EVENT and self.file_epoch is not None and action == _SEND and rf is None:
-            renamed = self._relay_rotate(buf, off, size)
-            if renamed is not None:
-                action, replacement = _REPLACE, renamed
+        decision = self.decider.decide(buf, off, size, file_pos, type_code, flags, self.event_alg == _CRC32,
+                                       time.monotonic() - self.last_sent)
+        action = decision.action
+        if action == END:
+            raise decision.failure
+        if type_code == C.ROTATE_EVENT:
+            if self.peer:
+                self._peer_epoch_end(buf, off, size)
+            if self.file_epoch is not None and action == SEND and rf is None:
+                renamed = self._relay_rotate(buf, off, size)
+                if renamed is not None:
+                    decision = decision._replace(action=REPLACE, event=renamed)
+                    action = REPLACE
         end_pos = file_pos + size
-        if action == _SKIP:
-            if self.exclude is not None:
-                # MySQL: a heartbeat tells the replica how far the skipped groups went, before the
-                # next event sent or before waiting; and at least every heartbeat period while
-                # skipping long stretches (send_events).
-                if self.heartbeat_period > 0 and time.monotonic() - self.last_sent >= self.heartbeat_period:
-                    await self._heartbeat(end_pos)
-                    self.skip_end = 0
-                else:
-                    self.skip_end = end_pos
-        else:
-            if self.skip_end:
-                await self._heartbeat(self.skip_end)
-                self.skip_end = 0
-            if self.reposition:
+        if decision.heartbeat:
+            await self._heartbeat(decision.heartbeat)
+        if action != SKIP:
+            if decision.reposition:
                 await self._send_event(
-                    encoders.artificial_rotate(self.file, self.reposition, self.server_id, self.event_alg == _CRC32),
+                    encoders.artificial_rotate(self.file, decision.reposition, self.server_id,
+                                               self.event_alg == _CRC32),
                     False)
-                self.reposition = 0
-            if action == _SEND:
+            if action == SEND:
                 if rf is None:
-                    await self._send_event(buf[off : off + size], need_ack)
+                    await self._send_event(buf[off : off + size], decision.ack)
                 else:
-                    await self._stream_event(rf, file_pos, size, need_ack)
-            elif action == _REPLACE:
-                await self._send_event(replacement, need_ack)
+                    await self._stream_event(rf, file_pos, size, decision.ack)
+            elif action == REPLACE:
+                await self._send_event(decision.event, decision.ack)
         self.pos = end_pos
         self.progress.position = end_pos
-        if self.fake_gtid_list and not self.skipping:
-            # MariaDB: once a domain reaches the requested GTID, a fake GTID_LIST (the GTIDs met so
-            # far, log_pos = here) lets MASTER_GTID_WAIT() on the replica see the position.
-            self.fake_gtid_list = False
+        if decision.gtid_list:
             await self._send_event(
-                encoders.gtid_list(self.maria_seen, self.server_id, end_pos & 0xFFFFFFFF, self.event_alg == _CRC32,
-                                   header_flags=C.LOG_EVENT_ARTIFICIAL_F),
+                encoders.gtid_list(self.decider.maria_seen, self.server_id, end_pos & 0xFFFFFFFF,
+                                   self.event_alg == _CRC32, header_flags=C.LOG_EVENT_ARTIFICIAL_F),
                 False,
             )
-
-    def _decide(
-        self, buf, off: int, size: int, file_pos: int, type_code: int, flags: int
-    ) -> tuple[int, bytes | None, bool]:
-        """(action, replacement event, ask for a semi-sync ACK) for one event; groups come from the
-        boundary parser, the one parser of the relay."""
-        result = self.parser.feed(type_code, flags, buf, off, size)
-        kind = result & B.RESULT_MASK
-        if kind == B.GROUP_START:
-            self.skipping = self._skip_group(buf, off, type_code, file_pos)
-        skip = self.skipping and kind != B.EVENT_OUTSIDE
-        group_end = kind == B.GROUP_END
-        if group_end:
-            self.skipping = False
-        if skip:
-            return _SKIP, None, False
-        need_ack = group_end and self.semi_sync
-        if self.flavour == "mariadb":
-            action, replacement = self._maria_filter(buf, off, size, type_code, flags)
-            return action, replacement, need_ack
-        return _SEND, None, need_ack
-
-    def _skip_group(self, buf, off: int, type_code: int, file_pos: int) -> bool:
-        """Whether the group opening here is one the replica already has."""
-        if self.exclude is not None:
-            if type_code == C.ANONYMOUS_GTID_LOG_EVENT:
-                # Binlog_sender::check_event_type(): never send anonymous groups to auto-position.
-                raise _read_failure(MSG_ANONYMOUS % (self.file, file_pos), file_pos, file_pos)
-            if type_code in _GTID_TYPES:
-                gtid = self.parser.gtid
-                return gtid is not None and gtid in self.exclude
-            return False
-        if self.maria_state and type_code == C.MARIA_GTID_EVENT:
-            return self._maria_skip(self.parser.gtid)
-        return False
-
-    def _maria_skip(self, gtid: tuple[int, int, int] | None) -> bool:
-        """send_event_to_slave(): skip the domain's groups until the requested GTID, then stop skipping."""
-        if gtid is None:
-            return False
-        domain, server_id, seq_no = gtid
-        self.maria_seen.update(MariaGtid(domain, server_id, seq_no))
-        entry = self.maria_state.get(domain)
-        if entry is None:
-            return False
-        start = entry.gtid
-        if entry.empty_domain:
-            binlog = self.ctx.horizon.snapshot().gtids
-            if not isinstance(binlog, MariaBinlogState):
-                binlog = MariaBinlogState()
-            mine = binlog.get(start.domain_id, start.server_id)
-            if mine is None or mine.seq_no < start.seq_no:
-                raise self._maria_not_in_binlog(start, binlog)
-            entry.empty_domain = False
-        skip = server_id != start.server_id or seq_no <= start.seq_no
-        if server_id == start.server_id and seq_no >= start.seq_no:
-            if self.maria_strict and seq_no > start.seq_no:
-                raise _DumpFailure(MSG_MARIA_HOLE % (start,))
-            self.fake_gtid_list = True
-            del self.maria_state[domain]
-        return skip
-
-    def _maria_filter(self, buf, off: int, size: int, type_code: int, flags: int) -> tuple[int, bytes | None]:
-        """What a MariaDB master does to an event for this replica's capabilities (send_event_to_slave)."""
-        cap = self.capability
-        crc = self.event_alg == _CRC32
-        if type_code == C.MARIA_ANNOTATE_ROWS_EVENT and not self.send_annotate:
-            if cap >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES:
-                return _OMIT, None  # the replica takes positions from log_pos: holes are fine
-            if cap < MARIA_SLAVE_CAPABILITY_ANNOTATE:
-                dummy = dummy_event(bytes(buf[off : off + C.HEADER_LEN]), size, crc)
-                if dummy is None:
-                    raise _read_failure(MSG_MARIA_ANNOTATE_DUMMY, self.pos, self.pos + size)
-                return _REPLACE, dummy
-            # capability 1 understands the event and ignores it: sent as is
-        elif type_code == C.MARIA_GTID_EVENT and cap < MARIA_SLAVE_CAPABILITY_GTID:
-            # Gtid_log_event::make_compatible_event(): BEGIN for a transaction; a standalone GTID
-            # is left out, or replaced by a same-size dummy for replicas that cannot take holes.
-            header = bytes(buf[off : off + C.HEADER_LEN])
-            if size - (C.CHECKSUM_LEN if crc else 0) < C.HEADER_LEN + _MARIA_GTID_HEADER_LEN:
-                raise _read_failure(MSG_MARIA_GTID_COMPAT, self.pos, self.pos + size)
-            flags2 = buf[off + C.HEADER_LEN + 12]
-            if flags2 & C.FL_STANDALONE:
-                if cap >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES:
-                    return _OMIT, None
-                dummy = dummy_event(header, size, crc)
-                if dummy is None:
-                    raise _read_failure(MSG_MARIA_GTID_COMPAT, self.pos, self.pos + size)
-                return _REPLACE, dummy
-            begin = begin_event(header, size, crc)
-            if begin is None:
-                raise _read_failure(MSG_MARIA_GTID_COMPAT, self.pos, self.pos + size)
-            return _REPLACE, begin
-        elif (type_code == C.MARIA_BINLOG_CHECKPOINT_EVENT and cap < MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT) or (
-            type_code == C.MARIA_GTID_LIST_EVENT and cap < MARIA_SLAVE_CAPABILITY_GTID
-        ):
-            if cap >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES:
-                return _OMIT, None
-            dummy = dummy_event(bytes(buf[off : off + C.HEADER_LEN]), size, crc)
-            if dummy is None:
-                raise _read_failure(MSG_MARIA_LIST_DUMMY, self.pos, self.pos + size)
-            return _REPLACE, dummy
-        if self.skip_replication and flags & C.LOG_EVENT_SKIP_REPLICATION_F:
-            return _OMIT, None  # SET skip_replication=1: events marked @@skip_replication stay here
-        return _SEND, None
 
     # -- sending -----------------------------------------------------------------------------------
     def _prefix(self, need_ack: bool) -> bytes:

@@ -25,8 +25,6 @@ from .errors import (
     MSG_MARIA_BAD_STATE,
     MSG_MARIA_IMPOSSIBLE_POS,
     MSG_MARIA_NO_STATE,
-    MSG_MARIA_NOT_IN_BINLOG,
-    MSG_MARIA_NOT_IN_BINLOG2,
     MSG_MORE_GTIDS,
     MSG_NO_FILE,
     MSG_OLD_BINLOG,
@@ -34,6 +32,7 @@ from .errors import (
     MSG_POS_LT_4,
     MSG_PURGED,
     _DumpFailure,
+    maria_not_in_binlog,
 )
 from .files import _GTID_TYPES, _header_unpack_from, _scan_file_gtids
 
@@ -385,10 +384,4 @@ class DumpStart:
                 return info.name, 4
         raise _DumpFailure(MSG_MARIA_NO_STATE)
 
-    @staticmethod
-    def _maria_not_in_binlog(gtid: MariaGtid, binlog: MariaBinlogState) -> _DumpFailure:
-        """give_error_start_pos_missing_in_binlog(): the "diverged" variant when the binlog is past it."""
-        latest = binlog.latest(gtid.domain_id)
-        if latest is not None and latest.seq_no >= gtid.seq_no:
-            return _DumpFailure(MSG_MARIA_NOT_IN_BINLOG2 % (gtid,))
-        return _DumpFailure(MSG_MARIA_NOT_IN_BINLOG % (gtid,))
+    _maria_not_in_binlog = staticmethod(maria_not_in_binlog)
