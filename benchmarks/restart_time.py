@@ -496,7 +496,7 @@ def render(rows: list[dict], argv: list[str], runs: int) -> list[str]:
         "",
         "A restart after a crash (no clean stop) scans, on top of the figure with the checkpoint, the bytes "
         "written since the last checkpoint: at most 16 MB or 10 s of stream (`CHECKPOINT_BYTES`, "
-        "`CHECKPOINT_SECONDS` in relay/store.py), at the full-scan rate of the *newest file* rows.",
+        "`CHECKPOINT_SECONDS` in relay/sync.py), at the full-scan rate of the *newest file* rows.",
         "",
         *machine_section(machine),
     ]

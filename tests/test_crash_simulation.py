@@ -28,6 +28,7 @@ import pytest
 from relayproxy.lab.crashfs import CrashFS, SimulatedCrash
 from relayproxy.relay import durable as DU
 from relayproxy.relay import store as S
+from relayproxy.relay import sync as SY
 from relayproxy.relay.store import RelayStore
 
 from .test_relay_store import Feeder, split_events
@@ -229,14 +230,14 @@ def test_a_store_that_writes_its_durable_mark_before_the_fsync_fails_the_os_cras
     """The mutation the test above exists to catch (README, failure 4): a store that records its durable mark
     before the fdatasync of the data it names. The same feeding, crash points and checks, on such a store: a crash
     at a data fdatasync can leave the new mark on disk without the bytes it names, and the check must say so."""
-    make_durable = S.SyncTicket._make_durable
+    make_durable = SY.SyncTicket._make_durable
 
     def mark_before_fsync(ticket):
         if ticket.moves:
             ticket._marks.write(ticket.file, ticket.position)  # the mutation: the mark before the fdatasync
         make_durable(ticket)
 
-    monkeypatch.setattr(S.SyncTicket, "_make_durable", mark_before_fsync)
+    monkeypatch.setattr(SY.SyncTicket, "_make_durable", mark_before_fsync)
     files = _files(corpus_dir)
     clean = tmp_path / "clean"
     clean.mkdir()

@@ -34,7 +34,8 @@ from relayproxy.downstream.context import (
 from relayproxy.downstream.sql import SYSTEM_VARIABLES, execute, execute_sync, tokenize
 from relayproxy.ops.status import relay_status
 from relayproxy.relay.master_variables import VARIABLES as MASTER_VARIABLES
-from relayproxy.relay.store import RelayStore, SyncPolicy
+from relayproxy.relay.store import RelayStore
+from relayproxy.relay.sync import SyncPolicy
 from relayproxy.upstream.receiver import ReceiverCounters
 from relayproxy.upstream.session import UpstreamStatus
 from relayproxy.wire.results import CloseConnection, ErrorResponse, OkResponse, ResultSet

@@ -337,7 +337,7 @@ def test_semi_sync_master_gets_acks_for_durable_transactions(tmp_path, mysql80):
 def test_semi_sync_ack_waits_for_the_relays_fsync(tmp_path, mysql80, monkeypatch):
     """Fault injection: the relay's fsync (run in the fsync thread: relay/fsyncer.py) is held on an Event. While it is held the master receives no ACK for the new transaction; once it completes, the
     ACK arrives for exactly that transaction, and it was not there when the fsync returned."""
-    from relayproxy.relay.store import SyncTicket
+    from relayproxy.relay.sync import SyncTicket
 
     image = mysql80
     ends = group_ends(image)

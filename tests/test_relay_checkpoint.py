@@ -24,7 +24,7 @@ from relayproxy.relay import checkpoint as CP
 from relayproxy.relay import durable as DU
 from relayproxy.relay import layout as LA
 from relayproxy.relay import recovery as R
-from relayproxy.relay import store as S
+from relayproxy.relay import sync as SY
 from relayproxy.relay.errors import RelayRecoveryError
 
 from .test_relay_store import Feeder, split_events
@@ -49,21 +49,21 @@ def as_sent(data: bytes) -> bytes:
 def stream_through_store(relay: Path, files: list[tuple[str, bytes]], monkeypatch) -> list[bytes]:
     """Write ``files`` through a store that checkpoints at every sync; returns every checkpoint record written."""
     records: list[bytes] = []
-    real = S.write_file_atomically
+    real = SY.write_file_atomically
 
     def keep(path, data, **kw):
         if Path(path).name == CP.CHECKPOINT_NAME:
             records.append(bytes(data))
         return real(path, data, **kw)
 
-    monkeypatch.setattr(S, "write_file_atomically", keep)
+    monkeypatch.setattr(SY, "write_file_atomically", keep)
     store = RelayStore.open(relay)
     store.checkpoint_bytes = 0
     for name, data in files:
         store.start_file(name)
         Feeder(store).feed_all(data)
     store.close()
-    monkeypatch.setattr(S, "write_file_atomically", real)
+    monkeypatch.setattr(SY, "write_file_atomically", real)
     return records
 
 
@@ -249,8 +249,8 @@ def test_clean_close_leaves_a_checkpoint_at_the_horizon_and_restart_scans_nothin
 def test_checkpoints_ride_on_syncs_by_bytes_not_on_every_transaction(tmp_path, recorded, monkeypatch):
     files, _ = recorded["mariadb"]
     writes = []
-    real = S.write_file_atomically
-    monkeypatch.setattr(S, "write_file_atomically", lambda p, d, **kw: (writes.append(Path(p).name), real(p, d, **kw)))
+    real = SY.write_file_atomically
+    monkeypatch.setattr(SY, "write_file_atomically", lambda p, d, **kw: (writes.append(Path(p).name), real(p, d, **kw)))
     store = RelayStore.open(tmp_path / "relay")
     store.checkpoint_bytes = 64 << 10
     store.checkpoint_seconds = 3600
@@ -289,7 +289,7 @@ _CHILD = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     sys.path.insert(0, {repo!r})
-    from relayproxy.relay import RelayStore, durable as DU, store as S, checkpoint as CP
+    from relayproxy.relay import RelayStore, durable as DU, sync as SY, checkpoint as CP
     from tests.test_relay_store import Feeder, split_events
 
     relay, source, step, nth = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -301,7 +301,7 @@ _CHILD = textwrap.dedent(
 
     real_unlink, real_open, real_write, real_fsync, real_replace = os.unlink, os.open, os.write, os.fsync, os.replace
     real_fsync_dir = DU.fsync_dir
-    real_waf = S.write_file_atomically
+    real_waf = SY.write_file_atomically
 
     def waf(path, payload, **kw):
         if Path(path).name == CP.CHECKPOINT_NAME:
@@ -348,7 +348,7 @@ _CHILD = textwrap.dedent(
         return r
 
     os.unlink, os.open, os.write, os.fsync, os.replace = unlink, open_, write, fsync, replace
-    S.write_file_atomically = waf
+    SY.write_file_atomically = waf
     store = RelayStore.open(relay)
     store.checkpoint_bytes = 2000
     store.start_file(source.name)

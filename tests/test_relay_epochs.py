@@ -27,6 +27,7 @@ from relayproxy.binlog import encoders as ENC
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_bytes, scan_file
 from relayproxy.relay import RelayGapError, RelayMismatchError, RelayRecoveryError, RelayStateError, RelayStore
+from relayproxy.relay import epoch_switch as ES
 from relayproxy.relay import store as S
 from relayproxy.relay.catalog import FileCatalog
 from relayproxy.relay.epochs import EPOCHS_NAME, Epochs, EpochsError, is_filler, numbered_name, split_name
@@ -321,12 +322,12 @@ def test_the_join_rotate_is_a_function_of_its_inputs():
     from . import eventgen as G
 
     fde = FormatDescription.parse(G.fde(), 0)
-    one = S.join_rotate("binlog.000005", fde, 1000, checksum=True)
-    assert one == S.join_rotate("binlog.000005", fde, 1000, checksum=True)
+    one = ES.join_rotate("binlog.000005", fde, 1000, checksum=True)
+    assert one == ES.join_rotate("binlog.000005", fde, 1000, checksum=True)
     assert one == rotate_bytes("binlog.000005", 1000, server_id=fde.server_id, timestamp=0)
     other = FormatDescription.parse(G.event(C.FORMAT_DESCRIPTION_EVENT, G.fde()[C.HEADER_LEN:-4], server_id=77), 0)
-    assert struct.unpack_from("<I", S.join_rotate("binlog.000005", other, 1000, checksum=True), 5)[0] == 77
-    plain = S.join_rotate("binlog.000005", fde, 1000, checksum=False)
+    assert struct.unpack_from("<I", ES.join_rotate("binlog.000005", other, 1000, checksum=True), 5)[0] == 77
+    plain = ES.join_rotate("binlog.000005", fde, 1000, checksum=False)
     assert plain == struct.pack("<IBIIIH", 0, C.ROTATE_EVENT, fde.server_id, 40, 1040, 0) + struct.pack(
         "<Q", 4) + b"binlog.000005"
 
@@ -594,7 +595,7 @@ def test_begin_epoch_killed_at_every_step_completes_the_switch_identically(tmp_p
     store, receiver = new_relay(d)
     m1_phase(store, receiver, m1_image(p))
     rotate_at = store.current_end
-    real_write_epochs, real_append = S.write_epochs, RelayStore._append_join_rotate
+    real_write_epochs, real_append = ES.write_epochs, RelayStore._append_join_rotate
 
     def write_epochs(relay_dir, epochs):
         if cut == "before-record":
@@ -608,7 +609,7 @@ def test_begin_epoch_killed_at_every_step_completes_the_switch_identically(tmp_p
         raise Crash
 
     if cut in ("before-record", "after-record"):
-        monkeypatch.setattr(S, "write_epochs", write_epochs)
+        monkeypatch.setattr(ES, "write_epochs", write_epochs)
     elif cut.startswith("rotate"):
         monkeypatch.setattr(RelayStore, "_append_join_rotate", append_rotate)
     try:
@@ -894,7 +895,7 @@ def test_a_large_filler_is_sparse_and_recovery_checks_its_crc(tmp_path):
 
 
 def test_a_gap_beyond_one_event_is_split_and_small_gaps_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(S, "FILLER_MAX_SIZE", (1 << 20) + 7)
+    monkeypatch.setattr(ES, "FILLER_MAX_SIZE", (1 << 20) + 7)
     store, end = _store_after_header(tmp_path / "relay")
     gap = (7 << 19) + 3  # 3.5 MB: four events of at most 1 MB + 7
     assert store.write_filler(end + gap, relay_server_id=7) == 4

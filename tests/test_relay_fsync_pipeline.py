@@ -22,7 +22,8 @@ from relayproxy.binlog.reader import scan_bytes
 from relayproxy.relay import fsyncer
 from relayproxy.relay.horizon import Horizon
 from relayproxy.relay.errors import RelayStoreFailed
-from relayproxy.relay.store import RelayStore, SyncTicket
+from relayproxy.relay.store import RelayStore
+from relayproxy.relay.sync import SyncTicket
 
 from . import eventgen as E
 from .fakemaster import FakeMySQLMaster, clear_in_use, next_binlog, split_events

@@ -94,7 +94,8 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     from ..ops.http import DEFAULT_HTTP_MAX_CONNECTIONS, HttpApi
     from ..ops.metrics import FsyncStats
     from ..ops.status import relay_status
-    from ..relay.store import RelayStore, SyncPolicy
+    from ..relay.store import RelayStore
+    from ..relay.sync import SyncPolicy
     from ..upstream.session import UpstreamSession
 
     policy = SyncPolicy(mode=cfg.sync_mode, max_transactions=cfg.sync_max_transactions, max_delay=cfg.sync_max_delay)

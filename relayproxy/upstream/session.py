@@ -44,7 +44,8 @@ from ..relay.master_variables import (
 from ..relay import fsyncer  # noqa: I001 - the C fsync thread (relay/fsyncer.py)
 from ..relay.durable import write_file_atomically
 from ..relay.errors import RelayStoreError, RelayStoreFailed
-from ..relay.store import RelayStore, SyncTicket
+from ..relay.store import RelayStore
+from ..relay.sync import SyncTicket
 from ..binlog.constants import FORMAT_DESCRIPTION_EVENT, HEARTBEAT_LOG_EVENT, LOG_EVENT_ARTIFICIAL_F, event_name
 from ..binlog.encoders import fde_copy
 from ..wire.errors import ER_SLAVE_MUST_STOP, ER_UNKNOWN_SYSTEM_VARIABLE, ER_WRONG_ARGUMENTS
