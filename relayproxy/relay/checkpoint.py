@@ -26,7 +26,7 @@ does not verify (unreadable, damaged, another file, a file shorter than ``offset
 checkpoint; what it skips is re-checking the CRCs of the bytes before it, which the full scan did at every start.
 
 This module is pure: encoding, decoding, verification and the resumed scanner. The store writes the file
-(``relay/store.py``), recovery reads it; ``relayproxy serve`` never writes it.
+(``relay/sync.py``, on a sync), recovery reads it; ``relayproxy serve`` never writes it.
 """
 
 from __future__ import annotations

@@ -84,8 +84,9 @@ class EpochSwitch:
     """The store's switch of epochs and its fillers, mixed into ``RelayStore`` (relay/store.py), whose state it
     reads and moves: the epochs (``_epochs``), the index and the current file (``_index``, ``_file``, ``_fd``,
     ``_end``, ``_boundary``, ``_written``, ``_buf``), the file's FORMAT_DESCRIPTION and GTID state (``_fde``,
-    ``_checksum_len``, ``_last_type``, ``_gtids``, ``_file_start_gtids``, ``_start_set_seen``); it calls the
-    store's ``_check``, ``_settle``, ``_sync``, ``_flush``, ``_fail``, ``write_event`` and ``boundary_outside``.
+    ``_checksum_len``, ``_last_type``, ``_gtids``, ``_file_start_gtids``, ``_start_set_seen``) and what it
+    reports (``fillers``, ``warnings``, ``join_extra_gtids``); it calls the store's ``_check``, ``_settle``,
+    ``_sync``, ``_flush``, ``_fail``, ``write_event`` and ``boundary_outside``.
     """
 
     @property
