@@ -35,14 +35,9 @@ from relayproxy.downstream.context import (
     DownstreamContext,
     DumpRequest,
 )
-from relayproxy.downstream.server import (
-    ClientConnectionLost,
-    DownstreamServer,
-    parse_binlog_dump,
-    parse_binlog_dump_gtid,
-    parse_register_slave,
-    server_tls_context,
-)
+from relayproxy.downstream.server import DownstreamServer
+from relayproxy.downstream.session import parse_binlog_dump, parse_binlog_dump_gtid, parse_register_slave
+from relayproxy.downstream.transport import ClientConnectionLost, server_tls_context
 from relayproxy.downstream.users import DownstreamUser, find_user, parse_users
 from relayproxy.ops.status import relay_status
 from relayproxy.upstream import ConnectionLost, UpstreamConnection

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_downstream_server import RawClient, Stub, make_ctx, rsa_key  # noqa: E402
 from test_hostile_clients import login_error  # noqa: E402
 
-from relayproxy.downstream.server import ConnectErrors, DownstreamServer, LoginThrottle  # noqa: E402
+from relayproxy.downstream.admission import ConnectErrors, LoginThrottle  # noqa: E402
+from relayproxy.downstream.server import DownstreamServer  # noqa: E402
 from relayproxy.downstream.sql import execute  # noqa: E402
 from relayproxy.downstream.users import DownstreamUser  # noqa: E402
 from relayproxy.wire.packets import parse_err  # noqa: E402
@@ -284,7 +285,7 @@ def test_a_delayed_login_holds_only_its_socket_and_delays_no_one_else() -> None:
             assert not session.protocol.transport.is_reading()  # the socket is not read while it waits
             waiting.send_raw(b"x" * 100_000)
             await asyncio.sleep(0.1)
-            assert session.protocol._ready_bytes == 0 and session.conn_id in server._unauthenticated
+            assert session.protocol._ready_bytes == 0 and session.conn_id in server.budget.unauthenticated
             for who, source in (("mon", ELSEWHERE), ("repl", "127.0.0.3")):
                 other = await connect_from(server, source)
                 assert await login_error(other, who, f"{who}-pw") is None

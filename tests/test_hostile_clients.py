@@ -156,7 +156,7 @@ def test_login_succeeds_during_an_unauthenticated_flood(capsys: pytest.CaptureFi
                 legit.send(b"\x03SELECT 1", 0)
                 assert await legit.payload()
                 legit.close()
-            assert len(server._unauthenticated) <= 20 and server.connection_count <= 21
+            assert len(server.budget.unauthenticated) <= 20 and server.connection_count <= 21
             # The oldest idle socket made room, and was told why.
             seq, reply = await flood[0].packet()
             assert parse_err(reply).code == 1040 and await flood[0].closed_by_server()

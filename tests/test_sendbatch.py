@@ -196,7 +196,7 @@ def test_a_rest_the_transport_refuses_drops_the_replica_instead_of_leaving_a_hol
     so the replica is disconnected (it reconnects from where it is) and the pass hands the dump back to its task."""
     import asyncio
 
-    from relayproxy.downstream.server import ClientDumpChannel
+    from relayproxy.downstream.transport import ClientDumpChannel
 
     class Transport:
         aborted = False

@@ -307,7 +307,8 @@ def _downstream_server(cfg, session):
     """The listener for replicas and tools (--listen), with its users and optional TLS."""
     from ..downstream import sendbatch
     from ..downstream.context import DownstreamContext
-    from ..downstream.server import DownstreamServer, server_tls_context
+    from ..downstream.server import DownstreamServer
+    from ..downstream.transport import server_tls_context
 
     if not cfg.users:
         raise RelayStartupError("--listen needs at least one account: users / RELAYPROXY_USERS / [[users]]")

@@ -1,7 +1,7 @@
 """What the downstream side shares: the relay's state, per-connection state, and the seams between
 the server (wire), the SQL layer and the dump sender.
 
-- ``downstream/server.py`` owns connections: handshake, auth, TLS, the command loop. It awaits
+- ``downstream/session.py`` owns a connection: handshake, auth, TLS, the command loop. It awaits
   ``sql.execute(ctx, conn, sql) -> Response`` (a coroutine) for COM_QUERY and ``dump.serve_dump(ctx, conn, request,
   channel)`` for COM_BINLOG_DUMP / COM_BINLOG_DUMP_GTID.
 - ``downstream/sql/`` answers the statements replicas, tools and HA managers send, from ``ctx`` (``dispatch.py``

@@ -44,7 +44,7 @@ from ..relay.epochs import Epochs, EpochsError, gtid_text, parse_gtid_text, read
 from ..relay.horizon import Horizon
 from .context import ConnectionState, DownstreamContext, DumpProgress, DumpRequest
 from .dump import serve_dump
-from .server import ClientConnectionLost, ClientDumpChannel, ClientProtocol
+from .transport import ClientConnectionLost, ClientDumpChannel, ClientProtocol
 from .view import MasterFacts, ReplicaSettings
 
 log = get_logger("relayproxy.downstream.workers")

@@ -30,7 +30,7 @@ _FAILURE_LOG = PeerLogLimiter()  # unexpected failures logged per client host an
 
 
 async def execute(ctx, conn: ConnectionState, sql: str) -> Response:
-    """Answer one COM_QUERY (what ``downstream/server.py`` awaits): OkResponse, ResultSet or ErrorResponse.
+    """Answer one COM_QUERY (what ``downstream/session.py`` awaits): OkResponse, ResultSet or ErrorResponse.
 
     The statement runs on the event loop's thread in slices (``slicing.run_sliced``): its tokenizing, parsing
     and evaluation give the loop a turn every ``slicing.WORK_PER_SLICE`` units of work, so no statement, whatever

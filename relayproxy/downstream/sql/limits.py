@@ -2,7 +2,7 @@
 relay's memory without bound. Each bound is structural (bytes, nodes, depth, steps), never wall time.
 
 - ``max_statement_bytes`` (configuration, default 1 MiB): ``@@max_allowed_packet``. A client's command packet
-  larger than this is refused by the server as it arrives (downstream/server.py: 1153 and the connection closed,
+  larger than this is refused by the server as it arrives (downstream/session.py: 1153 and the connection closed,
   as the servers), and a COM_QUERY packet larger than this is refused here before it is tokenized
   (ER_NET_PACKET_TOO_LARGE 1153) for callers that do not go through the server. The same
   number bounds every string value a statement computes (CONCAT, UPPER ...: ER_WARN_ALLOW_MAX_PACKET_SIZE 1301;

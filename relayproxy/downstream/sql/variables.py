@@ -299,7 +299,7 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("rpl_semi_sync_master_enabled", _semi_sync, "bool", has_session=False),
     SysVar("rpl_semi_sync_source_enabled", _semi_sync, "bool", has_session=False, exists=_mysql_since(8, 0, 26)),
     # -- what drivers and client libraries read at connect time
-    # What the relay enforces on a client's packet (downstream/server.py) and a statement (limits.py), not the
+    # What the relay enforces on a client's packet (downstream/session.py) and a statement (limits.py), not the
     # master's (which /status shows): a driver sizing its batches by it must not be refused below it.
     SysVar("max_allowed_packet", lambda e: e.max_value_bytes, "int"),
     SysVar("net_write_timeout", lambda e: 60, "int"),
