@@ -1,16 +1,9 @@
-"""Test harness: run `relayproxy run` as a real process, read its /status, compare its files with the master's."""
+"""Test harness around the relay process (relayprocess.py): compare its files with the master's, replicas, load."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pymysql
@@ -18,8 +11,8 @@ import pymysql
 from relayproxy.binlog import constants as C
 from relayproxy.lab.faultproxy import ThreadedFaultProxy
 from relayproxy.lab.packetwatch import MysqlStreamWatcher
+from relayproxy.lab.relayprocess import REPO, RelayProcess, free_port, master_status  # noqa: F401 (re-exported)
 
-REPO = Path(__file__).resolve().parents[2]  # the checkout holding relayproxy/ (cwd of the relay processes)
 FIRST_FILE = "master-bin.000001"  # a fresh MariaDBSandbox master's first binlog
 
 
@@ -32,102 +25,6 @@ def run_every_step(steps) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - stop the rest, report at the end
             problems.append(repr(exc))
     return problems
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RelayProcess:
-    """One `relayproxy run` process; restartable on the same relay directory."""
-
-    def __init__(self, relay_dir: Path, master_port: int, *, user="repl", password="replpw", server_id=100,
-                 gtid_mode="off", extra: list[str] | None = None, env: dict | None = None):
-        self.relay_dir = Path(relay_dir)
-        self.http_port = free_port()
-        self.args = [
-            sys.executable, "-m", "relayproxy.commands.cli", "--log-format", "json", "run",
-            "--master", f"127.0.0.1:{master_port}", "--user", user, "--server-id", str(server_id),
-            "--relay-dir", str(self.relay_dir), "--http", f"127.0.0.1:{self.http_port}",
-            "--gtid-mode", gtid_mode, "--heartbeat-period", "0.5", "--reconnect-max-delay", "0.5",
-            *(extra or []),
-        ]
-        self.env = {**os.environ, "RELAYPROXY_PASSWORD": password, **(env or {})}
-        self.proc: subprocess.Popen | None = None
-        self.log_path = self.relay_dir.parent / f"{self.relay_dir.name}.log"
-
-    def start(self) -> "RelayProcess":
-        self.relay_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"relay exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                self.status()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"relay did not serve /status within 30 s:\n{self.log_tail()}")
-
-    def status(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/status", timeout=5) as r:
-            return json.load(r)
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5) as r:
-            return r.read().decode()
-
-    def wait_for(self, predicate, timeout: float = 60.0, what: str = "condition") -> dict:
-        deadline = time.monotonic() + timeout
-        status = None
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"relay exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                status = self.status()
-                if predicate(status):
-                    return status
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; last status {status}\n{self.log_tail()}")
-
-    def wait_caught_up(self, master, timeout: float = 60.0) -> dict:
-        """Until the horizon equals the master's position, read again at each poll: MariaDB writes a
-        BINLOG_CHECKPOINT a moment after a rotation, so a position read once can be one that never lasts."""
-
-        def caught_up(s: dict) -> bool:
-            return (s["master_log_file"], s["read_master_log_pos"]) == master_status(master)
-
-        return self.wait_for(caught_up, timeout, "horizon at the master's position")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-        if getattr(self, "_log", None):
-            self._log.close()
-
-    def kill9(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
-
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
 
 
 class StreamMap:
@@ -180,11 +77,6 @@ class StreamMap:
             time.sleep(0.02)
         raise AssertionError(f"the link did not settle at master position {position}: {proxy.connections()}")
 
-
-
-def master_status(master) -> tuple[str, int]:
-    row = master.execute("SHOW MASTER STATUS")[0]
-    return row[0], int(row[1])
 
 
 def prepare_master(master) -> None:

@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import pymysql
 
 from ..log import get_logger
+from .relayprocess import free_port
 
 log = get_logger(__name__)
 
@@ -59,10 +59,8 @@ def find_binary(*names: str) -> str:
 
 def _pick_free_port() -> int:
     for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _ports_in_use:
+        port = free_port()
+        if port not in _ports_in_use:  # another sandbox's, picked but not yet bound by its mariadbd
             return port
     raise SandboxError("could not find a free TCP port on 127.0.0.1")
 

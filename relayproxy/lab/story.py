@@ -23,16 +23,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +38,7 @@ from ..binlog import constants as C
 from ..log import get_logger
 from .faultproxy import ThreadedFaultProxy
 from .packetwatch import EventLocation, MysqlStreamWatcher
+from .relayprocess import RelayProcess
 from .sandbox import MariaDBSandbox
 
 log = get_logger(__name__)
@@ -291,76 +286,16 @@ def _yes_no(flag: bool) -> str:
 # -- pieces -----------------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RelayRunner:
-    """`relayproxy run` as a child process (its own session, so a Ctrl-C for the caller reaches only the caller),
-    with /status over HTTP and replicas served on `listen_port`."""
-
-    def __init__(self, relay_dir: Path, master_port: int, *, server_id: int = 100) -> None:
-        self.relay_dir = relay_dir
-        self.http_port = _free_port()
-        self.listen_port = _free_port()
-        self.log_path = relay_dir.parent / "relay.log"
-        self.command = [
-            sys.executable, "-m", "relayproxy.commands.cli", "--log-format", "json", "run",
-            "--master", f"127.0.0.1:{master_port}", "--user", REPL_USER, "--server-id", str(server_id),
-            "--relay-dir", str(relay_dir), "--http", f"127.0.0.1:{self.http_port}",
-            "--listen", f"127.0.0.1:{self.listen_port}", "--gtid-mode", "mariadb",
-            "--reconnect-max-delay", "1",
-        ]  # fmt: skip
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 30.0) -> None:
-        self.relay_dir.mkdir(parents=True, exist_ok=True)
-        # The caller's RELAYPROXY_* settings (a --config file, say) belong to their own relays, not to this one.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYPROXY_")}
-        env.update(RELAYPROXY_PASSWORD=REPL_PASSWORD,
-                   RELAYPROXY_USERS=f"{REPL_USER}:{REPL_PASSWORD},{ADMIN_USER}:{ADMIN_PASSWORD}:admin")
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
-            )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise StoryError(f"relayproxy run exited with {self.proc.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(OSError, ValueError):
-                self.status()
-                return
-            time.sleep(0.05)
-        raise StoryError(f"relayproxy run did not serve /status within {timeout:.0f}s:\n{self.log_tail()}")
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/status", timeout=2) as reply:
-            return json.load(reply)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no relay log)"
+def demo_relay(relay_dir: Path, master_port: int, *, server_id: int = 100) -> RelayProcess:
+    """`relayproxy run` as the story runs it: its own session (a Ctrl-C for the caller reaches only the caller),
+    /status over HTTP, replicas served on `listen_port`, resuming by MariaDB GTID; the caller's RELAYPROXY_*
+    settings (a --config file, say) belong to their own relays, not to this one."""
+    return RelayProcess(
+        relay_dir, master_port, user=REPL_USER, password=REPL_PASSWORD, server_id=server_id, gtid_mode="mariadb",
+        heartbeat_period=None, reconnect_max_delay=1, listen=True, clean_env=True,
+        users=f"{REPL_USER}:{REPL_PASSWORD},{ADMIN_USER}:{ADMIN_PASSWORD}:admin", log_path=relay_dir.parent / "relay.log",
+        new_session=True, error=StoryError, status_timeout=2.0,
+    )  # fmt: skip
 
 
 class MidTransactionHold:
@@ -560,7 +495,7 @@ class CrashStory:
         self.through_relay = MariaDBSandbox(self.workdir / "relay-replica", server_id=3, log_bin=False)
         self.relay_link: ThreadedFaultProxy | None = None
         self.direct_link: ThreadedFaultProxy | None = None
-        self.relay: RelayRunner | None = None
+        self.relay: RelayProcess | None = None
         self.relay_hold: MidTransactionHold | None = None
         self.direct_hold: MidTransactionHold | None = None
         self.workload: Workload | None = None
@@ -622,7 +557,7 @@ class CrashStory:
         self.direct_link = ThreadedFaultProxy(self.master.host, self.master.port).start()
         self.relay_hold = MidTransactionHold(self.relay_link, "relay")
         self.direct_hold = MidTransactionHold(self.direct_link, "direct replica")
-        self.relay = RelayRunner(self.workdir / "relay" / "data", self.relay_link.port)
+        self.relay = demo_relay(self.workdir / "relay" / "data", self.relay_link.port)
         self.relay.start()
         self._change_master(self.direct, self.direct_link.port)
         self._change_master(self.through_relay, self.relay.listen_port)
