@@ -574,11 +574,11 @@ class Session:
         """Serve the dump from a sender process (workers.py) when it can be moved there: a plain connection (a
         TLS session cannot change process), no semi-sync (its ACKs belong to this process's tracker), nothing
         read from the replica past the dump command. False: serve it here."""
-        from .dump.start import _truthy, _user_var
+        from .dump.start import truthy, user_var
 
         protocol, state = self.protocol, self.state
         transport = protocol.transport
-        semi_sync = _truthy(_user_var(state.user_vars, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
+        semi_sync = truthy(user_var(state.user_vars, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
         if protocol.tls is not None or (semi_sync and self.ctx.settings.semi_sync):
             return False
         if transport is None or transport.is_closing():

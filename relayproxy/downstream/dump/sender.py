@@ -52,7 +52,7 @@ from .rewrite import (
     MARIA_SLAVE_CAPABILITY_GTID,
     MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES,
 )
-from .start import DumpStart, _checksum_alg, _int, _MariaStart, _truthy, _user_var
+from .start import DumpStart, _checksum_alg, _int, _MariaStart, truthy, user_var
 
 if TYPE_CHECKING:
     from ..context import ConnectionState, DownstreamContext, DumpChannel, DumpRequest
@@ -133,9 +133,9 @@ class DumpSender(DumpStart):
         self.server_id = ctx.server_id
         # init_checksum_alg(): the replica is checksum-aware iff it set the variable; fake events
         # sent before the first FDE use its value, later ones the FDE's (m_event_checksum_alg).
-        self.announced_alg = _checksum_alg(_user_var(uv, "source_binlog_checksum", "master_binlog_checksum"))
+        self.announced_alg = _checksum_alg(user_var(uv, "source_binlog_checksum", "master_binlog_checksum"))
         self.event_alg = self.announced_alg
-        period_ns = _int(_user_var(uv, "source_heartbeat_period", "master_heartbeat_period"),
+        period_ns = _int(user_var(uv, "source_heartbeat_period", "master_heartbeat_period"),
                          "master_heartbeat_period")
         self.heartbeat_period = max(period_ns, 0) / 1e9
         # BINLOG_DUMP_NON_BLOCK, or server_id 0 (mysqlbinlog -R): both servers then stop at the end.
@@ -143,9 +143,9 @@ class DumpSender(DumpStart):
         # 0x02 is USE_HEARTBEAT_EVENT_V2 for MySQL and BINLOG_SEND_ANNOTATE_ROWS_EVENT for MariaDB.
         self.heartbeat_v2 = self.flavour == "mysql" and bool(request.flags & USE_HEARTBEAT_EVENT_V2)
         self.send_annotate = self.flavour == "mariadb" and bool(request.flags & BINLOG_SEND_ANNOTATE_ROWS_EVENT)
-        self.capability = _int(_user_var(uv, "mariadb_slave_capability"), "mariadb_slave_capability")
-        self.skip_replication = self.flavour == "mariadb" and _truthy(conn.session_vars.get("skip_replication"))
-        wants_semi_sync = _truthy(_user_var(uv, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
+        self.capability = _int(user_var(uv, "mariadb_slave_capability"), "mariadb_slave_capability")
+        self.skip_replication = self.flavour == "mariadb" and truthy(conn.session_vars.get("skip_replication"))
+        wants_semi_sync = truthy(user_var(uv, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
         self.semi_sync = wants_semi_sync and ctx.settings.semi_sync
         # The server may have put a DumpProgress on the connection already: keep that object.
         self.progress = conn.dump if isinstance(conn.dump, DumpProgress) else DumpProgress()
@@ -166,16 +166,16 @@ class DumpSender(DumpStart):
         self.decider = EventDecider(
             self.parser, flavour=self.flavour, semi_sync=self.semi_sync, capability=self.capability,
             send_annotate=self.send_annotate, skip_replication=self.skip_replication,
-            heartbeat_period=self.heartbeat_period, maria_strict=_truthy(_user_var(uv, "slave_gtid_strict_mode")),
+            heartbeat_period=self.heartbeat_period, maria_strict=truthy(user_var(uv, "slave_gtid_strict_mode")),
             binlog_gtids=horizon_gtids)
         # MySQL GTID protocol.
         self.clear_created = False  # m_gtid_clear_fd_created_flag
         self.file_epoch = None  # the upstream epoch of the file being sent when its master's names differ
         # A peer relay catching up within the current epoch (@relayproxy_peer = 1, by file/position: the upstream
         # session's peer catch-up): the master's names and bytes, exactly as held, and never past the epoch.
-        self.peer = self.mode == "file" and _truthy(_user_var(uv, "relayproxy_peer"))
+        self.peer = self.mode == "file" and truthy(user_var(uv, "relayproxy_peer"))
         # MariaDB GTID.
-        self.maria_ignore_duplicates = _truthy(_user_var(uv, "slave_gtid_ignore_duplicates"))
+        self.maria_ignore_duplicates = truthy(user_var(uv, "slave_gtid_ignore_duplicates"))
         self.last_sent = time.monotonic()
         self.send_stream = getattr(channel, "send_stream", None)
         # Shared framed chunks (chunks.py) for ranges that need nothing done for this replica.

@@ -122,7 +122,8 @@ def _first_gtid(path, size: int):
     return None
 
 
-def _user_var(user_vars: dict, *names: str):
+def user_var(user_vars: dict, *names: str):
+    """The value of the first of `names` (e.g. MySQL's new name, then the old one) the replica set; None if none."""
     for name in names:
         if name in user_vars and user_vars[name] is not None:
             return user_vars[name]
@@ -155,7 +156,8 @@ def _int(value, name: str = "") -> int:
         ) from None
 
 
-def _truthy(value) -> bool:
+def truthy(value) -> bool:
+    """A replica's user variable as a switch: 1, ON, TRUE, YES (any case) or a true number."""
     if isinstance(value, str) or isinstance(value, (bytes, bytearray)):
         return _text(value).strip().upper() in ("1", "ON", "TRUE", "YES")
     return bool(value)
@@ -341,7 +343,7 @@ class DumpStart:
     async def _plan_mariadb_gtid(self) -> tuple[str, int]:
         """init_binlog_sender() with @slave_connect_state: check_slave_start_position(), then
         gtid_find_binlog_file(); the dump starts at position 4 of the file found."""
-        text = _user_var(self.conn.user_vars, "slave_connect_state")
+        text = user_var(self.conn.user_vars, "slave_connect_state")
         try:
             position = MariaGtidPosition.parse(_text(text))
         except (ValueError, TypeError):
