@@ -39,19 +39,17 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
 
-import benchinfo  # noqa: E402
+from benchmarks import benchinfo  # noqa: E402
 
 from relayproxy.downstream.dump.files import _RelayFile  # noqa: E402
 from relayproxy.downstream.dump.sender import READ_CHUNK  # noqa: E402
 from relayproxy.relay import closed_files as CF  # noqa: E402
 from relayproxy.relay import conversion as CV  # noqa: E402
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
 RING = CF.Keyring.parse("1:" + os.urandom(32).hex(), "benchmark key")
@@ -81,7 +79,7 @@ def corpus_files(root: Path) -> list[Path]:
 
 
 def oltp_files(workdir: Path, scale: float) -> tuple[list[Path], object]:
-    import workloads
+    from benchmarks import workloads
 
     from relayproxy.lab.sandbox import MariaDBSandbox
 

@@ -61,14 +61,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
 
-import benchinfo  # benchmarks/benchinfo.py: this script's folder is on sys.path
-import pymysql
+import pymysql  # noqa: E402
 
-from relayproxy.lab.failover import (
+from benchmarks import benchinfo  # noqa: E402
+from relayproxy.lab.failover import (  # noqa: E402
     ADMIN_PASSWORD,
     ADMIN_USER,
     BASENAME,
@@ -80,8 +79,11 @@ from relayproxy.lab.failover import (
     promote,
     slave_pos,
 )
-from relayproxy.lab.harness import RelayProcess, change_master, free_port, master_status, replica_status
-from relayproxy.lab.sandbox import MariaDBSandbox
+from relayproxy.lab.harness import RelayProcess, change_master, free_port, master_status, replica_status  # noqa: E402
+from relayproxy.lab.procstat import proc_status_kb  # noqa: E402
+from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 POLL = 0.005  # seconds between probes, every poller
@@ -130,18 +132,6 @@ def size_label(n: int) -> str:
             v = n / mult
             return f"{v:g} {unit}B" if unit != "k" else f"{v:g} kB"
     return f"{n} B"
-
-
-def proc_status_kb(pid: int) -> dict[str, int]:
-    values = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                values[key] = int(rest.split()[0])
-    except OSError:
-        pass
-    return values
 
 
 def _connect(server: MariaDBSandbox) -> pymysql.connections.Connection:

@@ -23,24 +23,16 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
 
-import benchinfo  # noqa: E402
-from fanout import (  # noqa: E402
-    CLK_TCK,
-    REAL_MASTER_CONFIG,
-    REPL_PASSWORD,
-    REPL_USER,
-    IdleClients,
-    Relay,
-    master_end,
-    tree_cpu,
-)
-
+from benchmarks import benchinfo  # noqa: E402
+from benchmarks.fanout_common import REPL_PASSWORD, REPL_USER, Relay, master_end  # noqa: E402
+from benchmarks.fanout_real import REAL_MASTER_CONFIG, IdleClients  # noqa: E402
+from relayproxy.lab.procstat import machine_busy, tree_cpu  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 TARGETS = ("direct", "relay-0", "relay-1", "relay-2")
 
@@ -58,13 +50,6 @@ def make_backlog(master: MariaDBSandbox, mb: int) -> None:
             conn.commit()
     finally:
         conn.close()
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far, all cores (/proc/stat: total less idle and iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
-    total = sum(fields) / CLK_TCK
-    return total - (fields[3] + fields[4]) / CLK_TCK, total
 
 
 def drain(port: int, clients: int, settle: float = 1.5, timeout: float = 300.0,
@@ -116,7 +101,7 @@ def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, in
             where = work / f"{target}-{index}"
             where.mkdir(parents=True, exist_ok=True)
             relay = Relay(where, master, options=[("sender_processes", senders)]).start()
-            relay.wait_for(master_end(master), timeout=300)
+            relay.wait_at(master_end(master), timeout=300, poll=0.02)
             port, pid = relay.listen_port, relay.pid
             time.sleep(0.5)
         d = drain(port, clients, discard=discard, server_pid=pid)

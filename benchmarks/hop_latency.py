@@ -31,13 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
 
 from benchmarks.benchinfo import command_line, machine_info, machine_section, pyplot  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
+from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
+HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "hop_latency.md"
 PAYLOAD = "x" * 100
 
@@ -65,11 +67,6 @@ def fdatasync_probe(directory: Path, seconds: float) -> list[float]:
         os.close(fd)
         path.unlink()
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def writer(port: int, rate: float, seconds: float, first_id: int, out) -> None:
@@ -275,11 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         report = {"rate": args.rate, "seconds": args.seconds, "servers_dir": args.servers_dir,
                   "relay_fs": f"{relay_parent.parent} ({fs})", "repeats": [], "fdatasync": {}}
         report["fdatasync"]["before the runs, 5 s"] = probe_summary(fdatasync_probe(relay_parent, 5))
-        from relayproxy.lab.harness import free_port
-
-        relay_port = free_port()
-        relay = RelayProcess(relay_parent / "relay", master.port, extra=[
-            "--listen", f"127.0.0.1:{relay_port}", *args.relay_option], env={"RELAYPROXY_USERS": "repl:replpw"}).start()
+        relay = RelayProcess(relay_parent / "relay", master.port, listen=True, users="repl:replpw",
+                             extra=args.relay_option).start()
+        relay_port = relay.listen_port
         first_id = 1
         for k in range(args.repeats):
             r = one_repeat(master, relay, relay_port, args.rate, args.seconds, first_id, (900 + 2 * k, 901 + 2 * k))

@@ -35,13 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
 
-import benchinfo  # benchmarks/benchinfo.py: this script's folder is on sys.path
-
-from relayproxy.lab.lossless import (
+from benchmarks import benchinfo  # noqa: E402
+from relayproxy.lab.lossless import (  # noqa: E402
     KINDS,
     LONG_TIMEOUT_MS,
     SHORT_TIMEOUT_MS,
@@ -51,7 +49,9 @@ from relayproxy.lab.lossless import (
     trial_kinds,
     trial_seeds,
 )
-from relayproxy.lab.sandbox import TEMPLATE_ENV
+from relayproxy.lab.sandbox import TEMPLATE_ENV  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 

@@ -59,28 +59,28 @@ import mmap
 import os
 import pstats
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
 
-import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 import pymysql  # noqa: E402
 
+from benchmarks import benchinfo  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
-from relayproxy.lab.sandbox import MariaDBSandbox, find_binary
+from relayproxy.lab.procstat import proc_status_kb  # noqa: E402
+from relayproxy.lab.relayprocess import RelayProcess, py_spy_record  # noqa: E402
+from relayproxy.lab.sandbox import MariaDBSandbox, find_binary  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 POLL = 0.01  # seconds between status polls, the same for every reader
@@ -103,12 +103,6 @@ _header_unpack_from = HEADER.unpack_from
 
 def log(msg: str) -> None:
     print(f"[relay_catchup {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def drop_dirty_pages() -> None:
@@ -403,125 +397,38 @@ def _children_maxrss() -> int:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 
 
-def proc_status_kb(pid: int) -> dict[str, int]:
-    values = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                values[key] = int(rest.split()[0])
-    except OSError:
-        pass
-    return values
-
-
-class Relay:
-    """One `relayproxy run` subprocess (optionally under py-spy) and its GET /status."""
+class Relay(RelayProcess):
+    """One `relayproxy run` subprocess (optionally under py-spy at 250 Hz, optionally another checkout's source:
+    ``src_root`` is its cwd and first on PYTHONPATH) and its GET /status, polled every POLL seconds."""
 
     def __init__(self, relay_dir: Path, master: MariaDBSandbox, *, sync_mode: str = "transaction",
                  server_id: int = 100, src_root: Path = REPO_ROOT, py_spy_output: Path | None = None):
-        self.relay_dir = relay_dir
-        self.http_port = free_port()
-        self.src_root = src_root
-        self.log_path = relay_dir.parent / f"{relay_dir.name}.log"
-        relay_cmd = [
-            sys.executable, "-m", "relayproxy.commands.cli", "--log-format", "json", "run",
-            "--master", f"127.0.0.1:{master.port}", "--user", REPL_USER, "--server-id", str(server_id),
-            "--relay-dir", str(relay_dir), "--http", f"127.0.0.1:{self.http_port}", "--sync-mode", sync_mode,
-        ]
-        self.py_spy_output = py_spy_output
-        if py_spy_output is not None:
-            relay_cmd = [
-                shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), "record",
-                "--rate", "250", "--format", "raw", "--threads", "--idle", "--output", str(py_spy_output),
-                "--", *relay_cmd,
-            ]
-        self.cmd = relay_cmd
-        self.env = {**os.environ, "RELAYPROXY_PASSWORD": REPL_PASSWORD,
-                    "PYTHONPATH": str(src_root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc: subprocess.Popen | None = None
-        self.pid: int | None = None  # the relay's own pid (the child of py-spy when profiled)
-        self.t_spawn = self.t_up = 0.0
+        super().__init__(
+            relay_dir, master.port, user=REPL_USER, password=REPL_PASSWORD, server_id=server_id, gtid_mode=None,
+            heartbeat_period=None, reconnect_max_delay=None, extra=["--sync-mode", sync_mode], cwd=src_root,
+            pythonpath=src_root, new_session=True, error=ReaderError, poll=POLL,
+            wrapper=py_spy_record(py_spy_output, 250) if py_spy_output is not None else None,
+        )
 
     def start(self, timeout: float = 60.0) -> "Relay":
-        self.relay_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self.t_spawn = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     cwd=self.src_root, start_new_session=True)
-        deadline = self.t_spawn + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise ReaderError(f"relay exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                self.status()
-            except OSError:
-                if time.perf_counter() > deadline:
-                    raise ReaderError(f"relay did not serve /status within {timeout}s:\n{self.log_tail()}")
-                time.sleep(POLL)
-                continue
-            self.t_up = time.perf_counter()
-            break
-        self.pid = self._relay_pid()
+        super().start(timeout)
         return self
 
-    def _relay_pid(self) -> int:
-        assert self.proc is not None
-        if self.py_spy_output is None:
-            return self.proc.pid
-        for _ in range(200):
-            try:
-                children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-            except OSError:
-                children = []
-            if children:
-                return int(children[0])
-            time.sleep(0.01)
-        raise ReaderError("could not find the relay process under py-spy")
+    def stop(self, timeout: float = 60.0) -> int | None:
+        return super().stop(timeout)
 
-    def status(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/status", timeout=5) as r:
-            return json.load(r)
-
-    def wait_for(self, end: tuple[str, int], timeout: float) -> tuple[float, dict]:
+    def wait_end(self, end: tuple[str, int], timeout: float) -> tuple[float, dict]:
         """Poll /status until the horizon is at `end`; returns (perf_counter at that moment, status)."""
-        deadline = time.perf_counter() + timeout
-        status: dict = {}
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise ReaderError(f"relay exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                status = self.status()
-            except OSError:
-                status = {}
-            if status.get("master_log_file") == end[0] and status.get("read_master_log_pos") == end[1]:
-                return time.perf_counter(), status
+
+        def at_end(status: dict) -> bool:
+            if (status.get("master_log_file"), status.get("read_master_log_pos")) == (end[0], end[1]):
+                return True
             if status.get("last_io_error"):
                 raise ReaderError(f"relay reports an error: {status['last_io_error']}\n{self.log_tail()}")
-            if time.perf_counter() > deadline:
-                raise ReaderError(f"relay did not reach {end} within {timeout}s; last status {status}\n"
-                                  f"{self.log_tail()}")
-            time.sleep(POLL)
+            return False
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                if self.pid is not None and self.pid != self.proc.pid:
-                    try:
-                        os.kill(self.pid, signal.SIGTERM)  # py-spy writes its output when its child ends
-                    except ProcessLookupError:
-                        pass
-                else:
-                    self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait(10)
-            self.proc = None
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            self._log = None
+        status = self.wait_for(at_end, timeout, f"the horizon at {end}")
+        return time.perf_counter(), status
 
     def logged_start(self) -> float | None:
         """perf_counter() value of the relay's "http api listening" log line: right after it, serve()
@@ -544,12 +451,6 @@ class Relay:
             pass
         return None
 
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
 
 def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode: str, timeout: float,
               *, src_root: Path = REPO_ROOT, verify: bool = True, keep_digests: bool = False,
@@ -559,7 +460,7 @@ def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode
     relay = Relay(relay_dir, master, sync_mode=sync_mode, src_root=src_root, py_spy_output=py_spy_output)
     try:
         relay.start()
-        t_done, status = relay.wait_for(backlog.end, timeout)
+        t_done, status = relay.wait_end(backlog.end, timeout)
         mem = proc_status_kb(relay.pid)
     finally:
         relay.stop()
@@ -920,7 +821,7 @@ def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict
     rows = max(1, mb // BIG_ROW_MB)
     try:
         relay.start()
-        relay.wait_for(master_end(master), timeout)
+        relay.wait_end(master_end(master), timeout)
         time.sleep(0.2)
         before = proc_status_kb(relay.pid)
         cleared = True

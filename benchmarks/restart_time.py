@@ -35,7 +35,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import statistics
 import struct
 import subprocess
@@ -46,7 +45,8 @@ import time
 import zlib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
 
 from benchmarks.benchinfo import (  # noqa: E402
     fmt_median_range,
@@ -58,6 +58,7 @@ from benchmarks.benchinfo import (  # noqa: E402
     run_alternating,
 )
 from relayproxy.binlog import constants as C  # noqa: E402
+from relayproxy.lab.relayprocess import RelayProcess, free_port  # noqa: E402
 from relayproxy.relay import RelayStore  # noqa: E402
 from relayproxy.relay import fileindex as FI  # noqa: E402
 from relayproxy.relay import durable as DU  # noqa: E402
@@ -255,12 +256,6 @@ def closed_rows(relay: Path, names: list[str], runs: int) -> list[dict]:
 # -- the whole restart: a relay process and a real client ------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MasterThread:
     """The scripted MySQL 8 master (tests/fakemaster.py) holding the relay's newest file, on its own loop."""
 
@@ -277,19 +272,6 @@ class MasterThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
         self.loop.close()
-
-
-def _wait_listening(port: int, proc: subprocess.Popen, deadline: float, log_path: Path) -> None:
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the relay exited with {proc.returncode} before listening:\n{_tail(log_path)}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the relay did not listen on {port} in time:\n{_tail(log_path)}") from None
-            time.sleep(0.005)
 
 
 def _tail(path: Path, n: int = 20) -> str:
@@ -320,57 +302,52 @@ def relay_start(command: str, relay: Path, names: list[str], work: Path, master_
     tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
     if tool is None:
         raise SystemExit("restart_time: mariadb-binlog (mariadb-client) is needed for the process measurement")
-    listen = free_port()
-    args = [sys.executable, "-m", "relayproxy.commands.cli", "--log-format", "json", "--log-level", "warning",
-            command, "--listen", f"127.0.0.1:{listen}", "--users", f"{USER}:{PASSWORD}:mysql_native_password"]
+    users = ["--users", f"{USER}:{PASSWORD}:mysql_native_password"]
     if command == "run":
-        args += ["--master", f"127.0.0.1:{master_port}", "--user", USER, "--server-id", "100",
-                 "--relay-dir", str(relay), "--gtid-mode", "off", "--ssl-mode", "disabled"]
+        where = {"master_port": master_port, "user": USER, "extra": [*users, "--ssl-mode", "disabled"]}
     else:
-        args += ["--binlog-dir", str(relay)]
+        where = {"command": "serve", "extra": users}
     # Bytecode cached as a pip install leaves it, in the work directory: a PYTHONDONTWRITEBYTECODE environment (this
     # machine's) would otherwise compile every module at every start (~0.2 s here), which no installed relay does.
-    env = {**os.environ, "RELAYPROXY_PASSWORD": PASSWORD, "PYTHONPYCACHEPREFIX": str(work / "pycache")}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = {"PYTHONPYCACHEPREFIX": str(work / "pycache"), "PYTHONDONTWRITEBYTECODE": None}
+    # No --http: the relay starts only what a restart needs; ready means accepting on --listen.
+    proc = RelayProcess(relay, password=PASSWORD, gtid_mode="off" if command == "run" else None,
+                        heartbeat_period=None, reconnect_max_delay=None, http=False, listen=free_port(),
+                        log_level="warning", env=env, log_path=work / f"{command}.log", error=RuntimeError,
+                        **where)
+    listen = proc.listen_port
     out = work / "download"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    log_path = work / f"{command}.log"
+    log_path = proc.log_path
     newest = names[-1]
-    with open(log_path, "ab") as log:
-        began = time.perf_counter()
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        try:
-            _wait_listening(listen, proc, time.monotonic() + 3600, log_path)
-            listening = time.perf_counter() - began
-            done = subprocess.run(
-                [tool, "--read-from-remote-server", "--raw", "-h127.0.0.1", f"-P{listen}", f"-u{USER}",
-                 f"-p{PASSWORD}", f"--result-file={out}/", f"--start-position={start_position}", newest],
-                capture_output=True, text=True, timeout=3600,
-            )
-            served = time.perf_counter() - began
-            if done.returncode != 0:
-                raise RuntimeError(f"mariadb-binlog failed ({done.returncode}): {done.stderr.strip()}\n"
-                                   f"{_tail(log_path)}")
-            got = (out / newest).read_bytes()
-            with open(relay / newest, "rb") as f:
-                f.seek(start_position)
-                want = f.read()
-            if not got.endswith(want) or (start_position == 4 and len(got) != len(want) + 4):
-                raise RuntimeError(f"mariadb-binlog got {len(got)} bytes of {newest}, not the relay's bytes from "
-                                   f"{start_position}")
-            _gtid_purged(listen)
-            purged = time.perf_counter() - began
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    try:
+        proc.start(3600, ready="listen")
+        began = proc.t_spawn
+        listening = proc.t_up - began
+        done = subprocess.run(
+            [tool, "--read-from-remote-server", "--raw", "-h127.0.0.1", f"-P{listen}", f"-u{USER}",
+             f"-p{PASSWORD}", f"--result-file={out}/", f"--start-position={start_position}", newest],
+            capture_output=True, text=True, timeout=3600,
+        )
+        served = time.perf_counter() - began
+        if done.returncode != 0:
+            raise RuntimeError(f"mariadb-binlog failed ({done.returncode}): {done.stderr.strip()}\n"
+                               f"{_tail(log_path)}")
+        got = (out / newest).read_bytes()
+        with open(relay / newest, "rb") as f:
+            f.seek(start_position)
+            want = f.read()
+        if not got.endswith(want) or (start_position == 4 and len(got) != len(want) + 4):
+            raise RuntimeError(f"mariadb-binlog got {len(got)} bytes of {newest}, not the relay's bytes from "
+                               f"{start_position}")
+        _gtid_purged(listen)
+        purged = time.perf_counter() - began
+    finally:
+        returncode = proc.stop(120)
     shutil.rmtree(out, ignore_errors=True)
-    if proc.returncode not in (0, -signal.SIGTERM):
-        raise RuntimeError(f"the relay exited with {proc.returncode}:\n{_tail(log_path)}")
+    if returncode not in (0, -signal.SIGTERM):
+        raise RuntimeError(f"the relay exited with {returncode}:\n{_tail(log_path)}")
     return {"listening": listening, "served": served, "purged": purged}
 
 

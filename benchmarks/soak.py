@@ -29,7 +29,7 @@ value it advertises is durable); closed relay files equal the master's byte for 
 and every file up to the horizon at the end, purged files excepted).
 
 After the chaos: stop the load, converge, compare row counts and CHECKSUM TABLE of every table on the master, the
-direct replica and every relay replica. Then fuzz (``benchmarks/fuzz.py``): the binlog parser (mutated events of
+direct replica and every relay replica. Then fuzz (``relayproxy/lab/fuzz.py``): the binlog parser (mutated events of
 this run's own master binlogs and of the corpus) and the live relay's MySQL port (while a light load runs and the
 replicas keep replicating through the relay: their gtid_slave_pos must advance during fuzzing, the relay process
 must survive, its open file descriptors return to what they were). Then converge and compare every table again.
@@ -50,7 +50,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -61,14 +60,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-for _path in (REPO_ROOT, REPO_ROOT / "benchmarks"):  # run as a plain script from anywhere, or imported by tests
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
 
-import benchinfo  # noqa: E402
-import fanout  # noqa: E402  (its Relay: `relayproxy run --listen` as a subprocess, with an account for replicas)
-import fuzz  # noqa: E402
+from benchmarks import benchinfo  # noqa: E402
+from benchmarks import fanout_common  # noqa: E402  (its Relay: `relayproxy run --listen`, with a replica account)
+from relayproxy.lab import fuzz  # noqa: E402
+from relayproxy.lab.procstat import fd_count  # noqa: E402
 import pymysql  # noqa: E402
 
 from relayproxy.binlog import constants as C  # noqa: E402
@@ -79,9 +77,10 @@ from relayproxy.lab.faultproxy import (
 )
 from relayproxy.lab.sandbox import MariaDBSandbox
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
-REPL_USER, REPL_PASSWORD = fanout.REPL_USER, fanout.REPL_PASSWORD
+REPL_USER, REPL_PASSWORD = fanout_common.REPL_USER, fanout_common.REPL_PASSWORD
 ADMIN_USER, ADMIN_PASSWORD = "soakadmin", "soakadminpw"  # may PURGE the relay's files; the fuzzer never uses it
 ADMIN_TOML = f"""
 [[users]]
@@ -153,29 +152,18 @@ def gtid_at_least(have: str | None, want: str | None) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The relay: fanout.py's `relayproxy run --listen` subprocess, pointed at the fault proxy, resuming by MariaDB GTID.
-class SoakRelay(fanout.Relay):
+# The relay: the fan-out benchmarks' `relayproxy run --listen` (benchmarks/fanout_common.py), pointed at the fault
+# proxy, resuming by MariaDB GTID, with an admin account for PURGE beside the replicas' one.
+class SoakRelay(fanout_common.Relay):
     def __init__(self, work: Path, upstream) -> None:
-        super().__init__(work, upstream)  # `upstream` has .port: the fault proxy in front of the master
-        self.cmd += ["--gtid-mode", "mariadb", "--heartbeat-period", "0.5", "--reconnect-max-delay", "0.5"]
-        config = work / "relay.toml"  # fanout's replica account, plus an admin account for PURGE
-        config.write_text(config.read_text() + ADMIN_TOML)
+        super().__init__(work, upstream, users_toml=fanout_common.USERS_TOML + ADMIN_TOML,  # `upstream`: the proxy
+                         extra=["--gtid-mode", "mariadb", "--heartbeat-period", "0.5", "--reconnect-max-delay", "0.5"])
         self.incarnations = 0
 
     def start(self, timeout: float = 60.0) -> "SoakRelay":
         super().start(timeout)
         self.incarnations += 1
         return self
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
-        self.stop()  # forgets the process and closes its log
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def sql(self, statement: str, timeout: float = 10.0):
         conn = pymysql.connect(host="127.0.0.1", port=self.listen_port, user=ADMIN_USER, password=ADMIN_PASSWORD,
@@ -1088,13 +1076,6 @@ def upstream_errors_logged(relay: SoakRelay, offset: int) -> tuple[dict, str | N
             kinds[str(entry.get("kind"))] += 1
             first = first or str(entry.get("error"))
     return dict(kinds), first
-
-
-def fd_count(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
 
 
 def fault_summary(faults: list[dict]) -> dict[str, dict]:

@@ -141,8 +141,9 @@ def main(argv: list[str]) -> int:
     if args.measure:
         print(json.dumps(measure(args.runs)))
         return 0
-    sys.path.insert(0, str(HERE))
-    from benchinfo import command_line, machine_info, machine_section
+    if not __package__:  # not before: --measure imports the relayproxy of PYTHONPATH (benchmarks/__init__.py)
+        import _bootstrap  # noqa: F401
+    from benchmarks.benchinfo import command_line, machine_info, machine_section
 
     after = run_in(REPO, args.runs)
     before = run_in(args.before, args.runs) if args.before else None

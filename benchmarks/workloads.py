@@ -44,9 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
 
 from pymysql.constants import CLIENT  # noqa: E402
 
@@ -55,6 +54,7 @@ from relayproxy.binlog.reader import scan_file  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"
 BINLOG_MAGIC = C.BINLOG_MAGIC
 MAX_BINLOG_SIZE = 32 << 20  # several files per stream, and files larger than the Spark job's default split

@@ -21,13 +21,10 @@ import pytest
 
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.reader import BinlogScanner, scan_bytes
+from relayproxy.lab import fuzz
 
 REPO = Path(__file__).resolve().parent.parent
 SOAK = REPO / "benchmarks" / "soak.py"
-if str(REPO / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-
-import fuzz  # noqa: E402  (benchmarks/fuzz.py)
 
 MYSQL_FILE = "blackbeam-rust_mysql_common/test-data/binlogs/mysql_type_bit.000001"  # 8.0.26: GTID groups
 MARIA_FILE = "blackbeam-rust_mysql_common/test-data/binlogs/mariadb-bin.000001"  # 10.5.15: MARIA_GTID groups

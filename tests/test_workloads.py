@@ -3,20 +3,16 @@ position and holds the events the shape is about (events over 16 MB, XA prepares
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import workloads
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.reader import scan_file
 from relayproxy.binlog.views import view_event
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-
-import workloads  # noqa: E402
 
 pytestmark = pytest.mark.server
 

@@ -1,0 +1,554 @@
+"""Fan-out with in-process replicas (``benchmarks/fanout.py`` without ``--real``): N asyncio dump clients in this
+process streaming a live OLTP load through relayproxy, against the same N on the master itself (the module
+docstring of benchmarks/fanout.py says what is measured and how).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import shlex
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pymysql
+
+from benchmarks import benchinfo
+from benchmarks.fanout_common import (
+    BINLOG_SEND_ANNOTATE_ROWS_EVENT,
+    MASTER_CONFIG,
+    OLTP_PAD,
+    REPL_PASSWORD,
+    REPL_USER,
+    RESULTS_DIR,
+    Relay,
+    log,
+    machine_info,
+    master_end,
+    percentile,
+)
+from relayproxy.binlog import constants as C
+from relayproxy.binlog.events import HEADER
+from relayproxy.lab.procstat import cpu_seconds, vm_kb
+from relayproxy.lab.sandbox import MariaDBSandbox
+from relayproxy.upstream.connection import UpstreamConnection
+from relayproxy.wire.packets import parse_err
+
+PHASES = ("relay", "direct")
+_header_unpack_from = HEADER.unpack_from
+_gtid_unpack_from = struct.Struct("<QIB").unpack_from
+_u64_unpack_from = struct.Struct("<Q").unpack_from
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer: a separate process, so that the clients' CPU use cannot delay its commit timestamps.
+def writer_main(port: int, rate: float, seconds: float, conn) -> None:
+    db = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", autocommit=True, database="bench")
+    cur = db.cursor()
+    pad_a = ("oltp-autocommit-" * 20)[:OLTP_PAD]
+    pad_b = ("oltp-multi-stmt-" * 20)[:OLTP_PAD]
+    commits: list[tuple[int, float]] = []
+    conn.send("ready")
+    conn.recv()  # go
+    t0 = time.monotonic()
+    interval = 1.0 / rate
+    next_at = t0
+    i = 0
+    end = t0 + seconds
+    while True:
+        now = time.monotonic()
+        if now >= end:
+            break
+        if now < next_at:
+            time.sleep(next_at - now)
+        elif now - next_at > 0.1:
+            next_at = now  # fell behind (a busy machine): keep the rate, do not burst to catch up
+        if i % 2 == 0:
+            cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_a))
+        else:
+            cur.execute("START TRANSACTION")
+            cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_b))
+            cur.execute("UPDATE bench.oltp SET k = k + 1 WHERE id = LAST_INSERT_ID()")
+            cur.execute("COMMIT")
+        t_commit = time.monotonic()
+        cur.execute("SELECT @@last_gtid")
+        gtid = cur.fetchone()[0]
+        commits.append((int(gtid.rsplit("-", 1)[1]), t_commit))
+        i += 1
+        next_at += interval
+    db.close()
+    conn.send({"t0": t0, "t_end": time.monotonic(), "commits": commits})
+    conn.close()
+
+
+class Writer:
+    def __init__(self, port: int, rate: float, seconds: float) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=writer_main, args=(port, rate, seconds, child), daemon=True)
+        self.proc.start()
+        child.close()
+        if self.parent.recv() != "ready":
+            raise RuntimeError("writer did not start")
+
+    def go(self) -> None:
+        self.parent.send("go")
+
+    async def result(self) -> dict:
+        loop = asyncio.get_running_loop()
+        got = await loop.run_in_executor(None, self.parent.recv)
+        self.proc.join(10)
+        return got
+
+
+# ---------------------------------------------------------------------------------------------
+# The dump clients
+class DumpClient:
+    """One replica: connect, register, dump from (file, pos); check positions; note each XID's arrival."""
+
+    def __init__(self, index: int, port: int, start: tuple[str, int]) -> None:
+        self.index = index
+        self.server_id = 1000 + index
+        self.port = port
+        self.file, self.pos = start
+        self.events = 0
+        self.bytes = 0
+        self.arrivals: list[tuple[int, float]] = []  # (GTID seq_no, monotonic arrival) per XID
+        self.errors: list[str] = []
+        self.conn: UpstreamConnection | None = None
+        self.ready = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    async def setup(self) -> None:
+        conn = await UpstreamConnection.connect("127.0.0.1", self.port, REPL_USER, REPL_PASSWORD, ssl_mode="disabled",
+                                                connect_timeout=60)
+        self.conn = conn
+        await conn.query("SET @master_binlog_checksum=@@global.binlog_checksum")
+        await conn.query("SET @mariadb_slave_capability=4")
+        await conn.register_slave(self.server_id)
+        await conn.binlog_dump(self.file, self.pos, self.server_id, flags=BINLOG_SEND_ANNOTATE_ROWS_EVENT)
+
+    async def run(self) -> None:
+        try:
+            await self.setup()
+        except Exception as exc:  # noqa: BLE001 - reported, the others go on
+            self.errors.append(f"setup: {exc!r}")
+            self.ready.set()
+            return
+        self.ready.set()
+        conn = self.conn
+        monotonic = time.monotonic
+        arrivals = self.arrivals
+        file, pos = self.file, self.pos
+        seq = None
+        events = nbytes = 0
+        try:
+            while True:
+                batch = await conn.read_packets()
+                now = monotonic()
+                for p in batch:
+                    if p[0] != 0:
+                        if p[0] == 0xFF:
+                            raise parse_err(p)
+                        raise RuntimeError(f"unexpected packet 0x{p[0]:02x} ({len(p)} bytes) at {file}:{pos}")
+                    _ts, type_code, _sid, size, log_pos, flags = _header_unpack_from(p, 1)
+                    events += 1
+                    nbytes += size
+                    if size != len(p) - 1:
+                        raise RuntimeError(f"event size {size} but payload {len(p) - 1} at {file}:{pos}")
+                    if type_code == 4:  # ROTATE: the next event is at this position of that file
+                        file = bytes(p[28:size + 1 - 4]).decode()  # 8-byte position, name, CRC32
+                        pos = _u64_unpack_from(p, 20)[0]
+                        continue
+                    if flags & C.LOG_EVENT_ARTIFICIAL_F or log_pos == 0 or type_code in (27, 41):
+                        continue  # fake events (and heartbeats) have no place in the file
+                    if type_code == 15 and log_pos - size != pos:
+                        continue  # the file's FDE, sent again at the start of a dump from inside the file
+                    if log_pos - size != pos:
+                        raise RuntimeError(f"event at {file}:{log_pos - size} (type {type_code}, {size} bytes) "
+                                           f"but the previous one ended at {pos}")
+                    pos = log_pos
+                    if type_code == 162:  # MARIA_GTID
+                        seq = _gtid_unpack_from(p, 20)[0]
+                    elif type_code == 16:  # XID: the transaction's end
+                        arrivals.append((seq, now))
+                self.file, self.pos = file, pos
+                self.events, self.bytes = events, nbytes
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported
+            self.errors.append(f"{file}:{pos}: {exc!r}")
+        finally:
+            self.file, self.pos = file, pos
+            self.events, self.bytes = events, nbytes
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except asyncio.CancelledError:
+                pass
+        if self.conn is not None:
+            self.conn.abort()
+
+
+async def run_phase(name: str, master: MariaDBSandbox, port: int, n: int, rate: float, seconds: float,
+                    relay: Relay | None, drain_timeout: float) -> dict:
+    start = master_end(master)
+    if relay is not None:
+        relay.wait_at(start, poll=0.02)
+    writer = Writer(master.port, rate, seconds)
+    clients = [DumpClient(i, port, start) for i in range(n)]
+    relay_cpu0 = cpu_seconds(relay.pid) if relay else None
+    master_cpu0 = cpu_seconds(master.pid)
+    self_cpu0 = cpu_seconds(os.getpid())
+    t_connect = time.monotonic()
+    for c in clients:
+        c.start()
+    await asyncio.gather(*(c.ready.wait() for c in clients))
+    connect_seconds = time.monotonic() - t_connect
+    failed_setup = [c.index for c in clients if c.errors]
+    if failed_setup:
+        log(f"{name}: {len(failed_setup)} clients failed to start: {clients[failed_setup[0]].errors}")
+    rss_connected = vm_kb(relay.pid, "VmRSS") if relay else None
+    await asyncio.sleep(0.5)
+    log(f"{name}: {n} clients dumping from {start[0]}:{start[1]} (connected in {connect_seconds:.2f} s); "
+        f"writing {rate:g} trx/s for {seconds:g} s")
+    writer.go()
+    w = await writer.result()
+    end = master_end(master)
+    # Wait until every client has everything up to the master's final position.
+    deadline = time.monotonic() + drain_timeout
+    while time.monotonic() < deadline:
+        if all((c.file, c.pos) == end or c.errors for c in clients):
+            break
+        await asyncio.sleep(0.01)
+    t_done = time.monotonic()
+    relay_cpu1 = cpu_seconds(relay.pid) if relay else None
+    master_cpu1 = cpu_seconds(master.pid)
+    self_cpu1 = cpu_seconds(os.getpid())
+    relay_mem = {"VmHWM": vm_kb(relay.pid, "VmHWM"), "VmRSS": vm_kb(relay.pid, "VmRSS")} if relay else {}
+    for c in clients:
+        await c.stop()
+    not_converged = [{"client": c.index, "at": [c.file, c.pos], "errors": c.errors}
+                     for c in clients if (c.file, c.pos) != end or c.errors]
+
+    commit_at = dict(w["commits"])
+    lags: list[float] = []
+    per_client_p99: list[float] = []
+    missing = 0
+    for c in clients:
+        mine = [(t - commit_at[s]) for s, t in c.arrivals if s in commit_at]
+        missing += len(commit_at) - len(mine)
+        mine.sort()
+        if mine:
+            per_client_p99.append(percentile(mine, 99))
+        lags.extend(mine)
+    lags.sort()
+    t_first = w["t0"]
+    wall = t_done - t_first
+    events = sum(c.events for c in clients)
+    nbytes = sum(c.bytes for c in clients)
+    last_commit = max(t for _, t in w["commits"]) if w["commits"] else w["t_end"]
+    phase = {
+        "target": name,
+        "clients": n,
+        "start": list(start),
+        "end": list(end),
+        "transactions": len(w["commits"]),
+        "writer_rate": round(len(w["commits"]) / (w["t_end"] - w["t0"]), 1),
+        "connect_seconds": round(connect_seconds, 3),
+        "wall_seconds": round(wall, 3),
+        "drain_seconds": round(t_done - last_commit, 3),
+        "lag_samples": len(lags),
+        "lag_missing": missing,
+        "lag_ms": {k: round(percentile(lags, q) * 1000, 2) for k, q in
+                   (("p50", 50), ("p90", 90), ("p99", 99))} | {"max": round(lags[-1] * 1000, 2) if lags else None,
+                                                              "mean": round(statistics.fmean(lags) * 1000, 2)
+                                                              if lags else None},
+        "worst_client_p99_ms": round(max(per_client_p99) * 1000, 2) if per_client_p99 else None,
+        "events": events,
+        "bytes": nbytes,
+        "events_per_s": round(events / wall),
+        "mb_per_s": round(nbytes / 1e6 / wall, 3),
+        "client_cpu_seconds": round(self_cpu1 - self_cpu0, 2),
+        "client_cpu_pct": round(100 * (self_cpu1 - self_cpu0) / wall, 1),
+        "master_cpu_seconds": round(master_cpu1 - master_cpu0, 2) if master_cpu0 is not None and master_cpu1 else None,
+        "master_cpu_pct": round(100 * (master_cpu1 - master_cpu0) / wall, 1)
+        if master_cpu0 is not None and master_cpu1 else None,
+        "not_converged": not_converged,
+        "converged": len(clients) - len(not_converged),
+        "lag_cdf_ms": [round(percentile(lags, q) * 1000, 3) for q in range(0, 101)] if lags else [],
+    }
+    if relay is not None:
+        phase |= {
+            "relay_cpu_seconds": round(relay_cpu1 - relay_cpu0, 2),
+            "relay_cpu_pct": round(100 * (relay_cpu1 - relay_cpu0) / wall, 1),
+            "relay_vmhwm_kb": relay_mem.get("VmHWM"),
+            "relay_rss_end_kb": relay_mem.get("VmRSS"),
+            "relay_rss_connected_kb": rss_connected,
+        }
+    log(f"{name}: {len(w['commits'])} trx at {phase['writer_rate']} trx/s; lag p50 {phase['lag_ms']['p50']} ms "
+        f"p99 {phase['lag_ms']['p99']} ms max {phase['lag_ms']['max']} ms; {phase['events_per_s']:,} ev/s "
+        f"{phase['mb_per_s']} MB/s; converged {phase['converged']}/{n}; client CPU {phase['client_cpu_pct']} %")
+    return phase
+
+
+def summarize_py_spy(raw: Path, top: int = 15) -> dict:
+    """Self and inclusive shares of the relay's non-idle samples from a py-spy raw (collapsed) file."""
+    self_counts: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = idle = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        k = int(count)
+        frames = [f for f in stack.split(";") if not f.startswith(("thread ", "process "))]
+        if not frames:
+            continue
+        leaf = frames[-1]
+        if any(s in leaf for s in ("select (selectors", "epoll", "_run_once (asyncio", "run_forever", "wait (threading",
+                                   "_worker (concurrent")) and "send" not in leaf:
+            if "select" in leaf or "wait" in leaf or "_worker" in leaf:
+                idle += k
+                continue
+        total += k
+        self_counts[_short(leaf)] = self_counts.get(_short(leaf), 0) + k
+        for f in {_short(f) for f in frames}:
+            incl[f] = incl.get(f, 0) + k
+    rank = lambda d: [{"function": f, "share": round(v / total, 4)} for f, v in  # noqa: E731
+                      sorted(d.items(), key=lambda kv: -kv[1])[:top]]
+    return {"busy_samples": total, "idle_samples": idle, "self": rank(self_counts), "inclusive": rank(incl)}
+
+
+def _short(frame: str) -> str:
+    # "func (path/to/module.py:123)" -> "func (module.py)"
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    return f"{name} ({Path(where.rsplit(':', 1)[0]).name})" if where else name
+
+
+# ---------------------------------------------------------------------------------------------
+def ratios(report: dict) -> dict:
+    r, d = report["phases"].get("relay"), report["phases"].get("direct")
+    if not r or not d:
+        return {}
+    out = {f"lag_{k}": (round(r["lag_ms"][k] / d["lag_ms"][k], 3) if d["lag_ms"][k] else None)
+           for k in ("p50", "p90", "p99", "max")}
+    out["events_per_s"] = round(r["events_per_s"] / d["events_per_s"], 3) if d["events_per_s"] else None
+    out["mb_per_s"] = round(r["mb_per_s"] / d["mb_per_s"], 3) if d["mb_per_s"] else None
+    out["drain_seconds"] = round(r["drain_seconds"] / d["drain_seconds"], 3) if d["drain_seconds"] else None
+    return out
+
+
+def write_markdown(path: Path, report: dict, notes: str | None) -> None:
+    ph = report["phases"]
+    rt = report["ratios"]
+    n = report["replicas"]
+    out = [
+        "# Fan-out: N replicas of a live OLTP load through relayproxy vs. directly on the master",
+        "",
+        "Command:",
+        "",
+        f"    {report['command']}",
+        "",
+        f"{n} in-process dump clients (asyncio `UpstreamConnection`s in one event loop) follow a MariaDB master that "
+        f"takes {report['rate']:g} transactions/s for {report['seconds']:g} s (alternating autocommit INSERT and "
+        "INSERT+UPDATE transactions, ~150-byte row events, ANNOTATE_ROWS asked for). Phase `relay`: the clients "
+        "dump from `relayproxy run --listen` (default settings: sync-mode transaction, CRC32 verified), which "
+        "replicates from the master. Phase `direct`: relay stopped, the same clients dump from the master itself "
+        "(the ratio base). Each phase starts its clients at the master's end position and ends when every client "
+        "has received up to the master's final position. Lag = arrival of a transaction's XID at a client - "
+        "the moment the writer's COMMIT returned (writer in its own process; `time.monotonic()` in both), over "
+        "every (client, transaction) pair. Throughput is what all clients together received over the phase "
+        "(first write to last client converged): with a fixed write rate it is the load times N, not a "
+        "saturation figure; the drain time (last commit -> every client has it) shows headroom.",
+        "",
+        "**Absolute numbers on a shared 2-core machine are noise** (master, relay, writer and all clients share "
+        "two cores, and other benchmarks may run); the relay/direct ratios of one run are the result.",
+        "",
+        "| | relay | direct (master) | relay / direct |",
+        "|---|---:|---:|---:|",
+    ]
+
+    def row(label, key, fmt="{}", ratio=None):
+        vals = [ph[p].get(key) if p in ph else None for p in PHASES]
+        cells = [fmt.format(v) if v is not None else "-" for v in vals]
+        out.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio if ratio is not None else ''} |")
+
+    def lagrow(label, k):
+        vals = [ph[p]["lag_ms"][k] if p in ph else None for p in PHASES]
+        out.append(f"| {label} | {vals[0]:.1f} | {vals[1]:.1f} | {rt.get('lag_' + k, '-')} |"
+                   if None not in vals else f"| {label} | {vals[0]} | {vals[1]} | |")
+
+    row("clients converged", "converged", "{:,}")
+    row("transactions written", "transactions", "{:,}")
+    row("writer rate achieved (trx/s)", "writer_rate")
+    for k in ("p50", "p90", "p99", "max"):
+        lagrow(f"lag {k} (ms)", k)
+    row("worst client's p99 lag (ms)", "worst_client_p99_ms", "{:.1f}")
+    row("events delivered / s (all clients)", "events_per_s", "{:,}", rt.get("events_per_s"))
+    row("MB/s delivered (all clients)", "mb_per_s", "{:.2f}", rt.get("mb_per_s"))
+    row("drain: last commit -> all clients have it (s)", "drain_seconds", "{:.3f}", rt.get("drain_seconds"))
+    row("clients connect + dump start (s)", "connect_seconds", "{:.2f}")
+    row("relay CPU (s user+sys)", "relay_cpu_seconds", "{:.2f}")
+    row("relay CPU (% of one core)", "relay_cpu_pct", "{:.1f}")
+    row("relay peak RSS VmHWM (MB)", "relay_vmhwm_mb", "{:.1f}")
+    row("relay RSS with clients connected, before load (MB)", "relay_rss_connected_mb", "{:.1f}")
+    row("mariadbd CPU (% of one core)", "master_cpu_pct", "{:.1f}")
+    row("benchmark process (clients) CPU (% of one core)", "client_cpu_pct", "{:.1f}")
+    out.append("")
+    bad = {p: ph[p]["not_converged"] for p in ph if ph[p]["not_converged"]}
+    if bad:
+        out += ["**Clients that did not reach the master's final position:**", "", "```",
+                json.dumps(bad, indent=1)[:4000], "```", ""]
+    else:
+        out += ["Every client of both phases reached the master's final position with continuous positions.", ""]
+    prof = report.get("profile")
+    if prof and "self" in prof:
+        out += [f"## Where the relay's CPU goes (py-spy, relay phase, {prof['busy_samples']:,} busy samples)", "",
+                "| function (self) | share | | function (inclusive) | share |", "|---|---:|---|---|---:|"]
+        for a, b in zip(prof["self"], prof["inclusive"]):
+            out.append(f"| `{a['function']}` | {a['share']:.1%} | | `{b['function']}` | {b['share']:.1%} |")
+        out.append("")
+    if notes:
+        out += [notes.rstrip(), ""]
+    out += ["![lag percentiles](fanout.png)", ""]
+    out += benchinfo.machine_section(report["machine"])
+    path.write_text("\n".join(out))
+
+
+def write_plot(path: Path, report: dict) -> bool:
+    plt = benchinfo.pyplot()
+    if plt is None:
+        return False
+    ph = report["phases"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    keys = ["p50", "p90", "p99", "max"]
+    colors = {"relay": "#c44e52", "direct": "#4c72b0"}
+    labels = {"relay": "through relayproxy", "direct": "direct from mariadbd"}
+    width = 0.38
+    for j, p in enumerate(PHASES):
+        if p not in ph:
+            continue
+        vals = [ph[p]["lag_ms"][k] for k in keys]
+        xs = [i + (j - 0.5) * width for i in range(len(keys))]
+        bars = ax1.bar(xs, vals, width, color=colors[p], label=labels[p])
+        for b, v in zip(bars, vals):
+            ax1.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
+        cdf = ph[p]["lag_cdf_ms"]
+        if cdf:
+            ax2.plot(cdf, list(range(len(cdf))), color=colors[p], label=labels[p])
+    ax1.set_xticks(range(len(keys)), keys)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("lag, ms (log)")
+    ax1.set_title(f"lag percentiles, {report['replicas']} replicas, {report['rate']:g} trx/s", fontsize=9)
+    ax1.legend(fontsize=8)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("lag, ms (log)")
+    ax2.set_ylabel("percentile")
+    ax2.set_title("lag distribution over all (client, transaction) pairs", fontsize=9)
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+async def measure(args, master: MariaDBSandbox, work: Path, phases: list[str]) -> dict:
+    report: dict = {"phases": {}}
+    for name in phases:
+        if name == "relay":
+            spy = work / "py-spy.txt" if args.py_spy else None
+            relay = Relay(work, master, spy).start()
+            try:
+                report["phases"]["relay"] = await run_phase("relay", master, relay.listen_port, args.replicas,
+                                                            args.rate, args.seconds, relay, args.drain_timeout)
+            finally:
+                relay.stop()
+            if spy is not None:
+                try:
+                    report["profile"] = summarize_py_spy(spy)
+                except OSError as exc:
+                    report["profile"] = {"error": str(exc)}
+        else:
+            report["phases"]["direct"] = await run_phase("direct", master, master.port, args.replicas, args.rate,
+                                                         args.seconds, None, args.drain_timeout)
+    for p in report["phases"].values():
+        for k in ("relay_vmhwm_kb", "relay_rss_connected_kb"):
+            if p.get(k):
+                p[k.replace("_kb", "_mb")] = round(p[k] / 1024, 1)
+    return report
+
+
+def main(args, argv: list[str]) -> int:
+    """The in-process benchmark for benchmarks/fanout.py's parsed arguments; the exit status."""
+    if args.render is not None:
+        report = json.loads(args.render.read_text())
+        out_dir = args.output_dir or RESULTS_DIR
+        write_markdown(out_dir / "fanout.md", report, args.notes.read_text() if args.notes else None)
+        write_plot(out_dir / "fanout.png", report)
+        return 0
+    from relayproxy.log import configure_logging
+
+    configure_logging(fmt="json", level="warning")
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    for p in phases:
+        if p not in PHASES:
+            raise SystemExit(f"unknown phase {p!r}")
+    work = Path(tempfile.mkdtemp(prefix="rp-fanout-", dir=args.workdir))
+    master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
+    try:
+        log(f"starting the master in {work}")
+        master.start()
+        master.create_user(REPL_USER, REPL_PASSWORD)
+        master.execute("CREATE DATABASE IF NOT EXISTS bench")
+        master.execute("CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
+                       "c VARCHAR(255) NOT NULL) ENGINE=InnoDB")
+        body = asyncio.run(measure(args, master, work, phases))
+    finally:
+        try:
+            master.stop()
+        except Exception as exc:  # noqa: BLE001
+            log(f"could not stop the master: {exc}")
+        shutil.rmtree(work, ignore_errors=True)
+    report = {"quick": args.quick, "replicas": args.replicas, "seconds": args.seconds, "rate": args.rate, **body}
+    report["ratios"] = ratios(report)
+    report["all_converged"] = all(not p["not_converged"] for p in report["phases"].values())
+    report["machine"] = machine_info()
+    report["command"] = ".venv/bin/python benchmarks/fanout.py" + ("".join(" " + shlex.quote(a) for a in argv))
+    if args.save_json is not None:
+        args.save_json.write_text(json.dumps(report, indent=1))
+    out_dir = args.output_dir if args.output_dir is not None else (None if args.quick else RESULTS_DIR)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_markdown(out_dir / "fanout.md", report, args.notes.read_text() if args.notes else None)
+        write_plot(out_dir / "fanout.png", report)
+        log(f"wrote {out_dir / 'fanout.md'}")
+    if args.json:
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        for name, p in report["phases"].items():
+            print(f"{name:7s} lag ms {p['lag_ms']}  {p['events_per_s']:,} ev/s {p['mb_per_s']} MB/s  "
+                  f"converged {p['converged']}/{p['clients']}")
+        print("relay/direct:", report["ratios"])
+    if not report["all_converged"]:
+        log("FAILED: some clients did not reach the master's final position: "
+            + json.dumps({k: p["not_converged"] for k, p in report["phases"].items() if p["not_converged"]})[:2000])
+        return 1
+    return 0
+
