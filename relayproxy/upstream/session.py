@@ -353,11 +353,16 @@ class UpstreamSession:
         if isinstance(exc, MySQLError):
             text = f"error {exc.code} from master: {exc.message}"
         elif isinstance(exc, asyncio.TimeoutError) and self.status.state == "connecting":
-            waited = setup_read_timeout(self.master.heartbeat_period, self.cfg.connect_timeout)
-            who = "the peer relay" if self._peer is not None else "master"
-            text = (f"{who} {self.master.address} did not answer within the connect timeout or {waited:g} s while "
-                    "the relay set up replication (before its stream began): a frozen server or a lost host, "
-                    "treated as gone")
+            if self._peer is not None:
+                waited = peer_read_timeout(self.master.heartbeat_period, self.cfg.connect_timeout)
+                text = (f"peer relay {self.master.address} silent for more than {waited:g} s while the relay "
+                        "compared its horizon file or waited for the stream to begin (a frozen relay or a lost "
+                        "host): treated as gone")
+            else:
+                waited = setup_read_timeout(self.master.heartbeat_period, self.cfg.connect_timeout)
+                text = (f"master {self.master.address} silent for more than {waited:g} s (or the connect timeout) "
+                        "while the relay set up replication, before its stream began (a frozen server or a lost "
+                        "host): treated as gone")
         elif isinstance(exc, asyncio.TimeoutError):
             text = (f"master {self.master.address} silent for more than two heartbeat periods (or connect timeout): "
                     "treated as gone")
