@@ -1,7 +1,7 @@
 """Scenario 4: crash safety of the relay with a real MariaDB master and a MariaDB replica through it.
 
 - side by side: a direct MariaDB replica with relay_log_recovery=1 (its SQL thread lagging) and the relay,
-  kill -9 at the same moment mid a 12 MB transaction: the direct replica throws away every relay-log byte its SQL
+  kill -9 at the same moment mid a 24 MB transaction: the direct replica throws away every relay-log byte its SQL
   thread had not applied and downloads it again from the master; the relay keeps every complete transaction it had
   (a byte-identical prefix of the master's files) and fetches only the unfinished one again;
 - kill -9 of the relay at random points (under load, right after a restart, while the replica's dump catches up);
@@ -183,7 +183,7 @@ def _prefix_digests(relay_dir: Path) -> dict[str, bytes]:
 
 @pytest.mark.server
 def test_side_by_side_kill9_direct_replica_with_relay_log_recovery_and_relay(mariadb, relays):
-    """The usual stack and the relay, killed at the same moment mid-load, mid a 12 MB transaction, after the direct
+    """The usual stack and the relay, killed at the same moment mid-load, mid a 24 MB transaction, after the direct
     replica's SQL thread lagged (its IO thread kept receiving): a direct MariaDB replica (GTID, relay_log_recovery=1)
     throws away every relay-log byte its SQL thread had not applied and downloads it again from the master; the relay
     keeps its files up to its durable horizon (a byte-identical prefix of the master's files) and fetches only the cut
@@ -312,7 +312,7 @@ def test_side_by_side_kill9_direct_replica_with_relay_log_recovery_and_relay(mar
 @pytest.mark.server
 def test_relay_kill9_at_random_points_nothing_lost(mariadb, relays):
     """kill -9 at random moments under load, right after a restart, while the replica's dump catches up on a
-    backlog, and with part of a 12 MB transaction on disk (recovery must cut it): after each restart the horizon is at least where it was (kill -9 keeps every written byte, so nothing
+    backlog, and with part of a 24 MB transaction on disk (recovery must cut it): after each restart the horizon is at least where it was (kill -9 keeps every written byte, so nothing
     good is thrown away), the replica never has more than the relay advertised, and at the end the replica equals
     the master (every Writer transaction exactly once) and the relay files equal the master's."""
     rng = _rng("kill9")
@@ -374,15 +374,16 @@ def test_relay_kill9_at_random_points_nothing_lost(mariadb, relays):
     assert replica.execute("SELECT COUNT(*), SUM(LENGTH(b)) FROM app.big")[0] == (big_id - 1, (big_id - 1) * BIG_ROW_BYTES)
 
 
-BIG_ROWS = 8
+BIG_ROWS = 16
 BIG_ROW_BYTES = 1_500_000
 _big_threads: list[threading.Thread] = []
 
 
 def _start_big_transaction_and_wait_for_its_tail(master, relay, first_id: int) -> float:
-    """Commit a 12 MB transaction (8 row events of 1.5 MB: each is written straight to the relay file, not
-    buffered) from a thread, and return once the relay's newest file holds 2 MB more than before: the relay has
-    part of the transaction on disk and not its end, so a kill now leaves a partial group for recovery to cut."""
+    """Commit a 24 MB transaction (16 row events of 1.5 MB: each is written straight to the relay file, not
+    buffered) from a thread, and return once the relay's newest file holds 2 MB more than before, with the relay
+    frozen (SIGSTOP) at that moment: it has part of the transaction on disk and not its end, so the kill the caller
+    sends next leaves a partial group for recovery to cut."""
 
     def commit() -> None:
         conn = master.connect()
@@ -417,6 +418,9 @@ def _start_big_transaction_and_wait_for_its_tail(master, relay, first_id: int) -
             path = relay.relay_dir / name
         try:
             if path.stat().st_size - base >= 2 << 20:
+                # Frozen at once: on a quiet machine the relay takes the rest of the transaction in a few ms, and
+                # the callers' kill came too late once in CI (the relay had all of it: nothing to cut).
+                os.kill(relay.proc.pid, signal.SIGSTOP)
                 break
         except FileNotFoundError:
             pass
