@@ -28,18 +28,10 @@ try:
 except ImportError:  # built without a compiler: PyWorker serves
     CWorker = None
 
-_forced_off = False  # tests: the Python worker
-
 
 def native() -> bool:
-    """Whether the fsync thread is the C one (False: ``PyWorker``, without the extension or forced in tests)."""
-    return CWorker is not None and not _forced_off
-
-
-def force_pure_python(off: bool) -> None:
-    """Tests: sync through ``PyWorker`` (``off``) or through the C thread again."""
-    global _forced_off
-    _forced_off = off
+    """Whether the fsync thread is the C one (False: ``PyWorker``, without the extension)."""
+    return CWorker is not None
 
 
 class PyWorker:
@@ -153,7 +145,7 @@ class PyWorker:
 
 
 def new_worker():
-    """The fsync thread: the C one when built (and not forced off), else ``PyWorker``. Tests patch this."""
+    """The fsync thread: the C one when built, else ``PyWorker``. Tests patch this."""
     return CWorker() if native() else PyWorker()
 
 
@@ -227,10 +219,6 @@ class NativeFsync:
         job.finished = True
         job.ticket.native_done(errno_, stage, seconds)
         return job
-
-    @property
-    def busy(self) -> bool:
-        return self._job is not None
 
     def close(self) -> None:
         """Stop the thread (a job out ends first; it is completed here)."""
