@@ -38,8 +38,8 @@ setup: python-env
 # Installs with apt only what is missing: mariadb-server when there is no mariadbd, python3 / python3-venv
 # when there is no python >= 3.11 able to create a venv, a Java runtime for PySpark when there is no java,
 # docker-compose (Debian's v1, without the Docker engine
-# it recommends: tests/test_docker.py only validates the compose files) when there is no docker-compose, and
-# MHA 0.58 (mha4mysql-manager, mha4mysql-node) with openssh-server for tests/test_mha.py, which runs MHA for real
+# it recommends: tests/project/test_docker.py only validates the compose files) when there is no docker-compose, and
+# MHA 0.58 (mha4mysql-manager, mha4mysql-node) with openssh-server for tests/scenarios/test_mha.py, which runs MHA for real
 # over its own private sshd on a free port (on a machine with systemd, apt also starts the package's own sshd).
 # Root runs apt directly, others through sudo.
 system-packages:

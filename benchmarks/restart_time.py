@@ -14,7 +14,7 @@ Four measurements, each the median of 3 (``--runs``):
   --raw`` client has received the newest file (ROTATE, FORMAT_DESCRIPTION and every event, verified byte for byte
   against the file), and until a ``SELECT @@GLOBAL.gtid_purged`` (what a MySQL auto-position replica's dump start
   computes) is answered; with the checkpoint and indexes, and with both removed. The master is the scripted MySQL 8
-  master of the tests (``tests/fakemaster.py``) holding the relay's newest file, in a thread of this process: the
+  master of the tests (``tests/support/fakemaster.py``) holding the relay's newest file, in a thread of this process: the
   relay's files are MySQL 8 binlogs, which no MariaDB sandbox master can serve, and with it the relay resumes from
   its horizon against a master whose bytes match, as after a real restart. With ``--serve``, once per size, also
   ``relayproxy serve`` (read-only serving, which scans every file by design) until the same client is served.
@@ -65,7 +65,7 @@ from relayproxy.relay import durable as DU  # noqa: E402
 from relayproxy.relay.catalog import FileCatalog  # noqa: E402
 from relayproxy.relay.checkpoint import CHECKPOINT_NAME  # noqa: E402
 from tests import eventgen as E  # noqa: E402
-from tests.fakemaster import FakeMySQLMaster  # noqa: E402
+from tests.support.fakemaster import FakeMySQLMaster  # noqa: E402
 
 SID = bytes(range(16))
 ROW = 64 << 10
@@ -257,7 +257,7 @@ def closed_rows(relay: Path, names: list[str], runs: int) -> list[dict]:
 
 
 class MasterThread:
-    """The scripted MySQL 8 master (tests/fakemaster.py) holding the relay's newest file, on its own loop."""
+    """The scripted MySQL 8 master (tests/support/fakemaster.py) holding the relay's newest file, on its own loop."""
 
     def __init__(self, name: str, data: bytes):
         self.loop = asyncio.new_event_loop()
@@ -429,7 +429,7 @@ def render(rows: list[dict], argv: list[str], runs: int) -> list[str]:
             "",
             "`relayproxy run --listen` spawned on the relay directory (after a clean stop: checkpoint and indexes "
             "present; *without*: both removed before the spawn; the two alternate in order from run to run), its "
-            "master the scripted MySQL master of the tests (`tests/fakemaster.py`, in a thread of the benchmark) "
+            "master the scripted MySQL master of the tests (`tests/support/fakemaster.py`, in a thread of the benchmark) "
             "holding the relay's newest file, so the relay resumes from its horizon against bytes that match, as "
             "after a real restart (no MariaDB sandbox master can serve MySQL files). Seconds from `Popen` to: "
             "*listening* (a TCP connect to `--listen` succeeds, polled every 5 ms); *newest file served* (then a "

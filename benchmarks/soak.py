@@ -35,7 +35,7 @@ replicas keep replicating through the relay: their gtid_slave_pos must advance d
 must survive, its open file descriptors return to what they were). Then converge and compare every table again.
 
     .venv/bin/python benchmarks/soak.py --minutes 10 --seed 1 --fuzz-inputs 100000 --output benchmarks/results/soak.md
-    .venv/bin/python benchmarks/soak.py --minutes 0.75 --fuzz-inputs 3000 --json     # what tests/test_soak.py runs
+    .venv/bin/python benchmarks/soak.py --minutes 0.75 --fuzz-inputs 3000 --json     # what tests/benchmarks/test_soak.py runs
 
 Exit status 0 when every fault survived, every invariant held, every table matched and the fuzzers found nothing.
 """

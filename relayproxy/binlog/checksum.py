@@ -9,7 +9,7 @@ import zlib
 from .constants import CHECKSUM_LEN
 
 try:  # ISA-L's CRC32 (SIMD, ~10x zlib's on 8 KB events, ~3x on 150-byte ones): the same function, same values
-    if os.environ.get("RELAYPROXY_PURE_PYTHON") == "1":  # the build without compiled extras (tests/test_pure_python.py)
+    if os.environ.get("RELAYPROXY_PURE_PYTHON") == "1":  # the build without compiled extras (tests/project/test_pure_python.py)
         raise ImportError("RELAYPROXY_PURE_PYTHON=1")
     from isal.isal_zlib import crc32 as _isal_crc32
 except ImportError:  # no wheel for this platform: zlib's

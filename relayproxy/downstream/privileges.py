@@ -35,7 +35,7 @@ class Action:
 
 
 # The servers' names are those of their ER_SPECIFIC_ACCESS_DENIED_ERROR texts (MariaDB 10.11 checked against a
-# real server in tests/test_privileges.py; MySQL 8.0's from its documentation and sql_parse.cc).
+# real server in tests/downstream/test_privileges.py; MySQL 8.0's from its documentation and sql_parse.cc).
 DUMP = Action(REPLICATION_SLAVE, "REPLICATION SLAVE", "REPLICATION SLAVE")  # COM_BINLOG_DUMP[_GTID]
 REGISTER = DUMP  # COM_REGISTER_SLAVE
 SHOW_REPLICA_STATUS = Action(REPLICATION_CLIENT, "SUPER, REPLICATION CLIENT", "SUPER, SLAVE MONITOR")

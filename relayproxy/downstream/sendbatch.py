@@ -10,7 +10,7 @@ part is written; what a socket did not take (full, or an error) is handed to its
 the rest or reports the error in its own way, exactly as if it had been given the whole write.
 
 Without the C extension (no compiler at install time, or ``RELAYPROXY_PURE_PYTHON=1`` in the environment: the
-pure-Python build, which tests/test_pure_python.py runs in every ``make test``) ``available()`` is False and the
+pure-Python build, which tests/project/test_pure_python.py runs in every ``make test``) ``available()`` is False and the
 pass writes through the transports as before; the tests run both.
 """
 

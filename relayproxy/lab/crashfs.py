@@ -22,7 +22,7 @@ in the code under test swallows it) before it does anything; every later call ra
   files is free in a real kernel, so a small file written after a big one may survive while the big one does not.
 
 Files present when the layer is installed count as synced (install it on an empty or cleanly closed directory).
-The directory itself must exist before (``mkdir`` is not modelled). Used by tests (tests/test_crash_simulation.py);
+The directory itself must exist before (``mkdir`` is not modelled). Used by tests (tests/relay/test_crash_simulation.py);
 the runtime never imports it.
 """
 

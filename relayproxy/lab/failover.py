@@ -1,6 +1,6 @@
 """The failover topology on real servers: build it, kill the master mid-transaction, promote, repoint the relay.
 
-Used by tests/test_scenario_failover.py, `relayproxy demo` (act 2) and the failover benchmark::
+Used by tests/scenarios/test_scenario_failover.py, `relayproxy demo` (act 2) and the failover benchmark::
 
     M1 ─link─ relayproxy ─┬─ R2  by GTID       (MASTER_USE_GTID=slave_pos)
      │   (run --listen)   └─ R3  by file/pos   (MASTER_LOG_FILE=<relay's first file>, MASTER_USE_GTID=no)

@@ -1,7 +1,7 @@
 """Seeded fuzzers for the chaos soak and its test: the binlog parser (in-process) and a live relay's MySQL port.
 
 Both are plain functions that return a report (counts, outcomes, failures with the input that caused them), so the
-soak (``benchmarks/soak.py``) runs them at 100,000+ inputs and ``tests/test_soak.py`` at a few thousand.
+soak (``benchmarks/soak.py``) runs them at 100,000+ inputs and ``tests/benchmarks/test_soak.py`` at a few thousand.
 
 ``fuzz_binlog_parser`` mutates real events (the corpus, or the soak master's own binlogs): bit flips, byte
 overwrites, inserts, deletions, spliced events from other files, forged ``event_size`` / type codes, random

@@ -31,7 +31,7 @@ partial transactions, GTIDs not from M (errant), the kill-to-writable time (from
 less the time the direct snapshot took, which no HA tool spends), and new writes on C reaching the relays and T.
 
 `run_trial(workdir, TrialSpec.draw(seed, kind))` runs one; a seed alone reproduces a trial's choices (not its
-timing). Used by tests/test_lossless_trials.py and benchmarks/lossless_trials.py.
+timing). Used by tests/scenarios/test_lossless_trials.py and benchmarks/lossless_trials.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """MHA 0.58 (Debian's mha4mysql-manager / mha4mysql-node) run for real against a topology with the relay: a private
 sshd, the two-line patch overlay Debian's MHA needs on this Perl and MariaDB, app.cnf, and the MHA commands.
 
-Used by tests/test_mha.py. Nothing here touches the system's sshd, root's ~/.ssh or the installed MHA files:
+Used by tests/scenarios/test_mha.py. Nothing here touches the system's sshd, root's ~/.ssh or the installed MHA files:
 
 - ``PrivateSshd`` runs ``/usr/sbin/sshd -D`` on a free port of 127.0.0.1 with its own generated host key, key-only
   root login (``StrictModes no``: the keys live in a temporary folder) and a generated client key, which MHA is

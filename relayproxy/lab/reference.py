@@ -49,7 +49,7 @@ Decoded, but not from the event's own bytes alone:
   ``ReferenceDecodeError`` and the caller can ``set_format`` from our own FDE to go on.
 
 Where the library is wrong or gives up on real binlogs (each one pinned by
-tests/test_crosscheck_pymysqlreplication.py on the corpus): PREVIOUS_GTIDS in the MySQL 8.3+
+tests/binlog/test_crosscheck_pymysqlreplication.py on the corpus): PREVIOUS_GTIDS in the MySQL 8.3+
 tagged format (it reads the format word as the UUID count and raises); TABLE_MAP with MySQL 9
 VECTOR columns, or with the 6-byte post-header of 5.1 pre-GA servers; USER_VAR without the
 optional trailing flags byte (5.1); PREVIOUS_GTIDS text keeps the encoding's exclusive interval

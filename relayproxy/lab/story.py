@@ -16,7 +16,7 @@ half a transaction it can never finish, so that rule never fires for it; relaypr
 complete transactions, so the replica through it is at rest at the end of the last complete transaction.
 
 `CrashStory` builds the topology and runs the steps; `run_crash_story` runs the whole story and returns a
-`StoryResult`. `relayproxy demo` and tests/test_scenario_master_crash.py both use it.
+`StoryResult`. `relayproxy demo` and tests/scenarios/test_scenario_master_crash.py both use it.
 """
 
 from __future__ import annotations

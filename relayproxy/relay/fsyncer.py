@@ -22,7 +22,7 @@ import time
 from typing import Callable
 
 try:
-    if os.environ.get("RELAYPROXY_PURE_PYTHON") == "1":  # the build without compiled extras (tests/test_pure_python.py)
+    if os.environ.get("RELAYPROXY_PURE_PYTHON") == "1":  # the build without compiled extras (tests/project/test_pure_python.py)
         raise ImportError("RELAYPROXY_PURE_PYTHON=1")
     from ._fsync import Worker as CWorker
 except ImportError:  # built without a compiler: PyWorker serves

@@ -30,7 +30,7 @@ from greenlet import getcurrent, greenlet
 # Units of work between two turns of the event loop. A unit is about one token read, one token consumed and one
 # node built by the parser, or one evaluation step (limits.Budget); the tokenizer charges long scans (a string's
 # escapes, runs of comments) in proportion. Measured on the 2-core test machine under load, a slice of 256 units
-# is 0.3 to 1.5 ms of CPU (tests/test_sql_slicing.py counts the work per turn; docs/operations.md has the numbers).
+# is 0.3 to 1.5 ms of CPU (tests/downstream/test_sql_slicing.py counts the work per turn; docs/operations.md has the numbers).
 WORK_PER_SLICE = 256
 
 _PAUSED = object()
