@@ -46,6 +46,7 @@ from ...wire.errors import (
     ER_WRONG_ARGUMENTS,
     WARN_NO_MASTER_INFO,
 )
+from .errors import SqlError
 from .parser import Token, tokenize
 
 __all__ = [
@@ -548,8 +549,11 @@ def parse_admin_statement(sql: str, *, flavour: str = "mysql") -> AdminStatement
     if len(sql) > MAX_STATEMENT_BYTES or len(sql.encode("utf-8", "surrogatepass")) > MAX_STATEMENT_BYTES:
         raise AdminStatementError(ER_UNKNOWN_ERROR, "HY000",
                                   f"replication admin statement of more than {MAX_STATEMENT_BYTES} bytes refused")
-    parser = _Parser(sql, tokenize(sql, strict=False), product)
-    return parser.statement()
+    try:
+        tokens = tokenize(sql, strict=False)
+    except SqlError as err:  # a bound the tokenizer keeps (nesting, token count): the same words, as documented
+        raise AdminStatementError(err.code, err.sqlstate, err.message) from None
+    return _Parser(sql, tokens, product).statement()
 
 
 # ---------------------------------------------------------------------------------------------
