@@ -11,7 +11,7 @@ For every storage form (zstd at levels 1, 3 and 9; AES-256-GCM alone; zstd 3 + A
 * ratio        -- logical bytes / stored bytes (frames of 1 MiB, header, table and trailer included);
 * convert CPU  -- ``time.process_time`` of ``conversion.write_framed`` (compress and/or encrypt, write, fsync),
                   in CPU seconds per logical GB; and the CPU of the verification read-back (``logical_crc``);
-* dump read    -- the dump sender's read path: ``downstream/dump/files._RelayFile.read`` of ``READ_CHUNK`` pieces
+* dump read    -- the dump sender's read path: ``downstream/dump/files.RelayFile.read`` of ``READ_CHUNK`` pieces
                   from the start to the end of every file, on an asyncio loop (reads that decode a frame go to a
                   worker thread, as in a dump), in logical MB/s and as a ratio to the plain file in the same run;
 * mid-file start -- opening a file and reading 64 KB at a random offset (a replica starting mid-file), in
@@ -44,7 +44,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from benchmarks import benchinfo  # noqa: E402
 
-from relayproxy.downstream.dump.files import _RelayFile  # noqa: E402
+from relayproxy.downstream.dump.files import RelayFile  # noqa: E402
 from relayproxy.downstream.dump.sender import READ_CHUNK  # noqa: E402
 from relayproxy.relay import closed_files as CF  # noqa: E402
 from relayproxy.relay import conversion as CV  # noqa: E402
@@ -118,11 +118,11 @@ def convert_all(files: list[Path], out: Path, opts: CV.StorageOptions) -> dict:
 
 
 async def dump_read(paths: list[tuple[str, Path]]) -> tuple[int, float]:
-    """Read every file start to end in READ_CHUNK pieces through _RelayFile (the dump's reader)."""
+    """Read every file start to end in READ_CHUNK pieces through RelayFile (the dump's reader)."""
     total = 0
     began = time.perf_counter()
     for name, path in paths:
-        rf = _RelayFile(name, path)
+        rf = RelayFile(name, path)
         try:
             size = rf.size()
             pos = 0
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "per-round ratios in brackets"),
              "Frames of 1 MiB (`closed_files.DEFAULT_FRAME_SIZE`). Ratio = logical / stored bytes. CPU is "
              "`time.process_time` per logical GB (convert = compress/encrypt + write + fsync; verify = the read-back "
-             "every conversion does before its rename). Dump read = `_RelayFile.read` of `READ_CHUNK` pieces over "
+             "every conversion does before its rename). Dump read = `RelayFile.read` of `READ_CHUNK` pieces over "
              "every file (frames decoded in a worker thread), logical MB/s; mid-file start = open + 64 KB read at a "
              f"random offset. Medians of {repeat} rounds, forms in turns (order reversed every other round); ratios "
              "against the plain files of the same round.", ""]

@@ -132,7 +132,7 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     try:
         listen_address = None
         if cfg.listen:
-            downstream = _downstream_server(cfg, session)
+            downstream = downstream_server(cfg, session)
             if getattr(cfg, "sender_processes", 0):
                 from ..downstream.workers import SenderPool
                 from ..log import logging_settings
@@ -303,7 +303,7 @@ class SessionRelayView:
         return ReplicaSettings.from_config(self.cfg)
 
 
-def _downstream_server(cfg, session):
+def downstream_server(cfg, session):
     """The listener for replicas and tools (--listen), with its users and optional TLS."""
     from ..downstream import sendbatch
     from ..downstream.context import DownstreamContext

@@ -197,7 +197,7 @@ class FileServingSession:
             self.status.extra["master_variables"] = dict(variables.values)
             self.status.extra["master_variables_source"] = variables.describe()
         self.receiver = _IdleReceiver()
-        self.replica_uuid = server_uuid  # run._downstream_server gives it to replicas as @@server_uuid
+        self.replica_uuid = server_uuid  # run.downstream_server gives it to replicas as @@server_uuid
 
 
 def server_uuid_for(binlog_dir: Path) -> str:
@@ -236,7 +236,7 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
     from ..ops.status import relay_status
     from ..relay import closed_files
     from ..relay.conversion import keyring_from_config
-    from .run import RelayStartupError, _downstream_server, settle_gc
+    from .run import RelayStartupError, downstream_server, settle_gc
 
     try:  # closed files of a relay directory may be encrypted (encryption_key_file / encryption_key_env)
         closed_files.configure(options.binlog_dir, keyring=keyring_from_config(cfg))
@@ -292,7 +292,7 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
                 address = await http.start(*cfg.http)
             except OSError as exc:
                 raise RelayStartupError(f"cannot listen on --http {cfg.http[0]}:{cfg.http[1]}: {exc.strerror}") from exc
-        downstream = _downstream_server(cfg, session)
+        downstream = downstream_server(cfg, session)
         try:
             listen_address = await downstream.start(*cfg.listen)
         except OSError as exc:

@@ -30,6 +30,7 @@ from ..wire.errors import (
     ER_UNKNOWN_COM_ERROR,
     ER_UNKNOWN_ERROR,
 )
+from ..wire.errors import CR_NET_PACKET_TOO_LARGE
 from ..wire.packets import (
     CLIENT_SSL,
     COM_BINLOG_DUMP,
@@ -39,7 +40,6 @@ from ..wire.packets import (
     COM_QUERY,
     COM_QUIT,
     COM_REGISTER_SLAVE,
-    CR_NET_PACKET_TOO_LARGE,
     SERVER_STATUS_AUTOCOMMIT,
     MySQLError,
     ProtocolError,
@@ -54,8 +54,8 @@ from ..wire.results import (
     encode_ok,
     encode_response,
 )
+from ..wire.errors import ER_HANDSHAKE_ERROR
 from ..wire.server_auth import (
-    ER_HANDSHAKE_ERROR,
     AuthAccepted,
     AuthRejected,
     HandshakeError,

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..log import get_logger
 from ..wire.errors import ER_NET_READ_INTERRUPTED
-from ..wire.packets import CLIENT_SSL, CR_NET_PACKET_TOO_LARGE, MAX_CHUNK, MySQLError, PacketDecoder, ProtocolError
+from ..wire.errors import CR_NET_PACKET_TOO_LARGE
+from ..wire.packets import CLIENT_SSL, MAX_CHUNK, MySQLError, PacketDecoder, ProtocolError
 from ..wire.tls import MemoryTls
 
 if TYPE_CHECKING:

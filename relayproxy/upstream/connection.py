@@ -22,12 +22,9 @@ from ..wire.handshake import (
     client_capabilities,
     parse_handshake,
 )
+from ..wire.errors import CR_COMMANDS_OUT_OF_SYNC, CR_CONN_HOST_ERROR, CR_SERVER_LOST, CR_SSL_CONNECTION_ERROR
 from ..wire.packets import (
     COM_QUIT,
-    CR_COMMANDS_OUT_OF_SYNC,
-    CR_CONN_HOST_ERROR,
-    CR_SERVER_LOST,
-    CR_SSL_CONNECTION_ERROR,
     DEFAULT_MAX_PAYLOAD,
     ERR_HEADER,
     OK_HEADER,

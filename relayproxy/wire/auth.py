@@ -16,18 +16,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from pymysql import _auth as pymysql_auth
 
 from .handshake import HandshakeV10
-from .packets import (
-    CR_AUTH_PLUGIN_CANNOT_LOAD,
-    CR_AUTH_PLUGIN_ERR,
-    EOF_HEADER,
-    ERR_HEADER,
-    OK_HEADER,
-    MySQLError,
-    OkPacket,
-    ProtocolError,
-    parse_err,
-    parse_ok,
-)
+from .errors import CR_AUTH_PLUGIN_CANNOT_LOAD, CR_AUTH_PLUGIN_ERR
+from .packets import EOF_HEADER, ERR_HEADER, OK_HEADER, MySQLError, OkPacket, ProtocolError, parse_err, parse_ok
 
 AUTH_MORE_DATA = 0x01
 AUTH_SWITCH_REQUEST = EOF_HEADER

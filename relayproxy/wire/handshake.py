@@ -8,6 +8,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .errors import CR_SERVER_HANDSHAKE_ERR
 from .packets import (
     CHARSET_UTF8MB4_GENERAL_CI,
     CLIENT_CONNECT_ATTRS,
@@ -20,7 +21,6 @@ from .packets import (
     CLIENT_SECURE_CONNECTION,
     CLIENT_SSL,
     CLIENT_TRANSACTIONS,
-    CR_SERVER_HANDSHAKE_ERR,
     ERR_HEADER,
     ProtocolError,
     lenenc_bytes,

@@ -1176,14 +1176,14 @@ def test_async_execute_scans_for_binlog_gtid_pos_off_the_event_loop(maria_relay,
     r = maria_relay
     size = (corpus_dir / MARIA_CORPUS_DIR / MARIA_FILES[1]).stat().st_size
     threads = []
-    real = functions._gtids_at
+    real = functions.gtids_at
 
     def recording(path, position):
         threads.append(threading.current_thread() is threading.main_thread())
         return real(path, position)
 
-    monkeypatch.setattr(dispatch, "_gtids_at", recording)  # prefetched in a worker thread
-    monkeypatch.setattr(functions, "_gtids_at", recording)  # computed inline
+    monkeypatch.setattr(dispatch, "gtids_at", recording)  # prefetched in a worker thread
+    monkeypatch.setattr(functions, "gtids_at", recording)  # computed inline
     answer = asyncio.run(execute(r.ctx, r.conn, f"SELECT binlog_gtid_pos('{MARIA_FILES[1]}',{size})"))
     assert answer.rows == [["1-10-12"]]
     assert threads == [False]  # scanned once, in a worker thread, not again on the loop

@@ -21,7 +21,7 @@ from relayproxy.binlog.events import HEADER, FormatDescription
 from relayproxy.binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from relayproxy.downstream.dump import decide as D
 from relayproxy.downstream.dump.errors import MSG_MARIA_HOLE
-from relayproxy.downstream.dump.start import _MariaStart
+from relayproxy.downstream.dump.start import MariaStart
 
 from ..support import dumpdecide_cases as cases_mod
 from ..support import eventgen as E
@@ -183,7 +183,7 @@ def test_a_filler_is_a_hole_a_mariadb_replica_tolerates():
 
 def maria_decider(state: dict, binlog=None, **kw) -> D.EventDecider:
     d = decider(MARIA_FDE, capability=4, binlog_gtids=(lambda: binlog), **kw)
-    d.maria_state = {dom: _MariaStart(MariaGtid(*gtid), empty) for dom, (gtid, empty) in state.items()}
+    d.maria_state = {dom: MariaStart(MariaGtid(*gtid), empty) for dom, (gtid, empty) in state.items()}
     return d
 
 

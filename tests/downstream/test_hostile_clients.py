@@ -392,15 +392,15 @@ def test_a_new_dump_of_the_same_replica_ends_the_older_one(capsys: pytest.Captur
 
 def test_an_out_of_range_heartbeat_period_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     from relayproxy.downstream.dump import serve_dump
-    from relayproxy.downstream.dump.start import _int
+    from relayproxy.downstream.dump.start import int_variable
     from relayproxy.downstream.server import DownstreamServer
     from .test_downstream_server import make_ctx, rsa_key
 
     for value in ("1e400", float("inf"), b"-1e999"):
         with pytest.raises(MySQLError) as info:
-            _int(value, "master_heartbeat_period")
+            int_variable(value, "master_heartbeat_period")
         assert info.value.code == 1231 and "master_heartbeat_period" in info.value.message
-    assert _int("2.5e9", "master_heartbeat_period") == 2_500_000_000 and _int("junk") == 0
+    assert int_variable("2.5e9", "master_heartbeat_period") == 2_500_000_000 and int_variable("junk") == 0
 
     async def scenario() -> None:
         stub = Stub()

@@ -251,3 +251,49 @@ def test_readme_layout_and_architecture_doc_match_the_tree():
     named = set(re.findall(r"`([a-z_]+\.py)`", doc))
     existing = {p.name for p in PACKAGE.rglob("*.py")}
     assert sorted(named - existing) == []
+
+
+# -- names shared between modules are public -----------------------------------------------------------------------
+# A leading underscore says "only this module uses it". A name another module of the package imports is part of a
+# seam and is named as such; the compiled extensions (`_sendbatch`, `_fsync`) are modules, not names, and a
+# third-party library's private name (pymysql's `_auth`) is that library's business.
+PRIVATE_ALLOWED = {"_sendbatch", "_fsync"}
+
+
+def private_imports_in(source: str, me: str, *, package: bool) -> list[str]:
+    tree = ast.parse(source)
+    here = me if package else me.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = here.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        if not target.startswith("relayproxy"):
+            continue
+        for alias in node.names:
+            name = alias.name
+            if name.startswith("_") and not name.startswith("__") and name not in PRIVATE_ALLOWED:
+                found.append(f"{me} imports {name} from {target} (line {node.lineno})")
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found += private_imports_in(path.read_text(encoding="utf-8"), module_name(path),
+                                    package=path.name == "__init__.py")
+    assert not found, "private names used across modules (make them public, or keep them in one module):\n" + \
+        "\n".join(found)
+
+
+def test_the_private_import_check_sees_relative_and_absolute_imports():
+    source = "from .files import _U32, header\nfrom relayproxy.wire import _x\nfrom . import _fsync\nimport pymysql\n"
+    assert private_imports_in(source, "relayproxy.relay.store", package=False) == [
+        "relayproxy.relay.store imports _U32 from relayproxy.relay.files (line 1)",
+        "relayproxy.relay.store imports _x from relayproxy.wire (line 2)",
+    ]

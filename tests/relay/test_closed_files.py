@@ -458,7 +458,7 @@ def test_the_dump_reader_serves_logical_bytes_and_refuses_a_damaged_frame(tmp_pa
     import asyncio
     import errno
 
-    from relayproxy.downstream.dump.files import _RelayFile
+    from relayproxy.downstream.dump.files import RelayFile
 
     d, files = make_relay(tmp_path)
     CF.configure(d, keyring=RING)
@@ -467,7 +467,7 @@ def test_the_dump_reader_serves_logical_bytes_and_refuses_a_damaged_frame(tmp_pa
             CV.run_pending(store, options(tmp_path))
 
         async def read_all_pieces(name, piece):
-            rf = _RelayFile(name, d / name)
+            rf = RelayFile(name, d / name)
             try:
                 out = bytearray()
                 while len(out) < rf.size():

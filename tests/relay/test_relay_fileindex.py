@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from relayproxy.binlog.reader import scan_bytes, scan_file
-from relayproxy.downstream.dump.files import _scan_file_gtids
+from relayproxy.downstream.dump.files import scan_file_gtids
 from relayproxy.relay import RelayStore
 from relayproxy.relay import fileindex as FI
 from relayproxy.relay.catalog import FileCatalog
@@ -92,7 +92,7 @@ def test_store_indexes_closed_files_catalog_uses_them_purge_removes_them(tmp_pat
     assert purged == scan_bytes(first).start_gtids
     assert catalog._events_gtids("binlog.000001") == scan_bytes(first).gtids_after.subtract(
         scan_bytes(first).start_gtids)
-    assert _scan_file_gtids(os.fspath(relay / "binlog.000002")) == scan_bytes(second).gtids_after.subtract(
+    assert scan_file_gtids(os.fspath(relay / "binlog.000002")) == scan_bytes(second).gtids_after.subtract(
         scan_bytes(second).start_gtids)
     assert scans == []
     store.purge_to("binlog.000002")

@@ -23,8 +23,8 @@ from relayproxy.binlog.events import HEADER, FormatDescription
 from relayproxy.binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from relayproxy.downstream.context import ConnectionState, DumpRequest
 from relayproxy.downstream.dump import sender as sender_mod
-from relayproxy.downstream.dump.errors import _DumpFailure
-from relayproxy.downstream.dump.start import _MariaStart
+from relayproxy.downstream.dump.errors import DumpFailure
+from relayproxy.downstream.dump.start import MariaStart
 
 from . import eventgen as E
 
@@ -250,7 +250,7 @@ def make_sender(case: dict, files: list):
             exclude.add(bytes.fromhex(sid), gno)
         sender.exclude = exclude
     if case["maria"] is not None:
-        sender.maria_state = {d: _MariaStart(MariaGtid(d, s, q), empty) for d, s, q, empty in case["maria"]}
+        sender.maria_state = {d: MariaStart(MariaGtid(d, s, q), empty) for d, s, q, empty in case["maria"]}
     fd = FormatDescription.parse(fde, 0, len(fde))
     sender.event_alg = fd.checksum_alg
     sender.parser.set_format(fd)
@@ -289,7 +289,7 @@ def run_sender(case: dict, files: list) -> list:
                         sender._skip_filler(pos + size)
                     else:
                         await sender._handle(memoryview(ev), 0, size, pos, type_code, flags, None)
-                except _DumpFailure as failure:
+                except DumpFailure as failure:
                     trace.append(["END", failure.code, failure.message, failure.with_position, failure.last_event,
                                   failure.last_byte])
                     return

@@ -25,6 +25,7 @@ from cryptography.x509.oid import NameOID
 
 from relayproxy.binlog import checksum
 from relayproxy.upstream import ConnectionLost, UpstreamConnection
+from relayproxy.wire import errors as E
 from relayproxy.wire import packets as P
 from relayproxy.wire.handshake import parse_handshake
 from relayproxy.wire.packets import MySQLError, parse_err, read_lenenc_bytes
@@ -234,7 +235,7 @@ def test_native_password_queries_and_errors(mariadb, run):
 
         with pytest.raises(MySQLError) as info:
             await UpstreamConnection.connect(master.host, master.port, "repl", PASSWORD, ssl_mode="required")
-        assert info.value.code == P.CR_SSL_CONNECTION_ERROR
+        assert info.value.code == E.CR_SSL_CONNECTION_ERROR
         assert "does not support SSL" in info.value.message
 
     run(scenario())
@@ -300,7 +301,7 @@ def test_tls_modes(mariadb, run, tmp_path):
 
         with pytest.raises(MySQLError) as info:
             await connect(ssl_mode="verify_ca", ssl_ca=tls["other_ca"])
-        assert info.value.code == P.CR_SSL_CONNECTION_ERROR
+        assert info.value.code == E.CR_SSL_CONNECTION_ERROR
         assert "certificate" in info.value.message.lower()
 
         # The dump stream over TLS, read in batches and paused / resumed like the plain one.
@@ -336,7 +337,7 @@ def test_binlog_dump_streams_rotate_fde_then_events_and_eof(mariadb, run):
             await conn.binlog_dump("master-bin.000001", 4, server_id=4242, flags=P.BINLOG_DUMP_NON_BLOCK)
             with pytest.raises(MySQLError) as info:
                 await conn.query("SELECT 1")  # the connection belongs to the dump now
-            assert info.value.code == P.CR_COMMANDS_OUT_OF_SYNC
+            assert info.value.code == E.CR_COMMANDS_OUT_OF_SYNC
             return await dump_until_eof(conn)
 
     payloads = run(scenario())
@@ -435,7 +436,7 @@ def test_killed_master_raises_connection_lost_and_idle_reads_time_out(mariadb, r
         master.kill()
         with pytest.raises(ConnectionLost) as info:
             await asyncio.wait_for(reader, 10)
-        assert info.value.code == P.CR_SERVER_LOST
+        assert info.value.code == E.CR_SERVER_LOST
         assert "Lost connection" in info.value.message
         with pytest.raises(ConnectionLost):
             await conn.read_packets()  # and on every later call
@@ -569,7 +570,7 @@ def test_caching_sha2_full_auth_with_rsa_key_request(run):
         assert info.value.code == 1045
         with pytest.raises(MySQLError) as info:
             await UpstreamConnection.connect("127.0.0.1", port, "repl", PASSWORD, get_server_public_key=False)
-        assert info.value.code == P.CR_AUTH_PLUGIN_ERR
+        assert info.value.code == E.CR_AUTH_PLUGIN_ERR
 
     with FakeMySQL8(PASSWORD) as fake:
         run(scenario(fake.port))
@@ -629,7 +630,7 @@ def test_broken_peers_fail_cleanly():
             closed_port = probe.getsockname()[1]
         with pytest.raises(MySQLError) as info:
             await UpstreamConnection.connect("127.0.0.1", closed_port, "u", "p")
-        assert info.value.code == P.CR_CONN_HOST_ERROR
+        assert info.value.code == E.CR_CONN_HOST_ERROR
 
         with pytest.raises(ValueError, match="ssl_mode"):
             await UpstreamConnection.connect("127.0.0.1", closed_port, "u", "p", ssl_mode="on")

@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relayproxy.wire import errors as E
 from relayproxy.wire import packets as P
 from relayproxy.wire.auth import (
     AuthenticationError,
@@ -159,7 +160,7 @@ def test_sequence_ids_wrap_and_out_of_order_is_an_error():
     assert decoder.payloads() == [b"a", b"b", b"c"]
     with pytest.raises(ProtocolError) as info:
         decoder.feed(encode_packet(b"d", 5))
-    assert info.value.code == P.ER_NET_PACKETS_OUT_OF_ORDER
+    assert info.value.code == E.ER_NET_PACKETS_OUT_OF_ORDER
     assert "got sequence id 5, expected 1" in str(info.value)
 
     lenient = PacketDecoder()
@@ -172,7 +173,7 @@ def test_oversized_payload_is_refused_from_its_header():
     decoder = PacketDecoder(max_payload=1000)
     with pytest.raises(ProtocolError) as info:
         decoder.feed(b"\xff\xff\xff\x00" + b"x" * 10)  # announces 16 MiB: refused before buffering it
-    assert info.value.code == P.CR_NET_PACKET_TOO_LARGE
+    assert info.value.code == E.CR_NET_PACKET_TOO_LARGE
     decoder = PacketDecoder(max_payload=MAX_CHUNK + 5)
     decoder.feed(encode_packet(b"y" * (MAX_CHUNK + 5), 0))
     assert len(decoder.payloads()[0]) == MAX_CHUNK + 5
@@ -229,7 +230,7 @@ def test_decoder_random_bytes_give_clear_errors(chunks, check):
             decoder.feed(chunk)
             decoder.payloads()
     except ProtocolError as exc:
-        assert exc.code in (P.ER_NET_PACKETS_OUT_OF_ORDER, P.CR_NET_PACKET_TOO_LARGE)
+        assert exc.code in (E.ER_NET_PACKETS_OUT_OF_ORDER, E.CR_NET_PACKET_TOO_LARGE)
 
 
 # -- length-encoded values ---------------------------------------------------------------------------------------
@@ -313,7 +314,7 @@ def test_eof_detection():
 def test_mysql_error_is_catchable_as_protocol_error_value_error():
     exc = ProtocolError("bad")
     assert isinstance(exc, MySQLError) and isinstance(exc, ValueError)
-    assert exc.code == P.CR_MALFORMED_PACKET
+    assert exc.code == E.CR_MALFORMED_PACKET
 
 
 # -- text result sets --------------------------------------------------------------------------------------------
@@ -610,7 +611,7 @@ def test_caching_sha2_full_auth_without_tls_key_or_key_request_fails_clearly():
     start(auth, mysql8_greeting())
     with pytest.raises(AuthenticationError) as info:
         auth.receive(b"\x01\x04")
-    assert info.value.code == P.CR_AUTH_PLUGIN_ERR
+    assert info.value.code == E.CR_AUTH_PLUGIN_ERR
     assert "secure connection" in info.value.message and PASSWORD not in str(info.value)
 
 
@@ -685,7 +686,7 @@ def test_unsupported_and_refused_plugins():
     start(auth, MARIADB_10_11_GREETING)
     with pytest.raises(AuthenticationError) as info:
         auth.receive(b"\xfeauth_gssapi_client\x00whatever")
-    assert info.value.code == P.CR_AUTH_PLUGIN_CANNOT_LOAD
+    assert info.value.code == E.CR_AUTH_PLUGIN_CANNOT_LOAD
     assert "auth_gssapi_client" in info.value.message and PASSWORD not in str(info.value)
 
     auth = ClientAuthentication(PASSWORD, secure=False)

@@ -24,14 +24,14 @@ from ...binlog import boundary as B
 from ...binlog import constants as C
 from ...binlog.checksum import crc32 as _crc32
 from ...binlog.gtid import GtidSet
-from .files import _U32, _header_unpack_from
+from .files import U32, header_unpack_from
 
 _HEADER_LEN = C.HEADER_LEN
 _RESULT_MASK = B.RESULT_MASK
 _FLAG_ERROR = B.FLAG_ERROR
 _GROUP_START = B.GROUP_START
-_pack_u32 = _U32.pack
-_unpack_u32_from = _U32.unpack_from
+_pack_u32 = U32.pack
+_unpack_u32_from = U32.unpack_from
 
 CACHE_BYTES = 24 << 20  # framed chunks kept for senders that come by later (each about twice its range)
 # ... and at most this many: at the horizon a chunk is one advance (a few hundred bytes at 1,000 trx/s), and each
@@ -161,7 +161,7 @@ def scan_chunk(name: str, start: int, data: bytes, parser: B.TransactionBoundary
     event_types = chunk.event_types
     ok = True
     while off + _HEADER_LEN <= n:
-        _ts, type_code, _sid, size, _lp, flags = _header_unpack_from(data, off)
+        _ts, type_code, _sid, size, _lp, flags = header_unpack_from(data, off)
         end = off + size
         if size < _HEADER_LEN or size >= 0xFFFFFF or type_code == C.FORMAT_DESCRIPTION_EVENT:
             ok = off > 0 and ok  # the event-by-event path takes it from here

@@ -26,13 +26,13 @@ from .errors import (
     MSG_MARIA_GTID_COMPAT,
     MSG_MARIA_HOLE,
     MSG_MARIA_LIST_DUMMY,
-    _DumpFailure,
-    _read_failure,
+    DumpFailure,
+    read_failure,
     maria_not_in_binlog,
 )
-from .files import _GTID_TYPES
+from .files import GTID_TYPES
 from .rewrite import (
-    _MARIA_GTID_HEADER_LEN,
+    MARIA_GTID_HEADER_LEN,
     MARIA_SLAVE_CAPABILITY_ANNOTATE,
     MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT,
     MARIA_SLAVE_CAPABILITY_GTID,
@@ -59,7 +59,7 @@ class Decision(NamedTuple):
     heartbeat: int = 0
     reposition: int = 0
     gtid_list: bool = False
-    failure: _DumpFailure | None = None
+    failure: DumpFailure | None = None
 
 
 _SEND = Decision(SEND)
@@ -135,7 +135,7 @@ class EventDecider:
         (a heartbeat is due while skipping once it reaches the heartbeat period)."""
         try:
             action, event, ack = self._event(buf, off, size, file_pos, type_code, flags, crc)
-        except _DumpFailure as failure:
+        except DumpFailure as failure:
             return Decision(END, failure=failure)
         end_pos = file_pos + size
         heartbeat = reposition = 0
@@ -194,8 +194,8 @@ class EventDecider:
         if self.exclude is not None:
             if type_code == C.ANONYMOUS_GTID_LOG_EVENT:
                 # Binlog_sender::check_event_type(): never send anonymous groups to auto-position.
-                raise _read_failure(MSG_ANONYMOUS % (self.file, file_pos), file_pos, file_pos)
-            if type_code in _GTID_TYPES:
+                raise read_failure(MSG_ANONYMOUS % (self.file, file_pos), file_pos, file_pos)
+            if type_code in GTID_TYPES:
                 gtid = self.parser.gtid
                 return gtid is not None and gtid in self.exclude
             return False
@@ -224,7 +224,7 @@ class EventDecider:
         skip = server_id != start.server_id or seq_no <= start.seq_no
         if server_id == start.server_id and seq_no >= start.seq_no:
             if self.maria_strict and seq_no > start.seq_no:
-                raise _DumpFailure(MSG_MARIA_HOLE % (start,))
+                raise DumpFailure(MSG_MARIA_HOLE % (start,))
             self.fake_gtid_list = True
             del self.maria_state[domain]
         return skip
@@ -239,26 +239,26 @@ class EventDecider:
             if cap < MARIA_SLAVE_CAPABILITY_ANNOTATE:
                 dummy = dummy_event(bytes(buf[off : off + C.HEADER_LEN]), size, crc)
                 if dummy is None:
-                    raise _read_failure(MSG_MARIA_ANNOTATE_DUMMY, file_pos, file_pos + size)
+                    raise read_failure(MSG_MARIA_ANNOTATE_DUMMY, file_pos, file_pos + size)
                 return REPLACE, dummy
             # capability 1 understands the event and ignores it: sent as is
         elif type_code == C.MARIA_GTID_EVENT and cap < MARIA_SLAVE_CAPABILITY_GTID:
             # Gtid_log_event::make_compatible_event(): BEGIN for a transaction; a standalone GTID is left out, or
             # replaced by a same-size dummy for replicas that cannot take holes.
             header = bytes(buf[off : off + C.HEADER_LEN])
-            if size - (C.CHECKSUM_LEN if crc else 0) < C.HEADER_LEN + _MARIA_GTID_HEADER_LEN:
-                raise _read_failure(MSG_MARIA_GTID_COMPAT, file_pos, file_pos + size)
+            if size - (C.CHECKSUM_LEN if crc else 0) < C.HEADER_LEN + MARIA_GTID_HEADER_LEN:
+                raise read_failure(MSG_MARIA_GTID_COMPAT, file_pos, file_pos + size)
             flags2 = buf[off + C.HEADER_LEN + 12]
             if flags2 & C.FL_STANDALONE:
                 if cap >= MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES:
                     return OMIT, None
                 dummy = dummy_event(header, size, crc)
                 if dummy is None:
-                    raise _read_failure(MSG_MARIA_GTID_COMPAT, file_pos, file_pos + size)
+                    raise read_failure(MSG_MARIA_GTID_COMPAT, file_pos, file_pos + size)
                 return REPLACE, dummy
             begin = begin_event(header, size, crc)
             if begin is None:
-                raise _read_failure(MSG_MARIA_GTID_COMPAT, file_pos, file_pos + size)
+                raise read_failure(MSG_MARIA_GTID_COMPAT, file_pos, file_pos + size)
             return REPLACE, begin
         elif (type_code == C.MARIA_BINLOG_CHECKPOINT_EVENT and cap < MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT) or (
             type_code == C.MARIA_GTID_LIST_EVENT and cap < MARIA_SLAVE_CAPABILITY_GTID
@@ -267,7 +267,7 @@ class EventDecider:
                 return OMIT, None
             dummy = dummy_event(bytes(buf[off : off + C.HEADER_LEN]), size, crc)
             if dummy is None:
-                raise _read_failure(MSG_MARIA_LIST_DUMMY, file_pos, file_pos + size)
+                raise read_failure(MSG_MARIA_LIST_DUMMY, file_pos, file_pos + size)
             return REPLACE, dummy
         if self.skip_replication and flags & C.LOG_EVENT_SKIP_REPLICATION_F:
             return OMIT, None  # SET skip_replication=1: events marked @@skip_replication stay here

@@ -3,13 +3,7 @@
 
 from __future__ import annotations
 
-from ...wire.errors import (
-    ER_MALFORMED_GTID_SET_ENCODING,
-    ER_MASTER_FATAL_ERROR_READING_BINLOG,
-    ER_UNKNOWN_COM_ERROR,
-    ER_UNKNOWN_ERROR,
-    ER_WRONG_VALUE_FOR_VAR,
-)
+from ...wire.errors import ER_MASTER_FATAL_ERROR_READING_BINLOG
 from ...wire.packets import CLIENT_DEPRECATE_EOF, EOF_HEADER
 from ...wire.results import encode_eof, encode_ok
 
@@ -98,7 +92,7 @@ MSG_MARIA_LIST_DUMMY = "Failed to replace binlog checkpoint or gtid list event w
 # ---------------------------------------------------------------------------------------------
 
 
-class _DumpFailure(Exception):
+class DumpFailure(Exception):
     """Ends the dump with an ERR packet. ``with_position`` adds the servers' "; the first event ..." suffix,
     which both servers append to 1236 errors raised while a binlog file is open."""
 
@@ -113,16 +107,16 @@ class _DumpFailure(Exception):
         self.last_byte = last_byte
 
 
-class _ReplicaGone(Exception):
+class ReplicaGone(Exception):
     """The replica closed the connection: the dump ends without a word."""
 
 
-class _Finished(Exception):
+class DumpFinished(Exception):
     """NON_BLOCK dump reached the end of the relay: EOF was sent."""
 
 
-def _read_failure(message: str, event_at: int, byte_at: int) -> _DumpFailure:
-    return _DumpFailure(message, with_position=True, last_event=event_at, last_byte=byte_at)
+def read_failure(message: str, event_at: int, byte_at: int) -> DumpFailure:
+    return DumpFailure(message, with_position=True, last_event=event_at, last_byte=byte_at)
 
 
 def eof_payload(capabilities: int) -> bytes:
@@ -133,10 +127,10 @@ def eof_payload(capabilities: int) -> bytes:
     return encode_eof()
 
 
-def maria_not_in_binlog(gtid, binlog) -> _DumpFailure:
+def maria_not_in_binlog(gtid, binlog) -> DumpFailure:
     """give_error_start_pos_missing_in_binlog(): the "diverged" variant when the binlog (a ``MariaBinlogState``)
     is past the requested GTID."""
     latest = binlog.latest(gtid.domain_id)
     if latest is not None and latest.seq_no >= gtid.seq_no:
-        return _DumpFailure(MSG_MARIA_NOT_IN_BINLOG2 % (gtid,))
-    return _DumpFailure(MSG_MARIA_NOT_IN_BINLOG % (gtid,))
+        return DumpFailure(MSG_MARIA_NOT_IN_BINLOG2 % (gtid,))
+    return DumpFailure(MSG_MARIA_NOT_IN_BINLOG % (gtid,))

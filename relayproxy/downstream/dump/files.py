@@ -19,12 +19,12 @@ from ...relay.closed_files import StoredFileError, open_relay_file
 
 log = get_logger("relayproxy.downstream.dump")
 _INLINE_READ = 64 << 10  # reads this small stay on the loop (page cache); larger ones go to a thread
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-_header_unpack_from = HEADER.unpack_from
-_CRC32 = C.CHECKSUM_CRC32
-_GTID_TYPES = frozenset({C.GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT})
+U16 = struct.Struct("<H")
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+header_unpack_from = HEADER.unpack_from
+CHECKSUM_CRC32 = C.CHECKSUM_CRC32
+GTID_TYPES = frozenset({C.GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT})
 # ---------------------------------------------------------------------------------------------
 # Relay files and the catalog
 # ---------------------------------------------------------------------------------------------
@@ -34,7 +34,7 @@ _file_gtids_lock = threading.Lock()
 _FILE_GTIDS_CACHE = 256
 
 
-def _scan_file_gtids(path: str) -> GtidSet:
+def scan_file_gtids(path: str) -> GtidSet:
     """GTIDs of the complete groups inside a closed relay file (cached by path, size and mtime), from its index
     (relay/fileindex.py) when it has a valid one, else scanned.
     Runs in worker threads: the cache is behind a lock; a scan itself is not."""
@@ -61,7 +61,7 @@ def _scan_file_gtids(path: str) -> GtidSet:
     return gtids
 
 
-class _RelayFile:
+class RelayFile:
     """One relay file open for reading its logical bytes (plain, compressed, encrypted, archived:
     ``relay/closed_files.py``): positional reads; large ones, and any that decode a frame, in a worker
     thread. A stored file that does not read back whole raises OSError (EIO) naming the file and frame,

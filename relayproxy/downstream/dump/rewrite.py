@@ -6,7 +6,7 @@ from __future__ import annotations
 import zlib
 
 from ...binlog import constants as C
-from .files import _U16, _U32
+from .files import U16, U32
 
 # -- MariaDB slave capabilities (@mariadb_slave_capability, sql/log_event.h) -----------------------
 MARIA_SLAVE_CAPABILITY_ANNOTATE = 1
@@ -23,21 +23,21 @@ _QUERY_POST_HEADER = 13
 _MIN_USER_VAR_DUMMY = C.HEADER_LEN + 4 + 1 + 1  # name length, 1-byte name, is_null
 _MIN_QUERY_DUMMY = C.HEADER_LEN + _QUERY_POST_HEADER + 1 + 1  # db terminator, 1 byte of comment
 _Q_TIME_ZONE_CODE = 5
-_MARIA_GTID_HEADER_LEN = 19
+MARIA_GTID_HEADER_LEN = 19
 
 
 def _dummy_header(header: bytes, type_code: int) -> bytearray:
     out = bytearray(header[: C.HEADER_LEN])
-    flags = _U16.unpack_from(out, 17)[0]
+    flags = U16.unpack_from(out, 17)[0]
     flags = (flags & ~C.LOG_EVENT_THREAD_SPECIFIC_F) | C.LOG_EVENT_SUPPRESS_USE_F
-    _U16.pack_into(out, 17, flags)
+    U16.pack_into(out, 17, flags)
     out[4] = type_code
     return out
 
 
 def _finish(event: bytearray, crc: bool) -> bytes:
     if crc:
-        event += _U32.pack(zlib.crc32(event))
+        event += U32.pack(zlib.crc32(event))
     return bytes(event)
 
 
@@ -52,7 +52,7 @@ def dummy_event(header: bytes, size: int, crc: bool) -> bytes | None:
     if data_len < _MIN_QUERY_DUMMY:
         event = _dummy_header(header, C.USER_VAR_EVENT)
         name_len = data_len - (_MIN_USER_VAR_DUMMY - 1)
-        event += _U32.pack(name_len) + b"!dummyvar\0"[:name_len] + b"\x01"
+        event += U32.pack(name_len) + b"!dummyvar\0"[:name_len] + b"\x01"
         return _finish(event, crc)
     event = _dummy_header(header, C.QUERY_EVENT)
     event += bytes(_QUERY_POST_HEADER) + b"\0"
@@ -67,11 +67,11 @@ def begin_event(header: bytes, size: int, crc: bool) -> bytes | None:
     same size; None for the GTID layouts MariaDB cannot rewrite either (only 19 or 21-byte bodies)."""
     data_len = size - (C.CHECKSUM_LEN if crc else 0)
     event = _dummy_header(header, C.QUERY_EVENT)
-    if data_len == C.HEADER_LEN + _MARIA_GTID_HEADER_LEN:
+    if data_len == C.HEADER_LEN + MARIA_GTID_HEADER_LEN:
         event += bytes(_QUERY_POST_HEADER) + b"\0"
-    elif data_len == C.HEADER_LEN + _MARIA_GTID_HEADER_LEN + 2:
+    elif data_len == C.HEADER_LEN + MARIA_GTID_HEADER_LEN + 2:
         # An empty time_zone status variable takes up the commit id's 2 extra bytes.
-        event += bytes(11) + _U16.pack(2) + bytes([_Q_TIME_ZONE_CODE, 0]) + b"\0"
+        event += bytes(11) + U16.pack(2) + bytes([_Q_TIME_ZONE_CODE, 0]) + b"\0"
     else:
         return None
     event += b"BEGIN"

@@ -38,13 +38,13 @@ from .errors import (
     MSG_NO_FDE_MYSQL,
     MSG_OPEN,
     MSG_TRUNCATED,
-    _DumpFailure,
-    _Finished,
-    _read_failure,
-    _ReplicaGone,
+    DumpFailure,
+    DumpFinished,
+    read_failure,
+    ReplicaGone,
     eof_payload,
 )
-from .files import _CRC32, _U32, _U64, _header_unpack_from, _RelayFile
+from .files import CHECKSUM_CRC32, U32, U64, header_unpack_from, RelayFile
 from .followers import SENT, STAY, WAKE, Pass, followers_of
 from .rewrite import (
     MARIA_SLAVE_CAPABILITY_ANNOTATE,
@@ -52,7 +52,7 @@ from .rewrite import (
     MARIA_SLAVE_CAPABILITY_GTID,
     MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES,
 )
-from .start import DumpStart, _checksum_alg, _int, _MariaStart, truthy, user_var
+from .start import DumpStart, checksum_alg, int_variable, MariaStart, truthy, user_var
 
 if TYPE_CHECKING:
     from ..context import ConnectionState, DownstreamContext, DumpChannel, DumpRequest
@@ -133,9 +133,9 @@ class DumpSender(DumpStart):
         self.server_id = ctx.server_id
         # init_checksum_alg(): the replica is checksum-aware iff it set the variable; fake events
         # sent before the first FDE use its value, later ones the FDE's (m_event_checksum_alg).
-        self.announced_alg = _checksum_alg(user_var(uv, "source_binlog_checksum", "master_binlog_checksum"))
+        self.announced_alg = checksum_alg(user_var(uv, "source_binlog_checksum", "master_binlog_checksum"))
         self.event_alg = self.announced_alg
-        period_ns = _int(user_var(uv, "source_heartbeat_period", "master_heartbeat_period"),
+        period_ns = int_variable(user_var(uv, "source_heartbeat_period", "master_heartbeat_period"),
                          "master_heartbeat_period")
         self.heartbeat_period = max(period_ns, 0) / 1e9
         # BINLOG_DUMP_NON_BLOCK, or server_id 0 (mysqlbinlog -R): both servers then stop at the end.
@@ -143,7 +143,7 @@ class DumpSender(DumpStart):
         # 0x02 is USE_HEARTBEAT_EVENT_V2 for MySQL and BINLOG_SEND_ANNOTATE_ROWS_EVENT for MariaDB.
         self.heartbeat_v2 = self.flavour == "mysql" and bool(request.flags & USE_HEARTBEAT_EVENT_V2)
         self.send_annotate = self.flavour == "mariadb" and bool(request.flags & BINLOG_SEND_ANNOTATE_ROWS_EVENT)
-        self.capability = _int(user_var(uv, "mariadb_slave_capability"), "mariadb_slave_capability")
+        self.capability = int_variable(user_var(uv, "mariadb_slave_capability"), "mariadb_slave_capability")
         self.skip_replication = self.flavour == "mariadb" and truthy(conn.session_vars.get("skip_replication"))
         wants_semi_sync = truthy(user_var(uv, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
         self.semi_sync = wants_semi_sync and ctx.settings.semi_sync
@@ -183,7 +183,7 @@ class DumpSender(DumpStart):
         self.chunks: ChunkCache | None = chunk_cache(ctx.store) if self.send_packets is not None else None
         # Parking at the horizon (followers.py): the channel must be able to write a chunk without waiting.
         self.write_packets_now = getattr(channel, "write_packets_now", None) if self.chunks is not None else None
-        self.rf: _RelayFile | None = None  # the file _send_file is in
+        self.rf: RelayFile | None = None  # the file _send_file is in
         self.followed = False  # the shared pass at an advance sent something while this dump was parked
         self.slow_types: frozenset[int] = frozenset()
         self.omit_types: frozenset[int] = frozenset()
@@ -202,12 +202,12 @@ class DumpSender(DumpStart):
         self.decider.exclude = gtids
 
     @property
-    def maria_state(self) -> dict[int, _MariaStart]:
+    def maria_state(self) -> dict[int, MariaStart]:
         """MariaDB GTID: per domain, the GTID the replica asked for, until it is reached."""
         return self.decider.maria_state
 
     @maria_state.setter
-    def maria_state(self, state: dict[int, _MariaStart]) -> None:
+    def maria_state(self, state: dict[int, MariaStart]) -> None:
         self.decider.maria_state = state
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -223,11 +223,11 @@ class DumpSender(DumpStart):
                     self.tracker.register(conn.conn_id)
                 self.reader_task = asyncio.create_task(self._read_replica(), name=f"dump-reader-{conn.conn_id}")
                 await self._stream(first_file, start_pos)
-            except _DumpFailure as failure:
+            except DumpFailure as failure:
                 await self._send_error(failure)
-            except _Finished:
+            except DumpFinished:
                 pass
-        except _ReplicaGone:
+        except ReplicaGone:
             log.debug("replica left the dump", conn_id=conn.conn_id, file=self.file, position=self.pos)
         finally:
             if self.tracker is not None:
@@ -236,7 +236,7 @@ class DumpSender(DumpStart):
                 self.reader_task.cancel()
                 await asyncio.wait({self.reader_task})  # (a cancellation of this task still propagates)
 
-    async def _send_error(self, failure: _DumpFailure) -> None:
+    async def _send_error(self, failure: DumpFailure) -> None:
         message = failure.message
         if failure.with_position:
             last = failure.last_event if failure.last_event is not None else self.pos
@@ -265,15 +265,15 @@ class DumpSender(DumpStart):
             # previous one (MySQL keeps it for mysqlbinlog; the replica records two rotates).
             await self._send_event(
                 encoders.artificial_rotate(self._peer_name(name) if self.peer else name, pos, self.server_id,
-                                           self.event_alg == _CRC32), False
+                                           self.event_alg == CHECKSUM_CRC32), False
             )
             self.file_epoch = None if self.peer else self._epoch_of(name)
             self.slow_types = self._slow_types()
             try:
-                rf = _RelayFile(name, self.ctx.store.path(name))
+                rf = RelayFile(name, self.ctx.store.path(name))
             except (OSError, KeyError) as exc:
                 log.warning("cannot open a relay file for a dump", file=name, error=str(exc))
-                raise _DumpFailure(MSG_OPEN) from None  # Binlog_read_error::CANNOT_OPEN
+                raise DumpFailure(MSG_OPEN) from None  # Binlog_read_error::CANNOT_OPEN
             try:
                 fde_end = await self._send_format_description(rf, pos, first)
                 if pos == 4:
@@ -315,7 +315,7 @@ class DumpSender(DumpStart):
         try:
             return epochs.relay_name(file)
         except ValueError as exc:
-            raise _DumpFailure(f"relayproxy peer catch-up: {exc}") from None
+            raise DumpFailure(f"relayproxy peer catch-up: {exc}") from None
 
     def _peer_epoch_end(self, buf, off: int, size: int) -> None:
         """A ROTATE in a peer catch-up: the relay's own epoch ROTATE (timestamp 0, naming the first file of the
@@ -324,7 +324,7 @@ class DumpSender(DumpStart):
         epochs = getattr(self.ctx.store, "epochs", None)
         if epochs is None or not epochs.epochs:
             return
-        crc = self.event_alg == _CRC32
+        crc = self.event_alg == CHECKSUM_CRC32
         target = bytes(buf[off + C.HEADER_LEN + 8 : off + size - (C.CHECKSUM_LEN if crc else 0)]).decode(
             "utf-8", "replace")
         try:
@@ -332,9 +332,9 @@ class DumpSender(DumpStart):
         except ValueError:
             return
         following = [e for e in epochs.epochs if e.epoch == here.epoch + 1]
-        if following and following[0].first_file == target and _header_unpack_from(buf, off)[0] == 0:
+        if following and following[0].first_file == target and header_unpack_from(buf, off)[0] == 0:
             master = here.master_dict or {}
-            raise _DumpFailure(
+            raise DumpFailure(
                 f"relayproxy peer catch-up: epoch {here.epoch} (master server_id {master.get('server_id')}) "
                 f"ends at {self._peer_name(self.file)}:{self.pos}; this relay follows epoch {following[0].epoch} "
                 "from there (not served to a peer)")
@@ -342,9 +342,9 @@ class DumpSender(DumpStart):
     def _relay_rotate(self, buf, off: int, size: int) -> bytes | None:
         """A master's ROTATE in an epoch >= 2 file, naming the relay's file instead of the master's (else None:
         send it as it is). A replica that reconnects after it asks for that name."""
-        crc = self.event_alg == _CRC32  # the file's FDE: its events carry a CRC32
+        crc = self.event_alg == CHECKSUM_CRC32  # the file's FDE: its events carry a CRC32
         body_end = off + size - (C.CHECKSUM_LEN if crc else 0)
-        position = _U64.unpack_from(buf, off + C.HEADER_LEN)[0]
+        position = U64.unpack_from(buf, off + C.HEADER_LEN)[0]
         target = bytes(buf[off + C.HEADER_LEN + 8 : body_end]).decode("utf-8", "replace")
         try:
             relay = self.ctx.store.epochs.relay_name(target, self.file_epoch)
@@ -352,7 +352,7 @@ class DumpSender(DumpStart):
             return None
         if relay == target:
             return None
-        ts, _type, server_id, _size, log_pos, flags = _header_unpack_from(buf, off)
+        ts, _type, server_id, _size, log_pos, flags = header_unpack_from(buf, off)
         return encoders.rotate(relay, position, server_id=server_id, checksum=crc, timestamp=ts, log_pos=log_pos,
                                flags=flags)
 
@@ -362,35 +362,35 @@ class DumpSender(DumpStart):
         try:
             return names[names.index(name) + 1]
         except (ValueError, IndexError):
-            raise _DumpFailure(MSG_NEXT_LOG, with_position=True) from None
+            raise DumpFailure(MSG_NEXT_LOG, with_position=True) from None
 
-    async def _send_format_description(self, rf: _RelayFile, start_pos: int, first: bool) -> int:
+    async def _send_format_description(self, rf: RelayFile, start_pos: int, first: bool) -> int:
         """send_format_description_event(): the file's FDE, adjusted as the server adjusts it."""
         limit, _closed = await self._available(rf, 4 + C.HEADER_LEN)
         head = await self._read(rf, 0, 4 + C.HEADER_LEN)
         if len(head) < 4 + C.HEADER_LEN:
-            raise _read_failure(MSG_TRUNCATED, 4, len(head))
+            raise read_failure(MSG_TRUNCATED, 4, len(head))
         if head[:4] != C.BINLOG_MAGIC:
-            raise _DumpFailure(MSG_BAD_MAGIC)
-        _ts, type_code, _sid, size, _lp, _flags = _header_unpack_from(head, 4)
+            raise DumpFailure(MSG_BAD_MAGIC)
+        _ts, type_code, _sid, size, _lp, _flags = header_unpack_from(head, 4)
         if type_code != C.FORMAT_DESCRIPTION_EVENT:
-            raise _read_failure(MSG_NO_FDE_MYSQL if self.flavour == "mysql" else MSG_NO_FDE_MARIADB, 4, 4 + size)
+            raise read_failure(MSG_NO_FDE_MYSQL if self.flavour == "mysql" else MSG_NO_FDE_MARIADB, 4, 4 + size)
         if size < C.HEADER_LEN:
-            raise _read_failure(MSG_BOGUS, 4, 4 + C.HEADER_LEN)
+            raise read_failure(MSG_BOGUS, 4, 4 + C.HEADER_LEN)
         limit, closed = await self._available(rf, 4 + size)
         if 4 + size > limit:
-            raise _read_failure(MSG_TRUNCATED, 4, limit)
+            raise read_failure(MSG_TRUNCATED, 4, limit)
         raw = await self._read(rf, 4, size)
         try:
             fde = FormatDescription.parse(raw, 0, size)
         except ChecksumError:
-            raise _read_failure(MSG_CRC, 4, 4 + size) from None
+            raise read_failure(MSG_CRC, 4, 4 + size) from None
         except BinlogFormatError:
-            raise _read_failure(MSG_BOGUS, 4, 4 + size) from None
+            raise read_failure(MSG_BOGUS, 4, 4 + size) from None
         self.event_alg = fde.checksum_alg
-        if self.announced_alg == C.CHECKSUM_UNDEF and fde.checksum_alg == _CRC32:
+        if self.announced_alg == C.CHECKSUM_UNDEF and fde.checksum_alg == CHECKSUM_CRC32:
             # Masters never strip CRCs: a replica that did not announce a checksum cannot read these.
-            raise _read_failure(MSG_CHECKSUM, 4, 4 + size)
+            raise read_failure(MSG_CHECKSUM, 4, 4 + size)
         self.parser.set_format(fde)
         log_pos = created = None
         if self.flavour == "mysql":
@@ -407,7 +407,7 @@ class DumpSender(DumpStart):
         try:
             event = encoders.fde_copy(raw, clear_in_use=True, log_pos=log_pos, created=created)
         except (BinlogFormatError, ValueError):
-            raise _read_failure(MSG_BOGUS, 4, 4 + size) from None
+            raise read_failure(MSG_BOGUS, 4, 4 + size) from None
         await self._send_event(event, False)
         return 4 + size
 
@@ -415,7 +415,7 @@ class DumpSender(DumpStart):
         """slave_connection_state::is_pos_reached(): only empty-domain entries are left."""
         return all(entry.empty_domain for entry in self.maria_state.values())
 
-    async def _send_file(self, rf: _RelayFile, pos: int) -> None:
+    async def _send_file(self, rf: RelayFile, pos: int) -> None:
         """send_binlog(): events up to the durable end; at the horizon wait; return at the end of a closed file."""
         self.rf = rf
         while True:
@@ -427,10 +427,10 @@ class DumpSender(DumpStart):
                 pos = await self._send_range(rf, pos, limit, watch_purge=closed)
                 continue
             if pos > limit:
-                raise _read_failure(MSG_TRUNCATED, pos, limit)
+                raise read_failure(MSG_TRUNCATED, pos, limit)
             return  # the end of a closed file: on to the next one
 
-    async def _available(self, rf: _RelayFile, need_end: int, follow: bool = False) -> tuple[int, bool]:
+    async def _available(self, rf: RelayFile, need_end: int, follow: bool = False) -> tuple[int, bool]:
         """The durable end of ``rf`` once it reaches ``need_end`` or the file is closed.
 
         At the horizon this is where the sender waits: a heartbeat after skipped groups first, EOF
@@ -442,7 +442,7 @@ class DumpSender(DumpStart):
         follows ``self.pos``, and the heartbeat is due a period after the last thing sent."""
         while True:
             if self.gone is not None and self.gone.done():
-                raise _ReplicaGone
+                raise ReplicaGone
             horizon = self.ctx.horizon
             snap = horizon.snapshot()
             limit, closed = self._durable_end(rf, snap)
@@ -453,7 +453,7 @@ class DumpSender(DumpStart):
                 await self._heartbeat(owed)
             if self.non_block:
                 await self._send(eof_payload(self.conn.capabilities))
-                raise _Finished
+                raise DumpFinished
             timeout = self.heartbeat_period if self.heartbeat_period > 0 else _IDLE_RECHECK
             if self.followed and self.heartbeat_period > 0:
                 timeout = max(self.heartbeat_period - (time.monotonic() - self.last_sent), 0.0)
@@ -467,7 +467,7 @@ class DumpSender(DumpStart):
             if not advanced and self.heartbeat_period > 0:
                 await self._heartbeat(self.pos)
 
-    def _durable_end(self, rf: _RelayFile, snap) -> tuple[int, bool]:
+    def _durable_end(self, rf: RelayFile, snap) -> tuple[int, bool]:
         """(bytes of ``rf`` a reader may send, whether the file is closed)."""
         if snap.file == rf.name:
             return snap.position, False
@@ -509,13 +509,13 @@ class DumpSender(DumpStart):
             elif not future.done() or future.result() is None:
                 horizon.discard_waiter(future)
         if self.gone.done():
-            raise _ReplicaGone
+            raise ReplicaGone
         if self.followed:
             return True
         return snapshot is not None and snapshot.seq > seq
 
     # -- parked at the horizon: the shared pass at an advance (followers.py) -------------------------
-    def _may_park(self, rf: _RelayFile, snap) -> bool:
+    def _may_park(self, rf: RelayFile, snap) -> bool:
         """Whether this dump may wait among the followers: it is at the durable end of the horizon's file, the
         next events need nothing done for it so far (``_plain``), and its channel can write without waiting."""
         return (self.write_packets_now is not None and snap.file == rf.name and self.pos == snap.position
@@ -541,7 +541,7 @@ class DumpSender(DumpStart):
         if not channel.can_write_now():
             return WAKE
         parser = self.parser
-        crc = self.event_alg == _CRC32
+        crc = self.event_alg == CHECKSUM_CRC32
         key = (rf.name, pos, want, crc, parser.state_key())  # the ordinary path's key (``_chunk``)
         chunk = shared.chunks.get(key)
         if chunk is None:
@@ -590,12 +590,12 @@ class DumpSender(DumpStart):
         descriptor could keep reading a deleted file, but that would hold its disk space for as long
         as a slow replica takes, and the replica cannot continue past it anyway."""
         if name not in self.ctx.store.files():
-            raise _DumpFailure(MSG_FILE_PURGED % name, with_position=True)
+            raise DumpFailure(MSG_FILE_PURGED % name, with_position=True)
 
-    async def _send_range(self, rf: _RelayFile, pos: int, limit: int, *, watch_purge: bool = False) -> int:
+    async def _send_range(self, rf: RelayFile, pos: int, limit: int, *, watch_purge: bool = False) -> int:
         """Every event of ``[pos, limit)``; ``limit`` is an event boundary, else the file is damaged.
         ``watch_purge``: the file is closed, so it may be purged meanwhile: checked at every chunk."""
-        crc = self.event_alg == _CRC32
+        crc = self.event_alg == CHECKSUM_CRC32
         first = True
         while pos < limit:
             if watch_purge and not first:
@@ -616,25 +616,25 @@ class DumpSender(DumpStart):
                 try:
                     data = await rf.read(pos, want)
                 except OSError:
-                    raise _read_failure(MSG_IO, pos, pos) from None
+                    raise read_failure(MSG_IO, pos, pos) from None
             n = len(data)
             if n < want:
-                raise _read_failure(MSG_TRUNCATED, pos, pos + n)
+                raise read_failure(MSG_TRUNCATED, pos, pos + n)
             view = memoryview(data)
             off = handled = 0
             while off + C.HEADER_LEN <= n:
-                _ts, type_code, _sid, size, _lp, flags = _header_unpack_from(data, off)
+                _ts, type_code, _sid, size, _lp, flags = header_unpack_from(data, off)
                 end = off + size
                 if size < C.HEADER_LEN:
-                    raise _read_failure(MSG_BOGUS, pos + off, pos + off + C.HEADER_LEN)
+                    raise read_failure(MSG_BOGUS, pos + off, pos + off + C.HEADER_LEN)
                 if end > n:
                     break
                 if type_code == _IGNORABLE and flags & _IGNORABLE_F:
                     self._skip_filler(pos + end)
                     off = end
                     continue
-                if crc and _crc32(view[off : end - 4]) != _U32.unpack_from(data, end - 4)[0]:
-                    raise _read_failure(MSG_CRC, pos + off, pos + end)
+                if crc and _crc32(view[off : end - 4]) != U32.unpack_from(data, end - 4)[0]:
+                    raise read_failure(MSG_CRC, pos + off, pos + end)
                 await self._handle(view, off, size, pos + off, type_code, flags, None)
                 off = end
                 handled += 1
@@ -647,10 +647,10 @@ class DumpSender(DumpStart):
                 continue
             # The event at ``pos`` does not fit the chunk.
             if n < C.HEADER_LEN:
-                raise _read_failure(MSG_TRUNCATED, pos, pos + n)
-            _ts, type_code, _sid, size, _lp, flags = _header_unpack_from(data, 0)
+                raise read_failure(MSG_TRUNCATED, pos, pos + n)
+            _ts, type_code, _sid, size, _lp, flags = header_unpack_from(data, 0)
             if pos + size > limit:
-                raise _read_failure(MSG_TRUNCATED, pos, limit)
+                raise read_failure(MSG_TRUNCATED, pos, limit)
             if type_code == _IGNORABLE and flags & _IGNORABLE_F:  # a large filler: never read, never sent
                 pos += size
                 self._skip_filler(pos)
@@ -658,9 +658,9 @@ class DumpSender(DumpStart):
             if size <= _STREAM_PIECE or self.send_stream is None:
                 event = await self._read(rf, pos, size)
                 if len(event) < size:
-                    raise _read_failure(MSG_TRUNCATED, pos, pos + len(event))
-                if crc and _crc32(memoryview(event)[:-4]) != _U32.unpack_from(event, size - 4)[0]:
-                    raise _read_failure(MSG_CRC, pos, pos + size)
+                    raise read_failure(MSG_TRUNCATED, pos, pos + len(event))
+                if crc and _crc32(memoryview(event)[:-4]) != U32.unpack_from(event, size - 4)[0]:
+                    raise read_failure(MSG_CRC, pos, pos + size)
                 await self._handle(memoryview(event), 0, size, pos, type_code, flags, None)
             else:
                 await self._big_event(rf, pos, size, type_code, flags, crc)
@@ -717,7 +717,7 @@ class DumpSender(DumpStart):
                     seen.update(MariaGtid(*gtid))  # met on the way (EventDecider._maria_skip)
         return True
 
-    async def _chunk(self, rf: _RelayFile, pos: int, want: int, crc: bool, limit: int) -> Chunk | None:
+    async def _chunk(self, rf: RelayFile, pos: int, want: int, crc: bool, limit: int) -> Chunk | None:
         """The shared chunk of ``want`` bytes at ``pos``; when the event there is larger (up to ``_STREAM_PIECE``,
         and ending by ``limit``), the chunk of that one event: every replica that catches up through large
         events (a bulk statement, a large row event) then shares its read, CRC check and framing too."""
@@ -727,7 +727,7 @@ class DumpSender(DumpStart):
         async def make() -> Chunk:
             data = await rf.read(pos, want)
             if len(data) == want >= C.HEADER_LEN:
-                size = _header_unpack_from(data, 0)[3]
+                size = header_unpack_from(data, 0)[3]
                 if want < size <= _STREAM_PIECE and pos + size <= limit:
                     data = await rf.read(pos, size)
             return scan_chunk(rf.name, pos, data, parser.copy(), crc)
@@ -735,16 +735,16 @@ class DumpSender(DumpStart):
         try:
             return await self.chunks.get(key, make)
         except OSError:
-            raise _read_failure(MSG_IO, pos, pos) from None
+            raise read_failure(MSG_IO, pos, pos) from None
 
     async def _send_chunk(self, chunk: Chunk) -> None:
         omit = self.omit_types
         try:
             await self.send_packets(chunk, omit) if omit else await self.send_packets(chunk)
         except (ConnectionError, OSError, EOFError) as exc:
-            raise _ReplicaGone from exc
+            raise ReplicaGone from exc
         if self.channel.closed:
-            raise _ReplicaGone
+            raise ReplicaGone
         self._sent(chunk, omit)
 
     def _sent(self, chunk: Chunk, omit: frozenset[int]) -> None:
@@ -758,14 +758,14 @@ class DumpSender(DumpStart):
         progress.bytes_sent += nbytes
         self.last_sent = time.monotonic()
 
-    async def _read(self, rf: _RelayFile, pos: int, n: int) -> bytes:
+    async def _read(self, rf: RelayFile, pos: int, n: int) -> bytes:
         """``rf.read`` with a read error (a damaged compressed or encrypted frame, a disk error) turned into the
         servers' 1236 "I/O error reading log event", before anything of the event went out."""
         try:
             return await rf.read(pos, n)
         except OSError as exc:
             log.error("cannot read a relay file for a dump", file=rf.name, position=pos, error=str(exc))
-            raise _read_failure(MSG_IO, pos, pos) from None
+            raise read_failure(MSG_IO, pos, pos) from None
 
     def _skip_filler(self, end_pos: int) -> None:
         """A relay-made filler (IGNORABLE_LOG_EVENT, flagged ignorable): it stands for transactions of the new
@@ -775,13 +775,13 @@ class DumpSender(DumpStart):
         next event, as after skipped groups; a MariaDB replica that tolerates holes from the next event's
         log_pos; any other replica (file/position: it counts bytes) from a fake ROTATE to (this file, here)."""
         if self.peer:
-            raise _DumpFailure(f"relayproxy peer catch-up: {self._peer_name(self.file)}:{self.pos} holds a filler "
+            raise DumpFailure(f"relayproxy peer catch-up: {self._peer_name(self.file)}:{self.pos} holds a filler "
                                "(transactions this relay got from an earlier master): not served to a peer")
         self.pos = end_pos
         self.progress.position = end_pos
         self.decider.filler(end_pos)
 
-    async def _big_event(self, rf: _RelayFile, pos: int, size: int, type_code: int, flags: int, crc: bool) -> None:
+    async def _big_event(self, rf: RelayFile, pos: int, size: int, type_code: int, flags: int, crc: bool) -> None:
         """A large event: CRC-checked in a first pass over the file (a corrupt event must not be half
         sent), then streamed from the file (``_stream_event``); only its head is ever held."""
         if crc:
@@ -791,24 +791,24 @@ class DumpSender(DumpStart):
             while at < body_end:
                 chunk = await self._read(rf, at, min(_STREAM_PIECE, body_end - at))
                 if not chunk:
-                    raise _read_failure(MSG_TRUNCATED, pos, at)
+                    raise read_failure(MSG_TRUNCATED, pos, at)
                 running = _crc32(chunk, running)
                 at += len(chunk)
             stored = await self._read(rf, body_end, C.CHECKSUM_LEN)
             if len(stored) < C.CHECKSUM_LEN:
-                raise _read_failure(MSG_TRUNCATED, pos, body_end + len(stored))
-            if running != _U32.unpack(stored)[0]:
-                raise _read_failure(MSG_CRC, pos, pos + size)
+                raise read_failure(MSG_TRUNCATED, pos, body_end + len(stored))
+            if running != U32.unpack(stored)[0]:
+                raise read_failure(MSG_CRC, pos, pos + size)
         head = await self._read(rf, pos, min(size, _HEAD))
         await self._handle(memoryview(head), 0, size, pos, type_code, flags, rf)
 
     async def _handle(self, buf: memoryview, off: int, size: int, file_pos: int, type_code: int, flags: int,
-                      rf: _RelayFile | None) -> None:
+                      rf: RelayFile | None) -> None:
         """One event: what the decider (decide.py) says for it, carried out; then the replica's position moves.
 
         ``buf[off:off + size]`` is the event, or only its head when ``rf`` is given (a large event,
         streamed from the file)."""
-        decision = self.decider.decide(buf, off, size, file_pos, type_code, flags, self.event_alg == _CRC32,
+        decision = self.decider.decide(buf, off, size, file_pos, type_code, flags, self.event_alg == CHECKSUM_CRC32,
                                        time.monotonic() - self.last_sent)
         action = decision.action
         if action == END:
@@ -828,7 +828,7 @@ class DumpSender(DumpStart):
             if decision.reposition:
                 await self._send_event(
                     encoders.artificial_rotate(self.file, decision.reposition, self.server_id,
-                                               self.event_alg == _CRC32),
+                                               self.event_alg == CHECKSUM_CRC32),
                     False)
             if action == SEND:
                 if rf is None:
@@ -842,7 +842,7 @@ class DumpSender(DumpStart):
         if decision.gtid_list:
             await self._send_event(
                 encoders.gtid_list(self.decider.maria_seen, self.server_id, end_pos & 0xFFFFFFFF,
-                                   self.event_alg == _CRC32, header_flags=C.LOG_EVENT_ARTIFICIAL_F),
+                                   self.event_alg == CHECKSUM_CRC32, header_flags=C.LOG_EVENT_ARTIFICIAL_F),
                 False,
             )
 
@@ -856,13 +856,13 @@ class DumpSender(DumpStart):
         await self._send(self._prefix(need_ack) + event)
         self.progress.events_sent += 1
 
-    async def _stream_event(self, rf: _RelayFile, pos: int, size: int, need_ack: bool) -> None:
+    async def _stream_event(self, rf: RelayFile, pos: int, size: int, need_ack: bool) -> None:
         """Send a large event straight from the file, a piece at a time (see ``StreamingChannel``)."""
         prefix = self._prefix(need_ack)
         if self.send_stream is None:
             event = await self._read(rf, pos, size)  # no streaming channel: hold the event to send it whole
             if len(event) < size:
-                raise _read_failure(MSG_TRUNCATED, pos, pos + len(event))
+                raise read_failure(MSG_TRUNCATED, pos, pos + len(event))
             await self._send_event(event, need_ack)
             return
 
@@ -872,23 +872,23 @@ class DumpSender(DumpStart):
             while at < end:
                 piece = await rf.read(at, min(_STREAM_PIECE, end - at))
                 if not piece:
-                    raise _read_failure(MSG_TRUNCATED, pos, at)
+                    raise read_failure(MSG_TRUNCATED, pos, at)
                 at += len(piece)
                 yield piece
 
         try:
             await self.send_stream(len(prefix) + size, pieces())
         except (ConnectionError, OSError, EOFError) as exc:
-            raise _ReplicaGone from exc
-        except _DumpFailure as failure:
+            raise ReplicaGone from exc
+        except DumpFailure as failure:
             # The file changed under a large event after its CRC pass (it was fine a moment ago).
             # Part of the payload is out: an ERR now would be read as the rest of the event, so the
             # dump just stops; the replica times out, reconnects, and then gets the error cleanly.
             log.error("relay file changed while a large event was sent", file=self.file, position=pos,
                       error=failure.message)
-            raise _ReplicaGone from failure
+            raise ReplicaGone from failure
         if self.channel.closed:
-            raise _ReplicaGone
+            raise ReplicaGone
         self.last_sent = time.monotonic()
         self.progress.events_sent += 1
         self.progress.bytes_sent += len(prefix) + size
@@ -897,7 +897,7 @@ class DumpSender(DumpStart):
         """HEARTBEAT for the current file: v2 when a MySQL replica asked for it, else v1 (MariaDB's
         v1 carries positions past 4 GB in a sub-header; MySQL's v1 truncates them, as the server does)."""
         name = self.file or ""
-        crc = self.event_alg == _CRC32
+        crc = self.event_alg == CHECKSUM_CRC32
         if self.flavour == "mariadb":
             event = encoders.heartbeat_v1(name, pos, self.server_id, crc, mariadb=True)
         elif self.heartbeat_v2:
@@ -910,9 +910,9 @@ class DumpSender(DumpStart):
         try:
             await self.channel.send(payload)
         except (ConnectionError, OSError, EOFError) as exc:
-            raise _ReplicaGone from exc
+            raise ReplicaGone from exc
         if self.channel.closed:
-            raise _ReplicaGone
+            raise ReplicaGone
         self.last_sent = time.monotonic()
         self.progress.bytes_sent += len(payload)
 
@@ -943,7 +943,7 @@ class DumpSender(DumpStart):
         if not self.semi_sync or len(packet) < 10 or packet[0] != SEMI_SYNC_MAGIC:
             log.debug("ignored a packet from a dumping replica", conn_id=self.conn.conn_id, length=len(packet))
             return
-        pos = _U64.unpack_from(packet, 1)[0]
+        pos = U64.unpack_from(packet, 1)[0]
         name = bytes(packet[9:]).decode("utf-8", "surrogateescape")
         self.progress.last_ack = (name, pos)
         if self.tracker is not None:

@@ -15,11 +15,14 @@ from ...binlog.gtid import GtidSet, MariaBinlogState, MariaGtid, MariaGtidPositi
 from ...relay import closed_files
 from ...relay.catalog import CatalogError, FileInfo
 from ...wire.packets import MySQLError
-from .errors import (
+from ...wire.errors import (
     ER_MALFORMED_GTID_SET_ENCODING,
     ER_UNKNOWN_COM_ERROR,
     ER_UNKNOWN_ERROR,
     ER_WRONG_VALUE_FOR_VAR,
+)
+from .errors import (
+    DumpFailure,
     MSG_GTID_MODE_OFF,
     MSG_IO,
     MSG_MARIA_BAD_STATE,
@@ -31,14 +34,13 @@ from .errors import (
     MSG_POS_GT_SIZE,
     MSG_POS_LT_4,
     MSG_PURGED,
-    _DumpFailure,
     maria_not_in_binlog,
 )
-from .files import _GTID_TYPES, _header_unpack_from, _scan_file_gtids
+from .files import GTID_TYPES, header_unpack_from, scan_file_gtids
 
 
 @dataclass(slots=True)
-class _MariaStart:
+class MariaStart:
     """One domain of a MariaDB replica's requested position, with MariaDB's entry flags."""
 
     gtid: MariaGtid
@@ -50,7 +52,7 @@ class _MariaStart:
 # ---------------------------------------------------------------------------------------------
 
 
-def _contains_all_slave_gtid(state: dict[int, _MariaStart], entries: list[MariaGtid]) -> bool:
+def _contains_all_slave_gtid(state: dict[int, MariaStart], entries: list[MariaGtid]) -> bool:
     """MariaDB's contains_all_slave_gtid(): is every requested GTID in this file or a later one?
 
     ``entries`` is the file's GTID_LIST in order (each domain's most recent GTID last). A domain
@@ -86,7 +88,7 @@ def _walk_head(path, size: int, limit: int = 1 << 20):
         head = f.read(min(size, limit))
     pos = 4
     while pos + C.HEADER_LEN <= len(head):
-        _ts, type_code, _sid, event_size, _lp, _flags = _header_unpack_from(head, pos)
+        _ts, type_code, _sid, event_size, _lp, _flags = header_unpack_from(head, pos)
         if event_size < C.HEADER_LEN:
             return
         yield type_code, pos, event_size, head
@@ -113,7 +115,7 @@ def _first_gtid(path, size: int):
             if pos + event_size > min(size, len(head)):
                 return None
             result = parser.feed_event(head, pos) & B.RESULT_MASK
-            if type_code in _GTID_TYPES:
+            if type_code in GTID_TYPES:
                 return parser.gtid
             if result != B.EVENT_OUTSIDE:
                 return None
@@ -138,7 +140,7 @@ def _text(value) -> str:
     return str(value)
 
 
-def _int(value, name: str = "") -> int:
+def int_variable(value, name: str = "") -> int:
     """A replica's user variable as an integer (0 when unset or not a number); a value no integer can hold
     (1e400, inf) is the replica's mistake: a clear error, not an internal one."""
     if value is None:
@@ -163,7 +165,7 @@ def truthy(value) -> bool:
     return bool(value)
 
 
-def _checksum_alg(value) -> int:
+def checksum_alg(value) -> int:
     """@master_binlog_checksum as the server maps it (find_type over NONE/CRC32): unset or unknown is
     UNDEF, i.e. a replica that does not handle checksums."""
     if value is None:
@@ -189,11 +191,11 @@ class DumpStart:
         if self.mode == "mysql-gtid":
             if self.flavour != "mysql":
                 # MariaDB has no COM_BINLOG_DUMP_GTID: its dispatcher answers "Unknown command".
-                raise _DumpFailure("Unknown command", ER_UNKNOWN_COM_ERROR, sqlstate="08S01")
+                raise DumpFailure("Unknown command", ER_UNKNOWN_COM_ERROR, sqlstate="08S01")
             try:
                 replica = GtidSet.decode(self.request.gtid_set)
             except (BinlogFormatError, ValueError, TypeError):
-                raise _DumpFailure("Malformed GTID set encoding.", ER_MALFORMED_GTID_SET_ENCODING) from None
+                raise DumpFailure("Malformed GTID set encoding.", ER_MALFORMED_GTID_SET_ENCODING) from None
             self.exclude = replica
             if self.request.file:
                 # Binlog_sender::check_start_file: a named file wins over the GTID search (and its
@@ -203,7 +205,7 @@ class DumpStart:
         if self.mode == "mariadb-gtid":
             return await self._plan_mariadb_gtid()
         if self.mode != "file":
-            raise _DumpFailure(f"unknown dump request kind {self.request.kind!r}", ER_UNKNOWN_ERROR)
+            raise DumpFailure(f"unknown dump request kind {self.request.kind!r}", ER_UNKNOWN_ERROR)
         if getattr(self, "peer", False) and self.request.file:
             # A peer relay asks in the master's names of the current epoch (sender.py, _peer_start).
             return self._check_file_position(self._peer_start(self.request.file), self.request.position)
@@ -231,19 +233,19 @@ class DumpStart:
         names = self._durable_names()
         name = file or (names[0] if names else "")
         if name not in names:
-            raise _DumpFailure(MSG_NO_FILE)
+            raise DumpFailure(MSG_NO_FILE)
         if self.flavour == "mariadb":
             if pos < 4 or pos > self._durable_size(name):
-                raise _DumpFailure(
+                raise DumpFailure(
                     f"{MSG_MARIA_IMPOSSIBLE_POS}; the first event '{file}' at {pos}, the last event read from "
                     f"'{file}' at 4, the last byte read from '{file}' at 4."
                 )
             return name, pos
         if pos < 4:
-            raise _DumpFailure(MSG_POS_LT_4)
+            raise DumpFailure(MSG_POS_LT_4)
         if pos > self._durable_size(name):
             # The size a reader may use is the durable one: bytes past the horizon do not exist yet.
-            raise _DumpFailure(MSG_POS_GT_SIZE)
+            raise DumpFailure(MSG_POS_GT_SIZE)
         return name, pos
 
     def _start_sets(self) -> list[FileInfo]:
@@ -254,7 +256,7 @@ class DumpStart:
         try:
             infos = catalog.files()
         except CatalogError as exc:
-            raise _DumpFailure(f"{MSG_IO}: {exc}") from None
+            raise DumpFailure(f"{MSG_IO}: {exc}") from None
         if infos and infos[-1].start_gtids is None and infos[-1].name == self.ctx.horizon.snapshot().file:
             newest = infos[-1]
             if not _has_event_after_fde(self.ctx.store.path(newest.name), newest.size):
@@ -266,34 +268,34 @@ class DumpStart:
         """Binlog_sender::check_start_file() for COM_BINLOG_DUMP_GTID, in the server's order."""
         infos = await asyncio.to_thread(self._start_sets)  # reads file headers: off the loop
         if not infos:
-            raise _DumpFailure(MSG_NO_FILE)
+            raise DumpFailure(MSG_NO_FILE)
         if all(info.start_gtids is None for info in infos):
-            raise _DumpFailure(MSG_GTID_MODE_OFF)  # no PREVIOUS_GTIDS anywhere: a pre-GTID master
+            raise DumpFailure(MSG_GTID_MODE_OFF)  # no PREVIOUS_GTIDS anywhere: a pre-GTID master
         # 1. The replica must not have more of the master's own GTIDs than the master (ER 1885).
         relay_set = self.ctx.horizon.snapshot().gtids
         if not isinstance(relay_set, GtidSet):
             relay_set = GtidSet()
         for uuid in self._master_uuids(relay_set):
             if not _restrict(replica, uuid).is_subset(relay_set):
-                raise _DumpFailure(MSG_MORE_GTIDS[self.modern_terms])
+                raise DumpFailure(MSG_MORE_GTIDS[self.modern_terms])
         # 2. gtid_purged must be in the replica's set (the 5.6.22 fix, Bug #19012085), checked
         # before looking for a start file: an oldest file with an empty PREVIOUS_GTIDS would
         # otherwise "match" any replica.
         missing = await self._missing_purged(infos, replica)
         if missing:
-            raise _DumpFailure(MSG_PURGED[self.modern_terms] % (replica.format(), missing.format()))
+            raise DumpFailure(MSG_PURGED[self.modern_terms] % (replica.format(), missing.format()))
         # 3. find_first_log_not_in_gtid_set(): newest to oldest, the first file whose
         # PREVIOUS_GTIDS the replica has.
         chosen = None
         for info in reversed(infos):
             if not isinstance(info.start_gtids, GtidSet):
-                raise _DumpFailure(MSG_OLD_BINLOG)
+                raise DumpFailure(MSG_OLD_BINLOG)
             if info.start_gtids.is_subset(replica):
                 chosen = info
                 break
         if chosen is None:
             missing = infos[0].start_gtids.subtract(replica)
-            raise _DumpFailure(MSG_PURGED[self.modern_terms] % (replica.format(), missing.format()))
+            raise DumpFailure(MSG_PURGED[self.modern_terms] % (replica.format(), missing.format()))
         # Skipping at least the file's first transaction: clear "created" so the replica keeps its
         # temporary tables (m_gtid_clear_fd_created_flag).
         first = await asyncio.to_thread(_first_gtid, self.ctx.store.path(chosen.name), chosen.size)
@@ -331,11 +333,11 @@ class DumpStart:
                 continue
             path = os.fspath(self.ctx.store.path(older.name))
             try:
-                held = await asyncio.to_thread(_scan_file_gtids, path)
+                held = await asyncio.to_thread(scan_file_gtids, path)
             except OSError as exc:
-                raise _DumpFailure(f"{MSG_IO}: {older.name}: {exc.strerror}") from None
+                raise DumpFailure(f"{MSG_IO}: {older.name}: {exc.strerror}") from None
             except closed_files.StoredFileError as exc:
-                raise _DumpFailure(f"{MSG_IO}: {exc}") from None
+                raise DumpFailure(f"{MSG_IO}: {exc}") from None
             gap.difference_update(held)
             missing.update(gap)
         return missing
@@ -347,8 +349,8 @@ class DumpStart:
         try:
             position = MariaGtidPosition.parse(_text(text))
         except (ValueError, TypeError):
-            raise _DumpFailure(MSG_MARIA_BAD_STATE, ER_UNKNOWN_ERROR) from None
-        state = {g.domain_id: _MariaStart(g) for g in position}
+            raise DumpFailure(MSG_MARIA_BAD_STATE, ER_UNKNOWN_ERROR) from None
+        state = {g.domain_id: MariaStart(g) for g in position}
         binlog = self.ctx.horizon.snapshot().gtids
         if not isinstance(binlog, MariaBinlogState):
             binlog = MariaBinlogState()
@@ -384,6 +386,6 @@ class DumpStart:
                         del state[entry_gtid.domain_id]
                 self.maria_state = state
                 return info.name, 4
-        raise _DumpFailure(MSG_MARIA_NO_STATE)
+        raise DumpFailure(MSG_MARIA_NO_STATE)
 
     _maria_not_in_binlog = staticmethod(maria_not_in_binlog)

@@ -10,19 +10,18 @@ from ...relay import closed_files
 from ...relay.retention import readers_in, readers_of
 from ...wire.results import OkResponse, Response
 from .. import privileges
-from .errors import (
+from ...wire.errors import (
     ER_KILL_DENIED_ERROR,
     ER_LOG_IN_USE,
     ER_LOG_PURGE_UNKNOWN_ERR,
     ER_NO_SUCH_THREAD,
     ER_UNKNOWN_TARGET_BINLOG,
     ER_WRONG_ARGUMENTS,
-    SqlError,
-    _unsupported,
 )
+from .errors import SqlError, unsupported
 from .expressions import Evaluator
 from .parser import Parser
-from .values import _to_datetime
+from .values import to_datetime
 
 log = get_logger("relayproxy.downstream.sql")
 
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
 # -- PURGE ---------------------------------------------------------------------------------------
 
 
-def _purge(p: Parser, env: Env) -> Response:
+def run_purge(p: Parser, env: Env) -> Response:
     """PURGE BINARY|MASTER LOGS TO 'file' | BEFORE <datetime>: delete relay files before a point.
 
     Refused, with nothing deleted, while a connected replica's dump still reads one of those files
@@ -59,7 +58,7 @@ def _purge(p: Parser, env: Env) -> Response:
         p.expect_word("BEFORE")
         when = p.expr().eval(Evaluator(env))
         p.end_of_statement()
-        cutoff = _to_datetime(when) if when is not None else None
+        cutoff = to_datetime(when) if when is not None else None
         if cutoff is None:
             raise SqlError(ER_WRONG_ARGUMENTS, "HY000", f"Incorrect arguments to PURGE LOGS BEFORE: {when!r} is not a datetime")
         _require_binlog_admin(env)
@@ -111,7 +110,7 @@ def _require_binlog_admin(env: Env) -> None:
 # -- KILL, FLUSH HOSTS ---------------------------------------------------------------------------------------
 
 
-def _kill(p: Parser, env: Env) -> Response:
+def run_kill(p: Parser, env: Env) -> Response:
     """KILL [CONNECTION | QUERY] id: end a connection (a replica's dump, a stuck client). As on the servers, an
     account may kill its own connections; another account's needs admin (1095 "You are not owner of thread",
     the servers' answer, not 1227). KILL QUERY ends a running dump (a dump is its connection's query) and does
@@ -141,14 +140,14 @@ def _kill(p: Parser, env: Env) -> Response:
     return OkResponse()
 
 
-def _flush(p: Parser, env: Env) -> Response:
+def run_flush(p: Parser, env: Env) -> Response:
     """FLUSH HOSTS: unblock every host blocked after max_connect_errors failed logins and forget the counts (the
     servers' RELOAD privilege: admin). Other FLUSH statements are refused by name."""
     p.expect_word("FLUSH")
     p.accept_word("LOCAL", "NO_WRITE_TO_BINLOG")
     if not p.accept_word("HOSTS"):
         what = p.cur.value.upper() if p.cur.kind == "word" else ""
-        raise _unsupported(f"'FLUSH {what}'" if what else "'FLUSH'")
+        raise unsupported(f"'FLUSH {what}'" if what else "'FLUSH'")
     p.end_of_statement()
     env.require(privileges.FLUSH_HOSTS)
     flush = getattr(env.ctx, "flush_hosts", None)

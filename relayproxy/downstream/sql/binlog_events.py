@@ -20,8 +20,9 @@ from ...binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ...binlog.views import view_event
 from ...relay import closed_files
 from ...wire.results import ResultSet
-from .errors import ER_ERROR_WHEN_EXECUTING_COMMAND, SqlError
-from .parser import Parser, _limit
+from ...wire.errors import ER_ERROR_WHEN_EXECUTING_COMMAND
+from .errors import SqlError
+from .parser import Parser, parse_limit
 
 if TYPE_CHECKING:
     from .env import Env
@@ -94,7 +95,7 @@ def parse_show_binlog_events(p: Parser) -> Request:
             raise p.error()
         p.advance()
         position = max(token.value, 4)  # the servers start at the first event for a position inside the magic
-    offset, count = _limit(p)
+    offset, count = parse_limit(p)
     p.end_of_statement()
     return Request(file, position, offset, count)
 

@@ -10,16 +10,17 @@ from ...log import PeerLogLimiter, get_logger, report_failure
 from ...relay.catalog import CatalogError, FileCatalog
 from ...wire.results import ErrorResponse, Response
 from ..context import ConnectionState
-from .admin import _flush, _kill, _purge
+from .admin import run_flush, run_kill, run_purge
 from .binlog_events import read_binlog_events
 from .env import Env
-from .errors import ER_EMPTY_QUERY, ER_UNKNOWN_ERROR, SqlError, _unsupported
-from .functions import _gtids_at
+from ...wire.errors import ER_EMPTY_QUERY, ER_UNKNOWN_ERROR
+from .errors import SqlError, unsupported
+from .functions import gtids_at
 from .limits import check_statement_size
 from .parser import Parser, Token, tokenize
 from .replication import is_replication_statement, replication_statement
-from .select import _do, _select, _set, _transaction, _use
-from .show import _show, prepare_binlog_events
+from .select import run_do, run_select, run_set, run_transaction, run_use
+from .show import run_show, prepare_binlog_events
 from .slicing import run_sliced, work
 
 log = get_logger("relayproxy.downstream.sql")
@@ -118,7 +119,7 @@ async def _prefetch(ctx, tokens: list[Token], prefetched: dict[tuple[str, int], 
             path = ctx.store.path(name)
         except (CatalogError, KeyError):
             continue  # the statement itself answers NULL
-        prefetched[(str(path), position)] = await asyncio.to_thread(_gtids_at, path, position)
+        prefetched[(str(path), position)] = await asyncio.to_thread(gtids_at, path, position)
     if mentions_purged and ctx.flavour != "mariadb":
         catalog = catalog or ctx.catalog
         try:
@@ -187,25 +188,25 @@ def _dispatch(p: Parser, env: Env) -> Response:
         raise SqlError(ER_UNKNOWN_ERROR, "HY000", f"'{_statement_name(p)}' needs the relay's event loop (execute)")
     if word == "START":
         if p.is_word("TRANSACTION", offset=1):
-            return _transaction(p, env)
-        raise _unsupported(f"'{_statement_name(p)}'")
+            return run_transaction(p, env)
+        raise unsupported(f"'{_statement_name(p)}'")
     if word in _KNOWN_UNSUPPORTED:
-        raise _unsupported(f"'{_statement_name(p)}' statements")
+        raise unsupported(f"'{_statement_name(p)}' statements")
     if first.kind == "op" and first.value == "(":
-        raise _unsupported("parenthesised queries")
+        raise unsupported("parenthesised queries")
     raise p.error()
 
 
 _HANDLERS: dict[str, Callable[[Parser, Env], Response]] = {
-    "SELECT": _select,
-    "SET": _set,
-    "SHOW": _show,
-    "PURGE": _purge,
-    "KILL": _kill,
-    "FLUSH": _flush,
-    "DO": _do,
-    "USE": _use,
-    "BEGIN": _transaction,
-    "COMMIT": _transaction,
-    "ROLLBACK": _transaction,
+    "SELECT": run_select,
+    "SET": run_set,
+    "SHOW": run_show,
+    "PURGE": run_purge,
+    "KILL": run_kill,
+    "FLUSH": run_flush,
+    "DO": run_do,
+    "USE": run_use,
+    "BEGIN": run_transaction,
+    "COMMIT": run_transaction,
+    "ROLLBACK": run_transaction,
 }

@@ -7,15 +7,11 @@ import datetime as _dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
-    ER_BAD_FIELD_ERROR,
-    ER_SP_DOES_NOT_EXIST,
-    ER_WRONG_PARAMCOUNT_TO_NATIVE_FCT,
-    SqlError,
-)
-from .functions import _FUNCTIONS
+from ...wire.errors import ER_BAD_FIELD_ERROR, ER_SP_DOES_NOT_EXIST, ER_WRONG_PARAMCOUNT_TO_NATIVE_FCT
+from .errors import SqlError
+from .functions import FUNCTIONS
 from .limits import STEP_BYTES, check_number, out_of_range, too_large, value_size
-from .values import _compare, _to_datetime, _to_number, _to_text, _truthy, like_match
+from .values import compare_values, to_datetime, to_number, to_text, truthy, like_match
 from .variables import read_variable
 
 if TYPE_CHECKING:
@@ -26,7 +22,7 @@ if TYPE_CHECKING:
 # NULL propagates, strings compare case-insensitively, a string meets a number as a number.
 
 
-class _Node:
+class Node:
     __slots__ = ()
 
     def eval(self, ev: "Evaluator") -> Any:  # pragma: no cover - abstract
@@ -34,7 +30,7 @@ class _Node:
 
 
 @dataclass(frozen=True, slots=True)
-class _Literal(_Node):
+class Literal(Node):
     value: Any
 
     def eval(self, ev: "Evaluator") -> Any:
@@ -43,7 +39,7 @@ class _Literal(_Node):
 
 
 @dataclass(frozen=True, slots=True)
-class _SysVarRef(_Node):
+class SysVarRef(Node):
     scope: str | None
     name: str
 
@@ -53,7 +49,7 @@ class _SysVarRef(_Node):
 
 
 @dataclass(frozen=True, slots=True)
-class _UserVarRef(_Node):
+class UserVarRef(Node):
     name: str
 
     def eval(self, ev: "Evaluator") -> Any:
@@ -62,7 +58,7 @@ class _UserVarRef(_Node):
 
 
 @dataclass(frozen=True, slots=True)
-class _ColumnRef(_Node):
+class ColumnRef(Node):
     name: str
 
     def eval(self, ev: "Evaluator") -> Any:
@@ -77,18 +73,18 @@ class _ColumnRef(_Node):
 
 
 @dataclass(frozen=True, slots=True)
-class _Call(_Node):
+class Call(Node):
     name: str  # upper case
-    args: tuple[_Node, ...]
+    args: tuple[Node, ...]
 
     def eval(self, ev: "Evaluator") -> Any:
         ev.budget.charge()
-        spec = _FUNCTIONS.get(self.name)
+        spec = FUNCTIONS.get(self.name)
         if spec is None or not spec.exists(ev.env):
             raise SqlError(
                 ER_SP_DOES_NOT_EXIST, "42000",
                 f"FUNCTION {self.name.lower()} does not exist (relayproxy evaluates only "
-                f"{', '.join(sorted(n for n, f in _FUNCTIONS.items() if f.exists(ev.env)))})",
+                f"{', '.join(sorted(n for n, f in FUNCTIONS.items() if f.exists(ev.env)))})",
             )
         if not spec.min_args <= len(self.args) <= spec.max_args:
             raise SqlError(ER_WRONG_PARAMCOUNT_TO_NATIVE_FCT, "42000",
@@ -103,9 +99,9 @@ class _Call(_Node):
 
 
 @dataclass(frozen=True, slots=True)
-class _Unary(_Node):
+class Unary(Node):
     op: str  # "-", "+", "NOT", "~"
-    operand: _Node
+    operand: Node
 
     def eval(self, ev: "Evaluator") -> Any:
         ev.budget.charge()
@@ -113,25 +109,25 @@ class _Unary(_Node):
         if v is None:
             return None
         if self.op == "NOT":
-            return int(not _truthy(v))
-        number = check_number(_to_number(v), f"{self.op}{_shown(v)}")
+            return int(not truthy(v))
+        number = check_number(to_number(v), f"{self.op}{_shown(v)}")
         if self.op == "~":
             return ~int(number) & 0xFFFFFFFFFFFFFFFF
         return check_number(-number, f"-({_shown(v)})") if self.op == "-" else number
 
 
 @dataclass(frozen=True, slots=True)
-class _Logic(_Node):
+class Logic(Node):
     op: str  # "AND" | "OR"
-    left: _Node
-    right: _Node
+    left: Node
+    right: Node
 
     def eval(self, ev: "Evaluator") -> Any:
         ev.budget.charge()
         a = self.left.eval(ev)
         b = self.right.eval(ev)
-        ta = None if a is None else _truthy(a)
-        tb = None if b is None else _truthy(b)
+        ta = None if a is None else truthy(a)
+        tb = None if b is None else truthy(b)
         if self.op == "AND":
             if ta is False or tb is False:
                 return 0
@@ -142,10 +138,10 @@ class _Logic(_Node):
 
 
 @dataclass(frozen=True, slots=True)
-class _Compare(_Node):
+class Compare(Node):
     op: str
-    left: _Node
-    right: _Node
+    left: Node
+    right: Node
 
     def eval(self, ev: "Evaluator") -> Any:
         ev.budget.charge()
@@ -154,8 +150,8 @@ class _Compare(_Node):
         if self.op == "<=>":
             if a is None or b is None:
                 return int(a is None and b is None)
-            return int(_compare(a, b) == 0)
-        c = _compare(a, b)
+            return int(compare_values(a, b) == 0)
+        c = compare_values(a, b)
         if c is None:
             return None
         return int({"=": c == 0, "!=": c != 0, "<>": c != 0, "<": c < 0, ">": c > 0, "<=": c <= 0,
@@ -163,10 +159,10 @@ class _Compare(_Node):
 
 
 @dataclass(frozen=True, slots=True)
-class _Arith(_Node):
+class Arith(Node):
     op: str
-    left: _Node
-    right: _Node
+    left: Node
+    right: Node
 
     def eval(self, ev: "Evaluator") -> Any:
         ev.budget.charge()
@@ -177,7 +173,7 @@ class _Arith(_Node):
         what = f"({_shown(a)} {self.op} {_shown(b)})"
         # Operands and results stay in BIGINT / finite DOUBLE (1690 otherwise), so no operation is ever
         # on numbers of unbounded size.
-        x, y = check_number(_to_number(a), what), check_number(_to_number(b), what)
+        x, y = check_number(to_number(a), what), check_number(to_number(b), what)
         if self.op == "+":
             return check_number(x + y, what)
         if self.op == "-":
@@ -198,13 +194,13 @@ class _Arith(_Node):
 
 def _shown(v: Any) -> str:
     """A value as an error message names it (cut short)."""
-    text = _to_text(v) if isinstance(v, (str, bytes, bytearray)) else repr(v) if not isinstance(v, int) else None
+    text = to_text(v) if isinstance(v, (str, bytes, bytearray)) else repr(v) if not isinstance(v, int) else None
     if text is None:
         return str(v) if -(10 ** 30) < v < 10 ** 30 else "<a number too large>"
     return text if len(text) <= 40 else text[:40] + "..."
 
 
-_INTERVAL_UNITS = {
+INTERVAL_UNITS = {
     "MICROSECOND": _dt.timedelta(microseconds=1), "SECOND": _dt.timedelta(seconds=1),
     "MINUTE": _dt.timedelta(minutes=1), "HOUR": _dt.timedelta(hours=1), "DAY": _dt.timedelta(days=1),
     "WEEK": _dt.timedelta(weeks=1),
@@ -212,12 +208,12 @@ _INTERVAL_UNITS = {
 
 
 @dataclass(frozen=True, slots=True)
-class _IntervalArith(_Node):
+class IntervalArith(Node):
     """``<datetime> + INTERVAL n unit`` / ``- INTERVAL`` (``PURGE BINARY LOGS BEFORE NOW() - INTERVAL 3 DAY``)."""
 
-    left: _Node
+    left: Node
     sign: int
-    amount: _Node
+    amount: Node
     unit: str
 
     def eval(self, ev: "Evaluator") -> Any:
@@ -226,20 +222,20 @@ class _IntervalArith(_Node):
         amount = self.amount.eval(ev)
         if base is None or amount is None:
             return None
-        moment = _to_datetime(base)
+        moment = to_datetime(base)
         if moment is None:
             return None
         what = f"{_shown(base)} {'+' if self.sign > 0 else '-'} INTERVAL {_shown(amount)} {self.unit}"
         try:
-            return moment + self.sign * check_number(_to_number(amount), what) * _INTERVAL_UNITS[self.unit]
+            return moment + self.sign * check_number(to_number(amount), what) * INTERVAL_UNITS[self.unit]
         except (OverflowError, ValueError):  # MySQL: NULL with warning 1441; the relay refuses the statement
             raise out_of_range("DATETIME", what) from None
 
 
 @dataclass(frozen=True, slots=True)
-class _Like(_Node):
-    subject: _Node
-    pattern: _Node
+class Like(Node):
+    subject: Node
+    pattern: Node
     negate: bool
     escape: str = "\\"
 
@@ -249,14 +245,14 @@ class _Like(_Node):
         p = self.pattern.eval(ev)
         if s is None or p is None:
             return None
-        hit = like_match(_to_text(s), _to_text(p), self.escape, ev.budget)
+        hit = like_match(to_text(s), to_text(p), self.escape, ev.budget)
         return int(hit != self.negate)
 
 
 @dataclass(frozen=True, slots=True)
-class _In(_Node):
-    subject: _Node
-    items: tuple[_Node, ...]
+class In(Node):
+    subject: Node
+    items: tuple[Node, ...]
     negate: bool
 
     def eval(self, ev: "Evaluator") -> Any:
@@ -269,30 +265,30 @@ class _In(_Node):
             v = item.eval(ev)
             if v is None:
                 saw_null = True
-            elif _compare(s, v) == 0:
+            elif compare_values(s, v) == 0:
                 return int(not self.negate)
         return None if saw_null else int(self.negate)
 
 
 @dataclass(frozen=True, slots=True)
-class _Between(_Node):
-    subject: _Node
-    low: _Node
-    high: _Node
+class Between(Node):
+    subject: Node
+    low: Node
+    high: Node
     negate: bool
 
     def eval(self, ev: "Evaluator") -> Any:
         ev.budget.charge()
         s, lo, hi = self.subject.eval(ev), self.low.eval(ev), self.high.eval(ev)
-        a, b = _compare(s, lo), _compare(s, hi)
+        a, b = compare_values(s, lo), compare_values(s, hi)
         if a is None or b is None:
             return None
         return int((a >= 0 and b <= 0) != self.negate)
 
 
 @dataclass(frozen=True, slots=True)
-class _Is(_Node):
-    subject: _Node
+class Is(Node):
+    subject: Node
     what: str  # NULL | TRUE | FALSE
     negate: bool
 
@@ -302,9 +298,9 @@ class _Is(_Node):
         if self.what == "NULL":
             hit = v is None
         elif self.what == "TRUE":
-            hit = v is not None and _truthy(v)
+            hit = v is not None and truthy(v)
         else:
-            hit = v is not None and not _truthy(v)
+            hit = v is not None and not truthy(v)
         return int(hit != self.negate)
 
 

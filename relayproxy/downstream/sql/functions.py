@@ -1,5 +1,5 @@
 """The SQL functions the relay evaluates (IFNULL, COALESCE, UNIX_TIMESTAMP, NOW, VERSION, GTID_SUBSET,
-GTID_SUBTRACT, BINLOG_GTID_POS ...): one table, ``_FUNCTIONS``."""
+GTID_SUBTRACT, BINLOG_GTID_POS ...): one table, ``FUNCTIONS``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from ...binlog.gtid import GtidSet, MariaBinlogState
 from ...binlog.reader import BinlogScanner
 from ...relay import closed_files
 from ...relay.catalog import CatalogError
-from .errors import ER_MALFORMED_GTID_SET_SPECIFICATION, SqlError
+from ...wire.errors import ER_MALFORMED_GTID_SET_SPECIFICATION
+from .errors import SqlError
 from .limits import too_large
-from .values import _compare, _to_datetime, _to_number, _to_text, _truthy
-from .variables import _always, _mysql_only
+from .values import compare_values, to_datetime, to_number, to_text, truthy
+from .variables import always_present, mysql_only
 
 if TYPE_CHECKING:
     from .env import Env
@@ -29,7 +30,7 @@ class _Function:
     fn: Callable[[Env, list[Any]], Any]
     min_args: int = 0
     max_args: int = 0
-    exists: Callable[[Env], bool] = _always
+    exists: Callable[[Env], bool] = always_present
 
 
 def _first_not_null(env: Env, args: list[Any]) -> Any:
@@ -37,11 +38,11 @@ def _first_not_null(env: Env, args: list[Any]) -> Any:
 
 
 def _if(env: Env, args: list[Any]) -> Any:
-    return args[1] if args[0] is not None and _truthy(args[0]) else args[2]
+    return args[1] if args[0] is not None and truthy(args[0]) else args[2]
 
 
 def _nullif(env: Env, args: list[Any]) -> Any:
-    return None if _compare(args[0], args[1]) == 0 else args[0]
+    return None if compare_values(args[0], args[1]) == 0 else args[0]
 
 
 def _unix_timestamp(env: Env, args: list[Any]) -> Any:
@@ -49,7 +50,7 @@ def _unix_timestamp(env: Env, args: list[Any]) -> Any:
         return int(env.now)
     if args[0] is None:
         return None
-    moment = _to_datetime(args[0])
+    moment = to_datetime(args[0])
     return int(moment.timestamp()) if moment is not None else None
 
 
@@ -68,7 +69,7 @@ def _user(env: Env, args: list[Any]) -> Any:
 def _concat(env: Env, args: list[Any]) -> Any:
     if any(a is None for a in args):
         return None
-    parts = [_to_text(a) for a in args]
+    parts = [to_text(a) for a in args]
     if sum(len(part) for part in parts) > env.max_value_bytes:  # refused before it is built
         raise too_large("concat()", env.max_value_bytes)
     return "".join(parts)
@@ -76,10 +77,10 @@ def _concat(env: Env, args: list[Any]) -> Any:
 
 def _gtid_set_arg(value: Any) -> GtidSet:
     try:
-        return GtidSet.parse(_to_text(value))
+        return GtidSet.parse(to_text(value))
     except ValueError:
         raise SqlError(ER_MALFORMED_GTID_SET_SPECIFICATION, "HY000",
-                       f"Malformed GTID set specification '{_to_text(value)[:200]}'.") from None
+                       f"Malformed GTID set specification '{to_text(value)[:200]}'.") from None
 
 
 def _gtid_subset(env: Env, args: list[Any]) -> Any:
@@ -105,11 +106,11 @@ def _binlog_gtid_pos(env: Env, args: list[Any]) -> Any:
     name, pos = args
     if name is None or pos is None:
         return None
-    position = _to_number(pos)
+    position = to_number(pos)
     if not isinstance(position, int) or position < 4:
         return None
     try:
-        info = next((f for f in env.catalog.files() if f.name == _to_text(name)), None)
+        info = next((f for f in env.catalog.files() if f.name == to_text(name)), None)
     except CatalogError:
         return None
     if info is None or position > info.size:
@@ -122,7 +123,7 @@ def _binlog_gtid_pos(env: Env, args: list[Any]) -> Any:
         except KeyError:
             return None  # purged meanwhile
         key = (str(path), position)
-        gtids = env.prefetched[key] if key in env.prefetched else _gtids_at(path, position)
+        gtids = env.prefetched[key] if key in env.prefetched else gtids_at(path, position)
         if gtids is _NOT_A_BOUNDARY:
             return None
         if gtids is None:
@@ -138,7 +139,7 @@ _NOT_A_BOUNDARY = object()
 _SCAN_CHUNK = 1 << 20
 
 
-def _gtids_at(path, position: int) -> Any:
+def gtids_at(path, position: int) -> Any:
     """GTID set after the groups that end at or before ``position`` (which must be a group boundary)."""
     scanner = BinlogScanner()
     remaining = position
@@ -173,7 +174,7 @@ def _locks(env: Env) -> dict[str, list[int]]:
 
 
 def _lock_name(value: Any) -> str | None:
-    return None if value is None else _to_text(value).lower()
+    return None if value is None else to_text(value).lower()
 
 
 def _get_lock(env: Env, args: list[Any]) -> Any:
@@ -225,7 +226,7 @@ def _is_free_lock(env: Env, args: list[Any]) -> Any:
     return None if name is None else int(name not in _locks(env))
 
 
-_FUNCTIONS: dict[str, _Function] = {
+FUNCTIONS: dict[str, _Function] = {
     "GET_LOCK": _Function(_get_lock, 2, 2),
     "RELEASE_LOCK": _Function(_release_lock, 1, 1),
     "RELEASE_ALL_LOCKS": _Function(_release_all_locks),
@@ -254,14 +255,14 @@ _FUNCTIONS: dict[str, _Function] = {
     "CONNECTION_ID": _Function(lambda e, a: e.conn.conn_id),
     "LAST_INSERT_ID": _Function(lambda e, a: 0, 0, 1),
     "CONCAT": _Function(_concat, 1, 255),
-    "LOWER": _Function(lambda e, a: None if a[0] is None else _to_text(a[0]).lower(), 1, 1),
-    "LCASE": _Function(lambda e, a: None if a[0] is None else _to_text(a[0]).lower(), 1, 1),
-    "UPPER": _Function(lambda e, a: None if a[0] is None else _to_text(a[0]).upper(), 1, 1),
-    "UCASE": _Function(lambda e, a: None if a[0] is None else _to_text(a[0]).upper(), 1, 1),
+    "LOWER": _Function(lambda e, a: None if a[0] is None else to_text(a[0]).lower(), 1, 1),
+    "LCASE": _Function(lambda e, a: None if a[0] is None else to_text(a[0]).lower(), 1, 1),
+    "UPPER": _Function(lambda e, a: None if a[0] is None else to_text(a[0]).upper(), 1, 1),
+    "UCASE": _Function(lambda e, a: None if a[0] is None else to_text(a[0]).upper(), 1, 1),
     "BINLOG_GTID_POS": _Function(_binlog_gtid_pos, 2, 2),
-    "GTID_SUBSET": _Function(_gtid_subset, 2, 2, exists=_mysql_only),
-    "GTID_SUBTRACT": _Function(_gtid_subtract, 2, 2, exists=_mysql_only),
+    "GTID_SUBSET": _Function(_gtid_subset, 2, 2, exists=mysql_only),
+    "GTID_SUBTRACT": _Function(_gtid_subtract, 2, 2, exists=mysql_only),
 }
 
 # Functions MySQL lets you call without parentheses.
-_BARE_FUNCTIONS = frozenset({"CURRENT_TIMESTAMP", "CURRENT_USER", "CURRENT_DATE", "LOCALTIME", "LOCALTIMESTAMP"})
+BARE_FUNCTIONS = frozenset({"CURRENT_TIMESTAMP", "CURRENT_USER", "CURRENT_DATE", "LOCALTIME", "LOCALTIMESTAMP"})

@@ -39,11 +39,9 @@ from typing import Any
 
 from ...wire.errors import (
     ER_DATA_OUT_OF_RANGE,
-    ER_ILLEGAL_VALUE_FOR_TYPE,
     ER_NET_PACKET_TOO_LARGE,
     ER_QUERY_TIMEOUT,
     ER_STATEMENT_TIMEOUT,
-    ER_TOO_MANY_FIELDS,
     ER_WARN_ALLOW_MAX_PACKET_SIZE,
 )
 from .errors import SqlError

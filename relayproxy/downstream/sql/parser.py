@@ -7,35 +7,29 @@ import math
 import re
 from typing import Any, NamedTuple
 
-from .errors import ER_PARSE_ERROR, SqlError, _unsupported
+from ...wire.errors import ER_PARSE_ERROR
+from .errors import SqlError, unsupported
 from .expressions import (
-    _INTERVAL_UNITS,
-    _Arith,
-    _Between,
-    _Call,
-    _ColumnRef,
-    _Compare,
-    _In,
-    _IntervalArith,
-    _Is,
-    _Like,
-    _Literal,
-    _Logic,
-    _Node,
-    _SysVarRef,
-    _Unary,
-    _UserVarRef,
+    INTERVAL_UNITS,
+    Arith,
+    Between,
+    Call,
+    ColumnRef,
+    Compare,
+    In,
+    IntervalArith,
+    Is,
+    Like,
+    Literal,
+    Logic,
+    Node,
+    SysVarRef,
+    Unary,
+    UserVarRef,
 )
-from .functions import _BARE_FUNCTIONS, _FUNCTIONS
-from .limits import (
-    BIGINT_UNSIGNED_MAX,
-    ER_ILLEGAL_VALUE_FOR_TYPE,
-    MAX_EXPRESSION_DEPTH,
-    MAX_NESTING,
-    MAX_TERMS,
-    MAX_TOKENS,
-    SCAN_CHARS_PER_UNIT,
-)
+from .functions import BARE_FUNCTIONS, FUNCTIONS
+from ...wire.errors import ER_ILLEGAL_VALUE_FOR_TYPE
+from .limits import BIGINT_UNSIGNED_MAX, MAX_EXPRESSION_DEPTH, MAX_NESTING, MAX_TERMS, MAX_TOKENS, SCAN_CHARS_PER_UNIT
 from .slicing import work
 
 # ---------------------------------------------------------------------------------------------
@@ -88,7 +82,7 @@ def _line_of(sql: str, pos: int) -> int:
     return sql.count("\n", 0, pos) + 1
 
 
-def _syntax_error(sql: str, pos: int, flavour: str = "mysql") -> SqlError:
+def syntax_error(sql: str, pos: int, flavour: str = "mysql") -> SqlError:
     near = sql[pos:pos + 80]
     product = "MariaDB" if flavour == "mariadb" else "MySQL"
     return SqlError(
@@ -133,7 +127,7 @@ def _read_quoted(sql: str, i: int, quote: str, *, escapes: bool) -> tuple[str, i
             return "".join(out), j + 1
         out.append(c)
         j += 1
-    raise _syntax_error(sql, i)
+    raise syntax_error(sql, i)
 
 
 def _read_name(sql: str, i: int) -> tuple[str, int]:
@@ -142,7 +136,7 @@ def _read_name(sql: str, i: int) -> tuple[str, int]:
         return _read_quoted(sql, i, "`", escapes=False)
     m = _WORD_RE.match(sql, i)
     if m is None:
-        raise _syntax_error(sql, i)
+        raise syntax_error(sql, i)
     return m.group(), m.end()
 
 
@@ -189,7 +183,7 @@ def _read_token(sql: str, i: int) -> Token:
         else:
             m = _USERVAR_RE.match(sql, i + 1)
             if m is None:
-                raise _syntax_error(sql, i)
+                raise syntax_error(sql, i)
             name, end = m.group(), m.end()
         return Token("uservar", name.lower(), i, end)
     m = _NUMBER_RE.match(sql, i)
@@ -207,7 +201,7 @@ def _read_token(sql: str, i: int) -> Token:
     for op in _OPERATORS_BY_FIRST.get(c, ()):
         if sql.startswith(op, i):
             return Token("op", op, i, i + len(op))
-    raise _syntax_error(sql, i)
+    raise syntax_error(sql, i)
 
 
 def _limit_error(sql: str, pos: int, what: str) -> SqlError:
@@ -267,7 +261,7 @@ def tokenize(sql: str, *, strict: bool = True) -> list[Token]:
                 end = sql.find("*/", i + 2)
                 if end < 0:
                     if strict:
-                        raise _syntax_error(sql, i)
+                        raise syntax_error(sql, i)
                     append(Token("bad", "/*", i, n))
                     i = n
                     break
@@ -313,7 +307,7 @@ def tokenize(sql: str, *, strict: bool = True) -> list[Token]:
 # Parser (recursive descent over the token list)
 
 # Words that end a select item: after them comes a clause, not an alias.
-_CLAUSE_WORDS = frozenset({
+CLAUSE_WORDS = frozenset({
     "FROM", "WHERE", "LIMIT", "INTO", "FOR", "UNION", "ORDER", "GROUP", "HAVING", "LOCK", "WINDOW", "AND", "OR",
     "XOR", "NOT", "LIKE", "IN", "IS", "BETWEEN", "DIV", "MOD", "REGEXP", "RLIKE", "ESCAPE", "EXCEPT", "INTERSECT",
 })
@@ -375,7 +369,7 @@ class Parser:
             raise self.error()
 
     def error(self, tok: Token | None = None) -> SqlError:
-        return _syntax_error(self.sql, (tok or self.cur).start, self.flavour)
+        return syntax_error(self.sql, (tok or self.cur).start, self.flavour)
 
     def name(self) -> str:
         """An identifier: bare word, `quoted`, or (where MySQL allows it) a string."""
@@ -410,10 +404,10 @@ class Parser:
         if self.nesting > MAX_NESTING:
             raise nesting_error(self.sql, self.cur.start)
 
-    def _leaf(self, node: _Node) -> _Node:
+    def _leaf(self, node: Node) -> Node:
         return self._node(node)
 
-    def _node(self, node: _Node, *children: _Node) -> _Node:
+    def _node(self, node: Node, *children: Node) -> Node:
         """Count a node built from ``children`` against MAX_TERMS and MAX_EXPRESSION_DEPTH."""
         self.terms += 1
         work(1)
@@ -434,46 +428,46 @@ class Parser:
         return node
 
     # -- expressions -----------------------------------------------------------------------------
-    def expr(self) -> _Node:
+    def expr(self) -> Node:
         self._nest()
         try:
             left = self.and_expr()
             while self.accept_word("OR") or self.accept_op("||"):
                 right = self.and_expr()
-                left = self._node(_Logic("OR", left, right), left, right)
+                left = self._node(Logic("OR", left, right), left, right)
             return left
         finally:
             self.nesting -= 1
 
-    def and_expr(self) -> _Node:
+    def and_expr(self) -> Node:
         left = self.not_expr()
         while self.accept_word("AND") or self.accept_op("&&"):
             right = self.not_expr()
-            left = self._node(_Logic("AND", left, right), left, right)
+            left = self._node(Logic("AND", left, right), left, right)
         return left
 
-    def not_expr(self) -> _Node:
+    def not_expr(self) -> Node:
         if self.accept_word("NOT"):
             self._nest()
             try:
                 operand = self.not_expr()
             finally:
                 self.nesting -= 1
-            return self._node(_Unary("NOT", operand), operand)
+            return self._node(Unary("NOT", operand), operand)
         return self.predicate()
 
-    def predicate(self) -> _Node:
+    def predicate(self) -> Node:
         left = self.additive()
         while True:
             op = self.accept_op("=", "<=>", "!=", "<>", "<", ">", "<=", ">=")
             if op is not None:
                 right = self.additive()
-                left = self._node(_Compare(op, left, right), left, right)
+                left = self._node(Compare(op, left, right), left, right)
                 continue
             if self.accept_word("IS"):
                 negate = self.accept_word("NOT") is not None
                 what = self.expect_word("NULL", "TRUE", "FALSE")
-                left = self._node(_Is(left, what, negate), left)
+                left = self._node(Is(left, what, negate), left)
                 continue
             negate = False
             if self.is_word("NOT") and self.is_word("LIKE", "IN", "BETWEEN", offset=1):
@@ -484,23 +478,23 @@ class Parser:
                 escape = "\\"
                 if self.accept_word("ESCAPE"):
                     escape = self.string()[:1] or "\\"
-                left = self._node(_Like(left, pattern, negate, escape), left, pattern)
+                left = self._node(Like(left, pattern, negate, escape), left, pattern)
             elif self.accept_word("IN"):
                 self.expect_op("(")
                 items = [self.expr()]
                 while self.accept_op(","):
                     items.append(self.expr())
                 self.expect_op(")")
-                left = self._node(_In(left, tuple(items), negate), left, *items)
+                left = self._node(In(left, tuple(items), negate), left, *items)
             elif self.accept_word("BETWEEN"):
                 low = self.additive()
                 self.expect_word("AND")
                 high = self.additive()
-                left = self._node(_Between(left, low, high, negate), left, low, high)
+                left = self._node(Between(left, low, high, negate), left, low, high)
             else:
                 return left
 
-    def additive(self) -> _Node:
+    def additive(self) -> Node:
         left = self.multiplicative()
         while True:
             op = self.accept_op("+", "-")
@@ -508,22 +502,22 @@ class Parser:
                 return left
             if self.accept_word("INTERVAL"):
                 amount = self.unary()
-                unit = self.expect_word(*_INTERVAL_UNITS)
-                left = self._node(_IntervalArith(left, 1 if op == "+" else -1, amount, unit), left, amount)
+                unit = self.expect_word(*INTERVAL_UNITS)
+                left = self._node(IntervalArith(left, 1 if op == "+" else -1, amount, unit), left, amount)
             else:
                 right = self.multiplicative()
-                left = self._node(_Arith(op, left, right), left, right)
+                left = self._node(Arith(op, left, right), left, right)
 
-    def multiplicative(self) -> _Node:
+    def multiplicative(self) -> Node:
         left = self.unary()
         while True:
             op = self.accept_op("*", "/", "%") or self.accept_word("DIV", "MOD")
             if op is None:
                 return left
             right = self.unary()
-            left = self._node(_Arith("MOD" if op == "%" else op, left, right), left, right)
+            left = self._node(Arith("MOD" if op == "%" else op, left, right), left, right)
 
-    def unary(self) -> _Node:
+    def unary(self) -> Node:
         op = self.accept_op("-", "+", "!", "~")
         if op is not None:
             self._nest()
@@ -531,34 +525,34 @@ class Parser:
                 operand = self.unary()
             finally:
                 self.nesting -= 1
-            return self._node(_Unary("NOT" if op == "!" else op, operand), operand)
+            return self._node(Unary("NOT" if op == "!" else op, operand), operand)
         return self.primary()
 
-    def primary(self) -> _Node:
+    def primary(self) -> Node:
         tok = self.cur
         if tok.kind == "number":
             self.advance()
-            return self._leaf(_Literal(tok.value))
+            return self._leaf(Literal(tok.value))
         if tok.kind == "string":
             self.advance()
             text = tok.value
             parts = [text]
             while self.cur.kind == "string":  # 'a' 'b' is 'ab'
                 parts.append(self.advance().value)
-            return self._leaf(_Literal("".join(parts)))
+            return self._leaf(Literal("".join(parts)))
         if tok.kind == "sysvar":
             self.advance()
-            return self._leaf(_SysVarRef(*tok.value))
+            return self._leaf(SysVarRef(*tok.value))
         if tok.kind == "uservar":
             self.advance()
-            return self._leaf(_UserVarRef(tok.value))
+            return self._leaf(UserVarRef(tok.value))
         if tok.kind == "qident":
             self.advance()
             return self._qualified(tok.value)
         if tok.kind == "op" and tok.value == "(":
             self.advance()
             if self.is_word("SELECT"):
-                raise _unsupported("subqueries")
+                raise unsupported("subqueries")
             node = self.expr()
             self.expect_op(")")
             return node
@@ -567,42 +561,42 @@ class Parser:
             nxt = self.peek()
             if word == "NULL":
                 self.advance()
-                return self._leaf(_Literal(None))
+                return self._leaf(Literal(None))
             if word in ("TRUE", "FALSE"):
                 self.advance()
-                return self._leaf(_Literal(int(word == "TRUE")))
+                return self._leaf(Literal(int(word == "TRUE")))
             if (word.startswith("_") or word == "N") and nxt.kind == "string" and nxt.start == tok.end:
                 self.advance()  # a character-set introducer: _utf8mb4'text', N'text'
                 return self.primary()
             if nxt.kind == "op" and nxt.value == "(" and nxt.start == tok.end or (
-                nxt.kind == "op" and nxt.value == "(" and word in _FUNCTIONS
+                nxt.kind == "op" and nxt.value == "(" and word in FUNCTIONS
             ):
                 self.advance()
                 self.advance()
-                args: list[_Node] = []
+                args: list[Node] = []
                 if not self.accept_op(")"):
                     args.append(self.expr())
                     while self.accept_op(","):
                         args.append(self.expr())
                     self.expect_op(")")
-                return self._node(_Call(word, tuple(args)), *args)
-            if word in _BARE_FUNCTIONS:
+                return self._node(Call(word, tuple(args)), *args)
+            if word in BARE_FUNCTIONS:
                 self.advance()
-                return self._leaf(_Call(word, ()))
-            if word in _CLAUSE_WORDS or word in ("SELECT", "INTERVAL"):
+                return self._leaf(Call(word, ()))
+            if word in CLAUSE_WORDS or word in ("SELECT", "INTERVAL"):
                 raise self.error()
             self.advance()
             return self._qualified(tok.value)
         raise self.error()
 
-    def _qualified(self, name: str) -> _Node:
+    def _qualified(self, name: str) -> Node:
         while self.is_op(".") and self.peek().kind in ("word", "qident"):
             self.advance()
             name = self.advance().value
-        return self._leaf(_ColumnRef(name))
+        return self._leaf(ColumnRef(name))
 
 
-def _limit(p: Parser) -> tuple[int, int | None]:
+def parse_limit(p: Parser) -> tuple[int, int | None]:
     if not p.accept_word("LIMIT"):
         return 0, None
     first = p.cur

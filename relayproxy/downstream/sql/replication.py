@@ -16,7 +16,8 @@ from ...log import PeerLogLimiter, get_logger, report_failure
 from ...wire.errors import ER_BAD_SLAVE
 from ...wire.results import ErrorResponse, OkResponse, Response
 from .. import privileges
-from .errors import ER_NOT_SUPPORTED_YET, SqlError
+from ...wire.errors import ER_NOT_SUPPORTED_YET
+from .errors import SqlError
 from .replication_parser import (
     AdminStatementError,
     ChangeMaster,

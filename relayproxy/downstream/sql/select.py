@@ -6,20 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...wire.results import CloseConnection, OkResponse, Response, ResultSet
-from .errors import (
-    ER_BAD_DB_ERROR,
-    ER_GLOBAL_VARIABLE,
-    ER_NO_TABLES_USED,
-    SqlError,
-    _unknown_variable,
-    _unsupported,
-)
-from .expressions import Evaluator, _Literal, _Node
-from .limits import ER_TOO_MANY_FIELDS, ER_WARN_ALLOW_MAX_PACKET_SIZE, MAX_SELECT_ITEMS, too_large, value_size
-from .parser import _CLAUSE_WORDS, Parser, _limit
+from ...wire.errors import ER_BAD_DB_ERROR, ER_GLOBAL_VARIABLE, ER_NO_TABLES_USED
+from .errors import SqlError, unknown_variable, unsupported
+from .expressions import Evaluator, Literal, Node
+from ...wire.errors import ER_TOO_MANY_FIELDS, ER_WARN_ALLOW_MAX_PACKET_SIZE
+from .limits import MAX_SELECT_ITEMS, too_large, value_size
+from .parser import CLAUSE_WORDS, Parser, parse_limit
 from .slicing import work
-from .values import _output, _truthy
-from .variables import _binlog_checksum, _default_collation, _lookup_variable
+from .values import output_value, truthy
+from .variables import binlog_checksum_value, default_collation, lookup_variable
 
 if TYPE_CHECKING:
     from .env import Env
@@ -30,23 +25,23 @@ _SELECT_MODIFIERS = ("ALL", "DISTINCT", "DISTINCTROW", "HIGH_PRIORITY", "STRAIGH
                      "SQL_BIG_RESULT", "SQL_BUFFER_RESULT", "SQL_NO_CACHE", "SQL_CACHE", "SQL_CALC_FOUND_ROWS")
 
 
-def _select(p: Parser, env: Env) -> Response:
+def run_select(p: Parser, env: Env) -> Response:
     p.expect_word("SELECT")
     _refuse_tables(p)
     while p.accept_word(*_SELECT_MODIFIERS):
         pass
-    items: list[tuple[_Node, str]] = []
+    items: list[tuple[Node, str]] = []
     while True:
         if p.is_op("*"):
             raise SqlError(ER_NO_TABLES_USED, "HY000", "No tables used")
         start = p.cur.start
         node = p.expr()
         name = p.sql[start:p.last_end]
-        if isinstance(node, _Literal) and isinstance(node.value, str) and p.tokens[p.i - 1].kind == "string":
+        if isinstance(node, Literal) and isinstance(node.value, str) and p.tokens[p.i - 1].kind == "string":
             name = node.value  # MySQL names a bare string literal's column after its value
         if p.accept_word("AS"):
             name = p.name()
-        elif p.cur.kind in ("qident", "string") or (p.cur.kind == "word" and p.cur.value.upper() not in _CLAUSE_WORDS):
+        elif p.cur.kind in ("qident", "string") or (p.cur.kind == "word" and p.cur.value.upper() not in CLAUSE_WORDS):
             name = p.name()
         items.append((node, name))
         if not p.accept_op(","):
@@ -59,8 +54,8 @@ def _select(p: Parser, env: Env) -> Response:
     where = p.expr() if p.accept_word("WHERE") else None
     for clause in ("GROUP", "HAVING", "ORDER", "UNION", "INTO", "WINDOW", "EXCEPT", "INTERSECT"):
         if p.is_word(clause):
-            raise _unsupported(f"SELECT ... {clause}")
-    offset, count = _limit(p)
+            raise unsupported(f"SELECT ... {clause}")
+    offset, count = parse_limit(p)
     if p.accept_word("FOR"):
         p.expect_word("UPDATE", "SHARE")
     elif p.accept_word("LOCK"):
@@ -72,7 +67,7 @@ def _select(p: Parser, env: Env) -> Response:
     row = []
     size = 0
     for node, _ in items:
-        value = _output(node.eval(ev))
+        value = output_value(node.eval(ev))
         size += value_size(value)
         if size > env.max_value_bytes:  # one row is one packet: what a server would not send, nor does the relay
             raise too_large("the row", env.max_value_bytes)
@@ -80,7 +75,7 @@ def _select(p: Parser, env: Env) -> Response:
     rows = [row]
     if where is not None:
         w = where.eval(ev)
-        if w is None or not _truthy(w):
+        if w is None or not truthy(w):
             rows = []
     return ResultSet([name for _, name in items], rows[offset:offset + count] if count is not None else rows[offset:])
 
@@ -98,10 +93,10 @@ def _refuse_tables(p: Parser) -> None:
         elif depth == 0 and tok.kind == "word" and tok.value.upper() == "FROM":
             nxt = p.tokens[j + 1]
             if not (nxt.kind == "word" and nxt.value.upper() == "DUAL"):
-                raise _unsupported(f"reading tables ('SELECT ... FROM {p.sql[nxt.start:nxt.start + 60].strip()}')")
+                raise unsupported(f"reading tables ('SELECT ... FROM {p.sql[nxt.start:nxt.start + 60].strip()}')")
 
 
-def _do(p: Parser, env: Env) -> Response:
+def run_do(p: Parser, env: Env) -> Response:
     p.expect_word("DO")
     nodes = [p.expr()]
     while p.accept_op(","):
@@ -113,7 +108,7 @@ def _do(p: Parser, env: Env) -> Response:
     return OkResponse()
 
 
-def _transaction(p: Parser, env: Env) -> Response:
+def run_transaction(p: Parser, env: Env) -> Response:
     """BEGIN / START TRANSACTION / COMMIT / ROLLBACK: nothing to do, the relay holds no transaction."""
     word = p.advance().value.upper()
     if word == "START":
@@ -125,7 +120,7 @@ def _transaction(p: Parser, env: Env) -> Response:
     else:
         p.accept_word("WORK")
         if p.is_word("TO"):
-            raise _unsupported("savepoints")
+            raise unsupported("savepoints")
         if p.accept_word("AND"):
             p.accept_word("NO")
             p.expect_word("CHAIN")
@@ -145,11 +140,11 @@ _CHARSET_COLLATIONS = {"latin1": "latin1_swedish_ci", "utf8": "utf8mb3_general_c
 
 def _collation_of(env: Env, charset: str) -> str:
     if charset == "utf8mb4":
-        return _default_collation(env)
+        return default_collation(env)
     return _CHARSET_COLLATIONS.get(charset, f"{charset}_general_ci")
 
 
-def _set(p: Parser, env: Env) -> Response:
+def run_set(p: Parser, env: Env) -> Response:
     """SET of user variables, session variables, NAMES and CHARACTER SET.
 
     All right-hand sides are evaluated before anything is assigned (``SET @a = 1, @b = @a`` gives @b the
@@ -157,9 +152,9 @@ def _set(p: Parser, env: Env) -> Response:
     """
     p.expect_word("SET")
     if p.is_word("GLOBAL", "PERSIST", "PERSIST_ONLY") or (p.cur.kind == "sysvar" and p.cur.value[0] == "global"):
-        raise _unsupported("'SET GLOBAL' (the relay's global variables follow its configuration and its master)")
+        raise unsupported("'SET GLOBAL' (the relay's global variables follow its configuration and its master)")
     if p.is_word("PASSWORD", "ROLE", "DEFAULT"):
-        raise _unsupported(f"'SET {p.cur.value.upper()}'")
+        raise unsupported(f"'SET {p.cur.value.upper()}'")
     if p.is_word("TRANSACTION") or (p.is_word("SESSION", "LOCAL") and p.is_word("TRANSACTION", offset=1)):
         return _set_transaction(p, env)
     user: list[tuple[str, Any]] = []
@@ -171,7 +166,7 @@ def _set(p: Parser, env: Env) -> Response:
             p.advance()
             if p.accept_op("=", ":=") is None:
                 raise p.error()
-            user.append((tok.value, _output(p.expr().eval(ev))))
+            user.append((tok.value, output_value(p.expr().eval(ev))))
         elif p.accept_word("NAMES"):
             session.extend(_set_names(p, env))
         elif p.is_word("CHARACTER", "CHARSET"):
@@ -187,20 +182,20 @@ def _set(p: Parser, env: Env) -> Response:
             if tok.kind == "sysvar":
                 p.advance()
                 if tok.value[0] == "global":
-                    raise _unsupported("'SET GLOBAL' (the relay's global variables follow its configuration)")
+                    raise unsupported("'SET GLOBAL' (the relay's global variables follow its configuration)")
                 name = tok.value[1]
             else:
                 p.accept_word("SESSION", "LOCAL")
                 if p.is_word("GLOBAL", "PERSIST", "PERSIST_ONLY"):
-                    raise _unsupported("'SET GLOBAL' (the relay's global variables follow its configuration)")
+                    raise unsupported("'SET GLOBAL' (the relay's global variables follow its configuration)")
                 if p.cur.kind not in ("word", "qident"):
                     raise p.error()
                 name = p.advance().value.lower()
             if p.accept_op("=", ":=") is None:
                 raise p.error()
-            var = _lookup_variable(env, name)
+            var = lookup_variable(env, name)
             if var is None:
-                raise _unknown_variable(name)
+                raise unknown_variable(name)
             if not var.has_session:
                 raise SqlError(ER_GLOBAL_VARIABLE, "HY000",
                                f"Variable '{name}' is a GLOBAL variable and should be set with SET GLOBAL")
@@ -208,13 +203,13 @@ def _set(p: Parser, env: Env) -> Response:
                 session.append((name, None, True))
             else:
                 value = p.expr().eval(Evaluator(env, bare_words_are_strings=True))
-                session.append((name, var.coerce(_output(value)), False))
+                session.append((name, var.coerce(output_value(value)), False))
         if not p.accept_op(","):
             break
     p.end_of_statement()
     _check_user_variables(env, user)
     if any(value is None and name.lower() in _CHECKSUM_ANNOUNCEMENTS for name, value in user) \
-            and _binlog_checksum(env) is None:
+            and binlog_checksum_value(env) is None:
         # A replica's IO thread announcing itself: told NULL, a MariaDB or MySQL replica stops for good (1593);
         # a closed connection is a network error to it, and it connects again after its connect retry.
         return CloseConnection("a replica asked for @@global.binlog_checksum, which the relay does not know yet "
@@ -286,7 +281,7 @@ def _set_transaction(p: Parser, env: Env) -> Response:
 # -- USE -----------------------------------------------------------------------------------------
 
 
-def _use(p: Parser, env: Env) -> Response:
+def run_use(p: Parser, env: Env) -> Response:
     p.expect_word("USE")
     name = p.name()
     p.end_of_statement()

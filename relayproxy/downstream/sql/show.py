@@ -14,18 +14,17 @@ from ...relay.catalog import CatalogError
 from ...wire.results import Response, ResultSet
 from .. import privileges
 from .binlog_events import DEFAULT_MAX_ROWS, parse_show_binlog_events, read_binlog_events, resolve
-from .errors import (
+from ...wire.errors import (
     ER_NONEXISTING_GRANT,
     ER_REPLICA_CHANNEL_DOES_NOT_EXIST,
     ER_UNKNOWN_ERROR,
     WARN_NO_MASTER_INFO,
-    SqlError,
-    _unsupported,
 )
-from .expressions import Evaluator, _Node
-from .parser import Parser, _limit, _syntax_error
-from .values import _output, _to_text, _truthy, like_match
-from .variables import STATUS_VARIABLES, SYSTEM_VARIABLES, SysVar, _gtid_executed
+from .errors import SqlError, unsupported
+from .expressions import Evaluator, Node
+from .parser import Parser, parse_limit, syntax_error
+from .values import output_value, to_text, truthy, like_match
+from .variables import STATUS_VARIABLES, SYSTEM_VARIABLES, SysVar, gtid_executed_value
 
 if TYPE_CHECKING:
     from .env import Env
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
 # -- SHOW ----------------------------------------------------------------------------------------
 
 
-def _show(p: Parser, env: Env) -> Response:
+def run_show(p: Parser, env: Env) -> Response:
     p.expect_word("SHOW")
     scope = p.accept_word("GLOBAL", "SESSION", "LOCAL")
     if p.accept_word("VARIABLES"):
@@ -42,7 +41,7 @@ def _show(p: Parser, env: Env) -> Response:
         return _show_status(p, env)
     if scope is not None:
         what = p.cur.value.upper() if p.cur.kind == "word" else p.sql[p.cur.start:p.cur.start + 20]
-        raise _unsupported(f"'SHOW {scope} {what}'")
+        raise unsupported(f"'SHOW {scope} {what}'")
     full = p.accept_word("FULL") is not None
     if p.accept_word("PROCESSLIST"):
         p.end_of_statement()
@@ -61,7 +60,7 @@ def _show(p: Parser, env: Env) -> Response:
         start = p.cur.start
         p.advance()
         if not p.accept_word("STATUS"):
-            raise _syntax_error(p.sql, start, env.flavour)
+            raise syntax_error(p.sql, start, env.flavour)
         p.end_of_statement()
         return _show_master_status(env)
     if p.accept_word("BINARY"):
@@ -73,7 +72,7 @@ def _show(p: Parser, env: Env) -> Response:
             if env.flavour == "mariadb" or not env.at_least(8, 2, 0):
                 # SHOW BINARY LOG STATUS exists from MySQL 8.2 only: older servers and MariaDB say 1064,
                 # which is what makes tools fall back to SHOW MASTER STATUS.
-                raise _syntax_error(p.sql, start, env.flavour)
+                raise syntax_error(p.sql, start, env.flavour)
             return _show_master_status(env)
         p.expect_word("LOGS")
         p.end_of_statement()
@@ -107,7 +106,7 @@ def _show(p: Parser, env: Env) -> Response:
     if p.accept_word("GRANTS"):
         return _show_grants(p, env)
     if p.accept_word("WARNINGS", "ERRORS"):
-        _limit(p)
+        parse_limit(p)
         p.end_of_statement()
         return ResultSet(["Level", "Code", "Message"], [])
     if p.accept_word("DATABASES", "SCHEMAS"):
@@ -116,7 +115,7 @@ def _show(p: Parser, env: Env) -> Response:
         p.end_of_statement()
         return ResultSet(["Database"], [])  # the relay holds no schemas
     what = p.cur.value.upper() if p.cur.kind == "word" else p.sql[p.cur.start:p.cur.start + 20]
-    raise _unsupported(f"'SHOW {'FULL ' if full else ''}{what}'")
+    raise unsupported(f"'SHOW {'FULL ' if full else ''}{what}'")
 
 
 def _show_grants(p: Parser, env: Env) -> ResultSet:
@@ -175,8 +174,8 @@ def _check_connection_name(name: str) -> None:
 
 def _filtered(p: Parser, env: Env, rows: Iterable[tuple[str, Callable[[], str]]]) -> ResultSet:
     """Rows of (name, value thunk) under SHOW's optional LIKE / WHERE; values computed only for kept names."""
-    like: _Node | None = None
-    where: _Node | None = None
+    like: Node | None = None
+    where: Node | None = None
     if p.accept_word("LIKE"):
         like = p.expr()
     elif p.accept_word("WHERE"):
@@ -186,7 +185,7 @@ def _filtered(p: Parser, env: Env, rows: Iterable[tuple[str, Callable[[], str]]]
     pattern = None
     if like is not None:
         value = like.eval(ev)
-        pattern = _to_text(value) if value is not None else None
+        pattern = to_text(value) if value is not None else None
         if pattern is None:
             return ResultSet(["Variable_name", "Value"], [])
     out = []
@@ -196,7 +195,7 @@ def _filtered(p: Parser, env: Env, rows: Iterable[tuple[str, Callable[[], str]]]
         value = thunk()
         if where is not None:
             keep = where.eval(Evaluator(env, {"variable_name": name, "value": value}))
-            if keep is None or not _truthy(keep):
+            if keep is None or not truthy(keep):
                 continue
         out.append([name, value])
     return ResultSet(["Variable_name", "Value"], out)
@@ -219,7 +218,7 @@ def _show_variables(p: Parser, env: Env, scope: str) -> ResultSet:
 
 
 def _show_status(p: Parser, env: Env) -> ResultSet:
-    rows = [(s.name, (lambda s=s: str(_output(s.value(env))))) for s in STATUS_VARIABLES if s.exists(env)]
+    rows = [(s.name, (lambda s=s: str(output_value(s.value(env))))) for s in STATUS_VARIABLES if s.exists(env)]
     return _filtered(p, env, rows)
 
 
@@ -234,7 +233,7 @@ def _show_master_status(env: Env) -> ResultSet:
         return ResultSet(columns, [])
     row: list[Any] = [snap.file, snap.position, "", ""]
     if env.mysql:
-        row.append(_gtid_executed(env))
+        row.append(gtid_executed_value(env))
     return ResultSet(columns, [row])
 
 

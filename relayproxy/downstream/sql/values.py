@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 
-def _to_number(v: Any) -> int | float:
+def to_number(v: Any) -> int | float:
     """MySQL's implicit string-to-number conversion: the longest numeric prefix, 0 when there is none."""
     if isinstance(v, bool):
         return int(v)
@@ -28,30 +28,30 @@ def _to_number(v: Any) -> int | float:
         return float(number)
 
 
-def _truthy(v: Any) -> bool:
-    return _to_number(v) != 0
+def truthy(v: Any) -> bool:
+    return to_number(v) != 0
 
 
-def _to_text(v: Any) -> str:
+def to_text(v: Any) -> str:
     if isinstance(v, str):
         return v
     if isinstance(v, (bytes, bytearray)):
         return v.decode("utf-8", "replace")
-    return str(_output(v))
+    return str(output_value(v))
 
 
-def _compare(a: Any, b: Any) -> int | None:
+def compare_values(a: Any, b: Any) -> int | None:
     if a is None or b is None:
         return None
     if isinstance(a, _dt.datetime) or isinstance(b, _dt.datetime):
-        x, y = _to_datetime(a), _to_datetime(b)
+        x, y = to_datetime(a), to_datetime(b)
         if x is None or y is None:
             return None
         return (x > y) - (x < y)
     if isinstance(a, (str, bytes)) and isinstance(b, (str, bytes)):
-        x_s, y_s = _to_text(a).casefold().rstrip(" "), _to_text(b).casefold().rstrip(" ")
+        x_s, y_s = to_text(a).casefold().rstrip(" "), to_text(b).casefold().rstrip(" ")
         return (x_s > y_s) - (x_s < y_s)
-    x, y = _to_number(a), _to_number(b)
+    x, y = to_number(a), to_number(b)
     return (x > y) - (x < y)
 
 
@@ -165,10 +165,10 @@ _DATETIME_FORMATS = ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%
                      "%Y%m%d")
 
 
-def _to_datetime(v: Any) -> _dt.datetime | None:
+def to_datetime(v: Any) -> _dt.datetime | None:
     if isinstance(v, _dt.datetime):
         return v
-    text = _to_text(v).strip().replace("T", " ")
+    text = to_text(v).strip().replace("T", " ")
     for fmt in _DATETIME_FORMATS:
         try:
             return _dt.datetime.strptime(text, fmt)
@@ -177,7 +177,7 @@ def _to_datetime(v: Any) -> _dt.datetime | None:
     return None
 
 
-def _output(v: Any) -> Any:
+def output_value(v: Any) -> Any:
     """A value as the result set carries it (str, bytes, int, float or None)."""
     if isinstance(v, bool):
         return int(v)

@@ -12,15 +12,14 @@ from typing import TYPE_CHECKING, Any, Callable
 from ... import __version__
 from ...binlog.gtid import GtidSet
 from ...relay.catalog import CatalogError
-from .errors import (
+from ...wire.errors import (
     ER_INCORRECT_GLOBAL_LOCAL_VAR,
     ER_UNKNOWN_ERROR,
     ER_WRONG_TYPE_FOR_VAR,
     ER_WRONG_VALUE_FOR_VAR,
-    SqlError,
-    _unknown_variable,
 )
-from .values import _to_number, _to_text, _truthy
+from .errors import SqlError, unknown_variable
+from .values import to_number, to_text, truthy
 
 if TYPE_CHECKING:
     from .env import Env
@@ -29,11 +28,11 @@ if TYPE_CHECKING:
 # System variables: the one table of answers.
 
 
-def _always(env: Env) -> bool:
+def always_present(env: Env) -> bool:
     return True
 
 
-def _mysql_only(env: Env) -> bool:
+def mysql_only(env: Env) -> bool:
     return env.mysql
 
 
@@ -68,7 +67,7 @@ class SysVar:
     kind: str = "str"  # str | int | bool
     has_session: bool = True
     has_global: bool = True
-    exists: Callable[[Env], bool] = _always
+    exists: Callable[[Env], bool] = always_present
     doc: str = ""
 
     def select_value(self, env: Env) -> Any:
@@ -86,7 +85,7 @@ class SysVar:
         if value is None:
             return ""
         if self.kind == "bool":
-            return "ON" if _truthy(value) else "OFF"
+            return "ON" if truthy(value) else "OFF"
         return str(value)
 
     def coerce(self, value: Any) -> Any:
@@ -100,19 +99,19 @@ class SysVar:
                     return 1
                 if word in ("OFF", "FALSE", "NO"):
                     return 0
-            number = _to_number(value)
+            number = to_number(value)
             if number not in (0, 1):
                 raise SqlError(ER_WRONG_VALUE_FOR_VAR, "42000",
-                               f"Variable '{self.name}' can't be set to the value of '{_to_text(value)}'")
+                               f"Variable '{self.name}' can't be set to the value of '{to_text(value)}'")
             return int(number)
         if self.kind == "int":
             if isinstance(value, str) and not re.fullmatch(r"\s*[+-]?\d+\s*", value):
                 raise SqlError(ER_WRONG_TYPE_FOR_VAR, "42000", f"Incorrect argument type to variable '{self.name}'")
-            return int(_to_number(value))
-        return _to_text(value)
+            return int(to_number(value))
+        return to_text(value)
 
 
-def _binlog_checksum(env: Env) -> str | None:
+def binlog_checksum_value(env: Env) -> str | None:
     """The relay's checksum algorithm, from its newest FORMAT_DESCRIPTION (what the dump sends; while the current
     file holds none yet, as after a rotation or at a new epoch's first file, the previous file's); before any file,
     the master's value when the session fetched it; else NULL (a guess would change how a client cuts events; a
@@ -140,7 +139,7 @@ def _gtid_mode(env: Env) -> str:
     return "ON" if env.ctx.settings.gtid_mode == "mysql" or (gtids is not None and bool(gtids)) else "OFF"
 
 
-def _gtid_executed(env: Env) -> str:
+def gtid_executed_value(env: Env) -> str:
     gtids = env.mysql_gtids
     return gtids.format(",\n") if gtids is not None else ""
 
@@ -153,7 +152,7 @@ def _gtid_purged(env: Env) -> str:
     return purged.format(",\n") if isinstance(purged, GtidSet) else ""
 
 
-def _default_collation(env: Env) -> str:
+def default_collation(env: Env) -> str:
     return "utf8mb4_0900_ai_ci" if env.mysql and env.at_least(8, 0, 0) else "utf8mb4_general_ci"
 
 
@@ -234,7 +233,7 @@ def _epoch_field(name: str) -> Callable[[Env], Any]:
 SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     # -- identity: the relay's own, never the master's (a replica refuses a master with its own id/uuid)
     SysVar("server_id", lambda e: e.ctx.server_id, "int", has_session=False, doc="the relay's --server-id"),
-    SysVar("server_uuid", lambda e: e.ctx.server_uuid, has_session=False, exists=_mysql_only),
+    SysVar("server_uuid", lambda e: e.ctx.server_uuid, has_session=False, exists=mysql_only),
     SysVar("hostname", lambda e: socket.gethostname(), has_session=False),
     SysVar("port", _listen_port, "int", has_session=False),
     SysVar("report_host", lambda e: None, has_session=False),
@@ -246,7 +245,7 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("license", lambda e: "GPL", has_session=False),
     # -- what kind of server this is: a read-only binlog server that logs its master's events
     SysVar("read_only", lambda e: True, "bool", has_session=False),
-    SysVar("super_read_only", lambda e: True, "bool", has_session=False, exists=_mysql_only),
+    SysVar("super_read_only", lambda e: True, "bool", has_session=False, exists=mysql_only),
     SysVar("log_bin", lambda e: True, "bool", has_session=False),
     SysVar("log_slave_updates", lambda e: True, "bool", has_session=False,
            doc="1: the relay's binlogs are its master's events, so replicas below it can be relocated"),
@@ -265,7 +264,7 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
            doc="MySQL: PARTIAL_JSON changes how JSON updates are logged"),
     SysVar("binlog_gtid_index", _from_master("binlog_gtid_index", None), "bool", has_session=False,
            exists=_master_has("binlog_gtid_index", lambda e: not e.mysql and e.at_least(11, 4, 0))),
-    SysVar("binlog_checksum", _binlog_checksum, has_session=False),
+    SysVar("binlog_checksum", binlog_checksum_value, has_session=False),
     # -- what a replica's applier would have: the relay applies nothing, keeps no relay-log.info (its position is
     # its files) and never deletes a file because it was applied (retention is its expire_logs_days)
     SysVar("slave_parallel_workers", lambda e: 0, "int", has_session=False, doc="0: no applier threads"),
@@ -276,14 +275,14 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("relay_log_info_file", lambda e: None, has_session=False,
            doc="NULL: the relay has no relay-log.info; its position is its files (MHA then looks for "
                "<datadir>/relay-log.info, which does not exist: docs/failover.md, MHA 0.58)"),
-    SysVar("master_info_repository", lambda e: "TABLE", has_session=False, exists=_mysql_only),
-    SysVar("relay_log_info_repository", lambda e: "TABLE", has_session=False, exists=_mysql_only),
+    SysVar("master_info_repository", lambda e: "TABLE", has_session=False, exists=mysql_only),
+    SysVar("relay_log_info_repository", lambda e: "TABLE", has_session=False, exists=mysql_only),
     # -- GTIDs, from the horizon (MySQL) or the horizon's binlog state (MariaDB)
-    SysVar("gtid_mode", _gtid_mode, has_session=False, exists=_mysql_only),
+    SysVar("gtid_mode", _gtid_mode, has_session=False, exists=mysql_only),
     SysVar("enforce_gtid_consistency", _enforce_gtid_consistency, has_session=False,
-           exists=_mysql_only),
-    SysVar("gtid_executed", _gtid_executed, has_session=False, exists=_mysql_only),
-    SysVar("gtid_purged", _gtid_purged, has_session=False, exists=_mysql_only),
+           exists=mysql_only),
+    SysVar("gtid_executed", gtid_executed_value, has_session=False, exists=mysql_only),
+    SysVar("gtid_purged", _gtid_purged, has_session=False, exists=mysql_only),
     SysVar("gtid_binlog_pos", lambda e: str(e.maria_state.current_position()), has_session=False,
            exists=_mariadb_only),
     SysVar("gtid_binlog_state", lambda e: str(e.maria_state), has_session=False, exists=_mariadb_only),
@@ -315,9 +314,9 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
     SysVar("character_set_server", _from_master("character_set_server", None)),
     SysVar("character_set_database", lambda e: "utf8mb4"),
     SysVar("character_set_system", lambda e: "utf8mb3", has_session=False),
-    SysVar("collation_connection", _default_collation),
+    SysVar("collation_connection", default_collation),
     SysVar("collation_server", _from_master("collation_server", None)),
-    SysVar("collation_database", _default_collation),
+    SysVar("collation_database", default_collation),
     SysVar("sql_mode", _sql_mode),
     # the master's; time_zone's default is SYSTEM on both servers (row events carry TIMESTAMPs in UTC)
     SysVar("time_zone", _from_master("time_zone", "SYSTEM")),
@@ -349,19 +348,19 @@ SYSTEM_VARIABLES: tuple[SysVar, ...] = (
 _VARIABLES_BY_NAME: dict[str, SysVar] = {v.name: v for v in SYSTEM_VARIABLES}
 
 
-def _lookup_variable(env: Env, name: str) -> SysVar | None:
+def lookup_variable(env: Env, name: str) -> SysVar | None:
     var = _VARIABLES_BY_NAME.get(name)
     return var if var is not None and var.exists(env) else None
 
 
 def read_variable(env: Env, name: str, scope: str | None) -> Any:
     """``@@name`` / ``@@global.name`` / ``@@session.name`` as SELECT shows it (booleans as 1/0)."""
-    var = _lookup_variable(env, name)
+    var = lookup_variable(env, name)
     session = env.conn.session_vars
     if var is None:
         if scope != "global" and name in session:
             return session[name]
-        raise _unknown_variable(name)
+        raise unknown_variable(name)
     if scope == "global":
         if not var.has_global:
             raise SqlError(ER_INCORRECT_GLOBAL_LOCAL_VAR, "HY000", f"Variable '{name}' is a SESSION variable")
@@ -379,7 +378,7 @@ class StatusVar:
 
     name: str
     value: Callable[[Env], Any]
-    exists: Callable[[Env], bool] = _always
+    exists: Callable[[Env], bool] = always_present
 
 
 def _uptime(env: Env) -> int:
