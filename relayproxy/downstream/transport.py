@@ -208,7 +208,7 @@ class ClientProtocol(asyncio.Protocol):
         assert tls is not None and self.transport is not None
         handshake = self.tls_handshake
         try:
-            plaintext = tls.receive(data)
+            return tls.exchange(data, self.transport.write, handshake)
         except ssl.SSLError as exc:
             if handshake is not None and not handshake.done():
                 handshake.set_exception(exc)
@@ -217,12 +217,6 @@ class ClientProtocol(asyncio.Protocol):
             self.transport.abort()
             self._wake()
             return b""
-        output = tls.pending_output()
-        if output:
-            self.transport.write(output)
-        if tls.handshake_complete and handshake is not None and not handshake.done():
-            handshake.set_result(None)
-        return plaintext
 
     def _fail(self, exc: BaseException) -> None:
         """The input cannot be trusted any more: stop reading; the session answers with an ERR and closes."""

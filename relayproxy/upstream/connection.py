@@ -123,7 +123,7 @@ class _PacketProtocol(asyncio.Protocol):
         assert tls is not None and self.transport is not None
         handshake = self._tls_handshake
         try:
-            plaintext = tls.receive(data)
+            return tls.exchange(data, self.transport.write, handshake)
         except ssl.SSLError as exc:
             if handshake is not None and not handshake.done():
                 handshake.set_exception(exc)
@@ -132,12 +132,6 @@ class _PacketProtocol(asyncio.Protocol):
                 detail = getattr(exc, "reason", None) or str(exc)
                 self._fail(MySQLError(CR_SSL_CONNECTION_ERROR, "HY000", f"TLS error from {self.peer}: {detail}"))
             return b""
-        output = tls.pending_output()
-        if output:
-            self.transport.write(output)
-        if tls.handshake_complete and handshake is not None and not handshake.done():
-            handshake.set_result(None)
-        return plaintext
 
     def _fail(self, exc: BaseException) -> None:
         self.error = exc

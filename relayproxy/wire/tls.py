@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+from typing import Any, Callable
 
 
 class MemoryTls:
@@ -63,9 +64,18 @@ class MemoryTls:
             chunks.append(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    def pending_output(self) -> bytes:
-        """Handshake messages and post-handshake replies that must go to the peer."""
-        return self._outgoing.read()
+    def exchange(self, data: bytes, write: Callable[[bytes], object], handshake: Any = None) -> bytes:
+        """One arrival of ciphertext on a connection: ``receive`` it, ``write`` what the TLS layer now owes the
+        peer (handshake messages, post-handshake replies), and resolve ``handshake`` (a future, or None) once the
+        handshake is complete. Returns the plaintext; raises ssl.SSLError with nothing written: what a TLS error
+        means is the caller's (a replica's session and the master connection answer it differently)."""
+        plaintext = self.receive(data)
+        output = self._outgoing.read()
+        if output:
+            write(output)
+        if self.handshake_complete and handshake is not None and not handshake.done():
+            handshake.set_result(None)
+        return plaintext
 
     def encrypt(self, data: bytes | memoryview) -> bytes:
         self._ssl.write(data)
