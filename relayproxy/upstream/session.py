@@ -701,6 +701,10 @@ class UpstreamSession:
             raise refuse("no epoch to compare")
         if int(peer["server_id"] or -1) != int(own.get("server_id") or -2) or (
                 peer["server_uuid"] and own.get("server_uuid") and peer["server_uuid"] != own.get("server_uuid")):
+            if int(peer["epoch"]) > mine.epoch:  # the peer followed a failover this relay has not
+                raise refuse(f"a relay of another master now: it switched masters after this relay's epoch (its "
+                             f"epoch {peer['epoch']}, this relay's {mine.epoch}); repoint this relay by GTID to the "
+                             "master the peer follows, not to the peer")
             raise refuse("a relay of another master")
         if (int(peer["epoch"]), peer["first_file"], peer["upstream_first_file"]) != (
                 mine.epoch, mine.first_file, mine.upstream_first_file):

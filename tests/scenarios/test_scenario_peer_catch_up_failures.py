@@ -298,7 +298,8 @@ def test_a_peer_of_another_epoch_is_refused_naming_why(tmp_path, capsys):
         assert "peer catch-up refused" in error and f"127.0.0.1:{port2} (server_id 101)" in error, error
         assert "holds epoch 2 of the master server_id 2" in error, error
         assert "this relay's current epoch 1 is of the master server_id 1" in error, error
-        assert "a relay of another master" in error, error
+        assert "a relay of another master now: it switched masters after this relay's epoch (its epoch 2, this " \
+               "relay's 1); repoint this relay by GTID to the master the peer follows" in error, error
         wait_until("a second refusal", lambda: refusals(lab.relay) >= 3, TIMEOUT, lab.describe)
         assert relay_file_bytes(lab.relay.relay_dir) == before
         assert horizon(lab.relay_port) == at
