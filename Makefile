@@ -89,8 +89,12 @@ demo: setup
 	$(VENV)/bin/relayproxy demo $(DEMO_ARGS)
 
 # pytest exits 5 when it collected no test: that is a failure here, never a pass.
+# Two worker processes (pytest-xdist), a test file each at a time: most of a server test's time is waiting (for
+# a server, a timeout, a replica), so two files overlap their waits on a 2-core machine. TEST_WORKERS=0 runs the
+# suite in one process. Each worker takes its ports from a range of its own (lab/relayprocess.py, free_port).
+TEST_WORKERS ?= 2
 test: setup
-	@rc=0; $(PY) -m pytest -rfEs $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -rfEs -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests, which counts as a failure" >&2; fi; \
 	exit $$rc
 

@@ -24,11 +24,41 @@ from .procstat import children
 REPO = Path(__file__).resolve().parents[2]  # the checkout holding relayproxy/ (cwd of the relay processes)
 
 
+# Under pytest-xdist each worker process takes its ports from a range of its own, below the kernel's ephemeral
+# range (32768-60999 by default), so two workers never pick the same free port at the same moment, and no outgoing
+# connection's ephemeral port takes one between the pick and the bind. Outside xdist: the kernel's choice.
+WORKER_PORT_BASE = 12000
+WORKER_PORT_SPAN = 2500
+_next_port: list[int] = []
+
+
+def _worker_index() -> int | None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else None
+
+
 def free_port() -> int:
-    """A TCP port of 127.0.0.1 free at the moment of asking (closed again: two calls can return the same one)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port of 127.0.0.1 free at the moment of asking (closed again: the caller binds it). Outside an xdist
+    worker, two calls can return the same port; inside one, calls walk the worker's own range and do not repeat a
+    port within ``WORKER_PORT_SPAN`` calls."""
+    index = _worker_index()
+    if index is None or index * WORKER_PORT_SPAN + WORKER_PORT_SPAN + WORKER_PORT_BASE > 32768:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    low = WORKER_PORT_BASE + index * WORKER_PORT_SPAN
+    if not _next_port:
+        _next_port.append(os.getpid() % WORKER_PORT_SPAN)
+    for _ in range(WORKER_PORT_SPAN):
+        port = low + _next_port[0] % WORKER_PORT_SPAN
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (a server of this worker, or anyone's)
+            return port
+    raise OSError(f"no free port in {low}-{low + WORKER_PORT_SPAN - 1} (xdist worker {index})")
 
 
 def master_status(master) -> tuple[str, int]:
