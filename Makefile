@@ -102,7 +102,7 @@ test: setup
 # a JVM or docker-compose without its marker) left out: under two minutes on a 2-core machine. Not what CI runs.
 QUICK_MARKERS := not server and not spark and not docker and not mha and not slow
 test-quick: setup
-	@rc=0; $(PY) -m pytest -q -rfEs -m "$(QUICK_MARKERS)" $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile -m "$(QUICK_MARKERS)" $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-quick: pytest collected no tests, which counts as a failure" >&2; fi; \
 	exit $$rc
 
