@@ -134,3 +134,22 @@ def test_every_module_of_the_package_is_in_the_doc():
                                          if "/" in n):
             missing.append(rel)
     assert not missing, "modules docs/architecture.md does not place in its folder walk: " + ", ".join(missing)
+
+
+# -- the tests' own layout ------------------------------------------------------------------------------------------
+_TEST_FOLDER_ROW = re.compile(r"^\| `tests/(\w+)/` \|", re.M)
+TESTS = REPO / "tests"
+
+
+def test_tests_are_laid_out_by_layer_as_the_doc_says():
+    """No test module sits loose in tests/; every folder of tests/ is a package the doc's "Tests, by layer" table
+    lists, and every folder the table lists exists; each layer of the package has its folder."""
+    loose = sorted(p.name for p in TESTS.glob("*.py") if p.name not in ("__init__.py", "conftest.py"))
+    assert not loose, f"test modules outside a layer's folder: {loose}"
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    listed = set(_TEST_FOLDER_ROW.findall(TEXT))
+    assert folders == listed, f"tests/ has {sorted(folders - listed)} not in the doc's table; the table lists " \
+                              f"{sorted(listed - folders)} that tests/ lacks"
+    assert all((TESTS / name / "__init__.py").is_file() for name in folders), "each tests/ folder is a package"
+    layers = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert layers <= folders, f"layers of the package without a tests/ folder: {sorted(layers - folders)}"
