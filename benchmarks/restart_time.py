@@ -64,7 +64,7 @@ from relayproxy.relay import fileindex as FI  # noqa: E402
 from relayproxy.relay import durable as DU  # noqa: E402
 from relayproxy.relay.catalog import FileCatalog  # noqa: E402
 from relayproxy.relay.checkpoint import CHECKPOINT_NAME  # noqa: E402
-from tests import eventgen as E  # noqa: E402
+from tests.support import eventgen as E  # noqa: E402
 from tests.support.fakemaster import FakeMySQLMaster  # noqa: E402
 
 SID = bytes(range(16))
