@@ -65,6 +65,15 @@ def imports_of(path: Path, modules: set[str], *, annotations: bool = False) -> s
                       modules=modules, annotations=annotations)
 
 
+def import_target(node: ast.ImportFrom, here: str) -> str:
+    """The module a ``from ... import`` reads, its dots resolved against ``here`` (the importing package)."""
+    if not node.level:
+        return node.module or ""
+    base = here.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports_in(source: str, me: str, *, package: bool, modules: set[str], annotations: bool = False) -> set[str]:
     """The relayproxy modules that module `me` (a package's ``__init__`` when ``package``) imports in `source`.
     ``from package import name`` depends on the package (its ``__init__``) and, when ``name`` is a submodule, on
@@ -82,12 +91,7 @@ def imports_in(source: str, me: str, *, package: bool, modules: set[str], annota
             if annotations and me in targets:
                 found.add(me)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = import_target(node, here)
             submodules = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules]
             if annotations and target == me and not submodules:
                 found.add(me)  # names read back from its own, half-initialised namespace
@@ -267,12 +271,7 @@ def private_imports_in(source: str, me: str, *, package: bool) -> list[str]:
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level:
-            base = here.split(".")
-            base = base[: len(base) - (node.level - 1)]
-            target = ".".join(base + ([node.module] if node.module else []))
-        else:
-            target = node.module or ""
+        target = import_target(node, here)
         if not target.startswith("relayproxy"):
             continue
         for alias in node.names:
