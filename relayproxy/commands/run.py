@@ -321,11 +321,18 @@ def downstream_server(cfg, session):
     elif any(user.tls == "required" for user in cfg.users):
         raise RelayStartupError("a user requires TLS but no tls_cert is configured for --listen")
     from ..ops.status import relay_status
+    from ..relay.replay_stops import ReplayStops, ReplayStopsError
 
     sendbatch.configure(getattr(cfg, "send_threads", 1))
+    store = session.store
+    try:  # pitr's stops survive a restart; a read-only directory (serve) keeps them in memory only
+        stops = ReplayStops.load(None if store.read_only else store.relay_dir)
+    except ReplayStopsError as exc:
+        raise RelayStartupError(str(exc)) from None
     ctx = DownstreamContext(SessionRelayView(cfg, session, server_uuid=session.replica_uuid),
                             status_document=lambda: relay_status(cfg, session.store, session),
-                            replication=session if hasattr(session, "change_master") else None)
+                            replication=session if hasattr(session, "change_master") else None,
+                            replay_stops=stops)
     if cfg.semi_sync_replicas > 0:
         tracker, wanted, timeout = ctx.semi_sync, cfg.semi_sync_replicas, cfg.semi_sync_timeout
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from ..relay.replay_stops import ReplayStops
 from .semisync import SemiSyncTracker
 from .view import RelayView, ReplicaSettings
 
@@ -142,8 +143,11 @@ class DownstreamContext:
     are the view's, read at the time of asking (the store can be reopened)."""
 
     def __init__(self, relay: RelayView, *, status_document: Callable[[], dict[str, Any]],
-                 replication: ReplicationControl | None = None, started: float | None = None):
+                 replication: ReplicationControl | None = None, started: float | None = None,
+                 replay_stops: ReplayStops | None = None):
         self.relay = relay
+        # Per replica server id, a relay position its dump never sends past (relay/replay_stops.py: pitr's targets).
+        self.replay_stops = replay_stops if replay_stops is not None else ReplayStops(None)
         self.replication = replication  # None for `relayproxy serve`: no master to repoint
         # The relay's status document (ops/status.py's relay_status, bound by the command that wires the
         # relay): SHOW SLAVE STATUS reports the upstream IO thread, which this layer does not import.

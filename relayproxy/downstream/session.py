@@ -581,6 +581,8 @@ class Session:
         semi_sync = truthy(user_var(state.user_vars, "rpl_semi_sync_replica", "rpl_semi_sync_slave"))
         if protocol.tls is not None or (semi_sync and self.ctx.settings.semi_sync):
             return False
+        if self.ctx.replay_stops.get(request.server_id) is not None:
+            return False  # a replay stop (pitr) is this process's to enforce: the workers do not read the registry
         if transport is None or transport.is_closing():
             return False
         worker = pool.pick()

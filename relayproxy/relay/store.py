@@ -100,6 +100,8 @@ class RelayStore(SyncPipeline, EpochSwitch):
     """Relay files in master coordinates, their index, and the durable horizon over them (the sync pipeline:
     ``SyncPipeline``, relay/sync.py; the switch of epochs and the fillers: ``EpochSwitch``, relay/epoch_switch.py)."""
 
+    read_only = False  # the relay may write its directory (relayproxy serve's ReadOnlyBinlogDir may not)
+
     def __init__(self, relay_dir: Path, sync: SyncPolicy, recovered, *, on_fsync=None, _token=None):
         if _token is not _OPEN_TOKEN:
             raise TypeError("use RelayStore.open(relay_dir)")

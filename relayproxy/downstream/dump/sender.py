@@ -468,7 +468,19 @@ class DumpSender(DumpStart):
                 await self._heartbeat(self.pos)
 
     def _durable_end(self, rf: RelayFile, snap) -> tuple[int, bool]:
-        """(bytes of ``rf`` a reader may send, whether the file is closed)."""
+        """(bytes of ``rf`` a reader may send, whether the file is closed).
+
+        Under a replay stop for this replica (relay/replay_stops.py: a pitr target) the stop is the end: the dump
+        sends up to it and then waits there, as at the horizon, until the stop is cleared or the replica leaves."""
+        limit, closed = self._horizon_end(rf, snap)
+        stop = self.ctx.replay_stops.get(self.request.server_id)
+        if stop is not None:
+            cap = stop.caps(rf.name, self.ctx.store.files())
+            if cap is not None and cap <= limit:
+                return cap, False
+        return limit, closed
+
+    def _horizon_end(self, rf: RelayFile, snap) -> tuple[int, bool]:
         if snap.file == rf.name:
             return snap.position, False
         if snap.file is None:
@@ -519,7 +531,8 @@ class DumpSender(DumpStart):
         """Whether this dump may wait among the followers: it is at the durable end of the horizon's file, the
         next events need nothing done for it so far (``_plain``), and its channel can write without waiting."""
         return (self.write_packets_now is not None and snap.file == rf.name and self.pos == snap.position
-                and self._plain() and self.channel.can_write_now())
+                and self._plain() and self.channel.can_write_now()
+                and self.ctx.replay_stops.get(self.request.server_id) is None)  # the shared pass knows no stops
 
     def _follow(self, snap, shared: Pass) -> int:
         """At an advance while parked: write ``[pos, snap.position)`` now when it needs nothing done for this

@@ -124,10 +124,15 @@ def _binlog_gtid_pos(env: Env, args: list[Any]) -> Any:
             return None  # purged meanwhile
         key = (str(path), position)
         gtids = env.prefetched[key] if key in env.prefetched else gtids_at(path, position)
-        if gtids is _NOT_A_BOUNDARY:
+        if gtids is NOT_A_BOUNDARY:
             return None
         if gtids is None:
             gtids = info.start_gtids  # before the file's PREVIOUS_GTIDS / GTID_LIST: its starting set
+    return state_text(gtids)
+
+
+def state_text(gtids) -> str | None:
+    """A GTID state as BINLOG_GTID_POS answers it: MariaDB's position (per domain the last GTID), MySQL's set."""
     if isinstance(gtids, MariaBinlogState):
         return str(gtids.current_position())
     if isinstance(gtids, GtidSet):
@@ -135,7 +140,7 @@ def _binlog_gtid_pos(env: Env, args: list[Any]) -> Any:
     return None
 
 
-_NOT_A_BOUNDARY = object()
+NOT_A_BOUNDARY = object()
 _SCAN_CHUNK = 1 << 20
 
 
@@ -148,14 +153,14 @@ def gtids_at(path, position: int) -> Any:
             while remaining > 0:
                 chunk = f.read(min(_SCAN_CHUNK, remaining))
                 if not chunk:
-                    return _NOT_A_BOUNDARY  # the file is shorter than asked: purged or cut under us
+                    return NOT_A_BOUNDARY  # the file is shorter than asked: purged or cut under us
                 scanner.feed(chunk)
                 remaining -= len(chunk)
     except (OSError, closed_files.StoredFileError):
-        return _NOT_A_BOUNDARY
+        return NOT_A_BOUNDARY
     result = scanner.finish()
     if not result.ok or result.partial_tail or result.good_end != position:
-        return _NOT_A_BOUNDARY
+        return NOT_A_BOUNDARY
     return result.gtids_after
 
 
