@@ -1,0 +1,169 @@
+"""What `relayproxy pitr` decides before it changes anything (sans I/O, as promotion.decide): where the replay starts
+on the target, whether the target may be replayed to the stop at all, and when it is done.
+
+MariaDB GTID positions are compared per domain by sequence number (as the servers do with gtid_strict_mode);
+``server_id`` only names a GTID's origin, except where a GTID must be found in the relay's history, where the
+whole GTID must match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone, tzinfo
+from pathlib import Path
+
+from ..binlog.gtid import MariaGtid, MariaGtidPosition
+
+BACKUP_INFO_FILES = ("mariadb_backup_binlog_info", "xtrabackup_binlog_info")
+
+
+class PlanRefusal(Exception):
+    """The replay must not run as asked (the message says what is wrong and what to do)."""
+
+
+@dataclass(frozen=True)
+class BackupInfo:
+    """What a backup says of its binlog position: ``mariadb_backup_binlog_info`` (or xtrabackup's)."""
+
+    path: str
+    file: str
+    position: int
+    gtid: MariaGtidPosition
+
+
+def read_backup_info(directory: str | Path) -> BackupInfo:
+    """The binlog position a backup directory records; PlanRefusal naming the file when it has none usable."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise PlanRefusal(f"--from-backup {directory}: not a directory")
+    for name in BACKUP_INFO_FILES:
+        path = directory / name
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace").strip()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise PlanRefusal(f"{path}: cannot read it: {exc.strerror or exc}") from None
+        fields = text.split("\t") if "\t" in text else text.split()
+        if len(fields) < 2 or not fields[1].isdigit():
+            raise PlanRefusal(f"{path}: expected 'file<TAB>position<TAB>gtid', found {text[:200]!r}")
+        gtid_text = fields[2].strip() if len(fields) > 2 else ""
+        if not gtid_text:
+            raise PlanRefusal(f"{path}: the backup records no GTID position (only {fields[0]}:{fields[1]}); "
+                              "give the start with --from-gtid")
+        try:
+            gtid = MariaGtidPosition.parse(gtid_text)
+        except ValueError as exc:
+            raise PlanRefusal(f"{path}: {exc}") from None
+        return BackupInfo(str(path), fields[0], int(fields[1]), gtid)
+    raise PlanRefusal(f"--from-backup {directory}: no {' or '.join(BACKUP_INFO_FILES)} in it (is it a prepared "
+                      "mariadb-backup / xtrabackup directory?)")
+
+
+def parse_position(text: str, what: str) -> MariaGtidPosition:
+    try:
+        return MariaGtidPosition.parse((text or "").replace("\n", "").replace(" ", ""))
+    except ValueError as exc:
+        raise PlanRefusal(f"{what}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where the replay starts: the target's GTID position once set (``set_slave_pos``: pitr must SET GLOBAL
+    gtid_slave_pos to it first) and why."""
+
+    position: MariaGtidPosition
+    set_slave_pos: bool
+    resumed: bool
+    source: str
+
+
+def decide_start(target_slave_pos: MariaGtidPosition, given: MariaGtidPosition | None, source: str) -> Start:
+    """The start of the replay. With a position from the backup or --from-gtid: per domain the further of it and the
+    target's own gtid_slave_pos, so a run again after an interruption continues from what the target applied (its
+    gtid_slave_pos is transactional: it moved with every transaction applied) and never goes back to the backup's.
+    Without one: the target's gtid_slave_pos, which must not be empty."""
+    if given is None:
+        if not len(target_slave_pos):
+            raise PlanRefusal("no start: the target's gtid_slave_pos is empty; give --from-backup DIR (the prepared "
+                              "backup it was restored from) or --from-gtid SET")
+        return Start(target_slave_pos.copy(), False, False, "the target's gtid_slave_pos")
+    merged = target_slave_pos.copy()
+    for gtid in given:
+        mine = merged.get(gtid.domain_id)
+        if mine is None or mine.seq_no < gtid.seq_no:
+            merged.update(gtid)
+    resumed = any(target_slave_pos.contains(g) and target_slave_pos.get(g.domain_id).seq_no > g.seq_no
+                  for g in given)
+    return Start(merged, merged != target_slave_pos, resumed,
+                 source + (" (the target has applied past it: continuing from its gtid_slave_pos)" if resumed else ""))
+
+
+def past_stop(position: MariaGtidPosition, stop: MariaGtidPosition) -> list[str]:
+    """What ``position`` has past ``stop``, per domain: text naming the GTIDs (empty: nothing)."""
+    out = []
+    for gtid in position:
+        at = stop.get(gtid.domain_id)
+        if at is not None and gtid.seq_no > at.seq_no:
+            out.append(f"domain {gtid.domain_id}: {gtid} (the stop is at {at}; transactions "
+                       f"{gtid.domain_id}-*-{at.seq_no + 1}..{gtid.seq_no} are past it)")
+    return out
+
+
+def reached(position: MariaGtidPosition, stop: MariaGtidPosition) -> bool:
+    """The replay is done: the target is at the stop in every domain the stop has."""
+    return all(position.get(g.domain_id) is not None and position.get(g.domain_id).seq_no == g.seq_no for g in stop)
+
+
+def remaining_domains(position: MariaGtidPosition, stop: MariaGtidPosition) -> list[MariaGtid]:
+    return [g for g in stop if position.get(g.domain_id) is None or position.get(g.domain_id).seq_no < g.seq_no]
+
+
+# -- times ---------------------------------------------------------------------------------------------------------
+
+_FORMATS = ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S")
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A time the operator named, in microseconds since the epoch, and the zone it was read in."""
+
+    micros: int
+    zone: str
+    assumed_zone: bool
+    fractional: bool
+
+    def utc_text(self, micros: int | None = None) -> str:
+        value = self.micros if micros is None else micros
+        return (datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=value)).strftime(
+            "%Y-%m-%d %H:%M:%S.%f")
+
+
+def parse_moment(text: str, default_zone: tzinfo | None, zone_name: str) -> Moment:
+    """'YYYY-MM-DD HH:MM:SS[.ffffff]' with an offset (+02:00) or Z, or without one in ``default_zone`` (said)."""
+    raw = text.strip()
+    value = raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        parsed = None
+        for fmt in _FORMATS:
+            try:
+                parsed = datetime.strptime(value, fmt)
+                break
+            except ValueError:
+                continue
+        if parsed is None:
+            raise PlanRefusal(f"time {text!r}: expected 'YYYY-MM-DD HH:MM:SS[.ffffff]', optionally with an offset "
+                              "such as +02:00 or Z") from None
+    assumed = parsed.tzinfo is None
+    if assumed:
+        if default_zone is None:
+            raise PlanRefusal(f"time {text!r} has no time zone: add an offset (+02:00, Z) or give --time-zone")
+        parsed = parsed.replace(tzinfo=default_zone)
+        zone = zone_name
+    else:
+        zone = parsed.strftime("%z") or "UTC"
+    delta = parsed - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return Moment(micros, zone, assumed, parsed.microsecond != 0)
