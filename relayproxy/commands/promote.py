@@ -68,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--candidate-detached", action="store_true",
         help="accept a candidate with no replication configured while it is read-only (an HA tool such as MHA "
              "detached it before calling this hook); a writable one is refused")
+    add("--no-reset-replica", action="store_true",
+        help="step 5 stops the candidate's replication but leaves it configured (pointing at the relay) for the HA "
+             "tool to reset: MHA 0.58's last phase runs STOP SLAVE and RESET SLAVE ALL on the new master itself, and "
+             "fails (exit 10) on a server that no longer replicates from anywhere")
     add("--skip-unreachable-relays", action="store_true",
         help="go on without a relay that cannot be reached (by default refused: a commit acknowledged only by "
              "that relay would be lost)")
@@ -709,11 +713,18 @@ class Promoter:
     def promote(self) -> None:
         c = self.candidate
         c.stop_replica()
-        c.execute("RESET REPLICA ALL" if c._new_terms() else "RESET SLAVE ALL")
+        if self.args.no_reset_replica:
+            # MHA's "Resetting slave info on the new master" (MHA/Server.pm reset_slave_info) begins with STOP SLAVE
+            # and waits for SHOW SLAVE STATUS to show both threads stopped: on a server that shows no row it reports
+            # "Checking slave status failed", and the failover ends "recovery on slave partially failed" (exit 10)
+            done = "replication stopped and left configured for the HA tool to reset (--no-reset-replica)"
+        else:
+            c.execute("RESET REPLICA ALL" if c._new_terms() else "RESET SLAVE ALL")
+            done = "replication reset"
         if c.flavour == "mysql" and c.rows("SHOW GLOBAL VARIABLES LIKE 'super_read_only'"):
             c.execute("SET GLOBAL super_read_only = 0")
         c.execute("SET GLOBAL read_only = 0")
-        self.step("promoted the candidate", "replication reset, read_only off")
+        self.step("promoted the candidate", f"{done}, read_only off")
 
     def repoint_relays(self, relays: list[Server]) -> None:
         host, port = self.candidate_for_replicas
