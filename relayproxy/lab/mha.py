@@ -193,10 +193,12 @@ class MhaRun:
         return f"$ {' '.join(self.argv)}\n(exit {self.returncode} after {self.seconds:.1f} s)\n{self.output}"
 
 
-def run_mha(argv: list[str], *, overlay: Path, timeout: float = 300, stdin: str | None = None) -> MhaRun:
-    """Run one MHA command with the overlay first on PERL5LIB; the output is printed (the test log keeps it)."""
-    env = {**os.environ, "PERL5LIB": str(overlay) + (":" + os.environ["PERL5LIB"] if os.environ.get("PERL5LIB")
-                                                      else "")}
+def run_mha(argv: list[str], *, overlay: Path, timeout: float = 300, stdin: str | None = None,
+            env: dict[str, str] | None = None) -> MhaRun:
+    """Run one MHA command with the overlay first on PERL5LIB (and `env` added to the environment MHA and its
+    hooks run in); the output is printed (the test log keeps it)."""
+    env = {**os.environ, **(env or {}),
+           "PERL5LIB": str(overlay) + (":" + os.environ["PERL5LIB"] if os.environ.get("PERL5LIB") else "")}
     started = time.monotonic()
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           timeout=timeout, input=stdin)

@@ -24,7 +24,9 @@ Every MHA command's output is printed (pytest shows it for a failing test; -s sh
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -257,3 +259,147 @@ def test_mha_switches_masters_with_the_relay(mha_installed, mariadb, tmp_path: P
         if ssh is not None:
             ssh.stop()
         relay.stop()
+
+
+# -- a lossless failover driven by MHA: relayproxy promote in master_ip_failover_script ---------------------------------
+
+HOOK = Path(__file__).resolve().parents[2] / "docs" / "hooks" / "mha_master_ip_failover"
+LAGGING_CANDIDATE = 0.4  # seconds the candidate's link holds each chunk of the master's stream
+
+
+def _semi_sync_trial_killed(workdir: Path):
+    """lab/lossless.py's topology: a semi-sync master (AFTER_SYNC) whose only acker is the relay (`run --semi-sync`),
+    a GTID replica T behind the relay, and a candidate C replicating straight from the master through a link that
+    delays the stream. Four writers commit for 2.5 s, each recording every commit that returned; then kill -9 of the
+    master and every link to it dropped. C applies all it received; `result.direct_lost` counts the acknowledged
+    commits it lacks (what promoting it as it is loses)."""
+    from relayproxy.lab.lossless import Trial, TrialSpec
+
+    spec = TrialSpec(seed=36, kind="master", relays=1, candidate_delay=LAGGING_CANDIDATE, replica=True,
+                     load_seconds=2.5, big_chance=0.0)
+    trial = Trial(workdir, spec)
+    trial.start()
+    trial.load_and_kill()
+    trial.direct_snapshot()
+    assert trial.result.direct_lost > 0, "the candidate did not lag: nothing to show"
+    return trial
+
+
+def _dead_switch(trial, tmp_path: Path, hook: str, env: dict[str, str]) -> mha.MhaRun:
+    """masterha_master_switch --master_state=dead with app.cnf listing the master (at the address the candidate
+    replicates from: its link) and the candidate; the relay is not listed (it is refused as a replica, above). The
+    master's host is unreachable by ssh (its ssh_port is closed), as when the host itself is down: MHA cannot save the
+    dead master's binlog, so what the candidate lacks can come only from the relay."""
+    overlay = mha.build_overlay(tmp_path / "mha-overlay")
+    ssh = mha.PrivateSshd(tmp_path / "ssh", set_env={"PERL5LIB": str(overlay)}).start()
+    try:
+        work = tmp_path / "mha"
+        for sub in ("manager", "remote"):
+            (work / sub).mkdir(parents=True, exist_ok=True)
+        master_at = trial.candidate_link.port
+        text = mha.app_cnf(workdir=work, user=ADMIN_USER, password=ADMIN_PASSWORD, repl_user=REPL_USER,
+                           repl_password=REPL_PASSWORD, ssh=ssh, servers=[
+                               mha.MhaServer("server1", master_at, {"candidate_master": 1, "ssh_port": free_port()}),
+                               mha.MhaServer("server2", trial.candidate.port, {"candidate_master": 1})])
+        text = text.replace("ping_interval=1\n", f"ping_interval=1\nmaster_ip_failover_script={hook}\n", 1)
+        cnf = work / "app.cnf"
+        cnf.write_text(text)
+        print(f"--- {cnf}\n{text}", flush=True)
+        return mha.run_mha(["masterha_master_switch", "--master_state=dead", f"--conf={cnf}",
+                            "--dead_master_host=127.0.0.1", "--dead_master_ip=127.0.0.1",
+                            f"--dead_master_port={master_at}", "--new_master_host=127.0.0.1",
+                            f"--new_master_port={trial.candidate.port}", "--interactive=0", "--ignore_last_failover"],
+                           overlay=overlay, env=env)
+    finally:
+        ssh.stop()
+
+
+def _hook_env(trial) -> dict[str, str]:
+    """The hook's site settings for this trial, in the environment MHA runs it in."""
+    return {"RELAYPROXY_HOOK_RELAYS": f"127.0.0.1:{trial.relay_ports[0]}",
+            "RELAYPROXY_HOOK_RELAY_USER": ADMIN_USER,
+            "RELAYPROXY_HOOK_RELAY_PASSWORD_FILE": str(trial.secrets / "admin"),
+            "RELAYPROXY_HOOK_DB_USER": ADMIN_USER, "RELAYPROXY_HOOK_DB_PASSWORD_FILE": str(trial.secrets / "admin"),
+            "RELAYPROXY_HOOK_REPL_USER": REPL_USER, "RELAYPROXY_HOOK_REPL_PASSWORD_FILE": str(trial.secrets / "repl"),
+            "RELAYPROXY_HOOK_TIMEOUT": "60",
+            "RELAYPROXY_HOOK_RELAYPROXY": str(Path(sys.executable).with_name("relayproxy"))}
+
+
+def test_mha_dead_master_switch_with_relayproxy_promote_loses_no_acknowledged_commit(mha_installed, tmp_path: Path):
+    """MHA's master_ip_failover_script is docs/hooks/mha_master_ip_failover (the file docs/failover.md shows): at
+    --command=start it runs `relayproxy promote --no-reset-replica`. 0 acknowledged commits lost, the candidate
+    writable with no replication left (MHA reset it), the relay and T following it, MHA's exit 0."""
+    trial = _semi_sync_trial_killed(tmp_path / "trial")
+    try:
+        dead = _dead_switch(trial, tmp_path, str(HOOK), _hook_env(trial))
+        assert dead.returncode == 0, "MHA's dead-master switch did not succeed"
+        assert f"Master failover to 127.0.0.1(127.0.0.1:{trial.candidate.port}) completed successfully." in dead.output
+        assert "Resetting slave info succeeded." in dead.output
+        assert "SSH is NOT reachable" in dead.output or "is NOT reachable" in dead.output  # no binlog saved by MHA
+        document = json.loads(dead.output[dead.output.index("{\n"):dead.output.index("\n}\n") + 2])
+        assert document["outcome"] == "promoted" and document["exit_code"] == 0, document
+        assert document["fetched_count"] >= trial.result.direct_lost, document
+        assert replica_status(trial.candidate) == {}  # MHA's own cleanup reset it
+        assert int(trial.candidate.execute("SELECT @@GLOBAL.read_only")[0][0]) == 0
+        trial.check()  # new writes on C reach the relay and T; lost / partial / twice / errant counted
+        r = trial.result
+        print(f"acknowledged {r.acked} ({r.acked_rows} rows), the candidate lacked {r.direct_lost} of them; after "
+              f"MHA with relayproxy promote: lost {r.lost}, partial {r.partial}, rows twice {r.duplicate_rows}, "
+              f"errant {r.errant}; MHA ran {dead.seconds:.1f} s", flush=True)
+        assert (r.lost, r.partial, r.duplicate_rows, r.errant, r.relay_dropped) == (0, 0, 0, [], [])
+        assert r.replica_caught_up is True
+    finally:
+        trial.close()
+
+
+def test_mha_dead_master_switch_with_the_plain_repointing_hook_loses_what_the_candidate_lacked(mha_installed,
+                                                                                                 tmp_path: Path):
+    """The same run with lab/mha.py's hook, which only repoints the relay: the candidate is promoted as it was, the
+    acknowledged commits it lacked are lost, and the relay refuses to follow it (it lacks what the relay holds)."""
+    from relayproxy.lab.lossless import present
+
+    trial = _semi_sync_trial_killed(tmp_path / "trial")
+    try:
+        hook = mha.hook_command(trial.relay_ports, admin_user=ADMIN_USER, admin_password=ADMIN_PASSWORD,
+                                repl_user=REPL_USER, repl_password=REPL_PASSWORD, change="gtid")
+        dead = _dead_switch(trial, tmp_path, hook, {})
+        assert dead.returncode == 0, "MHA's dead-master switch did not succeed"
+        assert f"relay 127.0.0.1:{trial.relay_ports[0]} repointed at 127.0.0.1:{trial.candidate.port}" in dead.output
+        have, twice = present(trial.candidate)
+        lost = [t for t in trial.acked if have.get(t, 0) == 0]
+        print(f"acknowledged {len(trial.acked)}, after MHA with the repointing hook: lost {len(lost)} "
+              f"(the candidate lacked {trial.result.direct_lost})", flush=True)
+        assert len(lost) == trial.result.direct_lost > 0 and twice == 0
+        error = wait_until("the relay to refuse the new master", lambda: trial.relays[0].status().get(
+            "last_io_error") or None, 30, trial.relays[0].log_tail)
+        assert "lacks GTIDs the relay holds" in error, error
+    finally:
+        trial.close()
+
+
+def test_mha_dead_master_switch_fails_its_cleanup_when_promote_resets_the_new_master(mha_installed, tmp_path: Path):
+    """Why the hook passes --no-reset-replica: the same hook without it. promote resets the candidate's replication
+    (RESET SLAVE ALL); MHA's phase 5 (MHA/Server.pm reset_slave_info) then runs STOP SLAVE and waits for SHOW SLAVE
+    STATUS to show both threads stopped (wait_until_slave_stops), but MHA/DBHelper.pm check_slave_status answers
+    Status 1 ("I am not a slave") for the empty result, which wait_until_slave_stops takes for a failure. Nothing
+    acknowledged is lost, but MHA exits 10, which an HA tool reads as a failed failover."""
+    from relayproxy.lab.lossless import present
+
+    trial = _semi_sync_trial_killed(tmp_path / "trial")
+    try:
+        text = HOOK.read_text()
+        assert text.count(" --no-reset-replica --json") == 1
+        hook = tmp_path / "hook-resetting"
+        hook.write_text(text.replace(" --no-reset-replica --json", " --json"))
+        hook.chmod(0o755)
+        dead = _dead_switch(trial, tmp_path, str(hook), _hook_env(trial))
+        assert dead.returncode == 10, "MHA's cleanup accepted a new master with its replication reset: see the hook"
+        port = trial.candidate.port
+        assert f"Checking slave status failed on 127.0.0.1(127.0.0.1:{port})." in dead.output
+        assert "Stopping slave failed!" in dead.output and "Resetting slave info failed." in dead.output
+        assert f"Master failover to 127.0.0.1(127.0.0.1:{port}) done, but recovery on slave partially failed." \
+            in dead.output
+        have, twice = present(trial.candidate)
+        assert not [t for t in trial.acked if have.get(t, 0) == 0] and twice == 0
+    finally:
+        trial.close()
