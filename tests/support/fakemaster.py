@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.events import FormatDescription
-from relayproxy.binlog.gtid import GtidSet
+from relayproxy.binlog.gtid import GtidSet  # only the type tests hand in; decisions use .mysql_gtids.Gtids
 from relayproxy.binlog.views import view_event
 from relayproxy.wire import packets as P
 from relayproxy.wire.packets import encode_packet, lenenc_bytes, lenenc_int, read_lenenc_bytes, read_lenenc_int
+
+from .mysql_gtids import Gtids
 
 HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server_id, event_size, log_pos, flags
 ER_UNKNOWN_SYSTEM_VARIABLE = 1193
@@ -110,7 +112,19 @@ def clear_in_use(image: bytes) -> bytes:
     return bytes(out)
 
 
-def next_binlog(prev_image: bytes, gtids: GtidSet, *, created: int = 0) -> bytes:
+def as_gtids(gtids: Gtids | GtidSet | str | None) -> Gtids:
+    """The scripted master's own set for what a test hands in: MySQL's text, or a relayproxy ``GtidSet`` read
+    through its binary form (the bytes a master would get), never through its arithmetic."""
+    if gtids is None:
+        return Gtids()
+    if isinstance(gtids, Gtids):
+        return gtids
+    if isinstance(gtids, str):
+        return Gtids.parse(gtids)
+    return Gtids.decode(gtids.encode())
+
+
+def next_binlog(prev_image: bytes, gtids: Gtids | GtidSet, *, created: int = 0) -> bytes:
     """The empty active binlog a MySQL master opens after rotating away from ``prev_image``: the same
     FDE (in use, log_pos 4 + size) and a PREVIOUS_GTIDS holding ``gtids`` (header copied from the
     previous file's PREVIOUS_GTIDS)."""
@@ -124,7 +138,7 @@ def next_binlog(prev_image: bytes, gtids: GtidSet, *, created: int = 0) -> bytes
     signed[17] &= ~C.LOG_EVENT_BINLOG_IN_USE_F & 0xFF
     struct.pack_into("<I", fde, len(fde) - 4, zlib.crc32(signed))
     ts, _type, server_id, _size, _pos, flags = HEADER.unpack_from(prev)
-    body = gtids.encode()
+    body = as_gtids(gtids).encode()
     end = 4 + len(fde)
     prev_event = make_event(C.PREVIOUS_GTIDS_LOG_EVENT, body, server_id=server_id, timestamp=ts, flags=flags,
                             log_pos=end + C.HEADER_LEN + len(body) + 4)
@@ -147,10 +161,10 @@ class BinlogFile:
         fmt = FormatDescription.parse(self.fde, 0, len(self.fde))
         self.format = fmt
         self.checksum = fmt.checksum_alg == C.CHECKSUM_CRC32
-        self.previous_gtids: GtidSet | None = None
+        self.previous_gtids: Gtids | None = None
         if len(self._events) > 1 and self._events[1][1][4] == C.PREVIOUS_GTIDS_LOG_EVENT:
             ev = self._events[1][1]
-            self.previous_gtids = GtidSet.decode(ev, C.HEADER_LEN, len(ev) - C.HEADER_LEN - fmt.checksum_len)
+            self.previous_gtids = Gtids.decode(ev[C.HEADER_LEN:len(ev) - fmt.checksum_len])
 
     def _scan(self) -> None:
         for off, ev in split_events(self.data, self._scanned_to):
@@ -168,19 +182,19 @@ class BinlogFile:
     def events_from(self, offset: int) -> list[tuple[int, bytes]]:
         return [(off, ev) for off, ev in self._events if off >= offset]
 
-    def first_gtid(self) -> tuple[bytes, str, int] | None:
+    def first_gtid(self) -> tuple[str, str, int] | None:
         for _, ev in self._events:
             if ev[4] in _GTID_TYPES:
                 return gtid_of(ev, self.format)
         return None
 
-    def gtids_after(self) -> GtidSet:
-        out = (self.previous_gtids or GtidSet()).copy()
+    def gtids_after(self) -> Gtids:
+        runs = {key: list(value) for key, value in (self.previous_gtids or Gtids()).runs.items()}
         for _, ev in self._events:
             if ev[4] in _GTID_TYPES:
-                sid, tag, gno = gtid_of(ev, self.format)
-                out.add(sid, gno, tag)
-        return out
+                uuid, tag, gno = gtid_of(ev, self.format)
+                runs.setdefault((uuid, tag), []).append((gno, gno))
+        return Gtids(runs)
 
 
 def _uuid(sid: bytes) -> str:
@@ -188,9 +202,10 @@ def _uuid(sid: bytes) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def gtid_of(ev: bytes, fmt: FormatDescription) -> tuple[bytes, str, int]:
+def gtid_of(ev: bytes, fmt: FormatDescription) -> tuple[str, str, int]:
+    """(uuid, tag, gno) of a GTID event."""
     view = view_event(ev, 0, fmt)
-    return view.sid, view.tag or "", view.gno
+    return _uuid(view.sid), (view.tag or "").lower(), view.gno
 
 
 class BinlogIndex:
@@ -198,12 +213,12 @@ class BinlogIndex:
 
     def __init__(self, files: list[tuple[str, bytes]]):
         self.files = [BinlogFile(name, data) for name, data in files]
-        self.gtid_purged_extra = GtidSet()  # what SET GLOBAL gtid_purged added beyond the files
+        self.gtid_purged_extra = Gtids()  # what SET GLOBAL gtid_purged added beyond the files
 
-    def gtid_purged(self) -> GtidSet:
+    def gtid_purged(self) -> Gtids:
         """MySQL's lost_gtids: the oldest file's PREVIOUS_GTIDS, plus what SET GLOBAL gtid_purged added."""
         oldest = self.files[0].previous_gtids
-        return (oldest or GtidSet()).union(self.gtid_purged_extra)
+        return (oldest or Gtids()).union(self.gtid_purged_extra)
 
     def names(self) -> list[str]:
         return [f.name for f in self.files]
@@ -214,16 +229,8 @@ class BinlogIndex:
                 return i, f
         return None
 
-    def executed(self) -> GtidSet:
+    def executed(self) -> Gtids:
         return self.files[-1].gtids_after()
-
-
-def _gtid_numbers(gtids: GtidSet) -> dict[tuple[str, str], set[int]]:
-    """Every GTID of a set as ``(uuid, tag) -> {gno, ...}``, read from its intervals (small test sets only)."""
-    out: dict[tuple[str, str], set[int]] = {}
-    for uuid, tag, start, end in gtids.intervals():
-        out.setdefault((uuid, tag), set()).update(range(start, end + 1))
-    return out
 
 
 def _gtid_text(numbers: dict[tuple[str, str], set[int]]) -> str:
@@ -245,18 +252,17 @@ def _gtid_text(numbers: dict[tuple[str, str], set[int]]) -> str:
     return ",".join(f"{uuid}:{':'.join(pieces)}" for uuid, pieces in parts.items())
 
 
-def missing_gtids(needed: GtidSet, have: GtidSet) -> str:
-    """The text of ``needed`` minus ``have``, computed here with Python sets of numbers, not with relayproxy's
-    ``GtidSet.subtract``: the scripted master's answer stays independent of the code the relay runs."""
-    mine, theirs = _gtid_numbers(needed), _gtid_numbers(have)
-    return _gtid_text({key: gnos - theirs.get(key, set()) for key, gnos in mine.items()})
+def missing_gtids(needed: Gtids, have: Gtids) -> str:
+    """The text of ``needed`` minus ``have``, with the scripted master's own arithmetic (tests/support/mysql_gtids.py),
+    not relayproxy's ``GtidSet.subtract``: its answer stays independent of the code the relay runs."""
+    return needed.difference(have).text(",")
 
 
-def _purged_message(gtids: GtidSet, missing: str) -> str:
+def _purged_message(gtids: Gtids, missing: str) -> str:
     return (
         "Cannot replicate because the source purged required binary logs. Replicate the missing transactions "
         "from elsewhere, or provision a new replica from backup. Consider increasing the source's binary log "
-        f"expiration period. The GTID set sent by the replica is '{_gtid_text(_gtid_numbers(gtids))}', and the "
+        f"expiration period. The GTID set sent by the replica is '{gtids.text(',')}', and the "
         f"missing transactions are '{missing}'"
     )
 
@@ -279,19 +285,19 @@ class SentEvent:
 class DumpCursor:
     """What MySQL's Binlog_sender sends for one dump request, as far as the files go right now."""
 
-    def __init__(self, index: BinlogIndex, *, file: str, pos: int, gtids: GtidSet | None, server_id: int,
+    def __init__(self, index: BinlogIndex, *, file: str, pos: int, gtids: Gtids | GtidSet | None, server_id: int,
                  heartbeat_v2: bool = False):
         self.index = index
         self.server_id = server_id
         self.heartbeat_v2 = heartbeat_v2
-        self.gtids = gtids
+        gtids = self.gtids = None if gtids is None else as_gtids(gtids)
         self.skipping = False
         self.skipped_end: int | None = None
         self.clear_created = False
         if gtids is not None:
             self.fi, pos = self._gtid_start(gtids), 4
             first = self.index.files[self.fi].first_gtid()
-            self.clear_created = first is not None and gtids.contains_gtid(first[0], first[2], first[1])
+            self.clear_created = first is not None and gtids.contains(first[0], first[2], first[1])
         else:
             if not file:
                 self.fi = 0
@@ -312,9 +318,9 @@ class DumpCursor:
         self.off = pos
         self.position = (index.files[self.fi].name, pos)  # what a heartbeat says now
 
-    def _gtid_start(self, gtids: GtidSet) -> int:
+    def _gtid_start(self, gtids: Gtids) -> int:
         executed = self.index.executed()
-        if not gtids.is_subset(executed):
+        if not gtids.issubset(executed):
             raise DumpError(
                 ER_MASTER_FATAL_ERROR_READING_BINLOG,
                 "Slave has more GTIDs than the master has, using the master's SERVER_UUID. This may indicate that "
@@ -337,7 +343,7 @@ class DumpCursor:
                     "Found old binary log without GTIDs while looking for the oldest binary log that contains any "
                     "GTID that is not in the given gtid set",
                 )
-            if prev.is_subset(gtids):
+            if prev.issubset(gtids):
                 return i
         missing = missing_gtids(self.index.files[0].previous_gtids, gtids)
         raise DumpError(ER_MASTER_FATAL_ERROR_READING_BINLOG, _purged_message(gtids, missing))
@@ -363,8 +369,8 @@ class DumpCursor:
                 self.off = end
                 if self.gtids is not None:
                     if type_code in _GTID_TYPES:
-                        sid, tag, gno = gtid_of(ev, f.format)
-                        self.skipping = self.gtids.contains_gtid(sid, gno, tag)
+                        uuid, tag, gno = gtid_of(ev, f.format)
+                        self.skipping = self.gtids.contains(uuid, gno, tag)
                     elif type_code == C.ANONYMOUS_GTID_LOG_EVENT:
                         raise DumpError(
                             ER_MASTER_FATAL_ERROR_READING_BINLOG,
@@ -454,7 +460,7 @@ class FakeMySQLMaster:
                  auth_plugin: str = "mysql_native_password", semi_sync: bool = False, port: int = 0):
         self.index = BinlogIndex(files)
         self.server_id = server_id
-        uuids = self.index.executed().sids()
+        uuids = self.index.executed().uuids()
         self.server_uuid = server_uuid or (uuids[0] if uuids else "3e11fa47-71ca-11e1-9e33-c80aa9429562")
         self.version = version or self.index.files[0].format.server_version
         self.user = user
@@ -513,9 +519,9 @@ class FakeMySQLMaster:
         del self.index.files[: found[0]]
         return dropped
 
-    def set_gtid_purged(self, gtids: GtidSet) -> None:
+    def set_gtid_purged(self, gtids: Gtids | GtidSet | str) -> None:
         """SET GLOBAL gtid_purged = '+gtids': MySQL counts them as purged whatever the files say."""
-        self.index.gtid_purged_extra = self.index.gtid_purged_extra.union(gtids)
+        self.index.gtid_purged_extra = self.index.gtid_purged_extra.union(as_gtids(gtids))
 
     @property
     def dumps(self) -> list[DumpRequest]:
@@ -698,7 +704,7 @@ class FakeMySQLMaster:
             # MySQL's gtid_executed holds what SET GLOBAL gtid_purged added, too; both as MySQL prints them.
             value = (self.index.executed().union(self.index.gtid_purged_extra) if upper.endswith("EXECUTED")
                      else self.index.gtid_purged())
-            return self._result([text.split(" ", 1)[1]], [[value.format(",\n")]], caps)
+            return self._result([text.split(" ", 1)[1]], [[value.text(",\n")]], caps)
         if upper == "SELECT @@GLOBAL.GTID_MODE":
             return self._result(["@@GLOBAL.GTID_MODE"], [["ON"]], caps)
         if upper == "SELECT @@GLOBAL.RPL_SEMI_SYNC_SOURCE_ENABLED" and self.semi_sync:
@@ -733,7 +739,7 @@ class FakeMySQLMaster:
         if upper in ("SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"):
             last = self.index.files[-1]
             return self._result(["File", "Position", "Binlog_Do_DB", "Binlog_Ignore_DB", "Executed_Gtid_Set"],
-                                [[last.name, str(last.size), "", "", self.index.executed().format(",\n")]], caps)
+                                [[last.name, str(last.size), "", "", self.index.executed().text(",\n")]], caps)
         return self._error(ER_PARSE_ERROR, "42000", f"You have an error in your SQL syntax near '{text[:40]}'")
 
     def _binlog_events(self, name: str, pos: int, limit: str | None, caps: int) -> bytes:
@@ -758,10 +764,10 @@ class FakeMySQLMaster:
             type_code, server_id, size = ev[4], int.from_bytes(ev[5:9], "little"), len(ev)
             info = ""
             if type_code in _GTID_TYPES:
-                sid, _tag, gno = gtid_of(ev, binlog.format)
-                info = f"SET @@SESSION.GTID_NEXT= '{_uuid(sid)}:{gno}'"
+                uuid, _tag, gno = gtid_of(ev, binlog.format)
+                info = f"SET @@SESSION.GTID_NEXT= '{uuid}:{gno}'"
             elif type_code == C.PREVIOUS_GTIDS_LOG_EVENT:
-                info = (binlog.previous_gtids or GtidSet()).format(",\n")
+                info = (binlog.previous_gtids or Gtids()).text(",\n")
             rows.append([name, str(off), names.get(type_code, f"Unknown({type_code})"), str(server_id),
                          str(off + size), info])
         return self._result(["Log_name", "Pos", "Event_type", "Server_id", "End_log_pos", "Info"], rows, caps)
@@ -826,7 +832,8 @@ class FakeMySQLMaster:
                                 "configured to log")
             if checksum is not None and str(checksum).upper() != "CRC32":
                 raise DumpError(ER_MASTER_FATAL_ERROR_READING_BINLOG, "this fake master only serves CRC32 binlogs")
-            cursor = DumpCursor(self.index, file=req.file, pos=req.pos, gtids=req.gtids, server_id=self.server_id,
+            cursor = DumpCursor(self.index, file=req.file, pos=req.pos, server_id=self.server_id,
+                                  gtids=None if req.gtids is None else Gtids.decode(req.gtid_data),
                                 heartbeat_v2=bool(req.flags & USE_HEARTBEAT_EVENT_V2))
         except DumpError as exc:
             log.error = exc.message
