@@ -197,6 +197,44 @@ def test_the_checks_catch_a_stale_and_an_uncited_figure():
     assert not MEASURE.search("checkpoint every 16 MB / 10 s, max_binlog_size 1 GB, a 60 s timeout")
 
 
+# -- CHANGELOG.md: figures as they were, checkable -----------------------------------------------------------------
+#
+# The CHANGELOG is history: an entry quotes what was measured when it was written. The rule it is held to: a sentence
+# that names a results file quotes only figures that file holds now, or held at a commit the sentence names ("as
+# `fanout_real.md` recorded them at abef903"; read with git show). A figure no version of its file held is wrong.
+
+_HASH = re.compile(r"(?<![\w-])[0-9a-f]{7,12}(?![\w-])")
+
+
+def _results_at(commit: str, name: str) -> str:
+    done = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:benchmarks/results/{name}"], capture_output=True,
+                          text=True, errors="replace")
+    return done.stdout if done.returncode == 0 else ""
+
+
+def test_every_figure_the_changelog_cites_is_in_that_file_now_or_at_the_commit_it_names():
+    if not (REPO / ".git").exists():
+        pytest.fail("the CHANGELOG check needs the git history (.git)")
+    stale, checked = [], 0
+    for line, text in units((REPO / "CHANGELOG.md").read_text()):
+        cited = citations(text)
+        if not cited:
+            continue
+        commits = [h for h in _HASH.findall(text) if re.search(r"[a-f]", h) and re.search(r"\d", h)]
+        have: set[str] = set()
+        for name in cited:
+            have |= numbers_in(_results_text(name))
+            for commit in commits:
+                have |= numbers_in(_results_at(commit, name))
+        for written, value in figures(text):
+            checked += 1
+            if value not in have:
+                stale.append(f"CHANGELOG.md:{line}: {written!r} is in no version of {', '.join(cited)} "
+                             f"(now{', at ' + ', '.join(commits) if commits else ''}): {text[:200]}")
+    assert checked > 50, f"only {checked} CHANGELOG figures checked"
+    assert not stale, "CHANGELOG figures that their results file never held:\n" + "\n".join(stale)
+
+
 # -- results files: provenance ------------------------------------------------------------------------------------
 
 _COMMIT_LINE = re.compile(r"^- (?:relayproxy )?commit: ([0-9a-f]{7,40})\b", re.M)
