@@ -16,6 +16,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "relayproxy.commands.promote",
         "after the master died: catch a candidate up from the relays, promote it, repoint relays and replicas",
     ),
+    "pitr": (
+        "relayproxy.commands.pitr",
+        "point-in-time recovery: replay a restored backup from the relay to an exact GTID or time, resumable",
+    ),
     "demo": (
         "relayproxy.commands.demo",
         "local master, relay and replicas: a live workload, then a master crash mid-transaction, side by side",

@@ -3,7 +3,7 @@ on the target, whether the target may be replayed to the stop at all, and when i
 
 MariaDB GTID positions are compared per domain by sequence number (as the servers do with gtid_strict_mode);
 ``server_id`` only names a GTID's origin, except where a GTID must be found in the relay's history, where the
-whole GTID must match.
+whole GTID must match. MySQL's are GTID sets (``gtid_executed``): the ``mysql_*`` functions.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 
-from ..binlog.gtid import MariaGtid, MariaGtidPosition
+from ..binlog.gtid import GtidSet, MariaGtid, MariaGtidPosition
 
 BACKUP_INFO_FILES = ("mariadb_backup_binlog_info", "xtrabackup_binlog_info")
 
@@ -28,7 +28,14 @@ class BackupInfo:
     path: str
     file: str
     position: int
-    gtid: MariaGtidPosition
+    gtid_text: str
+
+    @property
+    def gtid(self) -> MariaGtidPosition:
+        return parse_position(self.gtid_text, self.path)
+
+    def gtid_set(self) -> GtidSet:
+        return parse_set(self.gtid_text, self.path)
 
 
 def read_backup_info(directory: str | Path) -> BackupInfo:
@@ -47,15 +54,11 @@ def read_backup_info(directory: str | Path) -> BackupInfo:
         fields = text.split("\t") if "\t" in text else text.split()
         if len(fields) < 2 or not fields[1].isdigit():
             raise PlanRefusal(f"{path}: expected 'file<TAB>position<TAB>gtid', found {text[:200]!r}")
-        gtid_text = fields[2].strip() if len(fields) > 2 else ""
+        gtid_text = "".join(fields[2:]).replace("\n", "").replace(" ", "") if len(fields) > 2 else ""
         if not gtid_text:
             raise PlanRefusal(f"{path}: the backup records no GTID position (only {fields[0]}:{fields[1]}); "
                               "give the start with --from-gtid")
-        try:
-            gtid = MariaGtidPosition.parse(gtid_text)
-        except ValueError as exc:
-            raise PlanRefusal(f"{path}: {exc}") from None
-        return BackupInfo(str(path), fields[0], int(fields[1]), gtid)
+        return BackupInfo(str(path), fields[0], int(fields[1]), gtid_text)
     raise PlanRefusal(f"--from-backup {directory}: no {' or '.join(BACKUP_INFO_FILES)} in it (is it a prepared "
                       "mariadb-backup / xtrabackup directory?)")
 
@@ -63,6 +66,13 @@ def read_backup_info(directory: str | Path) -> BackupInfo:
 def parse_position(text: str, what: str) -> MariaGtidPosition:
     try:
         return MariaGtidPosition.parse((text or "").replace("\n", "").replace(" ", ""))
+    except ValueError as exc:
+        raise PlanRefusal(f"{what}: {exc}") from None
+
+
+def parse_set(text: str, what: str) -> GtidSet:
+    try:
+        return GtidSet.parse((text or "").replace("\n", ""))
     except ValueError as exc:
         raise PlanRefusal(f"{what}: {exc}") from None
 
@@ -117,6 +127,54 @@ def reached(position: MariaGtidPosition, stop: MariaGtidPosition) -> bool:
 
 def remaining_domains(position: MariaGtidPosition, stop: MariaGtidPosition) -> list[MariaGtid]:
     return [g for g in stop if position.get(g.domain_id) is None or position.get(g.domain_id).seq_no < g.seq_no]
+
+
+# -- MySQL: GTID sets -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MysqlStart:
+    """Where a MySQL target's replay starts: its gtid_executed once ``purge`` (a GTID set text, or None) is added to
+    its gtid_purged (``SET GLOBAL gtid_purged = '+...'``; the whole set on an empty target)."""
+
+    executed: GtidSet
+    purge: GtidSet | None
+    resumed: bool
+    source: str
+
+
+def mysql_decide_start(executed: GtidSet, given: GtidSet | None, source: str) -> MysqlStart:
+    """As ``decide_start`` for GTID sets: a target holding the backup's set (or more: a run after an interruption)
+    starts from what it holds; one holding less gets the rest added to gtid_purged; one whose set and the backup's
+    diverge is refused (it holds transactions the backup does not, and lacks some it has)."""
+    if given is None:
+        if not executed:
+            raise PlanRefusal("no start: the target's gtid_executed is empty; give --from-backup DIR (the prepared "
+                              "backup it was restored from) or --from-gtid SET")
+        return MysqlStart(executed.copy(), None, False, "the target's gtid_executed")
+    if given.is_subset(executed):
+        resumed = not executed.is_subset(given)
+        return MysqlStart(executed.copy(), None, resumed, source + (
+            " (the target holds more: continuing from its gtid_executed)" if resumed else ""))
+    if executed.is_subset(given):
+        return MysqlStart(given.copy(), given.subtract(executed), False, source)
+    raise PlanRefusal(f"the target's gtid_executed ({executed.format(',')}) and the start {given.format(',')} "
+                      f"diverge: the target holds {executed.subtract(given).format(',')} that the start lacks; "
+                      "restore the backup again")
+
+
+def mysql_past_stop(executed: GtidSet, stop: GtidSet) -> GtidSet:
+    """What ``executed`` holds of the stop's servers (UUIDs) that the stop does not: past the stop."""
+    uuids = set(stop.sids())
+    past = executed.subtract(stop)
+    out = GtidSet()
+    for sid, tag, first, last in past.intervals():
+        if sid in uuids:
+            out.add_interval(sid, first, last + 1, tag)
+    return out
+
+
+def mysql_reached(executed: GtidSet, stop: GtidSet) -> bool:
+    return stop.is_subset(executed) and not mysql_past_stop(executed, stop)
 
 
 # -- times ---------------------------------------------------------------------------------------------------------
