@@ -107,6 +107,21 @@ def gtid_text(numbers: Numbers) -> str:
 # -- binlog files built by hand ----------------------------------------------------------------------------------------
 
 
+def parse_numbers(text: str) -> Numbers:
+    """``uuid:1-5:7,uuid2:3`` as ``uuid -> {gno}`` (untagged sets only): its own parser, not relayproxy's."""
+    out: Numbers = {}
+    for element in text.replace("\n", "").split(","):
+        element = element.strip()
+        if not element:
+            continue
+        sid, *ranges = element.split(":")
+        gnos = out.setdefault(str(uuid.UUID(sid.strip())), set())
+        for part in ranges:
+            first, _, last = part.partition("-")
+            gnos.update(range(int(first), int(last or first) + 1))
+    return out
+
+
 def seal(ev: bytes | bytearray, *, log_pos: int, server_id: int | None = None) -> bytes:
     """An event with its log_pos (and server_id) set and its CRC32 recomputed."""
     ev = bytearray(ev)
@@ -213,6 +228,7 @@ class FakeMySQLReplica(FakeMySQLMaster):
             self.statements.append((f"{sid}:{gno}", insert_statement(sid, gno)))
         self.read_only = read_only
         self.super_read_only = read_only
+        self.parallel_workers = 4  # replica_parallel_workers (MySQL 8.0.27's default); applying stays serial here
         self.source: Source | None = None
         self.admin_log: list[str] = []  # every STOP/START/CHANGE/RESET/SET GLOBAL it was sent, in order
         self.connect_retry = connect_retry  # seconds; MySQL's SOURCE_CONNECT_RETRY is whole seconds (default 60)
@@ -305,7 +321,8 @@ class FakeMySQLReplica(FakeMySQLMaster):
             name = select.group(2).lower()
             values = {"version": self.version, "server_id": self.server_id, "server_uuid": self.server_uuid,
                       "gtid_executed": gtid_text(self.executed), "read_only": int(self.read_only),
-                      "super_read_only": int(self.super_read_only), "gtid_mode": "ON"}
+                      "super_read_only": int(self.super_read_only), "gtid_mode": "ON",
+                      "replica_parallel_workers": self.parallel_workers}
             if name not in values:
                 return None  # the master side's answers (relays ask for its variables)
             value = values[name]
@@ -348,9 +365,29 @@ class FakeMySQLReplica(FakeMySQLMaster):
         if change:
             self._change_source(change.group(1).upper() != "MASTER", change.group(2), text)
             return encode_ok(ok)
+        purged = re.fullmatch(r"SET (?:GLOBAL |@@GLOBAL\.)gtid_purged\s*=\s*'(\+?)([^']*)'", text, re.IGNORECASE)
+        if purged:  # MySQL 8.0: the whole set on an empty gtid_executed, or '+set' disjoint from it
+            plus, value = purged.groups()
+            try:
+                numbers = parse_numbers(value)
+            except ValueError:
+                raise _Fatal(1772, f"Malformed GTID set specification '{value}'.") from None
+            held = {sid: gnos for sid, gnos in self.executed.items() if gnos}
+            if not plus and held:
+                raise _Fatal(3546, "@@GLOBAL.GTID_PURGED cannot be changed: the new value must be a superset of the "
+                             "old value")
+            if any(held.get(sid, set()) & gnos for sid, gnos in numbers.items()):
+                raise _Fatal(3546, "@@GLOBAL.GTID_PURGED cannot be changed: the added gtid set must not overlap "
+                             "with @@GLOBAL.GTID_EXECUTED")
+            for sid, gnos in numbers.items():
+                self.executed.setdefault(sid, set()).update(gnos)
+            return encode_ok(ok)
         assignment = re.fullmatch(r"SET (?:GLOBAL |@@GLOBAL\.)(\w+)\s*=\s*(\w+)", text, re.IGNORECASE)
         if assignment:
             name, value = assignment.group(1).lower(), assignment.group(2).upper()
+            if name == "replica_parallel_workers" and value.isdigit() and int(value) <= 1024:
+                self.parallel_workers = int(value)
+                return encode_ok(ok)
             if name not in ("read_only", "super_read_only"):
                 raise _Fatal(ER_UNKNOWN_SYSTEM_VARIABLE, f"Unknown system variable '{name}'")
             on = {"1": True, "ON": True, "TRUE": True, "0": False, "OFF": False, "FALSE": False}.get(value)
