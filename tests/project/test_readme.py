@@ -38,3 +38,18 @@ def test_configuration_table_lists_every_option_with_flag_environment_and_defaul
 def test_documents_linked_from_the_readme_exist():
     for target in re.findall(r"\]\(((?:docs|docker)/[^)#]+)", README):
         assert (REPO / target).is_file(), target
+
+
+def test_the_set_up_paragraph_names_every_package_the_makefile_installs():
+    """Every Debian package `make setup` (system-packages) may install, read from the Makefile: the
+    README's set-up paragraph (the one after the two commands) names each of them in backquotes."""
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile.split("\nsystem-packages:", 1)[1].split("\n\n", 1)[0]
+    installed = set(re.findall(r'missing="\$\$missing ([\w .-]+)"', recipe))
+    installed |= set(re.findall(r'missing=" ([\w .-]+)"', recipe)) | set(re.findall(r'compose=" ([\w.-]+)"', recipe))
+    packages = {p for group in installed for p in group.split()}
+    assert {"mariadb-server", "python3", "python3-venv", "default-jre-headless", "mha4mysql-manager",
+            "mha4mysql-node", "openssh-server", "docker-compose"} <= packages, packages
+    paragraph = README.split("```\n\n", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`([a-z][\w.+-]*)`", paragraph))
+    assert packages <= named, f"the README's set-up paragraph does not name {sorted(packages - named)}"
