@@ -55,6 +55,8 @@ from .errors import (
 from .fileindex import Indexer
 from .fileindex import remove as remove_file_index
 from .horizon import Horizon
+from .txindex import TransactionIndex, TxIndexer
+from .txindex import remove as remove_tx_index
 from .layout import check_file_name
 from .recovery import RecoveryReport, read_first_fde, recover
 from .sync import CHECKPOINT_BYTES, CHECKPOINT_SECONDS, SyncPipeline, SyncPolicy, SyncTicket
@@ -156,6 +158,9 @@ class RelayStore(SyncPipeline, EpochSwitch):
         self.checkpoints = 0  # checkpoints written by this store
         self.sidecars_writable = True  # file indexes (relay/fileindex.py) may be written here
         self._indexer = Indexer(relay_dir)
+        # Transaction indexes (relay/txindex.py): a background thread follows the horizon; the loop never waits.
+        self._txindexer = TxIndexer(relay_dir, self.files, self._horizon_coordinates)
+        self.transaction_index = TransactionIndex.for_store(self, writable=True)
         self._marks = DurableMarkWriter(relay_dir)
         try:
             if self._file is not None:
@@ -163,7 +168,9 @@ class RelayStore(SyncPipeline, EpochSwitch):
                 self._marks.write(self._file, self._end)  # recovery fsynced the file up to here
                 self._marks.fsync()
                 self._appendable = True
+            self._txindexer.start()
         except BaseException:
+            self._txindexer.close()
             self._marks.close()
             if self._fd >= 0:
                 os.close(self._fd)
@@ -189,6 +196,10 @@ class RelayStore(SyncPipeline, EpochSwitch):
         self.close()
 
     # -- reading the state -----------------------------------------------------------------------
+    def _horizon_coordinates(self) -> tuple[str | None, int]:
+        snap = self.horizon.snapshot()
+        return snap.file, snap.position
+
     def files(self) -> list[str]:
         """Relay file names, oldest first (index order)."""
         return list(self._index)
@@ -427,6 +438,7 @@ class RelayStore(SyncPipeline, EpochSwitch):
             for parent in {p.parent for p in removed if p.parent != self.relay_dir}:
                 fsync_dir(parent)
             remove_file_index(self.relay_dir, old)  # its index goes with it (a crash between: removed at open)
+            remove_tx_index(self.relay_dir, old)
             self._indexer.forget(old)
         fsync_dir(self.relay_dir)
         pruned = self._epochs.pruned(self._index[0])
@@ -777,6 +789,7 @@ class RelayStore(SyncPipeline, EpochSwitch):
                 self._marks.fsync()
         finally:
             self._indexer.close()
+            self._txindexer.close()
             self._closed = True
             self._appendable = False
             if self._fd >= 0:
