@@ -58,6 +58,28 @@ def work(units: int = 1) -> None:
             current.parent.switch(_PAUSED)
 
 
+class _Offload:
+    """A call the statement hands to a worker thread (``in_thread``): run_sliced awaits it, the loop runs meanwhile."""
+
+    __slots__ = ("fn", "args", "result", "error")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple):
+        self.fn, self.args, self.result, self.error = fn, args, None, None
+
+
+def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread when the statement runs under ``run_sliced`` (disk reads: the event loop
+    never waits on them; the statement's greenlet is parked until the thread is done); directly otherwise."""
+    current = getcurrent()
+    if current.__class__ is not _Statement:
+        return fn(*args)
+    job = _Offload(fn, args)
+    current.parent.switch(job)
+    if job.error is not None:
+        raise job.error
+    return job.result
+
+
 async def run_sliced(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, run a slice at a time between turns of the event loop; its result, or what it raised.
 
@@ -68,7 +90,13 @@ async def run_sliced(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         result = statement.switch(*args)
         while not statement.dead:
-            await asyncio.sleep(0)
+            if result.__class__ is _Offload:
+                try:
+                    result.result = await asyncio.to_thread(result.fn, *result.args)
+                except Exception as exc:  # noqa: BLE001 - raised again in the statement
+                    result.error = exc
+            else:
+                await asyncio.sleep(0)
             result = statement.switch()
         return result
     finally:
