@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "relayproxy.commands.promote",
         "after the master died: catch a candidate up from the relays, promote it, repoint relays and replicas",
     ),
+    "find": ("relayproxy.commands.find", "find a transaction in the relay files by GTID, commit time or table"),
+    "index": ("relayproxy.commands.index", "build or rebuild the relay files' transaction indexes (relay stopped)"),
     "pitr": (
         "relayproxy.commands.pitr",
         "point-in-time recovery: replay a restored backup from the relay to an exact GTID or time, resumable",
