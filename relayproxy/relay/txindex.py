@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as _dt
+import functools
 import json
 import os
 import re
@@ -49,6 +50,8 @@ import sys
 import zlib
 from array import array
 from collections import OrderedDict
+from itertools import accumulate
+from operator import add, sub
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -58,7 +61,7 @@ from ..binlog.checksum import crc32 as _crc32
 from ..binlog.events import BinlogFormatError, FormatDescription
 from ..binlog.reader import BinlogScanner, ScannedEvent, ScannedGroup
 from ..log import get_logger
-from .closed_files import StoredFileError, archive_dir_of, locate, logical_name, open_relay_file
+from .closed_files import StoredFileError, archive_dir_of, logical_name, open_relay_file
 from .durable import write_file_atomically
 from .layout import RESERVED_PREFIX
 
@@ -68,7 +71,7 @@ SIDECAR_PREFIX = RESERVED_PREFIX + "txindex."
 MAGIC = b"RPXTXI1\n"
 FORMAT = "relayproxy-txindex"
 VERSION = 1
-BLOCK_RECORDS = 1024
+BLOCK_RECORDS = 512  # a lookup decodes one block of these; its header costs about 0.3 byte a transaction
 FLUSH_SECONDS = 5.0
 TAIL_CHECK = 32  # bytes before a block's end whose CRC32 ties the block to its file
 MAX_FRAME = 64 << 20
@@ -290,10 +293,6 @@ def statement_tables(query: str, db: str) -> list[str]:
 # Varints and the block codec (sans-I/O)
 
 
-def _zz(v: int) -> int:
-    return v << 1 if v >= 0 else ((-v) << 1) - 1
-
-
 @dataclass(slots=True)
 class Record:
     """One transaction as a block holds it (table ids into the file's dictionary)."""
@@ -309,7 +308,10 @@ class Record:
 
 # Columns of a block body, each a fixed-width little-endian array, byte-shuffled (all first bytes, then all second
 # bytes, ...) so that the zero high bytes of small deltas form long runs for zlib.
-_COLUMNS = (("gap", "Q"), ("length", "Q"), ("source", "H"), ("number", "Q"), ("commit", "Q"), ("ntables", "H"))
+# Deltas are signed ("q"): two's complement keeps the rare negative one (a clock step back) cheap, and decoding is
+# ``itertools.accumulate`` over the array, at C speed.
+_COLUMNS = (("gap", "Q"), ("length", "Q"), ("source", "H"), ("number", "q"), ("commit", "q"), ("coarse", "B"),
+            ("ntables", "H"))
 _LITTLE = sys.byteorder == "little"
 
 
@@ -378,9 +380,10 @@ def encode_block(records: list[Record], tail_crc: int) -> bytes:
             cols["number"].append(0)
         else:
             cols["source"].append(order[r.source])
-            cols["number"].append(_zz(r.number - last_num[r.source]))
+            cols["number"].append(r.number - last_num[r.source])
             last_num[r.source] = r.number
-        cols["commit"].append((_zz(r.commit_us - prev_us) << 1) | r.second_resolution)
+        cols["commit"].append(r.commit_us - prev_us)
+        cols["coarse"].append(r.second_resolution)
         prev_us = r.commit_us
         cols["ntables"].append(len(r.tables))
         tids.extend(r.tables)
@@ -418,9 +421,8 @@ def _check_header(h) -> None:
 
 
 class Block:
-    """A decoded block: its records as columns (``record(i)`` builds one), checked against its header."""
-
-    __slots__ = ("header", "starts", "ends", "sources", "numbers", "commits", "coarse", "toff", "tids", "n")
+    """A decoded block: its records as columns, each decoded when first asked for (a GTID lookup needs the GTIDs, a
+    time lookup the commit times), checked against the header; ``record(i)`` builds one Record."""
 
     def __init__(self, payload: bytes):
         header, at = block_header(payload)
@@ -434,33 +436,57 @@ class Block:
             raise TxIndexError("a block's body is too short")
         m = _U32.unpack_from(body, 0)[0]
         pos = 4
-        cols = {}
+        self._raw = {}
         for name, code in _COLUMNS:
             w = array(code).itemsize
-            cols[name] = _unshuffle(body[pos:pos + n * w], code, n)
+            self._raw[name] = (body[pos:pos + n * w], code, n)
             pos += n * w
-        tids = _unshuffle(body[pos:pos + 4 * m], "I", m)
+        self._raw["tids"] = (body[pos:pos + 4 * m], "I", m)
         if pos + 4 * m != len(body):
             raise TxIndexError("a block's columns do not fill its body")
-        first = header["first"]
-        gaps, lengths = cols["gap"], cols["length"]
-        starts, ends = [], []
-        prev = first
-        for g, ln in zip(gaps, lengths):
-            s = prev + g
-            prev = s + ln
-            starts.append(s)
-            ends.append(prev)
+        self._m = m
+        self._cols: dict = {}
+
+    def _col(self, name: str) -> array:
+        got = self._cols.get(name)
+        if got is None:
+            got = self._cols[name] = _unshuffle(*self._raw[name])
+        return got
+
+    @functools.cached_property
+    def ends(self) -> list[int]:
+        ends = list(accumulate(map(add, self._col("gap"), self._col("length")), initial=self.header["first"]))[1:]
+        if ends[-1] != self.header["end"]:
+            raise TxIndexError("a block's records do not match its header")
+        return ends
+
+    @functools.cached_property
+    def starts(self) -> list[int]:
+        starts = list(map(sub, self.ends, self._col("length")))
+        if starts[0] != self.header["first"] or starts[-1] != self.header["last"]:
+            raise TxIndexError("a block's records do not match its header")
+        return starts
+
+    @functools.cached_property
+    def _gtids(self) -> tuple[list, list]:
+        header, n = self.header, self.n
         src_list = [None] + [(e[0], e[1]) for e in header["gtids"]]
+        nsrc = len(src_list)
+        src_col, deltas = self._col("source"), self._col("number")
+        if nsrc == 2 and src_col.count(1) == n:  # one GTID source, no anonymous group: the common case
+            lo, hi = header["gtids"][0][2], header["gtids"][0][3]
+            nums = list(accumulate(deltas, initial=lo))[1:]
+            if min(nums) < lo or max(nums) > hi:
+                raise TxIndexError("a record's GTID lies outside its block's range")
+            return [src_list[1]] * n, nums
         ranges = [None] + [(e[2], e[3]) for e in header["gtids"]]
         last_num = [0] + [e[2] for e in header["gtids"]]
         srcs, nums = [], []
-        nsrc = len(src_list)
-        for si, d in zip(cols["source"], cols["number"]):
+        for si, d in zip(src_col, deltas):
             if si >= nsrc:
                 raise TxIndexError("a record names a GTID source its block does not list")
             if si:
-                v = last_num[si] + (d >> 1 if not d & 1 else -((d + 1) >> 1))
+                v = last_num[si] + d
                 lo, hi = ranges[si]
                 if not lo <= v <= hi:
                     raise TxIndexError("a record's GTID lies outside its block's range")
@@ -469,34 +495,72 @@ class Block:
             else:
                 nums.append(0)
             srcs.append(src_list[si])
-        commits, coarse = [], []
-        prev_us = header["min_us"]
-        lo_us, hi_us = header["min_us"], header["max_us"]
-        for c in cols["commit"]:
-            d = c >> 1
-            prev_us += d >> 1 if not d & 1 else -((d + 1) >> 1)
-            if not lo_us <= prev_us <= hi_us:
-                raise TxIndexError("a record's commit time lies outside its block's range")
-            commits.append(prev_us)
-            coarse.append(bool(c & 1))
-        toff = [0]
-        for k in cols["ntables"]:
-            toff.append(toff[-1] + k)
-        if toff[-1] != m:
+        return srcs, nums
+
+    @property
+    def sources(self) -> list:
+        return self._gtids[0]
+
+    @property
+    def numbers(self) -> list[int]:
+        return self._gtids[1]
+
+    @functools.cached_property
+    def commits(self) -> list[int]:
+        lo, hi = self.header["min_us"], self.header["max_us"]
+        commits = list(accumulate(self._col("commit"), initial=lo))[1:]
+        if min(commits) < lo or max(commits) > hi:
+            raise TxIndexError("a record's commit time lies outside its block's range")
+        return commits
+
+    @functools.cached_property
+    def coarse(self) -> array:
+        col = self._col("coarse")
+        if col.count(0) + col.count(1) != self.n:
+            raise TxIndexError("a record's resolution flag is neither 0 nor 1")
+        return col
+
+    @functools.cached_property
+    def toff(self) -> list[int]:
+        toff = list(accumulate(self._col("ntables"), initial=0))
+        if toff[-1] != self._m:
             raise TxIndexError("a block's table counts do not match its table ids")
-        if m and not set(header["tables"]).issuperset(tids):
+        return toff
+
+    @functools.cached_property
+    def tids(self) -> array:
+        tids = self._col("tids")
+        if self._m and not set(self.header["tables"]).issuperset(tids):
             raise TxIndexError("a record names a table its block does not list")
-        if starts[0] != first or starts[-1] != header["last"] or ends[-1] != header["end"]:
-            raise TxIndexError("a block's records do not match its header")
-        self.starts, self.ends, self.sources, self.numbers = starts, ends, srcs, nums
-        self.commits, self.coarse, self.toff, self.tids = commits, coarse, toff, tids
+        return tids
+
+    def check(self) -> "Block":
+        """Decode every column (what a lazy lookup would meet): TxIndexError when one does not match the header."""
+        _ = self.starts, self._gtids, self.commits, self.coarse, self.toff, self.tids
+        return self
 
     def __len__(self) -> int:
         return self.n
 
+    def find(self, source, number: int) -> int | None:
+        """The index of the record of GTID (source, number), or None."""
+        nums, k = self.numbers, -1
+        while True:
+            try:
+                k = nums.index(number, k + 1)
+            except ValueError:
+                return None
+            if self.sources[k] == source:
+                return k
+
+    def first_at_or_after(self, commit_us: int) -> int:
+        """The index of the first record whose commit time is >= ``commit_us`` (n when none)."""
+        return bisect.bisect_left(list(accumulate(self.commits, max)), commit_us)
+
     def record(self, i: int) -> Record:
-        return Record(self.starts[i], self.ends[i], self.sources[i], self.numbers[i], self.commits[i], self.coarse[i],
-                      tuple(self.tids[self.toff[i]:self.toff[i + 1]]))
+        toff = self.toff
+        return Record(self.starts[i], self.ends[i], self.sources[i], self.numbers[i], self.commits[i],
+                      bool(self.coarse[i]), tuple(self.tids[toff[i]:toff[i + 1]]))
 
     def records(self) -> list[Record]:
         return [self.record(i) for i in range(self.n)]
@@ -1380,7 +1444,6 @@ class TransactionIndex:
             self._files_key = key
             self._blocks.clear()
         views = []
-        run = None
         for name in files:
             v = self._view(name, hpos if name == hfile else None)
             views.append(v)
@@ -1517,9 +1580,9 @@ class TransactionIndex:
                     while j >= 0 and pmax[j] >= number:
                         if his[j] >= number:
                             blk = self._block(v, ids[j])
-                            for k, (s, num) in enumerate(zip(blk.sources, blk.numbers)):
-                                if num == number and s == source:
-                                    return self._tx(v, blk.record(k))
+                            k = blk.find(source, number)
+                            if k is not None:
+                                return self._tx(v, blk.record(k))
                         j -= 1
                 for r in v.tail:
                     if r.source == source and r.number == number:
@@ -1541,10 +1604,12 @@ class TransactionIndex:
                 break
             bi = bisect.bisect_left(v.run_max, commit_us)
             blk = self._block(v, bi)
-            commits = [r.commit_us for r in blk] if isinstance(blk, list) else blk.commits
-            for ri, c in enumerate(commits):
-                if c >= commit_us:
-                    return views, fi, bi, ri
+            if isinstance(blk, list):
+                ri = next((i for i, r in enumerate(blk) if r.commit_us >= commit_us), len(blk))
+            else:
+                ri = blk.first_at_or_after(commit_us)
+            if ri < len(blk):
+                return views, fi, bi, ri
             raise TxIndexError(f"{v.name}: a block's maximum commit time is not among its records")
         return None
 
