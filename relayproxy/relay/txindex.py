@@ -21,8 +21,10 @@ The sidecar is append-only frames (all integers little-endian)::
              B  a block of up to BLOCK_RECORDS transactions: header length u16, header (JSON: count, first
                 start, last start, end, CRC32 of the 32 file bytes before end, min/max commit time, the table
                 ids, per GTID source (MariaDB domain-server, MySQL uuid[:tag]) its min and max sequence number),
-                then the records as columns (start gap, length, source, sequence delta, commit-time delta with
-                the resolution bit, table ids), varint/zig-zag encoded and zlib-compressed
+                then the table-id count u32, the compressed length u32 of each column, and the columns (start
+                gap, length, GTID source, sequence delta, commit-time delta, resolution flag, table count, table
+                ids): fixed-width little-endian arrays, signed deltas, byte-shuffled, each its own zlib stream
+                (a lookup decompresses only the columns it reads)
              F  footer of a closed file (JSON: its size, transactions, and the tail CRC)
 
 Blocks are appended as they fill and at least every ``FLUSH_SECONDS`` for a slow stream; a reader scans the
@@ -387,9 +389,10 @@ def encode_block(records: list[Record], tail_crc: int) -> bytes:
         prev_us = r.commit_us
         cols["ntables"].append(len(r.tables))
         tids.extend(r.tables)
-    body = _U32.pack(len(tids)) + b"".join(_shuffle(cols[name]) for name, _ in _COLUMNS) + _shuffle(tids)
+    streams = [zlib.compress(_shuffle(cols[name]), 9) for name, _ in _COLUMNS] + [zlib.compress(_shuffle(tids), 9)]
+    body = _U32.pack(len(tids)) + b"".join(_U32.pack(len(z)) for z in streams) + b"".join(streams)
     head = json.dumps(header, separators=(",", ":")).encode()
-    return _U16.pack(len(head)) + head + zlib.compress(body, 9)
+    return _U16.pack(len(head)) + head + body
 
 
 def block_header(payload: bytes) -> tuple[dict, int]:
@@ -428,29 +431,32 @@ class Block:
         header, at = block_header(payload)
         self.header = header
         n = self.n = header["n"]
-        try:
-            body = zlib.decompress(payload[at:])
-        except zlib.error as exc:
-            raise TxIndexError(f"a block's body does not decompress: {exc}") from None
-        if len(body) < 4:
+        names = [name for name, _ in _COLUMNS] + ["tids"]
+        head = at + 4 + 4 * len(names)
+        if len(payload) < head:
             raise TxIndexError("a block's body is too short")
-        m = _U32.unpack_from(body, 0)[0]
-        pos = 4
+        m = _U32.unpack_from(payload, at)[0]
         self._raw = {}
-        for name, code in _COLUMNS:
-            w = array(code).itemsize
-            self._raw[name] = (body[pos:pos + n * w], code, n)
-            pos += n * w
-        self._raw["tids"] = (body[pos:pos + 4 * m], "I", m)
-        if pos + 4 * m != len(body):
+        pos = head
+        for i, (name, code) in enumerate([*_COLUMNS, ("tids", "I")]):
+            length = _U32.unpack_from(payload, at + 4 + 4 * i)[0]
+            self._raw[name] = (payload, pos, length, code, m if name == "tids" else n)
+            pos += length
+        if pos != len(payload):
             raise TxIndexError("a block's columns do not fill its body")
         self._m = m
         self._cols: dict = {}
 
     def _col(self, name: str) -> array:
+        """One column, decompressed when first asked for (each is its own zlib stream)."""
         got = self._cols.get(name)
         if got is None:
-            got = self._cols[name] = _unshuffle(*self._raw[name])
+            payload, pos, length, code, count = self._raw[name]
+            try:
+                raw = zlib.decompress(payload[pos:pos + length])
+            except zlib.error as exc:
+                raise TxIndexError(f"a block's {name} column does not decompress: {exc}") from None
+            got = self._cols[name] = _unshuffle(raw, code, count)
         return got
 
     @functools.cached_property
@@ -552,6 +558,18 @@ class Block:
                 return None
             if self.sources[k] == source:
                 return k
+
+    def touching(self, tid: int) -> list[int]:
+        """The indexes of the records that touch table ``tid``, in order (found in the table-id column, at C speed)."""
+        tids, toff, out, at = self.tids, self.toff, [], -1
+        while True:
+            try:
+                at = tids.index(tid, at + 1)
+            except ValueError:
+                return out
+            k = bisect.bisect_right(toff, at) - 1
+            if not out or out[-1] != k:
+                out.append(k)
 
     def first_at_or_after(self, commit_us: int) -> int:
         """The index of the first record whose commit time is >= ``commit_us`` (n when none)."""
@@ -1656,9 +1674,8 @@ class TransactionIndex:
                     if h["max_us"] < from_us or h["min_us"] > to_us or tid not in h["tables"]:
                         continue
                     blk = self._block(v, i)
-                    toff, tids, commits = blk.toff, blk.tids, blk.commits
-                    for k in range(blk.n):
-                        if from_us <= commits[k] <= to_us and tid in tids[toff[k]:toff[k + 1]]:
+                    for k in blk.touching(tid):
+                        if from_us <= blk.commits[k] <= to_us:
                             out.append(self._tx(v, blk.record(k)))
                             if len(out) >= limit:
                                 return out
