@@ -362,7 +362,7 @@ class Replay:
             raise Stop(EXIT_USAGE if source == "--from-gtid" and "malformed" in str(exc).lower() else EXIT_REFUSED,
                        str(exc)) from None
         r.start = {"position": target.text(start.position), "source": start.source, "resumed": start.resumed}
-        past = target.past(start.position, stop.state)
+        past = target.past(start.position, stop.state, self.gtid_state_at(*self.history_end()))
         if past:
             raise Stop(EXIT_REFUSED, f"{target.name} already has transactions past the stop ({stop.label}): {past}. "
                        "Nothing was changed; restore the backup again")

@@ -109,12 +109,16 @@ def decide_start(target_slave_pos: MariaGtidPosition, given: MariaGtidPosition |
                  source + (" (the target has applied past it: continuing from its gtid_slave_pos)" if resumed else ""))
 
 
-def past_stop(position: MariaGtidPosition, stop: MariaGtidPosition) -> list[str]:
-    """What ``position`` has past ``stop``, per domain: text naming the GTIDs (empty: nothing)."""
+def past_stop(position: MariaGtidPosition, stop: MariaGtidPosition, known: MariaGtidPosition | None = None) -> list[str]:
+    """What ``position`` has past ``stop``, per domain: text naming the GTIDs (empty: nothing). ``known``: the relay's
+    whole history (its state at the horizon); a domain it has that the stop lacks starts after the stop."""
     out = []
     for gtid in position:
         at = stop.get(gtid.domain_id)
-        if at is not None and gtid.seq_no > at.seq_no:
+        if at is None and known is not None and known.get(gtid.domain_id) is not None:
+            out.append(f"domain {gtid.domain_id}: {gtid} (the stop is before the relay's first transaction of domain "
+                       f"{gtid.domain_id})")
+        elif at is not None and gtid.seq_no > at.seq_no:
             out.append(f"domain {gtid.domain_id}: {gtid} (the stop is at {at}; transactions "
                        f"{gtid.domain_id}-*-{at.seq_no + 1}..{gtid.seq_no} are past it)")
     return out
@@ -162,9 +166,10 @@ def mysql_decide_start(executed: GtidSet, given: GtidSet | None, source: str) ->
                       "restore the backup again")
 
 
-def mysql_past_stop(executed: GtidSet, stop: GtidSet) -> GtidSet:
-    """What ``executed`` holds of the stop's servers (UUIDs) that the stop does not: past the stop."""
-    uuids = set(stop.sids())
+def mysql_past_stop(executed: GtidSet, stop: GtidSet, known: GtidSet | None = None) -> GtidSet:
+    """What ``executed`` holds of the stop's servers (UUIDs; with ``known``, the relay's whole history, of every
+    server it has) that the stop does not: past the stop."""
+    uuids = set(stop.sids()) | set(known.sids() if known is not None else ())
     past = executed.subtract(stop)
     out = GtidSet()
     for sid, tag, first, last in past.intervals():

@@ -73,8 +73,8 @@ class MariaTarget:
         setup = (f"SET GLOBAL gtid_slave_pos = {sql_string(str(start.position))}",) if start.set_slave_pos else ()
         return StartPlan(start.position, setup, start.resumed, start.source)
 
-    def past(self, position: MariaGtidPosition, stop: MariaGtidPosition) -> str:
-        return "; ".join(PP.past_stop(position, stop))
+    def past(self, position: MariaGtidPosition, stop: MariaGtidPosition, known: MariaGtidPosition) -> str:
+        return "; ".join(PP.past_stop(position, stop, known))
 
     def reached(self, position: MariaGtidPosition, stop: MariaGtidPosition) -> bool:
         return PP.reached(position, stop)
@@ -193,8 +193,8 @@ class MysqlTarget(MariaTarget):
             setup = (f"SET GLOBAL gtid_purged = {sql_string(value if not now else '+' + value)}",)
         return StartPlan(start.executed, setup, start.resumed, start.source)
 
-    def past(self, position: GtidSet, stop: GtidSet) -> str:
-        past = PP.mysql_past_stop(position, stop)
+    def past(self, position: GtidSet, stop: GtidSet, known: GtidSet) -> str:
+        past = PP.mysql_past_stop(position, stop, known)
         return f"{past.format(',')} (not in the stop's set {stop.format(',')})" if past else ""
 
     def reached(self, position: GtidSet, stop: GtidSet) -> bool:

@@ -90,3 +90,9 @@ def test_times_with_and_without_zones():
         PP.parse_moment("2026-12-02 14:02:17", None, "")
     with pytest.raises(PP.PlanRefusal, match="expected 'YYYY-MM-DD"):
         PP.parse_moment("yesterday", timezone.utc, "UTC")
+
+
+def test_a_domain_the_stop_has_not_reached_yet_is_past_it_for_a_target_that_has_it():
+    past = PP.past_stop(pos("0-1-50"), pos(""), pos("0-1-900"))
+    assert past == ["domain 0: 0-1-50 (the stop is before the relay's first transaction of domain 0)"]
+    assert PP.past_stop(pos("5-1-50"), pos(""), pos("0-1-900")) == []  # a domain the relay never had
