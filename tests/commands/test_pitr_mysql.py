@@ -1,0 +1,114 @@
+"""`relayproxy pitr`, MySQL flavour, against scripted MySQL 8.0 servers: no MySQL server runs here.
+
+What is real: the relay (``serve`` in-process, ``--gtid-mode mysql``, its SQL listener, its transaction index and its
+replay stop); `relayproxy pitr --json` as a separate process talking the MySQL protocol through PyMySQL; the
+replication protocol on every link (COM_BINLOG_DUMP_GTID by auto-position, CRC32-checked events).
+
+What is scripted: the master (tests/support/fakemaster.py, serving a binlog built here) and the target
+(tests/support/fakereplica.py ``FakeMySQLReplica``, a MySQL 8.0 server that answers the statements pitr sends and
+"applies" a transaction by recording its GTID and its statement). A real MySQL would also apply row changes and keep a
+relay log. Expected GTID sets are written out as literals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..support.fakemaster import FakeMySQLMaster
+from ..support.fakereplica import FakeMySQLReplica, binlog_image, insert_statement
+from ..lab.test_fake_mysql_master import running_relay, wait_for
+
+pytestmark = pytest.mark.slow
+
+A = "aaaaaaaa-1111-4111-8111-000000000001"  # the master
+T = "cccccccc-3333-4333-8333-000000000003"  # the target's own uuid
+RELAY_USERS = "repl:servepw:mysql_native_password,ops:opspw:mysql_native_password:admin"
+ACCOUNTS = {"root": "rootpw"}
+IMAGE = binlog_image(1, {}, [(A, n, 1) for n in range(1, 21)])  # A:1-20
+
+
+def run_pitr(tmp: Path, target_port: int, relay_port: int, *extra: str) -> tuple[int, dict, str]:
+    (tmp / "root.pw").write_text("rootpw\n")
+    (tmp / "ops.pw").write_text("opspw\n")
+    (tmp / "repl.pw").write_text("servepw\n")
+    done = subprocess.run([sys.executable, "-m", "relayproxy.commands.cli", "pitr", "--json",
+                           "--target", f"127.0.0.1:{target_port}", "--target-user", "root",
+                           "--target-password-file", str(tmp / "root.pw"), "--relay", f"127.0.0.1:{relay_port}",
+                           "--relay-user", "ops", "--relay-password-file", str(tmp / "ops.pw"),
+                           "--repl-user", "repl", "--repl-password-file", str(tmp / "repl.pw"), "--timeout", "60",
+                           *extra], capture_output=True, text=True, timeout=120)
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        doc = {}
+    return done.returncode, doc, done.stderr
+
+
+def scenario(tmp: Path, target_kw: dict, *runs: list[str]):
+    async def go():
+        master = await FakeMySQLMaster([("mysql-bin.000001", IMAGE)], server_id=1, server_uuid=A).start()
+        target = await FakeMySQLReplica(server_id=7, server_uuid=T, accounts=ACCOUNTS, **target_kw).start()
+        try:
+            async with running_relay(master, tmp / "relay", listen="127.0.0.1:0", users=RELAY_USERS) as info:
+                horizon = info["session"].store.horizon
+                await wait_for(lambda: horizon.snapshot().coordinates == ("mysql-bin.000001", len(IMAGE)),
+                               what="the relay has A:1-20")
+                port = info["listen"][1]
+                results = []
+                for extra in runs:
+                    before = len(target.admin_log)
+                    code, doc, err = await asyncio.to_thread(run_pitr, tmp, target.port, port, *extra)
+                    results.append((code, doc, err, target.admin_log[before:], target.gtid_executed,
+                                    list(target.statements)))
+                return results
+        finally:
+            await target.stop()
+            await master.stop()
+
+    return asyncio.run(go())
+
+
+def test_a_restored_mysql_target_is_replayed_to_just_before_a_gtid(tmp_path):
+    (first, again) = scenario(tmp_path, {}, ["--before-gtid", f"{A}:15", "--from-gtid", f"{A}:1-5"],
+                              ["--before-gtid", f"{A}:15", "--from-gtid", f"{A}:1-5"])
+    code, doc, err, admin, executed, statements = first
+    assert code == 0, err
+    assert doc["outcome"] == "done" and doc["target"]["flavour"] == "mysql"
+    assert executed == f"{A}:1-14"
+    assert [s for _, s in statements] == [insert_statement(A, n) for n in range(6, 15)]  # 6..14, each once
+    assert doc["stop"]["first_left_out"]["gtid"] == f"{A}:15" and doc["range"]["transactions"] == 9
+    shape = [s.split(" ")[0] + " " + s.split(" ")[1] for s in admin]
+    assert shape == ["SET GLOBAL", "CHANGE REPLICATION", "START REPLICA", "STOP REPLICA", "RESET REPLICA"], admin
+    assert admin[0] == f"SET GLOBAL gtid_purged = '{A}:1-5'" and "SOURCE_AUTO_POSITION=1" in admin[1]
+    code, doc, err, admin, executed, _ = again  # run again: at the stop already, nothing to apply
+    assert code == 0 and doc["outcome"] == "done" and executed == f"{A}:1-14" and admin == [], (err, admin)
+
+
+def test_until_gtid_and_a_target_that_holds_part_of_the_range_continues_from_it(tmp_path):
+    (run,) = scenario(tmp_path, {"executed": [(A, n, 1) for n in range(1, 9)]},
+                      ["--until-gtid", f"{A}:12", "--from-gtid", f"{A}:1-5"])
+    code, doc, err, admin, executed, statements = run
+    assert code == 0, err
+    assert executed == f"{A}:1-12" and doc["start"]["resumed"]
+    assert [s for _, s in statements][-4:] == [insert_statement(A, n) for n in range(9, 13)]
+    assert not any("gtid_purged" in s for s in admin)  # it held more than the start: nothing set
+
+
+def test_a_mysql_target_past_the_stop_or_a_stop_the_relay_lacks_is_refused(tmp_path):
+    past, missing, diverged = scenario(
+        tmp_path, {"executed": [(A, n, 1) for n in range(1, 18)]},
+        ["--before-gtid", f"{A}:15"], ["--before-gtid", f"{A}:99"],
+        ["--before-gtid", f"{A}:19", "--from-gtid", f"{A}:1-3,{T}:1"])
+    code, doc, err, admin, executed, _ = past
+    assert code == 3 and "already has transactions past the stop" in doc["message"] and f"{A}:15-17" in doc["message"]
+    assert admin == [] and executed == f"{A}:1-17"
+    code, doc, err, admin, _, _ = missing
+    assert code == 3 and "not in the relay's history" in doc["message"] and admin == []
+    code, doc, err, admin, _, _ = diverged
+    assert code == 3 and "diverge" in doc["message"] and admin == [], doc
