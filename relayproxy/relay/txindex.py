@@ -576,9 +576,23 @@ class Block:
         return bisect.bisect_left(list(accumulate(self.commits, max)), commit_us)
 
     def record(self, i: int) -> Record:
-        toff = self.toff
-        return Record(self.starts[i], self.ends[i], self.sources[i], self.numbers[i], self.commits[i],
-                      bool(self.coarse[i]), tuple(self.tids[toff[i]:toff[i + 1]]))
+        if "commits" in self.__dict__ and "ends" in self.__dict__ and "toff" in self.__dict__:
+            toff = self.toff
+            return Record(self.starts[i], self.ends[i], self.sources[i], self.numbers[i], self.commits[i],
+                          bool(self.coarse[i]), tuple(self.tids[toff[i]:toff[i + 1]]))
+        # One record of a lookup: prefix sums over the arrays (C speed), without building every column's list.
+        h = self.header
+        lengths, ntables = self._col("length"), self._col("ntables")
+        end = h["first"] + sum(self._col("gap")[:i + 1]) + sum(lengths[:i + 1])
+        start = end - lengths[i]
+        commit = h["min_us"] + sum(self._col("commit")[:i + 1])
+        t0 = sum(ntables[:i])
+        tids = tuple(self._col("tids")[t0:t0 + ntables[i]])
+        coarse = self._col("coarse")[i]
+        if not (h["first"] <= start <= end <= h["end"] and h["min_us"] <= commit <= h["max_us"] and coarse in (0, 1)
+                and set(tids).issubset(h["tables"])):
+            raise TxIndexError("a block's record does not match its header")
+        return Record(start, end, self.sources[i], self.numbers[i], commit, bool(coarse), tids)
 
     def records(self) -> list[Record]:
         return [self.record(i) for i in range(self.n)]
@@ -1142,6 +1156,7 @@ class _Follow:
         self.last_flush = time.monotonic()
         self.fd = -1
         self.fde_bytes: bytes | None = None
+        self.stop_event: threading.Event | None = None  # set: stop between two chunks (the store is closing)
 
     def open(self, f) -> None:
         """Take up the existing sidecar (cut to its good part) or start a new one (atomically)."""
@@ -1199,6 +1214,8 @@ class _Follow:
                 self.scanner = BinlogScanner(**kwargs)
                 self.fed = 0
         while self.fed < upto:
+            if self.stop_event is not None and self.stop_event.is_set():
+                raise _Stopped()
             chunk = f.read(self.fed, min(_CHUNK, upto - self.fed))
             if not chunk:
                 break
@@ -1364,6 +1381,7 @@ class TxIndexer:
         if file is not None and file in files:
             if follow is None:
                 follow = self._follow = _Follow(self.relay_dir, file)
+                follow.stop_event = self._stop
             with open_relay_file(self.relay_dir / file) as f:
                 follow.advance(f, position)
                 follow.tick(time.monotonic())
