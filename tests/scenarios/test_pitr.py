@@ -33,13 +33,14 @@ ADMIN, ADMIN_PW = "ops", "opspw"
 class History:
     """The shared set-up: master, relay, backup, disaster, and a way to make restored instances."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, *, master_config: dict | None = None, relay_extra: list[str] | None = None,
+                 backlog: int = 2500):
         self.base = base
         self.servers: list[MariaDBSandbox] = []
-        self.master = self.server("master", server_id=1)
+        self.master = self.server("master", server_id=1, extra_config=master_config)
         prepare_master(self.master)
         self.relay = RelayProcess(base / "relay", self.master.port, gtid_mode="mariadb", listen=True,
-                                  users=f"repl:replpw,{ADMIN}:{ADMIN_PW}:admin")
+                                  users=f"repl:replpw,{ADMIN}:{ADMIN_PW}:admin", extra=relay_extra)
         self.relay.start()
         L.create_schema(self.master)
         (base / "ops.pw").write_text(ADMIN_PW + "\n")
@@ -48,7 +49,7 @@ class History:
         with L.MixedLoad(self.master, writers=2, phase="before") as load:
             load.wait_commits(300)
             self.backup = take_backup(self.master, base / "backup")  # mid-load: writers commit while it copies
-            load.wait_commits(load.commits + 2500)
+            load.wait_commits(load.commits + backlog)
         self.backup_gtid = str(read_backup_info(self.backup).gtid)
         self.disaster_gtid = L.disaster(self.master)
         with L.MixedLoad(self.master, writers=2, phase="after", seed=2) as load:
@@ -249,3 +250,29 @@ def test_bad_inputs_are_refused_naming_what_was_wrong(history):
     # nothing half-done anywhere
     assert history.relay_stops() == []
     assert not [c for c in target.execute("SHOW ALL SLAVES STATUS")]
+
+
+def test_files_the_relay_archived_compressed_are_replayed_without_copying_them_back(tmp_path):
+    """The relay compresses closed files and moves them to its archive directory; a replay that spans them reads them
+    there, through the same look-up as every dump, and its transaction index covers them."""
+    archive = tmp_path / "archive"
+    h = History(tmp_path / "h", master_config={"max_binlog_size": 1 << 20},
+                relay_extra=["--compress-closed", "zstd", "--archive-dir", str(archive), "--archive-after", "2 files",
+                             "--storage-interval", "0.2"], backlog=1200)
+    try:
+        deadline = time.monotonic() + 90
+        names = (h.relay.relay_dir / "relayproxy.index").read_text().split()
+        while time.monotonic() < deadline and not all(
+                not (h.relay.relay_dir / n).exists() for n in names[:-3]):
+            time.sleep(0.2)
+        archived = sorted(p.name for p in archive.iterdir() if p.name.startswith("master-bin."))
+        assert len(names) >= 5 and len(archived) >= 2, (names, archived)
+        backup_file = read_backup_info(h.backup).file
+        assert any(a.startswith(backup_file) for a in archived), (backup_file, archived)  # the replay starts there
+        target = h.restored("target-archive", server_id=16)
+        until = L.gtid_before(h.disaster_gtid)
+        result = h.pitr(target, "--before-gtid", h.disaster_gtid, "--from-backup", str(h.backup), "--json")
+        report = assert_done(h, target, until, result)
+        assert backup_file in report["range"]["files"]
+    finally:
+        h.close()
