@@ -23,19 +23,19 @@ the scripted MySQL 8.0 replica only (pitr_target.py; no MySQL server runs here).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ..relay.txindex import Transaction, format_time_utc
 from ..upstream.repoint import sql_string
 from . import pitr_plan as PP
 from . import promotion as P
 from .pitr_target import MariaTarget, target_for
-from .promote import Server, Stop, parse_address, read_password
+from .promote import Server, Stop, parse_address, read_password, run_reported
 EXIT_DONE, EXIT_ERROR, EXIT_USAGE = P.EXIT_DONE, P.EXIT_ERROR, P.EXIT_USAGE
 EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_TIMED_OUT = P.EXIT_REFUSED, P.EXIT_UNREACHABLE, P.EXIT_TIMED_OUT
 EXIT_APPLY_FAILED = 6
@@ -91,27 +91,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quiet", action="store_true", help="no progress lines on stderr")
 
 
-@dataclass(frozen=True)
-class Transaction:
+def transaction_of(row: dict) -> Transaction:
     """A row of SHOW RELAYPROXY TRANSACTION: one transaction of the relay's transaction index."""
+    tables = tuple(t for t in str(row.get("Tables") or "").split(",") if t)
+    return Transaction(str(row["File"]), int(row["Start_pos"]), int(row["End_pos"]), row["Gtid"] or None,
+                       int(row["Commit_us"]), str(row["Second_resolution"]) in ("1", "Yes"), tables)
 
-    file: str
-    start: int
-    end: int
-    gtid: str | None
-    commit_time: str
-    commit_us: int
-    second_resolution: bool
-    tables: str
 
-    @classmethod
-    def of(cls, row: dict) -> "Transaction":
-        return cls(str(row["File"]), int(row["Start_pos"]), int(row["End_pos"]), row["Gtid"] or None,
-                   str(row["Commit_time"]), int(row["Commit_us"]), str(row["Second_resolution"]) in ("1", "Yes"),
-                   str(row.get("Tables") or ""))
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
+def transaction_dict(txn: Transaction | None) -> dict | None:
+    """What the report shows of a transaction: its fields and its commit time in UTC."""
+    if txn is None:
+        return None
+    return {**asdict(txn), "tables": ",".join(txn.tables), "commit_time": format_time_utc(txn.commit_us)}
 
 
 @dataclass(frozen=True)
@@ -224,12 +215,12 @@ class Replay:
     # -- the relay's index ----------------------------------------------------------------------------------------
     def transaction_for_gtid(self, gtid: str) -> Transaction | None:
         rows = self.relay.rows(f"SHOW RELAYPROXY TRANSACTION FOR GTID {sql_string(gtid)}")
-        return Transaction.of(rows[0]) if rows else None
+        return transaction_of(rows[0]) if rows else None
 
     def transaction_at(self, micros: int) -> Transaction | None:
         text = PP.Moment(micros, "UTC", False, True).utc_text()
         rows = self.relay.rows(f"SHOW RELAYPROXY TRANSACTION AT TIME {sql_string(text)}")
-        return Transaction.of(rows[0]) if rows else None
+        return transaction_of(rows[0]) if rows else None
 
     def gtid_state_at(self, file: str, position: int):
         value = self.relay.value(f"SELECT BINLOG_GTID_POS({sql_string(file)}, {int(position)})")
@@ -345,8 +336,8 @@ class Replay:
         ours = target.check(self.relay_for_target)
         stop = self.resolve_stop()
         r.stop = {"label": stop.label, "file": stop.file, "position": stop.position, "state": target.text(stop.state),
-                  "first_left_out": stop.first_left_out.as_dict() if stop.first_left_out else None,
-                  "last_applied": stop.last_applied.as_dict() if stop.last_applied else None}
+                  "first_left_out": transaction_dict(stop.first_left_out),
+                  "last_applied": transaction_dict(stop.last_applied)}
         given, source = None, ""
         if a.from_backup:
             try:
@@ -510,26 +501,4 @@ def _zone(name: str | None):
 
 
 def run(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    replay: Replay | None = None
-    report = Report(dry_run=getattr(args, "dry_run", False))
-    try:
-        replay = Replay(args)
-        report = replay.report
-        code = replay.run()
-    except Stop as exc:
-        code = exc.code
-        report.message = str(exc)
-    except Exception as exc:  # noqa: BLE001 - said, with the exit code for an internal error
-        code, report.message = EXIT_ERROR, f"{type(exc).__name__}: {exc}"
-    finally:
-        if replay is not None:
-            replay.close()
-    report.outcome = report.outcome if code == EXIT_DONE and report.outcome else OUTCOMES.get(code, "error")
-    report.exit_code = code
-    report.total_seconds = round(time.monotonic() - started, 3)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2, default=str))
-    else:
-        print(report.text(), file=sys.stdout if code == EXIT_DONE else sys.stderr)
-    return code
+    return run_reported(args, Replay, Report, OUTCOMES)

@@ -784,30 +784,40 @@ class Promoter:
             server.close()
 
 
-def run(args: argparse.Namespace) -> int:
+def run_reported(args: argparse.Namespace, make, report_type, outcomes: dict[int, str], *,
+                 refusal: type[Exception] | None = None) -> int:
+    """Run one HA command (`promote`, `pitr`): ``make(args).run()`` returns the exit code or raises Stop; the report
+    (its ``report``) is printed for a person, or as one JSON document with ``--json``, and the code returned. An
+    unexpected exception is said with the exit code for an internal error, never a traceback alone."""
     started = time.monotonic()
-    promoter: Promoter | None = None
-    report = Report(dry_run=getattr(args, "dry_run", False))
+    command = None
+    report = report_type(dry_run=getattr(args, "dry_run", False))
     try:
-        promoter = Promoter(args)
-        report = promoter.report
-        code = promoter.run()
+        command = make(args)
+        report = command.report
+        code = command.run()
     except Stop as exc:
-        code = exc.code
-        report.outcome = {P.EXIT_USAGE: "usage", P.EXIT_REFUSED: "refused", P.EXIT_UNREACHABLE: "unreachable",
-                          P.EXIT_TIMED_OUT: "timed out"}.get(code, "error")
-        report.message = str(exc)
-    except P.Refusal as exc:
-        code, report.outcome, report.message = P.EXIT_REFUSED, "refused", str(exc)
+        code, report.outcome, report.message = exc.code, outcomes.get(exc.code, "error"), str(exc)
     except Exception as exc:  # noqa: BLE001 - said, with the exit code for an internal error
-        code, report.outcome, report.message = P.EXIT_ERROR, "error", f"{type(exc).__name__}: {exc}"
+        if refusal is not None and isinstance(exc, refusal):
+            code, report.outcome, report.message = P.EXIT_REFUSED, "refused", str(exc)
+        else:
+            code, report.outcome, report.message = P.EXIT_ERROR, "error", f"{type(exc).__name__}: {exc}"
     finally:
-        if promoter is not None:
-            promoter.close()
+        if command is not None:
+            command.close()
     report.exit_code = code
     report.total_seconds = round(time.monotonic() - started, 3)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, default=str))
     else:
-        print(report.text(), file=sys.stdout if code in (P.EXIT_DONE,) else sys.stderr)
+        print(report.text(), file=sys.stdout if code == P.EXIT_DONE else sys.stderr)
     return code
+
+
+OUTCOMES = {P.EXIT_USAGE: "usage", P.EXIT_REFUSED: "refused", P.EXIT_UNREACHABLE: "unreachable",
+            P.EXIT_TIMED_OUT: "timed out"}
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_reported(args, Promoter, Report, OUTCOMES, refusal=P.Refusal)
