@@ -28,14 +28,15 @@ help:
 	@echo "make demo    set up, then run relayproxy demo: master, relay, replicas; a master crash mid-transaction"
 	@echo "make test    set up, then run every test (unit, corpus and real-server tests) with pytest"
 	@echo "make test-quick  the edit loop: unit, property and corpus tests only (no server, Spark, docker, MHA or slow test)"
-	@echo "make setup   install mariadb-server, python3-venv, a JRE, docker-compose and MHA (+ openssh-server) with apt if missing, create .venv, install relayproxy"
+	@echo "make setup   install mariadb-server, mariadb-backup, python3-venv, a JRE, docker-compose and MHA (+ openssh-server) with apt if missing, create .venv, install relayproxy"
 	@echo "make lint    byte-compile everything; ruff too if it is installed in .venv"
 	@echo "make bench   re-run every benchmark on this checkout and rewrite benchmarks/results/ (takes long; not part of make test)"
 	@echo "make clean   remove caches and build output (keeps .venv)"
 
 setup: python-env
 
-# Installs with apt only what is missing: mariadb-server when there is no mariadbd, python3 / python3-venv
+# Installs with apt only what is missing: mariadb-server when there is no mariadbd, mariadb-backup (the PITR tests
+# restore real backups), python3 / python3-venv
 # when there is no python >= 3.11 able to create a venv, a Java runtime for PySpark when there is no java,
 # docker-compose (Debian's v1, without the Docker engine
 # it recommends: tests/project/test_docker.py only validates the compose files) when there is no docker-compose, and
@@ -45,6 +46,7 @@ setup: python-env
 system-packages:
 	@missing=""; \
 	if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then missing=" mariadb-server"; fi; \
+	if ! command -v mariadb-backup >/dev/null 2>&1; then missing="$$missing mariadb-backup"; fi; \
 	py=$$($(FIND_PYTHON)); \
 	if [ -z "$$py" ]; then missing="$$missing python3 python3-venv"; \
 	elif ! "$$py" -c 'import ensurepip, venv' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
