@@ -10,7 +10,8 @@ Steps (each one safe to repeat, so running the command again after an interrupti
    master that may be half alive (fencing the master itself is the HA tool's job); read their histories again.
 3. fence the candidate's own link: STOP SLAVE IO_THREAD, and let its SQL thread apply what it has received.
 4. catch up: CHANGE MASTER TO the most advanced relay by GTID, START SLAVE, wait until the candidate holds it.
-5. promote: STOP SLAVE, RESET SLAVE ALL, read_only = 0 (and super_read_only = 0 on MySQL).
+5. promote: STOP SLAVE, RESET SLAVE ALL (left for the HA tool with --no-reset-replica: MHA resets it itself), read_only
+   = 0 (and super_read_only = 0 on MySQL).
 6. repoint every relay, then every --replica, to the candidate by GTID, and see the relays streaming from it.
 """
 

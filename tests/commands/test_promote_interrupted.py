@@ -95,10 +95,19 @@ def _promote(trial: Trial, extra: list[str], kill_after: int | None = None) -> t
     return done.returncode, document, done.stderr
 
 
-@pytest.mark.parametrize("flavour,after", [(f, n) for f, steps in STEPS.items() for n in range(1, len(steps) + 1)],
-                         ids=[f"{f}-after-{n}-{s.replace(' ', '_')}" for f, steps in STEPS.items()
-                              for n, s in enumerate(steps, 1)])
+def cases(*flavours: str):
+    """The parametrization of one flavour's kills (one test file a flavour, so pytest-xdist's workers share them)."""
+    return pytest.mark.parametrize(
+        "flavour,after", [(f, n) for f in flavours for n in range(1, len(STEPS[f]) + 1)],
+        ids=[f"{f}-after-{n}-{s.replace(' ', '_')}" for f in flavours for n, s in enumerate(STEPS[f], 1)])
+
+
+@cases("catch-up")
 def test_a_second_run_converges_after_a_kill_after_each_step(tmp_path: Path, flavour: str, after: int):
+    check_converges(tmp_path, flavour, after)
+
+
+def check_converges(tmp_path: Path, flavour: str, after: int) -> None:
     trial = _trial(tmp_path / "trial", flavour)
     try:
         code, _, stderr = _promote(trial, EXTRA[flavour], kill_after=after)
