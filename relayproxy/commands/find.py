@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import fcntl
 import json
 import os
 import sys
@@ -15,8 +14,8 @@ from pathlib import Path
 from ..relay import txindex
 from ..relay.closed_files import StoredFileError, locate
 from ..relay.durable import read_durable_mark, read_index
+from .run import DirectoryLocked, hold_relay_dir
 
-LOCK_NAME = "relayproxy.lock"  # commands/run.py's lock: held by a running relay
 
 FIND_EPILOG = """\
 exit status: 0 found, 1 not found (the history the index covers is printed), 2 bad input (a GTID or time that
@@ -162,18 +161,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _lock(relay_dir: Path) -> int:
-    path = relay_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
+        return hold_relay_dir(relay_dir)
+    except DirectoryLocked as exc:
         raise RuntimeError(
-            f"relay directory {relay_dir} is in use by a running relay (pid {holder}): it keeps the transaction "
+            f"relay directory {relay_dir} is in use by a running relay (pid {exc.holder}): it keeps the transaction "
             "indexes itself (rebuilding any that does not match); stop it to rebuild them here, or use "
             "relayproxy find, which only reads") from None
-    return fd
 
 
 def run_index(args: argparse.Namespace) -> int:

@@ -60,33 +60,49 @@ class RelayStartupError(Exception):
 LOCK_NAME = "relayproxy.lock"  # the relay's own files start with "relayproxy.": recovery never takes it for a binlog
 
 
-def lock_relay_dir(relay_dir) -> int:
-    """Hold an exclusive lock on the relay directory for the life of the process.
+class DirectoryLocked(RuntimeError):
+    """Another process holds the relay directory's lock (``holder``: the pid it wrote, or "unknown")."""
 
-    Two relays writing the same files would interleave two streams and corrupt both: the second one is
-    refused at start, naming the holder. The lock is an flock on ``relayproxy.lock``; the kernel drops it
-    when the process dies, however it dies, so a crash never leaves a stale lock behind.
-    """
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+def hold_relay_dir(relay_dir) -> int:
+    """Take the relay directory's exclusive lock for the life of the process (its fd); DirectoryLocked when another
+    process holds it, OSError when the lock file cannot be opened. The lock is an flock on ``relayproxy.lock``; the
+    kernel drops it when the process dies, however it dies, so a crash never leaves a stale lock behind."""
     from pathlib import Path
 
     path = Path(relay_dir) / LOCK_NAME
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise RelayStartupError(f"cannot open relay directory {relay_dir}: {exc}") from exc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise RelayStartupError(
-            f"relay directory {relay_dir} is in use by another relayproxy (pid {holder}); "
-            "one relay per directory"
-        ) from None
+        raise DirectoryLocked(holder) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def lock_relay_dir(relay_dir) -> int:
+    """Hold an exclusive lock on the relay directory for the life of the process (``hold_relay_dir``).
+
+    Two relays writing the same files would interleave two streams and corrupt both: the second one is
+    refused at start, naming the holder.
+    """
+    try:
+        return hold_relay_dir(relay_dir)
+    except DirectoryLocked as exc:
+        raise RelayStartupError(
+            f"relay directory {relay_dir} is in use by another relayproxy (pid {exc.holder}); "
+            "one relay per directory"
+        ) from None
+    except OSError as exc:
+        raise RelayStartupError(f"cannot open relay directory {relay_dir}: {exc}") from exc
 
 
 async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
