@@ -19,7 +19,7 @@ from .functions import gtids_at
 from .limits import check_statement_size
 from .parser import Parser, Token, tokenize
 from .replication import is_replication_statement, replication_statement
-from .replay import is_replay_statement, replay_statement
+from .replay import run_replay
 from .select import run_do, run_select, run_set, run_transaction, run_use
 from .show import run_show, prepare_binlog_events
 from .slicing import run_sliced, work
@@ -52,8 +52,6 @@ async def execute(ctx, conn: ConnectionState, sql: str) -> Response:
     first, second = ([t.value.upper() if t.kind == "word" else None for t in tokens[:2]] + [None, None])[:2]
     if is_replication_statement(first, second):
         return await replication_statement(ctx, conn, sql)
-    if is_replay_statement(tokens):
-        return await replay_statement(ctx, conn, sql, tokens)
     if first == "SHOW" and second == "BINLOG" and len(tokens) > 2 and tokens[2].kind == "word" \
             and tokens[2].value.upper() == "EVENTS":
         return await _show_binlog_events(ctx, conn, sql, tokens)
@@ -207,6 +205,7 @@ _HANDLERS: dict[str, Callable[[Parser, Env], Response]] = {
     "PURGE": run_purge,
     "KILL": run_kill,
     "FLUSH": run_flush,
+    "RELAYPROXY": run_replay,
     "DO": run_do,
     "USE": run_use,
     "BEGIN": run_transaction,

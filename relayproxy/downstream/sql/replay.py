@@ -7,14 +7,13 @@ replicates, so the relay never sends the target a byte past the recovery point.
 
 SET checks that the relay holds the point: ``file`` is a relay file, ``pos`` a transaction boundary in it at or
 before the durable horizon; its answer's info names the GTID state there (what the target will end at). The file
-is read up to ``pos`` in a worker thread, never on the event loop, and the registry is made durable before the
-answer. Both changes need the admin privilege (the servers' REPLICATION SLAVE ADMIN); SHOW needs what SHOW SLAVE
+is read up to ``pos``, and the registry made durable before the answer, in a worker thread (``slicing.in_thread``),
+never on the event loop. Both changes need the admin privilege (the servers' REPLICATION SLAVE ADMIN); SHOW needs what SHOW SLAVE
 STATUS needs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from ...log import get_logger
@@ -23,62 +22,65 @@ from ...relay.replay_stops import ReplayStop, ReplayStopsError
 from ...wire.errors import ER_UNKNOWN_ERROR, ER_UNKNOWN_TARGET_BINLOG, ER_WRONG_ARGUMENTS
 from ...wire.results import OkResponse, Response, ResultSet
 from .. import privileges
-from ..context import ConnectionState
 from .env import Env
 from .errors import SqlError
 from .functions import NOT_A_BOUNDARY, gtids_at, state_text
-from .parser import Parser, Token
-from .slicing import run_sliced
+from .parser import Parser
+from .slicing import in_thread
 
 log = get_logger("relayproxy.downstream.sql")
 
 COLUMNS = ["Server_id", "File", "Position", "Gtid_state", "Label", "Created", "Persistent"]
 
 
-def is_replay_statement(tokens: list[Token]) -> bool:
-    words = [t.value.upper() if t.kind == "word" else None for t in tokens[:3]]
-    return words[0] == "RELAYPROXY" or (words[:3] == ["SHOW", "RELAYPROXY", "REPLAY"])
-
-
-async def replay_statement(ctx, conn: ConnectionState, sql: str, tokens: list[Token]) -> Response:
-    """Answer one replay-stop statement (never raises)."""
-    env = Env(ctx, conn)
-    try:
-        parser = Parser(sql, tokens, env.flavour)
-        if parser.accept_word("SHOW"):
-            parser.expect_word("RELAYPROXY")
-            parser.expect_word("REPLAY")
-            parser.expect_word("STOPS")
-            parser.end_of_statement()
-            env.require(privileges.SHOW_REPLICA_STATUS)
-            return _show(env)
-        parser.expect_word("RELAYPROXY")
-        verb = parser.expect_word("SET", "CLEAR")
-        parser.expect_word("REPLAY")
-        parser.expect_word("STOP")
-        parser.expect_word("FOR")
-        parser.expect_word("SERVER_ID")
-        server_id = _number(parser, "SERVER_ID")
-        if verb == "CLEAR":
-            parser.end_of_statement()
-            env.require(privileges.REPLICATION_ADMIN)
-            old = await asyncio.to_thread(_clear, ctx, server_id)
-            log.info("replay stop cleared", server_id=server_id, conn_id=conn.conn_id, user=conn.user,
-                     stop=None if old is None else f"{old.file}:{old.position}")
-            return OkResponse(affected_rows=int(old is not None))
-        parser.expect_word("AT")
-        name = parser.string()
-        position = _number(parser, "position")
-        label = parser.string() if parser.accept_word("LABEL") else ""
-        parser.end_of_statement()
+def run_replay(p: Parser, env: Env) -> Response:
+    """RELAYPROXY SET|CLEAR REPLAY STOP ... (the SQL layer's ordinary dispatch; disk work through ``in_thread``)."""
+    ctx, conn = env.ctx, env.conn
+    p.expect_word("RELAYPROXY")
+    verb = p.expect_word("SET", "CLEAR")
+    p.expect_word("REPLAY")
+    p.expect_word("STOP")
+    p.expect_word("FOR")
+    p.expect_word("SERVER_ID")
+    server_id = _number(p, "SERVER_ID")
+    if verb == "CLEAR":
+        p.end_of_statement()
         env.require(privileges.REPLICATION_ADMIN)
-        return await _set(env, server_id, name, position, label)
-    except SqlError as exc:
-        return exc.response()
+        old = _saved(in_thread, ctx.replay_stops.clear, server_id)
+        log.info("replay stop cleared", server_id=server_id, conn_id=conn.conn_id, user=conn.user,
+                 stop=None if old is None else f"{old.file}:{old.position}")
+        return OkResponse(affected_rows=int(old is not None))
+    p.expect_word("AT")
+    name = p.string()
+    position = _number(p, "position")
+    label = p.string() if p.accept_word("LABEL") else ""
+    p.end_of_statement()
+    env.require(privileges.REPLICATION_ADMIN)
+    return _set(env, server_id, name, position, label)
+
+
+def show_replay_stops(p: Parser, env: Env) -> ResultSet:
+    """After SHOW: RELAYPROXY REPLAY STOPS."""
+    p.expect_word("RELAYPROXY")
+    p.expect_word("REPLAY")
+    p.expect_word("STOPS")
+    p.end_of_statement()
+    env.require(privileges.SHOW_REPLICA_STATUS)
+    stops = env.ctx.replay_stops
+    rows = [[s.server_id, s.file, s.position, s.gtid_state, s.label,
+             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.created)), "Yes" if stops.persistent else "No"]
+            for s in stops.all()]
+    return ResultSet(COLUMNS, rows)
+
+
+def _saved(run, fn, *args):
+    """A change of the registry (made durable in a worker thread); its errors as the statement's ERR."""
+    try:
+        return run(fn, *args)
     except ReplayStopsError as exc:
-        return SqlError(ER_WRONG_ARGUMENTS, "HY000", f"replay stop: {exc}").response()
+        raise SqlError(ER_WRONG_ARGUMENTS, "HY000", f"replay stop: {exc}") from None
     except OSError as exc:
-        return SqlError(ER_UNKNOWN_ERROR, "HY000", f"replay stop not saved: {exc}").response()
+        raise SqlError(ER_UNKNOWN_ERROR, "HY000", f"replay stop not saved: {exc}") from None
 
 
 def _number(parser: Parser, what: str) -> int:
@@ -89,14 +91,10 @@ def _number(parser: Parser, what: str) -> int:
     return tok.value
 
 
-def _clear(ctx, server_id: int):
-    return ctx.replay_stops.clear(server_id)
-
-
-async def _set(env: Env, server_id: int, name: str, position: int, label: str) -> Response:
+def _set(env: Env, server_id: int, name: str, position: int, label: str) -> Response:
     ctx = env.ctx
     try:
-        files = await run_sliced(lambda: list(env.catalog.files()))
+        files = list(env.catalog.files())
     except CatalogError as exc:
         raise SqlError(ER_UNKNOWN_ERROR, "HY000", f"replay stop: cannot list the relay's files: {exc}") from None
     names = [f.name for f in files]
@@ -114,24 +112,16 @@ async def _set(env: Env, server_id: int, name: str, position: int, label: str) -
     if position == 4:
         state = info.start_gtids
     else:
-        state = await asyncio.to_thread(gtids_at, ctx.store.path(name), position)
+        state = in_thread(gtids_at, ctx.store.path(name), position)
         if state is NOT_A_BOUNDARY:
             raise SqlError(ER_WRONG_ARGUMENTS, "HY000",
                            f"replay stop: '{name}' {position} is not a transaction boundary of the relay's files")
         if state is None:
             state = info.start_gtids
     stop = ReplayStop(server_id, name, position, state_text(state) or "", label, time.time())
-    await asyncio.to_thread(ctx.replay_stops.set, stop)
+    _saved(in_thread, ctx.replay_stops.set, stop)
     log.info("replay stop set", server_id=server_id, file=name, position=position, gtid_state=stop.gtid_state,
              label=label, conn_id=env.conn.conn_id, user=env.conn.user, persistent=ctx.replay_stops.persistent)
     kept = "" if ctx.replay_stops.persistent else " (in memory only: this relay may not write its directory)"
     return OkResponse(info=f"replay stop for server_id {server_id} at {name}:{position}, "
                            f"GTID state there '{stop.gtid_state}'{kept}")
-
-
-def _show(env: Env) -> ResultSet:
-    stops = env.ctx.replay_stops
-    rows = [[s.server_id, s.file, s.position, s.gtid_state, s.label,
-             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.created)), "Yes" if stops.persistent else "No"]
-            for s in stops.all()]
-    return ResultSet(COLUMNS, rows)

@@ -23,6 +23,7 @@ from ...wire.errors import (
 from .errors import SqlError, unsupported
 from .expressions import Evaluator, Node
 from .parser import Parser, parse_limit, syntax_error
+from .replay import show_replay_stops
 from .transactions import run_show_relayproxy
 from .values import output_value, to_text, truthy, like_match
 from .variables import STATUS_VARIABLES, SYSTEM_VARIABLES, SysVar, gtid_executed_value
@@ -56,6 +57,8 @@ def run_show(p: Parser, env: Env) -> Response:
         return _show_binary_logs(env)
     if p.is_word("BINLOG") and p.is_word("EVENTS", offset=1):
         return show_binlog_events_sync(p, env)
+    if p.is_word("RELAYPROXY") and p.is_word("REPLAY", offset=1):
+        return show_replay_stops(p, env)
     if p.is_word("RELAYPROXY"):
         return run_show_relayproxy(p, env)
     if p.is_word("BINLOG") and env.flavour == "mariadb":
