@@ -28,9 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..relay.txindex import Transaction, format_time_utc
+from ..relay.txindex import Transaction, format_time_utc, zone_of
 from ..upstream.repoint import sql_string
 from . import pitr_plan as PP
 from . import promotion as P
@@ -218,7 +217,7 @@ class Replay:
         return transaction_of(rows[0]) if rows else None
 
     def transaction_at(self, micros: int) -> Transaction | None:
-        text = PP.Moment(micros, "UTC", False, True).utc_text()
+        text = format_time_utc(micros)
         rows = self.relay.rows(f"SHOW RELAYPROXY TRANSACTION AT TIME {sql_string(text)}")
         return transaction_of(rows[0]) if rows else None
 
@@ -493,11 +492,11 @@ class Replay:
 def _zone(name: str | None):
     if name:
         try:
-            return ZoneInfo(name), name
-        except (ZoneInfoNotFoundError, ValueError):
+            return zone_of(name), name
+        except ValueError:
             raise Stop(EXIT_USAGE, f"--time-zone {name!r}: not a time zone this machine knows") from None
-    local = datetime.now().astimezone().tzinfo
-    return local, f"this machine's zone ({datetime.now().astimezone().strftime('%Z, UTC%z')})"
+    local = datetime.now().astimezone()
+    return local.tzinfo, f"this machine's zone ({local.strftime('%Z, UTC%z')})"
 
 
 def run(args: argparse.Namespace) -> int:

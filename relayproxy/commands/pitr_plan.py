@@ -9,10 +9,11 @@ whole GTID must match. MySQL's are GTID sets (``gtid_executed``): the ``mysql_*`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import tzinfo
 from pathlib import Path
 
 from ..binlog.gtid import GtidSet, MariaGtid, MariaGtidPosition
+from ..relay.txindex import format_time_utc, parse_time, time_has_zone
 
 BACKUP_INFO_FILES = ("mariadb_backup_binlog_info", "xtrabackup_binlog_info")
 
@@ -184,8 +185,6 @@ def mysql_reached(executed: GtidSet, stop: GtidSet) -> bool:
 
 # -- times ---------------------------------------------------------------------------------------------------------
 
-_FORMATS = ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S")
-
 
 @dataclass(frozen=True)
 class Moment:
@@ -197,36 +196,17 @@ class Moment:
     fractional: bool
 
     def utc_text(self, micros: int | None = None) -> str:
-        value = self.micros if micros is None else micros
-        return (datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=value)).strftime(
-            "%Y-%m-%d %H:%M:%S.%f")
+        return format_time_utc(self.micros if micros is None else micros)
 
 
 def parse_moment(text: str, default_zone: tzinfo | None, zone_name: str) -> Moment:
-    """'YYYY-MM-DD HH:MM:SS[.ffffff]' with an offset (+02:00) or Z, or without one in ``default_zone`` (said)."""
-    raw = text.strip()
-    value = raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw
+    """'YYYY-MM-DD HH:MM:SS[.ffffff]' with an offset (+02:00) or Z, or without one in ``default_zone`` (said): the
+    transaction index's time syntax (txindex.parse_time), refused here without a zone when there is no default."""
+    assumed = not time_has_zone(text)
+    if assumed and default_zone is None:
+        raise PlanRefusal(f"time {text!r} has no time zone: add an offset (+02:00, Z) or give --time-zone")
     try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        parsed = None
-        for fmt in _FORMATS:
-            try:
-                parsed = datetime.strptime(value, fmt)
-                break
-            except ValueError:
-                continue
-        if parsed is None:
-            raise PlanRefusal(f"time {text!r}: expected 'YYYY-MM-DD HH:MM:SS[.ffffff]', optionally with an offset "
-                              "such as +02:00 or Z") from None
-    assumed = parsed.tzinfo is None
-    if assumed:
-        if default_zone is None:
-            raise PlanRefusal(f"time {text!r} has no time zone: add an offset (+02:00, Z) or give --time-zone")
-        parsed = parsed.replace(tzinfo=default_zone)
-        zone = zone_name
-    else:
-        zone = parsed.strftime("%z") or "UTC"
-    delta = parsed - datetime(1970, 1, 1, tzinfo=timezone.utc)
-    micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-    return Moment(micros, zone, assumed, parsed.microsecond != 0)
+        micros = parse_time(text, default_zone if assumed else None)
+    except ValueError as exc:
+        raise PlanRefusal(str(exc)) from None
+    return Moment(micros, zone_name if assumed else "as given", assumed, micros % 1_000_000 != 0)
