@@ -101,6 +101,7 @@ class RelayCollector:
         yield from _disk(s)
         yield from _retention(s.get("retention"))
         yield from _replicas(s.get("replicas") or [])
+        yield from _replay_stops(s.get("replay_stops"))
         yield from _logins(s.get("logins"))
         yield from _http(s.get("http"))
 
@@ -247,6 +248,24 @@ def _retention(stats: dict[str, Any] | None) -> Iterator:
             yield _counter(f"relayproxy_retention_{key}", help_text, stats[key])
     yield from _gauge("relayproxy_retention_last_purge_timestamp_seconds", "Unix time of the last purge by retention",
                       stats.get("last_purge"))
+
+
+def _replay_stops(stops: list[dict[str, Any]] | None) -> Iterator:
+    if stops is None:
+        return  # no SQL/dump port: no replay stops
+    yield GaugeMetricFamily("relayproxy_replay_stops", "Replay stops in force (relayproxy pitr targets fenced)",
+                            value=len(stops))
+    position = GaugeMetricFamily("relayproxy_replay_stop_position_bytes",
+                                 "Relay position a replica's dumps are never sent past (relayproxy pitr's stop)",
+                                 labels=["server_id", "master_log_file"])
+    reached = GaugeMetricFamily("relayproxy_replay_stop_reached",
+                                "1 when a dump of the replica has been sent everything up to its stop, else 0",
+                                labels=["server_id"])
+    for stop in stops:
+        position.add_metric([str(stop["server_id"]), stop["file"]], stop["position"])
+        reached.add_metric([str(stop["server_id"])], int(any(d["at_stop"] for d in stop["dumps"])))
+    yield position
+    yield reached
 
 
 def _replicas(replicas: list[dict[str, Any]]) -> Iterator:

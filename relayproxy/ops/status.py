@@ -120,6 +120,8 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     }
     if downstream is not None:
         doc["horizon_followers"] = describe_followers(store.horizon)
+        # pitr targets' fences (relay/replay_stops.py): a dump never sends its replica past its stop.
+        doc["replay_stops"] = _replay_stops(downstream.ctx, names)
         describe_logins = getattr(downstream, "describe_logins", None)
         if describe_logins is not None:  # --listen's host blocking and password throttle
             doc["logins"] = describe_logins()
@@ -135,6 +137,34 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     if retention is not None:
         doc["retention"] = retention.stats.as_dict()
     return doc
+
+
+def _replay_stops(ctx, names: list[str]) -> list[dict[str, Any]]:
+    """The replay stops in force, by server id, each with the dumps of its replica connected now and whether each
+    has been sent everything up to the stop (``at_stop``: the target has all it will get; pitr waits for its
+    applier to finish). ``persistent`` False: kept in memory only (``relayproxy serve``)."""
+    stops = ctx.replay_stops
+    out = []
+    for stop in stops.all():
+        dumps = []
+        for conn in list(ctx.connections.values()):
+            reg, dump = conn.registration, conn.dump
+            if dump is None or reg is None or reg.server_id != stop.server_id or dump.file is None:
+                continue
+            dumps.append({"connection_id": conn.conn_id, "file": dump.file, "position": dump.position,
+                          "at_stop": _at_or_past(names, (dump.file, dump.position), (stop.file, stop.position))})
+        out.append({"server_id": stop.server_id, "file": stop.file, "position": stop.position,
+                    "gtid_state": stop.gtid_state, "label": stop.label, "created": stop.created,
+                    "persistent": stops.persistent, "dumps": dumps})
+    return out
+
+
+def _at_or_past(names: list[str], at: tuple[str, int], stop: tuple[str, int]) -> bool | None:
+    """Whether relay position ``at`` is at or past ``stop`` (None when either file is no longer listed)."""
+    try:
+        return (names.index(at[0]), at[1]) >= (names.index(stop[0]), stop[1])
+    except ValueError:
+        return None
 
 
 def _file_digests(store, names: list[str], sizes: dict[str, int], horizon) -> list[dict[str, Any]]:
@@ -342,6 +372,14 @@ def format_status(status: dict[str, Any]) -> str:
             f"  server_id {r.get('server_id')} (conn {r.get('connection_id')}, {r.get('user')}@{r.get('host')}): "
             f"{r.get('file')}:{r.get('position')}, behind {r.get('lag_bytes')} bytes / {r.get('lag_seconds')} s"
             + (f", acked {r['last_ack'][0]}:{r['last_ack'][1]}" if r.get("last_ack") else "")
+        )
+    for stop in status.get("replay_stops") or []:
+        reached = any(d["at_stop"] for d in stop["dumps"])
+        lines.append(
+            f"Replay stop:            server_id {stop['server_id']} at {stop['file']}:{stop['position']}"
+            + (f" ({stop['label']})" if stop.get("label") else "")
+            + (", reached" if reached else f", {len(stop['dumps'])} dump(s) short of it")
+            + ("" if stop.get("persistent") else ", in memory only")
         )
     return "\n".join(lines)
 

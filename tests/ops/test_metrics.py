@@ -21,6 +21,7 @@ from relayproxy.downstream.context import (
 )
 from relayproxy.ops.http import HttpApi
 from relayproxy.ops.metrics import FSYNC_BUCKETS, FsyncStats, build_registry
+from relayproxy.relay.replay_stops import ReplayStop, ReplayStops
 from relayproxy.ops.status import bytes_behind, file_index, format_status, relay_status
 from relayproxy.relay import RelayStore, RelayStoreFailed, SyncPolicy
 from relayproxy.relay.retention import RetentionStats
@@ -292,7 +293,10 @@ def test_status_reports_disk_usage_and_per_replica_lag_across_files(tmp_path):
             7: ConnectionState(conn_id=7, user="repl", host="10.1.1.3",
                                dump=DumpProgress(file="binlog.000002", position=120, caught_up_at=time.time() - 5)),
         }
-        downstream = SimpleNamespace(ctx=SimpleNamespace(connections=connections))
+        stops = ReplayStops(None)  # server 21 fenced at the end of binlog.000001, server 22 in the second file
+        stops.set(ReplayStop(21, "binlog.000001", size1, label="before GTID x"))
+        stops.set(ReplayStop(22, "binlog.000002", 120))
+        downstream = SimpleNamespace(ctx=SimpleNamespace(connections=connections, replay_stops=stops))
         session = fake_session(store, errors={"io": 2})
         session.retention = SimpleNamespace(stats=RetentionStats(runs=4, purges=1, files_purged=2, bytes_purged=9000,
                                                                  last_purge=1.7e9))
@@ -326,7 +330,19 @@ def test_status_reports_disk_usage_and_per_replica_lag_across_files(tmp_path):
         assert value(fams, "relayproxy_retention_runs", "relayproxy_retention_runs_total") == 4
         assert value(fams, "relayproxy_retention_last_purge_timestamp_seconds") == 1.7e9
 
+        assert [(d["server_id"], [(x["connection_id"], x["at_stop"]) for x in d["dumps"]], d["persistent"])
+                for d in doc["replay_stops"]] == [(21, [(5, False)], False), (22, [(6, True)], False)]
+        assert doc["replay_stops"][0]["label"] == "before GTID x" and doc["replay_stops"][0]["position"] == size1
+        assert value(fams, "relayproxy_replay_stops") == 2
+        assert value(fams, "relayproxy_replay_stop_position_bytes", server_id="21",
+                     master_log_file="binlog.000001") == size1
+        assert value(fams, "relayproxy_replay_stop_reached", server_id="21") == 0
+        assert value(fams, "relayproxy_replay_stop_reached", server_id="22") == 1
+
         text = format_status(doc)
+        assert (f"Replay stop:            server_id 21 at binlog.000001:{size1} (before GTID x), 1 dump(s) short of "
+                "it, in memory only") in text
+        assert "Replay stop:            server_id 22 at binlog.000002:120, reached, in memory only" in text
         assert "Replicas:               3" in text and f"{size1 - 200 + size2 - 4} bytes" in text
         assert f"Fsync:                  {store.fsyncs} syncs" in text
         assert "Reconnects:             1; errors: io 2" in text
