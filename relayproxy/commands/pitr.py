@@ -49,13 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = (
         "exit codes: 0 done (also when a repeated run finds the target at the stop; and --dry-run);\n"
-        "1 internal error; 2 usage; 3 refused (nothing changed: the target past the stop, replicating from elsewhere,\n"
-        "  a start or stop the relay does not hold, a server refused a statement); 4 unreachable (a server could not\n"
+        "1 internal error; 2 usage; 3 refused (before the fence nothing changed: the target past the stop,\n"
+        "  replicating from elsewhere, a start or stop the relay does not hold, a relay that keeps stops in memory\n"
+        "  only; after it, the target cannot log into or replicate from the relay, or a server refused a statement:\n"
+        "  the stop and the stopped relayproxy_pitr connection stay, fix it and run again); 4 unreachable (a server could not\n"
         "  be reached or logged into); 5 timed out (the target is left stopped at a transaction boundary: run the same\n"
         "  command again to continue); 6 the target's applier stopped with an error (named; fix it, run again).\n"
         "The target: MariaDB (a connection named relayproxy_pitr) or MySQL (the default channel, by auto-position).\n"
         "Times: 'YYYY-MM-DD HH:MM:SS[.ffffff]' with an offset (+02:00, Z) or read in --time-zone (default: this\n"
-        "machine's zone, which the output names). MariaDB records commit times in whole seconds: a transaction\n"
+        "machine's local time at that date, daylight saving included). MariaDB records commit times in whole seconds: a transaction\n"
         "recorded at second S counts as committed at S.000000, and the first transaction in binlog order recorded\n"
         "at or after T is the first one --before-time T leaves out (docs/pitr.md).")
     add = parser.add_argument
@@ -85,9 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--time-zone", metavar="ZONE", help="zone of times given without one (an IANA name such as Europe/Berlin)")
     add("--dry-run", action="store_true", help="name the range, its size and the files it spans; change nothing")
     add("--json", action="store_true", help="print one JSON document on stdout (progress still goes to stderr)")
-    add("--timeout", type=float, default=0.0, metavar="SECONDS", help="give up after this long in all (default: no "
-        "limit while the target makes progress)")
+    add("--timeout", type=float, default=0.0, metavar="SECONDS", help="give up after this long in all (default 0: "
+        "no limit)")
     add("--quiet", action="store_true", help="no progress lines on stderr")
+    add("--accept-volatile-stop", action="store_true", help="replay through a relay that keeps its replay stops in "
+        "memory only (relayproxy serve; refused otherwise): its restart during the replay lifts the fence")
 
 
 def transaction_of(row: dict) -> Transaction:
@@ -374,8 +378,17 @@ class Replay:
     # -- acting ---------------------------------------------------------------------------------------------------
     def replay(self, stop: StopPoint, start, server_id: int, ours: bool) -> None:
         a, r, t = self.args, self.report, self.target
+        before = self._stop_row(server_id)
         self.relay.execute(f"RELAYPROXY SET REPLAY STOP FOR SERVER_ID {server_id} AT {sql_string(stop.file)} "
                            f"{int(stop.position)} LABEL {sql_string(self._label(stop, ours))}")
+        row = self._stop_row(server_id)
+        if row is not None and str(row.get("Persistent")) == "No" and not a.accept_volatile_stop:
+            if before is None:  # ours only now: leave the relay as it was
+                self.relay.execute(f"RELAYPROXY CLEAR REPLAY STOP FOR SERVER_ID {server_id}")
+            raise Stop(EXIT_REFUSED, f"relay {r.relay} keeps replay stops in memory only (relayproxy serve): a restart "
+                       "of it during the replay would lift the fence and send the target past the stop. Replay from "
+                       "`relayproxy run` on the relay directory, or pass --accept-volatile-stop if the relay will not "
+                       "be restarted meanwhile")
         self.step("fenced", f"the relay sends server_id {server_id} nothing past {stop.file}:{stop.position}")
         if ours:
             t.stop()
@@ -403,6 +416,13 @@ class Replay:
         previous = self._recorded_parallel() if ours else None
         self.parallel_original = previous if previous is not None else self.target.parallel()
         return f"pitr {stop.label} ({_PARALLEL_NOTE}{self.parallel_original})"
+
+    def _stop_row(self, server_id: int) -> dict | None:
+        """The relay's SHOW RELAYPROXY REPLAY STOPS row for ``server_id``, or None."""
+        for row in self.relay.rows("SHOW RELAYPROXY REPLAY STOPS"):
+            if int(row.get("Server_id") or 0) == server_id:
+                return row
+        return None
 
     def _recorded_parallel(self, server_id: int | None = None) -> int | None:
         for row in self.relay.rows("SHOW RELAYPROXY REPLAY STOPS"):
@@ -495,8 +515,9 @@ def _zone(name: str | None):
             return zone_of(name), name
         except ValueError:
             raise Stop(EXIT_USAGE, f"--time-zone {name!r}: not a time zone this machine knows") from None
-    local = datetime.now().astimezone()
-    return local.tzinfo, f"this machine's zone ({local.strftime('%Z, UTC%z')})"
+    # The local zone's rules at the time asked for (a disaster on the other side of a DST change from now is read
+    # with its own offset), as `relayproxy find` reads a time without a zone.
+    return PP.LOCAL_ZONE, f"this machine's local time zone ({datetime.now().astimezone().strftime('%Z')} now)"
 
 
 def run(args: argparse.Namespace) -> int:

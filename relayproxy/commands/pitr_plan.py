@@ -199,14 +199,19 @@ class Moment:
         return format_time_utc(self.micros if micros is None else micros)
 
 
-def parse_moment(text: str, default_zone: tzinfo | None, zone_name: str) -> Moment:
+LOCAL_ZONE = "local"  # parse_moment's default_zone: the machine's local time, with its daylight-saving rules
+
+
+def parse_moment(text: str, default_zone: tzinfo | str | None, zone_name: str) -> Moment:
     """'YYYY-MM-DD HH:MM:SS[.ffffff]' with an offset (+02:00) or Z, or without one in ``default_zone`` (said): the
-    transaction index's time syntax (txindex.parse_time), refused here without a zone when there is no default."""
+    transaction index's time syntax (txindex.parse_time), refused here without a zone when there is no default.
+    ``LOCAL_ZONE``: the machine's local time at that date (its DST rules, as `relayproxy find` reads it), not the
+    offset in force now."""
     assumed = not time_has_zone(text)
     if assumed and default_zone is None:
         raise PlanRefusal(f"time {text!r} has no time zone: add an offset (+02:00, Z) or give --time-zone")
     try:
-        micros = parse_time(text, default_zone if assumed else None)
+        micros = parse_time(text, default_zone if assumed and default_zone != LOCAL_ZONE else None)
     except ValueError as exc:
         raise PlanRefusal(str(exc)) from None
     return Moment(micros, zone_name if assumed else "as given", assumed, micros % 1_000_000 != 0)

@@ -23,6 +23,7 @@ import pytest
 from ..support.fakemaster import FakeMySQLMaster
 from ..support.fakereplica import FakeMySQLReplica, binlog_image, insert_statement
 from ..lab.test_fake_mysql_master import running_relay, wait_for
+from .test_serve import served
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,18 @@ def run_pitr(tmp: Path, target_port: int, relay_port: int, *extra: str) -> tuple
     return done.returncode, doc, done.stderr
 
 
-def scenario(tmp: Path, target_kw: dict, *runs: list[str]):
+def scenario(tmp: Path, target_kw: dict, *runs: list[str], through_serve: bool = False):
+    """The relay (`run`, in-process) follows the scripted master until it has A:1-20; each run of pitr then replays
+    onto the scripted target through it, or (``through_serve``) through `relayproxy serve` on the relay's directory
+    once the relay has stopped (its replay stops are in memory only)."""
+    async def replays(target, port: int) -> list:
+        results = []
+        for extra in runs:
+            before = len(target.admin_log)
+            code, doc, err = await asyncio.to_thread(run_pitr, tmp, target.port, port, *extra)
+            results.append((code, doc, err, target.admin_log[before:], target.gtid_executed, list(target.statements)))
+        return results
+
     async def go():
         master = await FakeMySQLMaster([("mysql-bin.000001", IMAGE)], server_id=1, server_uuid=A).start()
         target = await FakeMySQLReplica(server_id=7, server_uuid=T, accounts=ACCOUNTS, **target_kw).start()
@@ -59,14 +71,10 @@ def scenario(tmp: Path, target_kw: dict, *runs: list[str]):
                 horizon = info["session"].store.horizon
                 await wait_for(lambda: horizon.snapshot().coordinates == ("mysql-bin.000001", len(IMAGE)),
                                what="the relay has A:1-20")
-                port = info["listen"][1]
-                results = []
-                for extra in runs:
-                    before = len(target.admin_log)
-                    code, doc, err = await asyncio.to_thread(run_pitr, tmp, target.port, port, *extra)
-                    results.append((code, doc, err, target.admin_log[before:], target.gtid_executed,
-                                    list(target.statements)))
-                return results
+                if not through_serve:
+                    return await replays(target, info["listen"][1])
+            with served(tmp / "relay", "--gtid-mode", "mysql", users=RELAY_USERS) as relay:
+                return await replays(target, relay.port)
         finally:
             await target.stop()
             await master.stop()
@@ -112,3 +120,17 @@ def test_a_mysql_target_past_the_stop_or_a_stop_the_relay_lacks_is_refused(tmp_p
     assert code == 3 and "not in the relay's history" in doc["message"] and admin == []
     code, doc, err, admin, _, _ = diverged
     assert code == 3 and "diverge" in doc["message"] and admin == [], doc
+
+
+def test_a_relay_that_keeps_its_stops_in_memory_only_is_refused_unless_accepted(tmp_path):
+    """`relayproxy serve` keeps replay stops in memory: its restart mid-replay would lift the fence. pitr refuses it
+    (exit 3, the stop it set cleared again, the target untouched) unless --accept-volatile-stop says so."""
+    refused, accepted = scenario(tmp_path, {}, ["--before-gtid", f"{A}:15", "--from-gtid", f"{A}:1-5"],
+                                 ["--before-gtid", f"{A}:15", "--from-gtid", f"{A}:1-5", "--accept-volatile-stop"],
+                                 through_serve=True)
+    code, doc, err, admin, executed, _ = refused
+    assert code == 3 and "keeps replay stops in memory only" in doc["message"], (err, doc)
+    assert admin == [] and executed == ""
+    assert "--accept-volatile-stop" in doc["message"]
+    code, doc, err, admin, executed, _ = accepted
+    assert code == 0 and doc["outcome"] == "done" and executed == f"{A}:1-14", err

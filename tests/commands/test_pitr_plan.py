@@ -92,6 +92,25 @@ def test_times_with_and_without_zones():
         PP.parse_moment("yesterday", timezone.utc, "UTC")
 
 
+def test_a_time_without_a_zone_is_read_with_the_local_zones_rules_at_that_date(monkeypatch):
+    """The default zone is the machine's local time at the date asked for, not the offset in force now: in Berlin a
+    July noon is 10:00 UTC (summer time) and a December noon 11:00 UTC, whatever the season the command runs in."""
+    import time as _time
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    _time.tzset()
+    try:
+        summer = PP.parse_moment("2026-07-15 12:00:00", PP.LOCAL_ZONE, "local")
+        winter = PP.parse_moment("2026-12-15 12:00:00", PP.LOCAL_ZONE, "local")
+        assert summer.assumed_zone and summer.utc_text() == "2026-07-15 10:00:00.000000"
+        assert winter.utc_text() == "2026-12-15 11:00:00.000000"
+        assert PP.parse_moment("2026-07-15 12:00:00Z", PP.LOCAL_ZONE, "local").utc_text() == \
+            "2026-07-15 12:00:00.000000"  # an offset given wins
+    finally:
+        monkeypatch.delenv("TZ")
+        _time.tzset()
+
+
 def test_a_domain_the_stop_has_not_reached_yet_is_past_it_for_a_target_that_has_it():
     past = PP.past_stop(pos("0-1-50"), pos(""), pos("0-1-900"))
     assert past == ["domain 0: 0-1-50 (the stop is before the relay's first transaction of domain 0)"]
