@@ -228,6 +228,18 @@ OPTIONS: tuple[Option, ...] = (
            "archive closed files older than this (7d, 12h) or beyond this many in relay_dir ('20 files')", "AGE|N files"),
     Option("storage_interval", _duration, 10.0,
            "seconds between looks for closed files to compress, encrypt or archive", "DURATION"),
+    Option("archive_url", str, None,
+           "upload the relay's history to object storage as it becomes durable: s3://bucket/prefix or "
+           "file:///path (relayproxy restore rebuilds a relay from it)", "URL"),
+    Option("archive_endpoint", str, None,
+           "archive_url s3://: the S3-compatible endpoint (default: AWS's for the region)", "URL"),
+    Option("archive_region", str, None, "archive_url s3://: the bucket's region (default: the AWS chain's)", "NAME"),
+    Option("archive_access_key_id", str, None,
+           "archive_url s3://: access key id (default: the standard AWS credential chain)", "ID", secret=True),
+    Option("archive_secret_access_key_file", str, None,
+           "archive_url s3://: file holding the secret access key (first line), with archive_access_key_id", "PATH"),
+    Option("archive_interval", _positive_float, 1.0,
+           "archive_url: at most this many seconds between uploads of the newest durable transactions"),
     Option("max_statement_bytes", _size, 1 << 20,
            "SQL port: @@max_allowed_packet: largest command packet (a statement and its command byte), largest "
            "string value, and all user variables of one connection: bytes, or with K, M, G (1M)", "SIZE"),

@@ -1,0 +1,111 @@
+"""moto's standalone S3 server over real HTTP on 127.0.0.1, for the archive tests (started and stopped by the test;
+one that cannot start fails the test, never skips)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from relayproxy.lab.relayprocess import free_port
+
+BUCKET = "relay-archive"
+ACCESS_KEY = "testing-key-id"
+SECRET_KEY = "testing-secret-key"
+REGION = "us-east-1"
+
+
+class MotoServer:
+    """One moto server process; ``stop()`` and ``start()`` again on the same port (its objects are kept in memory by
+    the process, so a stop loses them: tests that stop it use ``pause()``/``resume()``, SIGSTOP/SIGCONT)."""
+
+    def __init__(self, log_dir: Path):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_dir) / "moto.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto server exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"moto server did not listen on {self.port} within {timeout}s: {self.log_tail()}")
+
+    def pause(self) -> None:
+        """The bucket unreachable: connections hang (the process is stopped, its socket still open)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
+                            aws_secret_access_key=SECRET_KEY)
+
+    def create_bucket(self, name: str = BUCKET) -> str:
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The standard AWS chain's variables for a relay process that talks to this server."""
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION}
+
+
+@pytest.fixture
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A running moto server with the bucket ``relay-archive``; the AWS_* variables point boto3 at its keys."""
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    try:
+        server.start()
+    except (OSError, RuntimeError) as exc:
+        server.stop()
+        pytest.fail(f"cannot start moto's S3 server: {exc}", pytrace=False)
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    try:
+        server.create_bucket()
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
