@@ -65,7 +65,7 @@ def scenario(tmp: Path, target_kw: dict, *runs: list[str], through_serve: bool =
 
     async def go():
         master = await FakeMySQLMaster([("mysql-bin.000001", IMAGE)], server_id=1, server_uuid=A).start()
-        target = await FakeMySQLReplica(server_id=7, server_uuid=T, accounts=ACCOUNTS, **target_kw).start()
+        target = await FakeMySQLReplica(**{"server_id": 7, "server_uuid": T, "accounts": ACCOUNTS, **target_kw}).start()
         try:
             async with running_relay(master, tmp / "relay", listen="127.0.0.1:0", users=RELAY_USERS) as info:
                 horizon = info["session"].store.horizon
@@ -134,3 +134,36 @@ def test_a_relay_that_keeps_its_stops_in_memory_only_is_refused_unless_accepted(
     assert "--accept-volatile-stop" in doc["message"]
     code, doc, err, admin, executed, _ = accepted
     assert code == 0 and doc["outcome"] == "done" and executed == f"{A}:1-14", err
+
+
+def test_a_refusal_after_the_fence_and_a_timeout_leave_a_state_the_same_command_finishes(tmp_path):
+    """Exit 3 after the fence (the target cannot log into the relay: a wrong --repl-password-file) and exit 5 (the
+    target never reaches the relay: a --relay-address nobody listens on, under --timeout): each leaves the stop and the
+    stopped replication in place, and the same command with the mistake fixed ends at the stop."""
+    from relayproxy.lab.harness import free_port
+
+    (tmp_path / "wrong.pw").write_text("not-the-password\n")
+    base = ["--before-gtid", f"{A}:15", "--from-gtid", f"{A}:1-5"]
+    wrong_password, timed_out, fixed = scenario(
+        tmp_path, {}, [*base, "--repl-password-file", str(tmp_path / "wrong.pw")],
+        [*base, "--relay-address", f"127.0.0.1:{free_port()}", "--timeout", "3"], base)
+    code, doc, err, admin, executed, _ = wrong_password
+    assert code == 3 and "cannot replicate from relay" in doc["message"] and "1045" in doc["message"], (err, doc)
+    assert [s.split(" ")[0] for s in admin][:3] == ["SET", "CHANGE", "START"] and admin[-1].startswith("STOP")
+    assert executed == f"{A}:1-5"  # the backup's position set; nothing replayed
+    code, doc, err, admin, executed, _ = timed_out
+    assert code == 5 and "--timeout ran out" in doc["message"] and executed == f"{A}:1-5", (err, doc)
+    code, doc, err, admin, executed, statements = fixed
+    assert code == 0 and doc["outcome"] == "done" and executed == f"{A}:1-14", (err, doc)
+    assert [s for _, s in statements] == [insert_statement(A, n) for n in range(6, 15)]  # each once
+
+
+@pytest.mark.parametrize("target_kw, complaint", [
+    ({"server_id": 0}, "has server_id 0: a replica needs its own server_id"),
+    ({"version": "10.11.6-MariaDB"}, "a replay needs one flavour on both"),
+], ids=["server_id 0", "another flavour"])
+def test_a_target_with_server_id_0_or_of_another_flavour_is_refused_untouched(tmp_path, target_kw, complaint):
+    (run,) = scenario(tmp_path, target_kw, ["--before-gtid", f"{A}:15", "--from-gtid", f"{A}:1-5"])
+    code, doc, err, admin, executed, _ = run
+    assert code == 3 and complaint in doc["message"], (err, doc)
+    assert admin == [] and executed == ""
