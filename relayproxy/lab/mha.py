@@ -18,6 +18,9 @@ Used by tests/scenarios/test_mha.py. Nothing here touches the system's sshd, roo
   * ``MHA/SlaveUtil.pm`` ``check_if_super_read_only``: ``SELECT @@global.super_read_only`` with RaiseError dies on
     MariaDB ("Unknown system variable 'super_read_only'"), which has no such variable. The fix treats an error
     there as "not present", which is what the caller prints for a server without it.
+
+- ``run_mha`` runs one MHA command to its end; ``start_mha`` starts one in the background (``masterha_manager``,
+  which monitors the master until it dies, then fails over) as an ``MhaProcess``, in a process group of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ SSHD = Path("/usr/sbin/sshd")
 # what each package provides, checked before anything starts
 REQUIRED = {
     "mha4mysql-manager": [Path("/usr/bin/masterha_check_repl"), Path("/usr/bin/masterha_master_switch"),
-                          MHA_PERL_DIR / "MHA/MasterFailover.pm"],
+                          Path("/usr/bin/masterha_manager"), MHA_PERL_DIR / "MHA/MasterFailover.pm"],
     "mha4mysql-node": [Path("/usr/bin/apply_diff_relay_logs"), Path("/usr/bin/save_binary_logs"),
                        MHA_PERL_DIR / "MHA/NodeUtil.pm", MHA_PERL_DIR / "MHA/SlaveUtil.pm"],
     "openssh-server": [SSHD],
@@ -93,16 +96,20 @@ def build_overlay(folder: Path) -> Path:
 
 @dataclass
 class PrivateSshd:
-    """sshd on a free port of 127.0.0.1, accepting root with one generated key; ``SetEnv`` for the node tools."""
+    """sshd on a free port of 127.0.0.1, accepting root with one generated key; ``SetEnv`` for the node tools.
+
+    ``accept_key``: accept that client key (another PrivateSshd's ``client_key``) instead of generating one, for a
+    second "host" on its own port: MHA's ``ssh_options`` name one key for every host it reaches."""
 
     workdir: Path
     set_env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     proc: subprocess.Popen | None = None
+    accept_key: Path | None = None
 
     @property
     def client_key(self) -> Path:
-        return self.workdir / "id_ed25519"
+        return self.accept_key or self.workdir / "id_ed25519"
 
     @property
     def ssh_options(self) -> str:
@@ -114,7 +121,7 @@ class PrivateSshd:
         self.workdir.mkdir(parents=True, exist_ok=True)
         host_key = self.workdir / "ssh_host_ed25519_key"
         for key in (host_key, self.client_key):
-            if not key.exists():
+            if not key.exists() and (key == host_key or self.accept_key is None):
                 subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "relayproxy-mha-test",
                                 "-f", str(key)], check=True)
         (self.workdir / "authorized_keys").write_text(Path(f"{self.client_key}.pub").read_text())
@@ -193,18 +200,96 @@ class MhaRun:
         return f"$ {' '.join(self.argv)}\n(exit {self.returncode} after {self.seconds:.1f} s)\n{self.output}"
 
 
+def _mha_env(overlay: Path, env: dict[str, str] | None) -> dict[str, str]:
+    return {**os.environ, **(env or {}),
+            "PERL5LIB": str(overlay) + (":" + os.environ["PERL5LIB"] if os.environ.get("PERL5LIB") else "")}
+
+
 def run_mha(argv: list[str], *, overlay: Path, timeout: float = 300, stdin: str | None = None,
             env: dict[str, str] | None = None) -> MhaRun:
     """Run one MHA command with the overlay first on PERL5LIB (and `env` added to the environment MHA and its
     hooks run in); the output is printed (the test log keeps it)."""
-    env = {**os.environ, **(env or {}),
-           "PERL5LIB": str(overlay) + (":" + os.environ["PERL5LIB"] if os.environ.get("PERL5LIB") else "")}
     started = time.monotonic()
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                          timeout=timeout, input=stdin)
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=_mha_env(overlay, env), timeout=timeout, input=stdin)
     run = MhaRun(argv, proc.returncode, proc.stdout, time.monotonic() - started)
     print(run, flush=True)
     return run
+
+
+@dataclass
+class MhaProcess:
+    """An MHA command running in the background (``masterha_manager``), started by `start_mha`: its output
+    (stdout and stderr, in order) goes to a file, read as it grows. It runs in a process group of its own with
+    everything it starts (ssh, its scripts), which `stop` ends."""
+
+    argv: list[str]
+    proc: subprocess.Popen
+    output_file: Path
+    started: float
+    run: MhaRun | None = None  # once it has exited: its outcome, printed once
+
+    def output(self) -> str:
+        return self.output_file.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        """Return once `text` is in the output; AssertionError (with the output) if it exits first or after
+        `timeout` seconds (then it is stopped)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.argv[0]} exited before printing {text!r}:\n{self._finish()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"{self.argv[0]} did not print {text!r} within {timeout:.0f} s:\n{self.run}")
+            time.sleep(0.1)
+
+    def wait(self, timeout: float) -> MhaRun:
+        """Wait for it to exit by itself; after `timeout` seconds it is stopped and AssertionError (with the
+        output) raised."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"{self.argv[0]} did not exit within {timeout:.0f} s; stopped:\n{self.run}") \
+                from None
+        return self._finish()
+
+    def stop(self) -> None:
+        """SIGTERM to its process group (MHA's handler exits), SIGKILL after 10 s; then whatever of the group is
+        left. Does nothing more once stopped."""
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.proc.wait(10)
+        self._finish()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _finish(self) -> MhaRun:
+        if self.run is None:
+            self.proc.wait()
+            self._signal_group(signal.SIGKILL)  # a child it left behind (ssh, a script), if any
+            self.run = MhaRun(self.argv, self.proc.returncode, self.output(), time.monotonic() - self.started)
+            print(self.run, flush=True)
+        return self.run
+
+
+def start_mha(argv: list[str], *, overlay: Path, output_file: Path, env: dict[str, str] | None = None) -> MhaProcess:
+    """Start one MHA command in the background, as `run_mha` runs one (the overlay first on PERL5LIB, `env` added),
+    in a new session (its own process group); its output goes to `output_file` and is printed when it ends."""
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(output_file, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=_mha_env(overlay, env), start_new_session=True)
+    return MhaProcess(argv, proc, output_file, time.monotonic())
 
 
 # -- the hook MHA calls: repoint the relays at the new master ------------------------------------------------------

@@ -42,6 +42,7 @@ from relayproxy.lab.failover import (
     MixedLoad,
     binlog_pos,
     covers,
+    gtid_seqs,
     relay_sql,
     slave_pos,
     uids,
@@ -53,6 +54,7 @@ from relayproxy.lab.harness import (
     change_master,
     free_port,
     replica_status,
+    run_every_step,
     wait_relay,
     wait_replica,
 )
@@ -267,44 +269,64 @@ HOOK = Path(__file__).resolve().parents[2] / "docs" / "hooks" / "mha_master_ip_f
 LAGGING_CANDIDATE = 0.4  # seconds the candidate's link holds each chunk of the master's stream
 
 
-def _semi_sync_trial_killed(workdir: Path):
-    """lab/lossless.py's topology: a semi-sync master (AFTER_SYNC) whose only acker is the relay (`run --semi-sync`),
-    a GTID replica T behind the relay, and a candidate C replicating straight from the master through a link that
-    delays the stream. Four writers commit for 2.5 s, each recording every commit that returned; then kill -9 of the
-    master and every link to it dropped. C applies all it received; `result.direct_lost` counts the acknowledged
-    commits it lacks (what promoting it as it is loses)."""
+def _semi_sync_trial(workdir: Path):
+    """lab/lossless.py's topology, started: a semi-sync master (AFTER_SYNC) whose only acker is the relay (`run
+    --semi-sync`), a GTID replica T behind the relay, and a candidate C replicating straight from the master through a
+    link that delays the stream. Stopped again if it fails to start."""
     from relayproxy.lab.lossless import Trial, TrialSpec
 
     spec = TrialSpec(seed=36, kind="master", relays=1, candidate_delay=LAGGING_CANDIDATE, replica=True,
                      load_seconds=2.5, big_chance=0.0)
     trial = Trial(workdir, spec)
-    trial.start()
-    trial.load_and_kill()
-    trial.direct_snapshot()
-    assert trial.result.direct_lost > 0, "the candidate did not lag: nothing to show"
+    try:
+        trial.start()
+    except BaseException:
+        trial.close()
+        raise
     return trial
 
 
+def _semi_sync_trial_killed(workdir: Path):
+    """_semi_sync_trial, then four writers commit for 2.5 s, each recording every commit that returned; then kill -9
+    of the master and every link to it dropped. C applies all it received; `result.direct_lost` counts the
+    acknowledged commits it lacks (what promoting it as it is loses)."""
+    trial = _semi_sync_trial(workdir)
+    try:
+        trial.load_and_kill()
+        trial.direct_snapshot()
+        assert trial.result.direct_lost > 0, "the candidate did not lag: nothing to show"
+    except BaseException:
+        trial.close()
+        raise
+    return trial
+
+
+def _app_cnf(trial, work: Path, ssh: mha.PrivateSshd, hook: str, master: dict[str, str | int]) -> Path:
+    """app.cnf listing the master (at the address the candidate replicates from: its link; `master`: more options of
+    its section) and the candidate, with `hook` as master_ip_failover_script; the relay is not listed (it is refused
+    as a replica, above)."""
+    for sub in ("manager", "remote"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    text = mha.app_cnf(workdir=work, user=ADMIN_USER, password=ADMIN_PASSWORD, repl_user=REPL_USER,
+                       repl_password=REPL_PASSWORD, ssh=ssh, servers=[
+                           mha.MhaServer("server1", trial.candidate_link.port, {"candidate_master": 1, **master}),
+                           mha.MhaServer("server2", trial.candidate.port, {"candidate_master": 1})])
+    text = text.replace("ping_interval=1\n", f"ping_interval=1\nmaster_ip_failover_script={hook}\n", 1)
+    cnf = work / "app.cnf"
+    cnf.write_text(text)
+    print(f"--- {cnf}\n{text}", flush=True)
+    return cnf
+
+
 def _dead_switch(trial, tmp_path: Path, hook: str, env: dict[str, str]) -> mha.MhaRun:
-    """masterha_master_switch --master_state=dead with app.cnf listing the master (at the address the candidate
-    replicates from: its link) and the candidate; the relay is not listed (it is refused as a replica, above). The
-    master's host is unreachable by ssh (its ssh_port is closed), as when the host itself is down: MHA cannot save the
-    dead master's binlog, so what the candidate lacks can come only from the relay."""
+    """masterha_master_switch --master_state=dead with _app_cnf. The master's host is unreachable by ssh (its
+    ssh_port is closed), as when the host itself is down: MHA cannot save the dead master's binlog, so what the
+    candidate lacks can come only from the relay."""
     overlay = mha.build_overlay(tmp_path / "mha-overlay")
     ssh = mha.PrivateSshd(tmp_path / "ssh", set_env={"PERL5LIB": str(overlay)}).start()
     try:
-        work = tmp_path / "mha"
-        for sub in ("manager", "remote"):
-            (work / sub).mkdir(parents=True, exist_ok=True)
         master_at = trial.candidate_link.port
-        text = mha.app_cnf(workdir=work, user=ADMIN_USER, password=ADMIN_PASSWORD, repl_user=REPL_USER,
-                           repl_password=REPL_PASSWORD, ssh=ssh, servers=[
-                               mha.MhaServer("server1", master_at, {"candidate_master": 1, "ssh_port": free_port()}),
-                               mha.MhaServer("server2", trial.candidate.port, {"candidate_master": 1})])
-        text = text.replace("ping_interval=1\n", f"ping_interval=1\nmaster_ip_failover_script={hook}\n", 1)
-        cnf = work / "app.cnf"
-        cnf.write_text(text)
-        print(f"--- {cnf}\n{text}", flush=True)
+        cnf = _app_cnf(trial, tmp_path / "mha", ssh, hook, {"ssh_port": free_port()})
         return mha.run_mha(["masterha_master_switch", "--master_state=dead", f"--conf={cnf}",
                             "--dead_master_host=127.0.0.1", "--dead_master_ip=127.0.0.1",
                             f"--dead_master_port={master_at}", "--new_master_host=127.0.0.1",
@@ -336,20 +358,114 @@ def test_mha_dead_master_switch_with_relayproxy_promote_loses_no_acknowledged_co
         assert f"Master failover to 127.0.0.1(127.0.0.1:{trial.candidate.port}) completed successfully." in dead.output
         assert "Resetting slave info succeeded." in dead.output
         assert "SSH is NOT reachable" in dead.output or "is NOT reachable" in dead.output  # no binlog saved by MHA
-        document = json.loads(dead.output[dead.output.index("{\n"):dead.output.index("\n}\n") + 2])
-        assert document["outcome"] == "promoted" and document["exit_code"] == 0, document
+        document = _promote_document(dead.output)
         assert document["fetched_count"] >= trial.result.direct_lost, document
-        assert replica_status(trial.candidate) == {}  # MHA's own cleanup reset it
-        assert int(trial.candidate.execute("SELECT @@GLOBAL.read_only")[0][0]) == 0
-        trial.check()  # new writes on C reach the relay and T; lost / partial / twice / errant counted
-        r = trial.result
-        print(f"acknowledged {r.acked} ({r.acked_rows} rows), the candidate lacked {r.direct_lost} of them; after "
-              f"MHA with relayproxy promote: lost {r.lost}, partial {r.partial}, rows twice {r.duplicate_rows}, "
-              f"errant {r.errant}; MHA ran {dead.seconds:.1f} s", flush=True)
-        assert (r.lost, r.partial, r.duplicate_rows, r.errant, r.relay_dropped) == (0, 0, 0, [], [])
-        assert r.replica_caught_up is True
+        _assert_lossless(trial, f"the candidate lacked {trial.result.direct_lost} of them; MHA ran "
+                                f"{dead.seconds:.1f} s")
     finally:
         trial.close()
+
+
+def _promote_document(output: str) -> dict:
+    """The hook's `relayproxy promote --json` document in MHA's output: outcome promoted, exit code 0."""
+    document = json.loads(output[output.index("{\n"):output.index("\n}\n") + 2])
+    assert document["outcome"] == "promoted" and document["exit_code"] == 0, document
+    return document
+
+
+def _assert_lossless(trial, said: str) -> None:
+    """After MHA with the promote hook: the candidate writable with no replication left (MHA's own cleanup reset
+    it); trial.check(), new writes on C reaching the relay and T, counts 0 acknowledged commits lost, none partial,
+    no row twice, no GTID from another server, nothing the relay held dropped. Prints what it counted first."""
+    assert replica_status(trial.candidate) == {}
+    assert int(trial.candidate.execute("SELECT @@GLOBAL.read_only")[0][0]) == 0
+    trial.check()
+    r = trial.result
+    print(f"acknowledged {r.acked} ({r.acked_rows} rows), {said}; after MHA with relayproxy promote: lost {r.lost}, "
+          f"partial {r.partial}, rows twice {r.duplicate_rows}, errant {r.errant}", flush=True)
+    assert (r.lost, r.partial, r.duplicate_rows, r.errant, r.relay_dropped) == (0, 0, 0, [], [])
+    assert r.replica_caught_up is True
+
+
+MANAGER_START_TIMEOUT = 120  # s for masterha_manager's checks at start, until it pings the master
+MANAGER_FAILOVER_TIMEOUT = 180  # s from the master's kill until masterha_manager has exited
+
+
+def _host_goes_down_with(server, sshd: mha.PrivateSshd) -> None:
+    """From now on `server.kill()` (kill -9, lab/lossless.py's load_and_kill) first stops `sshd`, the ssh server of
+    `server`'s "host": the host goes down, ssh and MariaDB together."""
+    kill = server.kill
+
+    def host_down() -> None:
+        sshd.stop()
+        kill()
+
+    server.kill = host_down
+
+
+def test_mha_manager_detects_the_dead_master_and_fails_over_with_relayproxy_promote(mha_installed, tmp_path: Path):
+    """masterha_manager, started before the load, notices the master's death by itself and fails over; its
+    master_ip_failover_script is docs/hooks/mha_master_ip_failover. The master's host has an sshd of its own (MHA
+    checks ssh to every server and the master's binlog directory at start), stopped at the kill: MHA cannot save the
+    dead master's binlog, what the candidate lacked can come only from the relay. 0 acknowledged commits lost."""
+    trial = _semi_sync_trial(tmp_path / "trial")
+    ssh = master_ssh = manager = None
+    try:
+        overlay = mha.build_overlay(tmp_path / "mha-overlay")
+        ssh = mha.PrivateSshd(tmp_path / "ssh", set_env={"PERL5LIB": str(overlay)}).start()
+        master_ssh = mha.PrivateSshd(tmp_path / "ssh-master", set_env={"PERL5LIB": str(overlay)},
+                                     accept_key=ssh.client_key).start()
+        master_at, port = trial.candidate_link.port, trial.candidate.port
+        cnf = _app_cnf(trial, tmp_path / "mha", ssh, str(HOOK),
+                       {"ssh_port": master_ssh.port, "master_binlog_dir": str(trial.master.binlog_dir)})
+        manager = mha.start_mha(["masterha_manager", f"--conf={cnf}", "--ignore_last_failover"], overlay=overlay,
+                                output_file=tmp_path / "mha" / "manager.out", env=_hook_env(trial))
+        # MHA/HealthCheck.pm wait_until_unreachable, once its checks at start have passed and it pings the master
+        manager.wait_for("Ping(SELECT) succeeded, waiting until MySQL doesn't respond..", MANAGER_START_TIMEOUT)
+        monitoring = manager.output()
+        assert "All SSH connection tests passed successfully." in monitoring  # the master's sshd included
+        assert "Binlog setting check done." in monitoring  # save_binary_logs --command=test on the master's host
+
+        _host_goes_down_with(trial.master, master_ssh)
+        trial.load_and_kill()
+        # what the candidate had received when its link dropped, beside what the relay held (read only: MHA is
+        # about to promote the candidate)
+        received = replica_status(trial.candidate).get("Gtid_IO_Pos", "")
+        relayed = str(trial.relays[0].status()["retrieved_gtid_set"])
+        print(f"at the kill: acknowledged {trial.result.acked}; the candidate had received {received}, the relay "
+              f"held {relayed}: {gtid_seqs(relayed).get(0, 0) - gtid_seqs(received).get(0, 0)} transactions of "
+              "domain 0 the candidate lacked", flush=True)
+
+        run = manager.wait(MANAGER_FAILOVER_TIMEOUT)
+        assert run.returncode == 0, "masterha_manager's failover did not succeed"
+        out = run.output
+        # MHA/HealthCheck.pm ssh_check, run at the first failed ping (its ssh_check_command on the master's host)
+        assert "HealthCheck: SSH to 127.0.0.1 is NOT reachable." in out
+        detected = [
+            "Connection failed 4 time(s)..",  # MHA/HealthCheck.pm wait_until_unreachable: its 4th failure
+            "Master is not reachable from health checker!",  # MHA/HealthCheck.pm wait_until_unreachable
+            f"Master 127.0.0.1(127.0.0.1:{master_at}) is not reachable!",  # MHA/MasterMonitor.pm
+            "SSH is NOT reachable.",  # MHA/MasterMonitor.pm wait_until_master_is_unreachable
+            "Master is down!",  # MHA/MasterMonitor.pm wait_until_master_is_dead, the other servers checked again
+            "Got exit code 20 (Master dead).",  # MHA/MasterMonitor.pm main: masterha_manager then fails over
+            # MHA/MasterFailover.pm save_master_binlog
+            "Dead Master is not SSH reachable. Could not save it's binlogs.",
+            "Resetting slave info succeeded.",  # MHA/Server.pm reset_slave_on_new_master, the last phase
+            f"Master failover to 127.0.0.1(127.0.0.1:{port}) completed successfully.",  # MHA/MasterFailover.pm
+        ]
+        at = 0
+        for line in detected:  # each of them, in this order
+            found = out.find(line, at)
+            assert found >= 0, f"masterha_manager did not print {line!r} (after {detected[:detected.index(line)]})"
+            at = found
+        document = _promote_document(out)
+        assert document["fetched_count"] > 0, document  # the candidate lagged: the relay had what it lacked
+        _assert_lossless(trial, f"the hook's promote fetched {document['fetched_count']} transactions from the "
+                                f"relay; masterha_manager ran {run.seconds:.1f} s")
+    finally:
+        problems = run_every_step([step for step in (
+            manager and manager.stop, master_ssh and master_ssh.stop, ssh and ssh.stop, trial.close) if step])
+        assert not problems, problems
 
 
 def test_mha_dead_master_switch_with_the_plain_repointing_hook_loses_what_the_candidate_lacked(mha_installed,
