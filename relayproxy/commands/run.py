@@ -137,6 +137,12 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     retention_task = None
     session.storage = None  # the StorageTask (its .stats) when closed files are compressed/encrypted/archived
     storage_task = None
+    try:
+        session.archive = _start_archive(cfg, session, storage)  # the relay-archive thread, with archive_url
+    except RelayStartupError:
+        store.close()
+        os.close(dir_lock)
+        raise
     http = None
     downstream = None
     loop = asyncio.get_running_loop()
@@ -185,6 +191,8 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         await session.run()
     finally:
         session.stop()
+        if session.archive is not None:
+            session.archive.close()
         for task in (retention_task, storage_task):
             if task is not None:
                 task.cancel()
@@ -221,6 +229,27 @@ def _storage_options(cfg):
     return storage
 
 
+def _start_archive(cfg, session, storage):
+    """With archive_url: the thread that uploads the relay's history to the bucket (relay/archive.py). It only
+    reads the files and the horizon; credentials are never logged (the URL shown has none)."""
+    if not getattr(cfg, "archive_url", None):
+        return None
+    from ..relay.archive import ArchiveUploader
+    from ..relay.objectstore import from_config
+
+    try:
+        bucket = from_config(cfg)
+    except ValueError as exc:
+        raise RelayStartupError(f"archive_url: {exc}") from None
+    uploader = ArchiveUploader(
+        session.store.relay_dir, bucket, lambda: session.store.files(), lambda: session.store.horizon.snapshot(),
+        flavour=lambda: session.store.flavour, storage=storage, interval=cfg.archive_interval or 1.0)
+    log.info("archive enabled", url=bucket.url, interval=uploader.interval,
+             parts="framed: " + storage.describe() if uploader.storage is not None else "plain")
+    uploader.start()
+    return uploader
+
+
 def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":
     """Purge old relay files by the retention_* limits, on this loop (the thread that owns the store)."""
     from ..relay.retention import RetentionPolicy, RetentionTask
@@ -233,6 +262,7 @@ def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":
         policy, cfg.retention_interval, lambda: session.store,
         connections=lambda: ctx.connections if ctx is not None else {},
         catalog=lambda: ctx.catalog if ctx is not None else None,
+        hold=(lambda: session.archive.first_unsealed()) if getattr(session, "archive", None) is not None else None,
     )
     session.retention = retention
     return asyncio.get_running_loop().create_task(retention.run(), name="relay-retention")

@@ -100,6 +100,7 @@ class RelayCollector:
         yield from _fsync(s, self._fsync)
         yield from _disk(s)
         yield from _retention(s.get("retention"))
+        yield from _archive(s.get("archive"))
         yield from _replicas(s.get("replicas") or [])
         yield from _replay_stops(s.get("replay_stops"))
         yield from _logins(s.get("logins"))
@@ -248,6 +249,34 @@ def _retention(stats: dict[str, Any] | None) -> Iterator:
             yield _counter(f"relayproxy_retention_{key}", help_text, stats[key])
     yield from _gauge("relayproxy_retention_last_purge_timestamp_seconds", "Unix time of the last purge by retention",
                       stats.get("last_purge"))
+
+
+ARCHIVE_STATES = ("starting", "ok", "retrying", "failing")
+
+
+def _archive(a: dict[str, Any] | None) -> Iterator:
+    if not a:
+        return  # no archive_url: no uploader
+    for key, help_text in (
+        ("bytes_uploaded", "Bytes put to the archive's bucket (parts, manifests, state objects)"),
+        ("objects_uploaded", "Objects put to the archive's bucket"),
+        ("parts_uploaded", "Parts of relay files put to the archive's bucket"),
+        ("files_sealed", "Relay files sealed in the archive (their manifest written)"),
+        ("errors", "Archive passes that failed (each is retried with backoff)"),
+    ):
+        yield _counter(f"relayproxy_archive_{key}", help_text, a.get(key))
+    yield from _gauge("relayproxy_archive_lag_bytes", "Bytes of the relay's durable history not yet in the archive",
+                      a.get("lag_bytes"))
+    yield from _gauge("relayproxy_archive_lag_seconds",
+                      "Seconds since the archive last held everything the relay had made durable", a.get("lag_seconds"))
+    horizon = a.get("horizon") or {}
+    yield from _gauge("relayproxy_archive_horizon_position_bytes", "Position of the archive horizon in its file",
+                      horizon.get("position"))
+    state = GaugeMetricFamily("relayproxy_archive_state", "1 for the archive uploader's state (ok, retrying, failing)",
+                              labels=["state"])
+    for name in ARCHIVE_STATES:
+        state.add_metric([name], 1 if a.get("state") == name else 0)
+    yield state
 
 
 def _replay_stops(stops: list[dict[str, Any]] | None) -> Iterator:

@@ -133,6 +133,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
     storage = getattr(session, "storage", None)  # run.py's StorageTask, when closed files are converted/archived
     if storage is not None:
         doc["storage"] = {"form": storage.opts.describe(), **storage.stats.as_dict()}  # key ids only, never keys
+    archive = getattr(session, "archive", None)  # run.py's ArchiveUploader, with archive_url (no credentials in it)
+    if archive is not None:
+        doc["archive"] = archive.describe()
     retention = getattr(session, "retention", None)  # run.py's RetentionTask, when a retention_* limit is set
     if retention is not None:
         doc["retention"] = retention.stats.as_dict()

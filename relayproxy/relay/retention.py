@@ -392,14 +392,18 @@ class RetentionStats:
 
 
 def purge_with_policy(store, connections, policy: RetentionPolicy, stats: RetentionStats, *,
-                      catalog=None, now: float | None = None) -> PurgePlan:
+                      catalog=None, now: float | None = None, hold: Callable[[], str | None] | None = None) -> PurgePlan:
     """One retention check: plan over the store's files and purge the prefix (on the caller's thread:
-    the one that owns the store). Updates ``stats``; a store error is recorded and re-raised."""
+    the one that owns the store). Updates ``stats``; a store error is recorded and re-raised.
+
+    ``hold()``, when given, names the oldest file that must stay with every later one (the archive's first file
+    not sealed in its bucket, ``relay/archive.py``): never purged, even with ``force``."""
     now = time.time() if now is None else now
     stats.runs += 1
     stats.last_run = now
     horizon_file = store.horizon.snapshot().file
-    protect = [name for name in (horizon_file, store.current_file) if name]
+    held_by_archive = hold() if hold is not None else None
+    protect = [name for name in (held_by_archive, horizon_file, store.current_file) if name]
     plan = plan_purge(file_states(store), readers_of(connections), policy, now, protect=protect)
     if plan.held:
         stats.blocked_by_readers += 1
@@ -441,7 +445,8 @@ class RetentionTask:
     """
 
     def __init__(self, policy: RetentionPolicy, interval: float, store: Callable[[], Any],
-                 connections: Callable[[], Any] = lambda: (), catalog: Callable[[], Any] = lambda: None):
+                 connections: Callable[[], Any] = lambda: (), catalog: Callable[[], Any] = lambda: None,
+                 hold: Callable[[], str | None] | None = None):
         if not interval > 0:
             raise ValueError(f"retention interval must be positive, got {interval!r}")
         self.policy = policy
@@ -449,6 +454,7 @@ class RetentionTask:
         self._store = store
         self._connections = connections
         self._catalog = catalog
+        self._hold = hold  # the archive's first file not sealed in the bucket (purge_with_policy)
         self._own_catalog = None  # for the gtid_purged in the log when nobody else keeps a catalog
         self.stats = RetentionStats()
 
@@ -477,7 +483,8 @@ class RetentionTask:
             return None  # relayproxy serve: never purges what it serves
         catalog = self._catalog_for(store)
         try:
-            plan = purge_with_policy(store, self._connections(), self.policy, self.stats, catalog=catalog)
+            plan = purge_with_policy(store, self._connections(), self.policy, self.stats, catalog=catalog,
+                                     hold=self._hold)
         except Exception as exc:
             log.error("retention purge failed", error=str(exc), policy=self.policy.describe())
             self.stats.last_error = self.stats.last_error or str(exc)

@@ -1,0 +1,316 @@
+"""The archive: the planner's rules (never past the horizon, never overlapping, never again), and the uploader
+against a real RelayStore fed generated binlog bytes, over the file:// store and moto's S3 server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relayproxy.relay import RelayStore
+from relayproxy.relay import archive as A
+from relayproxy.relay.closed_files import Keyring
+from relayproxy.relay.conversion import StorageOptions
+from relayproxy.relay.master_info import MasterInfo, MasterInfoFile
+from relayproxy.relay.objectstore import FileObjectStore, S3ObjectStore, open_object_store
+from relayproxy.relay.retention import RetentionPolicy, RetentionStats, purge_with_policy
+
+from ..support.s3server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, s3_server  # noqa: F401 - the fixture
+from ..support.txgen import oltp_file
+from .test_relay_store import Feeder, split_events
+
+# ---------------------------------------------------------------------------------------------
+# The planner
+
+
+@st.composite
+def situations(draw):
+    n = draw(st.integers(1, 5))
+    names = [f"binlog.{i:06d}" for i in range(1, n + 1)]
+    sizes = {name: draw(st.integers(4, 10_000)) for name in names[:-1]}
+    position = draw(st.integers(4, 10_000))
+    bucket = {}
+    for name in names:
+        limit = sizes.get(name, position)
+        cuts = sorted(set(draw(st.lists(st.integers(1, limit), max_size=4))))
+        parts, at = [], 0
+        for c in cuts:
+            parts.append((at, c))
+            at = c
+        sealed = name in sizes and at == limit and draw(st.booleans())
+        bucket[name] = A.BucketFile(name, tuple(parts), sealed)
+    return names, sizes, position, bucket
+
+
+@settings(max_examples=300, deadline=None)
+@given(situations(), st.lists(st.integers(0, 3000), max_size=5))
+def test_the_plan_never_passes_the_horizon_overlaps_or_uploads_twice(situation, advances):
+    names, sizes, position, bucket = situation
+    uploaded: set[tuple[str, int, int]] = set()
+    for extra in [0, *advances]:
+        position += extra
+        steps = A.plan_uploads(names, sizes, (names[-1], position), bucket)
+        for step in steps:
+            have = bucket.get(step.name, A.BucketFile(step.name))
+            if isinstance(step, A.UploadPart):
+                limit = sizes.get(step.name, position)
+                assert step.start == have.end and step.start < step.end <= limit
+                assert not have.sealed
+                assert (step.name, step.start, step.end) not in uploaded
+                uploaded.add((step.name, step.start, step.end))
+                bucket[step.name] = A.BucketFile(step.name, have.parts + ((step.start, step.end),))
+            else:
+                assert step.name != names[-1] and have.end == sizes[step.name] == step.size
+                bucket[step.name] = A.BucketFile(step.name, have.parts, True)
+        assert A.plan_uploads(names, sizes, (names[-1], position), bucket) == []
+        assert all(bucket[n].sealed for n in names[:-1]) and bucket[names[-1]].end == position
+        assert A.first_unsealed(names, [n for n, f in bucket.items() if f.sealed]) == names[-1]
+
+
+def test_the_plan_refuses_a_bucket_that_holds_more_than_the_relay():
+    bucket = {"b.1": A.BucketFile("b.1", ((0, 500),))}
+    with pytest.raises(A.ArchiveError) as caught:
+        A.plan_uploads(["b.1"], {}, ("b.1", 400), bucket)
+    assert caught.value.key == A.part_key("b.1", 0, 500)
+
+
+def test_bucket_listing_refuses_parts_that_do_not_chain():
+    keys = [A.part_key("b.1", 0, 10), A.part_key("b.1", 12, 20)]
+    with pytest.raises(A.ArchiveError) as caught:
+        A.bucket_files(keys)
+    assert caught.value.key == A.part_key("b.1", 12, 20)
+    found = A.bucket_files([A.part_key("b.1", 0, 10), A.part_key("b.1", 10, 20), A.manifest_key("b.1"), "horizon.json"])
+    assert found == {"b.1": A.BucketFile("b.1", ((0, 10), (10, 20)), True)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The uploader on a real store
+
+
+class Relay:
+    """A store fed generated files (MariaDB flavour), event by event, as the upstream session feeds it."""
+
+    def __init__(self, tmp_path: Path, files: int = 3, per_file: int = 300):
+        self.dir = tmp_path / "relay"
+        self.store = RelayStore.open(self.dir)
+        self.images = []
+        for i in range(files):
+            rotate = f"binlog.{i + 2:06d}" if i < files - 1 else None
+            image, _ = oltp_file(per_file, rotate_to=rotate, start_seq=1 + i * per_file, seed=i + 1)
+            self.images.append((f"binlog.{i + 1:06d}", image))
+        self.events = [(name, off, ev) for name, image in self.images for off, ev in split_events(image)]
+        self.fed = 0
+        self.feeder = None
+        self.current = None
+
+    def feed(self, count: int) -> None:
+        for name, off, ev in self.events[self.fed:self.fed + count]:
+            if name != self.current:
+                self.store.start_file(name)
+                self.current = name
+                self.feeder = Feeder(self.store)
+            self.feeder.feed(off, ev)
+        self.fed = min(len(self.events), self.fed + count)
+        self.store.sync()
+
+    def uploader(self, bucket, **kw) -> A.ArchiveUploader:
+        return A.ArchiveUploader(self.dir, bucket, self.store.files, self.store.horizon.snapshot,
+                                 flavour=lambda: self.store.flavour, interval=0.05, **kw)
+
+
+def bucket_bytes(bucket, name: str, keyring=None, tmp: Path | None = None) -> bytes:
+    """The master's bytes of one file as the bucket holds them (parts decoded, checked against their sha256)."""
+    out = b""
+    for (start, end) in A.bucket_files(o.key for o in bucket.list("files/"))[name].parts:
+        key = A.part_key(name, start, end)
+        info = bucket.head(key)
+        stored, plain = tmp / "stored", tmp / "plain"
+        bucket.get_file(key, stored)
+        assert A.decode_part(stored, name, info.metadata, plain, keyring=keyring) == info.metadata["sha256"]
+        out += plain.read_bytes()
+    return out
+
+
+@pytest.fixture(params=["file", "s3"])
+def bucket(request, tmp_path):
+    if request.param == "file":
+        return FileObjectStore(tmp_path / "bucket")
+    server = request.getfixturevalue("s3_server")
+    return open_object_store(f"s3://{BUCKET}/relay-1", endpoint=server.endpoint, region=REGION,
+                             access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
+
+
+def test_parts_follow_the_horizon_and_closed_files_are_sealed(tmp_path, bucket):
+    relay = Relay(tmp_path)
+    up = relay.uploader(bucket)
+    relay.feed(700)  # into the first file
+    up.run_once()
+    snap = relay.store.horizon.snapshot()
+    assert up.archive_horizon == (snap.file, snap.position, snap.text)
+    horizon = json.loads(bucket.get(A.HORIZON_KEY))
+    assert (horizon["file"], horizon["position"], horizon["gtids"]) == (snap.file, snap.position, snap.text)
+    first_parts = A.bucket_files(o.key for o in bucket.list("files/"))
+    relay.feed(len(relay.events))  # the rest: the first two files close
+    up.run_once()
+    listed = A.bucket_files(o.key for o in bucket.list("files/"))
+    assert set(listed) == {"binlog.000001", "binlog.000002", "binlog.000003"}
+    assert listed["binlog.000001"].parts[: len(first_parts["binlog.000001"].parts)] == \
+        first_parts["binlog.000001"].parts  # nothing uploaded again
+    assert [listed[n].sealed for n in sorted(listed)] == [True, True, False]
+    for name, image in relay.images:
+        assert bucket_bytes(bucket, name, tmp=tmp_path) == image[: relay.store.horizon.snapshot().position
+                                                               if name == "binlog.000003" else len(image)]
+    manifest = json.loads(bucket.get(A.manifest_key("binlog.000001")))
+    assert manifest["size"] == len(relay.images[0][1])
+    assert manifest["sha256"] == hashlib.sha256(relay.images[0][1]).hexdigest()
+    assert [p["key"] for p in manifest["parts"]] == [A.part_key("binlog.000001", s, e)
+                                                     for s, e in listed["binlog.000001"].parts]
+    assert up.first_unsealed() == "binlog.000003"
+    assert up.describe()["lag_bytes"] == 0 and up.describe()["state"] in ("starting", "ok")
+    marker = json.loads(bucket.get(A.ARCHIVE_KEY))
+    assert (marker["format"], marker["flavour"]) == ("relayproxy-archive", "mariadb")
+    # A new uploader (a restart) lists the bucket and uploads nothing again.
+    before = {o.key for o in bucket.list()}
+    again = relay.uploader(bucket)
+    again.run_once()
+    assert again.stats.parts_uploaded == 0 and {o.key for o in bucket.list()} == before
+    relay.store.close()
+
+
+def test_a_file_closed_before_anything_was_uploaded_goes_up_as_one_part(tmp_path):
+    relay = Relay(tmp_path)
+    relay.feed(len(relay.events))
+    bucket = FileObjectStore(tmp_path / "bucket")
+    up = relay.uploader(bucket)
+    up.run_once()
+    listed = A.bucket_files(o.key for o in bucket.list("files/"))
+    assert listed["binlog.000001"].parts == ((0, len(relay.images[0][1])),)
+    assert listed["binlog.000002"].parts == ((0, len(relay.images[1][1])),)
+    relay.store.close()
+
+
+def test_parts_are_stored_as_closed_files_are_compressed_and_encrypted(tmp_path):
+    keyring = Keyring.parse("1:" + "ab" * 32, "test")
+    storage = StorageOptions(compress="zstd", encrypt=True, keyring=keyring)
+    relay = Relay(tmp_path, files=2)
+    bucket = FileObjectStore(tmp_path / "bucket")
+    up = relay.uploader(bucket, storage=storage)
+    relay.feed(500)
+    up.run_once()
+    relay.feed(len(relay.events))
+    up.run_once()
+    key = A.part_key("binlog.000001", *A.bucket_files(o.key for o in bucket.list("files/"))["binlog.000001"].parts[0])
+    meta = bucket.head(key).metadata
+    assert (meta["encoding"], meta["compression"], meta["encryption"]) == ("framed", "zstd", "aes-256-gcm:1")
+    assert b"test" not in bucket.get(key)[200:]  # the table names are not readable in the payload
+    assert bucket_bytes(bucket, "binlog.000001", keyring=keyring, tmp=tmp_path) == relay.images[0][1]
+    relay.store.close()
+
+
+def test_a_part_that_disagrees_with_the_local_bytes_is_refused_by_name(tmp_path):
+    relay = Relay(tmp_path)
+    bucket = FileObjectStore(tmp_path / "bucket")
+    relay.feed(700)
+    relay.uploader(bucket).run_once()
+    (start, end), = A.bucket_files(o.key for o in bucket.list("files/"))["binlog.000001"].parts
+    key = A.part_key("binlog.000001", start, end)
+    bucket.put(key, b"x" * (end - start), {"sha256": hashlib.sha256(b"x" * (end - start)).hexdigest()})
+    up = relay.uploader(bucket)
+    with pytest.raises(A.ArchiveError) as caught:
+        up.run_once()
+    assert caught.value.key == key and key in str(caught.value)
+    relay.store.close()
+
+
+def test_master_json_goes_up_without_the_password(tmp_path):
+    relay = Relay(tmp_path, files=1)
+    relay.feed(100)
+    MasterInfoFile(relay.dir).save_choice(MasterInfo(host="db1", port=3306, user="repl", password="s3cr3t-pw",
+                                                     source="change_master", changed_at=1.0))
+    (relay.dir / "relayproxy.uuid").write_text("6b3f1c2e-0000-4000-8000-000000000001\n")
+    bucket = FileObjectStore(tmp_path / "bucket")
+    relay.uploader(bucket).run_once()
+    master = bucket.get(A.MASTER_KEY)
+    assert b"s3cr3t-pw" not in master and b"password" not in master
+    assert json.loads(master)["choice"]["host"] == "db1"
+    assert bucket.get(A.UUID_KEY).strip() == b"6b3f1c2e-0000-4000-8000-000000000001"
+    relay.store.close()
+
+
+def test_retention_holds_the_files_not_sealed_in_the_bucket(tmp_path):
+    relay = Relay(tmp_path)
+    relay.feed(len(relay.events))
+    bucket = FileObjectStore(tmp_path / "bucket")
+    up = relay.uploader(bucket)
+    policy = RetentionPolicy(max_files=1)
+    plan = purge_with_policy(relay.store, {}, policy, RetentionStats(), hold=up.first_unsealed)
+    assert plan.purge == () and relay.store.files()[0] == "binlog.000001"
+    up.run_once()
+    plan = purge_with_policy(relay.store, {}, policy, RetentionStats(), hold=up.first_unsealed)
+    assert plan.purge == ("binlog.000001", "binlog.000002")
+    relay.store.close()
+
+
+def test_an_unreachable_bucket_never_stops_ingest_and_the_archive_catches_up(tmp_path, s3_server):  # noqa: F811
+    relay = Relay(tmp_path)
+    bucket = S3ObjectStore(BUCKET, "r", endpoint=s3_server.endpoint, region=REGION, access_key_id=ACCESS_KEY,
+                           secret_access_key=SECRET_KEY, connect_timeout=1, read_timeout=1, max_attempts=2)
+    up = relay.uploader(bucket)
+    relay.feed(300)
+    up.start()
+    try:
+        assert up.wait_idle(30)
+        s3_server.pause()
+        try:
+            t0 = time.monotonic()
+            relay.feed(900)  # ingest goes on while the bucket hangs
+            assert time.monotonic() - t0 < 5
+            deadline = time.monotonic() + 60
+            while up.state == "ok" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert up.state in ("retrying", "failing") and up.last_error
+            assert up.describe()["lag_bytes"] > 0
+        finally:
+            s3_server.resume()
+        relay.feed(len(relay.events))
+        assert up.wait_idle(90), up.describe()
+        assert up.state == "ok" and up.describe()["lag_bytes"] == 0
+    finally:
+        up.close()
+    for name, image in relay.images[:2]:
+        assert bucket_bytes(bucket, name, tmp=tmp_path) == image
+    relay.store.close()
+
+
+def test_status_and_metrics_show_the_archive_without_credentials(tmp_path):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from relayproxy.ops.metrics import build_registry
+
+    relay = Relay(tmp_path, files=2)
+    relay.feed(len(relay.events))
+    bucket = S3ObjectStore(BUCKET, "p", endpoint="http://user:pw@127.0.0.1:9", region=REGION,
+                           access_key_id="AKIDSECRETID", secret_access_key="the-secret", max_attempts=1,
+                           connect_timeout=0.2, read_timeout=0.2)
+    up = relay.uploader(bucket)
+    with pytest.raises(Exception):
+        up.run_once()
+    up._failed("cannot list")  # noqa: SLF001 - what the thread does with that error
+    doc = up.describe()
+    text = json.dumps(doc)
+    assert "the-secret" not in text and "AKIDSECRETID" not in text and "pw@" not in text
+    assert doc["state"] == "retrying" and doc["lag_bytes"] == sum(len(i) for _, i in relay.images)
+    assert doc["first_unsealed"] == "binlog.000001"
+    fams = {f.name: f for f in text_string_to_metric_families(
+        generate_latest(build_registry(lambda: {"archive": doc})).decode())}
+    assert fams["relayproxy_archive_lag_bytes"].samples[0].value == doc["lag_bytes"]
+    states = {s.labels["state"]: s.value for s in fams["relayproxy_archive_state"].samples}
+    assert states == {"starting": 0, "ok": 0, "retrying": 1, "failing": 0}
+    assert "relayproxy_archive_bytes_uploaded" in fams
+    relay.store.close()
