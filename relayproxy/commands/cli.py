@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "relayproxy.commands.pitr",
         "point-in-time recovery: replay a restored backup from the relay to an exact GTID or time, resumable",
     ),
+    "restore": ("relayproxy.commands.restore", "rebuild a relay directory from its archive (archive_url's bucket)"),
     "demo": (
         "relayproxy.commands.demo",
         "local master, relay and replicas: a live workload, then a master crash mid-transaction, side by side",

@@ -338,8 +338,9 @@ def open_object_store(url: str, *, endpoint: str | None = None, region: str | No
     raise ValueError(f"archive URL {display_url(url)!r}: expected file:///path or s3://bucket/prefix")
 
 
-def from_config(cfg) -> ObjectStore:
-    """The archive store of the relay's options (archive_url, archive_endpoint, archive_region, the key pair)."""
+def from_config(cfg, *, url: str | None = None) -> ObjectStore:
+    """The archive store of the relay's options (archive_url, or ``url``; archive_endpoint, archive_region, the
+    key pair)."""
     secret = None
     path = getattr(cfg, "archive_secret_access_key_file", None)
     if path:
@@ -352,6 +353,6 @@ def from_config(cfg) -> ObjectStore:
     if bool(key_id) != bool(secret):
         raise ValueError("set archive_access_key_id and archive_secret_access_key_file together (or neither: "
                          "the standard AWS credential chain)")
-    return open_object_store(cfg.archive_url, endpoint=getattr(cfg, "archive_endpoint", None),
+    return open_object_store(url or cfg.archive_url, endpoint=getattr(cfg, "archive_endpoint", None),
                              region=getattr(cfg, "archive_region", None), access_key_id=key_id,
                              secret_access_key=secret)

@@ -1,0 +1,252 @@
+"""`relayproxy restore --from URL --relay-dir DIR`: rebuild a relay directory from its archive (docs/archive.md).
+
+Every part is downloaded in order and checked against its SHA-256, every sealed file against its manifest's
+whole-file SHA-256; a missing or corrupt object ends the restore naming its key, and no relay file is left in
+DIR. Then the directory is opened once as `relayproxy run` opens it (recovery) to prove it is usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from . import config
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+SCRATCH = "relayproxy.restore-download"
+
+
+class RestoreError(Exception):
+    """The archive cannot be restored; the message names the object."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="from_url", required=True, metavar="URL",
+                        help="the archive: s3://bucket/prefix or file:///path (archive_url of the old relay)")
+    parser.add_argument("--master-password-file", metavar="PATH",
+                        help="the replication password of a master chosen by CHANGE MASTER (the archive never holds "
+                             "it); without it only the configured master is used")
+    config.add_arguments(parser)
+
+
+def _order(names) -> list[str]:
+    def key(name: str):
+        m = _NUMBERED.match(name)
+        return (m.group(1), int(m.group(2)), name) if m else (name, -1, name)
+
+    return sorted(names, key=key)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config.load(args)
+        cfg.require("relay_dir")
+    except config.ConfigError as exc:
+        print(f"relayproxy restore: {exc}", file=sys.stderr)
+        return 2
+    relay_dir = Path(cfg.relay_dir)
+    if relay_dir.exists() and (not relay_dir.is_dir() or any(relay_dir.iterdir())):
+        print(f"relayproxy restore: {relay_dir} is not an empty directory: restore only into a new one",
+              file=sys.stderr)
+        return 2
+    password = None
+    if args.master_password_file:
+        try:
+            text = Path(args.master_password_file).read_text()
+        except OSError as exc:
+            print(f"relayproxy restore: --master-password-file: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        password = text.splitlines()[0] if text else ""
+    try:
+        from ..relay.conversion import keyring_from_config
+        from ..relay.objectstore import from_config
+
+        bucket = from_config(cfg, url=args.from_url)
+        keyring = keyring_from_config(cfg)
+    except (ValueError, OSError) as exc:
+        print(f"relayproxy restore: {exc}", file=sys.stderr)
+        return 2
+    created = not relay_dir.exists()
+    relay_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        summary = restore(bucket, relay_dir, keyring=keyring, master_password=password, say=print)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, DIR is emptied again and the cause named
+        _empty(relay_dir, remove=created)
+        print(f"relayproxy restore: {exc}", file=sys.stderr)
+        return 1
+    print(f"restored {summary['files']} files, {summary['bytes']} bytes into {relay_dir}; the relay ends at "
+          f"{summary['file']}:{summary['position']}, GTID state {summary['gtids'] or '(none)'}")
+    print("the archive holds no replication password: relayproxy run takes it from its configuration "
+          "(password / password_file)" + (", and the CHANGE MASTER choice from --master-password-file"
+                                          if summary["choice_restored"] else ""))
+    return 0
+
+
+def _empty(relay_dir: Path, *, remove: bool) -> None:
+    for entry in relay_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            try:
+                entry.unlink()
+            except FileNotFoundError:
+                pass
+    if remove:
+        try:
+            relay_dir.rmdir()
+        except OSError:
+            pass
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | None = None, say=lambda *_: None) -> dict:
+    """Rebuild ``relay_dir`` (empty) from ``bucket`` (an ObjectStore); returns a summary. RestoreError (or
+    ArchiveError, ObjectStoreError) naming the object at fault; the caller empties the directory then."""
+    from ..relay.archive import (
+        ARCHIVE_KEY, EPOCHS_KEY, FILES_PREFIX, HORIZON_KEY, MASTER_KEY, UUID_KEY, bucket_files, decode_part,
+        manifest_key, part_key,
+    )
+    from ..relay.closed_files import TMP_SUFFIX
+    from ..relay.durable import fsync_dir, write_file_atomically, write_index
+    from ..relay.epochs import EPOCHS_NAME
+    from ..relay.master_info import FILE_NAME as MASTER_NAME
+    from ..relay.objectstore import ObjectNotFound
+
+    try:
+        marker = json.loads(bucket.get(ARCHIVE_KEY))
+    except ObjectNotFound:
+        raise RestoreError(f"{bucket.url} holds no relayproxy archive: {ARCHIVE_KEY} is missing") from None
+    except ValueError as exc:
+        raise RestoreError(f"{ARCHIVE_KEY} is not readable JSON: {exc}") from None
+    if marker.get("format") != "relayproxy-archive" or marker.get("version") != 1:
+        raise RestoreError(f"{ARCHIVE_KEY} is not a relayproxy archive of version 1")
+    listed = bucket_files(o.key for o in bucket.list(FILES_PREFIX))
+    names = _order(listed)
+    try:
+        horizon = json.loads(bucket.get(HORIZON_KEY))
+    except ObjectNotFound:
+        horizon = {}
+    except ValueError as exc:
+        raise RestoreError(f"{HORIZON_KEY} is not readable JSON: {exc}") from None
+    # horizon.json is written after each part, so it is never ahead of the parts: what it names must be there.
+    hfile, hpos = horizon.get("file"), horizon.get("position")
+    if hfile is not None and isinstance(hpos, int):
+        have_end = listed[hfile].end if hfile in listed else 0
+        if have_end < hpos:
+            raise RestoreError(f"{part_key(hfile, have_end, hpos)} is missing: {HORIZON_KEY} says the archive holds "
+                               f"{hfile} up to {hpos}, the bucket's parts end at {have_end}")
+    if not names:
+        raise RestoreError(f"{bucket.url} holds no relay file")
+    for name in names[:-1]:
+        if not listed[name].sealed:
+            raise RestoreError(f"{manifest_key(name)} is missing: {name} is not the newest file of the archive, "
+                               "so it must be sealed")
+    scratch = relay_dir / SCRATCH
+    scratch.mkdir()
+    total = 0
+    for name in names:
+        have = listed[name]
+        manifest = None
+        if have.sealed:
+            key = manifest_key(name)
+            try:
+                manifest = json.loads(bucket.get(key))
+                want_parts = [(int(p["start"]), int(p["end"]), p["key"], p["sha256"]) for p in manifest["parts"]]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise RestoreError(f"{key} is not a readable manifest: {exc}") from None
+            listed_keys = {part_key(name, s, e) for s, e in have.parts}
+            for _s, _e, pkey, _sha in want_parts:
+                if pkey not in listed_keys:
+                    raise RestoreError(f"{pkey} is missing (named by {key})")
+            if [(s, e) for s, e, _k, _h in want_parts] != list(have.parts):
+                raise RestoreError(f"{key} names other parts than the bucket holds for {name}")
+        else:
+            want_parts = [(s, e, part_key(name, s, e), None) for s, e in have.parts]
+        if not want_parts or want_parts[0][0] != 0:
+            raise RestoreError(f"{part_key(name, 0, want_parts[0][1]) if want_parts else manifest_key(name)} "
+                               f"is missing: {name} has no part from its start")
+        target = relay_dir / (name + TMP_SUFFIX)
+        whole = hashlib.sha256()
+        with open(target, "wb") as out:
+            for start, end, key, manifest_sha in want_parts:
+                info = bucket.head(key)
+                if info is None:
+                    raise RestoreError(f"{key} is missing")
+                stored, plain = scratch / "stored", scratch / "plain"
+                bucket.get_file(key, stored)
+                try:
+                    got = decode_part(stored, name, info.metadata, plain, keyring=keyring)
+                except ValueError as exc:  # StoredFileError: damage or a wrong key
+                    raise RestoreError(f"{key} cannot be read back: {exc}") from None
+                size = plain.stat().st_size
+                if got != info.metadata.get("sha256") or (manifest_sha is not None and got != manifest_sha) \
+                        or size != end - start:
+                    raise RestoreError(f"{key} is corrupt: its bytes do not match its SHA-256 "
+                                       f"({got}, {size} bytes; expected {manifest_sha or info.metadata.get('sha256')}, "
+                                       f"{end - start} bytes)")
+                with open(plain, "rb") as src:
+                    while chunk := src.read(1 << 20):
+                        whole.update(chunk)
+                        out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if manifest is not None:
+            if whole.hexdigest() != manifest.get("sha256") or have.end != int(manifest.get("size", -1)):
+                raise RestoreError(f"{manifest_key(name)}: the file's SHA-256 or size does not match its parts")
+        os.rename(target, relay_dir / name)
+        total += have.end
+        say(f"{name}: {have.end} bytes, {len(want_parts)} parts" + (", sealed" if have.sealed else
+                                                                     ", the newest (ends at the archive horizon)"))
+    shutil.rmtree(scratch)
+    fsync_dir(relay_dir)
+    write_index(relay_dir, names)
+    for key, local in ((EPOCHS_KEY, EPOCHS_NAME), (UUID_KEY, "relayproxy.uuid")):
+        try:
+            write_file_atomically(relay_dir / local, bucket.get(key))
+        except ObjectNotFound:
+            pass
+    choice_restored = False
+    try:
+        master = json.loads(bucket.get(MASTER_KEY))
+    except ObjectNotFound:
+        master = None
+    except ValueError as exc:
+        raise RestoreError(f"{MASTER_KEY} is not readable JSON: {exc}") from None
+    if master is not None:
+        if master.get("choice") is not None:
+            if master_password is None:
+                say(f"the CHANGE MASTER choice ({master['choice'].get('host')}:{master['choice'].get('port')}) is "
+                    "not restored: its password is not in the archive (--master-password-file restores it)")
+                master["choice"] = None
+            else:
+                master["choice"]["password"] = master_password
+                choice_restored = True
+        if master.get("choice") is not None or master.get("identity") is not None:
+            write_file_atomically(relay_dir / MASTER_NAME, (json.dumps(master, indent=2, sort_keys=True) + "\n")
+                                  .encode(), mode=0o600, ignore_umask=True)
+    from ..relay.store import RelayStore
+
+    store = RelayStore.open(relay_dir, create=False)  # recovery, as relayproxy run opens it
+    try:
+        snap = store.horizon.snapshot()
+        summary = {"files": len(names), "bytes": total, "file": snap.file, "position": snap.position,
+                   "gtids": snap.text, "archive_horizon": horizon, "choice_restored": choice_restored,
+                   "warnings": list(store.warnings)}
+    finally:
+        store.close()
+    if (horizon.get("file"), horizon.get("position")) not in ((None, None), (snap.file, snap.position)):
+        say(f"note: the archive's horizon.json says {horizon.get('file')}:{horizon.get('position')}")
+    return summary
