@@ -7,6 +7,11 @@ The convention, which these tests hold the text to:
   results file it comes from: `benchmarks/results/NAME.md`, or `NAME.md` when that file is in benchmarks/results/;
 - every number with a decimal point, a unit or a thousands separator in such a sentence appears in one of the files
   it names (ranges and repeats included), so a figure goes stale the moment its results file changes under it;
+- and appears there with the scope the sentence gives it, not anywhere in the file: in a table row whose label the
+  sentence names (the kind "relay-kill", the backlog "1 GB", the form "zstd 3"; with the load's heading when the
+  same row recurs under several, as oltp and bulk do), or in a sentence of the file that the sentence names by a
+  rare word or that holds another of its figures too. A semicolon starts another claim: each clause is read with
+  what comes before it in the sentence (``out_of_scope`` and ``scopes`` give the details);
 - a sentence that names no results file quotes no measured figure (configuration values, limits and defaults are
   not measurements and are not matched by the patterns below).
 
@@ -18,8 +23,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections import Counter, defaultdict
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -44,18 +51,60 @@ def _sentences(block: str) -> list[str]:
     return out
 
 
-def units(markdown: str) -> list[tuple[int, str]]:
-    """(first line number, text) for every sentence of the prose, list items included, and every table cell;
-    fenced code blocks (sample output, commands) and headings are left out."""
-    result: list[tuple[int, str]] = []
+class Unit(NamedTuple):
+    """One unit of a markdown file: a sentence, a list item's sentence, a table cell (``units``) or row
+    (``units(rows=True)``), and with ``rows=True`` a heading."""
+
+    line: int
+    text: str
+    label: tuple[str, ...] | None = None  # a table row's label cells (rows=True); None for prose
+    context: str = ""  # a table cell's row labels and column name; a row's section heading (rows=True)
+    table: int | None = None  # which table of the file a row is in (rows=True)
+
+
+_ORDINAL = re.compile(r"#|runs?|repeats?|trials?|rounds?|repetitions?")
+
+
+def _cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def _row_label(header: list[str], align: list[bool], cells: list[str]) -> tuple[str, ...]:
+    """A table row's label: its first cell, and every other cell of a column that is not right-aligned (numbers
+    are) and holds no digit; a numbered row (a trial, a run, a repeat: the first column says so) is named by its
+    column and number alone, "repeat 3"."""
+    first = cells[0] if cells else ""
+    ordinal = re.match(r"\d+\b", first)
+    if ordinal and header and _ORDINAL.fullmatch(header[0].lower()):
+        return (f"{header[0]} {ordinal.group(0)}",)
+    label = [first] if first else []
+    for number, cell in enumerate(cells[1:], 1):
+        right = align[number] if number < len(align) else True
+        if cell and not right and not re.search(r"\d", cell):
+            label.append(cell)
+    return tuple(label)
+
+
+def units(markdown: str, rows: bool = False) -> list[Unit]:
+    """Every sentence of the prose, list items included, and every table cell, each with its first line number;
+    fenced code blocks (sample output, commands) and headings are left out.
+
+    With ``rows``, the way a results file is read: a table row is one unit (its cells with their column names),
+    with its label cells and the heading of its section; a heading is a unit of its own."""
+    result: list[Unit] = []
     block: list[str] = []
     start = 0
     fenced = False
+    heading = ""
+    header: list[str] = []
+    align: list[bool] | None = None
+    tables = 0
+    in_table = False
 
     def flush():
         if block:
             for sentence in _sentences(" ".join(line.strip() for line in block)):
-                result.append((start, sentence))
+                result.append(Unit(start, sentence, context=heading if rows else ""))
             block.clear()
 
     for number, line in enumerate(markdown.splitlines(), 1):
@@ -63,16 +112,35 @@ def units(markdown: str) -> list[tuple[int, str]]:
         if stripped.startswith("```"):
             flush()
             fenced = not fenced
+            in_table = False
             continue
         if fenced:
             continue
-        if not stripped or stripped.startswith("#"):
-            flush()
-            continue
         if stripped.startswith("|"):
             flush()
-            for cell in stripped.strip("|").split("|"):
-                result.append((number, cell.strip()))
+            cells = _cells(stripped)
+            if not in_table:
+                header, align, tables, in_table = cells, None, tables + 1, True
+            elif align is None and all(re.fullmatch(r":?-*:?", cell) for cell in cells):
+                align = [cell.endswith(":") for cell in cells]
+                continue
+            if not rows:
+                labels = [cell for cell in cells if not citations(cell)]
+                for column, cell in enumerate(cells):
+                    name = header[column] if column < len(header) and cells is not header else ""
+                    result.append(Unit(number, cell, context=" | ".join([name] + labels)))
+            elif cells is header or align is None:
+                result.append(Unit(number, " | ".join(cells), context=heading))
+            else:
+                text = "; ".join(f"{name}: {cell}" for name, cell in zip(header + [""] * len(cells), cells))
+                result.append(Unit(number, text, _row_label(header, align, cells), heading, tables))
+            continue
+        in_table = False
+        if not stripped or stripped.startswith("#"):
+            flush()
+            if stripped.startswith("#") and rows:
+                heading = stripped.lstrip("#").strip()
+                result.append(Unit(number, heading, context=heading))
             continue
         if re.match(r"([-*]|\d+\.)\s", stripped):  # a list item starts a block of its own
             flush()
@@ -129,6 +197,143 @@ def numbers_in(text: str) -> set[str]:
     return {_normal(m.group(1), m.group(2)) for m in re.finditer(_NUMBER, text)}
 
 
+# -- scope: which row or sentence of a results file a figure comes from ------------------------------------------
+
+_STOP = frozenset("a an the of in on at to by for from with and or vs is are was were be been it its as that this "
+                  "these those than per one each every all no not".split()
+                  + "x ms µs us ns s kb mb gb kib mib gib b".split())  # and units: a unit names no scope
+_SCOPE_WORD = re.compile(
+    r"(?<![\w.])(\d[0-9a-f]*[a-f][0-9a-f]*)(?![\w.])"  # a commit: 8e0eb2e
+    r"|(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:\s?(kb|mb|gb|kib|mib|gib|trx/s|cores?)(?![\w/]))?"
+    r"|(?<![\w.])([a-z][a-z0-9_]*(?:['-][a-z0-9_]+)*)|([^\s\w])")
+
+
+def _stem(word: str) -> str:
+    word = re.sub(r"'s?$", "", word)
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+def scope_words(text: str) -> set[str]:
+    """The words of ``text`` that can name a scope: its words (lower case, plurals singular, no stop words or
+    units), commits, sizes and rates ("1 gb", "300 trx/s"), whole numbers ("0", "300") and a word with the number
+    after it ("repeat 3", "zstd 3"). Figures with a decimal point, ratios, times and percentages are not."""
+    found: set[str] = set()
+    previous = None
+    for match in _SCOPE_WORD.finditer(text.lower().replace("`", "").replace("*", "")):
+        commit, integer, fraction, unit, word = match.group(1, 2, 3, 4, 5)
+        if commit or word:
+            previous = None if word in _STOP else _stem(commit or word)
+            if previous:
+                found.add(previous)
+            continue
+        if integer and not fraction:
+            number = integer.replace(",", "")
+            if unit:
+                found.add(f"{number} {_stem(unit)}")
+            else:
+                found.add(number)
+                if previous:
+                    found.add(f"{previous} {number}")
+        previous = None
+    return found
+
+
+class Scoped(NamedTuple):
+    """A unit of a results file with the words that name it."""
+
+    unit: Unit
+    numbers: frozenset[str]
+    key: frozenset[str]  # the words that name the unit's scope
+    need: int  # how many of them a quoting clause must name
+    heading_key: frozenset[str]  # a row whose label recurs under another heading: its own heading's words
+    rare: frozenset[str] = frozenset()  # a sentence's words that name it alone
+
+
+def scopes(markdown: str) -> list[Scoped]:
+    """A results file's units (``units(rows=True)``), each with the words that name it.
+
+    A table row is named by its label's distinguishing words: those in at most half the rows of its table and at
+    most half the file's units ("relay-kill", "1 gb", "zstd 3", "peak", "vmhwm"; all its label words when none
+    are); a quoting clause names two of them, or the one there is. When the same label recurs under another
+    heading (the oltp and the bulk load of fanout_real.md), the clause also names a word of the row's own heading
+    that the other headings lack. A sentence, list item or heading is named, with the words of its section's
+    heading, by one rare word (in at most two of the file's units, or its rarest word when none is that rare), or
+    by two words that are in at most a tenth of the file's units (one- and two-digit numbers left out)."""
+    read = units(markdown, rows=True)
+    frequency: Counter[str] = Counter()
+    for unit in read:
+        frequency.update(scope_words(unit.text))
+    in_rows: dict[int, Counter[str]] = defaultdict(Counter)
+    rows: Counter[int] = Counter()
+    headings_of: dict[tuple[str, ...], set[str]] = defaultdict(set)
+    heading_words = {unit.text: scope_words(unit.text) for unit in read if unit.text == unit.context}
+    for unit in read:
+        if unit.label is not None:
+            in_rows[unit.table].update(scope_words(" ".join(unit.label)))
+            rows[unit.table] += 1
+            headings_of[unit.label].add(unit.context)
+    out = []
+    for unit in read:
+        heading_key: frozenset[str] = frozenset()
+        rare: frozenset[str] = frozenset()
+        if unit.label is not None:
+            words = scope_words(" ".join(unit.label))
+            key = {w for w in words
+                   if in_rows[unit.table][w] * 2 <= rows[unit.table] and frequency[w] * 2 <= len(read)} or words
+            others = headings_of[unit.label] - {unit.context}
+            if others:
+                heading_key = frozenset(scope_words(unit.context) - set().union(*map(scope_words, others)))
+        else:
+            words = {w for w in scope_words(unit.text) | heading_words.get(unit.context, set())
+                     if not (w.isdigit() and len(w) < 3)}
+            rarest = min((frequency[w] for w in words), default=0)
+            rare = frozenset(w for w in words if frequency[w] <= max(2, rarest))
+            key = {w for w in words if frequency[w] * 10 <= len(read)} | rare
+        out.append(Scoped(unit, frozenset(numbers_in(unit.text)), frozenset(key), min(2, len(key)), heading_key,
+                          rare))
+    return out
+
+
+def _named(scoped: Scoped, words: set[str]) -> bool:
+    return bool(scoped.rare & words) or (bool(scoped.key) and len(scoped.key & words) >= scoped.need
+                                         and (not scoped.heading_key or bool(scoped.heading_key & words)))
+
+
+def clauses(text: str) -> list[tuple[str, str]]:
+    """(clause, the text that names its scope) for each clause of a sentence: the text between semicolons,
+    named by itself and what comes before it in the sentence (a semicolon starts another claim; the sentence's
+    start still says what is measured)."""
+    parts = text.split(";")
+    return [(part, ";".join(parts[: number + 1])) for number, part in enumerate(parts)]
+
+
+_SIZE = re.compile(r"(?:\d{1,3}(?:,\d{3})+|\d+)\s?(?:KB|kB|MB|GB|KiB|MiB|GiB|trx/s|cores?)")
+
+
+def out_of_scope(unit: Unit, read: list[list[Scoped]]) -> list[str]:
+    """The figures of a doc unit (as written) that no unit of the cited files (``read``: ``scopes`` of each file,
+    and of each version the CHANGELOG names) holds in the unit's scope. A figure of a clause is in scope when it
+    sits in a row or sentence that the clause names (with what comes before it in the sentence, and for a table
+    cell its row's other cells and its column's name), or in a sentence of the file that also holds another
+    figure of the clause (a median with its range, a figure with the one it is compared with; not a whole size or
+    rate, nor a round count). A whole size or rate ("1 GB", "300 trx/s") names a scope rather than measuring one:
+    it is only looked for (the test above)."""
+    every = [scoped for version in read for scoped in version]
+    bad = []
+    for clause, naming in clauses(unit.text):
+        found = figures(clause)
+        named = scope_words(naming + " " + unit.context)
+        partners = {value for written, value in found if not _SIZE.fullmatch(written)
+                    and not (re.fullmatch(r"[\d,]+", written) and int(value) % 100 == 0)}
+        for written, value in found:
+            if _SIZE.fullmatch(written):
+                continue
+            if not any(_named(scoped, named) or (scoped.unit.label is None and scoped.numbers & (partners - {value}))
+                       for scoped in every if value in scoped.numbers):
+                bad.append(written)
+    return bad
+
+
 # A measured figure: what must never appear in a sentence that names no results file.
 MEASURE = re.compile(
     r"(?<![\w.])(?:\d+\.\d+|\d{2,})x\b(?! ?\d)"  # a ratio: 0.88x, 62.2x, 40x (not a multiplier such as 2x)
@@ -144,12 +349,22 @@ MEASURE = re.compile(
 
 def _doc_units():
     for doc in DOCS:
-        for line, text in units((REPO / doc).read_text()):
-            yield doc, line, text
+        for unit in units((REPO / doc).read_text()):
+            yield doc, unit
 
 
 def _results_text(name: str) -> str:
     return (RESULTS / name).read_text(errors="replace")
+
+
+_SCOPES: dict[tuple[str, str | None], list[Scoped]] = {}
+
+
+def _scopes_of(name: str, commit: str | None = None) -> list[Scoped]:
+    """``scopes`` of a results file now, or at a commit (empty if the file did not exist there)."""
+    if (name, commit) not in _SCOPES:
+        _SCOPES[name, commit] = scopes(_results_text(name) if commit is None else _results_at(commit, name))
+    return _SCOPES[name, commit]
 
 
 # -- the tests ----------------------------------------------------------------------------------------------------
@@ -158,43 +373,91 @@ def _results_text(name: str) -> str:
 def test_every_figure_in_a_sentence_that_cites_a_results_file_is_in_that_file():
     stale = []
     checked = 0
-    for doc, line, text in _doc_units():
-        cited = citations(text)
+    for doc, unit in _doc_units():
+        cited = citations(unit.text)
         if not cited:
             continue
         have: set[str] = set()
         for name in cited:
             have |= numbers_in(_results_text(name))
-        for written, value in figures(text):
+        for written, value in figures(unit.text):
             checked += 1
             if value not in have:
-                stale.append(f"{doc}:{line}: {written!r} is not in {', '.join(cited)}: {text[:200]}")
+                stale.append(f"{doc}:{unit.line}: {written!r} is not in {', '.join(cited)}: {unit.text[:200]}")
     assert checked > 100, f"only {checked} figures checked: the convention is not being used"
     assert not stale, "figures not in the results file their sentence cites:\n" + "\n".join(stale)
 
 
+def test_every_figure_sits_in_the_row_or_sentence_of_its_file_that_the_sentence_names():
+    """The same figures, each in a row or sentence of the cited file with the scope the doc gives it
+    (``out_of_scope``): not a p95 of one kind next to the name of another."""
+    wrong = []
+    checked = 0
+    for doc, unit in _doc_units():
+        cited = citations(unit.text)
+        if not cited:
+            continue
+        checked += len(figures(unit.text))
+        for written in out_of_scope(unit, [_scopes_of(name) for name in cited]):
+            wrong.append(f"{doc}:{unit.line}: {written!r} is in no row or sentence of {', '.join(cited)} that the "
+                         f"sentence names: {unit.text[:300]}")
+    assert checked > 100, f"only {checked} figures checked: the convention is not being used"
+    assert not wrong, (f"{len(wrong)} of {checked} figures outside the scope their sentence gives them (name the "
+                       "row's label, the load, the kind; or quote the row the sentence names):\n" + "\n".join(wrong))
+
+
 def test_no_measured_figure_without_a_results_file():
     uncited = []
-    for doc, line, text in _doc_units():
-        if citations(text):
+    for doc, unit in _doc_units():
+        if citations(unit.text):
             continue
-        found = [m.group(0) for m in MEASURE.finditer(text)]
+        found = [m.group(0) for m in MEASURE.finditer(unit.text)]
         if found:
-            uncited.append(f"{doc}:{line}: {found} in a sentence that names no benchmarks/results/ file: {text[:200]}")
+            uncited.append(f"{doc}:{unit.line}: {found} in a sentence that names no benchmarks/results/ file: "
+                           f"{unit.text[:200]}")
     assert not uncited, "measured figures with no results file:\n" + "\n".join(uncited)
 
 
 def test_the_checks_catch_a_stale_and_an_uncited_figure():
     """The two rules above, on text made to break them (so a regex that matches nothing cannot pass them)."""
     stale = "The relay spends 0.95x the CPU per byte, range 0.87-0.9876 (`benchmarks/results/fanout_real.md`)."
-    [(_, sentence)] = units(stale)
+    [unit] = units(stale)
     have = numbers_in(_results_text("fanout_real.md"))
-    assert citations(sentence) == ["fanout_real.md"]
-    assert [w for w, v in figures(sentence) if v not in have] == ["0.9876"]
+    assert citations(unit.text) == ["fanout_real.md"]
+    assert [w for w, v in figures(unit.text) if v not in have] == ["0.9876"]
     assert "0.95" in have  # the previous run's figure is still named in the findings: it is quoted as such
     assert MEASURE.search("it uses 0.88x the CPU at 54.7 MB RSS")
     assert MEASURE.search("about 1,580 tests")
     assert not MEASURE.search("checkpoint every 16 MB / 10 s, max_binlog_size 1 GB, a 60 s timeout")
+
+
+def test_the_scope_check_catches_a_figure_from_the_wrong_row():
+    """The scope rule on real results files: the relay-kill row's kill -> writable median and p95 pass quoted for
+    the relay-kill kind and fail quoted for another kind; the 100 MB backlog's failover times pass at 100 MB and
+    fail at 1 GB; a clause quoting figures of two rows passes when it names both. And a results file is read the
+    way the rule says: rows with their labels, a recurring label with its heading."""
+    def wrong(text: str, name: str) -> list[str]:
+        [unit] = units(text)
+        assert citations(unit.text) == [name]
+        return out_of_scope(unit, [_scopes_of(name)])
+
+    kinds = "Kill -> writable in the {} kind: median 0.80 s (p95 3.37 s) (`benchmarks/results/lossless_trials.md`)."
+    assert wrong(kinds.format("relay-kill"), "lossless_trials.md") == []
+    assert wrong(kinds.format("promote-kill"), "lossless_trials.md") == ["0.80 s", "3.37 s"]
+    assert wrong(kinds.format("fallback"), "lossless_trials.md") == ["0.80 s", "3.37 s"]
+    backlog = "Relay -> R2 at a {} backlog: 0.037 s, direct 0.017 s (`benchmarks/results/failover_time.md`)."
+    assert wrong(backlog.format("100 MB"), "failover_time.md") == []
+    assert wrong(backlog.format("1 GB"), "failover_time.md") == ["0.037 s", "0.017 s"]
+    both = ("Relay -> R2 0.037 s at 100 MB; 0.139 s at {} (`benchmarks/results/failover_time.md`).")
+    assert wrong(both.format("1 GB"), "failover_time.md") == []
+    assert wrong(both.format("0"), "failover_time.md") == ["0.139 s"]
+
+    read = {scoped.unit.label: scoped for scoped in _scopes_of("lossless_trials.md") if scoped.unit.label}
+    assert read["relay-kill",].key == {"relay-kill"}
+    assert ("# 7",) in read  # a numbered row is named by its number alone
+    oltp = [scoped for scoped in _scopes_of("fanout_real.md") if scoped.unit.label
+            and scoped.unit.label[0] == "**relay CPU per MB / master dump threads CPU per MB**"]
+    assert len(oltp) == 2 and {"oltp"} <= oltp[0].heading_key and {"bulk", "8 kb"} <= oltp[1].heading_key
 
 
 # -- CHANGELOG.md: figures as they were, checkable -----------------------------------------------------------------
@@ -212,25 +475,30 @@ def _results_at(commit: str, name: str) -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
+def _changelog_citing():
+    """(unit, cited files, commits it names) for each CHANGELOG sentence that names a results file."""
+    for unit in units((REPO / "CHANGELOG.md").read_text()):
+        cited = citations(unit.text)
+        if cited:
+            commits = [h for h in _HASH.findall(unit.text) if re.search(r"[a-f]", h) and re.search(r"\d", h)]
+            yield unit, cited, commits
+
+
 def test_every_figure_the_changelog_cites_is_in_that_file_now_or_at_the_commit_it_names():
     if not (REPO / ".git").exists():
         pytest.fail("the CHANGELOG check needs the git history (.git)")
     stale, checked = [], 0
-    for line, text in units((REPO / "CHANGELOG.md").read_text()):
-        cited = citations(text)
-        if not cited:
-            continue
-        commits = [h for h in _HASH.findall(text) if re.search(r"[a-f]", h) and re.search(r"\d", h)]
+    for unit, cited, commits in _changelog_citing():
         have: set[str] = set()
         for name in cited:
             have |= numbers_in(_results_text(name))
             for commit in commits:
                 have |= numbers_in(_results_at(commit, name))
-        for written, value in figures(text):
+        for written, value in figures(unit.text):
             checked += 1
             if value not in have:
-                stale.append(f"CHANGELOG.md:{line}: {written!r} is in no version of {', '.join(cited)} "
-                             f"(now{', at ' + ', '.join(commits) if commits else ''}): {text[:200]}")
+                stale.append(f"CHANGELOG.md:{unit.line}: {written!r} is in no version of {', '.join(cited)} "
+                             f"(now{', at ' + ', '.join(commits) if commits else ''}): {unit.text[:200]}")
     assert checked > 50, f"only {checked} CHANGELOG figures checked"
     assert not stale, "CHANGELOG figures that their results file never held:\n" + "\n".join(stale)
 
