@@ -166,6 +166,8 @@ def plan_uploads(files: Sequence[str], sizes: Mapping[str, int], horizon: tuple[
         if have.sealed:
             continue
         limit = position if name == file else sizes[name]
+        if name == file and have.end == 0 and limit <= 4:
+            continue  # the open file holds only its magic so far: its first part waits for its first events
         if have.end > limit:
             start, end = have.parts[-1]
             raise ArchiveError(f"{part_key(name, start, end)} in the bucket ends past what the relay holds of {name} "
@@ -383,12 +385,9 @@ class ArchiveUploader:
         snap = self._horizon()
         files = self._files()
         seen_at = time.time()
-        for name in files:
-            if name != snap.file and name not in self._sizes:
-                self._sizes[name] = CF.logical_size(self.relay_dir / name)
-        for name in list(self._sizes):
-            if name not in files:
-                del self._sizes[name]
+        sizes = {name: self._sizes[name] if name in self._sizes else CF.logical_size(self.relay_dir / name)
+                 for name in files if name != snap.file}
+        self._sizes = sizes  # replaced, never changed in place: lag() reads it from other threads
         if not self._marker_done and snap.file is not None:
             self._write_marker()
         steps = plan_uploads(files, self._sizes, (snap.file, snap.position), self._listed)
@@ -491,6 +490,10 @@ class ArchiveUploader:
             self._put(ARCHIVE_KEY, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
         elif doc.get("format") != FORMAT or doc.get("version") != VERSION:
             raise ArchiveError(f"{ARCHIVE_KEY} is not a relayproxy archive of version {VERSION}", ARCHIVE_KEY)
+        elif relay_uuid and doc.get("relay_uuid") not in (None, relay_uuid):
+            raise ArchiveError(f"{ARCHIVE_KEY} belongs to relay {doc.get('relay_uuid')}, this relay is {relay_uuid}: "
+                               "one archive per relay (restore this relay from it, or give it its own prefix)",
+                               ARCHIVE_KEY)
         elif doc.get("flavour") not in (None, flavour):
             raise ArchiveError(f"{ARCHIVE_KEY} is a {doc.get('flavour')} archive; this relay's files are {flavour}",
                                ARCHIVE_KEY)
