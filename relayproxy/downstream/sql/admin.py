@@ -86,6 +86,16 @@ def run_purge(p: Parser, env: Env) -> Response:
             f"A purgeable log is in use, will not purge: {first.file} is being read by {first.who}{others}; "
             f"nothing was purged (PURGE BINARY LOGS TO '{doomed[oldest]}' is possible now)",
         )
+    # With archive_url, a file not yet sealed in the bucket stays (relay/archive.py): purging it would lose it.
+    archive = getattr(getattr(env.ctx, "replication", None), "archive", None)
+    held = archive.first_unsealed() if archive is not None else None
+    if held in doomed:
+        raise SqlError(
+            ER_LOG_IN_USE, "HY000",
+            f"A purgeable log is in use, will not purge: {held} is not yet sealed in the archive "
+            f"({archive.bucket.url}); nothing was purged"
+            + (f" (PURGE BINARY LOGS TO '{held}' is possible now)" if doomed.index(held) else ""),
+        )
     try:
         purged = store.purge_to(keep_from)
     except KeyError:
