@@ -299,11 +299,17 @@ class ArchiveUploader:
             self._thread = threading.Thread(target=self._run, name="relay-archive", daemon=True)
             self._thread.start()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread. A request in flight to a hung bucket may take up to its timeouts and retries: the
+        relay's shutdown waits ``timeout`` seconds for it at most (the daemon thread ends with the process; an
+        object is put whole or not at all, and the next start resumes from the bucket's listing)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("archive upload still in flight at shutdown: left to the process's exit",
+                            url=self.bucket.url)
             self._thread = None
 
     def wait_idle(self, timeout: float = 30.0) -> bool:

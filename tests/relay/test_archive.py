@@ -342,3 +342,21 @@ def test_a_left_over_upload_scratch_directory_does_not_stop_the_relay_opening(tm
                                flavour=lambda: store.flavour)
         up.run_once()
         assert not (relay.dir / A.SCRATCH_DIR).exists()
+
+
+def test_closing_does_not_wait_for_a_hung_bucket(tmp_path, s3_server):  # noqa: F811
+    relay = Relay(tmp_path, files=1)
+    bucket = S3ObjectStore(BUCKET, "h", endpoint=s3_server.endpoint, region=REGION, access_key_id=ACCESS_KEY,
+                           secret_access_key=SECRET_KEY)  # the default timeouts: a hung request lasts long
+    up = relay.uploader(bucket)
+    relay.feed(100)
+    s3_server.pause()
+    try:
+        up.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        up.close(timeout=1.0)
+        assert time.monotonic() - t0 < 3
+    finally:
+        s3_server.resume()
+    relay.store.close()
