@@ -20,7 +20,7 @@ from relayproxy.relay.master_info import MasterInfo, MasterInfoFile
 from relayproxy.relay.objectstore import FileObjectStore, S3ObjectStore, open_object_store
 from relayproxy.relay.retention import RetentionPolicy, RetentionStats, purge_with_policy
 
-from ..support.s3server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, s3_server  # noqa: F401 - the fixture
+from ..support.s3server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, s3_server, s3_server_auth  # noqa: F401
 from ..support.txgen import oltp_file
 from .test_relay_store import Feeder, split_events
 
@@ -359,4 +359,31 @@ def test_closing_does_not_wait_for_a_hung_bucket(tmp_path, s3_server):  # noqa: 
         assert time.monotonic() - t0 < 3
     finally:
         s3_server.resume()
+    relay.store.close()
+
+
+def test_wrong_credentials_are_retried_named_and_never_shown(tmp_path, s3_server_auth):  # noqa: F811
+    relay = Relay(tmp_path, files=2)
+    relay.feed(500)
+    wrong = S3ObjectStore(BUCKET, "c", endpoint=s3_server_auth.endpoint, region=REGION,
+                          access_key_id=s3_server_auth.access_key, secret_access_key="not-the-secret", max_attempts=1)
+    up = relay.uploader(wrong)
+    up.start()
+    try:
+        deadline = time.monotonic() + 30
+        while up.state == "starting" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        relay.feed(len(relay.events))  # ingest goes on
+        doc = up.describe()
+        assert doc["state"] in ("retrying", "failing") and "SignatureDoesNotMatch" in doc["last_error"]
+        assert "not-the-secret" not in json.dumps(doc)
+        assert up.first_unsealed() == "binlog.000001"  # retention keeps everything
+    finally:
+        up.close()
+    right = S3ObjectStore(BUCKET, "c", endpoint=s3_server_auth.endpoint, region=REGION,
+                          access_key_id=s3_server_auth.access_key, secret_access_key=s3_server_auth.secret_key)
+    good = relay.uploader(right)
+    good.run_once()
+    assert good.first_unsealed() == "binlog.000002"
+    assert bucket_bytes(right, "binlog.000001", tmp=tmp_path) == relay.images[0][1]
     relay.store.close()

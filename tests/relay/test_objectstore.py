@@ -12,7 +12,7 @@ from relayproxy.relay.objectstore import (
     display_url,
     open_object_store,
 )
-from tests.support.s3server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, s3_server  # noqa: F401 - the fixture
+from tests.support.s3server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, s3_server, s3_server_auth  # noqa: F401
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -66,13 +66,24 @@ def test_unreachable_endpoint_fails_within_the_bounds_naming_the_key():
     assert "'files/x'" in str(caught.value)
 
 
-def test_wrong_credentials_are_an_error(s3_server):  # noqa: F811
-    # moto accepts any key pair; a missing bucket stands in for a refusal the relay cannot fix itself
+def test_a_missing_bucket_is_an_error(s3_server):  # noqa: F811
     store = open_object_store("s3://no-such-bucket/p", endpoint=s3_server.endpoint, region=REGION,
                               access_key_id="k", secret_access_key="s")
     with pytest.raises(ObjectStoreError) as caught:
         store.put("a", b"1")
     assert "NoSuchBucket" in str(caught.value)
+
+
+def test_wrong_credentials_are_an_error_that_does_not_show_them(s3_server_auth):  # noqa: F811
+    store = open_object_store(f"s3://{BUCKET}/p", endpoint=s3_server_auth.endpoint, region=REGION,
+                              access_key_id=s3_server_auth.access_key, secret_access_key="wrong-secret-value")
+    with pytest.raises(ObjectStoreError) as caught:
+        store.put("a", b"1")
+    assert "SignatureDoesNotMatch" in str(caught.value) and "wrong-secret-value" not in str(caught.value)
+    good = open_object_store(f"s3://{BUCKET}/p", endpoint=s3_server_auth.endpoint, region=REGION,
+                             access_key_id=s3_server_auth.access_key, secret_access_key=s3_server_auth.secret_key)
+    good.put("a", b"1")
+    assert good.get("a") == b"1"
 
 
 def test_urls():

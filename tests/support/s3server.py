@@ -26,7 +26,9 @@ class MotoServer:
     """One moto server process; ``stop()`` and ``start()`` again on the same port (its objects are kept in memory by
     the process, so a stop loses them: tests that stop it use ``pause()``/``resume()``, SIGSTOP/SIGCONT)."""
 
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, *, auth: bool = False):
+        self.auth = auth  # moto checks signatures (after its first few requests, which create the keys)
+        self.access_key, self.secret_key = ACCESS_KEY, SECRET_KEY
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_dir) / "moto.log"
@@ -34,8 +36,11 @@ class MotoServer:
 
     def start(self, timeout: float = 30.0) -> None:
         log = open(self.log_path, "ab")
+        env = dict(os.environ)
+        if self.auth:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"  # creating the IAM user, its policy and its key
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=log, stderr=subprocess.STDOUT)
+                                     stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -43,10 +48,26 @@ class MotoServer:
                 raise RuntimeError(f"moto server exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
+                    break
             except OSError:
                 time.sleep(0.1)
-        raise RuntimeError(f"moto server did not listen on {self.port} within {timeout}s: {self.log_tail()}")
+        else:
+            raise RuntimeError(f"moto server did not listen on {self.port} within {timeout}s: {self.log_tail()}")
+        if self.auth:
+            self._make_keys()
+
+    def _make_keys(self) -> None:
+        import json
+
+        import boto3
+
+        iam = boto3.client("iam", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id="bootstrap",
+                           aws_secret_access_key="bootstrap")
+        iam.create_user(UserName="relay")
+        iam.put_user_policy(UserName="relay", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="relay")["AccessKey"]
+        self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
 
     def pause(self) -> None:
         """The bucket unreachable: connections hang (the process is stopped, its socket still open)."""
@@ -75,8 +96,8 @@ class MotoServer:
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
-                            aws_secret_access_key=SECRET_KEY)
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key)
 
     def create_bucket(self, name: str = BUCKET) -> str:
         self.client().create_bucket(Bucket=name)
@@ -85,16 +106,26 @@ class MotoServer:
     @property
     def env(self) -> dict[str, str]:
         """The standard AWS chain's variables for a relay process that talks to this server."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION}
+        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
+                "AWS_DEFAULT_REGION": REGION}
 
 
 @pytest.fixture
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     """A running moto server with the bucket ``relay-archive``; the AWS_* variables point boto3 at its keys."""
-    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    yield from _serve(MotoServer(tmp_path_factory.mktemp("moto")))
+
+
+@pytest.fixture
+def s3_server_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """As ``s3_server``, with signatures checked: only ``access_key`` / ``secret_key`` (an IAM user's) get in."""
+    yield from _serve(MotoServer(tmp_path_factory.mktemp("moto"), auth=True))
+
+
+def _serve(server: MotoServer) -> Iterator[MotoServer]:
     try:
         server.start()
-    except (OSError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever kept it from starting: the test fails, naming it
         server.stop()
         pytest.fail(f"cannot start moto's S3 server: {exc}", pytrace=False)
     saved = {k: os.environ.get(k) for k in server.env}
