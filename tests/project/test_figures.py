@@ -1,4 +1,5 @@
-"""One source of truth for the figures the README and docs/ quote: the results files under benchmarks/results/.
+"""One source of truth for the figures the README, docs/ and the CHANGELOG quote: the results files under
+benchmarks/results/.
 
 The convention, which these tests hold the text to:
 
@@ -14,6 +15,9 @@ The convention, which these tests hold the text to:
   what comes before it in the sentence (``out_of_scope`` and ``scopes`` give the details);
 - a sentence that names no results file quotes no measured figure (configuration values, limits and defaults are
   not measurements and are not matched by the patterns below).
+
+The CHANGELOG is held to the same rules against each results file as it is now or as it was at a commit the
+sentence names ("`fanout_real.md` at abef903").
 
 And the results files themselves: each names the commit it measured, and that commit is in this repository's
 history, or the file says plainly that it is not (re-run to refresh), and each says whether the tree was clean.
@@ -215,26 +219,42 @@ def _stem(word: str) -> str:
 
 def scope_words(text: str) -> set[str]:
     """The words of ``text`` that can name a scope: its words (lower case, plurals singular, no stop words or
-    units), commits, sizes and rates ("1 gb", "300 trx/s"), whole numbers ("0", "300") and a word with the number
-    after it ("repeat 3", "zstd 3"). Figures with a decimal point, ratios, times and percentages are not."""
+    units), commits, sizes and rates ("1 gb", "300 trx/s"), whole numbers ("0", "300") and a word with the
+    number or numbers after it ("repeat 3", "zstd 3"; "runs 1, 2 and 4", "runs 1 / 2", "runs 1-5": "run 1",
+    "run 2", ...). Figures with a decimal point, ratios, times and percentages are not."""
     found: set[str] = set()
-    previous = None
+    previous = None  # the word the numbers after it belong to
+    last = None  # the whole number just read, when a list or a range of them may go on
+    range_from = None  # the start of a range ("1-5") whose end comes next
     for match in _SCOPE_WORD.finditer(text.lower().replace("`", "").replace("*", "")):
-        commit, integer, fraction, unit, word = match.group(1, 2, 3, 4, 5)
+        commit, integer, fraction, unit, word, sign = match.group(1, 2, 3, 4, 5, 6)
         if commit or word:
+            if last is not None and word in ("and", "or", "to"):
+                range_from = last if word == "to" else None
+                continue
             previous = None if word in _STOP else _stem(commit or word)
+            last = range_from = None
             if previous:
                 found.add(previous)
             continue
+        if sign:
+            if last is not None and sign in ",/-–":
+                range_from = last if sign in "-–" else None
+            else:
+                previous = last = range_from = None
+            continue
         if integer and not fraction:
-            number = integer.replace(",", "")
+            number = int(integer.replace(",", ""))
             if unit:
                 found.add(f"{number} {_stem(unit)}")
             else:
-                found.add(number)
+                found.add(str(number))
                 if previous:
-                    found.add(f"{previous} {number}")
-        previous = None
+                    start = range_from if range_from is not None and 0 <= number - range_from <= 20 else number
+                    found.update(f"{previous} {n}" for n in range(start, number + 1))
+                    last, range_from = number, None
+                    continue
+        previous = last = range_from = None
     return found
 
 
@@ -247,6 +267,14 @@ class Scoped(NamedTuple):
     need: int  # how many of them a quoting clause must name
     heading_key: frozenset[str]  # a row whose label recurs under another heading: its own heading's words
     rare: frozenset[str] = frozenset()  # a sentence's words that name it alone
+
+
+def _label_words(label: tuple[str, ...]) -> set[str]:
+    """The scope words of a row's label; a numbered row's is its column and number alone ("run 2", "# 7")."""
+    ordinal = re.fullmatch(r"(\S+) (\d+)", label[0].lower()) if len(label) == 1 else None
+    if ordinal and _ORDINAL.fullmatch(ordinal.group(1)):
+        return {f"{_stem(ordinal.group(1))} {ordinal.group(2)}"}
+    return scope_words(" ".join(label))
 
 
 def scopes(markdown: str) -> list[Scoped]:
@@ -269,7 +297,7 @@ def scopes(markdown: str) -> list[Scoped]:
     heading_words = {unit.text: scope_words(unit.text) for unit in read if unit.text == unit.context}
     for unit in read:
         if unit.label is not None:
-            in_rows[unit.table].update(scope_words(" ".join(unit.label)))
+            in_rows[unit.table].update(_label_words(unit.label))
             rows[unit.table] += 1
             headings_of[unit.label].add(unit.context)
     out = []
@@ -277,7 +305,7 @@ def scopes(markdown: str) -> list[Scoped]:
         heading_key: frozenset[str] = frozenset()
         rare: frozenset[str] = frozenset()
         if unit.label is not None:
-            words = scope_words(" ".join(unit.label))
+            words = _label_words(unit.label)
             key = {w for w in words
                    if in_rows[unit.table][w] * 2 <= rows[unit.table] and frequency[w] * 2 <= len(read)} or words
             others = headings_of[unit.label] - {unit.context}
@@ -337,7 +365,8 @@ def out_of_scope(unit: Unit, read: list[list[Scoped]]) -> list[str]:
 # A measured figure: what must never appear in a sentence that names no results file.
 MEASURE = re.compile(
     r"(?<![\w.])(?:\d+\.\d+|\d{2,})x\b(?! ?\d)"  # a ratio: 0.88x, 62.2x, 40x (not a multiplier such as 2x)
-    r"|(?<![\w.])\d+(?:\.\d+)?\s?(?:MB|MiB|GB)\s(?:RSS|resident)\b|\bRSS\b[^.;]{0,40}?\d\s?(?:MB|MiB)\b"  # memory
+    r"|(?<![\w.])\d+(?:\.\d+)?\s?(?:MB|MiB|GB)\s(?:RSS|resident)\b"  # memory
+    r"|\bRSS\b(?:(?!\b(?:within|under|below|at most|up to)\b)[^.;]){0,40}?\d\s?(?:MB|MiB)\b"  # (a bound is no measurement)
     r"|(?<![\w.])\d+(?:\.\d+)?\s?(?:MB|GB)/s\b"  # throughput
     r"|(?<![\w.])\d+(?:[.,]\d+)*\s?(?:µs|us|ns)\b"  # per-event or per-call cost
     r"|\d\s?%\sof\s(?:a|one)\score|(?<![\w.])\d+(?:\.\d+)?\s(?:of\s)?(?:a\s)?cores?\b(?![\s-](?:of|machine|hours))"  # CPU
@@ -429,6 +458,7 @@ def test_the_checks_catch_a_stale_and_an_uncited_figure():
     assert MEASURE.search("it uses 0.88x the CPU at 54.7 MB RSS")
     assert MEASURE.search("about 1,580 tests")
     assert not MEASURE.search("checkpoint every 16 MB / 10 s, max_binlog_size 1 GB, a 60 s timeout")
+    assert MEASURE.search("peak RSS from 177 to 50 MB") and not MEASURE.search("RSS comes back to within 96 MiB")
 
 
 def test_the_scope_check_catches_a_figure_from_the_wrong_row():
@@ -452,9 +482,10 @@ def test_the_scope_check_catches_a_figure_from_the_wrong_row():
     assert wrong(both.format("1 GB"), "failover_time.md") == []
     assert wrong(both.format("0"), "failover_time.md") == ["0.139 s"]
 
+    assert {"run 0", "run 1", "run 2", "run 4", "zstd 3", "1 gb"} <= scope_words("runs 0-2 and 4, zstd 3 at 1 GB")
     read = {scoped.unit.label: scoped for scoped in _scopes_of("lossless_trials.md") if scoped.unit.label}
     assert read["relay-kill",].key == {"relay-kill"}
-    assert ("# 7",) in read  # a numbered row is named by its number alone
+    assert read["# 7",].key == {"# 7"}  # a numbered row is named by its column and number: a trial, not quotable
     oltp = [scoped for scoped in _scopes_of("fanout_real.md") if scoped.unit.label
             and scoped.unit.label[0] == "**relay CPU per MB / master dump threads CPU per MB**"]
     assert len(oltp) == 2 and {"oltp"} <= oltp[0].heading_key and {"bulk", "8 kb"} <= oltp[1].heading_key
@@ -462,9 +493,12 @@ def test_the_scope_check_catches_a_figure_from_the_wrong_row():
 
 # -- CHANGELOG.md: figures as they were, checkable -----------------------------------------------------------------
 #
-# The CHANGELOG is history: an entry quotes what was measured when it was written. The rule it is held to: a sentence
-# that names a results file quotes only figures that file holds now, or held at a commit the sentence names ("as
-# `fanout_real.md` recorded them at abef903"; read with git show). A figure no version of its file held is wrong.
+# The CHANGELOG is history: an entry quotes what was measured when it was written. The rules it is held to: a
+# sentence that names a results file quotes only figures that file holds now, or held at a commit the sentence names
+# ("as `fanout_real.md` recorded them at abef903"; read with git show), each in the row or sentence the sentence
+# names, in one of those versions; a figure no version of its file held is wrong. And a measured figure names its
+# results file here too: one that no results file ever held is not quoted (the entry says what changed, and where
+# today's figure is).
 
 _HASH = re.compile(r"(?<![\w-])[0-9a-f]{7,12}(?![\w-])")
 
@@ -501,6 +535,39 @@ def test_every_figure_the_changelog_cites_is_in_that_file_now_or_at_the_commit_i
                              f"(now{', at ' + ', '.join(commits) if commits else ''}): {unit.text[:200]}")
     assert checked > 50, f"only {checked} CHANGELOG figures checked"
     assert not stale, "CHANGELOG figures that their results file never held:\n" + "\n".join(stale)
+
+
+def test_every_figure_the_changelog_cites_sits_in_the_row_or_sentence_it_names_now_or_then():
+    """The scope rule of the docs, against the file now or at a commit the sentence names (any one version)."""
+    if not (REPO / ".git").exists():
+        pytest.fail("the CHANGELOG check needs the git history (.git)")
+    wrong, checked = [], 0
+    for unit, cited, commits in _changelog_citing():
+        checked += len(figures(unit.text))
+        read = [_scopes_of(name, commit) for name in cited for commit in [None, *commits]]
+        for written in out_of_scope(unit, read):
+            wrong.append(f"CHANGELOG.md:{unit.line}: {written!r} is in no row or sentence that the sentence names "
+                         f"of {', '.join(cited)} (now{', at ' + ', '.join(commits) if commits else ''}): "
+                         f"{unit.text[:300]}")
+    assert checked > 50, f"only {checked} CHANGELOG figures checked"
+    assert not wrong, (f"{len(wrong)} of {checked} CHANGELOG figures outside the scope their sentence gives them:\n"
+                       + "\n".join(wrong))
+
+
+def test_no_measured_figure_in_the_changelog_without_a_results_file():
+    """History too: a measured figure names the results file it comes from, now or at the commit that held it
+    ("`fanout_real.md` at abef903"). A figure no results file ever held is not quoted: the entry says what changed
+    and where today's figure is."""
+    uncited = []
+    for unit in units((REPO / "CHANGELOG.md").read_text()):
+        if citations(unit.text):
+            continue
+        found = [m.group(0) for m in MEASURE.finditer(unit.text)]
+        if found:
+            uncited.append(f"CHANGELOG.md:{unit.line}: {found} in a sentence that names no results file: "
+                           f"{unit.text[:300]}")
+    assert not uncited, f"{len(uncited)} CHANGELOG sentences with measured figures and no results file:\n" + \
+        "\n".join(uncited)
 
 
 # -- results files: provenance ------------------------------------------------------------------------------------
