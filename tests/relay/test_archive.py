@@ -257,6 +257,7 @@ def test_retention_holds_the_files_not_sealed_in_the_bucket(tmp_path):
     relay.store.close()
 
 
+@pytest.mark.slow
 def test_an_unreachable_bucket_never_stops_ingest_and_the_archive_catches_up(tmp_path, s3_server):  # noqa: F811
     relay = Relay(tmp_path)
     bucket = S3ObjectStore(BUCKET, "r", endpoint=s3_server.endpoint, region=REGION, access_key_id=ACCESS_KEY,
@@ -386,4 +387,43 @@ def test_wrong_credentials_are_retried_named_and_never_shown(tmp_path, s3_server
     good.run_once()
     assert good.first_unsealed() == "binlog.000002"
     assert bucket_bytes(right, "binlog.000001", tmp=tmp_path) == relay.images[0][1]
+    relay.store.close()
+
+
+@pytest.mark.slow
+def test_a_bucket_that_refuses_and_drops_connections_mid_upload_loses_nothing(tmp_path, s3_server):  # noqa: F811
+    from relayproxy.lab.faultproxy import CLIENT_TO_SERVER, ThreadedFaultProxy
+
+    relay = Relay(tmp_path, files=3, per_file=2000)
+    with ThreadedFaultProxy("127.0.0.1", s3_server.port) as proxy:
+        bucket = S3ObjectStore(BUCKET, "f", endpoint=f"http://127.0.0.1:{proxy.port}", region=REGION,
+                               access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY, connect_timeout=1,
+                               read_timeout=2, max_attempts=2)
+        up = relay.uploader(bucket)
+        relay.feed(500)
+        up.start()
+        try:
+            assert up.wait_idle(30), up.describe()
+            proxy.refuse(True)  # the bucket down: connection refused
+            relay.feed(3000)
+            deadline = time.monotonic() + 30
+            while up.state == "ok" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert up.state in ("retrying", "failing")
+            proxy.refuse(False)
+            for i in range(20):  # connections cut while parts are being put, some in the middle of a body
+                relay.feed(150)
+                proxy.drop_connections(reset=True)
+                if i % 2:
+                    proxy.cut_after(2000, CLIENT_TO_SERVER, on="next")
+                time.sleep(0.05)
+            relay.feed(len(relay.events))
+            assert up.wait_idle(90), up.describe()
+        finally:
+            up.close()
+    bucket = S3ObjectStore(BUCKET, "f", endpoint=s3_server.endpoint, region=REGION, access_key_id=ACCESS_KEY,
+                           secret_access_key=SECRET_KEY)
+    for name, image in relay.images:
+        want = image if name != relay.images[-1][0] else image[:relay.store.horizon.snapshot().position]
+        assert bucket_bytes(bucket, name, tmp=tmp_path) == want, name
     relay.store.close()
