@@ -368,6 +368,14 @@ def format_status(status: dict[str, Any]) -> str:
             f"Fsync:                  {status['fsyncs']} syncs, {_size(status.get('fsync_bytes'))}; last {_ms(last)}, "
             f"mean {_ms(mean)}, max {_ms(status.get('fsync_max_seconds'))}"
         )
+    archive = status.get("archive")
+    if archive:
+        horizon = archive.get("horizon") or {}
+        lines.append(
+            f"Archive:                {archive.get('url')}: {archive.get('state')}, at {horizon.get('file')}:"
+            f"{horizon.get('position')}, behind {_size(archive.get('lag_bytes'))} / {archive.get('lag_seconds')} s"
+            + (f"; last error: {archive['last_error']}" if archive.get("last_error") else "")
+        )
     replicas = [r for r in status.get("replicas") or [] if r.get("file") is not None]
     lines.append(f"Replicas:               {len(replicas)}")
     for r in replicas:

@@ -315,6 +315,11 @@ def test_status_and_metrics_show_the_archive_without_credentials(tmp_path):
     states = {s.labels["state"]: s.value for s in fams["relayproxy_archive_state"].samples}
     assert states == {"starting": 0, "ok": 0, "retrying": 1, "failing": 0}
     assert "relayproxy_archive_bytes_uploaded" in fams
+    from relayproxy.ops.status import format_status
+
+    shown = format_status({"archive": doc})
+    assert "Archive:                s3://relay-archive/p (endpoint http://127.0.0.1:9): retrying" in shown
+    assert "last error: cannot list" in shown
     relay.store.close()
 
 
