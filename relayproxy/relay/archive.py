@@ -405,11 +405,13 @@ class ArchiveUploader:
             else:
                 self._seal(step)
         self._upload_state()
+        have = self._listed.get(snap.file) if snap.file is not None else None
+        if snap.file is not None and self.archive_horizon[:2] != (snap.file, snap.position) and (
+                (have is not None and have.end == snap.position) or (have is None and snap.position <= 4)):
+            # all of it is in the bucket, or the new file holds only its magic: nothing is left to archive
+            self.archive_horizon = (snap.file, snap.position, snap.text)
         if self.archive_horizon[:2] == (snap.file, snap.position) or not steps:
             self._caught_up_at = seen_at
-            if snap.file is not None and self.archive_horizon[:2] != (snap.file, snap.position) and \
-                    snap.file in self._listed and self._listed[snap.file].end == snap.position:
-                self.archive_horizon = (snap.file, snap.position, snap.text)
 
     def _resume(self) -> None:
         """List the bucket; check what it holds of the local files that are not sealed against their bytes."""

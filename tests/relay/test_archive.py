@@ -432,3 +432,17 @@ def test_a_bucket_that_refuses_and_drops_connections_mid_upload_loses_nothing(tm
         want = image if name != relay.images[-1][0] else image[:relay.store.horizon.snapshot().position]
         assert bucket_bytes(bucket, name, tmp=tmp_path) == want, name
     relay.store.close()
+
+
+def test_a_new_file_holding_only_its_magic_leaves_nothing_to_archive(tmp_path):
+    relay = Relay(tmp_path, files=2)
+    first = [e for e in relay.events if e[0] == "binlog.000001"]
+    relay.feed(len(first))  # the first file whole, ROTATE included
+    relay.store.start_file("binlog.000002")  # the master rotated: the new file holds only its magic
+    bucket = FileObjectStore(tmp_path / "bucket")
+    up = relay.uploader(bucket)
+    up.run_once()
+    assert relay.store.horizon.snapshot().coordinates == ("binlog.000002", 4)
+    assert up.describe()["lag_bytes"] == 0 and up.archive_horizon[:2] == ("binlog.000002", 4)
+    assert "binlog.000002" not in A.bucket_files(o.key for o in bucket.list("files/"))
+    relay.store.close()
