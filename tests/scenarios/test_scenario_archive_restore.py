@@ -6,6 +6,7 @@ the master's, and a replica through it with every row of the master exactly once
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -40,8 +41,13 @@ def archive_args(endpoint: str) -> list[str]:
 def test_a_relay_rebuilt_from_its_bucket_continues_the_same_history(mariadb, s3_server, tmp_path, capsys):  # noqa: F811
     master = mariadb("master", extra_config={"rpl_semi_sync_master_enabled": 0})
     prepare_master(master)
-    old = RelayProcess(tmp_path / "relay", master.port, gtid_mode="mariadb", extra=archive_args(s3_server.endpoint),
-                       env=s3_server.env)
+    # The old relay has its key pair in its configuration, the new one from the standard AWS chain (environment).
+    secret_file = tmp_path / "s3-secret"
+    secret_file.write_text(s3_server.secret_key + "\n")
+    old = RelayProcess(tmp_path / "relay", master.port, gtid_mode="mariadb",
+                       extra=[*archive_args(s3_server.endpoint), "--archive-access-key-id", s3_server.access_key,
+                              "--archive-secret-access-key-file", str(secret_file)],
+                       env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None})
     new = None
     writer = Writer(master, rotate_every=120)
     try:
@@ -66,8 +72,13 @@ def test_a_relay_rebuilt_from_its_bucket_continues_the_same_history(mariadb, s3_
                      (s["archive"]["horizon"]["file"], s["archive"]["horizon"]["position"])
                      >= (target["master_log_file"], target["read_master_log_pos"]),
                      TIMEOUT, "the archive to catch up after the bucket came back")
+        shown = json.dumps(old.status())
+        assert s3_server.secret_key not in shown and s3_server.access_key not in shown
+        assert 'relayproxy_archive_state{state="ok"} 1.0' in old.metrics()
         time.sleep(1.0)
         old.kill9()  # under load
+        logged = old.log_path.read_text(errors="replace")
+        assert s3_server.secret_key not in logged and s3_server.access_key not in logged
         aside = tmp_path / "old-relay"
         shutil.copytree(old.relay_dir, aside)
         shutil.rmtree(old.relay_dir)
