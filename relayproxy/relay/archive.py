@@ -479,6 +479,16 @@ class ArchiveUploader:
         if size != local:
             raise ArchiveError(f"{key} says {name} holds {size} bytes, the relay's has {local}: refusing to "
                                "archive over it", key)
+        digest = self._indexed_sha(name)  # from the file's index when it has a verified one: no file read
+        if digest is not None and digest != manifest.get("sha256"):
+            raise ArchiveError(f"{key} gives {name} the SHA-256 {manifest.get('sha256')}, the relay's file has "
+                               f"{digest}: refusing to archive over it", key)
+
+    def _indexed_sha(self, name: str) -> str | None:
+        from .fileindex import load
+
+        idx, _why = load(self.relay_dir, name)
+        return idx.sha256 if idx is not None and idx.sha256 else None
 
     def _write_marker(self) -> None:
         flavour = self._flavour()
@@ -578,7 +588,7 @@ class ArchiveUploader:
         have = self._listed[name]
         running = self._running.pop(name, None)
         whole = running[1].hexdigest() if running is not None and running[0] == size else \
-            self._local_sha(name, 0, size)
+            self._indexed_sha(name) or self._local_sha(name, 0, size)
         parts = []
         for start, end in have.parts:
             sha = self._part_sha.get((name, start, end))

@@ -446,3 +446,23 @@ def test_a_new_file_holding_only_its_magic_leaves_nothing_to_archive(tmp_path):
     assert up.describe()["lag_bytes"] == 0 and up.archive_horizon[:2] == ("binlog.000002", 4)
     assert "binlog.000002" not in A.bucket_files(o.key for o in bucket.list("files/"))
     relay.store.close()
+
+
+def test_a_manifest_whose_sha256_is_not_the_files_is_refused_by_name(tmp_path):
+    from relayproxy.relay import fileindex
+
+    relay = Relay(tmp_path, files=2)
+    relay.feed(len(relay.events))
+    bucket = FileObjectStore(tmp_path / "bucket")
+    relay.uploader(bucket).run_once()
+    idx = fileindex.build(relay.dir / "binlog.000001", "binlog.000001")
+    fileindex.write(relay.dir, idx)
+    assert idx.sha256 == hashlib.sha256(relay.images[0][1]).hexdigest()
+    relay.uploader(bucket).run_once()  # agrees: nothing to say
+    key = A.manifest_key("binlog.000001")
+    manifest = json.loads(bucket.get(key))
+    bucket.put(key, json.dumps({**manifest, "sha256": "0" * 64}).encode())
+    with pytest.raises(A.ArchiveError) as caught:
+        relay.uploader(bucket).run_once()
+    assert caught.value.key == key
+    relay.store.close()
