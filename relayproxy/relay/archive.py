@@ -284,6 +284,7 @@ class ArchiveUploader:
         self._sizes: dict[str, int] = {}
         self._state_sent: dict[str, bytes] = {}
         self._marker_done = False
+        self._inflight: UploadPart | None = None  # a part whose put has not been answered (see _settle_inflight)
         self.archive_horizon: tuple[str | None, int, str | None] = (None, 0, None)
         self._caught_up_at: float | None = None  # time the archive last held everything the store had
         self._stop = threading.Event()
@@ -396,6 +397,8 @@ class ArchiveUploader:
         self._sizes = sizes  # replaced, never changed in place: lag() reads it from other threads
         if not self._marker_done and snap.file is not None:
             self._write_marker()
+        if self._inflight is not None:
+            self._settle_inflight(self._inflight, snap)
         steps = plan_uploads(files, self._sizes, (snap.file, snap.position), self._listed)
         for step in steps:
             if self._stop.is_set():
@@ -522,57 +525,25 @@ class ArchiveUploader:
         self.stats.objects_uploaded += 1
         self.stats.bytes_uploaded += len(data) if isinstance(data, (bytes, bytearray)) else os.path.getsize(data)
 
-    def _upload_part(self, step: UploadPart, snap) -> None:
-        name, start, end = step.name, step.start, step.end
-        key = part_key(name, start, end)
-        scratch = self.relay_dir / SCRATCH_DIR
-        digest = hashlib.sha256()
-        running = self._running.get(name)
-        if start == 0:
-            running = (0, hashlib.sha256())
-        keep_running = running is not None and running[0] == start
-        payload: bytes | Path
-        plain_tmp = framed_tmp = None
-        try:
-            with CF.open_relay_file(self.relay_dir / name, keyring=self.keyring) as f:
-                if self.storage is None and end - start <= IN_MEMORY_PART:
-                    payload = f.read(start, end - start)
-                    if len(payload) != end - start:
-                        raise OSError(f"{name} holds {start + len(payload)} bytes, not the {end} the relay made durable")
-                    digest.update(payload)
-                    if keep_running:
-                        running[1].update(payload)
-                else:
-                    scratch.mkdir(exist_ok=True)
-                    plain_tmp = scratch / f"{name}.{start}.plain"
-                    with open(plain_tmp, "wb") as out:
-                        for pos in range(start, end, _CHUNK):
-                            chunk = f.read(pos, min(_CHUNK, end - pos))
-                            digest.update(chunk)
-                            if keep_running:
-                                running[1].update(chunk)
-                            out.write(chunk)
-                    payload = plain_tmp
-                    if self.storage is not None:
-                        from .conversion import write_framed
-
-                        framed_tmp = scratch / f"{name}.{start}.framed"
-                        write_framed(plain_tmp, framed_tmp, name, self.storage, action="archive-part")
-                        payload = framed_tmp
-            sha = digest.hexdigest()
-            self._put(key, payload, part_metadata(sha, end - start, self.storage))
-        finally:
-            for tmp in (plain_tmp, framed_tmp):
-                if tmp is not None:
-                    try:
-                        os.unlink(tmp)
-                    except FileNotFoundError:
-                        pass
-        self._part_sha[(name, start, end)] = sha
-        if keep_running:
-            self._running[name] = (end, running[1])
+    def _settle_inflight(self, step: UploadPart, snap) -> None:
+        """A put of this part failed as far as this side knows, yet the bucket may have stored it (the answer
+        lost, the request retried, or still landing). Put exactly that range again, never a longer one from the
+        same start: the key and its bytes are the same, so a late landing of the earlier put is harmless, and two
+        parts never overlap."""
+        have = self._listed.get(step.name, BucketFile(step.name))
+        if have.sealed or have.end != step.start or step.name not in self._files():
+            self._inflight = None
+            return
+        info = self.bucket.head(part_key(step.name, step.start, step.end))
+        if info is not None and info.metadata.get("sha256") == self._local_sha(step.name, step.start, step.end):
+            self._running.pop(step.name, None)  # the whole-file hash is taken again at the seal
+            self._record_part(step.name, step.start, step.end, info.metadata["sha256"], snap)
         else:
-            self._running.pop(name, None)
+            self._upload_part(step, snap)
+        self._inflight = None
+
+    def _record_part(self, name: str, start: int, end: int, sha: str, snap) -> None:
+        self._part_sha[(name, start, end)] = sha
         have = self._listed.get(name, BucketFile(name))
         # replaced, never changed in place: first_unsealed reads it from other threads
         self._listed = {**self._listed, name: BucketFile(name, have.parts + ((start, end),), have.sealed)}
@@ -582,6 +553,62 @@ class ArchiveUploader:
         doc = {"format": FORMAT + "-horizon", "version": VERSION, "file": name, "position": end, "gtids": gtids,
                "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         self._put(HORIZON_KEY, (json.dumps(doc, sort_keys=True) + "\n").encode())
+
+    def _upload_part(self, step: UploadPart, snap) -> None:
+        name, start, end = step.name, step.start, step.end
+        key = part_key(name, start, end)
+        scratch = self.relay_dir / SCRATCH_DIR
+        digest = hashlib.sha256()
+        running = self._running.get(name)
+        if start == 0:
+            running = (0, hashlib.sha256())
+        keep_running = running is not None and running[0] == start
+        # the whole-file hash goes on in a copy, kept only once the part is in the bucket (a failed put is redone)
+        whole = running[1].copy() if keep_running else None
+        payload: bytes | Path
+        plain_tmp = framed_tmp = None
+        try:
+            with CF.open_relay_file(self.relay_dir / name, keyring=self.keyring) as f:
+                if self.storage is None and end - start <= IN_MEMORY_PART:
+                    payload = f.read(start, end - start)
+                    if len(payload) != end - start:
+                        raise OSError(f"{name} holds {start + len(payload)} bytes, not the {end} the relay made durable")
+                    digest.update(payload)
+                    if whole is not None:
+                        whole.update(payload)
+                else:
+                    scratch.mkdir(exist_ok=True)
+                    plain_tmp = scratch / f"{name}.{start}.plain"
+                    with open(plain_tmp, "wb") as out:
+                        for pos in range(start, end, _CHUNK):
+                            chunk = f.read(pos, min(_CHUNK, end - pos))
+                            digest.update(chunk)
+                            if whole is not None:
+                                whole.update(chunk)
+                            out.write(chunk)
+                    payload = plain_tmp
+                    if self.storage is not None:
+                        from .conversion import write_framed
+
+                        framed_tmp = scratch / f"{name}.{start}.framed"
+                        write_framed(plain_tmp, framed_tmp, name, self.storage, action="archive-part")
+                        payload = framed_tmp
+            sha = digest.hexdigest()
+            self._inflight = step  # until the bucket has answered: _settle_inflight
+            self._put(key, payload, part_metadata(sha, end - start, self.storage))
+            self._inflight = None
+        finally:
+            for tmp in (plain_tmp, framed_tmp):
+                if tmp is not None:
+                    try:
+                        os.unlink(tmp)
+                    except FileNotFoundError:
+                        pass
+        if whole is not None:
+            self._running[name] = (end, whole)
+        else:
+            self._running.pop(name, None)
+        self._record_part(name, start, end, sha, snap)
 
     def _seal(self, step: Seal) -> None:
         name, size = step.name, step.size

@@ -247,7 +247,8 @@ class S3ObjectStore:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _error(self, what: str, key: str, exc: BaseException) -> ObjectStoreError:
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
+        response = getattr(exc, "response", None) or {}
+        code = (response.get("Error") or {}).get("Code")
         if code in ("NoSuchKey", "404", "NotFound"):
             return ObjectNotFound(key)
         detail = f"{code}: " if code else ""

@@ -466,3 +466,40 @@ def test_a_manifest_whose_sha256_is_not_the_files_is_refused_by_name(tmp_path):
         relay.uploader(bucket).run_once()
     assert caught.value.key == key
     relay.store.close()
+
+
+class AnswerLost(FileObjectStore):
+    """A bucket that stores a part and then loses its answer (the connection cut after the server wrote it)."""
+
+    lose = 0
+
+    def put(self, key, data, metadata=None):
+        super().put(key, data, metadata)
+        if "/part." in key and self.lose:
+            self.lose -= 1
+            from relayproxy.relay.objectstore import ObjectStoreError
+
+            raise ObjectStoreError(f"cannot put {key!r}: connection reset (the server may have stored it)")
+
+
+def test_a_put_whose_answer_was_lost_never_leads_to_overlapping_parts(tmp_path):
+    relay = Relay(tmp_path)
+    bucket = AnswerLost(tmp_path / "bucket")
+    up = relay.uploader(bucket)
+    relay.feed(400)
+    up.run_once()
+    relay.feed(300)
+    bucket.lose = 1
+    with pytest.raises(Exception):
+        up.run_once()
+    relay.feed(300)  # the horizon moved on meanwhile
+    up.run_once()  # the stored part is adopted, then the next one starts where it ends
+    relay.feed(len(relay.events))
+    up.run_once()
+    listed = A.bucket_files(o.key for o in bucket.list("files/"))  # chains: no overlap
+    assert [listed[n].sealed for n in sorted(listed)] == [True, True, False]
+    for name, image in relay.images[:-1]:
+        assert bucket_bytes(bucket, name, tmp=tmp_path) == image
+        manifest = json.loads(bucket.get(A.manifest_key(name)))
+        assert manifest["sha256"] == hashlib.sha256(image).hexdigest()
+    relay.store.close()
