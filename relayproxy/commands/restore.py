@@ -104,14 +104,6 @@ def _empty(relay_dir: Path, *, remove: bool) -> None:
             pass
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | None = None, say=lambda *_: None) -> dict:
     """Rebuild ``relay_dir`` (empty) from ``bucket`` (an ObjectStore); returns a summary. RestoreError (or
     ArchiveError, ObjectStoreError) naming the object at fault; the caller empties the directory then."""
