@@ -442,7 +442,14 @@ def test_master_that_purged_what_the_relay_needs_fails_loud_and_keeps_the_data(t
         async with FakeMySQLMaster([("binlog.000006", later)]) as master:
             async with running_relay(master, tmp_path / "relay") as info:
                 await wait_for(lambda: len(master.connections) >= 2, what="retries")
+                # Each retry clears last_io_error once its dump starts streaming, until the master's 1236 sets it
+                # again: read the status while the error is in force.
                 status = await http_status(info["http"])
+                for _ in range(500):
+                    if status["last_io_error"]:
+                        break
+                    await asyncio.sleep(0.01)
+                    status = await http_status(info["http"])
                 relay_file = info["session"].store.path(NAME).read_bytes()
             return master, status, relay_file
 
