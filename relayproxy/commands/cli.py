@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from ..log import configure_logging
+    from ..relay import remote  # noqa: F401 - registers how offloaded relay files are read back (any command)
 
     configure_logging(fmt=args.log_format, level=args.log_level)
     return int(args._run(args) or 0)

@@ -122,6 +122,13 @@ def _archive_after(value: Any):
     return str(value).strip()
 
 
+def _keep_local(value: Any):
+    from ..relay.remote import parse_keep_local
+
+    parse_keep_local(value)  # validates
+    return str(value).strip()
+
+
 def _server_id(value: Any) -> int:
     number = int(value)
     if not 1 <= number <= 0xFFFFFFFF:
@@ -240,6 +247,16 @@ OPTIONS: tuple[Option, ...] = (
            "archive_url s3://: file holding the secret access key (first line), with archive_access_key_id", "PATH"),
     Option("archive_interval", _positive_float, 1.0,
            "archive_url: at most this many seconds between uploads of the newest durable transactions"),
+    Option("archive_keep_local", _keep_local, None,
+           "archive_url: keep local copies of only the newest sealed files, up to this size (50G) or count "
+           "('20 files'); older ones are read back from the bucket through the cache (default: keep all)",
+           "SIZE|N files"),
+    Option("archive_cache_dir", str, None,
+           "archive_url: where files read back from the bucket are cached (default: relay_dir/relayproxy.cache)",
+           "DIR"),
+    Option("archive_cache_size", _size, 1 << 30,
+           "archive_url: the cache's bound in bytes, or with K, M, G (at least the largest relay file is kept)",
+           "SIZE"),
     Option("max_statement_bytes", _size, 1 << 20,
            "SQL port: @@max_allowed_packet: largest command packet (a statement and its command byte), largest "
            "string value, and all user variables of one connection: bytes, or with K, M, G (1M)", "SIZE"),

@@ -8,7 +8,6 @@ DIR. Then the directory is opened once as `relayproxy run` opens it (recovery) t
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -107,10 +106,8 @@ def _empty(relay_dir: Path, *, remove: bool) -> None:
 def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | None = None, say=lambda *_: None) -> dict:
     """Rebuild ``relay_dir`` (empty) from ``bucket`` (an ObjectStore); returns a summary. RestoreError (or
     ArchiveError, ObjectStoreError) naming the object at fault; the caller empties the directory then."""
-    from ..relay.archive import (
-        ARCHIVE_KEY, EPOCHS_KEY, FILES_PREFIX, HORIZON_KEY, MASTER_KEY, UUID_KEY, bucket_files, decode_part,
-        manifest_key, part_key,
-    )
+    from ..relay.archive import ARCHIVE_KEY, EPOCHS_KEY, HORIZON_KEY, MASTER_KEY, UUID_KEY, bucket_files
+    from ..relay.remote import FILES_PREFIX, ArchiveReadError, download_parts, manifest_key, part_key, read_manifest
     from ..relay.closed_files import TMP_SUFFIX
     from ..relay.durable import fsync_dir, write_file_atomically, write_index
     from ..relay.epochs import EPOCHS_NAME
@@ -153,46 +150,27 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
         have = listed[name]
         manifest = None
         if have.sealed:
-            key = manifest_key(name)
             try:
-                manifest = json.loads(bucket.get(key))
-                want_parts = [(int(p["start"]), int(p["end"]), p["key"], p["sha256"]) for p in manifest["parts"]]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise RestoreError(f"{key} is not a readable manifest: {exc}") from None
+                manifest, want_parts = read_manifest(bucket, name)
+            except ArchiveReadError as exc:
+                raise RestoreError(str(exc)) from None
             listed_keys = {part_key(name, s, e) for s, e in have.parts}
             for _s, _e, pkey, _sha in want_parts:
                 if pkey not in listed_keys:
-                    raise RestoreError(f"{pkey} is missing (named by {key})")
+                    raise RestoreError(f"{pkey} is missing (named by {manifest_key(name)})")
             if [(s, e) for s, e, _k, _h in want_parts] != list(have.parts):
-                raise RestoreError(f"{key} names other parts than the bucket holds for {name}")
+                raise RestoreError(f"{manifest_key(name)} names other parts than the bucket holds for {name}")
         else:
             want_parts = [(s, e, part_key(name, s, e), None) for s, e in have.parts]
         if not want_parts or want_parts[0][0] != 0:
             raise RestoreError(f"{part_key(name, 0, want_parts[0][1]) if want_parts else manifest_key(name)} "
                                f"is missing: {name} has no part from its start")
         target = relay_dir / (name + TMP_SUFFIX)
-        whole = hashlib.sha256()
         with open(target, "wb") as out:
-            for start, end, key, manifest_sha in want_parts:
-                info = bucket.head(key)
-                if info is None:
-                    raise RestoreError(f"{key} is missing")
-                stored, plain = scratch / "stored", scratch / "plain"
-                bucket.get_file(key, stored)
-                try:
-                    got = decode_part(stored, name, info.metadata, plain, keyring=keyring)
-                except ValueError as exc:  # StoredFileError: damage or a wrong key
-                    raise RestoreError(f"{key} cannot be read back: {exc}") from None
-                size = plain.stat().st_size
-                if got != info.metadata.get("sha256") or (manifest_sha is not None and got != manifest_sha) \
-                        or size != end - start:
-                    raise RestoreError(f"{key} is corrupt: its bytes do not match its SHA-256 "
-                                       f"({got}, {size} bytes; expected {manifest_sha or info.metadata.get('sha256')}, "
-                                       f"{end - start} bytes)")
-                with open(plain, "rb") as src:
-                    while chunk := src.read(1 << 20):
-                        whole.update(chunk)
-                        out.write(chunk)
+            try:
+                whole = download_parts(bucket, name, want_parts, out, scratch, keyring=keyring)
+            except ArchiveReadError as exc:
+                raise RestoreError(str(exc)) from None
             out.flush()
             os.fsync(out.fileno())
         if manifest is not None:

@@ -241,9 +241,22 @@ def _start_archive(cfg, session, storage):
         bucket = from_config(cfg)
     except ValueError as exc:
         raise RelayStartupError(f"archive_url: {exc}") from None
+    from ..relay import closed_files, remote
+    from ..relay.objectstore import display_url
+
+    relay_dir = session.store.relay_dir
+    try:
+        keep_local = remote.parse_keep_local(cfg.archive_keep_local)
+    except ValueError as exc:
+        raise RelayStartupError(str(exc)) from None
+    cache = remote.cache_from_config(cfg, bucket, relay_dir, keyring=closed_files.keyring_of(relay_dir))
+    remote.configure(relay_dir, cache)  # offloaded files are read back through it (relay/remote.py)
+    endpoint = display_url(cfg.archive_endpoint) if cfg.archive_endpoint else None
     uploader = ArchiveUploader(
-        session.store.relay_dir, bucket, lambda: session.store.files(), lambda: session.store.horizon.snapshot(),
-        flavour=lambda: session.store.flavour, storage=storage, interval=cfg.archive_interval or 1.0)
+        relay_dir, bucket, lambda: session.store.files(), lambda: session.store.horizon.snapshot(),
+        flavour=lambda: session.store.flavour, storage=storage, interval=cfg.archive_interval or 1.0,
+        keep_local=keep_local, location=(display_url(cfg.archive_url), endpoint, cfg.archive_region))
+    uploader.cache = cache
     log.info("archive enabled", url=bucket.url, interval=uploader.interval,
              parts="framed: " + storage.describe() if uploader.storage is not None else "plain")
     uploader.start()

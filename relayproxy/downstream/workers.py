@@ -613,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(fmt=args.log_format, level=args.log_level)
     closed_files.configure_from_env(args.relay_dir)  # encrypted closed files: the relay's keyring
+    from ..relay import remote  # noqa: F401 - offloaded files: read back from the stub's archive (AWS chain)
     sock = socket.socket(fileno=args.fd)
 
     async def run() -> None:

@@ -262,9 +262,22 @@ def _archive(a: dict[str, Any] | None) -> Iterator:
         ("objects_uploaded", "Objects put to the archive's bucket"),
         ("parts_uploaded", "Parts of relay files put to the archive's bucket"),
         ("files_sealed", "Relay files sealed in the archive (their manifest written)"),
+        ("files_offloaded", "Sealed relay files whose local copy was replaced by a stub (archive_keep_local)"),
         ("errors", "Archive passes that failed (each is retried with backoff)"),
     ):
         yield _counter(f"relayproxy_archive_{key}", help_text, a.get(key))
+    cache = a.get("cache") or {}
+    for key, help_text in (
+        ("hits", "Opens of an offloaded relay file found in the archive cache"),
+        ("fetches", "Offloaded relay files fetched whole from the bucket into the archive cache"),
+        ("bytes_fetched", "Bytes of offloaded relay files fetched from the bucket"),
+        ("evictions", "Files evicted from the archive cache (least recently used, beyond archive_cache_size)"),
+        ("errors", "Fetches refused: an object missing or corrupt (named in the log), or the bucket unreachable"),
+    ):
+        if cache:
+            yield _counter(f"relayproxy_archive_cache_{key}", help_text, cache.get(key))
+    if cache:
+        yield from _gauge("relayproxy_archive_cache_bytes", "Bytes held by the archive cache", cache.get("bytes"))
     yield from _gauge("relayproxy_archive_lag_bytes", "Bytes of the relay's durable history not yet in the archive",
                       a.get("lag_bytes"))
     yield from _gauge("relayproxy_archive_lag_seconds",

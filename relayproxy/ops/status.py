@@ -376,6 +376,14 @@ def format_status(status: dict[str, Any]) -> str:
             f"{horizon.get('position')}, behind {_size(archive.get('lag_bytes'))} / {archive.get('lag_seconds')} s"
             + (f"; last error: {archive['last_error']}" if archive.get("last_error") else "")
         )
+        cache = archive.get("cache")
+        if cache and (archive.get("keep_local") or cache.get("fetches")):
+            lines.append(
+                f"Archive cache:          {archive.get('files_offloaded')} files offloaded (keep local "
+                f"{archive.get('keep_local') or 'all'}); cache {_size(cache.get('bytes'))} of "
+                f"{_size(cache.get('max_bytes'))}, {cache.get('fetches')} fetches, {cache.get('hits')} hits"
+                + (f"; last error: {cache['last_error']}" if cache.get("last_error") else "")
+            )
     replicas = [r for r in status.get("replicas") or [] if r.get("file") is not None]
     lines.append(f"Replicas:               {len(replicas)}")
     for r in replicas:

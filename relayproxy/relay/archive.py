@@ -50,6 +50,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from ..log import get_logger
 from . import closed_files as CF
 from .objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+from .remote import FILES_PREFIX, MANIFEST, decode_part, manifest_key, offload_file, part_key, plan_offload
 
 log = get_logger(__name__)
 
@@ -60,8 +61,6 @@ HORIZON_KEY = "horizon.json"
 EPOCHS_KEY = "state/epochs.json"
 MASTER_KEY = "state/master.json"
 UUID_KEY = "state/uuid"
-FILES_PREFIX = "files/"
-MANIFEST = "manifest.json"
 SCRATCH_DIR = "relayproxy.archive-upload"  # temporary part payloads, in the relay directory (never in /tmp)
 IN_MEMORY_PART = 8 << 20  # a plain part up to this size is uploaded from memory
 FAILING_AFTER = 30.0  # seconds of consecutive failures before the state is "failing"
@@ -81,12 +80,6 @@ class ArchiveError(ValueError):
         self.key = key
 
 
-def part_key(name: str, start: int, end: int) -> str:
-    return f"{FILES_PREFIX}{name}/part.{start:020d}-{end:020d}"
-
-
-def manifest_key(name: str) -> str:
-    return f"{FILES_PREFIX}{name}/{MANIFEST}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,31 +209,6 @@ def part_metadata(sha256: str, size: int, storage) -> dict[str, str]:
     }
 
 
-def decode_part(stored: Path, name: str, metadata: Mapping[str, str], dest: Path, *, keyring=None) -> str:
-    """Write the master's bytes of a downloaded part (``stored``) to ``dest``; returns their SHA-256.
-    StoredFileError when a framed payload cannot be read back whole (a wrong key, damage)."""
-    digest = hashlib.sha256()
-    with open(dest, "wb") as out:
-        if metadata.get("encoding", "plain") == "framed":
-            f = CF.FramedFile(Path(stored), name=name, keyring=keyring)
-            try:
-                size = f.size()
-                for pos in range(0, size, _CHUNK):
-                    chunk = f.read(pos, min(_CHUNK, size - pos))
-                    digest.update(chunk)
-                    out.write(chunk)
-            finally:
-                f.close()
-        else:
-            with open(stored, "rb") as src:
-                while chunk := src.read(_CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-        out.flush()
-        os.fsync(out.fileno())
-    return digest.hexdigest()
-
-
 # ---------------------------------------------------------------------------------------------
 # The uploader (I/O)
 
@@ -251,6 +219,7 @@ class ArchiveStats:
     objects_uploaded: int = 0
     parts_uploaded: int = 0
     files_sealed: int = 0
+    files_offloaded: int = 0  # sealed files whose local copy was replaced by a stub (archive_keep_local)
     errors: int = 0
 
 
@@ -264,7 +233,9 @@ class ArchiveUploader:
 
     def __init__(self, relay_dir: Path, bucket: ObjectStore, files: Callable[[], list[str]],
                  horizon: Callable[[], object], *, flavour: Callable[[], str | None] = lambda: None,
-                 storage=None, interval: float = 1.0, keyring=None):
+                 storage=None, interval: float = 1.0, keyring=None,
+                 keep_local: tuple[int | None, int | None] = (None, None),
+                 location: tuple[str, str | None, str | None] | None = None):
         self.relay_dir = Path(relay_dir)
         self.bucket = bucket
         self._files = files
@@ -273,6 +244,12 @@ class ArchiveUploader:
         self.storage = storage if storage is not None and getattr(storage, "converts", False) else None
         self.keyring = keyring if keyring is not None else getattr(storage, "keyring", None)
         self.interval = interval
+        # archive_keep_local (bytes, files): sealed files beyond it are offloaded (relay/remote.py); location is the
+        # (url, endpoint, region) a stub names, never with credentials
+        self.keep_local = keep_local
+        self.location = location or (bucket.url, None, None)
+        self._sealed_sha: dict[str, str] = {}
+        self.cache = None  # the ArchiveCache offloaded files are read through (relay/remote.py), for /status
         self.stats = ArchiveStats()
         self.state = STATE_STARTING
         self.state_since = time.time()
@@ -408,6 +385,7 @@ class ArchiveUploader:
             else:
                 self._seal(step)
         self._upload_state()
+        self._offload(files, snap)
         have = self._listed.get(snap.file) if snap.file is not None else None
         if snap.file is not None and self.archive_horizon[:2] != (snap.file, snap.position) and (
                 (have is not None and have.end == snap.position) or (have is None and snap.position <= 4)):
@@ -627,9 +605,50 @@ class ArchiveUploader:
                     "parts": parts}
         self._put(manifest_key(name), (json.dumps(manifest, indent=2) + "\n").encode())
         self._listed = {**self._listed, name: BucketFile(name, have.parts, True)}
+        self._sealed_sha[name] = whole
         self.stats.files_sealed += 1
         for start, end in have.parts:
             self._part_sha.pop((name, start, end), None)
+
+    def _offload(self, files: list[str], snap) -> None:
+        """Replace the local copies of the oldest sealed files beyond ``keep_local`` by stubs (relay/remote.py)."""
+        keep_bytes, keep_files = self.keep_local
+        if keep_bytes is None and keep_files is None:
+            return
+        local = []
+        for name in files:
+            have = self._listed.get(name)
+            if name == snap.file or have is None or not have.sealed:
+                break  # only the sealed files before the first one that is not
+            stored = CF.locate(self.relay_dir / name)
+            if stored is not None and not CF.is_remote(stored):
+                local.append((name, os.stat(stored).st_size))
+        for name in plan_offload(local, keep_bytes, keep_files):
+            if self._stop.is_set():
+                raise _Stopped()
+            sha = self._sealed_sha.get(name) or self._checked_manifest_sha(name)
+            url, endpoint, region = self.location
+            if offload_file(self.relay_dir, name, sha256=sha, url=url, endpoint=endpoint, region=region,
+                            keyring=self.keyring) is not None:
+                self.stats.files_offloaded += 1
+                log.info("relay file offloaded: its bytes are read back from the archive, a stub stays", file=name,
+                         sha256=sha)
+
+    def _checked_manifest_sha(self, name: str) -> str:
+        """The manifest's SHA-256 of a file sealed before this process started, checked against the local bytes
+        (its index when it has a verified one, else read) before its local copy may go."""
+        key = manifest_key(name)
+        try:
+            manifest = json.loads(self.bucket.get(key))
+            want = str(manifest["sha256"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ArchiveError(f"{key} is not a readable manifest: {exc}", key) from None
+        local = self._indexed_sha(name) or self._local_sha(name, 0, CF.logical_size(self.relay_dir / name))
+        if local != want:
+            raise ArchiveError(f"{key} gives {name} the SHA-256 {want}, the relay's file has {local}: its local copy "
+                               "is kept", key)
+        self._sealed_sha[name] = want
+        return want
 
     @staticmethod
     def _read_local(path: Path) -> bytes | None:
@@ -708,8 +727,18 @@ class ArchiveUploader:
             "objects_uploaded": self.stats.objects_uploaded,
             "parts_uploaded": self.stats.parts_uploaded,
             "files_sealed": self.stats.files_sealed,
+            "files_offloaded": self.stats.files_offloaded,
+            "keep_local": _describe_keep(self.keep_local),
+            "cache": self.cache.describe() if self.cache is not None else None,
             "errors": self.stats.errors,
         }
+
+
+def _describe_keep(keep: tuple[int | None, int | None]) -> str | None:
+    keep_bytes, keep_files = keep
+    if keep_files is not None:
+        return f"{keep_files} files"
+    return None if keep_bytes is None else f"{keep_bytes} bytes"
 
 
 class _Stopped(Exception):

@@ -7,7 +7,11 @@ A closed relay file (the store has moved on to the next one) may be stored:
   encrypted with AES-256-GCM, or both (compress, then encrypt);
 - archived, plain or converted, under the same name in the archive directory (``relayproxy.archive`` in the
   relay directory names it, so every reader finds it without being told; the keyring is registered per relay
-directory with ``configure``).
+directory with ``configure``);
+- offloaded to the archive's bucket (``archive_url``, ``archive_keep_local``): only a stub ``<name>.remote`` is
+  left in the relay directory, holding the file's size, SHA-256, where its bucket is, and its first and last
+  64 KiB (what headers, identity checks and recovery read). Any other read fetches the whole file once into the
+  bounded local cache (``relay/remote.py``), checked against the SHA-256, and reads it there.
 
 ``open_relay_file(path)`` (``path`` = relay directory / name, as ``store.path(name)`` gives it) finds the file
 in whichever form and place it is and returns a ``LogicalFile``: ``read(pos, n)`` returns exactly the
@@ -52,6 +56,9 @@ from ..binlog.checksum import crc32 as _crc32
 from ..binlog.reader import BinlogScanner, ScanResult
 
 SUFFIX = ".rpz"
+REMOTE_SUFFIX = ".remote"  # the stub of a closed file whose bytes are in the archive's bucket only
+REMOTE_MAGIC = b"RPXREMOTE1\n"
+REMOTE_EDGE = 64 << 10  # bytes of the file's start and of its end a stub keeps
 TMP_SUFFIX = ".rpxtmp"  # a conversion or archive copy not yet verified and renamed into place
 ARCHIVE_MARKER = "relayproxy.archive"
 MAGIC = b"RPXFRAME"
@@ -233,6 +240,7 @@ def candidates(path) -> list[Path]:
     archive = archive_dir_of(path.parent)
     if archive is not None:
         out += [archive / path.name, archive / (path.name + SUFFIX)]
+    out.append(path.with_name(path.name + REMOTE_SUFFIX))  # last: a local copy, when there is one, is read first
     return out
 
 
@@ -246,6 +254,10 @@ def locate(path) -> Path | None:
 
 def is_framed(stored: Path) -> bool:
     return stored.name.endswith(SUFFIX)
+
+
+def is_remote(stored: Path) -> bool:
+    return stored.name.endswith(REMOTE_SUFFIX)
 
 
 def stored_stat(path) -> os.stat_result:
@@ -269,13 +281,16 @@ def stat_logical(path) -> tuple[os.stat_result, int]:
             st = os.stat(candidate)
         except FileNotFoundError:
             continue
-        if not is_framed(candidate):
+        if not is_framed(candidate) and not is_remote(candidate):
             return st, st.st_size
         key = (os.fspath(candidate), st.st_size, st.st_mtime_ns)
         size = _logical_sizes.get(key)
         if size is None:
-            with open(candidate, "rb") as f:
-                size = _parse_fixed(f.read(_FIXED.size), os.fspath(candidate))["logical_size"]
+            if is_remote(candidate):
+                size = read_stub(candidate).size
+            else:
+                with open(candidate, "rb") as f:
+                    size = _parse_fixed(f.read(_FIXED.size), os.fspath(candidate))["logical_size"]
             if len(_logical_sizes) > 4096:
                 _logical_sizes.clear()
             _logical_sizes[key] = size
@@ -292,6 +307,8 @@ def logical_size(path) -> int:
     stored = locate(path)
     if stored is None:
         raise FileNotFoundError(2, "relay file not found in the relay or archive directory", os.fspath(path))
+    if is_remote(stored):
+        return stat_logical(path)[1]
     if not is_framed(stored):
         return os.path.getsize(stored)
     with open(stored, "rb") as f:
@@ -304,17 +321,24 @@ def remove_all(path) -> list[Path]:
     """Delete every stored form of relay file ``path`` (purge); returns what was removed. The directories
     are not fsynced here (the caller does)."""
     removed = []
+    path = Path(path)
     for candidate in candidates(path):
         try:
             os.unlink(candidate)
             removed.append(candidate)
         except FileNotFoundError:
             pass
+    source = _remote_sources.get(_dir_key(path.parent))
+    if source is not None:
+        source.forget(path.name)  # its copy in the local cache goes too (the bucket keeps the history)
     return removed
 
 
 def logical_name(stored_name: str) -> str:
-    return stored_name[: -len(SUFFIX)] if stored_name.endswith(SUFFIX) else stored_name
+    for suffix in (SUFFIX, REMOTE_SUFFIX):
+        if stored_name.endswith(suffix):
+            return stored_name[: -len(suffix)]
+    return stored_name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,6 +390,10 @@ class LogicalFile:
     def cheap(self, pos: int, n: int) -> bool:
         """Whether ``read(pos, n)`` needs no decoding (plain, or its frames are decoded already)."""
         return True
+
+    def read_some(self, pos: int, n: int) -> bytes:
+        """At least one byte at ``pos`` unless at the end, at most ``n`` (a short read where it saves work)."""
+        return self.read(pos, n)
 
     def stream(self) -> io.BufferedReader:
         """A seekable binary file object over the logical bytes (for scanners); closing it closes this file."""
@@ -560,6 +588,172 @@ class FramedFile(LogicalFile):
         self._cache.clear()
 
 
+# ---------------------------------------------------------------------------------------------
+# Offloaded files: the stub, and the file read through the archive cache
+
+
+@dataclass(frozen=True)
+class RemoteStub:
+    """What ``<name>.remote`` holds: the file's size and SHA-256 (of the master's bytes), the archive it is in
+    (``url`` without credentials, ``endpoint``, ``region``), its stored mtime, and its first and last bytes."""
+
+    name: str
+    size: int
+    sha256: str
+    url: str
+    endpoint: str | None
+    region: str | None
+    mtime: float
+    head: bytes
+    tail: bytes
+
+    @property
+    def tail_start(self) -> int:
+        return self.size - len(self.tail)
+
+    def encode(self) -> bytes:
+        import json
+
+        meta = {"format": "relayproxy-remote-file", "version": 1, "name": self.name, "size": self.size,
+                "sha256": self.sha256, "url": self.url, "endpoint": self.endpoint, "region": self.region,
+                "mtime": self.mtime, "head": len(self.head), "tail": len(self.tail)}
+        return REMOTE_MAGIC + json.dumps(meta, sort_keys=True).encode("utf-8") + b"\n" + self.head + self.tail
+
+    @classmethod
+    def decode(cls, raw: bytes, source: str) -> "RemoteStub":
+        import json
+
+        def bad(why: str) -> StoredFileError:
+            return StoredFileError(f"{source} is not a readable relay file stub: {why}", file=source)
+
+        if not raw.startswith(REMOTE_MAGIC):
+            raise bad("no stub magic")
+        line_end = raw.find(b"\n", len(REMOTE_MAGIC))
+        if line_end < 0:
+            raise bad("no header line")
+        try:
+            meta = json.loads(raw[len(REMOTE_MAGIC):line_end])
+            head_len, tail_len, size = int(meta["head"]), int(meta["tail"]), int(meta["size"])
+            body = raw[line_end + 1:]
+            if meta.get("format") != "relayproxy-remote-file" or meta.get("version") != 1:
+                raise bad("not a version 1 stub")
+            if len(body) != head_len + tail_len or head_len > size or tail_len > size:
+                raise bad(f"it holds {len(body)} bytes of edges, its header says {head_len} + {tail_len}")
+            sha = str(meta["sha256"])
+            if len(sha) != 64 or sha.strip("0123456789abcdef"):
+                raise bad("its sha256 is not 64 lowercase hex digits")
+            return cls(str(meta["name"]), size, sha, str(meta["url"]), meta.get("endpoint"), meta.get("region"),
+                       float(meta.get("mtime") or 0.0), body[:head_len], body[head_len:])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise bad(str(exc)) from None
+
+
+def read_stub(stored) -> RemoteStub:
+    """The stub at ``stored`` (``<name>.remote``). FileNotFoundError when gone, StoredFileError when damaged."""
+    with open(stored, "rb") as f:
+        raw = f.read(4 * REMOTE_EDGE + 65536)
+    return RemoteStub.decode(raw, os.fspath(stored))
+
+
+# The source that fetches offloaded files into a local cache, per relay directory (relay/remote.py registers
+# one; ``_default_remote`` builds one from a stub when none is: a process given no archive configuration).
+_remote_sources: dict[str, object] = {}
+_default_remote: Callable | None = None
+
+
+def configure_remote(relay_dir, source) -> None:
+    """Tell the readers of ``relay_dir`` how to fetch its offloaded files (``relay/remote.py``; None: forget)."""
+    with _registry_lock:
+        if source is None:
+            _remote_sources.pop(_dir_key(relay_dir), None)
+        else:
+            _remote_sources[_dir_key(relay_dir)] = source
+
+
+def set_default_remote(factory: Callable | None) -> None:
+    """``factory(relay_dir, stub)`` builds (and registers) the source of a directory no one configured."""
+    global _default_remote
+    _default_remote = factory
+
+
+def remote_source_of(relay_dir):
+    return _remote_sources.get(_dir_key(relay_dir))
+
+
+def _fetch_remote(relay_dir: Path, stub: RemoteStub) -> Path:
+    """The local path of a complete, verified copy of an offloaded file (fetched into the cache if need be)."""
+    source = _remote_sources.get(_dir_key(relay_dir))
+    if source is None and _default_remote is not None:
+        source = _default_remote(relay_dir, stub)
+    if source is None:
+        raise StoredFileError(f"relay file {stub.name} is only in the archive {stub.url}, and no archive "
+                              f"configuration is loaded to read it", file=stub.name)
+    return source.fetch(stub)
+
+
+class RemoteFile(LogicalFile):
+    """An offloaded relay file: its first and last ``REMOTE_EDGE`` bytes come from the stub; any other read
+    fetches the whole file once into the archive cache (a blocking download: ``cheap`` says False, so the
+    dump reads it in a worker thread) and reads the copy there."""
+
+    def __init__(self, stored: Path, name: str | None = None):
+        self.stored = Path(stored)
+        self.stub = read_stub(stored)
+        if name is not None and self.stub.name != name:
+            raise StoredFileError(f"{stored} is the stub of {self.stub.name}, not of {name}", file=name)
+        self._local: PlainFile | None = None
+        self._lock = threading.Lock()
+
+    def _edge(self, pos: int, n: int, *, partial: bool) -> bytes | None:
+        stub = self.stub
+        end = min(pos + n, stub.size)
+        if end <= pos:
+            return b""
+        head = len(stub.head)
+        if end <= head or (partial and pos < head):
+            return stub.head[pos:min(end, head)]
+        if pos >= stub.tail_start:
+            return stub.tail[pos - stub.tail_start:end - stub.tail_start]
+        return None
+
+    def _copy(self) -> "PlainFile":
+        with self._lock:
+            if self._local is None:
+                self._local = PlainFile(_fetch_remote(self.stored.parent, self.stub))
+            return self._local
+
+    def read(self, pos: int, n: int) -> bytes:
+        local = self._local
+        if local is None:
+            data = self._edge(pos, n, partial=False)
+            if data is not None:
+                return data
+            local = self._copy()
+        return local.read(pos, n)
+
+    def read_some(self, pos: int, n: int) -> bytes:
+        if self._local is None:
+            data = self._edge(pos, n, partial=True)
+            if data is not None:
+                return data
+        return self.read(pos, n)
+
+    def cheap(self, pos: int, n: int) -> bool:
+        return self._local is not None or self._edge(pos, n, partial=False) is not None
+
+    def size(self) -> int:
+        return self.stub.size
+
+    @property
+    def fetched(self) -> bool:
+        return self._local is not None
+
+    def close(self) -> None:
+        local, self._local = self._local, None
+        if local is not None:
+            local.close()
+
+
 class _Raw(io.RawIOBase):
     def __init__(self, f: LogicalFile):
         self._f = f
@@ -572,7 +766,7 @@ class _Raw(io.RawIOBase):
         return True
 
     def readinto(self, b) -> int:
-        data = self._f.read(self._pos, len(b))
+        data = self._f.read_some(self._pos, len(b))
         b[: len(data)] = data
         self._pos += len(data)
         return len(data)
@@ -600,6 +794,8 @@ def open_stored(stored: Path, *, name: str | None = None, keyring: Keyring | Non
     stored = Path(stored)
     if is_framed(stored):
         return FramedFile(stored, name=name, keyring=keyring)
+    if is_remote(stored):
+        return RemoteFile(stored, name=name)
     return PlainFile(stored)
 
 
@@ -621,7 +817,7 @@ def open_stream(path, *, keyring: Keyring | None = None) -> io.BufferedReader:
     """``open(path, "rb")`` for a relay file in any form: a seekable stream of its logical bytes."""
     path = Path(path)
     stored = locate(path)
-    if stored is not None and not is_framed(stored):
+    if stored is not None and not is_framed(stored) and not is_remote(stored):
         try:
             return open(stored, "rb")
         except FileNotFoundError:

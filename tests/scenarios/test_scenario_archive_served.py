@@ -1,0 +1,143 @@
+"""Archived files served back: a real MariaDB master under load, `relayproxy run` archiving to moto's S3 server
+over HTTP with `archive_keep_local = "0 files"` (every sealed file's local copy dropped, a stub left) and a cache
+of one byte (each file is fetched again when asked). Then, with local files dropped:
+
+- `SHOW BINARY LOGS` on the relay lists every file with the master's sizes;
+- `mariadb-binlog --read-from-remote-server --raw --to-last-log` from the first file writes the master's exact
+  bytes for every closed file;
+- a new MariaDB replica from GTID position 0 gets every row of the master exactly once;
+- a corrupted object in the bucket is refused naming its key (the relay's log and /status), never served, while
+  the relay keeps serving the replica.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from relayproxy.binlog import constants as C
+from relayproxy.lab.harness import (
+    RelayProcess,
+    Writer,
+    change_master,
+    listener_query,
+    prepare_master,
+    wait_relay,
+    wait_replica,
+)
+from relayproxy.relay import closed_files as CF
+
+from ..support.s3server import BUCKET, s3_server  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.server
+
+TIMEOUT = 90.0
+PREFIX = "relays/served"
+
+
+def binlog_tool() -> str:
+    tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+    assert tool, "mariadb-binlog is part of the mariadb-server packages"
+    return tool
+
+
+def raw_download(port: int, first: str, out, *, to_last: bool = True) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [binlog_tool(), "--read-from-remote-server", "--raw", *(["--to-last-log"] if to_last else []),
+         "-h127.0.0.1", f"-P{port}", "-urepl", "-preplpw", f"--result-file={out}/", first],
+        capture_output=True, text=True, timeout=120)
+
+
+def without_in_use_flag(data: bytes) -> bytes:
+    buf = bytearray(data)
+    if len(buf) > 4 + 19:
+        buf[4 + 17] &= ~C.LOG_EVENT_BINLOG_IN_USE_F & 0xFF
+    return bytes(buf)
+
+
+def test_archived_files_are_served_back_exactly_with_local_copies_dropped(mariadb, s3_server, tmp_path):  # noqa: F811
+    master = mariadb("master", extra_config={"rpl_semi_sync_master_enabled": 0})
+    prepare_master(master)
+    relay = RelayProcess(tmp_path / "relay", master.port, gtid_mode="mariadb", listen=True, users="repl:replpw",
+                         extra=["--archive-url", f"s3://{BUCKET}/{PREFIX}", "--archive-endpoint", s3_server.endpoint,
+                                "--archive-interval", "0.3", "--archive-keep-local", "0 files",
+                                "--archive-cache-size", "1"],
+                         env=s3_server.env)
+    writer = Writer(master, rotate_every=700)  # files of about 300 KB: more than a stub holds (2 x 64 KiB)
+    replica = None
+    try:
+        relay.start()
+        with writer:
+            relay.wait_for(lambda s: ((s.get("archive") or {}).get("files_offloaded") or 0) >= 3, TIMEOUT,
+                           "three files offloaded under load")
+        wait_relay(relay, master, TIMEOUT)
+        master.execute("FLUSH BINARY LOGS")  # the newest file closes too: sealed, then offloaded
+        wait_relay(relay, master, TIMEOUT)
+        names = [p.name for p in master.binlog_files()]
+        closed = names[:-1]
+        relay.wait_for(lambda s: s["archive"]["files_offloaded"] >= len(closed) and s["archive"]["lag_bytes"] == 0,
+                       TIMEOUT, "every closed file offloaded")
+        for name in closed:
+            stored = CF.locate(relay.relay_dir / name)
+            assert stored is not None and CF.is_remote(stored), (name, stored)
+            assert not (relay.relay_dir / name).exists()
+
+        # SHOW BINARY LOGS: every file, the master's sizes.
+        shown = {r["Log_name"]: int(r["File_size"]) for r in listener_query(relay.listen_port, "SHOW BINARY LOGS")}
+        assert list(shown) == names
+        for name in closed:
+            assert shown[name] == (master.binlog_dir / name).stat().st_size, name
+
+        # mariadb-binlog --raw from the first file: the master's exact bytes, file by file.
+        out = tmp_path / "raw"
+        done = raw_download(relay.listen_port, names[0], out)
+        assert done.returncode == 0, done.stderr
+        for name in closed:
+            mine = (out / name).read_bytes()
+            assert without_in_use_flag(mine) == without_in_use_flag((master.binlog_dir / name).read_bytes()), name
+        fetched = relay.status()["archive"]["cache"]
+        big = [n for n in closed if (master.binlog_dir / n).stat().st_size > 2 * CF.REMOTE_EDGE]  # not all in the stub
+        assert len(big) >= 3 and fetched["fetches"] >= len(big) and fetched["errors"] == 0
+        assert fetched["bytes"] <= max((master.binlog_dir / n).stat().st_size for n in closed)  # bounded: 1 file
+
+        # A new replica from GTID position 0: every row once.
+        replica = mariadb("replica", server_id=3)
+        replica.execute("SET GLOBAL gtid_slave_pos = ''")
+        change_master(replica, relay.listen_port, file=None)
+        replica.execute("START SLAVE")
+        wait_replica(replica, master, TIMEOUT)
+        rows = "SELECT id, v, n FROM app.w ORDER BY id"
+        want = master.execute(rows)
+        assert len(want) == writer.done
+        assert replica.execute(rows) == want
+
+        # A corrupted object: refused by name, never served; the relay goes on serving the replica.
+        victim = big[1]
+        client = s3_server.client()
+        listed = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}/files/{victim}/part.")["Contents"]
+        key = listed[0]["Key"]
+        obj = client.get_object(Bucket=BUCKET, Key=key)
+        body = bytearray(obj["Body"].read())
+        body[len(body) // 2] ^= 0x01
+        client.put_object(Bucket=BUCKET, Key=key, Body=bytes(body), Metadata=obj["Metadata"])
+        bad = raw_download(relay.listen_port, victim, tmp_path / "bad", to_last=False)
+        short_key = key[len(PREFIX) + 1:]
+        relay.wait_for(lambda s: short_key in (s["archive"]["cache"]["last_error"] or ""), 30,
+                       "the corrupt object named in /status")
+        assert "corrupt" in relay.status()["archive"]["cache"]["last_error"]
+        assert short_key in relay.log_tail(200000)
+        served = tmp_path / "bad" / victim
+        assert bad.returncode != 0, bad  # the dump ends with an error: nothing past the damage is sent
+        assert not served.exists() or served.stat().st_size <= CF.REMOTE_EDGE, served.stat().st_size
+        master.execute("INSERT INTO app.w (v, n) VALUES ('after', 1)")
+        time.sleep(0.5)
+        wait_replica(replica, master, TIMEOUT)
+        assert replica.execute(rows) == master.execute(rows)
+    finally:
+        if writer._thread.is_alive():  # noqa: SLF001
+            writer.stop()
+        relay.stop()
