@@ -127,6 +127,7 @@ bench: setup
 	$(BENCH_PY) benchmarks/failover_time.py
 	$(BENCH_PY) benchmarks/fanout.py
 	$(BENCH_PY) benchmarks/hop_latency.py
+	$(BENCH_PY) benchmarks/archive_lag.py
 	$(BENCH_PY) benchmarks/soak.py --minutes 10 --seed 1 --fuzz-inputs 100000 --output benchmarks/results/soak.md
 	@echo "make bench: every results file under benchmarks/results/ rewritten; git diff benchmarks/results/ shows what moved"
 

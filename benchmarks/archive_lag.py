@@ -1,0 +1,836 @@
+"""How far the archive (docs/archive.md) trails the relay's horizon under a steady OLTP load, what it uploads
+against the binlog it archives, and what the PUT requests come to; with a relay that does not archive as the peer
+(ingest lag, relay CPU), in the same run.
+
+How: a MariaDB master (ROW, its data directory on ``--servers-dir``, default /dev/shm; ``max_binlog_size`` set
+to ``--max-binlog-size``, default 8M, so that every run closes and seals files too), moto's standalone S3 server
+(``python -m moto.server``) over real HTTP on 127.0.0.1, and for each run a fresh ``relayproxy run`` (a fresh
+relay directory under ``--relay-dir-parent``, default /tmp; per-transaction durability, its defaults) with
+``archive_url = s3://relay-archive/<run prefix>`` and ``archive_endpoint`` pointing at a byte-counting TCP
+forwarder in front of moto (what went over the wire to the bucket, HTTP headers and botocore's retries included).
+Before each run the master's binlog starts again (``RESET MASTER``), so each run archives exactly the binlog its
+load wrote. Two writer processes (one connection each, sharing the rate) commit the OLTP shape of
+benchmarks/fanout_real.py (an autocommit INSERT of a 200-byte row, then a multi-statement INSERT + UPDATE, in
+turn) at ``--rate`` trx/s for ``--seconds``; then the relay drains. A sampler polls the relay's /status (the
+``archive`` section: horizon, ``lag_seconds``, ``lag_bytes``, counters) and the master's SHOW MASTER STATUS every
+``--sample`` seconds.
+
+Configurations, each run ``--repeats`` times, their order alternated between repeats (benchinfo):
+
+- ``default interval``: ``archive_interval`` not set (its default, 1 s);
+- ``interval 0.25 s``: ``--archive-interval 0.25``;
+- ``no archive``: no ``archive_url`` (the peer: the same relay and load without the bucket).
+
+Measured per run: the archive's lag as the relay reports it (``lag_seconds``: seconds since the bucket last held
+everything the relay had made durable) and, as a cross-check from the samples alone, the age of the oldest durable
+byte not yet in the bucket (an upper bound, to the sampling interval); lag in bytes; bytes put (the relay's
+counter), bytes in the bucket at the end (list_objects_v2), bytes over the wire, each against the binlog's size;
+PUT requests (the relay's count and moto's request log, which sees botocore's retries) per minute of load and per
+GB of binlog; the relay's CPU per transaction and its ingest lag (master position - relay horizon, bytes) against
+the peer. Modelled, not run: an uploader that puts the whole open file again every second (from the sampled
+horizon positions). And for each of ``--stall-seconds`` (default 5 and 35: shorter and longer than the relay's S3
+read timeout of 30 s), one more run at the default interval with moto stopped (SIGSTOP) that long in the middle of
+the load: ingest against the stop, how fast the archive catches up, and what botocore's retries put twice.
+
+    .venv/bin/python benchmarks/archive_lag.py [--rate 1000] [--seconds 60] [--repeats 3] [--stall-seconds 5,35]
+
+Writes benchmarks/results/archive_lag.md (and .png when matplotlib is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
+    import _bootstrap  # noqa: F401
+
+from benchmarks import benchinfo  # noqa: E402
+from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
+from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
+from relayproxy.lab.relayprocess import free_port  # noqa: E402
+from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "archive_lag.md"
+BUCKET = "relay-archive"
+KEY_ID, SECRET = "bench-key-id", "bench-secret-key"
+REGION = "us-east-1"
+OLTP_PAD = 200  # as benchmarks/fanout_common.py
+GOAL_LAG_S = 2.0
+GOAL_BYTES_RATIO = 1.1
+# AWS S3 Standard list prices (us-east-1) as the benchmark's author knew them: the operator checks the current ones.
+PRICE_PUT_PER_1000 = 0.005
+PRICE_GET_PER_1000 = 0.0004
+PRICE_GB_MONTH = 0.023
+CONFIGS = {  # name: archive_interval (None: not set, the default), or False: no archive
+    "default interval": None,
+    "interval 0.25 s": 0.25,
+    "no archive": False,
+}
+DEFAULT_INTERVAL = 1.0  # relayproxy's archive_interval default (docs/archive.md)
+
+
+def log(msg: str) -> None:
+    print(f"[archive_lag {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+# -- moto, and a TCP forwarder that counts the bytes to it --------------------------------------------------------
+
+class Moto:
+    def __init__(self, log_path: Path):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Moto":
+        out = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("moto did not listen") from None
+                time.sleep(0.1)
+        self.client().create_bucket(Bucket=BUCKET)
+        return self
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=KEY_ID,
+                            aws_secret_access_key=SECRET)
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def requests(self, since: int, prefix: str) -> dict[str, int]:
+        """Requests moto logged after byte ``since`` of its log for keys under ``prefix``, by method."""
+        with open(self.log_path, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
+        out: dict[str, int] = {}
+        for method, path in re.findall(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (/\S*) HTTP/', text):
+            if path.startswith(f"/{BUCKET}/{prefix}/") or (path.startswith(f"/{BUCKET}") and f"prefix={prefix}" in
+                                                          path.replace("%2F", "/")):
+                out[method] = out.get(method, 0) + 1
+        return out
+
+    def bucket_objects(self, prefix: str) -> list[tuple[str, int]]:
+        s3 = self.client()
+        out = []
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/"):
+            out += [(o["Key"], o["Size"]) for o in page.get("Contents", [])]
+        return out
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class CountingForwarder:
+    """127.0.0.1:<port> -> the target; counts the bytes each way (threads; the load is a few requests a second)."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.up = self.down = self.connections = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self.connections += 1
+            threading.Thread(target=self._pump, args=(client, server, "up"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, "down"), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, way: str) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+                with self._lock:
+                    setattr(self, way, getattr(self, way) + len(data))
+        except OSError:
+            pass
+        finally:
+            for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+                try:
+                    s.shutdown(how)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._closed = True
+        self.sock.close()
+
+
+# -- the load --------------------------------------------------------------------------------------------------------
+
+def writer_main(port: int, rate: float, seconds: float, conn) -> None:
+    import pymysql
+
+    db = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True, database="bench")
+    cur = db.cursor()
+    pad_a = ("oltp-autocommit-" * 20)[:OLTP_PAD]
+    pad_b = ("oltp-multi-stmt-" * 20)[:OLTP_PAD]
+    conn.send("ready")
+    conn.recv()
+    interval = 1.0 / rate
+    t0 = time.monotonic()
+    end = t0 + seconds
+    next_at = t0
+    i = 0
+    while True:
+        now = time.monotonic()
+        if now >= end:
+            break
+        if now < next_at:
+            time.sleep(next_at - now)
+        elif now - next_at > 0.1:
+            next_at = now  # fell behind: keep the rate, do not burst
+        if i % 2 == 0:
+            cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_a))
+        else:
+            cur.execute("START TRANSACTION")
+            cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_b))
+            cur.execute("UPDATE bench.oltp SET k = k + 1 WHERE id = LAST_INSERT_ID()")
+            cur.execute("COMMIT")
+        i += 1
+        next_at += interval
+    db.close()
+    conn.send({"t0": t0, "t_end": time.monotonic(), "trx": i})
+    conn.close()
+
+
+class Writers:
+    def __init__(self, port: int, rate: float, seconds: float, n: int):
+        ctx = mp.get_context("spawn")
+        self.parents, self.procs = [], []
+        for _ in range(n):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=writer_main, args=(port, rate / n, seconds, child), daemon=True)
+            proc.start()
+            child.close()
+            self.parents.append(parent)
+            self.procs.append(proc)
+        for parent in self.parents:
+            if parent.recv() != "ready":
+                raise RuntimeError("writer did not start")
+
+    def go(self) -> None:
+        for parent in self.parents:
+            parent.send("go")
+
+    def result(self) -> dict:
+        got = [parent.recv() for parent in self.parents]
+        for proc in self.procs:
+            proc.join(10)
+        return {"t0": min(g["t0"] for g in got), "t_end": max(g["t_end"] for g in got),
+                "trx": sum(g["trx"] for g in got)}
+
+
+# -- sampling --------------------------------------------------------------------------------------------------------
+
+class Sampler(threading.Thread):
+    """Every ``period``: the relay's /status (store horizon, archive section) and the master's SHOW MASTER STATUS."""
+
+    def __init__(self, relay: RelayProcess, master: MariaDBSandbox, period: float):
+        super().__init__(daemon=True)
+        self.relay, self.master, self.period = relay, master, period
+        self.samples: list[dict] = []
+        self.failed = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        import pymysql
+
+        db = pymysql.connect(host="127.0.0.1", port=self.master.port, user="root", autocommit=True)
+        cur = db.cursor()
+        nxt = time.monotonic()
+        while not self._halt.is_set():
+            try:
+                cur.execute("SHOW MASTER STATUS")
+                mf, mp_ = cur.fetchone()[:2]
+                t = time.monotonic()
+                s = self.relay.status()
+            except Exception:  # noqa: BLE001 - a missed sample is counted, not fatal
+                self.failed += 1
+            else:
+                a = s.get("archive") or {}
+                h = a.get("horizon") or {}
+                self.samples.append({
+                    "t": t, "master": (mf, int(mp_)), "store": (s.get("master_log_file"), s.get("read_master_log_pos")),
+                    "archive": (h.get("file"), h.get("position")) if a else None,
+                    "lag_s": a.get("lag_seconds"), "lag_b": a.get("lag_bytes"), "state": a.get("state"),
+                    "bytes": a.get("bytes_uploaded"), "objects": a.get("objects_uploaded"),
+                    "parts": a.get("parts_uploaded"), "errors": a.get("errors"),
+                })
+            nxt += self.period
+            delay = nxt - time.monotonic()
+            if delay > 0:
+                self._halt.wait(delay)
+            else:
+                nxt = time.monotonic()
+        db.close()
+
+    def stop(self) -> list[dict]:
+        self._halt.set()
+        self.join(10)
+        return self.samples
+
+
+# -- one run ---------------------------------------------------------------------------------------------------------
+
+def binlog_sizes(master: MariaDBSandbox) -> dict[str, int]:
+    return {row[0]: int(row[1]) for row in master.execute("SHOW BINARY LOGS")}
+
+
+def offsets_of(sizes: dict[str, int]) -> dict[str, int]:
+    out, total = {}, 0
+    for name in sorted(sizes):
+        out[name] = total
+        total += sizes[name]
+    return out
+
+
+def analyse(samples: list[dict], sizes: dict[str, int], t0: float, t1: float, t_drained: float | None,
+            archive: bool) -> dict:
+    """Figures from the samples: lags during the load [t0, t1], the model of the naive uploader."""
+    off = offsets_of(sizes)
+
+    def g(fp):
+        if fp is None or fp[0] is None:
+            return 0
+        return off.get(fp[0], 0) + int(fp[1] or 0)
+
+    load = [s for s in samples if t0 <= s["t"] <= t1]
+    out: dict = {"samples": len(load)}
+    ingest = [max(0, g(s["master"]) - g(s["store"])) for s in load]
+    out["ingest_lag_p99"] = percentile(ingest, 99)
+    out["ingest_lag_max"] = max(ingest, default=0)
+    series = [(round(s["t"] - t0, 3), s["lag_s"], s["lag_b"]) for s in samples if s["t"] >= t0 - 1]
+    out["series"] = series
+    if not archive:
+        return out
+    lag_s = [float(s["lag_s"]) for s in load if s["lag_s"] is not None]
+    lag_b = [int(s["lag_b"]) for s in load if s["lag_b"] is not None]
+    out.update(lag_p50=percentile(lag_s, 50), lag_p99=percentile(lag_s, 99), lag_max=max(lag_s, default=0.0),
+               lagb_p50=percentile(lag_b, 50), lagb_p99=percentile(lag_b, 99), lagb_max=max(lag_b, default=0))
+    # The age of the oldest durable byte not in the bucket, from the samples alone: at sample i the bucket holds
+    # up to A_i; the newest earlier sample j whose store horizon S_j <= A_i says every byte past A_i became durable
+    # after t_j: the age is below t_i - t_j (0 when S_i <= A_i).
+    ages, j = [], 0
+    for i, s in enumerate(samples):
+        a = g(s["archive"])
+        if g(s["store"]) <= a:
+            age = 0.0
+        else:
+            while j + 1 <= i and g(samples[j + 1]["store"]) <= a:
+                j += 1
+            age = s["t"] - samples[j]["t"] if g(samples[j]["store"]) <= a else s["t"] - samples[0]["t"]
+        if t0 <= s["t"] <= t1:
+            ages.append(age)
+    out["age_p99"] = percentile(ages, 99)
+    out["age_max"] = max(ages, default=0.0)
+    in_load = [s for s in load if s["objects"] is not None]
+    minutes = (in_load[-1]["t"] - in_load[0]["t"]) / 60 if len(in_load) > 1 else float("nan")
+    out["puts_per_min_load"] = (in_load[-1]["objects"] - in_load[0]["objects"]) / minutes if minutes else float("nan")
+    out["parts_per_min_load"] = (in_load[-1]["parts"] - in_load[0]["parts"]) / minutes if minutes else float("nan")
+    # Modelled: every second, the whole open file put again; a file put once more, whole, when it is closed.
+    naive_bytes = naive_puts = 0
+    end = t_drained if t_drained is not None else samples[-1]["t"]
+    tick, k, closed = t0 + 1.0, 0, set()
+    while tick <= end:
+        while k + 1 < len(samples) and samples[k + 1]["t"] <= tick:
+            k += 1
+        f, p = samples[k]["store"]
+        for name in sorted(sizes):
+            if name < f and name not in closed:
+                closed.add(name)
+                naive_bytes += sizes[name]
+                naive_puts += 1
+        naive_bytes += int(p)
+        naive_puts += 1
+        tick += 1.0
+    out["naive_bytes"], out["naive_puts"] = naive_bytes, naive_puts
+    return out
+
+
+def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
+    args, master, moto = ctx["args"], ctx["master"], ctx["moto"]
+    interval = CONFIGS[name] if name in CONFIGS else None
+    archive = interval is not False
+    slug = re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+    prefix = f"runs/{index:02d}-{slug}"
+    master.execute("TRUNCATE TABLE bench.oltp")
+    master.execute("RESET MASTER")
+    relay_dir = ctx["relay_parent"] / f"relay-{index:02d}-{slug}"
+    fwd = CountingForwarder(moto.port) if archive else None
+    extra = []
+    if archive:
+        extra = ["--archive-url", f"s3://{BUCKET}/{prefix}", "--archive-endpoint", f"http://127.0.0.1:{fwd.port}"]
+        if interval is not None:
+            extra += ["--archive-interval", str(interval)]
+    relay = RelayProcess(relay_dir, master.port, extra=extra, error=RuntimeError,
+                         env={"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
+                              "AWS_DEFAULT_REGION": REGION}).start()
+    log_mark = moto.log_size()
+    try:
+        relay.wait_caught_up(master)
+        if archive:
+            relay.wait_for(lambda s: s["archive"]["state"] == "ok" and s["archive"]["lag_bytes"] == 0, 60,
+                           "the archive caught up before the load")
+        writers = Writers(master.port, args.rate, args.seconds, args.writers)
+        sampler = Sampler(relay, master, args.sample)
+        sampler.start()
+        time.sleep(1.0)
+        cpu0 = cpu_seconds(relay.pid)
+        writers.go()
+        stalled = None
+        if stall:
+            time.sleep(args.seconds / 2 - stall / 2)
+            stalled = [time.monotonic()]
+            moto.pause()
+            time.sleep(stall)
+            moto.resume()
+            stalled.append(time.monotonic())
+        w = writers.result()
+        cpu1 = cpu_seconds(relay.pid)
+        t_end = time.monotonic()
+        relay.wait_caught_up(master, 60)
+        t_drained = None
+        if archive:
+            end = master_status(master)
+            relay.wait_for(lambda s: s["archive"]["state"] == "ok"
+                           and (s["archive"]["horizon"]["file"], s["archive"]["horizon"]["position"]) == end,
+                           120, "the archive at the master's end after the load", poll=0.02)
+            t_drained = time.monotonic()
+        time.sleep(1.0)
+        samples = sampler.stop()
+        final = relay.status()
+    finally:
+        relay.stop()
+        if fwd is not None:
+            fwd.close()
+    sizes = binlog_sizes(master)
+    binlog = sum(sizes.values())
+    run = {"config": name, "interval": interval, "trx": w["trx"], "seconds": w["t_end"] - w["t0"],
+           "rate": w["trx"] / (w["t_end"] - w["t0"]), "binlog_bytes": binlog, "binlog_files": len(sizes),
+           "relay_cpu_ms_per_trx": 1000 * (cpu1 - cpu0) / max(1, w["trx"]), "failed_samples": sampler.failed}
+    run.update(analyse(samples, sizes, w["t0"], w["t_end"], t_drained, archive))
+    if stalled:
+        run["stall"] = [stalled[0] - w["t0"], stalled[1] - w["t0"]]
+        after = [s for s in samples if s["t"] >= stalled[1] and s["archive"] is not None]
+        off = offsets_of(sizes)
+        run["stall_caught_up_after"] = next(
+            (s["t"] - stalled[1] for s in after
+             if off.get(s["archive"][0], 0) + int(s["archive"][1] or 0) >= off.get(s["store"][0], 0) + s["store"][1]
+             or (s["lag_s"] is not None and s["lag_s"] < 1.5)), None)
+        stall_window = [s for s in samples if stalled[0] <= s["t"] <= stalled[1]]
+        run["ingest_lag_max_stall"] = max((max(0, off.get(s["master"][0], 0) + s["master"][1]
+                                               - off.get(s["store"][0], 0) - s["store"][1]) for s in stall_window),
+                                          default=0)
+    if archive:
+        a = final["archive"]
+        objects = moto.bucket_objects(prefix)
+        reqs = moto.requests(log_mark, prefix)
+        run.update(
+            drain_seconds=t_drained - w["t_end"] if t_drained else None,
+            drain_after_load_end=t_drained - t_end if t_drained else None,
+            put_bytes=a["bytes_uploaded"], put_objects=a["objects_uploaded"], parts=a["parts_uploaded"],
+            sealed=a["files_sealed"], errors=a["errors"],
+            bucket_bytes=sum(size for _, size in objects), bucket_objects=len(objects),
+            bucket_parts=sum(1 for key, _ in objects if "/part." in key),
+            bucket_part_bytes=sum(size for key, size in objects if "/part." in key),
+            wire_up=fwd.up, wire_down=fwd.down, connections=fwd.connections, moto_requests=reqs,
+            moto_puts=reqs.get("PUT", 0),
+        )
+        run["put_ratio"] = run["put_bytes"] / binlog
+        run["bucket_ratio"] = run["bucket_bytes"] / binlog
+        run["wire_ratio"] = run["wire_up"] / binlog
+        run["part_ratio"] = run["bucket_part_bytes"] / binlog
+        run["naive_ratio"] = run["naive_bytes"] / binlog
+        gb = binlog / 1e9
+        run["puts_per_gb"] = run["moto_puts"] / gb
+        run["relay_puts_per_gb"] = run["put_objects"] / gb
+    shutil.rmtree(relay_dir, ignore_errors=True)
+    return run
+
+
+# -- the report ------------------------------------------------------------------------------------------------------
+
+def mr(values, fmt="{:.2f}", unit="") -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0]) + unit
+    med, lo, hi = benchinfo.median_range(values)
+    return f"{fmt.format(med)}{unit} ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def med(values) -> float:
+    return benchinfo.median_range([v for v in values if v is not None])[0]
+
+
+def render(report: dict, argv: list[str]) -> str:
+    args = report["args"]
+    runs = report["runs"]
+    by = {name: [r for r in runs if r["config"] == name] for name in CONFIGS}
+    arch = [n for n in CONFIGS if CONFIGS[n] is not False]
+    lines = ["# Archive lag: the bucket behind the horizon at 1,000 trx/s, bytes and requests", ""]
+    lines += benchinfo.header_block(__file__, argv, report["machine"], runs=args["repeats"],
+                                    what="the three configurations of a repeat run one after another")
+    lines += [
+        f"Per run: {args['seconds']:g} s of OLTP transactions at {args['rate']:g} trx/s ({args['writers']} writer "
+        "processes, one connection each: an autocommit INSERT of a 200-byte row and a START TRANSACTION; INSERT; "
+        "UPDATE; COMMIT, in turn) on a MariaDB master (ROW, `max_binlog_size` "
+        f"{args['max_binlog_size']}, datadir on {args['servers_dir']}; `RESET MASTER` before each run, so each run "
+        "archives the binlog its own load wrote); a fresh `relayproxy run` (defaults: per-transaction durability; "
+        f"relay directory on {report['relay_fs']}) with `archive_url = s3://{BUCKET}/runs/<run>` on moto's "
+        "standalone S3 server (`python -m moto.server`, in memory) over HTTP on 127.0.0.1, through a byte-counting "
+        f"TCP forwarder. The relay's /status and the master's position sampled every {args['sample']:g} s. After the "
+        "load the relay drains and the archive reaches the master's end.", "",
+        "**The machine has 2 cores shared with other work: the master, the relay, moto, the writers and the sampler "
+        "run on them.** A real bucket is farther away than moto on loopback (tens of ms a PUT instead of a few): "
+        "the lag here is the uploader's own cadence plus a near-zero request time.", "",
+        f"- load (`uptime`) at the start: {report['uptime_start']}",
+        f"- load (`uptime`) at the end: {report['uptime_end']}", "",
+        "Columns: **lag s** = the relay's `archive.lag_seconds` (seconds since the bucket last held everything the "
+        "relay had made durable), over the samples during the load; **age max** = the same from the samples alone "
+        "(the age of the oldest durable byte not yet in the bucket, an upper bound to one sampling interval); "
+        "**lag KB** = `archive.lag_bytes`; **put/binlog** = bytes the relay put (`bytes_uploaded`, every "
+        "object, horizon.json after each part included) / the master's binlog bytes; **bucket/binlog** = bytes in "
+        "the bucket at the end (list_objects_v2) / binlog; **wire/binlog** = bytes sent to the bucket over TCP "
+        "(HTTP headers, signatures, retries) / binlog; **PUT/min** = objects put per minute of load (relay's "
+        "count); **PUT/GB** = PUT requests moto logged per GB of binlog; **CPU** = relay CPU per transaction "
+        "(all threads); **ingest KB** = master position - relay horizon, p99 / max over the samples.", "",
+        "## Per run", "",
+        "| run | configuration | order | trx/s | binlog MB | lag s p50 | lag s p99 | lag s max | age max s | "
+        "lag KB p99 | lag KB max | put/binlog | bucket/binlog | wire/binlog | PUT/min | PUT/GB | errors | "
+        "CPU ms/trx | ingest KB p99 | ingest KB max |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        if r["interval"] is not False:
+            a = (f"{r['lag_p50']:.3f} | {r['lag_p99']:.3f} | {r['lag_max']:.3f} | {r['age_max']:.2f} | "
+                 f"{r['lagb_p99'] / 1e3:.0f} | {r['lagb_max'] / 1e3:.0f} | {r['put_ratio']:.4f} | "
+                 f"{r['bucket_ratio']:.4f} | {r['wire_ratio']:.4f} | {r['puts_per_min_load']:.0f} | "
+                 f"{r['puts_per_gb']:,.0f} | {r['errors']}")
+        else:
+            a = " | ".join(["-"] * 12)
+        lines.append(f"| {r['repeat']} | {r['config']} | {r['position']} | {r['rate']:.0f} | "
+                     f"{r['binlog_bytes'] / 1e6:.1f} | {a} | {r['relay_cpu_ms_per_trx']:.3f} | "
+                     f"{r['ingest_lag_p99'] / 1e3:.1f} | {r['ingest_lag_max'] / 1e3:.1f} |")
+    lines += [
+        "", f"## Summary: median (min-max) over the {args['repeats']} repeats", "",
+        "| configuration | lag s p99 | lag s max | age max s | lag KB max | put/binlog | bucket/binlog | "
+        "wire/binlog | PUT/min | PUT/GB | CPU ms/trx | ingest KB max |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, rs in by.items():
+        if not rs:
+            continue
+        if CONFIGS[name] is not False:
+            a = (f"{mr([r['lag_p99'] for r in rs], '{:.3f}')} | {mr([r['lag_max'] for r in rs], '{:.3f}')} | "
+                 f"{mr([r['age_max'] for r in rs])} | {mr([r['lagb_max'] / 1e3 for r in rs], '{:.0f}')} | "
+                 f"{mr([r['put_ratio'] for r in rs], '{:.4f}')} | {mr([r['bucket_ratio'] for r in rs], '{:.4f}')} | "
+                 f"{mr([r['wire_ratio'] for r in rs], '{:.4f}')} | {mr([r['puts_per_min_load'] for r in rs], '{:.0f}')}"
+                 f" | {mr([r['puts_per_gb'] for r in rs], '{:,.0f}')}")
+        else:
+            a = " | ".join(["-"] * 9)
+        lines.append(f"| {name} | {a} | {mr([r['relay_cpu_ms_per_trx'] for r in rs], '{:.3f}')} | "
+                     f"{mr([r['ingest_lag_max'] / 1e3 for r in rs], '{:.1f}')} |")
+    peer = by.get("no archive") or []
+    lines += ["", "## Goals, in every repeat", ""]
+    for name in arch:
+        rs = by[name]
+        if not rs:
+            continue
+        lag_ok = sum(r["lag_max"] <= GOAL_LAG_S and r["age_max"] <= GOAL_LAG_S for r in rs)
+        bytes_ok = sum(r["wire_ratio"] <= GOAL_BYTES_RATIO and r["put_ratio"] <= GOAL_BYTES_RATIO for r in rs)
+        lines.append(f"- {name}: archive at most {GOAL_LAG_S:g} s behind the horizon (lag s max and age max): "
+                     f"{'met' if lag_ok == len(rs) else 'MISSED'} in {lag_ok} of {len(rs)} repeats; bytes uploaded "
+                     f"at most {GOAL_BYTES_RATIO}x the binlog (put/binlog and wire/binlog): "
+                     f"{'met' if bytes_ok == len(rs) else 'MISSED'} in {bytes_ok} of {len(rs)} repeats.")
+    if peer:
+        for name in arch:
+            rs = by[name]
+            if not rs:
+                continue
+            cpu = med([r["relay_cpu_ms_per_trx"] for r in rs]) / med([r["relay_cpu_ms_per_trx"] for r in peer])
+            ing = [r["ingest_lag_max"] / 1e3 for r in rs]
+            lines.append(f"- {name} against no archive (the peer, same run): relay CPU per transaction "
+                         f"{cpu:.2f}x the peer's (medians); ingest lag max {mr(ing, '{:.1f}')} KB against "
+                         f"{mr([r['ingest_lag_max'] / 1e3 for r in peer], '{:.1f}')} KB.")
+    lines += ["", "## Modelled, not run: putting the whole open file again every second", "",
+              "From each archive run's sampled horizon: every second one PUT of the whole open file as it is then, "
+              "and one more of each file when it is closed. The bytes that costs against the binlog (and against "
+              "what the relay put); it grows with the file size (here files of at most "
+              f"{args['max_binlog_size']}; with 1 GB files the open file is on average far larger):", "",
+              "| configuration | naive put/binlog | naive PUTs | relay put/binlog | naive / relay bytes |",
+              "|---|---:|---:|---:|---:|"]
+    for name in arch:
+        rs = by[name]
+        if not rs:
+            continue
+        lines.append(f"| {name} | {mr([r['naive_ratio'] for r in rs], '{:.1f}')} | "
+                     f"{mr([r['naive_puts'] for r in rs], '{:.0f}')} | {mr([r['put_ratio'] for r in rs], '{:.4f}')} | "
+                     f"{mr([r['naive_bytes'] / r['put_bytes'] for r in rs], '{:.1f}')}x |")
+    rates = [r["binlog_bytes"] / r["seconds"] for r in runs if r["interval"] is not False]
+    if rates:
+        rate = med(rates)
+        lines += ["", f"Arithmetic, not run: a file of F bytes filled at r bytes/s is put again F/r times, on average "
+                  f"F/2 each: about F/(2r) times its size. At this load's {rate / 1e6:.2f} MB/s of binlog "
+                  f"(median) that is {8e6 / (2 * rate):.1f}x for 8 MB files and {1e9 / (2 * rate):,.0f}x for "
+                  f"1 GB files (MariaDB's default max_binlog_size), against the relay's parts, each byte put once."]
+    lines += ["", "## Requests and cost at the measured counts", "",
+              f"AWS S3 Standard list prices (us-east-1) as known to this benchmark, not fetched: PUT "
+              f"${PRICE_PUT_PER_1000} per 1,000 requests, GET ${PRICE_GET_PER_1000} per 1,000, storage "
+              f"${PRICE_GB_MONTH} per GB-month; check the current ones for your region and class. Per GB of binlog "
+              f"at {args['rate']:g} trx/s of this load (the PUT count per GB falls as the rate rises: the uploader "
+              "puts per interval, not per byte); per month of this load without a break (30 days).", ""]
+    lines += ["| configuration | binlog GB/month | PUT/GB | PUT $/GB | storage $/GB-month | PUTs/month | "
+              "PUT $/month | storage added $/month (each month's binlog, kept) | restore GET $/GB |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in arch:
+        rs = by[name]
+        if not rs:
+            continue
+        gb_s = med([r["binlog_bytes"] / r["seconds"] for r in rs]) / 1e9
+        gb_month = gb_s * 86400 * 30
+        per_gb = med([r["puts_per_gb"] for r in rs])
+        per_min = med([r["puts_per_min_load"] for r in rs])
+        puts_month = per_min * 60 * 24 * 30
+        bucket_ratio = med([r["bucket_ratio"] for r in rs])
+        parts_per_gb = med([r["bucket_parts"] / (r["binlog_bytes"] / 1e9) for r in rs])
+        lines.append(
+            f"| {name} | {gb_month:,.0f} | {per_gb:,.0f} | {per_gb * PRICE_PUT_PER_1000 / 1000:.3f} | "
+            f"{bucket_ratio * PRICE_GB_MONTH:.4f} | {puts_month:,.0f} | {puts_month * PRICE_PUT_PER_1000 / 1000:,.2f} | "
+            f"{gb_month * bucket_ratio * PRICE_GB_MONTH:,.2f} | {parts_per_gb * PRICE_GET_PER_1000 / 1000:.4f} |")
+    lines += ["", "restore GET $/GB: one GET per part object (what `relayproxy restore` reads), from the parts per GB "
+              "this run left in the bucket; list requests and the manifests are a few per file on top.", ""]
+    stalls = report.get("stalls") or []
+    if stalls:
+        lines += ["## The bucket stopped under load (one run each, default interval)", "",
+                  "moto SIGSTOPped in the middle of the load (connections hang: the relay's S3 read timeout, 30 s, "
+                  "and botocore's retries apply). Caught up = the first sample after the resume whose `lag_seconds` "
+                  "is below 1.5 s (the default interval's ordinary sawtooth again). Ingest KB = master position - "
+                  "relay horizon.", "",
+                  "| bucket stop | stopped (s into the load) | lag s max | lag KB max | ingest KB max in the stop | "
+                  "ingest KB max, whole load | caught up after the resume (s) | relay errors | put/binlog | "
+                  "wire/binlog | moto PUTs | relay objects put |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for st in stalls:
+            caught = st["stall_caught_up_after"]
+            lines.append(
+                f"| {st['stall_seconds']:g} s | {st['stall'][0]:.1f}-{st['stall'][1]:.1f} | {st['lag_max']:.3f} | "
+                f"{st['lagb_max'] / 1e3:.0f} | {st['ingest_lag_max_stall'] / 1e3:.1f} | "
+                f"{st['ingest_lag_max'] / 1e3:.1f} | {'-' if caught is None else f'{caught:.2f}'} | {st['errors']} | "
+                f"{st['put_ratio']:.4f} | {st['wire_ratio']:.4f} | {st['moto_puts']} | {st['put_objects']} |")
+        lines.append("")
+    lines += ["## Requests moto logged per run (by method, keys under the run's prefix)", "",
+              "| run | configuration | requests | relay objects put | parts | files sealed | bucket objects | "
+              "TCP connections |", "|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in runs + stalls:
+        if r["interval"] is False:
+            continue
+        reqs = ", ".join(f"{k} {v}" for k, v in sorted(r["moto_requests"].items()))
+        lines.append(f"| {r['repeat']} | {r['config']} | {reqs} | {r['put_objects']} | {r['parts']} | "
+                     f"{r['sealed']} | {r['bucket_objects']} | {r['connections']} |")
+    missed = sum(r["failed_samples"] for r in runs + stalls)
+    lines += ["", f"Samples of /status or the master missed (a timeout or an error): {missed}.", "",
+              *benchinfo.machine_section(report["machine"])]
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> None:
+    plt = benchinfo.pyplot()
+    if plt is None:
+        return
+    runs = [r for r in report["runs"] if r["interval"] is not False]
+    stalls = report.get("stalls") or []
+    panels = 3 if stalls else 2
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 2.6 * panels), sharex=False)
+    colours = {"default interval": "tab:blue", "interval 0.25 s": "tab:orange"}
+    seen = set()
+    for r in runs:
+        xs = [x for x, s, _ in r["series"] if s is not None]
+        label = r["config"] if r["config"] not in seen else None
+        seen.add(r["config"])
+        axes[0].plot(xs, [s for _, s, _ in r["series"] if s is not None], lw=0.6, color=colours.get(r["config"]),
+                     label=label, alpha=0.8)
+        axes[1].plot(xs, [b / 1e3 for _, s, b in r["series"] if s is not None], lw=0.6,
+                     color=colours.get(r["config"]), label=label, alpha=0.8)
+    axes[0].axhline(GOAL_LAG_S, ls=":", color="red", label="goal 2 s")
+    axes[0].set_ylabel("archive lag (s)")
+    axes[1].set_ylabel("archive lag (KB)")
+    axes[0].set_title(f"Archive lag at {report['args']['rate']:g} trx/s, moto on loopback, {len(runs)} runs "
+                      f"({report['machine']['relayproxy commit'].split(' + ')[0]})", fontsize=9)
+    axes[0].legend(fontsize=7, loc="upper right")
+    for k, st in enumerate(stalls):
+        xs = [x for x, s, _ in st["series"] if s is not None]
+        colour = ("tab:green", "tab:purple", "tab:brown")[k % 3]
+        axes[2].plot(xs, [s for _, s, _ in st["series"] if s is not None], lw=0.8, color=colour,
+                     label=f"bucket stopped {st['stall_seconds']:g} s")
+        axes[2].axvspan(*st["stall"], color=colour, alpha=0.15)
+    if stalls:
+        axes[2].axhline(GOAL_LAG_S, ls=":", color="red")
+        axes[2].set_ylabel("archive lag (s)")
+        axes[2].legend(fontsize=7, loc="upper left")
+    axes[-1].set_xlabel("seconds into the load")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=1000.0)
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--writers", type=int, default=2)
+    p.add_argument("--sample", type=float, default=0.1, help="seconds between samples of /status")
+    p.add_argument("--max-binlog-size", default="8M")
+    p.add_argument("--stall-seconds", default="5,35",
+                   help="comma-separated: one run with the bucket stopped that long for each (0 or '': none); the "
+                        "relay's S3 read timeout is 30 s, so a longer stop makes botocore retry")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
+    p.add_argument("--servers-dir", default="/dev/shm")
+    p.add_argument("--relay-dir-parent", default=None, help="where the relay directories go (default: /tmp)")
+    p.add_argument("--output", type=Path, default=RESULTS)
+    p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    for n in names:
+        if n not in CONFIGS:
+            p.error(f"unknown configuration {n!r}")
+
+    report: dict = {"args": vars(args) | {"output": str(args.output), "json": str(args.json)},
+                    "uptime_start": uptime(), "runs": []}
+    work = Path(tempfile.mkdtemp(prefix="archlag-", dir=args.servers_dir))
+    relay_parent = Path(tempfile.mkdtemp(prefix="archlag-relay-", dir=args.relay_dir_parent))
+    fs = subprocess.run(["df", "--output=fstype", str(relay_parent)], capture_output=True, text=True).stdout.split()
+    report["relay_fs"] = f"{relay_parent.parent} ({fs[-1] if fs else '?'})"
+    master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW",
+                            extra_config={"sync_binlog": 0, "innodb_flush_log_at_trx_commit": 2,
+                                          "innodb_buffer_pool_size": "128M",
+                                          "max_binlog_size": args.max_binlog_size})
+    moto = Moto(work / "moto.log")
+    index = 0
+    try:
+        moto.start()
+        master.start()
+        prepare_master(master)
+        master.execute("CREATE DATABASE bench")
+        master.execute("CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
+                       "c VARCHAR(255) NOT NULL) ENGINE=InnoDB")
+        ctx = {"args": args, "master": master, "moto": moto, "relay_parent": relay_parent}
+
+        def run_one(order, k):
+            nonlocal index
+            out = []
+            for position, name in enumerate(order, 1):
+                index += 1
+                log(f"repeat {k + 1}: {name}")
+                r = one_run(ctx, name, index)
+                r["repeat"], r["position"] = k + 1, position
+                report["runs"].append(r)
+                if r["interval"] is not False:
+                    log(f"  {r['rate']:.0f} trx/s, {r['binlog_bytes'] / 1e6:.1f} MB: lag max {r['lag_max']:.3f} s "
+                        f"(age {r['age_max']:.2f} s), put/binlog {r['put_ratio']:.4f}, wire {r['wire_ratio']:.4f}, "
+                        f"{r['puts_per_min_load']:.0f} PUT/min, CPU {r['relay_cpu_ms_per_trx']:.3f} ms/trx")
+                else:
+                    log(f"  {r['rate']:.0f} trx/s, CPU {r['relay_cpu_ms_per_trx']:.3f} ms/trx, ingest max "
+                        f"{r['ingest_lag_max'] / 1e3:.1f} KB")
+            return {"runs": out}
+
+        benchinfo.run_alternating(args.repeats, names, run_one)
+        for r in report["runs"]:
+            r["position"] = f"{r['position']} of {len(names)}"
+        report["stalls"] = []
+        for stall in [float(x) for x in str(args.stall_seconds).split(",") if x.strip() and float(x) > 0]:
+            index += 1
+            log(f"stall run: the bucket stopped for {stall:g} s")
+            r = one_run(ctx, "default interval", index, stall=stall)
+            r["repeat"], r["position"] = "stall", "-"
+            r["config"], r["stall_seconds"] = f"default interval, bucket stopped {stall:g} s", stall
+            report["stalls"].append(r)
+            log(f"  lag max {r['lag_max']:.3f} s, caught up {r['stall_caught_up_after']} s after the resume, "
+                f"wire/binlog {r['wire_ratio']:.4f}, moto {r['moto_requests']}")
+        report["uptime_end"] = uptime()
+        report["machine"] = benchinfo.machine_info(server=True)
+    finally:
+        master.stop()
+        moto.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(relay_parent, ignore_errors=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(render(report, argv) + "\n")
+    plot(report, args.output.with_suffix(".png"))
+    if args.json:
+        args.json.write_text(json.dumps(report, default=str))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
