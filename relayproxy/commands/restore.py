@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = restore(bucket, relay_dir, keyring=keyring, master_password=password, say=print)
     except Exception as exc:  # noqa: BLE001 - whatever failed, DIR is emptied again and the cause named
-        _empty(relay_dir, remove=created)
+        empty_dir(relay_dir, remove=created)
         print(f"relayproxy restore: {exc}", file=sys.stderr)
         return 1
     print(f"restored {summary['files']} files, {summary['bytes']} bytes into {relay_dir}; the relay ends at "
@@ -87,8 +87,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _empty(relay_dir: Path, *, remove: bool) -> None:
+def empty_dir(relay_dir: Path, *, remove: bool = False, keep_prefix: str | None = None) -> None:
+    """Remove what a failed restore left in ``relay_dir`` (but entries named ``keep_prefix``...), and the
+    directory itself with ``remove``."""
     for entry in relay_dir.iterdir():
+        if keep_prefix is not None and entry.name.startswith(keep_prefix):
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:

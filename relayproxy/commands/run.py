@@ -119,6 +119,11 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     storage = _storage_options(cfg)
     dir_lock = lock_relay_dir(cfg.relay_dir)
     try:
+        _restore_if_empty(cfg)
+    except RelayStartupError:
+        os.close(dir_lock)
+        raise
+    try:
         store = RelayStore.open(cfg.relay_dir, sync=policy, on_fsync=fsync.observe)
     except Exception as exc:  # the store's errors name file and offset; nothing is served from a bad store
         os.close(dir_lock)
@@ -227,6 +232,41 @@ def _storage_options(cfg):
     if storage.enabled:
         log.info("closed relay files", form=storage.describe())
     return storage
+
+
+def _restore_if_empty(cfg) -> None:
+    """With archive_url and a relay directory holding nothing of a relay (a new host), rebuild it from the bucket
+    first, as `relayproxy restore` does (docs/archive.md), when the bucket holds a history; a bucket without one is
+    a new archive. Any failure stops the start, naming the object, with the directory emptied again."""
+    if not getattr(cfg, "archive_url", None):
+        return
+    from pathlib import Path
+
+    from ..relay.archive import ARCHIVE_KEY
+    from ..relay.conversion import keyring_from_config
+    from ..relay.objectstore import ObjectNotFound, ObjectStoreError, from_config
+    from .restore import empty_dir, restore
+
+    relay_dir = Path(cfg.relay_dir)
+    if any(entry.name != LOCK_NAME for entry in os.scandir(relay_dir)):
+        return  # a relay's directory already (or someone's files): recovery decides
+    try:
+        bucket = from_config(cfg)
+        bucket.get(ARCHIVE_KEY)
+    except ObjectNotFound:
+        return  # a new archive
+    except (ValueError, ObjectStoreError) as exc:
+        raise RelayStartupError(f"archive_url: the relay directory is empty and the bucket cannot be read to "
+                                f"restore it: {exc}") from None
+    log.info("relay directory is empty: restoring it from the archive", url=bucket.url)
+    try:
+        summary = restore(bucket, relay_dir, keyring=keyring_from_config(cfg),
+                          say=lambda line: log.info("restore", step=line))
+    except Exception as exc:  # noqa: BLE001 - named, and the directory emptied again
+        empty_dir(relay_dir, keep_prefix=LOCK_NAME)
+        raise RelayStartupError(f"cannot restore the empty relay directory from {bucket.url}: {exc}") from None
+    log.info("relay directory restored from the archive", files=summary["files"], bytes=summary["bytes"],
+             file=summary["file"], position=summary["position"], gtids=summary["gtids"])
 
 
 def _start_archive(cfg, session, storage):

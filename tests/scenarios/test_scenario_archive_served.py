@@ -7,7 +7,9 @@ of one byte (each file is fetched again when asked). Then, with local files drop
   bytes for every closed file;
 - a new MariaDB replica from GTID position 0 gets every row of the master exactly once;
 - a corrupted object in the bucket is refused naming its key (the relay's log and /status), never served, while
-  the relay keeps serving the replica.
+  the relay keeps serving the replica;
+- the relay's directory wiped: a relay started on the empty directory with the same archive_url restores it from
+  the bucket by itself, its files byte-identical to the master's, and follows the master.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import time
 import pytest
 
 from relayproxy.binlog import constants as C
+from relayproxy.lab.failover import binlog_pos, covers
 from relayproxy.lab.harness import (
     RelayProcess,
     Writer,
+    assert_files_equal_master,
     change_master,
     listener_query,
     prepare_master,
@@ -137,6 +141,24 @@ def test_archived_files_are_served_back_exactly_with_local_copies_dropped(mariad
         time.sleep(0.5)
         wait_replica(replica, master, TIMEOUT)
         assert replica.execute(rows) == master.execute(rows)
+
+        # The host wiped: a relay started on an empty directory with the same archive_url restores it from the
+        # bucket by itself and follows the master (the corrupt part put back first: a restore refuses it by name).
+        body[len(body) // 2] ^= 0x01
+        client.put_object(Bucket=BUCKET, Key=key, Body=bytes(body), Metadata=obj["Metadata"])
+        relay.stop()
+        shutil.rmtree(relay.relay_dir)
+        relay.relay_dir.mkdir()
+        reborn = RelayProcess(relay.relay_dir, master.port, gtid_mode="mariadb", listen=True, users="repl:replpw",
+                              extra=["--archive-url", f"s3://{BUCKET}/{PREFIX}", "--archive-endpoint",
+                                     s3_server.endpoint, "--archive-interval", "0.3"], env=s3_server.env)
+        relay = reborn
+        reborn.start()
+        master.execute("INSERT INTO app.w (v, n) VALUES ('reborn', 2)")
+        wait_relay(reborn, master, TIMEOUT)
+        assert "relay directory restored from the archive" in reborn.log_tail(200000)
+        assert_files_equal_master(reborn.relay_dir, master)
+        assert covers(reborn.status()["retrieved_gtid_set"], binlog_pos(master))
     finally:
         if writer._thread.is_alive():  # noqa: SLF001
             writer.stop()
