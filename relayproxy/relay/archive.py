@@ -50,7 +50,10 @@ from typing import Callable, Iterable, Mapping, Sequence
 from ..log import get_logger
 from . import closed_files as CF
 from .objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
-from .remote import FILES_PREFIX, MANIFEST, decode_part, manifest_key, offload_file, part_key, plan_offload
+from .remote import (
+    FILES_PREFIX, MANIFEST, ArchiveReadError, decode_part, manifest_key, offload_file, part_key, plan_offload,
+    read_manifest,
+)
 
 log = get_logger(__name__)
 
@@ -448,11 +451,8 @@ class ArchiveUploader:
 
     def _verify_manifest(self, name: str) -> None:
         key = manifest_key(name)
-        try:
-            manifest = json.loads(self.bucket.get(key))
-            size = int(manifest["size"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ArchiveError(f"{key} is not a readable manifest: {exc}", key) from None
+        manifest = self._manifest(name)
+        size = int(manifest["size"])
         try:
             local = CF.logical_size(self.relay_dir / name)
         except FileNotFoundError:
@@ -464,6 +464,13 @@ class ArchiveUploader:
         if digest is not None and digest != manifest.get("sha256"):
             raise ArchiveError(f"{key} gives {name} the SHA-256 {manifest.get('sha256')}, the relay's file has "
                                f"{digest}: refusing to archive over it", key)
+
+    def _manifest(self, name: str) -> dict:
+        """The manifest of a file the bucket has sealed, checked (remote.read_manifest); ArchiveError naming it."""
+        try:
+            return read_manifest(self.bucket, name)[0]
+        except ArchiveReadError as exc:
+            raise ArchiveError(str(exc), exc.key) from None
 
     def _indexed_sha(self, name: str) -> str | None:
         from .fileindex import load
@@ -638,11 +645,7 @@ class ArchiveUploader:
         """The manifest's SHA-256 of a file sealed before this process started, checked against the local bytes
         (its index when it has a verified one, else read) before its local copy may go."""
         key = manifest_key(name)
-        try:
-            manifest = json.loads(self.bucket.get(key))
-            want = str(manifest["sha256"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ArchiveError(f"{key} is not a readable manifest: {exc}", key) from None
+        want = str(self._manifest(name)["sha256"])
         local = self._indexed_sha(name) or self._local_sha(name, 0, CF.logical_size(self.relay_dir / name))
         if local != want:
             raise ArchiveError(f"{key} gives {name} the SHA-256 {want}, the relay's file has {local}: its local copy "

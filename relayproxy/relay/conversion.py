@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import threading
 import time
@@ -68,14 +67,13 @@ class ConversionError(RuntimeError):
 def parse_archive_after(value: Any) -> tuple[float | None, int | None]:
     """``archive_after``: an age (``7d``, ``12h``, ``90m``, ``3600s``, seconds as a number) or a count of
     closed files to keep in the relay directory (``20 files``). Returns (seconds, files)."""
-    from .retention import parse_duration
+    from .retention import parse_duration, parse_files_text
 
     if value is None or value == "":
         return None, None
-    text = str(value).strip().lower()
-    m = re.fullmatch(r"(\d+)\s*files?", text)
-    if m:
-        return None, int(m.group(1))
+    files = parse_files_text(value)
+    if files is not None:
+        return None, files
     try:
         return parse_duration(value), None
     except ValueError:

@@ -26,7 +26,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import tempfile
 import threading
 import time
@@ -167,14 +166,13 @@ def download_parts(bucket: ObjectStore, name: str, parts: Sequence[tuple[int, in
 def parse_keep_local(value) -> tuple[int | None, int | None]:
     """``archive_keep_local``: a size (``50G``: the newest sealed files up to that many stored bytes keep their local
     copies) or a count (``20 files``). Returns (bytes, files); (None, None) when unset (nothing is offloaded)."""
-    from .retention import parse_size
+    from .retention import parse_files_text, parse_size
 
     if value is None or value == "":
         return None, None
-    text = str(value).strip().lower()
-    m = re.fullmatch(r"(\d+)\s*files?", text)
-    if m:
-        return None, int(m.group(1))
+    files = parse_files_text(value)
+    if files is not None:
+        return None, files
     try:
         return parse_size(value), None
     except ValueError:

@@ -41,6 +41,7 @@ __all__ = [
     "readers_in",
     "parse_duration",
     "parse_size",
+    "parse_files_text",
     "file_states",
     "relay_disk_usage",
     "DiskUsage",
@@ -107,6 +108,12 @@ def parse_size(value: Any) -> int:
     if not math.isfinite(size) or size < 1:
         raise ValueError(f"a size must be at least 1 byte, got {value!r}")
     return int(size)
+
+
+def parse_files_text(value: Any) -> int | None:
+    """The N of ``"N files"`` (``"20 files"``, ``"1 file"``), or None when ``value`` is not written that way."""
+    m = re.fullmatch(r"(\d+)\s*files?", str(value).strip().lower())
+    return int(m.group(1)) if m else None
 
 
 def parse_file_count(value: Any) -> int:
