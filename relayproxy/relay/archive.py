@@ -259,6 +259,7 @@ class ArchiveUploader:
         self.last_error: str | None = None
         self._failing_since: float | None = None
         self._listed: dict[str, BucketFile] | None = None  # None until the first listing
+        self._relist = False  # list the bucket again at the next pass (after a failure)
         self._part_sha: dict[tuple[str, int, int], str] = {}
         self._running: dict[str, tuple[int, "hashlib._Hash"]] = {}  # name -> (end hashed, hash) of the open file
         self._sizes: dict[str, int] = {}
@@ -350,6 +351,9 @@ class ArchiveUploader:
                           url=self.bucket.url, error=self.last_error)
 
     def _failed(self, error: str, *, permanent: bool = False) -> None:
+        # After a failure the bucket is listed again before the next step: a bucket that came back without some
+        # objects (restored, recreated, its server restarted empty) gets them again from the local files.
+        self._relist = True
         self.stats.errors += 1
         self.last_error = error
         now = time.monotonic()
@@ -367,8 +371,10 @@ class ArchiveUploader:
 
     # -- one pass ----------------------------------------------------------------------------
     def run_once(self) -> None:
-        if self._listed is None:
+        if self._listed is None or self._relist:
             self._resume()
+            self._relist = False
+            self._marker_done = False  # checked again: a bucket that lost it gets it again
         snap = self._horizon()
         files = self._files()
         seen_at = time.time()

@@ -286,6 +286,7 @@ def test_an_unreachable_bucket_never_stops_ingest_and_the_archive_catches_up(tmp
         up.close()
     for name, image in relay.images[:2]:
         assert bucket_bytes(bucket, name, tmp=tmp_path) == image
+    assert json.loads(bucket.get(A.ARCHIVE_KEY))["format"] == "relayproxy-archive"
     relay.store.close()
 
 
@@ -502,4 +503,40 @@ def test_a_put_whose_answer_was_lost_never_leads_to_overlapping_parts(tmp_path):
         assert bucket_bytes(bucket, name, tmp=tmp_path) == image
         manifest = json.loads(bucket.get(A.manifest_key(name)))
         assert manifest["sha256"] == hashlib.sha256(image).hexdigest()
+    relay.store.close()
+
+
+class FailsOnce(FileObjectStore):
+    """A bucket whose next put fails once (``fail_next``): the uploader's failure path."""
+
+    fail_next = False
+
+    def put(self, key, data, metadata=None):
+        if self.fail_next:
+            self.fail_next = False
+            raise A.ObjectStoreError(f"cannot put {key!r} in {self.url}: connection reset")
+        return super().put(key, data, metadata)
+
+
+def test_a_bucket_that_comes_back_without_its_objects_gets_them_again(tmp_path):
+    relay = Relay(tmp_path)
+    relay.feed(len(relay.events) // 2)
+    bucket = FailsOnce(tmp_path / "bucket")
+    up = relay.uploader(bucket)
+    up.run_once()
+    import shutil
+
+    shutil.rmtree(tmp_path / "bucket")  # the bucket's server restarted empty (moto keeps objects in memory)
+    (tmp_path / "bucket").mkdir()
+    relay.feed(len(relay.events))
+    bucket.fail_next = True
+    with pytest.raises(A.ObjectStoreError):
+        up.run_once()
+    up._failed("connection reset")  # noqa: SLF001 - what the thread does with that error
+    up.run_once()
+    listed = A.bucket_files(o.key for o in bucket.list("files/"))
+    assert [listed[n].sealed for n in sorted(listed)] == [True, True, False]
+    for name, image in relay.images[:2]:
+        assert bucket_bytes(bucket, name, tmp=tmp_path) == image
+    assert json.loads(bucket.get(A.ARCHIVE_KEY))["format"] == "relayproxy-archive"
     relay.store.close()
