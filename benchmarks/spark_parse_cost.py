@@ -29,6 +29,21 @@ deals the splits to ``--partitions`` tasks by estimated cost (longest first), an
 them. A file larger than Spark's 2 GB binary-row limit cannot be read (binlog files are at most
 ``max_binlog_size``, 1 GB, plus one transaction).
 
+``--archive`` (repeatable) reads relays' archives as recorded streams: what ``relayproxy run`` uploads with
+``archive_url`` (the bucket layout of docs/archive.md), ``s3://bucket/prefix`` (``s3a://`` is read as ``s3://``;
+``--archive-endpoint`` / ``--archive-region`` for the bucket, credentials from the standard AWS chain on the driver
+and on every executor) or ``file:///path``. ``LABEL=URL`` names the stream of its files, otherwise the stream is
+the URL's last component (one archive per relay: a fleet is one ``--archive`` per relay). The driver only lists
+each archive (``relayproxy-archive.json``, then ``files/``); its sealed files -- with ``--archive-open`` also the
+unsealed ones, up to their last part -- are dealt one per task of job 1, and that task fetches the file's parts in
+order with relayproxy's own archive reader (``relay/remote.py`` over ``relay/objectstore.py``, boto3: no Hadoop
+S3 connector involved), which checks each part against its SHA-256 and size (the object's metadata, and the
+manifest's) and decodes framed parts (zstd, AES-256-GCM with ``--encryption-key-file``); a sealed file is checked
+against the manifest's whole-file SHA-256 and size. Then the task scans and cuts the file as it does a local one. A missing, corrupt or
+undecodable object stops the job before anything is measured, with an error naming its key; an unreachable store
+fails the task (Spark retries it). A file is held whole in the task's memory, as a local file's binary row is.
+With ``--archive`` and no ``--input`` only the archives are read.
+
 Timing method
 -------------
 ``time.perf_counter_ns`` (CLOCK_MONOTONIC), the garbage collector disabled while a partition
@@ -57,7 +72,7 @@ and given as median and range (``benchinfo.fmt_median_range``), over all events,
 (every event of at least ``--blob-bytes``, default 64 KiB, whatever its type), and per subset of streams (without
 the ``blobs`` stream, the ``corpus`` stream alone). The tables, percentiles and plots use each event's median over
 the runs (Parquet ``events``; every run's rows are in ``event_runs``). After each run's Spark job, when the inputs
-are local files, the driver runs ``parse_cost.py``'s walks (``walk_headers``, ``walk_boundary``,
+are local files (no ``--archive``), the driver runs ``parse_cost.py``'s walks (``walk_headers``, ``walk_boundary``,
 ``walk_boundary_batch``, the library walk) over the same files in the same order, so the two methods' figures on
 the same events stand side by side (``--no-walks`` leaves them out).
 
@@ -73,6 +88,7 @@ PNGs are also copied to ``benchmarks/results/spark_parse_cost/``.
     .venv/bin/python benchmarks/workloads.py          # record the default dataset first
     .venv/bin/python benchmarks/spark_parse_cost.py   # recorded streams + corpus, local[*]
     .venv/bin/python benchmarks/spark_parse_cost.py --input corpus=../shared/corpus/binlogs --output /tmp/pc
+    .venv/bin/python benchmarks/spark_parse_cost.py --archive relay-1=s3://my-bucket/relays/relay-1 --output /tmp/pc
 
 Spark's UI is off (``--ui`` turns it on); progress goes to stderr as plain lines. See docs/spark.md
 for running it on a cluster.
@@ -226,6 +242,180 @@ def plan_rows(rows, roots, split_bytes: int, split_events: int):
         info, splits = plan_file(row.path, stream_of(row.path, roots), bytes(row.content), split_bytes, split_events)
         yield info
         yield from splits
+
+
+# ---------------------------------------------------------------------------------------------
+# Job 1 from an archive (``--archive``, the bucket layout of relay/archive.py): the driver lists each archive,
+# one task per relay file fetches its parts through relayproxy's object store, checks them and cuts the file
+@dataclass(frozen=True)
+class ArchiveSpec:
+    url: str  # s3://bucket[/prefix] or file:///path; an s3a:// URL is read as s3://
+    label: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> "ArchiveSpec":
+        label, sep, rest = text.partition("=")
+        if not (sep and label and "/" not in label and ":" not in label):
+            label, rest = None, text
+        elif not rest:
+            raise ValueError(f"--archive {text!r}: no URL after {label}=")
+        scheme, sep, tail = rest.partition("://")
+        if scheme == "s3a":
+            scheme = "s3"
+        if not sep or scheme not in ("s3", "file") or not tail.strip("/"):
+            raise ValueError(f"--archive {text!r}: expected s3://bucket/prefix, s3a://bucket/prefix or file:///path")
+        if scheme == "file" and not tail.startswith("/"):
+            raise ValueError(f"--archive {text!r}: a file URL is file:///absolute/path")
+        return cls(f"{scheme}://{tail.rstrip('/')}", label)
+
+    @property
+    def stream(self) -> str:
+        """The stream its files belong to: the label, or the last component of the URL (one archive per relay)."""
+        return self.label or self.url.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class ArchivedFile:
+    """One relay file of an archive as the driver listed it: what one task reads."""
+
+    url: str
+    endpoint: str | None
+    region: str | None
+    name: str
+    stream: str
+    sealed: bool
+    parts: tuple[tuple[int, int], ...]
+
+    @property
+    def path(self) -> str:
+        """How the reports name it: the archive's URL (never credentials) and the file's folder in it."""
+        return f"{self.url}/files/{self.name}"
+
+    @property
+    def size(self) -> int:
+        return self.parts[-1][1] if self.parts else 0
+
+
+@dataclass
+class ArchiveFault:
+    """An archived file that cannot be read back whole and verified: the job stops, naming the object."""
+
+    path: str
+    key: str
+    message: str
+
+
+def _file_order(name: str):
+    stem = name.rstrip("0123456789")
+    return (stem, int(name[len(stem):]) if len(stem) < len(name) else -1, name)
+
+
+def list_archive(spec: ArchiveSpec, *, endpoint: str | None = None, region: str | None = None,
+                 include_open: bool = False) -> tuple[list[ArchivedFile], list[str]]:
+    """The files of one archive (driver side: one listing of ``files/``), oldest first, and the names of the unsealed
+    files left out (all of them read when ``include_open``). SystemExit naming the object when the URL holds no
+    relayproxy archive or its parts do not chain."""
+    from relayproxy.relay.archive import ARCHIVE_KEY, FILES_PREFIX, FORMAT, VERSION, ArchiveError, bucket_files
+    from relayproxy.relay.objectstore import ObjectNotFound, ObjectStoreError, open_object_store
+
+    import urllib.parse
+
+    where = f"spark_parse_cost: --archive {spec.url}"
+    if spec.url.startswith("file://") and not Path(urllib.parse.unquote(spec.url[len("file://"):])).is_dir():
+        raise SystemExit(f"{where}: no such directory")  # (the file store would create it)
+    try:
+        store = open_object_store(spec.url, endpoint=endpoint, region=region)
+        try:
+            marker = json.loads(store.get(ARCHIVE_KEY))
+        except ObjectNotFound:
+            raise SystemExit(f"{where} holds no relayproxy archive: {ARCHIVE_KEY} is missing") from None
+        except ValueError as exc:
+            raise SystemExit(f"{where}: {ARCHIVE_KEY} is not readable JSON: {exc}") from None
+        if not isinstance(marker, dict) or marker.get("format") != FORMAT or marker.get("version") != VERSION:
+            raise SystemExit(f"{where}: {ARCHIVE_KEY} is not a relayproxy archive of version {VERSION}")
+        listed = bucket_files(o.key for o in store.list(FILES_PREFIX))
+    except (ArchiveError, ObjectStoreError, ValueError) as exc:  # parts that do not chain; the store refused
+        raise SystemExit(f"{where}: {exc}") from None
+    files, left_out = [], []
+    for name in sorted(listed, key=_file_order):
+        have = listed[name]
+        if not have.sealed and not include_open:
+            left_out.append(name)
+            continue
+        files.append(ArchivedFile(spec.url, endpoint, region, name, spec.stream, have.sealed, have.parts))
+    return files, left_out
+
+
+def read_archived_file(entry: ArchivedFile, store, keyring=None, scratch: Path | None = None) -> bytes:
+    """The master's bytes of one archived relay file, fetched part by part in order by relayproxy's own reader
+    (``relay/remote.py``: ``read_manifest``, ``download_parts``, framed parts decoded by ``decode_part``): every part
+    checked against its SHA-256 and size (its object metadata, and the manifest's for a sealed file), a sealed file's
+    whole bytes against the manifest's SHA-256 and size. ``remote.ArchiveReadError`` naming the object key otherwise
+    (missing, corrupt, undecodable)."""
+    import io
+
+    from relayproxy.relay.remote import ArchiveReadError, download_parts, manifest_key, part_key, read_manifest
+
+    name = entry.name
+    listed = [(start, end, part_key(name, start, end), None) for start, end in entry.parts]
+    manifest = None
+    if entry.sealed:
+        manifest, named = read_manifest(store, name)
+        key = manifest_key(name)
+        have = {k for _s, _e, k, _h in listed}
+        missing = next((k for _s, _e, k, _h in named if k not in have), None)
+        if missing is not None:
+            raise ArchiveReadError(f"{missing} is missing (named by {key})", missing, file=name)
+        if [p[:3] for p in named] != [p[:3] for p in listed]:
+            raise ArchiveReadError(f"{key} names other parts than the bucket holds for {name}", key, file=name)
+        listed = named
+    if not listed:
+        key = manifest_key(name)
+        raise ArchiveReadError(f"{key} names no part: {name} has no bytes in the archive", key, file=name)
+    out = io.BytesIO()
+    if scratch is None:
+        with tempfile.TemporaryDirectory(prefix="spark-parse-cost-archive-") as tmp:
+            whole = download_parts(store, name, listed, out, Path(tmp), keyring=keyring)
+    else:
+        whole = download_parts(store, name, listed, out, scratch, keyring=keyring)
+    if manifest is not None and whole.hexdigest() != manifest["sha256"]:
+        key = manifest_key(name)
+        raise ArchiveReadError(f"{key}: {name}'s SHA-256 {manifest['sha256']} is not its parts' "
+                               f"({whole.hexdigest()})", key, file=name)
+    return out.getvalue()
+
+
+def plan_archived(entries, keyring, split_bytes: int, split_events: int):
+    """Job 1's task for archived files (one per task): read, verify and cut each as ``plan_rows`` cuts a local file;
+    a file that cannot be verified yields an ``ArchiveFault`` (the driver stops the job naming its key). Errors of
+    the store itself (unreachable, credentials refused) fail the task, so Spark retries it."""
+    from relayproxy.relay.objectstore import open_object_store
+    from relayproxy.relay.remote import ArchiveReadError
+
+    stores = {}
+    with tempfile.TemporaryDirectory(prefix="spark-parse-cost-archive-") as scratch:
+        for entry in entries:
+            where = (entry.url, entry.endpoint, entry.region)
+            if where not in stores:
+                stores[where] = open_object_store(entry.url, endpoint=entry.endpoint, region=entry.region)
+            try:
+                data = read_archived_file(entry, stores[where], keyring, Path(scratch))
+            except ArchiveReadError as exc:
+                yield ArchiveFault(entry.path, exc.key or entry.path, str(exc))
+                continue
+            info, splits = plan_file(entry.path, entry.stream, data, split_bytes, split_events)
+            del data
+            yield info
+            yield from splits
+
+
+def item_meta(item) -> dict:
+    """What the driver collects of job 1's items: files and faults whole, splits without their bytes."""
+    if isinstance(item, FileInfo):
+        return {"kind": "file", **vars(item)}
+    if isinstance(item, ArchiveFault):
+        return {"kind": "fault", **vars(item)}
+    return {"kind": "split", "key": item.key, "cost": item.cost, "events": item.events, "bytes": len(item.data)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,7 +827,7 @@ def deal_splits(metas: list[dict], partitions: int) -> dict[str, int]:
     return assignment
 
 
-def run_job(args, spark, inputs, progress: Progress) -> dict:
+def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile] = ()) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -648,16 +838,28 @@ def run_job(args, spark, inputs, progress: Progress) -> dict:
 
     progress.set_phase("job 1: read files, find binlogs, cut splits")
     sc.setJobDescription("read and split binlog files")
-    files_df = (
-        spark.read.format("binaryFile").option("recursiveFileLookup", "true").load([p for p, _l, _r in inputs])
-    )
-    planned = files_df.select("path", "content").rdd.mapPartitions(
-        lambda rows: plan_rows(rows, roots, split_bytes, split_events)
-    ).persist(StorageLevel.DISK_ONLY)  # the split bytes: on local disk, not in the JVM's heap
-    metas = planned.map(
-        lambda item: {"kind": "file", **vars(item)} if isinstance(item, FileInfo)
-        else {"kind": "split", "key": item.key, "cost": item.cost, "events": item.events, "bytes": len(item.data)}
-    ).collect()
+    sources = []
+    if inputs:
+        files_df = (
+            spark.read.format("binaryFile").option("recursiveFileLookup", "true").load([p for p, _l, _r in inputs])
+        )
+        sources.append(files_df.select("path", "content").rdd.mapPartitions(
+            lambda rows: plan_rows(rows, roots, split_bytes, split_events)))
+    if archived:
+        # One task per archived file, the largest first; each fetches its own parts (the driver only listed them).
+        keyring = args.keyring
+        ordered = sorted(archived, key=lambda f: -f.size)
+        sources.append(sc.parallelize(ordered, len(ordered)).mapPartitions(
+            lambda entries: plan_archived(entries, keyring, split_bytes, split_events)))
+    planned = (sources[0] if len(sources) == 1 else sc.union(sources)) \
+        .persist(StorageLevel.DISK_ONLY)  # the split bytes: on local disk, not in the JVM's heap
+    metas = planned.map(item_meta).collect()
+    faults = [m for m in metas if m["kind"] == "fault"]
+    if faults:
+        planned.unpersist()
+        more = f"; and {len(faults) - 5} more file(s)" if len(faults) > 5 else ""
+        raise SystemExit("spark_parse_cost: refusing the archive: " + "; ".join(m["message"] for m in faults[:5])
+                         + more)
     files = [m for m in metas if m["kind"] == "file"]
     split_metas = [m for m in metas if m["kind"] == "split"]
     binlogs = [f for f in files if f["binlog"]]
@@ -673,7 +875,9 @@ def run_job(args, spark, inputs, progress: Progress) -> dict:
              "boolean": T.BooleanType()}
     run_schema = T.StructType([T.StructField(name, types[kind], True) for name, kind in RUN_SCHEMA_FIELDS])
     dealt = sc.broadcast(assignment)
-    walk_sets = load_walk_sets(binlogs) if args.walks else None
+    if args.walks and archived:
+        log("an archive among the inputs: parse_cost.py's walks (over local files, on the driver) are left out")
+    walk_sets = load_walk_sets(binlogs) if args.walks and not archived else None
     calibrations: list[dict] = []
     runs: list[dict] = []
     for run, order in enumerate(benchinfo.alternating_orders(args.runs, RUN_NAMES)):
@@ -1047,7 +1251,8 @@ def walk_lines(report: dict, per_subset: dict[str, dict]) -> list[str]:
     """Spark's per-event figures beside parse_cost.py's walks over the same files, and why they differ."""
     runs = report["runs"]
     if not runs or runs[0]["walks"] is None:
-        return ["parse_cost.py's walks were left out (`--no-walks`, or inputs not on the local filesystem).", ""]
+        return ["parse_cost.py's walks were left out (`--no-walks`, inputs not on the local filesystem, or an "
+                "archive among the inputs).", ""]
     labels = list(runs[0]["walks"])
     lines = [
         "### Two methods on the same events",
@@ -1380,6 +1585,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--input", action="append", metavar="[LABEL=]PATH",
                     help="Hadoop-filesystem path, folder or glob of binlog files (repeatable; default: the recorded "
                          "dataset benchmarks/data/streams and corpus=$RELAYPROXY_CORPUS or ../shared/corpus/binlogs)")
+    ap.add_argument("--archive", action="append", metavar="[LABEL=]URL",
+                    help="a relay's archive (archive_url: s3://bucket/prefix, s3a://bucket/prefix read as s3://, or "
+                         "file:///path), repeatable: its sealed files are read, each by one task through relayproxy's "
+                         "object store (boto3), every part checked; LABEL names their stream (default: the URL's last "
+                         "component). With --archive and no --input, only the archives are read")
+    ap.add_argument("--archive-endpoint", metavar="URL",
+                    help="S3-compatible endpoint of the --archive buckets (MinIO, Ceph, R2, ...); credentials come "
+                         "from the standard AWS chain on the driver and on every executor")
+    ap.add_argument("--archive-region", metavar="REGION", help="region of the --archive buckets")
+    ap.add_argument("--archive-open", action="store_true",
+                    help="also read each archive's unsealed files (the newest: its parts up to the archive horizon), "
+                         "each part checked against its SHA-256 (no manifest yet to check the whole file against)")
+    ap.add_argument("--encryption-key-file", metavar="PATH",
+                    help="the relay's key file (encryption_key_file), for archives whose parts are encrypted; read "
+                         "on the driver, its keys reach the tasks inside the job's closures")
     ap.add_argument("--master", help="Spark master (default local[*]; under spark-submit, spark-submit's)")
     ap.add_argument("--parquet-output", help="where the Parquet tables go (default OUTPUT/parquet; on a cluster a "
                                             "shared filesystem URI, e.g. hdfs:///tmp/parse_cost/parquet)")
@@ -1427,9 +1647,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.parquet_output = (args.parquet_output or str(Path(args.output).resolve() / "parquet")).rstrip("/")
     try:
         args.inputs = [InputSpec.parse(text) for text in args.input] if args.input else None
+        args.archives = [ArchiveSpec.parse(text) for text in args.archive or ()]
     except ValueError as exc:
         ap.error(str(exc))
+    args.keyring = None
+    if args.encryption_key_file:
+        from relayproxy.relay.closed_files import Keyring
+
+        try:
+            args.keyring = Keyring.from_file(args.encryption_key_file)
+        except ValueError as exc:
+            ap.error(f"--encryption-key-file: {exc}")
     return args
+
+
+def list_archives(args) -> list[ArchivedFile]:
+    """Every --archive's files to read (driver side), logged per archive."""
+    found = []
+    for spec in args.archives:
+        files, left_out = list_archive(spec, endpoint=args.archive_endpoint, region=args.archive_region,
+                                       include_open=args.archive_open)
+        log(f"archive {spec.url} (stream {spec.stream}): {sum(f.sealed for f in files)} sealed"
+            + (f", {sum(not f.sealed for f in files)} unsealed" if args.archive_open else "")
+            + f" file(s), {sum(f.size for f in files):,} bytes to read"
+            + (f"; {len(left_out)} unsealed file(s) left out ({', '.join(left_out)}; --archive-open reads them)"
+               if left_out else ""))
+        found += files
+    if args.archives and not found:
+        raise SystemExit("spark_parse_cost: the archives hold no file to read (none sealed; --archive-open reads the "
+                         "unsealed ones)")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1437,13 +1684,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.monotonic()
     out = Path(args.output)
+    archived = list_archives(args)  # on the driver: listings only, the files are read by the tasks
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="spark-parse-cost-"))
     spark = start_spark(args, workdir)
     progress = Progress(spark.sparkContext, began)
     progress.start()
     try:
-        if args.inputs is None:
+        if args.inputs is None and args.archives:
+            inputs = []
+        elif args.inputs is None:
             specs = [InputSpec(str(DEFAULT_DATASET), None), InputSpec(str(corpus_path(None)), "corpus")]
             inputs = resolve_inputs(spark, specs, required=False)
             if not any(p == str(DEFAULT_DATASET) for p, _l, _r in inputs):
@@ -1453,7 +1703,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("spark_parse_cost: neither the recorded dataset nor the corpus exists; give --input")
         else:
             inputs = resolve_inputs(spark, args.inputs, required=True)
-        report = run_job(args, spark, inputs, progress)
+        report = run_job(args, spark, inputs, progress, archived)
         progress.set_phase("write reports")
         write_csv(out / "summary.csv", report["summary"], SUMMARY_COLUMNS)
         write_csv(out / "file_counts.csv", report["file_counts"],
@@ -1464,7 +1714,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "method_error.json").write_text(json.dumps(err, indent=1, default=str) + "\n")
         plots = write_plots(out, report)
         seconds = time.monotonic() - began
-        text = render_markdown(args, argv, report, err, seconds, spark.version, spark.sparkContext.master, inputs)
+        shown = inputs + [(f"{spec.url} (archive)", spec.stream, spec.url) for spec in args.archives]
+        text = render_markdown(args, argv, report, err, seconds, spark.version, spark.sparkContext.master, shown)
         (out / "summary.md").write_text(text)
         if args.publish:
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
