@@ -252,6 +252,7 @@ class ArchiveUploader:
         self.keep_local = keep_local
         self.location = location or (bucket.url, None, None)
         self._sealed_sha: dict[str, str] = {}
+        self._indexed_names: set[str] = set()  # closed files whose indexes are complete (offload may go on)
         self.cache = None  # the ArchiveCache offloaded files are read through (relay/remote.py), for /status
         self.stats = ArchiveStats()
         self.state = STATE_STARTING
@@ -635,6 +636,8 @@ class ArchiveUploader:
                 break  # only the sealed files before the first one that is not
             stored = CF.locate(self.relay_dir / name)
             if stored is not None and not CF.is_remote(stored):
+                if not self._indexed(name):
+                    break  # its indexes are still being built from the local copy: offloading now means a fetch
                 local.append((name, os.stat(stored).st_size))
         for name in plan_offload(local, keep_bytes, keep_files):
             if self._stop.is_set():
@@ -646,6 +649,21 @@ class ArchiveUploader:
                 self.stats.files_offloaded += 1
                 log.info("relay file offloaded: its bytes are read back from the archive, a stub stays", file=name,
                          sha256=sha)
+
+    def _indexed(self, name: str) -> bool:
+        """Whether the store's indexers are done with closed file ``name`` (its file and transaction indexes are
+        written)."""
+        from . import fileindex, txindex
+
+        if name in self._indexed_names:
+            return True
+        if not fileindex.sidecar_path(self.relay_dir, name).is_file():
+            return False
+        side, _why = txindex.load(self.relay_dir, name)
+        if side is None or side.footer is None:  # none yet, or still growing (its footer is written at the close)
+            return False
+        self._indexed_names.add(name)
+        return True
 
     def _checked_manifest_sha(self, name: str) -> str:
         """The manifest's SHA-256 of a file sealed before this process started, checked against the local bytes

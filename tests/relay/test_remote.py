@@ -36,8 +36,25 @@ def offloaded(tmp_path: Path, *, keep="1 files", cache_bytes=1 << 30, bucket=Non
     up = relay.uploader(bucket, keep_local=remote.parse_keep_local(keep),
                         location=("file://" + os.fspath(tmp_path / "bucket"), None, None))
     up.cache = cache
+    wait_indexed(relay.dir, [F1, F2])
     up.run_once()
     return relay, bucket, cache, up
+
+
+def wait_indexed(relay_dir: Path, names, timeout: float = 30.0) -> None:
+    """Until the store's indexers are done with these closed files (offload waits for that)."""
+    import time
+
+    from relayproxy.relay import txindex
+
+    deadline = time.monotonic() + timeout
+    while True:
+        sides = [txindex.load(relay_dir, n)[0] for n in names]
+        if all(side is not None and side.footer is not None for side in sides) and all(
+                fileindex.sidecar_path(relay_dir, n).is_file() for n in names):
+            return
+        assert time.monotonic() < deadline, "the indexers did not finish the closed files"
+        time.sleep(0.05)
 
 
 @pytest.fixture(autouse=True)
@@ -272,4 +289,33 @@ def test_status_and_metrics_show_offloads_and_the_cache(tmp_path):
     assert fams["relayproxy_archive_cache_bytes"].samples[0].value == doc["cache"]["bytes"]
     shown = format_status({"archive": doc})
     assert "Archive cache:          1 files offloaded (keep local 1 files)" in shown and "1 fetches" in shown
+    relay.store.close()
+
+
+def test_a_file_of_many_parts_is_fetched_in_parallel_in_order_and_a_bad_part_is_named(tmp_path):
+    relay = Relay(tmp_path, per_file=1200)
+    bucket = FileObjectStore(tmp_path / "bucket")
+    up = relay.uploader(bucket, keep_local=(None, 0), location=("file://" + os.fspath(tmp_path / "bucket"), None, None))
+    cache = remote.ArchiveCache(bucket, tmp_path / "cache")
+    remote.configure(relay.dir, cache)
+    step = max(1, len(relay.events) // 60)
+    while relay.fed < len(relay.events):
+        relay.feed(step)
+        up.run_once()
+    wait_indexed(relay.dir, [F1, F2])
+    up.run_once()
+    parts = sorted(o.key for o in bucket.list("files/" + F1 + "/part."))
+    assert len(parts) > 2 * remote.FETCH_PARALLEL and CF.is_remote(CF.locate(relay.dir / F1))
+    image = dict(relay.images)[F1]
+    with CF.open_relay_file(relay.dir / F1) as f:
+        assert f.read(0, len(image)) == image
+    cache.forget(F1)
+    victim = parts[len(parts) // 2]
+    stored = tmp_path / "bucket" / victim
+    stored.write_bytes(stored.read_bytes()[:-1] + b"\x00")
+    with CF.open_relay_file(relay.dir / F1) as f:
+        with pytest.raises(CF.StoredFileError) as caught:
+            f.read(0, len(image))
+    assert caught.value.key == victim
+    assert sorted(os.listdir(tmp_path / "cache")) == []  # no copy, no part left behind
     relay.store.close()
