@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..log import get_logger
-from ..relay import closed_files
+from ..relay import closed_files, remote
 from ..relay.catalog import FileCatalog
 from ..relay.epochs import Epochs, EpochsError, gtid_text, parse_gtid_text, read_epochs
 from ..relay.horizon import Horizon
@@ -237,7 +237,8 @@ class SenderPool:
                "--write-timeout", str(self.write_timeout), "--net-read-timeout", str(self.net_read_timeout)]
         try:
             # The keyring of encrypted closed files (relay/closed_files.py) goes by the environment, never argv.
-            env = {**os.environ, **closed_files.env_for_children(relay_dir)}
+            # So do the archive's options, for files offloaded to the bucket (relay/remote.py; no secret in them).
+            env = {**os.environ, **closed_files.env_for_children(relay_dir), **remote.env_for_children(relay_dir)}
             process = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env)
         finally:
             child.close()
@@ -613,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(fmt=args.log_format, level=args.log_level)
     closed_files.configure_from_env(args.relay_dir)  # encrypted closed files: the relay's keyring
-    from ..relay import remote  # noqa: F401 - offloaded files: read back from the stub's archive (AWS chain)
+    remote.configure_from_env(args.relay_dir)  # offloaded files: the relay's bucket and cache
     sock = socket.socket(fileno=args.fd)
 
     async def run() -> None:

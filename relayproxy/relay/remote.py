@@ -26,6 +26,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -302,15 +303,18 @@ class ArchiveCache:
     """Fetches offloaded files from ``bucket`` into ``cache_dir`` (bounded by ``max_bytes``) and hands out the
     local path of a verified copy (module doc). Thread-safe."""
 
-    def __init__(self, bucket: ObjectStore, cache_dir: Path, max_bytes: int = DEFAULT_CACHE_BYTES, *, keyring=None):
+    def __init__(self, bucket: ObjectStore, cache_dir: Path, max_bytes: int = DEFAULT_CACHE_BYTES, *, keyring=None,
+                 owner: bool = True):
         self.bucket = bucket
         self.cache_dir = Path(cache_dir)
         self.max_bytes = int(max_bytes)
         self.keyring = keyring
+        self.owner = owner
         self.stats = CacheStats()
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._cleaned = False
+        self.child_options: dict | None = None  # set by cache_from_config (env_for_children)
 
     def _lock_for(self, name: str) -> threading.Lock:
         with self._guard:
@@ -321,9 +325,13 @@ class ArchiveCache:
         if self._cleaned:
             return
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        for entry in os.scandir(self.cache_dir):
-            if entry.name.endswith(TMP_SUFFIX) and entry.is_file(follow_symlinks=False):
-                os.unlink(entry.path)
+        if self.owner:  # a sender process shares the directory: only the relay clears it
+            for entry in os.scandir(self.cache_dir):
+                if entry.name.endswith(TMP_SUFFIX):
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        os.unlink(entry.path)
         self._cleaned = True
 
     def fetch(self, stub: RemoteStub) -> Path:
@@ -349,7 +357,10 @@ class ArchiveCache:
     def _fetch(self, stub: RemoteStub, target: Path) -> Path:
         started = time.monotonic()
         self._clean()
-        tmp = self.cache_dir / (stub.name + TMP_SUFFIX)
+        fd, tmp_name = tempfile.mkstemp(prefix=stub.name + ".", suffix=TMP_SUFFIX, dir=self.cache_dir)
+        os.close(fd)  # a name of its own: a sender process may fetch the same file at the same time
+        tmp = Path(tmp_name)
+        scratch = tmp.with_name(tmp.name[: -len(TMP_SUFFIX)] + ".parts" + TMP_SUFFIX)
         try:
             manifest, parts = read_manifest(self.bucket, stub.name)
             if manifest["sha256"] != stub.sha256 or int(manifest["size"]) != stub.size:
@@ -358,9 +369,7 @@ class ArchiveCache:
                                        f"{manifest['sha256']}, {manifest['size']} bytes; the stub says {stub.sha256}, "
                                        f"{stub.size} bytes)", key, file=stub.name)
             with open(tmp, "wb") as out:
-                whole = download_parts(self.bucket, stub.name, parts, out, self.cache_dir / (stub.name + ".parts"
-                                                                                              + TMP_SUFFIX),
-                                       keyring=self.keyring)
+                whole = download_parts(self.bucket, stub.name, parts, out, scratch, keyring=self.keyring)
                 out.flush()
                 os.fsync(out.fileno())
             if whole.hexdigest() != stub.sha256:
@@ -376,7 +385,6 @@ class ArchiveCache:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
-            scratch = self.cache_dir / (stub.name + ".parts" + TMP_SUFFIX)
             if scratch.is_dir():
                 for entry in os.scandir(scratch):
                     os.unlink(entry.path)
@@ -471,13 +479,49 @@ def _default_cache(relay_dir: Path, stub: RemoteStub) -> ArchiveCache | None:
 CF.set_default_remote(_default_cache)
 
 
+CHILD_ENV = "RELAYPROXY_ARCHIVE_CACHE"  # the archive options handed to the relay's sender processes
+_ARCHIVE_OPTIONS = ("archive_url", "archive_endpoint", "archive_region", "archive_access_key_id",
+                    "archive_secret_access_key_file")
+
+
 def cache_from_config(cfg, bucket: ObjectStore, relay_dir: Path, keyring=None) -> ArchiveCache:
     from .retention import parse_size
 
     size = getattr(cfg, "archive_cache_size", None)
     cache_dir = getattr(cfg, "archive_cache_dir", None)
-    return ArchiveCache(bucket, Path(cache_dir) if cache_dir else Path(relay_dir) / CACHE_DIR,
-                        parse_size(size) if size else DEFAULT_CACHE_BYTES, keyring=keyring)
+    cache = ArchiveCache(bucket, Path(cache_dir) if cache_dir else Path(relay_dir) / CACHE_DIR,
+                         parse_size(size) if size else DEFAULT_CACHE_BYTES, keyring=keyring)
+    # For the sender processes: the options that open the same bucket (the secret stays in its file: a child reads
+    # it there, as the relay did) and the same cache.
+    cache.child_options = {key: getattr(cfg, key, None) for key in _ARCHIVE_OPTIONS}
+    return cache
+
+
+def env_for_children(relay_dir) -> dict[str, str]:
+    """Environment entries that let a sender process (downstream/workers.py) read offloaded files through the
+    relay's bucket and cache (``configure_from_env`` reads them back); none when no archive is configured."""
+    cache = CF.remote_source_of(relay_dir)
+    options = getattr(cache, "child_options", None)
+    if not options:
+        return {}
+    return {CHILD_ENV: json.dumps({**options, "cache_dir": os.fspath(cache.cache_dir),
+                                   "max_bytes": cache.max_bytes})}
+
+
+def configure_from_env(relay_dir) -> None:
+    """In a sender process: the relay's archive cache, from ``env_for_children``'s entry (dropped from the
+    environment)."""
+    from types import SimpleNamespace
+
+    from .objectstore import from_config
+
+    value = os.environ.pop(CHILD_ENV, None)
+    if not value:
+        return
+    options = json.loads(value)
+    bucket = from_config(SimpleNamespace(**{key: options.get(key) for key in _ARCHIVE_OPTIONS}))
+    configure(relay_dir, ArchiveCache(bucket, Path(options["cache_dir"]), int(options["max_bytes"]),
+                                      keyring=CF.keyring_of(relay_dir), owner=False))
 
 
 Fetcher = Callable[[RemoteStub], Path]

@@ -319,3 +319,28 @@ def test_a_file_of_many_parts_is_fetched_in_parallel_in_order_and_a_bad_part_is_
     assert caught.value.key == victim
     assert sorted(os.listdir(tmp_path / "cache")) == []  # no copy, no part left behind
     relay.store.close()
+
+
+def test_a_sender_process_gets_the_relays_bucket_and_cache_without_the_secret(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    secret = tmp_path / "secret"
+    secret.write_text("the-secret-key\n")
+    cfg = SimpleNamespace(archive_url="file://" + os.fspath(tmp_path / "bucket"), archive_endpoint=None,
+                          archive_region=None, archive_access_key_id="AKIDEXAMPLE", archive_secret_access_key_file=os.fspath(secret),
+                          archive_cache_size="2M", archive_cache_dir=None)
+    relay, bucket, _cache, _up = offloaded(tmp_path)
+    cache = remote.cache_from_config(cfg, bucket, relay.dir)
+    remote.configure(relay.dir, cache)
+    env = remote.env_for_children(relay.dir)
+    assert list(env) == [remote.CHILD_ENV] and "the-secret-key" not in env[remote.CHILD_ENV]
+    CF._remote_sources.clear()
+    monkeypatch.setenv(remote.CHILD_ENV, env[remote.CHILD_ENV])
+    remote.configure_from_env(relay.dir)  # as the sender process does
+    assert remote.CHILD_ENV not in os.environ
+    child = CF.remote_source_of(relay.dir)
+    assert child.cache_dir == relay.dir / remote.CACHE_DIR and child.max_bytes == 2 << 20 and not child.owner
+    image = dict(relay.images)[F1]
+    with CF.open_relay_file(relay.dir / F1) as f:
+        assert f.read(0, len(image)) == image
+    relay.store.close()
