@@ -134,7 +134,7 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
         horizon = {}
     except ValueError as exc:
         raise RestoreError(f"{HORIZON_KEY} is not readable JSON: {exc}") from None
-    # horizon.json is written after each part, so it is never ahead of the parts: what it names must be there.
+    # horizon.json is written after the parts it names, so it is never ahead of them: what it names must be there.
     hfile, hpos = horizon.get("file"), horizon.get("position")
     if hfile is not None and isinstance(hpos, int):
         have_end = listed[hfile].end if hfile in listed else 0

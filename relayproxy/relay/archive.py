@@ -24,7 +24,8 @@ Bucket layout, under the URL's prefix (``relay/objectstore.py``; readable withou
     horizon.json                          the archive horizon: {"format": "relayproxy-archive-horizon",
                                           "version": 1, "file", "position", "gtids" (the store's horizon text at
                                           that position; null when the part ended a closed file and the state
-                                          there was not observed), "updated"}, rewritten after each part
+                                          there was not observed), "updated"}, rewritten at most every
+                                          HORIZON_EVERY seconds and at each seal: never ahead of the parts
 
 The thread (``ArchiveUploader``) reads only ``files()`` and ``horizon()`` (immutable values) and the files
 themselves: ingest and replicas never wait for it. On start it lists the bucket (resume: nothing is uploaded
@@ -67,6 +68,8 @@ UUID_KEY = "state/uuid"
 SCRATCH_DIR = "relayproxy.archive-upload"  # temporary part payloads, in the relay directory (never in /tmp)
 IN_MEMORY_PART = 8 << 20  # a plain part up to this size is uploaded from memory
 FAILING_AFTER = 30.0  # seconds of consecutive failures before the state is "failing"
+STALLED_AFTER = 10.0  # seconds a pass may wait on the bucket before the state says "retrying" (a hung bucket)
+HORIZON_EVERY = 10.0  # seconds between rewrites of horizon.json (at most)
 MAX_BACKOFF = 10.0
 _CHUNK = 1 << 20
 _PART = re.compile(r"^part\.(\d{20})-(\d{20})$")
@@ -261,6 +264,9 @@ class ArchiveUploader:
         self._failing_since: float | None = None
         self._listed: dict[str, BucketFile] | None = None  # None until the first listing
         self._relist = False  # list the bucket again at the next pass (after a failure)
+        self._horizon_doc: dict | None = None  # horizon.json not yet written (_put_horizon)
+        self._horizon_put_at: float | None = None
+        self._pass_started: float | None = None  # monotonic start of the pass under way (a hung bucket shows)
         self._part_sha: dict[tuple[str, int, int], str] = {}
         self._running: dict[str, tuple[int, "hashlib._Hash"]] = {}  # name -> (end hashed, hash) of the open file
         self._sizes: dict[str, int] = {}
@@ -313,6 +319,7 @@ class ArchiveUploader:
         delay = self.interval
         failures = 0
         while not self._stop.is_set():
+            self._pass_started = time.monotonic()
             try:
                 self.run_once()
             except _Stopped:
@@ -329,6 +336,7 @@ class ArchiveUploader:
             else:
                 failures = 0
                 self._succeeded()
+            self._pass_started = None
             delay = self.interval if failures == 0 else min(MAX_BACKOFF, self.interval * (2 ** min(failures, 8)))
             with self._pass_done:
                 self.passes += 1
@@ -542,9 +550,21 @@ class ArchiveUploader:
         self.stats.parts_uploaded += 1
         gtids = snap.text if (name, end) == (snap.file, snap.position) else None
         self.archive_horizon = (name, end, gtids)
-        doc = {"format": FORMAT + "-horizon", "version": VERSION, "file": name, "position": end, "gtids": gtids,
-               "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self._horizon_doc = {"format": FORMAT + "-horizon", "version": VERSION, "file": name, "position": end,
+                             "gtids": gtids, "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self._put_horizon()
+
+    def _put_horizon(self, *, force: bool = False) -> None:
+        """horizon.json, at most every HORIZON_EVERY seconds (it was half of all PUTs when written after every
+        part); never ahead of the parts, so a restore that finds it behind them loses nothing."""
+        doc = self._horizon_doc
+        now = time.monotonic()
+        if doc is None or (not force and self._horizon_put_at is not None
+                           and now - self._horizon_put_at < HORIZON_EVERY):
+            return
         self._put(HORIZON_KEY, (json.dumps(doc, sort_keys=True) + "\n").encode())
+        self._horizon_doc = None
+        self._horizon_put_at = now
 
     def _upload_part(self, step: UploadPart, snap) -> None:
         name, start, end = step.name, step.start, step.end
@@ -618,6 +638,7 @@ class ArchiveUploader:
         manifest = {"format": FORMAT + "-file", "version": VERSION, "name": name, "size": size, "sha256": whole,
                     "parts": parts}
         self._put(manifest_key(name), (json.dumps(manifest, indent=2) + "\n").encode())
+        self._put_horizon(force=True)
         self._listed = {**self._listed, name: BucketFile(name, have.parts, True)}
         self._sealed_sha[name] = whole
         self.stats.files_sealed += 1
@@ -737,8 +758,26 @@ class ArchiveUploader:
         seconds = 0.0 if self._caught_up_at is None else max(0.0, time.time() - self._caught_up_at)
         return lag_bytes, round(seconds, 3)
 
+    def check_stalled(self) -> None:
+        """A pass waiting on the bucket for more than STALLED_AFTER seconds (a bucket that accepts connections and
+        does not answer: its request ends only at the client's timeouts) shows as retrying, then failing, with the
+        reason; the thread itself is still waiting. Called whenever the state is read."""
+        started = self._pass_started
+        if started is None or self.state == STATE_FAILING:
+            return
+        waited = time.monotonic() - started
+        if waited < STALLED_AFTER:
+            return
+        with self._lock:
+            self.last_error = f"the bucket has not answered for {waited:.0f} s ({self.bucket.url})"
+            if self._failing_since is None:
+                self._failing_since = started
+            self._set_state(STATE_FAILING if time.monotonic() - self._failing_since >= FAILING_AFTER
+                            else STATE_RETRYING)
+
     def describe(self) -> dict:
         """The ``archive`` section of /status: the URL (no credentials), state, horizon, lag and counters."""
+        self.check_stalled()
         lag_bytes, lag_seconds = self.lag()
         afile, apos, gtids = self.archive_horizon
         return {

@@ -540,3 +540,61 @@ def test_a_bucket_that_comes_back_without_its_objects_gets_them_again(tmp_path):
         assert bucket_bytes(bucket, name, tmp=tmp_path) == image
     assert json.loads(bucket.get(A.ARCHIVE_KEY))["format"] == "relayproxy-archive"
     relay.store.close()
+
+
+class Hangs(FileObjectStore):
+    """A bucket that accepts a put and does not answer until ``release`` is set (a stopped server)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        import threading
+
+        self.release = threading.Event()
+        self.hang = False
+
+    def put(self, key, data, metadata=None):
+        if self.hang:
+            self.release.wait(30)
+        return super().put(key, data, metadata)
+
+
+def test_a_bucket_that_does_not_answer_shows_as_retrying_then_ok(tmp_path, monkeypatch):
+    monkeypatch.setattr(A, "STALLED_AFTER", 0.3)
+    relay = Relay(tmp_path)
+    relay.feed(200)
+    bucket = Hangs(tmp_path / "bucket")
+    up = relay.uploader(bucket)
+    up.start()
+    try:
+        assert up.wait_idle(20)
+        bucket.hang = True
+        relay.feed(200)
+        deadline = time.monotonic() + 10
+        while up.describe()["state"] != "retrying":
+            assert time.monotonic() < deadline, up.describe()
+            time.sleep(0.05)
+        assert "has not answered for" in up.describe()["last_error"]
+        bucket.hang = False
+        bucket.release.set()
+        assert up.wait_idle(20) and up.describe()["state"] == "ok" and up.describe()["last_error"] is None
+    finally:
+        up.close()
+        relay.store.close()
+
+
+def test_horizon_json_is_rewritten_at_most_every_few_seconds_and_at_each_seal(tmp_path):
+    relay = Relay(tmp_path)
+    bucket = FileObjectStore(tmp_path / "bucket")
+    up = relay.uploader(bucket)
+    relay.feed(100)
+    up.run_once()
+    first = json.loads(bucket.get(A.HORIZON_KEY))
+    for _ in range(5):
+        relay.feed(50)
+        up.run_once()
+    assert json.loads(bucket.get(A.HORIZON_KEY)) == first  # parts went up, horizon.json waits (never ahead)
+    assert up.stats.parts_uploaded == 6
+    relay.feed(len(relay.events))  # the first file closes: its seal writes horizon.json
+    up.run_once()
+    assert json.loads(bucket.get(A.HORIZON_KEY))["position"] > first["position"]
+    relay.store.close()
