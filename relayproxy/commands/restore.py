@@ -28,6 +28,9 @@ class RestoreError(Exception):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="from_url", required=True, metavar="URL",
                         help="the archive: s3://bucket/prefix or file:///path (archive_url of the old relay)")
+    parser.add_argument("--from-oldest-complete", action="store_true",
+                        help="when the oldest files' objects are incomplete (a lifecycle rule expired their parts), "
+                             "restore from the first file after them instead of refusing")
     parser.add_argument("--master-password-file", metavar="PATH",
                         help="the replication password of a master chosen by CHANGE MASTER (the archive never holds "
                              "it); without it only the configured master is used")
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     created = not relay_dir.exists()
     relay_dir.mkdir(parents=True, exist_ok=True)
     try:
-        summary = restore(bucket, relay_dir, keyring=keyring, master_password=password, say=print)
+        summary = restore(bucket, relay_dir, keyring=keyring, master_password=password, say=print,
+                          from_oldest_complete=args.from_oldest_complete)
     except Exception as exc:  # noqa: BLE001 - whatever failed, DIR is emptied again and the cause named
         empty_dir(relay_dir, remove=created)
         print(f"relayproxy restore: {exc}", file=sys.stderr)
@@ -107,10 +111,56 @@ def empty_dir(relay_dir: Path, *, remove: bool = False, keep_prefix: str | None 
             pass
 
 
-def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | None = None, say=lambda *_: None) -> dict:
+def _listing(keys: list[str]):
+    """(BucketFile per file whose parts chain, {name: why} for the others): bucket_files one file at a time."""
+    from ..relay.archive import ArchiveError, bucket_files
+    from ..relay.remote import FILES_PREFIX
+
+    by_name: dict[str, list[str]] = {}
+    for key in keys:
+        name = key[len(FILES_PREFIX):].rpartition("/")[0] if key.startswith(FILES_PREFIX) else ""
+        if name and "/" not in name:
+            by_name.setdefault(name, []).append(key)
+    listed, broken = {}, {}
+    for name, group in by_name.items():
+        try:
+            listed.update(bucket_files(group))
+        except ArchiveError as exc:
+            broken[name] = str(exc)
+    return listed, broken
+
+
+def _problem(bucket, name: str, listed, broken, *, newest: bool) -> str | None:
+    """Why file ``name``'s objects cannot be restored (checked before anything is downloaded), or None."""
+    from ..relay.remote import ArchiveReadError, manifest_key, part_key, read_manifest
+
+    if name in broken:
+        return broken[name]
+    have = listed[name]
+    if not have.sealed:
+        if not newest:
+            return f"{manifest_key(name)} is missing: {name} is not the newest file of the archive, so it must be sealed"
+    else:
+        try:
+            _manifest, want = read_manifest(bucket, name)
+        except ArchiveReadError as exc:
+            return str(exc)
+        missing = [key for _s, _e, key, _h in want if (_s, _e) not in set(have.parts)]
+        if missing:
+            return f"{missing[0]} is missing (named by {manifest_key(name)})"
+        if [(a, b) for a, b, _k, _h in want] != list(have.parts):
+            return f"{manifest_key(name)} names other parts than the bucket holds for {name}"
+    if not have.parts or have.parts[0][0] != 0:
+        return (f"{part_key(name, 0, have.parts[0][1]) if have.parts else manifest_key(name)} is missing: {name} has "
+                "no part from its start")
+    return None
+
+
+def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | None = None, say=lambda *_: None,
+            from_oldest_complete: bool = False) -> dict:
     """Rebuild ``relay_dir`` (empty) from ``bucket`` (an ObjectStore); returns a summary. RestoreError (or
     ArchiveError, ObjectStoreError) naming the object at fault; the caller empties the directory then."""
-    from ..relay.archive import ARCHIVE_KEY, EPOCHS_KEY, HORIZON_KEY, MASTER_KEY, UUID_KEY, bucket_files
+    from ..relay.archive import ARCHIVE_KEY, EPOCHS_KEY, HORIZON_KEY, MASTER_KEY, UUID_KEY
     from ..relay.remote import FILES_PREFIX, ArchiveReadError, download_parts, manifest_key, part_key, read_manifest
     from ..relay.closed_files import TMP_SUFFIX
     from ..relay.durable import fsync_dir, write_file_atomically, write_index
@@ -126,8 +176,22 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
         raise RestoreError(f"{ARCHIVE_KEY} is not readable JSON: {exc}") from None
     if marker.get("format") != "relayproxy-archive" or marker.get("version") != 1:
         raise RestoreError(f"{ARCHIVE_KEY} is not a relayproxy archive of version 1")
-    listed = bucket_files(o.key for o in bucket.list(FILES_PREFIX))
-    names = _order(listed)
+    listed, broken = _listing([o.key for o in bucket.list(FILES_PREFIX)])
+    names = _order(set(listed) | set(broken))
+    if names:
+        problems = [(i, _problem(bucket, name, listed, broken, newest=i == len(names) - 1))
+                    for i, name in enumerate(names)]
+        problems = [(i, why) for i, why in problems if why is not None]
+        if problems:
+            last, why = problems[-1]
+            if not from_oldest_complete or last == len(names) - 1:
+                hint = "" if last == len(names) - 1 else (
+                    " (a lifecycle rule that expired old parts leaves the oldest files incomplete: "
+                    "--from-oldest-complete restores from the first file after them)")
+                raise RestoreError(why + hint)
+            say(f"skipped {last + 1} file(s) {names[0]} to {names[last]} whose objects are incomplete ({why}): the "
+                f"restored relay starts at {names[last + 1]}")
+            names = names[last + 1:]
     try:
         horizon = json.loads(bucket.get(HORIZON_KEY))
     except ObjectNotFound:
@@ -143,10 +207,6 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
                                f"{hfile} up to {hpos}, the bucket's parts end at {have_end}")
     if not names:
         raise RestoreError(f"{bucket.url} holds no relay file")
-    for name in names[:-1]:
-        if not listed[name].sealed:
-            raise RestoreError(f"{manifest_key(name)} is missing: {name} is not the newest file of the archive, "
-                               "so it must be sealed")
     scratch = relay_dir / SCRATCH
     scratch.mkdir()
     total = 0

@@ -25,7 +25,8 @@ Bucket layout, under the URL's prefix (``relay/objectstore.py``; readable withou
                                           "version": 1, "file", "position", "gtids" (the store's horizon text at
                                           that position; null when the part ended a closed file and the state
                                           there was not observed), "updated"}, rewritten at most every
-                                          HORIZON_EVERY seconds and at each seal: never ahead of the parts
+                                          HORIZON_EVERY seconds, at each seal and at each file's first part:
+                                          never ahead of the parts
 
 The thread (``ArchiveUploader``) reads only ``files()`` and ``horizon()`` (immutable values) and the files
 themselves: ingest and replicas never wait for it. On start it lists the bucket (resume: nothing is uploaded
@@ -69,7 +70,7 @@ SCRATCH_DIR = "relayproxy.archive-upload"  # temporary part payloads, in the rel
 IN_MEMORY_PART = 8 << 20  # a plain part up to this size is uploaded from memory
 FAILING_AFTER = 30.0  # seconds of consecutive failures before the state is "failing"
 STALLED_AFTER = 10.0  # seconds a pass may wait on the bucket before the state says "retrying" (a hung bucket)
-HORIZON_EVERY = 10.0  # seconds between rewrites of horizon.json (at most)
+HORIZON_EVERY = 10.0  # seconds between rewrites of horizon.json (at most; also at each seal and first part)
 MAX_BACKOFF = 10.0
 _CHUNK = 1 << 20
 _PART = re.compile(r"^part\.(\d{20})-(\d{20})$")
@@ -552,7 +553,9 @@ class ArchiveUploader:
         self.archive_horizon = (name, end, gtids)
         self._horizon_doc = {"format": FORMAT + "-horizon", "version": VERSION, "file": name, "position": end,
                              "gtids": gtids, "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        self._put_horizon()
+        # A file's first part is named at once: horizon.json then always names the newest file, so a restore can
+        # tell that file's parts gone from a file that never was.
+        self._put_horizon(force=start == 0)
 
     def _put_horizon(self, *, force: bool = False) -> None:
         """horizon.json, at most every HORIZON_EVERY seconds (it was half of all PUTs when written after every

@@ -172,3 +172,29 @@ def test_real_mariadb_files_archived_and_restored_byte_for_byte(tmp_path, corpus
                                                                         "0-10-262796")
     for name in names:
         assert (target / name).read_bytes() == files[name]
+
+
+@pytest.mark.parametrize("expired", ["first part", "whole file but its manifest"])
+def test_oldest_files_expired_by_a_lifecycle_rule_are_refused_or_skipped_when_asked(tmp_path, expired):
+    relay, up = archived(tmp_path)
+    relay.store.close()
+    bucket = tmp_path / "bucket"
+    first = relay.images[0][0]
+    parts = sorted((bucket / "files" / first).glob("part.*"))
+    for part in parts[:1] if expired == "first part" else parts:
+        part.unlink()
+    target = tmp_path / "restored"
+    refused = restore_cli("--from", f"file://{bucket}", "--relay-dir", str(target))
+    assert refused.returncode == 1 and f"files/{first}/part." in refused.stderr
+    assert "--from-oldest-complete" in refused.stderr
+    assert not target.exists() or not any(target.iterdir())
+    done = restore_cli("--from", f"file://{bucket}", "--from-oldest-complete", "--relay-dir", str(target))
+    assert done.returncode == 0, done.stderr
+    assert f"skipped 1 file(s) {first} to {first}" in done.stdout
+    names = [n for n, _ in relay.images]
+    assert (target / "relayproxy.index").read_text().split() == names[1:]
+    for name, image in relay.images[1:-1]:
+        assert (target / name).read_bytes() == image
+    store = RelayStore.open(target, create=False)
+    assert store.files() == names[1:]
+    store.close()
