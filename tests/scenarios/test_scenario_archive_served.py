@@ -10,6 +10,9 @@ of one byte (each file is fetched again when asked). Then, with local files drop
   the relay keeps serving the replica;
 - the relay's directory wiped: a relay started on the empty directory with the same archive_url restores it from
   the bucket by itself, its files byte-identical to the master's, and follows the master.
+
+And the bucket's server killed under load and started again empty: ingest never stops, and the whole history goes
+up again from the relay's files (a restore from the bucket equals the master's files).
 """
 
 from __future__ import annotations
@@ -164,6 +167,53 @@ def test_archived_files_are_served_back_exactly_with_local_copies_dropped(mariad
         assert "relay directory restored from the archive" in reborn.log_tail(200000)
         assert_files_equal_master(reborn.relay_dir, master)
         assert covers(reborn.status()["retrieved_gtid_set"], binlog_pos(master))
+    finally:
+        if writer._thread.is_alive():  # noqa: SLF001
+            writer.stop()
+        relay.stop()
+
+
+def test_the_bucket_killed_under_load_and_back_empty_gets_the_whole_history_again(mariadb, s3_server,  # noqa: F811
+                                                                                  tmp_path):
+    """moto keeps its objects in memory: killed and started again, it comes back empty (the bucket created again,
+    as an operator would). The relay's ingest never stops; the uploader lists the bucket again after its failures
+    and puts everything back from its local files; a restore from the bucket then equals the master's files."""
+    import os
+    import sys
+
+    master = mariadb("master", extra_config={"rpl_semi_sync_master_enabled": 0})
+    prepare_master(master)
+    relay = RelayProcess(tmp_path / "relay", master.port, gtid_mode="mariadb",
+                         extra=["--archive-url", f"s3://{BUCKET}/{PREFIX}", "--archive-endpoint", s3_server.endpoint,
+                                "--archive-interval", "0.3"], env=s3_server.env)
+    writer = Writer(master, rotate_every=300)
+    try:
+        relay.start()
+        with writer:
+            relay.wait_for(lambda s: (s.get("archive") or {}).get("state") == "ok"
+                           and (s["archive"]["horizon"]["file"] or "") >= "master-bin.000002", TIMEOUT,
+                           "the archive into the second file")
+            s3_server.stop()  # killed: its objects are gone with it
+            before = relay.status()["read_master_log_pos"], relay.status()["master_log_file"]
+            relay.wait_for(lambda s: s["archive"]["state"] in ("retrying", "failing"), 30,
+                           "the archive to report the bucket gone")
+            during = relay.status()
+            assert (during["read_master_log_pos"], during["master_log_file"]) != before, "ingest stopped"
+            s3_server.start()
+            s3_server.create_bucket()
+            time.sleep(2)
+        wait_relay(relay, master, TIMEOUT)
+        relay.wait_for(lambda s: s["archive"]["state"] == "ok" and s["archive"]["lag_bytes"] == 0, TIMEOUT,
+                       "the archive to hold everything again")
+        keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=BUCKET, Prefix=PREFIX)["Contents"]]
+        assert f"{PREFIX}/relayproxy-archive.json" in keys
+        target = tmp_path / "restored"
+        restored = subprocess.run(
+            [sys.executable, "-m", "relayproxy.commands.cli", "restore", "--from", f"s3://{BUCKET}/{PREFIX}",
+             "--archive-endpoint", s3_server.endpoint, "--relay-dir", str(target)],
+            capture_output=True, text=True, timeout=300, env={**os.environ, **s3_server.env})
+        assert restored.returncode == 0, restored.stderr
+        assert_files_equal_master(target, master)
     finally:
         if writer._thread.is_alive():  # noqa: SLF001
             writer.stop()
