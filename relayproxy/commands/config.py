@@ -251,6 +251,10 @@ OPTIONS: tuple[Option, ...] = (
            "archive_url: keep local copies of only the newest sealed files, up to this size (50G) or count "
            "('20 files'); older ones are read back from the bucket through the cache (default: keep all)",
            "SIZE|N files"),
+    Option("archive_backlog_max", _size, None,
+           "archive_url: the most bytes of relay files not yet sealed in the bucket that retention keeps for it; "
+           "beyond, the oldest go by the retention limits and are marked as gaps in the bucket (default: keep all)",
+           "SIZE"),
     Option("archive_cache_dir", str, None,
            "archive_url: where files read back from the bucket are cached (default: relay_dir/relayproxy.cache)",
            "DIR"),

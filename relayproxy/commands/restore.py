@@ -160,7 +160,7 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
             from_oldest_complete: bool = False) -> dict:
     """Rebuild ``relay_dir`` (empty) from ``bucket`` (an ObjectStore); returns a summary. RestoreError (or
     ArchiveError, ObjectStoreError) naming the object at fault; the caller empties the directory then."""
-    from ..relay.archive import ARCHIVE_KEY, EPOCHS_KEY, HORIZON_KEY, MASTER_KEY, UUID_KEY
+    from ..relay.archive import ARCHIVE_KEY, EPOCHS_KEY, GAPS_PREFIX, HORIZON_KEY, MASTER_KEY, UUID_KEY
     from ..relay.remote import FILES_PREFIX, ArchiveReadError, download_parts, manifest_key, part_key, read_manifest
     from ..relay.closed_files import TMP_SUFFIX
     from ..relay.durable import fsync_dir, write_file_atomically, write_index
@@ -177,6 +177,11 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
     if marker.get("format") != "relayproxy-archive" or marker.get("version") != 1:
         raise RestoreError(f"{ARCHIVE_KEY} is not a relayproxy archive of version 1")
     listed, broken = _listing([o.key for o in bucket.list(FILES_PREFIX)])
+    for key in (o.key for o in bucket.list(GAPS_PREFIX)):  # files the relay purged before the bucket held them
+        name = key[len(GAPS_PREFIX):].removesuffix(".json")
+        listed.pop(name, None)
+        broken[name] = (f"{key}: {name} was purged from the relay before the archive held it whole "
+                        "(archive_backlog_max): the history has a gap there")
     names = _order(set(listed) | set(broken))
     if names:
         problems = [(i, _problem(bucket, name, listed, broken, newest=i == len(names) - 1))
@@ -186,8 +191,8 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
             last, why = problems[-1]
             if not from_oldest_complete or last == len(names) - 1:
                 hint = "" if last == len(names) - 1 else (
-                    " (a lifecycle rule that expired old parts leaves the oldest files incomplete: "
-                    "--from-oldest-complete restores from the first file after them)")
+                    " (a lifecycle rule that expired old parts leaves the oldest files incomplete, a gap leaves the "
+                    "files before it: --from-oldest-complete restores from the first file after them)")
                 raise RestoreError(why + hint)
             say(f"skipped {last + 1} file(s) {names[0]} to {names[last]} whose objects are incomplete ({why}): the "
                 f"restored relay starts at {names[last + 1]}")

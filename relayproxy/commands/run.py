@@ -295,7 +295,8 @@ def _start_archive(cfg, session, storage):
     uploader = ArchiveUploader(
         relay_dir, bucket, lambda: session.store.files(), lambda: session.store.horizon.snapshot(),
         flavour=lambda: session.store.flavour, storage=storage, interval=cfg.archive_interval or 1.0,
-        keep_local=keep_local, location=(display_url(cfg.archive_url), endpoint, cfg.archive_region))
+        keep_local=keep_local, location=(display_url(cfg.archive_url), endpoint, cfg.archive_region),
+        backlog_max=cfg.archive_backlog_max)
     uploader.cache = cache
     log.info("archive enabled", url=bucket.url, interval=uploader.interval,
              parts="framed: " + storage.describe() if uploader.storage is not None else "plain")
@@ -315,7 +316,7 @@ def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":
         policy, cfg.retention_interval, lambda: session.store,
         connections=lambda: ctx.connections if ctx is not None else {},
         catalog=lambda: ctx.catalog if ctx is not None else None,
-        hold=(lambda: session.archive.first_unsealed()) if getattr(session, "archive", None) is not None else None,
+        hold=(lambda: session.archive.hold_from()) if getattr(session, "archive", None) is not None else None,
     )
     session.retention = retention
     return asyncio.get_running_loop().create_task(retention.run(), name="relay-retention")

@@ -263,6 +263,7 @@ def _archive(a: dict[str, Any] | None) -> Iterator:
         ("parts_uploaded", "Parts of relay files put to the archive's bucket"),
         ("files_sealed", "Relay files sealed in the archive (their manifest written)"),
         ("files_offloaded", "Sealed relay files whose local copy was replaced by a stub (archive_keep_local)"),
+        ("gaps", "Relay files purged before the bucket held them whole (archive_backlog_max), marked in gaps/"),
         ("errors", "Archive passes that failed (each is retried with backoff)"),
     ):
         yield _counter(f"relayproxy_archive_{key}", help_text, a.get(key))
@@ -278,6 +279,8 @@ def _archive(a: dict[str, Any] | None) -> Iterator:
             yield _counter(f"relayproxy_archive_cache_{key}", help_text, cache.get(key))
     if cache:
         yield from _gauge("relayproxy_archive_cache_bytes", "Bytes held by the archive cache", cache.get("bytes"))
+    yield from _gauge("relayproxy_archive_backlog_bytes",
+                      "Stored bytes of the relay files from the first one not sealed in the bucket", a.get("backlog_bytes"))
     yield from _gauge("relayproxy_archive_lag_bytes", "Bytes of the relay's durable history not yet in the archive",
                       a.get("lag_bytes"))
     yield from _gauge("relayproxy_archive_lag_seconds",

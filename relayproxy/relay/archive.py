@@ -66,6 +66,7 @@ HORIZON_KEY = "horizon.json"
 EPOCHS_KEY = "state/epochs.json"
 MASTER_KEY = "state/master.json"
 UUID_KEY = "state/uuid"
+GAPS_PREFIX = "gaps/"  # gaps/<name>.json: a file retention purged before the bucket held it whole (backlog_max)
 SCRATCH_DIR = "relayproxy.archive-upload"  # temporary part payloads, in the relay directory (never in /tmp)
 IN_MEMORY_PART = 8 << 20  # a plain part up to this size is uploaded from memory
 FAILING_AFTER = 30.0  # seconds of consecutive failures before the state is "failing"
@@ -227,6 +228,7 @@ class ArchiveStats:
     parts_uploaded: int = 0
     files_sealed: int = 0
     files_offloaded: int = 0  # sealed files whose local copy was replaced by a stub (archive_keep_local)
+    gaps: int = 0  # files purged locally before the bucket held them whole (archive_backlog_max), marked in gaps/
     errors: int = 0
 
 
@@ -242,7 +244,7 @@ class ArchiveUploader:
                  horizon: Callable[[], object], *, flavour: Callable[[], str | None] = lambda: None,
                  storage=None, interval: float = 1.0, keyring=None,
                  keep_local: tuple[int | None, int | None] = (None, None),
-                 location: tuple[str, str | None, str | None] | None = None):
+                 location: tuple[str, str | None, str | None] | None = None, backlog_max: int | None = None):
         self.relay_dir = Path(relay_dir)
         self.bucket = bucket
         self._files = files
@@ -256,6 +258,11 @@ class ArchiveUploader:
         self.keep_local = keep_local
         self.location = location or (bucket.url, None, None)
         self._sealed_sha: dict[str, str] = {}
+        # archive_backlog_max: bytes of local files not sealed in the bucket that retention keeps for it; beyond
+        # them the oldest go by retention's own limits, and each one is marked in the bucket as a gap
+        self.backlog_max = backlog_max
+        self._last_files: list[str] = list(files())
+        self._gaps: set[str] = set()
         self._indexed_names: set[str] = set()  # closed files whose indexes are complete (offload may go on)
         self.cache = None  # the ArchiveCache offloaded files are read through (relay/remote.py), for /status
         self.stats = ArchiveStats()
@@ -387,6 +394,7 @@ class ArchiveUploader:
             self._marker_done = False  # checked again: a bucket that lost it gets it again
         snap = self._horizon()
         files = self._files()
+        self._mark_gaps(files)
         seen_at = time.time()
         sizes = {name: self._sizes[name] if name in self._sizes else CF.logical_size(self.relay_dir / name)
                  for name in files if name != snap.file}
@@ -438,6 +446,10 @@ class ArchiveUploader:
                 self._state_sent[key] = self.bucket.get(key)
             except ObjectNotFound:
                 pass
+        self._gaps = {o.key[len(GAPS_PREFIX):].removesuffix(".json") for o in self.bucket.list(GAPS_PREFIX)}
+        for name, have in listed.items():  # purged while this relay was down, before the bucket sealed it
+            if name not in local and not have.sealed and name not in self._gaps and local:
+                self._put_gap(name, have)
         scratch = self.relay_dir / SCRATCH_DIR
         shutil.rmtree(scratch, ignore_errors=True)
         log.info("archive resumed from the bucket", url=self.bucket.url, files=len(listed),
@@ -648,6 +660,27 @@ class ArchiveUploader:
         for start, end in have.parts:
             self._part_sha.pop((name, start, end), None)
 
+    def _mark_gaps(self, files: list[str]) -> None:
+        """Files gone from the relay (purged) since the last pass that the bucket had not sealed: each is a gap in the
+        archive's history, marked so that a restore never builds a relay with a hole in it."""
+        now = set(files)
+        for name in self._last_files:
+            have = self._listed.get(name)
+            if name not in now and (have is None or not have.sealed) and name not in self._gaps:
+                self._put_gap(name, have)
+        self._last_files = list(files)
+
+    def _put_gap(self, name: str, have: BucketFile | None) -> None:
+        doc = {"format": FORMAT + "-gap", "version": VERSION, "name": name,
+               "reason": "purged from the relay before the bucket held it whole (archive_backlog_max)",
+               "parts_in_bucket": [list(p) for p in (have.parts if have is not None else ())],
+               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self._put(f"{GAPS_PREFIX}{name}.json", (json.dumps(doc, indent=2) + "\n").encode())
+        self._gaps.add(name)
+        self.stats.gaps += 1
+        log.error("relay file purged before the archive held it: a gap in the archive (a restore starts after it)",
+                  file=name, url=self.bucket.url)
+
     def _offload(self, files: list[str], snap) -> None:
         """Replace the local copies of the oldest sealed files beyond ``keep_local`` by stubs (relay/remote.py)."""
         keep_bytes, keep_files = self.keep_local
@@ -735,6 +768,41 @@ class ArchiveUploader:
             return files[0] if files else None
         return first_unsealed(files, [name for name, f in listed.items() if f.sealed])
 
+    def hold_from(self) -> str | None:
+        """The oldest file retention and PURGE BINARY LOGS must keep for the archive: the first one not sealed, or,
+        with ``backlog_max``, the oldest of the newest unsealed files whose stored bytes fit in it (the newest file
+        always)."""
+        first = self.first_unsealed()
+        if first is None or self.backlog_max is None:
+            return first
+        files = self._files()
+        tail = files[files.index(first):] if first in files else []
+        sizes = []
+        for name in tail:
+            try:
+                sizes.append(CF.stored_stat(self.relay_dir / name).st_size)
+            except FileNotFoundError:
+                sizes.append(0)
+        total, i = sum(sizes), 0
+        while total > self.backlog_max and i < len(tail) - 1:
+            total -= sizes[i]
+            i += 1
+        return tail[i] if tail else first
+
+    def backlog_bytes(self) -> int:
+        """Stored bytes of the local files from the first one not sealed in the bucket."""
+        first = self.first_unsealed()
+        files = self._files()
+        if first is None or first not in files:
+            return 0
+        total = 0
+        for name in files[files.index(first):]:
+            try:
+                total += CF.stored_stat(self.relay_dir / name).st_size
+            except FileNotFoundError:
+                pass
+        return total
+
     def lag(self) -> tuple[int, float]:
         """(bytes, seconds) the archive is behind the store's horizon."""
         snap = self._horizon()
@@ -797,6 +865,9 @@ class ArchiveUploader:
             "parts_uploaded": self.stats.parts_uploaded,
             "files_sealed": self.stats.files_sealed,
             "files_offloaded": self.stats.files_offloaded,
+            "backlog_bytes": self.backlog_bytes(),
+            "backlog_max": self.backlog_max,
+            "gaps": self.stats.gaps,
             "keep_local": _describe_keep(self.keep_local),
             "cache": self.cache.describe() if self.cache is not None else None,
             "errors": self.stats.errors,

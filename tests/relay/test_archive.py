@@ -598,3 +598,36 @@ def test_horizon_json_is_rewritten_at_most_every_few_seconds_and_at_each_seal(tm
     up.run_once()
     assert json.loads(bucket.get(A.HORIZON_KEY))["position"] > first["position"]
     relay.store.close()
+
+
+def test_a_backlog_beyond_its_budget_goes_by_retention_and_is_marked_as_a_gap_restore_never_fills(tmp_path):
+    from relayproxy.commands.restore import RestoreError, restore
+
+    relay = Relay(tmp_path)
+    relay.feed(len(relay.events))
+    names = [n for n, _ in relay.images]
+    bucket = FailsOnce(tmp_path / "bucket")
+    newest = (relay.dir / names[-1]).stat().st_size
+    up = relay.uploader(bucket, backlog_max=newest + 10)  # room for the newest file only
+    assert up.first_unsealed() == names[0]
+    assert up.hold_from() == names[-1] and up.backlog_bytes() > newest
+    policy = RetentionPolicy(max_files=1)
+    plan = purge_with_policy(relay.store, {}, policy, RetentionStats(), hold=up.hold_from)
+    assert plan.purge == tuple(names[:-1])
+    up.run_once()  # the bucket answers: the purged files are gaps, the newest goes up
+    assert up.stats.gaps == 2 and up.describe()["gaps"] == 2
+    assert sorted(o.key for o in bucket.list(A.GAPS_PREFIX)) == [f"gaps/{n}.json" for n in names[:-1]]
+    again = relay.uploader(bucket)  # a restart: the gaps are known, not marked twice
+    again.run_once()
+    assert again.stats.gaps == 0
+    target = tmp_path / "restored"
+    target.mkdir()
+    with pytest.raises(RestoreError, match=f"gaps/{names[1]}.json"):
+        restore(bucket, target)
+    for entry in list(target.iterdir()):
+        import shutil
+
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    summary = restore(bucket, target, from_oldest_complete=True)
+    assert summary["files"] == 1 and (target / "relayproxy.index").read_text().split() == names[-1:]
+    relay.store.close()

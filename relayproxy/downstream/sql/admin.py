@@ -88,7 +88,7 @@ def run_purge(p: Parser, env: Env) -> Response:
         )
     # With archive_url, a file not yet sealed in the bucket stays (relay/archive.py): purging it would lose it.
     archive = getattr(getattr(env.ctx, "replication", None), "archive", None)
-    held = archive.first_unsealed() if archive is not None else None
+    held = archive.hold_from() if archive is not None else None
     if held in doomed:
         raise SqlError(
             ER_LOG_IN_USE, "HY000",
