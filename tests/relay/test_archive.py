@@ -631,3 +631,19 @@ def test_a_backlog_beyond_its_budget_goes_by_retention_and_is_marked_as_a_gap_re
     summary = restore(bucket, target, from_oldest_complete=True)
     assert summary["files"] == 1 and (target / "relayproxy.index").read_text().split() == names[-1:]
     relay.store.close()
+
+
+def test_a_file_purged_while_the_relay_was_down_before_its_seal_is_marked_at_the_next_start(tmp_path):
+    relay = Relay(tmp_path)
+    relay.feed(700)  # into the first file
+    bucket = FileObjectStore(tmp_path / "bucket")
+    relay.uploader(bucket).run_once()  # a part of the first file, not sealed
+    relay.feed(len(relay.events))
+    first = relay.images[0][0]
+    relay.store.purge_to(relay.images[1][0])  # retention while the uploader was not running (no hold)
+    again = relay.uploader(bucket)
+    again.run_once()
+    assert again.stats.gaps == 1
+    gap = json.loads(bucket.get(f"{A.GAPS_PREFIX}{first}.json"))
+    assert gap["name"] == first and gap["parts_in_bucket"]
+    relay.store.close()
