@@ -28,6 +28,9 @@ class RestoreError(Exception):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="from_url", required=True, metavar="URL",
                         help="the archive: s3://bucket/prefix or file:///path (archive_url of the old relay)")
+    parser.add_argument("--keep-local", metavar="SIZE|'N files'",
+                        help="download only the newest sealed files up to this size (50G) or count ('20 files'); the "
+                             "older ones stay in the bucket as stubs, read back through the cache (archive_keep_local)")
     parser.add_argument("--from-oldest-complete", action="store_true",
                         help="when the oldest files' objects are incomplete (a lifecycle rule expired their parts), "
                              "restore from the first file after them instead of refusing")
@@ -67,10 +70,14 @@ def run(args: argparse.Namespace) -> int:
         password = text.splitlines()[0] if text else ""
     try:
         from ..relay.conversion import keyring_from_config
-        from ..relay.objectstore import from_config
+        from ..relay.objectstore import display_url, from_config
+        from ..relay.remote import parse_keep_local
 
         bucket = from_config(cfg, url=args.from_url)
         keyring = keyring_from_config(cfg)
+        keep_local = parse_keep_local(args.keep_local)
+        location = (display_url(args.from_url), display_url(cfg.archive_endpoint) if cfg.archive_endpoint else None,
+                    cfg.archive_region)
     except (ValueError, OSError) as exc:
         print(f"relayproxy restore: {exc}", file=sys.stderr)
         return 2
@@ -78,12 +85,14 @@ def run(args: argparse.Namespace) -> int:
     relay_dir.mkdir(parents=True, exist_ok=True)
     try:
         summary = restore(bucket, relay_dir, keyring=keyring, master_password=password, say=print,
-                          from_oldest_complete=args.from_oldest_complete)
+                          from_oldest_complete=args.from_oldest_complete, keep_local=keep_local,
+                          location=location)
     except Exception as exc:  # noqa: BLE001 - whatever failed, DIR is emptied again and the cause named
         empty_dir(relay_dir, remove=created)
         print(f"relayproxy restore: {exc}", file=sys.stderr)
         return 1
-    print(f"restored {summary['files']} files, {summary['bytes']} bytes into {relay_dir}; the relay ends at "
+    stubs = f" ({summary['stubs']} of them left in the bucket as stubs)" if summary.get("stubs") else ""
+    print(f"restored {summary['files']} files{stubs}, {summary['bytes']} bytes into {relay_dir}; the relay ends at "
           f"{summary['file']}:{summary['position']}, GTID state {summary['gtids'] or '(none)'}")
     print("the archive holds no replication password: relayproxy run takes it from its configuration "
           "(password / password_file)" + (", and the CHANGE MASTER choice from --master-password-file"
@@ -156,12 +165,34 @@ def _problem(bucket, name: str, listed, broken, *, newest: bool) -> str | None:
     return None
 
 
+def _restore_sidecars(bucket, relay_dir: Path, name: str) -> None:
+    """The file's index sidecars from the bucket, when the uploader put them there (they are checked against the
+    file when loaded, and rebuilt when they do not match)."""
+    from ..relay import fileindex, txindex
+    from ..relay.archive import SIDECAR_LEAVES
+    from ..relay.durable import write_file_atomically
+    from ..relay.objectstore import ObjectNotFound
+    from ..relay.remote import FILES_PREFIX
+
+    paths = {"fileindex": fileindex.sidecar_path(relay_dir, name), "txindex": txindex.sidecar_path(relay_dir, name)}
+    for leaf in SIDECAR_LEAVES:
+        try:
+            data = bucket.get(f"{FILES_PREFIX}{name}/{leaf}")
+        except ObjectNotFound:
+            continue
+        write_file_atomically(paths[leaf], data)
+
+
 def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | None = None, say=lambda *_: None,
-            from_oldest_complete: bool = False) -> dict:
+            from_oldest_complete: bool = False, keep_local: tuple[int | None, int | None] = (None, None),
+            location: tuple[str, str | None, str | None] | None = None) -> dict:
     """Rebuild ``relay_dir`` (empty) from ``bucket`` (an ObjectStore); returns a summary. RestoreError (or
     ArchiveError, ObjectStoreError) naming the object at fault; the caller empties the directory then."""
     from ..relay.archive import ARCHIVE_KEY, EPOCHS_KEY, GAPS_PREFIX, HORIZON_KEY, MASTER_KEY, UUID_KEY
-    from ..relay.remote import FILES_PREFIX, ArchiveReadError, download_parts, manifest_key, part_key, read_manifest
+    from ..relay.remote import (
+        FILES_PREFIX, ArchiveCache, ArchiveReadError, configure, download_parts, manifest_key, part_key, plan_offload,
+        read_manifest, stub_from_bucket, write_stub,
+    )
     from ..relay.closed_files import TMP_SUFFIX
     from ..relay.durable import fsync_dir, write_file_atomically, write_index
     from ..relay.epochs import EPOCHS_NAME
@@ -215,8 +246,20 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
     scratch = relay_dir / SCRATCH
     scratch.mkdir()
     total = 0
+    # --keep-local: the older sealed files stay in the bucket, each as a stub (relay/remote.py); the newest ones
+    # (and always the newest file) are downloaded.
+    sealed = [(name, listed[name].end) for name in names[:-1] if listed[name].sealed]
+    stubbed = set(plan_offload(sealed, *keep_local))
     for name in names:
         have = listed[name]
+        _restore_sidecars(bucket, relay_dir, name)
+        if name in stubbed:
+            stub = stub_from_bucket(bucket, name, scratch, location=location or (bucket.url, None, None),
+                                    keyring=keyring)
+            write_stub(relay_dir, stub)
+            total += stub.size
+            say(f"{name}: {stub.size} bytes, left in the bucket (a stub: read back through the cache when asked)")
+            continue
         manifest = None
         if have.sealed:
             try:
@@ -278,10 +321,12 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
                                   .encode(), mode=0o600, ignore_umask=True)
     from ..relay.store import RelayStore
 
+    if stubbed:
+        configure(relay_dir, ArchiveCache(bucket, relay_dir / "relayproxy.cache", keyring=keyring))
     store = RelayStore.open(relay_dir, create=False)  # recovery, as relayproxy run opens it
     try:
         snap = store.horizon.snapshot()
-        summary = {"files": len(names), "bytes": total, "file": snap.file, "position": snap.position,
+        summary = {"files": len(names), "bytes": total, "stubs": len(stubbed), "file": snap.file, "position": snap.position,
                    "gtids": snap.text, "archive_horizon": horizon, "choice_restored": choice_restored,
                    "warnings": list(store.warnings)}
     finally:

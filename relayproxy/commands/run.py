@@ -244,7 +244,8 @@ def _restore_if_empty(cfg) -> None:
 
     from ..relay.archive import ARCHIVE_KEY
     from ..relay.conversion import keyring_from_config
-    from ..relay.objectstore import ObjectNotFound, ObjectStoreError, from_config
+    from ..relay.objectstore import ObjectNotFound, ObjectStoreError, display_url, from_config
+    from ..relay.remote import parse_keep_local
     from .restore import empty_dir, restore
 
     relay_dir = Path(cfg.relay_dir)
@@ -261,7 +262,11 @@ def _restore_if_empty(cfg) -> None:
     log.info("relay directory is empty: restoring it from the archive", url=bucket.url)
     try:
         summary = restore(bucket, relay_dir, keyring=keyring_from_config(cfg),
-                          say=lambda line: log.info("restore", step=line))
+                          say=lambda line: log.info("restore", step=line),
+                          keep_local=parse_keep_local(cfg.archive_keep_local),
+                          location=(display_url(cfg.archive_url),
+                                    display_url(cfg.archive_endpoint) if cfg.archive_endpoint else None,
+                                    cfg.archive_region))
     except Exception as exc:  # noqa: BLE001 - named, and the directory emptied again
         empty_dir(relay_dir, keep_prefix=LOCK_NAME)
         raise RelayStartupError(f"cannot restore the empty relay directory from {bucket.url}: {exc}") from None

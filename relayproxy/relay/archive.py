@@ -66,6 +66,7 @@ HORIZON_KEY = "horizon.json"
 EPOCHS_KEY = "state/epochs.json"
 MASTER_KEY = "state/master.json"
 UUID_KEY = "state/uuid"
+SIDECAR_LEAVES = ("fileindex", "txindex")  # files/<name>/<leaf>: the file's index sidecars, once complete
 GAPS_PREFIX = "gaps/"  # gaps/<name>.json: a file retention purged before the bucket held it whole (backlog_max)
 SCRATCH_DIR = "relayproxy.archive-upload"  # temporary part payloads, in the relay directory (never in /tmp)
 IN_MEMORY_PART = 8 << 20  # a plain part up to this size is uploaded from memory
@@ -263,6 +264,7 @@ class ArchiveUploader:
         self.backlog_max = backlog_max
         self._last_files: list[str] = list(files())
         self._gaps: set[str] = set()
+        self._sidecars_up: set[str] = set()  # files whose index sidecars are in the bucket
         self._indexed_names: set[str] = set()  # closed files whose indexes are complete (offload may go on)
         self.cache = None  # the ArchiveCache offloaded files are read through (relay/remote.py), for /status
         self.stats = ArchiveStats()
@@ -412,6 +414,7 @@ class ArchiveUploader:
             else:
                 self._seal(step)
         self._upload_state()
+        self._sidecars(files, snap)
         self._offload(files, snap)
         have = self._listed.get(snap.file) if snap.file is not None else None
         if snap.file is not None and self.archive_horizon[:2] != (snap.file, snap.position) and (
@@ -423,7 +426,14 @@ class ArchiveUploader:
 
     def _resume(self) -> None:
         """List the bucket; check what it holds of the local files that are not sealed against their bytes."""
-        listed = bucket_files(o.key for o in self.bucket.list(FILES_PREFIX))
+        keys = [o.key for o in self.bucket.list(FILES_PREFIX)]
+        listed = bucket_files(keys)
+        have_leaves: dict[str, set[str]] = {}
+        for key in keys:
+            name, _, leaf = key[len(FILES_PREFIX):].rpartition("/")
+            if leaf in SIDECAR_LEAVES:
+                have_leaves.setdefault(name, set()).add(leaf)
+        self._sidecars_up = {name for name, leaves in have_leaves.items() if leaves == set(SIDECAR_LEAVES)}
         local = set(self._files())
         for name, have in listed.items():
             if name not in local or have.sealed:
@@ -706,6 +716,33 @@ class ArchiveUploader:
                 self.stats.files_offloaded += 1
                 log.info("relay file offloaded: its bytes are read back from the archive, a stub stays", file=name,
                          sha256=sha)
+
+    def _sidecars(self, files: list[str], snap) -> None:
+        """Put the index sidecars of every sealed local file whose indexes are complete (once each)."""
+        for name in files:
+            have = self._listed.get(name)
+            if name == snap.file or have is None or not have.sealed:
+                break
+            if name in self._sidecars_up:
+                continue
+            stored = CF.locate(self.relay_dir / name)
+            if stored is None or CF.is_remote(stored) or not self._indexed(name):
+                continue
+            if self._stop.is_set():
+                raise _Stopped()
+            self._upload_sidecars(name)
+
+    def _upload_sidecars(self, name: str) -> None:
+        """The file's complete index sidecars, once, beside its parts: a restore that leaves the file in the bucket
+        (``--keep-local``) gets them, so the relay's indexers need not fetch the file to build them again."""
+        if name in self._sidecars_up:
+            return
+        from . import fileindex, txindex
+
+        for leaf, path in (("fileindex", fileindex.sidecar_path(self.relay_dir, name)),
+                           ("txindex", txindex.sidecar_path(self.relay_dir, name))):
+            self._put(f"{FILES_PREFIX}{name}/{leaf}", path.read_bytes())
+        self._sidecars_up.add(name)
 
     def _indexed(self, name: str) -> bool:
         """Whether the store's indexers are done with closed file ``name`` (its file and transaction indexes are

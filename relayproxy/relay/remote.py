@@ -121,7 +121,7 @@ def read_manifest(bucket: ObjectStore, name: str) -> tuple[dict, list[tuple[int,
 FETCH_PARALLEL = 8  # parts downloaded at once (a file open for an hour at archive_interval = 1 has 3,600 parts)
 
 
-def _fetch_part(bucket: ObjectStore, name: str, part: tuple[int, int, str, str | None], scratch: Path,
+def fetch_part(bucket: ObjectStore, name: str, part: tuple[int, int, str, str | None], scratch: Path,
                 keyring) -> Path:
     """Download and check one part; returns the path of its master's bytes in ``scratch`` (the caller removes it)."""
     start, end, key, want = part
@@ -181,7 +181,7 @@ def download_parts(bucket: ObjectStore, name: str, parts: Sequence[tuple[int, in
                 part = next(todo, None)
                 if part is None:
                     return
-                pending.append(pool.submit(_fetch_part, bucket, name, part, scratch, keyring))
+                pending.append(pool.submit(fetch_part, bucket, name, part, scratch, keyring))
 
         try:
             fill()
@@ -243,6 +243,57 @@ def plan_offload(closed: Sequence[tuple[str, int]], keep_bytes: int | None, keep
     return [name for name, _size in closed[:cut]]
 
 
+def write_stub(relay_dir: Path, stub: RemoteStub) -> Path:
+    """``<name>.remote`` written atomically (temp file, fsync, its mtime, rename, directory fsync); its path."""
+    target = Path(relay_dir) / (stub.name + REMOTE_SUFFIX)
+    tmp = Path(relay_dir) / (stub.name + REMOTE_SUFFIX + TMP_SUFFIX)
+    with open(tmp, "wb") as out:
+        out.write(stub.encode())
+        out.flush()
+        os.fsync(out.fileno())
+    os.utime(tmp, (stub.mtime, stub.mtime))  # retention by age keeps counting from the master's write
+    os.rename(tmp, target)
+    fsync_dir(relay_dir)
+    return target
+
+
+def read_range(bucket: ObjectStore, name: str, parts: Sequence[tuple[int, int, str, str | None]], lo: int, hi: int,
+               scratch: Path, *, keyring=None) -> bytes:
+    """The master's bytes [lo, hi) of file ``name``, from the parts that hold them, each downloaded whole and
+    checked (``fetch_part``): no unchecked byte."""
+    out = bytearray()
+    scratch.mkdir(parents=True, exist_ok=True)
+    for part in parts:
+        start, end = part[0], part[1]
+        if end <= lo or start >= hi:
+            continue
+        plain = fetch_part(bucket, name, part, scratch, keyring)
+        try:
+            with open(plain, "rb") as f:
+                f.seek(max(lo, start) - start)
+                out += f.read(min(hi, end) - max(lo, start))
+        finally:
+            _unlink(plain)
+    if len(out) != hi - lo:
+        raise ArchiveReadError(f"the parts of {name} do not hold its bytes [{lo}, {hi})", None, file=name)
+    return bytes(out)
+
+
+def stub_from_bucket(bucket: ObjectStore, name: str, scratch: Path, *, location: tuple[str, str | None, str | None],
+                     keyring=None) -> RemoteStub:
+    """The stub of sealed file ``name`` built from the bucket alone (its manifest, and the parts holding its first and
+    last ``REMOTE_EDGE`` bytes), for a restore that leaves the file there. Its mtime is the time of the file's first
+    event (the master wrote the file from then on; the bucket keeps no file times)."""
+    manifest, parts = read_manifest(bucket, name)
+    size = int(manifest["size"])
+    edge = min(size, REMOTE_EDGE)
+    head = read_range(bucket, name, parts, 0, edge, scratch, keyring=keyring)
+    tail = read_range(bucket, name, parts, size - edge, size, scratch, keyring=keyring)
+    mtime = float(int.from_bytes(head[4:8], "little")) if len(head) >= 8 else time.time()
+    url, endpoint, region = location
+    return RemoteStub(name, size, str(manifest["sha256"]), url, endpoint, region, mtime, head, tail)
+
+
 def offload_file(relay_dir: Path, name: str, *, sha256: str, url: str, endpoint: str | None = None,
                  region: str | None = None, keyring=None) -> RemoteStub | None:
     """Replace the local forms of closed file ``name`` with its stub (module doc). None when it is gone or is a stub
@@ -261,15 +312,7 @@ def offload_file(relay_dir: Path, name: str, *, sha256: str, url: str, endpoint:
     if len(head) != min(size, REMOTE_EDGE) or len(tail) != tail_len:
         raise OSError(errno.EIO, f"{name}: short read of its edges while offloading it")
     stub = RemoteStub(name, size, sha256, url, endpoint, region, mtime, head, tail)
-    target = relay_dir / (name + REMOTE_SUFFIX)
-    tmp = relay_dir / (name + REMOTE_SUFFIX + TMP_SUFFIX)
-    with open(tmp, "wb") as out:
-        out.write(stub.encode())
-        out.flush()
-        os.fsync(out.fileno())
-    os.utime(tmp, (mtime, mtime))  # retention by age keeps counting from the master's write
-    os.rename(tmp, target)
-    fsync_dir(relay_dir)
+    target = write_stub(relay_dir, stub)
     dirs = set()
     for candidate in CF.candidates(path):
         if candidate == target:

@@ -198,3 +198,32 @@ def test_oldest_files_expired_by_a_lifecycle_rule_are_refused_or_skipped_when_as
     store = RelayStore.open(target, create=False)
     assert store.files() == names[1:]
     store.close()
+
+
+def test_keep_local_leaves_old_files_in_the_bucket_as_stubs_with_their_indexes(tmp_path):
+    from relayproxy.relay import closed_files as CF
+    from relayproxy.relay import fileindex, remote, txindex
+
+    from ..relay.test_remote import wait_indexed
+
+    relay, up = archived(tmp_path)
+    names = [n for n, _ in relay.images]
+    wait_indexed(relay.dir, names[:-1])
+    up.run_once()  # the closed files' index sidecars go up beside their parts
+    relay.store.close()
+    target = tmp_path / "restored"
+    done = restore_cli("--from", f"file://{tmp_path / 'bucket'}", "--keep-local", "1 files", "--relay-dir", str(target))
+    assert done.returncode == 0, done.stderr
+    assert "1 of them left in the bucket as stubs" in done.stdout
+    assert CF.is_remote(CF.locate(target / names[0])) and not (target / names[0]).exists()
+    assert (target / names[1]).read_bytes() == relay.images[1][1]
+    for name in names[:-1]:
+        assert fileindex.load(target, name)[0] is not None
+        side, why = txindex.load(target, name)
+        assert side is not None and side.footer is not None, why
+    assert not (target / remote.CACHE_DIR).exists() or not any((target / remote.CACHE_DIR).iterdir())  # no fetch
+    with CF.open_relay_file(target / names[0]) as f:
+        assert f.read(0, f.size()) == relay.images[0][1]
+    stub = CF.read_stub(target / (names[0] + CF.REMOTE_SUFFIX))
+    assert stub.url == f"file://{tmp_path / 'bucket'}" and stub.sha256 == __import__("hashlib").sha256(
+        relay.images[0][1]).hexdigest()

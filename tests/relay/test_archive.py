@@ -175,6 +175,14 @@ def test_parts_follow_the_horizon_and_closed_files_are_sealed(tmp_path, bucket):
     assert up.describe()["lag_bytes"] == 0 and up.describe()["state"] in ("starting", "ok")
     marker = json.loads(bucket.get(A.ARCHIVE_KEY))
     assert (marker["format"], marker["flavour"]) == ("relayproxy-archive", "mariadb")
+    # Once the store's indexers are done with the closed files, their sidecars go up beside the parts, once.
+    from .test_remote import wait_indexed
+
+    wait_indexed(relay.dir, ["binlog.000001", "binlog.000002"])
+    up.run_once()
+    for name in ("binlog.000001", "binlog.000002"):
+        for leaf in A.SIDECAR_LEAVES:
+            assert bucket.head(f"files/{name}/{leaf}") is not None
     # A new uploader (a restart) lists the bucket and uploads nothing again.
     before = {o.key for o in bucket.list()}
     again = relay.uploader(bucket)
