@@ -67,17 +67,9 @@ class ConversionError(RuntimeError):
 def parse_archive_after(value: Any) -> tuple[float | None, int | None]:
     """``archive_after``: an age (``7d``, ``12h``, ``90m``, ``3600s``, seconds as a number) or a count of
     closed files to keep in the relay directory (``20 files``). Returns (seconds, files)."""
-    from .retention import parse_duration, parse_files_text
+    from .retention import parse_count_or, parse_duration
 
-    if value is None or value == "":
-        return None, None
-    files = parse_files_text(value)
-    if files is not None:
-        return None, files
-    try:
-        return parse_duration(value), None
-    except ValueError:
-        raise ValueError(f"archive_after {value!r} is neither an age (7d, 12h, 3600s) nor a count ('20 files')") from None
+    return parse_count_or(value, parse_duration, "archive_after", "an age (7d, 12h, 3600s)")
 
 
 def keyring_from_config(cfg) -> Keyring | None:

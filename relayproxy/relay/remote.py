@@ -212,18 +212,9 @@ def download_parts(bucket: ObjectStore, name: str, parts: Sequence[tuple[int, in
 def parse_keep_local(value) -> tuple[int | None, int | None]:
     """``archive_keep_local``: a size (``50G``: the newest sealed files up to that many stored bytes keep their local
     copies) or a count (``20 files``). Returns (bytes, files); (None, None) when unset (nothing is offloaded)."""
-    from .retention import parse_files_text, parse_size
+    from .retention import parse_count_or, parse_size
 
-    if value is None or value == "":
-        return None, None
-    files = parse_files_text(value)
-    if files is not None:
-        return None, files
-    try:
-        return parse_size(value), None
-    except ValueError:
-        raise ValueError(f"archive_keep_local {value!r} is neither a size (50G, 500M) nor a count ('20 files')") \
-            from None
+    return parse_count_or(value, parse_size, "archive_keep_local", "a size (50G, 500M)")
 
 
 def plan_offload(closed: Sequence[tuple[str, int]], keep_bytes: int | None, keep_files: int | None) -> list[str]:

@@ -42,6 +42,7 @@ __all__ = [
     "parse_duration",
     "parse_size",
     "parse_files_text",
+    "parse_count_or",
     "file_states",
     "relay_disk_usage",
     "DiskUsage",
@@ -114,6 +115,20 @@ def parse_files_text(value: Any) -> int | None:
     """The N of ``"N files"`` (``"20 files"``, ``"1 file"``), or None when ``value`` is not written that way."""
     m = re.fullmatch(r"(\d+)\s*files?", str(value).strip().lower())
     return int(m.group(1)) if m else None
+
+
+def parse_count_or(value: Any, parse_other: Callable[[Any], Any], option: str, other: str) -> tuple[Any, int | None]:
+    """(``parse_other(value)``, None) or (None, N) for ``"N files"``; (None, None) when unset. ValueError naming
+    ``option`` and what it takes (``other``, e.g. "an age (7d, 12h)") otherwise."""
+    if value is None or value == "":
+        return None, None
+    files = parse_files_text(value)
+    if files is not None:
+        return None, files
+    try:
+        return parse_other(value), None
+    except ValueError:
+        raise ValueError(f"{option} {value!r} is neither {other} nor a count ('20 files')") from None
 
 
 def parse_file_count(value: Any) -> int:
