@@ -31,17 +31,9 @@ except ImportError:  # built without a compiler: the pass writes through the tra
 # A batch is split across threads from this many sockets on (below it, handing a part over costs more than it saves).
 SPLIT_MIN = 16
 
-_forced_off = False  # tests: the pure-Python path
-
 
 def available() -> bool:
-    return _send_batch is not None and not _forced_off
-
-
-def force_pure_python(off: bool) -> None:
-    """Tests: run the pass without the C extension (``off``) or with it again."""
-    global _forced_off
-    _forced_off = off
+    return _send_batch is not None
 
 
 class _Helper:
