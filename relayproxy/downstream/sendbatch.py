@@ -11,7 +11,7 @@ the rest or reports the error in its own way, exactly as if it had been given th
 
 Without the C extension (no compiler at install time, or ``RELAYPROXY_PURE_PYTHON=1`` in the environment: the
 pure-Python build, which tests/project/test_pure_python.py runs in every ``make test``) ``available()`` is False and the
-pass writes through the transports as before; the tests run both.
+pass writes through the transports (one ``transport.write`` each); the tests run both.
 """
 
 from __future__ import annotations
