@@ -315,8 +315,9 @@ def list_archive(spec: ArchiveSpec, *, endpoint: str | None = None, region: str 
     """The files of one archive (driver side: one listing of ``files/``), oldest first, and the names of the unsealed
     files left out (all of them read when ``include_open``). SystemExit naming the object when the URL holds no
     relayproxy archive or its parts do not chain."""
-    from relayproxy.relay.archive import ARCHIVE_KEY, FILES_PREFIX, FORMAT, VERSION, ArchiveError, bucket_files
-    from relayproxy.relay.objectstore import ObjectNotFound, ObjectStoreError, open_object_store
+    from relayproxy.relay.archive import FILES_PREFIX, ArchiveError, bucket_files
+    from relayproxy.relay.remote import ArchiveReadError, read_archive_marker
+    from relayproxy.relay.objectstore import ObjectStoreError, open_object_store
 
     import urllib.parse
 
@@ -326,13 +327,9 @@ def list_archive(spec: ArchiveSpec, *, endpoint: str | None = None, region: str 
     try:
         store = open_object_store(spec.url, endpoint=endpoint, region=region)
         try:
-            marker = json.loads(store.get(ARCHIVE_KEY))
-        except ObjectNotFound:
-            raise SystemExit(f"{where} holds no relayproxy archive: {ARCHIVE_KEY} is missing") from None
-        except ValueError as exc:
-            raise SystemExit(f"{where}: {ARCHIVE_KEY} is not readable JSON: {exc}") from None
-        if not isinstance(marker, dict) or marker.get("format") != FORMAT or marker.get("version") != VERSION:
-            raise SystemExit(f"{where}: {ARCHIVE_KEY} is not a relayproxy archive of version {VERSION}")
+            marker = read_archive_marker(store)
+        except ArchiveReadError as exc:
+            raise SystemExit(f"{where}: {exc}") from None
         listed = bucket_files(o.key for o in store.list(FILES_PREFIX))
     except (ArchiveError, ObjectStoreError, ValueError) as exc:  # parts that do not chain; the store refused
         raise SystemExit(f"{where}: {exc}") from None

@@ -188,10 +188,10 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
             location: tuple[str, str | None, str | None] | None = None) -> dict:
     """Rebuild ``relay_dir`` (empty) from ``bucket`` (an ObjectStore); returns a summary. RestoreError (or
     ArchiveError, ObjectStoreError) naming the object at fault; the caller empties the directory then."""
-    from ..relay.archive import ARCHIVE_KEY, EPOCHS_KEY, GAPS_PREFIX, HORIZON_KEY, MASTER_KEY, UUID_KEY
+    from ..relay.archive import EPOCHS_KEY, GAPS_PREFIX, HORIZON_KEY, MASTER_KEY, UUID_KEY
     from ..relay.remote import (
         FILES_PREFIX, ArchiveCache, ArchiveReadError, configure, download_parts, manifest_key, part_key, plan_offload,
-        read_manifest, stub_from_bucket, write_stub,
+        read_archive_marker, read_manifest, stub_from_bucket, write_stub,
     )
     from ..relay.closed_files import TMP_SUFFIX
     from ..relay.durable import fsync_dir, write_file_atomically, write_index
@@ -200,13 +200,9 @@ def restore(bucket, relay_dir: Path, *, keyring=None, master_password: str | Non
     from ..relay.objectstore import ObjectNotFound
 
     try:
-        marker = json.loads(bucket.get(ARCHIVE_KEY))
-    except ObjectNotFound:
-        raise RestoreError(f"{bucket.url} holds no relayproxy archive: {ARCHIVE_KEY} is missing") from None
-    except ValueError as exc:
-        raise RestoreError(f"{ARCHIVE_KEY} is not readable JSON: {exc}") from None
-    if marker.get("format") != "relayproxy-archive" or marker.get("version") != 1:
-        raise RestoreError(f"{ARCHIVE_KEY} is not a relayproxy archive of version 1")
+        read_archive_marker(bucket)
+    except ArchiveReadError as exc:
+        raise RestoreError(str(exc)) from None
     listed, broken = _listing([o.key for o in bucket.list(FILES_PREFIX)])
     for key in (o.key for o in bucket.list(GAPS_PREFIX)):  # files the relay purged before the bucket held them
         name = key[len(GAPS_PREFIX):].removesuffix(".json")

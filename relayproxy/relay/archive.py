@@ -53,15 +53,12 @@ from ..log import get_logger
 from . import closed_files as CF
 from .objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
 from .remote import (
-    FILES_PREFIX, MANIFEST, ArchiveReadError, decode_part, manifest_key, offload_file, part_key, plan_offload,
+    ARCHIVE_KEY, FILES_PREFIX, FORMAT, MANIFEST, VERSION, ArchiveReadError, decode_part, manifest_key, offload_file, part_key, plan_offload,
     read_manifest,
 )
 
 log = get_logger(__name__)
 
-FORMAT = "relayproxy-archive"
-VERSION = 1
-ARCHIVE_KEY = "relayproxy-archive.json"
 HORIZON_KEY = "horizon.json"
 EPOCHS_KEY = "state/epochs.json"
 MASTER_KEY = "state/master.json"

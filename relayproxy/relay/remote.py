@@ -42,6 +42,9 @@ from .objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
 
 log = get_logger(__name__)
 
+FORMAT = "relayproxy-archive"
+VERSION = 1
+ARCHIVE_KEY = "relayproxy-archive.json"
 FILES_PREFIX = "files/"
 MANIFEST = "manifest.json"
 CACHE_DIR = "relayproxy.cache"
@@ -94,6 +97,21 @@ def decode_part(stored: Path, name: str, metadata: Mapping[str, str], dest: Path
     return digest.hexdigest()
 
 
+
+
+def read_archive_marker(bucket: ObjectStore) -> dict:
+    """``relayproxy-archive.json``, checked to be a relayproxy archive of this version; ArchiveReadError naming it
+    (missing, unreadable, another format)."""
+    try:
+        marker = json.loads(bucket.get(ARCHIVE_KEY))
+    except ObjectNotFound:
+        raise ArchiveReadError(f"{bucket.url} holds no relayproxy archive: {ARCHIVE_KEY} is missing",
+                               ARCHIVE_KEY) from None
+    except ValueError as exc:
+        raise ArchiveReadError(f"{ARCHIVE_KEY} is not readable JSON: {exc}", ARCHIVE_KEY) from None
+    if not isinstance(marker, dict) or marker.get("format") != FORMAT or marker.get("version") != VERSION:
+        raise ArchiveReadError(f"{ARCHIVE_KEY} is not a relayproxy archive of version {VERSION}", ARCHIVE_KEY)
+    return marker
 
 
 def read_manifest(bucket: ObjectStore, name: str) -> tuple[dict, list[tuple[int, int, str, str]]]:
