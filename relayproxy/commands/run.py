@@ -242,7 +242,7 @@ def _restore_if_empty(cfg) -> None:
         return
     from pathlib import Path
 
-    from ..relay.archive import ARCHIVE_KEY
+    from ..relay.remote import ARCHIVE_KEY
     from ..relay.conversion import keyring_from_config
     from ..relay.objectstore import ObjectNotFound, ObjectStoreError, display_url, from_config
     from ..relay.remote import parse_keep_local
