@@ -331,7 +331,7 @@ class Topology:
         self.master = new
         for cand in self.cands[k:]:  # the later candidates follow the new master (untimed), as an HA tool does
             cand.execute("STOP SLAVE")
-            cand.execute(change_master_sql(new.port) + ", MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1")
+            cand.execute(change_master_sql(new.port, connect_retry=1, heartbeat_period=1))
             cand.execute("START SLAVE")
         deadline = time.monotonic() + 60
         while not all(covers(slave_pos(c), binlog_pos(new)) for c in self.cands[k:]):

@@ -38,6 +38,7 @@ from benchmarks.fanout_common import (
     master_end,
     percentile,
 )
+from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master
 from relayproxy.lab.procstat import pids_cpu, threads_cpu, tree_cpu, tree_memory_kb
 from relayproxy.lab.sandbox import MariaDBSandbox
 from relayproxy.upstream.connection import UpstreamConnection
@@ -267,9 +268,9 @@ class Replica:
     def point(self, port: int, start: tuple[str, int], timeout: float = 60.0) -> None:
         s = self.server
         s.execute("STOP SLAVE")
-        s.execute("CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, "
-                  "MASTER_LOG_FILE=%s, MASTER_LOG_POS=%s, MASTER_USE_GTID=no, MASTER_CONNECT_RETRY=1",
-                  (port, REPL_USER, REPL_PASSWORD, start[0], start[1]))
+        s.execute(render_change_master(ChangeMaster.for_server(
+            "mariadb", host="127.0.0.1", port=port, user=REPL_USER, password=REPL_PASSWORD, log_file=start[0],
+            log_pos=start[1], gtid=False, connect_retry=1)))
         s.execute("START SLAVE")
         deadline = time.monotonic() + timeout
         while True:

@@ -76,6 +76,7 @@ import pymysql  # noqa: E402
 from benchmarks import benchinfo  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
+from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
 from relayproxy.lab.procstat import proc_status_kb  # noqa: E402
 from relayproxy.lab.relayprocess import RelayProcess, py_spy_record  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox, find_binary  # noqa: E402
@@ -322,11 +323,9 @@ class ReaderError(RuntimeError):
 def run_io_thread(replica: MariaDBSandbox, master: MariaDBSandbox, backlog: Backlog, timeout: float) -> Sample:
     replica.execute("STOP SLAVE")
     replica.execute("RESET SLAVE ALL")  # deletes its relay logs: every run starts empty
-    replica.execute(
-        "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, "
-        "MASTER_LOG_FILE=%s, MASTER_LOG_POS=4, MASTER_USE_GTID=no",
-        (master.port, REPL_USER, REPL_PASSWORD, backlog.first_file),
-    )
+    replica.execute(render_change_master(ChangeMaster.for_server(
+        "mariadb", host="127.0.0.1", port=master.port, user=REPL_USER, password=REPL_PASSWORD,
+        log_file=backlog.first_file, log_pos=4, gtid=False)))
     settle(master)
     conn = replica.connect(cursorclass=pymysql.cursors.DictCursor)
     end_file, end_pos = backlog.end

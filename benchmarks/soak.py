@@ -70,6 +70,7 @@ from relayproxy.lab.procstat import fd_count  # noqa: E402
 import pymysql  # noqa: E402
 
 from relayproxy.binlog import constants as C  # noqa: E402
+from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
 from relayproxy.lab.faultproxy import (
     SERVER_TO_CLIENT,
     FaultProxyError,
@@ -193,11 +194,11 @@ class Replica:
         return self.use_gtid == "slave_pos"
 
     def change_master(self) -> None:
-        where = ("MASTER_USE_GTID=slave_pos" if self.use_gtid == "slave_pos"
-                 else "MASTER_LOG_FILE='master-bin.000001', MASTER_LOG_POS=4, MASTER_USE_GTID=no")
-        self.sandbox.execute(
-            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.port_of_source}, MASTER_USER='{REPL_USER}', "
-            f"MASTER_PASSWORD='{REPL_PASSWORD}', MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1, {where}")
+        by_gtid = self.use_gtid == "slave_pos"
+        where = {} if by_gtid else {"log_file": "master-bin.000001", "log_pos": 4}
+        self.sandbox.execute(render_change_master(ChangeMaster.for_server(
+            "mariadb", host="127.0.0.1", port=self.port_of_source, user=REPL_USER, password=REPL_PASSWORD,
+            connect_retry=1, heartbeat_period=1, **where, gtid=by_gtid)))
 
     def start_slave(self) -> None:
         self.sandbox.execute("START SLAVE")

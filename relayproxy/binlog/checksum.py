@@ -111,8 +111,3 @@ def append(event_without_crc: bytes) -> bytes:
     """The event with its CRC32 trailer appended (the caller already counted 4 bytes in event_size)."""
     return event_without_crc + _U32.pack(zlib.crc32(event_without_crc))
 
-
-def recompute(event: bytes | bytearray) -> bytes:
-    """The event with its last 4 bytes replaced by the CRC32 of everything before them."""
-    body = bytes(event[:-CHECKSUM_LEN])
-    return body + _U32.pack(zlib.crc32(body))

@@ -306,15 +306,3 @@ def decrypt_binlog(data: bytes, keys: dict[int, bytes] | None, **kwargs) -> byte
     """A whole binlog file's bytes, decrypted (see DecryptingStream); an incomplete last event is left out."""
     return DecryptingStream(keys, **kwargs).feed(data)
 
-
-def is_encrypted(head: bytes) -> bool:
-    """True when a file's first bytes (magic, FDE, the next event's header) show a START_ENCRYPTION_EVENT that is
-    not flagged ignorable: the rest of the file is encrypted."""
-    if len(head) < 4 + C.HEADER_LEN or head[:4] != C.BINLOG_MAGIC:
-        return False
-    fde_len = _U32.unpack_from(head, 4 + _EVENT_LEN_AT)[0]
-    at = 4 + fde_len
-    if len(head) < at + C.HEADER_LEN:
-        return False
-    flags = int.from_bytes(head[at + _FLAGS_AT : at + _FLAGS_AT + 2], "little")
-    return head[at + 4] == C.MARIA_START_ENCRYPTION_EVENT and not flags & _IGNORABLE

@@ -1,4 +1,4 @@
-"""Typed, lazily decoded views of single binlog events, for `inspect`, recovery and the relay's own checks.
+"""Typed, lazily decoded views of single binlog events: `inspect`, SHOW BINLOG EVENTS, the relay's own checks.
 
 A view wraps one event in a caller's buffer (``bytes``, ``bytearray`` or ``memoryview``) without
 copying it: the constructor reads the 19-byte common header and checks that the event fits, and

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..binlog.gtid import GtidSet, MariaGtidPosition
+from ..downstream.sql.replication_parser import ChangeMaster, render_change_master
 from ..upstream.repoint import sql_string
 from . import pitr_plan as PP
 from . import promotion as P
@@ -127,9 +128,9 @@ class MariaTarget:
 
     def start(self, host: str, port: int, user: str, password: str, parallel: int) -> None:
         s = self.server
-        s.execute(f"CHANGE MASTER '{CONNECTION}' TO MASTER_HOST={sql_string(host)}, MASTER_PORT={port}, "
-                  f"MASTER_USER={sql_string(user)}, MASTER_PASSWORD={sql_string(password)}, "
-                  "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1")
+        s.execute(render_change_master(ChangeMaster.for_server(
+            "mariadb", connection=CONNECTION, host=host, port=port, user=user, password=password, connect_retry=1,
+            heartbeat_period=1, gtid=True)))
         if parallel:
             s.execute(f"SET GLOBAL {CONNECTION}.slave_parallel_mode = 'optimistic'")
         s.execute(f"START SLAVE '{CONNECTION}'")
@@ -207,10 +208,9 @@ class MysqlTarget(MariaTarget):
         return [f"{sid}:{tag + ':' if tag else ''}{end}" for (sid, tag), end in last.items()]
 
     def _words(self) -> dict[str, str]:
-        new, source = self.server.at_least(8, 0, 22), self.server.at_least(8, 0, 23)
-        return {"replica": "REPLICA" if new else "SLAVE", "source": "SOURCE" if source else "MASTER",
-                "change": "CHANGE REPLICATION SOURCE TO" if source else "CHANGE MASTER TO",
-                "col": "Source" if new else "Master", "thread": "Replica" if new else "Slave"}
+        new = self.server.at_least(8, 0, 22)
+        return {"replica": "REPLICA" if new else "SLAVE", "col": "Source" if new else "Master",
+                "thread": "Replica" if new else "Slave"}
 
     def _connections(self) -> list[dict]:
         return self.server.rows(f"SHOW {self._words()['replica']} STATUS")
@@ -261,12 +261,11 @@ class MysqlTarget(MariaTarget):
                    "Yes" for c in self._connections())
 
     def start(self, host: str, port: int, user: str, password: str, parallel: int) -> None:
-        w = self._words()
-        o = w["source"]
-        key = f", GET_{o}_PUBLIC_KEY=1" if self.server.at_least(8, 0, 4) else ""
-        self.server.execute(f"{w['change']} {o}_HOST={sql_string(host)}, {o}_PORT={port}, {o}_USER={sql_string(user)}, "
-                            f"{o}_PASSWORD={sql_string(password)}, {o}_AUTO_POSITION=1, {o}_CONNECT_RETRY=1{key}")
-        self.server.execute(f"START {w['replica']}")
+        key = {"get_public_key": True} if self.server.at_least(8, 0, 4) else {}
+        self.server.execute(render_change_master(ChangeMaster.for_server(
+            "mysql", self.server.version_tuple, host=host, port=port, user=user, password=password, gtid=True,
+            connect_retry=1, **key)))
+        self.server.execute(f"START {self._words()['replica']}")
 
     def status(self) -> Status | None:
         conn = self._ours_row()

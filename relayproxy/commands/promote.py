@@ -27,6 +27,7 @@ from typing import Any
 
 import pymysql
 
+from ..downstream.sql.replication_parser import ChangeMaster, render_change_master
 from . import promotion as P
 
 DEFAULT_TIMEOUT = 300.0
@@ -111,10 +112,6 @@ def _resolve(host: str) -> str:
         return host
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _col(row: dict, *names: str, default: Any = None) -> Any:
     for name in names:
         if name in row:
@@ -146,11 +143,13 @@ class Server:
     def flavour(self) -> str:
         return "mariadb" if "mariadb" in self.version.lower() else "mysql"
 
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        parts = self.version.split("-")[0].split(".")[:3]
+        return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in parts)
+
     def at_least(self, *version: int) -> bool:
-        digits = []
-        for part in self.version.split("-")[0].split(".")[:3]:
-            digits.append(int("".join(c for c in part if c.isdigit()) or 0))
-        return tuple(digits) >= version
+        return self.version_tuple >= version
 
     def _stop(self, exc: Exception, statement: str) -> Stop:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
@@ -216,26 +215,21 @@ class Server:
     def change_master(self, host: str, port: int, user: str | None, password: str | None, *,
                       no_delay: bool = False, at: tuple[str, int] | None = None) -> None:
         """Point this server at host:port by GTID, or with `at` by file/position (a relay levelled from its peer)."""
-        new = self.flavour == "mysql" and self.at_least(8, 0, 23)
-        word = "SOURCE" if new else "MASTER"
-        parts = [f"{word}_HOST={_quote(host)}", f"{word}_PORT={port}"]
+        options: dict[str, Any] = {"host": host, "port": port}
         if no_delay:  # a delayed replica chosen as candidate catches up now (CHANGE MASTER keeps a delay it had)
-            parts.append(f"{word}_DELAY=0")
+            options["delay"] = 0
             if self.flavour == "mysql" and self.at_least(8, 0, 4):
                 # caching_sha2_password without TLS needs the source's RSA key, which a MySQL replica asks for only
                 # when told to (a relay account of that plugin would otherwise refuse the login: 2061)
-                parts.append(f"GET_{word}_PUBLIC_KEY=1")
+                options["get_public_key"] = True
         if user is not None:
-            parts.append(f"{word}_USER={_quote(user)}")
+            options["user"] = user
         if password is not None:
-            parts.append(f"{word}_PASSWORD={_quote(password)}")
+            options["password"] = password
         if at is not None:
-            parts += [f"{word}_LOG_FILE={_quote(at[0])}", f"{word}_LOG_POS={at[1]}",
-                      f"{word}_AUTO_POSITION=0" if self.flavour == "mysql" else "MASTER_USE_GTID=no"]
-        else:
-            parts.append(f"{word}_AUTO_POSITION=1" if self.flavour == "mysql" else "MASTER_USE_GTID=slave_pos")
-        head = "CHANGE REPLICATION SOURCE TO " if new else "CHANGE MASTER TO "
-        self.execute(head + ", ".join(parts))
+            options.update(log_file=at[0], log_pos=at[1])
+        self.execute(render_change_master(ChangeMaster.for_server(self.flavour, self.version_tuple, gtid=at is None,
+                                                                  **options)))
 
     def history(self, *, replica_side: bool) -> P.History:
         """What this server holds: MySQL gtid_executed; MariaDB gtid_binlog_state (merged with gtid_slave_pos for a

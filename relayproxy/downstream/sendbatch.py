@@ -11,7 +11,7 @@ the rest or reports the error in its own way, exactly as if it had been given th
 
 Without the C extension (no compiler at install time, or ``RELAYPROXY_PURE_PYTHON=1`` in the environment: the
 pure-Python build, which tests/project/test_pure_python.py runs in every ``make test``) ``available()`` is False and the
-pass writes through the transports as before; the tests run both.
+pass writes through the transports (one ``transport.write`` each); the tests run both.
 """
 
 from __future__ import annotations
@@ -31,17 +31,9 @@ except ImportError:  # built without a compiler: the pass writes through the tra
 # A batch is split across threads from this many sockets on (below it, handing a part over costs more than it saves).
 SPLIT_MIN = 16
 
-_forced_off = False  # tests: the pure-Python path
-
 
 def available() -> bool:
-    return _send_batch is not None and not _forced_off
-
-
-def force_pure_python(off: bool) -> None:
-    """Tests: run the pass without the C extension (``off``) or with it again."""
-    global _forced_off
-    _forced_off = off
+    return _send_batch is not None
 
 
 class _Helper:

@@ -13,7 +13,7 @@ relay process, as do all dumps when ``sender_processes = 0``.
 
 The relay process keeps the session open until the worker says the dump ended, so connection counts, KILL, the
 end of a zombie dump of the same replica, SHOW PROCESSLIST, /status and retention (never purge what a replica
-reads) see handed-off replicas as before; the worker reports each dump's progress twice a second. A worker that
+reads) see handed-off replicas as they see the others; the worker reports each dump's progress twice a second. A worker that
 dies (even by kill -9) takes its replicas' connections with it: they reconnect, as after any master restart,
 and the relay process starts a new worker in its place.
 

@@ -31,6 +31,7 @@ from typing import Any, Self
 
 import pymysql
 
+from ..downstream.sql.replication_parser import ChangeMaster, render_change_master
 from .faultproxy import ThreadedFaultProxy
 from .harness import (
     RelayProcess,
@@ -89,9 +90,10 @@ def relay_sql(port: int, statement: str, *, user: str = ADMIN_USER, password: st
 
 
 def change_master_sql(port: int, *, host: str = "127.0.0.1", user: str = REPL_USER, password: str = REPL_PASSWORD,
-                      use_gtid: str = "slave_pos") -> str:
-    return (f"CHANGE MASTER TO MASTER_HOST='{host}', MASTER_PORT={port}, MASTER_USER='{user}', "
-            f"MASTER_PASSWORD='{password}', MASTER_USE_GTID={use_gtid}")
+                      use_gtid: str = "slave_pos", **options: Any) -> str:
+    """CHANGE MASTER TO host:port by GTID for a MariaDB server (or the relay); ``options`` as ``ChangeMaster``'s."""
+    return render_change_master(ChangeMaster.for_server("mariadb", host=host, port=port, user=user, password=password,
+                                                        **options, gtid=use_gtid))
 
 
 def repoint_relay(relay_sql_port: int, new_master_port: int, *, host: str = "127.0.0.1", user: str = REPL_USER,
@@ -107,8 +109,7 @@ def repoint_relay(relay_sql_port: int, new_master_port: int, *, host: str = "127
 def repoint_replica(replica: MariaDBSandbox, new_master_port: int, *, host: str = "127.0.0.1") -> None:
     """A MariaDB replica onto the new master by GTID (slave_pos), as an HA tool repoints its other replicas."""
     replica.execute("STOP SLAVE")
-    replica.execute(change_master_sql(new_master_port, host=host)
-                    + ", MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1")
+    replica.execute(change_master_sql(new_master_port, host=host, connect_retry=1, heartbeat_period=1))
     replica.execute("START SLAVE")
 
 

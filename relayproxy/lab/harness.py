@@ -9,6 +9,7 @@ from pathlib import Path
 import pymysql
 
 from relayproxy.binlog import constants as C
+from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master
 from relayproxy.lab.faultproxy import ThreadedFaultProxy
 from relayproxy.lab.packetwatch import MysqlStreamWatcher
 from relayproxy.lab.relayprocess import REPO, RelayProcess, free_port, master_status  # noqa: F401 (re-exported)
@@ -165,12 +166,10 @@ def wait_replica(replica, master, timeout: float = 60.0, *, under_load: bool = F
 
 
 def change_master(replica, port: int, *, file: str | None = FIRST_FILE, pos: int = 4) -> None:
-    where = (f"MASTER_LOG_FILE='{file}', MASTER_LOG_POS={pos}, MASTER_USE_GTID=no" if file is not None
-             else "MASTER_USE_GTID=slave_pos")
-    replica.execute(
-        f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={port}, MASTER_USER='repl', MASTER_PASSWORD='replpw', "
-        f"MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1, {where}"
-    )
+    where = {"log_file": file, "log_pos": pos} if file is not None else {}
+    replica.execute(render_change_master(ChangeMaster.for_server(
+        "mariadb", host="127.0.0.1", port=port, user="repl", password="replpw", connect_retry=1, heartbeat_period=1,
+        **where, gtid=file is None)))
 
 
 def user_tables(server) -> list[str]:

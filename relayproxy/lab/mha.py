@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..downstream.sql.replication_parser import ChangeMaster, render_change_master
 from .harness import free_port
 
 MHA_PACKAGES = ("mha4mysql-manager", "mha4mysql-node", "openssh-server")
@@ -343,16 +344,17 @@ def main(argv: list[str] | None = None) -> int:
     note(f"--command={args.command} new master {args.new_master_ip}:{args.new_master_port}")
     if args.command != "start":
         return 0
-    change = (f"CHANGE MASTER TO MASTER_HOST='{args.new_master_ip}', MASTER_PORT={args.new_master_port}, "
-              f"MASTER_USER='{args.repl_user}', MASTER_PASSWORD='{args.repl_password}'")
+    account = {"host": args.new_master_ip, "port": args.new_master_port, "user": args.repl_user,
+               "password": args.repl_password}
     if args.relay_change == "gtid":
-        change, how = change + ", MASTER_USE_GTID=slave_pos", "by GTID"
+        change, how = render_change_master(ChangeMaster.for_server("mariadb", **account, gtid=True)), "by GTID"
     else:  # where MHA points the replicas it lists: the new master's position when the hook runs
         with pymysql.connect(host=args.new_master_ip, port=args.new_master_port, user=args.new_master_user,
                              password=args.new_master_password, connect_timeout=10) as conn, conn.cursor() as cur:
             cur.execute("SHOW MASTER STATUS")
             file, position = cur.fetchone()[:2]
-        change, how = change + f", MASTER_LOG_FILE='{file}', MASTER_LOG_POS={position}", f"at {file}:{position}"
+        change = render_change_master(ChangeMaster.for_server("mariadb", **account, log_file=file, log_pos=position))
+        how = f"at {file}:{position}"
     for relay in filter(None, args.relays.split(",")):
         host, port = relay.rsplit(":", 1)
         with pymysql.connect(host=host, port=int(port), user=args.relay_user, password=args.relay_password,

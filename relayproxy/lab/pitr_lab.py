@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..downstream.sql.replication_parser import ChangeMaster, render_change_master
 from .harness import user_tables
 from .sandbox import MariaDBSandbox, find_binary
 
@@ -150,8 +151,8 @@ def start_reference(backup_dir: Path, sandbox: MariaDBSandbox, master: MariaDBSa
     info = read_backup_info(backup_dir)
     ref = restore_backup(backup_dir, sandbox)
     ref.execute(f"SET GLOBAL gtid_slave_pos = '{info.gtid}'")
-    ref.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={master.port}, MASTER_USER='{user}', "
-                f"MASTER_PASSWORD='{password}', MASTER_USE_GTID=slave_pos")
+    ref.execute(render_change_master(ChangeMaster.for_server("mariadb", host="127.0.0.1", port=master.port, user=user,
+                                                             password=password, gtid=True)))
     ref.execute(f"START SLAVE UNTIL master_gtid_pos = '{until}'")
     return ref
 

@@ -35,6 +35,7 @@ from typing import Any
 import pymysql
 
 from ..binlog import constants as C
+from ..downstream.sql.replication_parser import ChangeMaster, render_change_master
 from ..log import get_logger
 from .faultproxy import ThreadedFaultProxy
 from .packetwatch import EventLocation, MysqlStreamWatcher
@@ -589,11 +590,9 @@ class CrashStory:
 
     @staticmethod
     def _change_master(replica: MariaDBSandbox, port: int) -> None:
-        replica.execute(
-            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={port}, MASTER_USER='{REPL_USER}', "
-            f"MASTER_PASSWORD='{REPL_PASSWORD}', MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1, "
-            "MASTER_USE_GTID=slave_pos"
-        )
+        replica.execute(render_change_master(ChangeMaster.for_server(
+            "mariadb", host="127.0.0.1", port=port, user=REPL_USER, password=REPL_PASSWORD, connect_retry=1,
+            heartbeat_period=1, gtid=True)))
         replica.execute("START SLAVE")
 
     def snapshot(self) -> Snapshot:
@@ -905,9 +904,9 @@ def promote_and_repoint(story: CrashStory, *, writes: int = 50, timeout: float =
     new.execute("SET GLOBAL read_only = 0")
     promoted_at = str(new.execute("SELECT @@gtid_binlog_pos")[0][0])
     new.create_user(REPL_USER, REPL_PASSWORD)
-    change = (f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={new.port}, MASTER_USER='{REPL_USER}', "
-              "MASTER_PASSWORD='{password}', MASTER_USE_GTID=slave_pos")
-    _relay_sql(story.relay.listen_port, ["STOP SLAVE", change.format(password=REPL_PASSWORD)])
+    change = ChangeMaster.for_server("mariadb", host="127.0.0.1", port=new.port, user=REPL_USER,
+                                     password=REPL_PASSWORD, gtid=True)
+    _relay_sql(story.relay.listen_port, ["STOP SLAVE", render_change_master(change)])
     started = time.monotonic()
     _relay_sql(story.relay.listen_port, ["START SLAVE"])
     conn = new.connect()
@@ -946,7 +945,7 @@ def promote_and_repoint(story: CrashStory, *, writes: int = 50, timeout: float =
     return FailoverResult(
         new_master_port=new.port,
         promoted_at_gtid=promoted_at,
-        statements=["STOP SLAVE;", change.format(password="***") + ";", "START SLAVE;"],
+        statements=["STOP SLAVE;", render_change_master(change, mask_password=True) + ";", "START SLAVE;"],
         writes=writes,
         seconds_to_first=first_at,
         seconds_to_all=all_at,

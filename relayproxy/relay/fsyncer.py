@@ -8,7 +8,7 @@ checkpoint, every 16 MB or 10 s) it saves, per transaction: the pool's queue and
 ``call_soon_threadsafe``; the C thread also never needs the GIL: a Python thread that ends its fdatasync while the
 loop runs Python waits for the GIL (up to the 5 ms switch interval) before the horizon can move.
 
-The loop's side stays as before: one ticket out at a time (``SyncTicket.submit_native``); its ``_job`` is a
+The loop's side is the one every sync driver has: one ticket out at a time (``SyncTicket.submit_native``); its ``_job`` is a
 ``NativeJob``, which the store's operations that must not overlap an fsync (rotation, truncation, epoch switch,
 close) wait for through ``SyncTicket.wait`` as they waited for a pool's future.
 """

@@ -23,7 +23,7 @@ Recovery at open:
 4. Older files are closed: each should end with a ROTATE to the next file (a warning otherwise).
 
 Upstream epochs (``relay/epochs.py``): ``relayproxy.epochs`` is read (a directory without it is one
-implicit epoch, as before); a damaged one refuses to start, its leftover temp file is removed. The
+implicit epoch); a damaged one refuses to start, its leftover temp file is removed. The
 first file of an epoch >= 2 (a *join file*) starts with the new master's GTID set, which may lack part
 of the relay's: the set at its start is ``join_gtids ∪ its own set``, so the horizon's set is rebuilt as
 ``join_gtids ∪ PREVIOUS_GTIDS / GTID_LIST ∪ every complete group`` there (``join_gtids`` alone when the

@@ -9,7 +9,7 @@ Offload (``offload_file``): a closed file sealed in the bucket is replaced by th
 (``closed_files.RemoteStub``: size, SHA-256, the archive's URL, first and last 64 KiB) written atomically before
 any local form is removed, so a kill -9 at any step leaves the file readable: both forms (the local one is read
 first, and the next pass removes it) or the stub. The file stays listed in ``relayproxy.index``: SHOW BINARY
-LOGS, BINLOG_GTID_POS, dumps by file or GTID see it as before.
+LOGS, BINLOG_GTID_POS, dumps by file or GTID see it as they see a local file.
 
 The cache (``ArchiveCache``): a read of an offloaded file past its edges fetches the whole file once into
 ``archive_cache_dir`` (default ``<relay_dir>/relayproxy.cache``), under ``<name>.rpxtmp`` until it is checked

@@ -10,7 +10,8 @@ Write path (the relay's hot loop), one writer:
     store.write_event(offset, event)               # every event, at the master's offset
     store.group_complete(end, gtid)                # the boundary parser saw a group end
     store.boundary_outside(end)                    # an event outside any group ended (FDE, ROTATE, ...)
-    store.maybe_sync()                             # after each batch read from the socket
+    ticket = store.begin_sync()                    # after a batch read from the socket, when store.sync_due()
+    store.complete_sync(ticket)                    # back on the loop when the fsync (off the loop) ended
 
 Appended bytes collect in memory and reach the file in large ``os.pwrite`` calls (at sync, or once
 the buffer passes ``FLUSH_BYTES``, so a 1 GB transaction streams to disk without being held). The sync

@@ -20,7 +20,7 @@ Gaps: a GTID dump (``by_position=False``) skips the groups the relay already has
 beyond the end of the relay file. When the stream is at a boundary (no open group) and the event opens a
 group or stands outside any (GTID, ROTATE, STOP, BINLOG_CHECKPOINT), the store covers the gap with
 filler events (``store.write_filler``); anything else, and every gap in a by-position dump, raises
-RelayGapError as before.
+RelayGapError.
 
 Held groups in a later epoch: a by-position dump from a master of epoch >= 2 (the session resumes by position
 when a GTID dump moved past a relay file it has not seen close, ``ResumeByPosition``) sends whole what a GTID

@@ -455,9 +455,9 @@ def test_errors_never_show_the_password(template):
 
 def test_render_can_mask_the_password():
     cmd = ChangeMaster({"host": "h", "password": SECRET})
-    masked = "CHANGE MASTER TO MASTER_HOST = 'h', MASTER_PASSWORD = '***'"
+    masked = "CHANGE MASTER TO MASTER_HOST='h', MASTER_PASSWORD='***'"
     assert render_change_master(cmd, mask_password=True) == masked
-    assert render_change_master(cmd) == f"CHANGE MASTER TO MASTER_HOST = 'h', MASTER_PASSWORD = '{SECRET}'"
+    assert render_change_master(cmd) == f"CHANGE MASTER TO MASTER_HOST='h', MASTER_PASSWORD='{SECRET}'"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,14 +473,14 @@ def test_check_flavour_accepts_what_fits():
 
 
 @pytest.mark.parametrize("sql, flavour, near", [
-    ("CHANGE MASTER TO MASTER_HOST='h', MASTER_USE_GTID=slave_pos", "mysql", "MASTER_USE_GTID = slave_pos"),
+    ("CHANGE MASTER TO MASTER_HOST='h', MASTER_USE_GTID=slave_pos", "mysql", "MASTER_USE_GTID=slave_pos"),
     ("CHANGE MASTER TO MASTER_AUTO_POSITION=1, MASTER_HOST='h'", "mariadb",
-     "MASTER_AUTO_POSITION = 1, MASTER_HOST = 'h'"),
-    ("CHANGE MASTER TO MASTER_HOST='h', SOURCE_PORT=5", "mariadb", "SOURCE_PORT = 5"),
-    ("CHANGE MASTER TO MASTER_PUBLIC_KEY_PATH='/k'", "mariadb", "MASTER_PUBLIC_KEY_PATH = '/k'"),
-    ("CHANGE MASTER TO GET_MASTER_PUBLIC_KEY=1", "mariadb", "GET_MASTER_PUBLIC_KEY = 1"),
+     "MASTER_AUTO_POSITION=1, MASTER_HOST='h'"),
+    ("CHANGE MASTER TO MASTER_HOST='h', SOURCE_PORT=5", "mariadb", "SOURCE_PORT=5"),
+    ("CHANGE MASTER TO MASTER_PUBLIC_KEY_PATH='/k'", "mariadb", "MASTER_PUBLIC_KEY_PATH='/k'"),
+    ("CHANGE MASTER TO GET_MASTER_PUBLIC_KEY=1", "mariadb", "GET_MASTER_PUBLIC_KEY=1"),
     (f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='h', SOURCE_PASSWORD='{SECRET}'", "mariadb",
-     "REPLICATION SOURCE TO SOURCE_HOST = 'h', SOURCE_PASSWORD = '***'"),
+     "REPLICATION SOURCE TO SOURCE_HOST='h', SOURCE_PASSWORD='***'"),
 ])
 def test_check_flavour_refuses_the_other_flavours_options_with_1064(sql, flavour, near):
     with pytest.raises(AdminStatementError) as info:
@@ -495,9 +495,56 @@ def test_check_flavour_refuses_the_other_flavours_options_with_1064(sql, flavour
 def test_check_flavour_on_a_built_statement_uses_default_spellings():
     with pytest.raises(AdminStatementError) as info:
         check_flavour(ChangeMaster({"host": "h", "auto_position": True}), "mariadb")
-    assert near_text(info.value) == "MASTER_AUTO_POSITION = 1"
+    assert near_text(info.value) == "MASTER_AUTO_POSITION=1"
     with pytest.raises(ValueError):
         check_flavour(ChangeMaster({}), "postgres")
+
+
+# ---------------------------------------------------------------------------------------------
+# The builder for the servers' statements (promote, pitr, the lab and the benchmarks)
+
+
+@pytest.mark.parametrize("flavour, version, gtid, text", [
+    ("mariadb", (10, 11, 6), True, "CHANGE MASTER TO MASTER_HOST='h', MASTER_PORT=3307, MASTER_USE_GTID=slave_pos"),
+    ("mariadb", (), False, "CHANGE MASTER TO MASTER_HOST='h', MASTER_PORT=3307, MASTER_USE_GTID=no"),
+    ("mariadb", (), "current_pos", "CHANGE MASTER TO MASTER_HOST='h', MASTER_PORT=3307, MASTER_USE_GTID=current_pos"),
+    ("mysql", (5, 7, 44), True, "CHANGE MASTER TO MASTER_HOST='h', MASTER_PORT=3307, MASTER_AUTO_POSITION=1"),
+    ("mysql", (8, 0, 22), False, "CHANGE MASTER TO MASTER_HOST='h', MASTER_PORT=3307, MASTER_AUTO_POSITION=0"),
+    ("mysql", (8, 0, 23), True,
+     "CHANGE REPLICATION SOURCE TO SOURCE_HOST='h', SOURCE_PORT=3307, SOURCE_AUTO_POSITION=1"),
+    ("mysql", (8, 4, 0), None, "CHANGE REPLICATION SOURCE TO SOURCE_HOST='h', SOURCE_PORT=3307"),
+])
+def test_for_server_speaks_each_flavour_and_version(flavour, version, gtid, text):
+    cmd = ChangeMaster.for_server(flavour, version, host="h", port=3307, gtid=gtid)
+    assert render_change_master(cmd) == text
+    check_flavour(parse(text, flavour=flavour), flavour)  # what the relay answers in that flavour's place parses it
+
+
+def test_for_server_quotes_what_it_is_given():
+    password = "it's a \\ back'\\slash\\"
+    text = render_change_master(ChangeMaster.for_server("mysql", (8, 0, 36), host="h", user="o'neil",
+                                                        password=password, log_file="bin.0001", log_pos=4))
+    assert text == ("CHANGE REPLICATION SOURCE TO SOURCE_HOST='h', SOURCE_USER='o\\'neil', "
+                    "SOURCE_PASSWORD='it\\'s a \\\\ back\\'\\\\slash\\\\', "
+                    "SOURCE_LOG_FILE='bin.0001', SOURCE_LOG_POS=4")
+    parsed = parse(text)
+    assert (parsed.options["user"], parsed.options["password"]) == ("o'neil", password)
+
+
+def test_for_server_renders_what_only_the_servers_take():
+    text = render_change_master(ChangeMaster.for_server("mariadb", connection="pitr", host="h", delay=0))
+    assert text == "CHANGE MASTER 'pitr' TO MASTER_HOST='h', MASTER_DELAY=0"
+    assert render_change_master(ChangeMaster.for_server("mysql", (8, 0, 36), delay=0, get_public_key=True)) == (
+        "CHANGE REPLICATION SOURCE TO SOURCE_DELAY=0, GET_SOURCE_PUBLIC_KEY=1")
+
+
+def test_for_server_refuses_what_the_flavour_lacks():
+    with pytest.raises(ValueError, match="MariaDB's"):
+        ChangeMaster.for_server("mysql", gtid="slave_pos")
+    with pytest.raises(ValueError, match="unknown CHANGE MASTER option keys: hots"):
+        ChangeMaster.for_server("mariadb", hots="h")
+    with pytest.raises(AdminStatementError):
+        ChangeMaster.for_server("mariadb", get_public_key=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def sends(request, monkeypatch):
         monkeypatch.setattr(sendbatch, "THREADS", 2)
         monkeypatch.setattr(sendbatch, "SPLIT_MIN", 1)
     elif request.param == "transports":
-        monkeypatch.setattr(sendbatch, "_forced_off", True)
+        monkeypatch.setattr(sendbatch, "_send_batch", None)
     return request.param
 
 

@@ -172,7 +172,7 @@ def switch_statements(lab: FailoverLab, port: int, upto: str = "START SLAVE", *,
     """STOP SLAVE; CHANGE MASTER TO R1 (at `port`); START SLAVE, one admin session, stopping after `upto`.
     `held`: the stream will be held on a proxy, so a long heartbeat period (the relay takes a master silent
     for two of them as gone, and would reconnect past the hold)."""
-    change = change_master_sql(port) + (", MASTER_HEARTBEAT_PERIOD=20" if held else "")
+    change = change_master_sql(port, **({"heartbeat_period": 20} if held else {}))
     for statement in ("STOP SLAVE", change, "START SLAVE"):
         relay_sql(lab.relay_port, statement)
         if statement.startswith(upto):

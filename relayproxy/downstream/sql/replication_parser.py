@@ -135,12 +135,38 @@ class ChangeMaster:
     options: dict[str, Any]
     statement: str = field(default="CHANGE MASTER", compare=False)
     keywords: tuple[str, ...] = field(default=(), compare=False)
+    connection: str = field(default="", compare=False)  # a MariaDB connection name (the relay has none)
 
     def __repr__(self) -> str:
         shown = {k: ("***" if k == "password" else v) for k, v in self.options.items()}
         return f"ChangeMaster(options={shown!r}, statement={self.statement!r})"
 
     __str__ = __repr__
+
+    @classmethod
+    def for_server(cls, flavour: str, version: tuple[int, ...] = (), *, gtid: bool | str | None = None,
+                   connection: str = "", **options: Any) -> ChangeMaster:
+        """The statement a server of ``flavour`` and ``version`` parses, for ``render_change_master``: CHANGE
+        REPLICATION SOURCE TO with SOURCE_ names on MySQL 8.0.23+, else CHANGE MASTER TO with MASTER_ names.
+
+        ``options`` are canonical keys (``OPTION_KEYS``, and ``delay``, which the relay itself refuses), in the
+        order given. ``gtid`` comes last, in the flavour's words: True follows by GTID (MariaDB MASTER_USE_GTID =
+        slave_pos, MySQL *_AUTO_POSITION = 1), False by file/position (no / 0), a string is MariaDB's value.
+        """
+        if gtid is not None:
+            if flavour == "mariadb":
+                options["use_gtid"] = gtid if isinstance(gtid, str) else "slave_pos" if gtid else "no"
+            elif isinstance(gtid, str):
+                raise ValueError(f"MASTER_USE_GTID={gtid} is MariaDB's; MySQL takes gtid=True or False")
+            else:
+                options["auto_position"] = gtid
+        unknown = sorted(set(options) - set(_RENDERED_OPTION_BY_KEY))
+        if unknown:
+            raise ValueError(f"unknown CHANGE MASTER option keys: {', '.join(unknown)}")
+        source = flavour == "mysql" and tuple(version) >= (8, 0, 23)
+        cmd = cls(options, "CHANGE REPLICATION SOURCE" if source else "CHANGE MASTER", connection=connection)
+        check_flavour(cmd, flavour)
+        return cmd
 
 
 AdminStatement = StopReplica | StartReplica | ResetReplica | ChangeMaster
@@ -181,6 +207,8 @@ _OPTIONS: tuple[_Option, ...] = (
 OPTION_KEYS: tuple[str, ...] = tuple(o.key for o in _OPTIONS)
 _OPTION_BY_KEY = {o.key: o for o in _OPTIONS}
 _OPTION_BY_KEYWORD = {kw: o for o in _OPTIONS for kw in (o.master, o.source) if kw}
+# What ChangeMaster.for_server renders besides: options the relay refuses (_UNSUPPORTED_OPTIONS) but a server takes.
+_RENDERED_OPTION_BY_KEY = {**_OPTION_BY_KEY, "delay": _Option("delay", "MASTER_DELAY", "SOURCE_DELAY", "uint32")}
 _USE_GTID_VALUES = ("slave_pos", "current_pos", "no")
 
 # Options the servers know that the relay does not act on: refused by name (1235), not as a syntax error.
@@ -565,7 +593,8 @@ def _keywords_of(cmd: ChangeMaster) -> list[str]:
     if len(cmd.keywords) == len(cmd.options):
         return list(cmd.keywords)
     source = cmd.statement == "CHANGE REPLICATION SOURCE"
-    return [(_OPTION_BY_KEY[k].source if source else None) or _OPTION_BY_KEY[k].master for k in cmd.options]
+    return [(_RENDERED_OPTION_BY_KEY[k].source if source else None) or _RENDERED_OPTION_BY_KEY[k].master
+            for k in cmd.options]
 
 
 def _render_value(key: str, value: Any, mask_password: bool) -> str:
@@ -581,13 +610,15 @@ def _render_value(key: str, value: Any, mask_password: bool) -> str:
 
 
 def _render_options(keys: list[str], keywords: list[str], options: dict[str, Any], mask_password: bool) -> str:
-    return ", ".join(f"{kw} = {_render_value(k, options[k], mask_password)}" for k, kw in zip(keys, keywords))
+    return ", ".join(f"{kw}={_render_value(k, options[k], mask_password)}" for k, kw in zip(keys, keywords))
 
 
 def render_change_master(cmd: ChangeMaster, *, mask_password: bool = False) -> str:
-    """The statement text of ``cmd`` (``parse_admin_statement`` of it gives ``cmd`` back)."""
+    """The statement text of ``cmd`` (``parse_admin_statement`` of it gives ``cmd`` back): the one builder of
+    CHANGE MASTER / CHANGE REPLICATION SOURCE text, for the relay and for the servers (``ChangeMaster.for_server``)."""
     keys = list(cmd.options)
-    return f"{cmd.statement} TO {_render_options(keys, _keywords_of(cmd), cmd.options, mask_password)}"
+    name = f" {_render_value('connection', cmd.connection, False)}" if cmd.connection else ""
+    return f"{cmd.statement}{name} TO {_render_options(keys, _keywords_of(cmd), cmd.options, mask_password)}"
 
 
 def check_flavour(cmd: AdminStatement, flavour: str) -> None:

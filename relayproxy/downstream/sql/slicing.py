@@ -14,7 +14,7 @@ hundred of them: about a millisecond.
 
 Why a greenlet and not a worker thread: the statement stays on the loop's thread, so everything it touches (the
 store, the connections table, KILL's transports) is touched from the thread that owns it, between two
-callbacks, as before; and pure-Python parsing in a thread would still hold the GIL against the loop for up to the
+callbacks, as with any statement; and pure-Python parsing in a thread would still hold the GIL against the loop for up to the
 interpreter's switch interval at every hand-off. Outside ``run_sliced`` (``execute_sync``, tests, the CLI)
 ``work`` costs one call and never pauses.
 """
