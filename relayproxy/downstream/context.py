@@ -26,6 +26,7 @@ from .view import RelayView, ReplicaSettings
 if TYPE_CHECKING:
     from ..relay.catalog import FileCatalog
     from ..relay.horizon import Horizon
+    from ..relay.reader import StoreReader
 
 # ---------------------------------------------------------------------------------------------
 # Per-connection state.
@@ -162,7 +163,7 @@ class DownstreamContext:
         self.flush_hosts: Callable[[], int] | None = None
 
     @property
-    def store(self):
+    def store(self) -> StoreReader:
         return self.relay.store
 
     @property

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..relay.catalog import FileCatalog
     from ..relay.horizon import Horizon
+    from ..relay.reader import StoreReader
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,8 @@ class RelayView(Protocol):
     reopened, the master can change; callers that need one consistent answer keep what they read."""
 
     @property
-    def store(self) -> Any:
-        """The relay's files as readers see them: ``files()``, ``path(name)``, ``epochs``, ``relay_dir``,
-        ``latest_format_description``, ``flavour``, ``current_file``, ``read_only`` (PURGE goes through it)."""
+    def store(self) -> StoreReader:
+        """The relay's files as readers see them (relay/reader.py; PURGE goes through it too)."""
 
     @property
     def horizon(self) -> Horizon:

@@ -37,10 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..binlog.events import FormatDescription
 from ..log import get_logger
 from ..relay import closed_files, remote
 from ..relay.catalog import FileCatalog
 from ..relay.epochs import Epochs, EpochsError, gtid_text, parse_gtid_text, read_epochs
+from ..relay.errors import RelayStoreError
 from ..relay.horizon import Horizon
 from .context import ConnectionState, DownstreamContext, DumpProgress, DumpRequest
 from .dump import serve_dump
@@ -362,17 +364,16 @@ class SenderPool:
         ctx = self.ctx
         store = ctx.store
         snap = store.horizon.snapshot()
-        epochs = getattr(store, "epochs", None)
         return {
             "horizon": (snap.file, snap.position, gtid_text(snap.gtids)),
             "files": tuple(store.files()),
-            "current_file": getattr(store, "current_file", None),
+            "current_file": store.current_file,
             "flavour": ctx.flavour,
             "server_version": ctx.server_version,
             "server_id": ctx.server_id,
             "server_uuid": ctx.server_uuid,
             "master_uuid": ctx.relay.master.master_uuid,
-            "epochs": epochs,  # immutable: a new object when the epochs change (sent as JSON, see _push)
+            "epochs": store.epochs,  # immutable: a new object when the epochs change (sent as JSON, see _push)
         }
 
     def _push(self, *, force: bool = False) -> None:
@@ -418,7 +419,12 @@ def _apply_progress(progress: DumpProgress, fields: dict[str, Any]) -> None:
 
 class FollowerStore:
     """A worker's read-only view of the relay directory: the files, epochs and horizon the relay process pushed.
-    Its horizon moves only when a push says so, i.e. after the relay process made the bytes durable."""
+    Its horizon moves only when a push says so, i.e. after the relay process made the bytes durable. A
+    ``StoreReader`` (relay/reader.py): it writes nothing (no sidecar, no PURGE; the relay process does those)."""
+
+    read_only = True
+    sidecars_writable = False
+    transaction_index = None  # the relay process keeps the index; a sender process finds a stop by its file
 
     def __init__(self, relay_dir: Path):
         self.relay_dir = Path(relay_dir)
@@ -426,14 +432,27 @@ class FollowerStore:
         self._files: list[str] = []
         self.current_file: str | None = None
         self.flavour: str | None = None
-        self.format_description = None
+        self.format_description: FormatDescription | None = None
         self.epochs = Epochs()
+
+    @property
+    def latest_format_description(self) -> FormatDescription | None:
+        return self.format_description
 
     def files(self) -> list[str]:
         return self._files
 
     def path(self, name: str) -> Path:
         return self.relay_dir / name
+
+    def file_digest(self, name: str) -> str | None:
+        return None  # not pushed: a reader hashes the file itself
+
+    def upstream_position(self) -> tuple[str | None, int] | None:
+        return None  # the relay process reports it
+
+    def purge_to(self, name: str) -> list[str]:
+        raise RelayStoreError("a sender process does not purge: PURGE BINARY LOGS goes to the relay process")
 
     def apply(self, state: dict[str, Any]) -> None:
         if "files" in state:

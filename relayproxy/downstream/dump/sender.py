@@ -289,11 +289,8 @@ class DumpSender(DumpStart):
     def _epoch_of(self, name: str):
         """The upstream epoch of a relay file when its master's names differ from the relay's (epoch 2 on,
         relay/epochs.py), else None: the master's own ROTATEs in such a file name the master's next file."""
-        epochs = getattr(self.ctx.store, "epochs", None)
-        if epochs is None:
-            return None
         try:
-            epoch = epochs.epoch_of(name)
+            epoch = self.ctx.store.epochs.epoch_of(name)
         except ValueError:
             return None
         return epoch if epoch.epoch >= 2 else None
@@ -301,19 +298,15 @@ class DumpSender(DumpStart):
     # -- a peer relay's catch-up (docs/failover.md, "Peer catch-up within an epoch") ---------------------------
     def _peer_name(self, name: str) -> str:
         """The master's name of a relay file (the peer asks and counts in the master's names)."""
-        epochs = getattr(self.ctx.store, "epochs", None)
         try:
-            return name if epochs is None else epochs.upstream_name(name)[1]
+            return self.ctx.store.epochs.upstream_name(name)[1]
         except ValueError:
             return name
 
     def _peer_start(self, file: str) -> str:
         """The relay file holding the master's ``file`` in the relay's current epoch (the peer's horizon file)."""
-        epochs = getattr(self.ctx.store, "epochs", None)
-        if epochs is None:
-            return file
         try:
-            return epochs.relay_name(file)
+            return self.ctx.store.epochs.relay_name(file)
         except ValueError as exc:
             raise DumpFailure(f"relayproxy peer catch-up: {exc}") from None
 
@@ -321,8 +314,8 @@ class DumpSender(DumpStart):
         """A ROTATE in a peer catch-up: the relay's own epoch ROTATE (timestamp 0, naming the first file of the
         next epoch) ends the catch-up with an error: the peer follows this epoch's master only, never the next
         master's stream, which it joins by its own switch (its own GTID set, its own ROTATE)."""
-        epochs = getattr(self.ctx.store, "epochs", None)
-        if epochs is None or not epochs.epochs:
+        epochs = self.ctx.store.epochs
+        if not epochs.epochs:
             return
         crc = self.event_alg == CHECKSUM_CRC32
         target = bytes(buf[off + C.HEADER_LEN + 8 : off + size - (C.CHECKSUM_LEN if crc else 0)]).decode(

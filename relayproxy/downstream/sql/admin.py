@@ -112,7 +112,7 @@ def _require_binlog_admin(env: Env) -> None:
     """PURGE deletes files: only an account with binlog_admin (or admin) may (MySQL's SUPER / BINLOG_ADMIN,
     MariaDB's BINLOG ADMIN). ``relayproxy serve`` refuses every purge itself (read-only), whoever asks, so its
     refusal is the one a client sees there."""
-    if getattr(env.ctx.store, "read_only", False):
+    if env.ctx.store.read_only:
         return
     env.require(privileges.PURGE)
 

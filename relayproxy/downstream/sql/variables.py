@@ -219,8 +219,8 @@ def _epoch_field(name: str) -> Callable[[Env], Any]:
     relay checks before it catches up from this one by file/position (docs/failover.md, "Peer catch-up")."""
 
     def value(env: Env) -> Any:
-        epochs = getattr(env.ctx.store, "epochs", None)
-        current = None if epochs is None or not epochs.epochs else epochs.current
+        epochs = env.ctx.store.epochs
+        current = epochs.current if epochs.epochs else None
         if current is None or current.implicit:
             return None
         if name in ("server_id", "server_uuid", "host", "port"):
