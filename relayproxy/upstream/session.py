@@ -120,7 +120,13 @@ class UpstreamStatus:
     clock_diff: float = 0.0
     connected_since: float | None = None
     state: str = "starting"
-    extra: dict = field(default_factory=dict)
+    # The master's replication-relevant variables as it last said them (relay/master_variables.py), what they
+    # came from and lack (``MasterVariables.describe()``), and why a persisted copy was ignored, if it was.
+    master_variables: dict[str, str | None] | None = None
+    master_variables_source: dict[str, object] | None = None
+    master_variables_error: str | None = None
+    last_switch: dict[str, object] | None = None  # the last switch of masters decided (upstream/repoint.py)
+    peer_catch_up: dict[str, object] | None = None  # a catch-up from a peer relay in force (_check_peer)
 
 
 class UpstreamSession:
@@ -152,7 +158,7 @@ class UpstreamSession:
         self._pending_variables: MasterVariables | None = None  # a new master's, until its epoch is recorded
         persisted = self.master_variables_file.load()
         if self.master_variables_file.error is not None:
-            self.status.extra["master_variables_error"] = self.master_variables_file.error
+            self.status.master_variables_error = self.master_variables_file.error
         if persisted is not None:
             if self.identity is None or persisted.same_master(self.identity.server_id, self.identity.server_uuid):
                 self._adopt_variables(persisted)
@@ -563,12 +569,12 @@ class UpstreamSession:
             log.warning("cannot persist the master's variables", file=str(self.master_variables_file.path),
                         error=str(exc))
         else:
-            self.status.extra.pop("master_variables_error", None)
+            self.status.master_variables_error = None
 
     def _adopt_variables(self, variables: MasterVariables) -> None:
         self.master_variables = variables
-        self.status.extra["master_variables"] = dict(variables.values)
-        self.status.extra["master_variables_source"] = variables.describe()
+        self.status.master_variables = dict(variables.values)
+        self.status.master_variables_source = variables.describe()
 
     async def _enable_semi_sync(self, conn: UpstreamConnection) -> bool:
         # 8.0.26+ replicas ask for the source_ name first; MariaDB only has the master_ one.
@@ -605,7 +611,7 @@ class UpstreamSession:
         self._connected_identity = identity
         self._switch_to = None
         self._peer = None
-        self.status.extra.pop("peer_catch_up", None)
+        self.status.peer_catch_up = None
         recorded = self.identity
         store = self.store
         if recorded is None or store.current_file is None:
@@ -658,7 +664,7 @@ class UpstreamSession:
         missing = await self._missing_on_master(conn, horizon.gtids)
         decision = decide_switch(master=self.master.address, server_id=identity.server_id, relay=horizon.gtids,
                                  missing=missing, coordinates=coordinates, translated=translated, at=time.time())
-        self.status.extra["last_switch"] = decision.describe()
+        self.status.last_switch = decision.describe()
         log.info("switch decision", old_master=f"{recorded.host}:{recorded.port}", **decision.describe())
         if missing:
             raise MasterRefused(
@@ -722,7 +728,7 @@ class UpstreamSession:
         self._peer = {"peer": address, "peer_server_id": identity.server_id, "epoch": mine.epoch,
                       "master_server_id": own.get("server_id"), "from": f"{at[0]}:{at[1]}",
                       "verified_bytes": horizon.position}
-        self.status.extra["peer_catch_up"] = dict(self._peer)
+        self.status.peer_catch_up = dict(self._peer)
         self._choice_followed()
         log.info("catching up from a peer relay", **self._peer)
 

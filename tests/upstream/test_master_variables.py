@@ -149,8 +149,8 @@ def make_session(tmp_path):
 def test_session_answers_from_the_file_after_a_restart(tmp_path):
     MasterVariablesFile(tmp_path).save(sample())
     session = make_session(tmp_path)
-    assert session.status.extra["master_variables"]["binlog_row_metadata"] == "FULL"
-    assert session.status.extra["master_variables_source"]["absent"] == ["binlog_gtid_index"]
+    assert session.status.master_variables["binlog_row_metadata"] == "FULL"
+    assert session.status.master_variables_source["absent"] == ["binlog_gtid_index"]
 
 
 def test_session_ignores_another_masters_file(tmp_path):
@@ -160,14 +160,14 @@ def test_session_ignores_another_masters_file(tmp_path):
                                                           host="127.0.0.1", port=3306))
     MasterVariablesFile(tmp_path).save(sample())  # server_id 1: not the master the files came from
     session = make_session(tmp_path)
-    assert "master_variables" not in session.status.extra
+    assert session.status.master_variables is None
 
 
 def test_session_reports_a_damaged_file(tmp_path):
     (tmp_path / FILE_NAME).write_text("{")
     session = make_session(tmp_path)
-    assert "master_variables" not in session.status.extra
-    assert FILE_NAME in session.status.extra["master_variables_error"]
+    assert session.status.master_variables is None
+    assert FILE_NAME in session.status.master_variables_error
 
 
 # ---------------------------------------------------------------------------------------------
