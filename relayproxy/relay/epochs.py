@@ -109,6 +109,7 @@ def gtid_union(a, b):
             for g in mine:
                 if latest is None or g.seq_no > latest.seq_no:
                     latest = g
+            assert latest is not None  # ``domain`` comes from ``entries``, so ``mine`` is never empty
             for g in sorted(mine, key=lambda g: g.server_id):
                 if g != latest:
                     out.update(g)
@@ -170,6 +171,19 @@ def _split_or_raise(name: str, what: str) -> tuple[str, int, int]:
     if parts is None:
         raise EpochsError(f"{what} {name!r} has no sequence number (basename.NNNNNN)")
     return parts
+
+
+def _recorded(name: str | None) -> str:
+    """A recorded epoch's file name: ``_validate`` refuses a recorded epoch without one (only the implicit
+    epoch has None)."""
+    if name is None:
+        raise EpochsError("a recorded epoch lacks its first_file / upstream_first_file")
+    return name
+
+
+def _upstream_series(e: Epoch) -> tuple[str, int, int]:
+    """``(basename, seq, width)`` of the master's file where a recorded epoch >= 2 began."""
+    return _split_or_raise(_recorded(e.upstream_first_file), f"epoch {e.epoch}'s upstream file")
 
 
 def _plain(name: str, what: str) -> None:
@@ -275,7 +289,14 @@ class Epochs:
         return parts[1]
 
     def _first_seq(self, e: Epoch) -> int:
-        return split_name(e.first_file)[1]
+        """The sequence number of a recorded epoch >= 2's first relay file (``_validate`` checked it has one)."""
+        return _split_or_raise(_recorded(e.first_file), f"epoch {e.epoch}'s first file")[1]
+
+    def _series(self) -> tuple[str, int]:
+        """``(relay_basename, relay_width)``, which ``_validate`` requires once an epoch >= 2 is recorded."""
+        if self.relay_basename is None or self.relay_width is None:
+            raise EpochsError("relay_basename and relay_width are required once there are two epochs")
+        return self.relay_basename, self.relay_width
 
     def epoch_of(self, relay_name: str) -> Epoch:
         """The epoch a relay file belongs to (EpochsError when no recorded epoch covers it)."""
@@ -297,7 +318,7 @@ class Epochs:
         if e.epoch == 1:
             return upstream_name
         base, seq, _width = _split_or_raise(upstream_name, "upstream file")
-        up_base, up_seq, up_width = split_name(e.upstream_first_file)
+        up_base, up_seq, up_width = _upstream_series(e)
         if base != up_base or upstream_name != numbered_name(base, seq, up_width):
             raise EpochsError(
                 f"upstream file {upstream_name!r} is not in the series of epoch {e.epoch}, which began at "
@@ -308,15 +329,18 @@ class Epochs:
                 f"upstream file {upstream_name!r} is before {e.upstream_first_file!r}, where epoch {e.epoch} "
                 "began: the master's names went backwards"
             )
-        return numbered_name(self.relay_basename, self._first_seq(e) + seq - up_seq, self.relay_width)
+        relay_basename, relay_width = self._series()
+        return numbered_name(relay_basename, self._first_seq(e) + seq - up_seq, relay_width)
 
     def upstream_name(self, relay_name: str) -> tuple[int, str]:
         """``(epoch, the master's file name)`` of a relay file."""
         e = self.epoch_of(relay_name)
         if e.epoch == 1:
             return e.epoch, relay_name
-        up_base, up_seq, up_width = split_name(e.upstream_first_file)
-        return e.epoch, numbered_name(up_base, up_seq + self._relay_seq(relay_name) - self._first_seq(e), up_width)
+        seq = self._relay_seq(relay_name)
+        assert seq is not None  # epoch_of finds an epoch >= 2 only for a numbered relay name
+        up_base, up_seq, up_width = _upstream_series(e)
+        return e.epoch, numbered_name(up_base, up_seq + seq - self._first_seq(e), up_width)
 
     def rotate_targets(self, relay_file: str, target: str) -> list[str]:
         """The relay files a ROTATE at the end of ``relay_file`` may name: ``target`` itself (identity
@@ -358,7 +382,7 @@ class Epochs:
         ``index``: the relay files, oldest first; ``current_empty``: the newest holds only the magic
         (it is then the new epoch's first file, since the previous file's ROTATE already names it).
         """
-        master = tuple(normalise_master(master).items())
+        master_items = tuple(normalise_master(master).items())
         cur = self.current
         if not index:
             # A relay without files: its first epoch (identity names), replacing an unused record.
@@ -366,14 +390,16 @@ class Epochs:
             if number != 1:
                 raise EpochsError(f"the relay has no files but epoch {number} is recorded")
             parts = split_name(upstream_first_file)
-            epoch = Epoch(1, upstream_first_file, upstream_first_file, master, join_gtids, started, relay_server_id)
+            epoch = Epoch(1, upstream_first_file, upstream_first_file, master_items, join_gtids, started, relay_server_id)
             return Epochs((epoch,), *(parts[0], parts[2]) if parts else (None, None))
         epochs = list(self.epochs)
         basename, width = self.relay_basename, self.relay_width
         if basename is None:
-            first = epochs[0].first_file if epochs else index[0]
+            first = _recorded(epochs[0].first_file) if epochs else index[0]
             base, _seq, width = _split_or_raise(first, "the relay's first file")
             basename = base
+        if width is None:
+            raise EpochsError(f"the epochs record relay_basename {basename!r} without relay_width")
         if not epochs:
             epochs = [Epoch(1, index[0], index[0], None, None, None, None)]
         last_base_seq = split_name(index[-1])
@@ -389,7 +415,8 @@ class Epochs:
         else:
             first_file = numbered_name(basename, last_base_seq[1] + 1, width)
         _split_or_raise(upstream_first_file, "upstream file")
-        epoch = Epoch(epochs[-1].epoch + 1, first_file, upstream_first_file, master, join_gtids, started, relay_server_id)
+        epoch = Epoch(
+            epochs[-1].epoch + 1, first_file, upstream_first_file, master_items, join_gtids, started, relay_server_id)
         return Epochs((*epochs, epoch), basename, width)
 
     def replaced_current(self, **changes) -> Epochs:
@@ -406,7 +433,7 @@ class Epochs:
         new = Epoch(**fields)
         basename, width = self.relay_basename, self.relay_width
         if new.epoch == 1 and len(self.epochs) == 1:
-            parts = split_name(new.first_file)
+            parts = None if new.first_file is None else split_name(new.first_file)
             basename, width = (parts[0], parts[2]) if parts else (None, None)
         return Epochs((*self.epochs[:-1], new), basename, width)
 
@@ -448,7 +475,7 @@ class Epochs:
                 if previous is not None and previous.epoch >= 2 and self._first_seq(previous) >= parts[1]:
                     raise EpochsError(f"epoch {e.epoch} begins at {e.first_file!r}, not after epoch {previous.epoch}")
                 if previous is not None and previous.epoch == 1:
-                    first = split_name(previous.first_file)
+                    first = split_name(_recorded(previous.first_file))
                     if first is not None and first[0] == self.relay_basename and first[1] > parts[1]:
                         raise EpochsError(f"epoch {e.epoch} begins at {e.first_file!r}, before epoch 1")
             previous = e
