@@ -390,7 +390,8 @@ class Epochs:
             if number != 1:
                 raise EpochsError(f"the relay has no files but epoch {number} is recorded")
             parts = split_name(upstream_first_file)
-            epoch = Epoch(1, upstream_first_file, upstream_first_file, master_items, join_gtids, started, relay_server_id)
+            epoch = Epoch(
+                1, upstream_first_file, upstream_first_file, master_items, join_gtids, started, relay_server_id)
             return Epochs((epoch,), *(parts[0], parts[2]) if parts else (None, None))
         epochs = list(self.epochs)
         basename, width = self.relay_basename, self.relay_width
