@@ -50,7 +50,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from ..binlog.checksum import crc32 as _crc32
 from ..binlog.reader import BinlogScanner, ScanResult
@@ -114,7 +114,7 @@ class Keyring:
         """Lines (or ``,``/``;``/space separated entries) ``<id>:<64 hex digits>``; ``#`` starts a comment.
         A bare 64-hex-digit key is id 1. Errors name the source and the entry number, never the key."""
         keys: dict[int, bytes] = {}
-        entries = []
+        entries: list[str] = []
         for line in text.splitlines():
             line = line.split("#", 1)[0]
             entries.extend(e for e in re.split(r"[\s,;]+", line) if e)
@@ -320,7 +320,7 @@ def logical_size(path) -> int:
 def remove_all(path) -> list[Path]:
     """Delete every stored form of relay file ``path`` (purge); returns what was removed. The directories
     are not fsynced here (the caller does)."""
-    removed = []
+    removed: list[Path] = []
     path = Path(path)
     for candidate in candidates(path):
         try:
@@ -655,13 +655,25 @@ def read_stub(stored) -> RemoteStub:
     return RemoteStub.decode(raw, os.fspath(stored))
 
 
+class RemoteSource(Protocol):
+    """What fetches a directory's offloaded files into a local cache (relay/remote.py's ``ArchiveCache``)."""
+
+    def fetch(self, stub: RemoteStub) -> Path:
+        """The local path of a complete, verified copy of the file ``stub`` stands for."""
+
+    def forget(self, name: str) -> None:
+        """The file was purged: its cached copy goes."""
+
+
+RemoteFactory = Callable[[Path, RemoteStub], "RemoteSource | None"]
+
 # The source that fetches offloaded files into a local cache, per relay directory (relay/remote.py registers
 # one; ``_default_remote`` builds one from a stub when none is: a process given no archive configuration).
-_remote_sources: dict[str, object] = {}
-_default_remote: Callable | None = None
+_remote_sources: dict[str, RemoteSource] = {}
+_default_remote: RemoteFactory | None = None
 
 
-def configure_remote(relay_dir, source) -> None:
+def configure_remote(relay_dir, source: RemoteSource | None) -> None:
     """Tell the readers of ``relay_dir`` how to fetch its offloaded files (``relay/remote.py``; None: forget)."""
     with _registry_lock:
         if source is None:
@@ -670,13 +682,13 @@ def configure_remote(relay_dir, source) -> None:
             _remote_sources[_dir_key(relay_dir)] = source
 
 
-def set_default_remote(factory: Callable | None) -> None:
+def set_default_remote(factory: RemoteFactory | None) -> None:
     """``factory(relay_dir, stub)`` builds (and registers) the source of a directory no one configured."""
     global _default_remote
     _default_remote = factory
 
 
-def remote_source_of(relay_dir):
+def remote_source_of(relay_dir) -> RemoteSource | None:
     return _remote_sources.get(_dir_key(relay_dir))
 
 

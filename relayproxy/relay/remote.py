@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Sequence
+from typing import BinaryIO, Callable, Mapping, Sequence
 
 from ..log import get_logger
 from . import closed_files as CF
@@ -238,10 +238,10 @@ def parse_keep_local(value) -> tuple[int | None, int | None]:
 def plan_offload(closed: Sequence[tuple[str, int]], keep_bytes: int | None, keep_files: int | None) -> list[str]:
     """Which of the sealed closed files still stored locally (``closed``: (name, stored bytes), oldest first) to
     offload: all but the newest ``keep_files``, or all but the newest that fit in ``keep_bytes``."""
-    if keep_bytes is None and keep_files is None:
-        return []
     if keep_files is not None:
         return [name for name, _size in closed[: max(0, len(closed) - keep_files)]]
+    if keep_bytes is None:
+        return []
     kept = 0
     cut = len(closed)
     for i in range(len(closed) - 1, -1, -1):
@@ -451,7 +451,7 @@ class ArchiveCache:
 
     def entries(self) -> list[tuple[float, int, str]]:
         """(mtime, size, name) of the cached files, least recently used first."""
-        out = []
+        out: list[tuple[float, int, str]] = []
         try:
             scan = list(os.scandir(self.cache_dir))
         except FileNotFoundError:
@@ -510,7 +510,7 @@ def configure(relay_dir: Path, cache: ArchiveCache | None) -> None:
     CF.configure_remote(relay_dir, cache)
 
 
-def _default_cache(relay_dir: Path, stub: RemoteStub) -> ArchiveCache | None:
+def _default_cache(relay_dir: Path, stub: RemoteStub) -> CF.RemoteSource | None:
     """For a process given no archive configuration (``relayproxy serve``, ``inspect``, a sender process): the
     stub's archive, credentials from the standard AWS chain, the default cache in the relay directory."""
     from .objectstore import open_object_store
@@ -553,10 +553,9 @@ def env_for_children(relay_dir) -> dict[str, str]:
     """Environment entries that let a sender process (downstream/workers.py) read offloaded files through the
     relay's bucket and cache (``configure_from_env`` reads them back); none when no archive is configured."""
     cache = CF.remote_source_of(relay_dir)
-    options = getattr(cache, "child_options", None)
-    if not options:
+    if not isinstance(cache, ArchiveCache) or not cache.child_options:  # only relay/remote.py registers a source
         return {}
-    return {CHILD_ENV: json.dumps({**options, "cache_dir": os.fspath(cache.cache_dir),
+    return {CHILD_ENV: json.dumps({**cache.child_options, "cache_dir": os.fspath(cache.cache_dir),
                                    "max_bytes": cache.max_bytes})}
 
 
