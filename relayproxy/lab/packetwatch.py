@@ -46,6 +46,7 @@ from ..binlog.constants import (
     ROTATE_EVENT,
     event_name,
 )
+from ..wire.semisync import SEMI_SYNC_INDICATOR
 
 __all__ = ["MAX_PACKET_PAYLOAD", "DumpEnd", "EventLocation", "MysqlStreamWatcher", "packet_spans"]
 
@@ -54,7 +55,6 @@ PACKET_HEADER_LEN = 4
 
 COM_BINLOG_DUMP = 0x12
 COM_BINLOG_DUMP_GTID = 0x1E
-SEMI_SYNC_MAGIC = 0xEF
 _CLIENT_COMPRESS = 0x0020
 _CLIENT_SSL = 0x0800
 
@@ -340,7 +340,7 @@ class MysqlStreamWatcher:
         if f._seq != 1 or len(head) < _MIN_EVENT_PAYLOAD or head[0] != _OK:
             return False
         prefixes = [_PLAIN_PREFIX]
-        if self.semi_sync is not False and len(head) >= _HEAD_WANTED and head[1] == SEMI_SYNC_MAGIC:
+        if self.semi_sync is not False and len(head) >= _HEAD_WANTED and head[1] == SEMI_SYNC_INDICATOR:
             prefixes.append(_SEMI_SYNC_PREFIX)
         for prefix in prefixes:
             timestamp, type_code, _, event_size, log_pos, flags = _EVENT_HEADER.unpack_from(head, prefix)
@@ -373,7 +373,7 @@ class MysqlStreamWatcher:
     def _event(self, head: bytearray) -> EventLocation:
         f = self._server
         semi = self._semi_seen if self.semi_sync is None else self.semi_sync
-        if self.semi_sync is None and not semi and len(head) >= _HEAD_WANTED and head[1] == SEMI_SYNC_MAGIC:
+        if self.semi_sync is None and not semi and len(head) >= _HEAD_WANTED and head[1] == SEMI_SYNC_INDICATOR:
             plain_size = _EVENT_HEADER.unpack_from(head, _PLAIN_PREFIX)[3]
             semi_size = _EVENT_HEADER.unpack_from(head, _SEMI_SYNC_PREFIX)[3]
             semi = not self._size_fits(plain_size, _PLAIN_PREFIX) and self._size_fits(semi_size, _SEMI_SYNC_PREFIX)

@@ -43,12 +43,11 @@ from ..binlog.checksum import crc32 as _crc32
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..relay.errors import RelayGapError
 from ..wire.packets import parse_err
+from ..wire.semisync import SEMI_SYNC_INDICATOR, SEMI_SYNC_NEED_ACK
 
 _header_unpack_from = HEADER.unpack_from
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-SEMI_SYNC_MAGIC = 0xEF
-SEMI_SYNC_NEED_ACK = 0x01
 
 
 class StreamError(Exception):
@@ -295,7 +294,7 @@ class RelayReceiver:
         first = payload[0] if payload else -1
         if first == 0x00:
             if self._semi_sync:
-                if len(payload) < 3 or payload[1] != SEMI_SYNC_MAGIC:
+                if len(payload) < 3 or payload[1] != SEMI_SYNC_INDICATOR:
                     raise StreamError("Missing magic number for semi-sync packet")
                 self._event(memoryview(payload)[3:], need_ack=bool(payload[2] & SEMI_SYNC_NEED_ACK))
             else:

@@ -49,15 +49,14 @@ from ..relay.sync import SyncTicket
 from ..binlog.constants import FORMAT_DESCRIPTION_EVENT, HEARTBEAT_LOG_EVENT, LOG_EVENT_ARTIFICIAL_F, event_name
 from ..binlog.encoders import fde_copy
 from ..wire.errors import ER_SLAVE_MUST_STOP, ER_UNKNOWN_SYSTEM_VARIABLE, ER_WRONG_ARGUMENTS
-from ..wire.packets import MySQLError, parse_err
+from ..wire.packets import BINLOG_DUMP_NON_BLOCK, BINLOG_SEND_ANNOTATE_ROWS_EVENT, MySQLError, parse_err
+from ..wire.semisync import encode_semi_sync_ack
 from .connection import UpstreamConnection
 from .receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
 from .repoint import BadCoordinates, check_boundary, check_coordinates, decide_switch, mysql_gtids_at, sql_string
 
 log = get_logger("relayproxy.upstream")
 
-BINLOG_DUMP_NON_BLOCK = 0x01
-BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02  # MariaDB: without it the master leaves holes where ANNOTATE_ROWS were
 MARIA_SLAVE_CAPABILITY_MINE = 4
 
 
@@ -867,6 +866,7 @@ class UpstreamSession:
         master = self.master
         store = self.store
         horizon = store.horizon.snapshot()
+        # MariaDB: without ANNOTATE_ROWS the master leaves holes where those events were.
         flags = BINLOG_SEND_ANNOTATE_ROWS_EVENT if conn.is_mariadb else 0
         by_position, self._resume_by_position = self._resume_by_position, False
         if switching:
@@ -1080,7 +1080,7 @@ class UpstreamSession:
                     log.warning("semi-sync replicas of the relay did not acknowledge in time; ACKing the master",
                                 file=pending[0], position=pending[1])
             # Semi-sync ACK only once the acknowledged transaction is durable in the relay.
-            conn.write_packet(bytes([0xEF]) + struct.pack("<Q", pending[1]) + pending[0].encode(), 0)
+            conn.write_packet(encode_semi_sync_ack(pending[0], pending[1]), 0)
             self.status.semi_sync_acks += 1
 
 

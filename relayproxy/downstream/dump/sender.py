@@ -22,6 +22,7 @@ from ...wire.packets import (
     USE_HEARTBEAT_EVENT_V2,
 )
 from ...wire.results import encode_error
+from ...wire.semisync import SEMI_SYNC_HEADER, parse_semi_sync_ack
 from ..context import DumpProgress
 from ..semisync import semi_sync_tracker
 from .chunks import Chunk, ChunkCache, chunk_cache, scan_chunk
@@ -52,7 +53,18 @@ from .rewrite import (
     MARIA_SLAVE_CAPABILITY_GTID,
     MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES,
 )
-from .start import DumpStart, checksum_alg, int_variable, MariaStart, truthy, user_var
+from .start import (
+    MariaStart,
+    StartPlan,
+    StartReader,
+    StartRequest,
+    checksum_alg,
+    connect_state,
+    durable_names,
+    int_variable,
+    truthy,
+    user_var,
+)
 
 if TYPE_CHECKING:
     from ..context import ConnectionState, DownstreamContext, DumpChannel, DumpRequest
@@ -66,9 +78,7 @@ _EVENTS_PER_YIELD = 1024  # events the event-by-event path handles between two t
 SHARED_CHUNK = 256 << 10  # bytes of a shared framed chunk (bounds what one replica's socket buffer holds)
 _HEAD = 64 << 10  # what the boundary parser may look at of an event that is streamed
 _STREAM_PIECE = 4 << 20  # bytes of a large event read (and held) at a time while it is sent
-SEMI_SYNC_MAGIC = 0xEF
 _PREFIX_PLAIN = b"\x00"
-_PREFIX_SEMI = (b"\x00\xef\x00", b"\x00\xef\x01")
 _IDLE_RECHECK = 30.0  # without heartbeats, re-read the horizon object this often (the store may be reopened)
 
 # Relay-made fillers (relay/epochs.py is_filler): never sent.
@@ -117,8 +127,9 @@ def _expire(future: asyncio.Future | None) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-class DumpSender(DumpStart):
-    """One dump: decides where to start, then streams; all protocol state of the connection lives here."""
+class DumpSender:
+    """One dump: where to start (start.py plans it), then streaming; all protocol state of the connection lives
+    here."""
 
     def __init__(self, ctx: DownstreamContext, conn: ConnectionState, request: DumpRequest, channel: DumpChannel):
         self.ctx = ctx
@@ -191,24 +202,33 @@ class DumpSender(DumpStart):
         self.waiter: asyncio.Future | None = None  # what _wait is waiting on: the reader resolves it on leaving
         self.reader_task: asyncio.Task | None = None
 
-    # The start the preamble (start.py) sets: the decider's.
+    # The start the plan (start.py) set: the decider's.
     @property
     def exclude(self) -> GtidSet | None:
         """MySQL GTID protocol: the replica's GTID set (groups in it are skipped)."""
         return self.decider.exclude
-
-    @exclude.setter
-    def exclude(self, gtids: GtidSet | None) -> None:
-        self.decider.exclude = gtids
 
     @property
     def maria_state(self) -> dict[int, MariaStart]:
         """MariaDB GTID: per domain, the GTID the replica asked for, until it is reached."""
         return self.decider.maria_state
 
-    @maria_state.setter
-    def maria_state(self, state: dict[int, MariaStart]) -> None:
-        self.decider.maria_state = state
+    def start_request(self) -> StartRequest:
+        """What the start plan reads of the request and the connection."""
+        request = self.request
+        return StartRequest(
+            mode=self.mode, kind=request.kind, flavour=self.flavour, file=request.file,
+            position=request.position, gtid_set=request.gtid_set,
+            connect_state=connect_state(self.conn.user_vars), peer=self.peer,
+            maria_ignore_duplicates=self.maria_ignore_duplicates, modern_terms=self.modern_terms)
+
+    def _adopt(self, plan: StartPlan) -> tuple[str, int]:
+        """Take the plan's start: what the decider skips (a copy of the MariaDB state: it is consumed as the
+        requested GTIDs are reached), and the flag the first FORMAT_DESCRIPTION carries."""
+        self.decider.exclude = plan.exclude
+        self.decider.maria_state = {e.gtid.domain_id: MariaStart(e.gtid, e.empty_domain) for e in plan.maria_state}
+        self.clear_created = plan.clear_created
+        return plan.file, plan.position
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -218,7 +238,7 @@ class DumpSender(DumpStart):
         self.gone = self.loop.create_future()
         try:
             try:
-                first_file, start_pos = await self._plan()
+                first_file, start_pos = self._adopt(await StartReader(self.ctx).plan(self.start_request()))
                 if self.tracker is not None:
                     self.tracker.register(conn.conn_id)
                 self.reader_task = asyncio.create_task(self._read_replica(), name=f"dump-reader-{conn.conn_id}")
@@ -303,13 +323,6 @@ class DumpSender(DumpStart):
         except ValueError:
             return name
 
-    def _peer_start(self, file: str) -> str:
-        """The relay file holding the master's ``file`` in the relay's current epoch (the peer's horizon file)."""
-        try:
-            return self.ctx.store.epochs.relay_name(file)
-        except ValueError as exc:
-            raise DumpFailure(f"relayproxy peer catch-up: {exc}") from None
-
     def _peer_epoch_end(self, buf, off: int, size: int) -> None:
         """A ROTATE in a peer catch-up: the relay's own epoch ROTATE (timestamp 0, naming the first file of the
         next epoch) ends the catch-up with an error: the peer follows this epoch's master only, never the next
@@ -351,7 +364,7 @@ class DumpSender(DumpStart):
 
     def _next_file(self, name: str) -> str:
         self._check_not_purged(name)
-        names = self._durable_names()
+        names = durable_names(self.ctx.store.files(), self.ctx.horizon.snapshot().file)
         try:
             return names[names.index(name) + 1]
         except (ValueError, IndexError):
@@ -855,7 +868,7 @@ class DumpSender(DumpStart):
     # -- sending -----------------------------------------------------------------------------------
     def _prefix(self, need_ack: bool) -> bytes:
         if self.semi_sync:
-            return _PREFIX_SEMI[need_ack]
+            return SEMI_SYNC_HEADER[need_ack]
         return _PREFIX_PLAIN
 
     async def _send_event(self, event, need_ack: bool) -> None:
@@ -946,11 +959,11 @@ class DumpSender(DumpStart):
 
     def _on_packet(self, packet: bytes) -> None:
         """A semi-sync ACK: 0xEF, the end position (u64) of the acknowledged event, the file name."""
-        if not self.semi_sync or len(packet) < 10 or packet[0] != SEMI_SYNC_MAGIC:
+        ack = parse_semi_sync_ack(packet) if self.semi_sync else None
+        if ack is None:
             log.debug("ignored a packet from a dumping replica", conn_id=self.conn.conn_id, length=len(packet))
             return
-        pos = U64.unpack_from(packet, 1)[0]
-        name = bytes(packet[9:]).decode("utf-8", "surrogateescape")
+        name, pos = ack
         self.progress.last_ack = (name, pos)
         if self.tracker is not None:
             self.tracker.acked(name, pos, self.conn.conn_id)
