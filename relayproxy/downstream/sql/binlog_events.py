@@ -17,7 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 from ...binlog import constants as C
 from ...binlog.events import HEADER, BinlogFormatError, FormatDescription
-from ...binlog.views import view_event
+from ...binlog.views import (
+    BinlogCheckpointView,
+    EventView,
+    FormatDescriptionView,
+    GtidView,
+    MariaGtidListView,
+    MariaGtidView,
+    PreviousGtidsView,
+    QueryView,
+    RotateView,
+    XidView,
+    format_uuid,
+    view_event,
+)
 from ...relay import closed_files
 from ...wire.results import ResultSet
 from ...wire.errors import ER_ERROR_WHEN_EXECUTING_COMMAND
@@ -197,36 +210,43 @@ def _info(data: bytes, type_code: int, fde: FormatDescription | None, flavour: s
 
 
 def _info_of(data: bytes, type_code: int, fde: FormatDescription | None, flavour: str) -> str:
-    if type_code == C.FORMAT_DESCRIPTION_EVENT:
-        view = view_event(data, 0, fde)
+    view = view_event(data, 0, fde)  # checks the header and event_size, whatever the type
+    text = _view_info(view)
+    return text if text is not None else _body_info(data, type_code, fde)
+
+
+def _view_info(view: EventView) -> str | None:
+    """Info from the fields of the event's typed view; None for a type whose Info is not read from one."""
+    if isinstance(view, FormatDescriptionView):
         return f"Server ver: {view.server_version}, Binlog ver: {view.binlog_version}"
-    view = view_event(data, 0, fde)
-    if type_code == C.QUERY_EVENT:
-        query = view.query_text
+    if type(view) is QueryView:  # not its subclass ExecuteLoadQueryView, whose Info is left empty
         db = view.db
         suppress_use = view.header.flags & C.LOG_EVENT_SUPPRESS_USE_F
-        return (f"use `{db.replace('`', '``')}`; " if db and not suppress_use else "") + query
-    if type_code == C.XID_EVENT:
+        return (f"use `{db.replace('`', '``')}`; " if db and not suppress_use else "") + view.query_text
+    if isinstance(view, XidView):
         return f"COMMIT /* xid={view.xid} */"
-    if type_code == C.ROTATE_EVENT:
+    if isinstance(view, RotateView):
         return f"{view.next_file};pos={view.position}"
-    if type_code == C.MARIA_GTID_EVENT:
+    if isinstance(view, MariaGtidView):
         gtid = f"{view.domain_id}-{view.header.server_id}-{view.seq_no}"
         text = ("GTID " if view.standalone else "BEGIN GTID ") + gtid
         commit_id = view.commit_id
         return text + (f" cid={commit_id}" if commit_id is not None else "")
-    if type_code == C.MARIA_GTID_LIST_EVENT:
+    if isinstance(view, MariaGtidListView):
         return "[" + ",".join(f"{g.domain_id}-{g.server_id}-{g.seq_no}" for g in view.gtids) + "]"
-    if type_code == C.MARIA_BINLOG_CHECKPOINT_EVENT:
+    if isinstance(view, BinlogCheckpointView):
         return view.file_name
-    if type_code in (C.GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT):
-        from ...binlog.views import format_uuid
-
+    if isinstance(view, GtidView):  # GTID, ANONYMOUS_GTID and (a subclass) GTID_TAGGED
+        if view.type_code == C.ANONYMOUS_GTID_LOG_EVENT:
+            return "SET @@SESSION.GTID_NEXT= 'ANONYMOUS'"
         return f"SET @@SESSION.GTID_NEXT= '{format_uuid(view.sid)}:{view.gno}'"
-    if type_code == C.ANONYMOUS_GTID_LOG_EVENT:
-        return "SET @@SESSION.GTID_NEXT= 'ANONYMOUS'"
-    if type_code == C.PREVIOUS_GTIDS_LOG_EVENT:
+    if isinstance(view, PreviousGtidsView):
         return str(view.gtid_set)
+    return None
+
+
+def _body_info(data: bytes, type_code: int, fde: FormatDescription | None) -> str:
+    """Info read from the raw body, for the events without a typed view that has it."""
     body = memoryview(data)[HEADER.size:]
     if type_code == C.TABLE_MAP_EVENT or type_code in _ROWS_TYPES:
         id_len = 4 if fde is not None and fde.post_header_len(type_code) == 6 else 6
