@@ -103,7 +103,7 @@ def _parse_table(index: int, entry: Any, env: Mapping[str, str]) -> DownstreamUs
         password = _from_env(where, raw, env)
     else:
         password = _from_file(where, raw)
-    options = {key: normalized[key] for key in ("plugin", "tls", "host") if key in normalized}
+    options: dict[str, Any] = {key: normalized[key] for key in ("plugin", "tls", "host") if key in normalized}
     for key, item in options.items():
         if not isinstance(item, str):
             raise ValueError(f"{where}: {key} must be a string")

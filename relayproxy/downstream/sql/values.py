@@ -44,15 +44,15 @@ def compare_values(a: Any, b: Any) -> int | None:
     if a is None or b is None:
         return None
     if isinstance(a, _dt.datetime) or isinstance(b, _dt.datetime):
-        x, y = to_datetime(a), to_datetime(b)
-        if x is None or y is None:
+        x_d, y_d = to_datetime(a), to_datetime(b)
+        if x_d is None or y_d is None:
             return None
-        return (x > y) - (x < y)
+        return (x_d > y_d) - (x_d < y_d)
     if isinstance(a, (str, bytes)) and isinstance(b, (str, bytes)):
         x_s, y_s = to_text(a).casefold().rstrip(" "), to_text(b).casefold().rstrip(" ")
         return (x_s > y_s) - (x_s < y_s)
-    x, y = to_number(a), to_number(b)
-    return (x > y) - (x < y)
+    x_n, y_n = to_number(a), to_number(b)
+    return (x_n > y_n) - (x_n < y_n)
 
 
 # -- LIKE ------------------------------------------------------------------------------------------------
