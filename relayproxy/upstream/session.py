@@ -15,7 +15,6 @@ relay holds; otherwise the relay refuses it with a clear ``Last_IO_Error`` and w
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import errno
 import struct
 import time
@@ -41,11 +40,10 @@ from ..relay.master_variables import (
     single_statement,
     variables_for,
 )
-from ..relay import fsyncer  # noqa: I001 - the C fsync thread (relay/fsyncer.py)
 from ..relay.durable import write_file_atomically
 from ..relay.errors import RelayStoreError, RelayStoreFailed
 from ..relay.store import RelayStore
-from ..relay.sync import SyncTicket
+from ..relay.sync_driver import SyncDriver
 from ..binlog.constants import FORMAT_DESCRIPTION_EVENT, HEARTBEAT_LOG_EVENT, LOG_EVENT_ARTIFICIAL_F, event_name
 from ..binlog.encoders import fde_copy
 from ..wire.errors import ER_SLAVE_MUST_STOP, ER_UNKNOWN_SYSTEM_VARIABLE, ER_WRONG_ARGUMENTS
@@ -175,11 +173,8 @@ class UpstreamSession:
         # A store failure (full disk, EIO) stays in last_io_error until the store writes again: a
         # reconnect alone does not clear it (the next write would fail the same way).
         self._store_failing = False
-        # The fsync in flight: (SyncTicket, asyncio future of its run in the fsync thread), at most one.
-        self._flight: tuple[SyncTicket, asyncio.Future] | None = None
-        self._fsync_pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._native: fsyncer.NativeFsync | None = None  # the fsync thread (relay/fsyncer.py)
-        self._native_flight: tuple[SyncTicket, asyncio.Future] | None = None  # its ticket out, and the future
+        # The fsync pipeline's loop half (relay/sync_driver.py): one sync in flight, run in the fsync thread.
+        self.sync_driver = SyncDriver(on_advance=self._store_writes_again)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -230,10 +225,7 @@ class UpstreamSession:
             self._wake.clear()
             await self._wait_woken(delay)
         self.status.state = "stopped"
-        if self._fsync_pool is not None:
-            self._fsync_pool.shutdown(wait=False)  # idle: every round's fsync was waited for by the store
-            self._fsync_pool = None
-        self._close_native()
+        self.sync_driver.close()  # idle: every round's fsync was waited for by the store
 
     async def _wait_woken(self, timeout: float | None) -> None:
         """Sleep until stop(), START SLAVE / STOP SLAVE, or the timeout."""
@@ -919,7 +911,7 @@ class UpstreamSession:
             while not self._stopping.is_set() and self.io_enabled:
                 now = time.monotonic()
                 wait = None if silence_limit is None else max(silence_limit - (now - last_data), 0.0)
-                flight = self._flight
+                flight = self.sync_driver.waiter
                 if flight is None:
                     deadline = self.store.sync_deadline
                     if deadline is not None:
@@ -927,7 +919,7 @@ class UpstreamSession:
                         wait = until_sync if wait is None else min(wait, until_sync)
                 if read is None:
                     read = asyncio.ensure_future(conn.read_packets())
-                await asyncio.wait((read,) if flight is None else (read, flight[1]), timeout=wait,
+                await asyncio.wait((read,) if flight is None else (read, flight), timeout=wait,
                                    return_when=asyncio.FIRST_COMPLETED)
                 payloads = ()
                 if read.done():
@@ -952,10 +944,10 @@ class UpstreamSession:
         except asyncio.CancelledError:
             raise  # the fsync in flight is left to the store: discard_incomplete and close wait for it
         except BaseException:
-            await self._drain()  # the complete transactions received before the error are made durable
+            await self.sync_driver.drain(self.store)  # the complete transactions received before the error are durable
             raise
         else:
-            await self._drain()  # a stop: the complete transactions received are durable
+            await self.sync_driver.drain(self.store)  # a stop: the complete transactions received are durable
         finally:
             if read is not None:
                 if read.done():
@@ -963,104 +955,23 @@ class UpstreamSession:
                         read.exception()  # retrieved: the round is over either way
                 else:
                     read.cancel()  # read_batch takes payloads only when it returns: nothing is lost
-            self._flight = None
+            self.sync_driver.forget()
 
-    async def _drain(self) -> None:
-        """The end of a round: wait for the fsync in flight and publish it, then make durable what has
-        completed since (one more fsync), as the last batch of the round would have been."""
-        store = self.store
-        flight, self._flight = self._flight, None
-        if flight is not None:
-            await asyncio.wait((flight[1],))
-            self._published(store, flight[0])
-        if store.failure is None and store.sync_due():
-            ticket, future = self._flight = self._start_sync(store)
-            try:
-                await asyncio.wait((future,))
-            finally:
-                self._flight = None
-            self._published(store, ticket)
-
-    def _start_sync(self, store) -> tuple[SyncTicket, asyncio.Future]:
-        """Begin the store's next sync and run it in the fsync thread (relay/fsyncer.py: C when built), or in the
-        thread pool for a ticket that also writes a recovery checkpoint. The future ends with the run."""
-        ticket = store.begin_sync()
-        if ticket.checkpoint is None:
-            native = self._native_fsync()
-            future = asyncio.get_running_loop().create_future()
-            ticket.submit_native(native)
-            self._native_flight = (ticket, future)
-            return ticket, future
-        future = asyncio.wrap_future(ticket.submit(self._fsync_executor()))
-        future.add_done_callback(_retrieved)
-        return ticket, future
-
-    def _native_fsync(self) -> fsyncer.NativeFsync:
-        native = self._native
-        if native is None:
-            loop = asyncio.get_running_loop()
-
-            def waited(_job) -> None:  # a store operation waited for the run: the eventfd may say nothing
-                try:
-                    loop.call_soon_threadsafe(self._resolve_flight)
-                except RuntimeError:  # the loop is closed: nothing waits on the flight any more
-                    pass
-
-            native = self._native = fsyncer.NativeFsync(on_waited=waited)
-            loop.add_reader(native.fileno(), self._native_ready)
-        return native
-
-    def _native_ready(self) -> None:
-        """The eventfd of the C fsync thread is readable: complete the ticket and wake the stream loop."""
-        native = self._native
-        if native is not None:
-            native.collect()
-        self._resolve_flight()
-
-    def _resolve_flight(self) -> None:
-        flight = self._native_flight  # (not self._flight: _drain takes that over while it waits)
-        if flight is not None and flight[0].done:
-            self._native_flight = None
-            if not flight[1].done():
-                flight[1].set_result(None)
-
-    def _close_native(self) -> None:
-        native, self._native = self._native, None
-        if native is not None:
-            try:
-                asyncio.get_running_loop().remove_reader(native.fileno())
-            except (RuntimeError, ValueError):
-                pass
-            native.close()
-
-    def _fsync_executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._fsync_pool is None:
-            self._fsync_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-fsync")
-        return self._fsync_pool
-
-    def _published(self, store, ticket) -> None:
-        """The fsync of ``ticket`` has ended: publish it (the horizon moves; a store operation that
-        waited for it may have done so already). A failed fsync raises its OSError (the store has failed)."""
-        if ticket.error is not None:
-            raise ticket.error
-        if store.complete_sync(ticket) and self._store_failing:
+    def _store_writes_again(self) -> None:
+        """A sync moved the horizon: a store failure shown in last_io_error is over."""
+        if self._store_failing:
             self._store_failing = False
             self.status.last_io_error = None
             self.status.last_io_error_time = None
-            log.info("relay store writes again: receiving resumed", horizon=str(store.horizon.snapshot().coordinates))
+            log.info("relay store writes again: receiving resumed",
+                     horizon=str(self.store.horizon.snapshot().coordinates))
 
     async def _sync_and_ack(self, conn: UpstreamConnection) -> None:
         """Publish the fsync in flight once it has ended, start the next one when the policy asks for it
         (it runs in the fsync thread while the loop goes on reading, parsing and writing), and ACK what
         is durable. At most one fsync is in flight: a batch that arrives meanwhile waits for the next."""
         store = self.store
-        flight = self._flight
-        if flight is not None and flight[0].done:
-            self._flight = None
-            self._published(store, flight[0])
-            flight = None
-        if flight is None and store.sync_due():
-            self._flight = self._start_sync(store)
+        self.sync_driver.step(store)
         pending = self.receiver.ack_pending
         if pending is None:
             return
@@ -1082,12 +993,6 @@ class UpstreamSession:
             # Semi-sync ACK only once the acknowledged transaction is durable in the relay.
             conn.write_packet(encode_semi_sync_ack(pending[0], pending[1]), 0)
             self.status.semi_sync_acks += 1
-
-
-def _retrieved(future: asyncio.Future) -> None:
-    """Done-callback of an fsync's future: its error reaches the session through the ticket, not here."""
-    if not future.cancelled():
-        future.exception()
 
 
 UPSTREAM_ERROR_KINDS = ("io", "timeout", "master", "protocol", "crc", "store", "disk_full", "internal")

@@ -1,0 +1,151 @@
+"""The event loop's half of the sync pipeline: at most one sync ticket in flight, run in the fsync thread while the
+loop goes on receiving, and published once it has ended.
+
+The store's half is ``relay/sync.py`` (``begin_sync`` describes the fsync, ``complete_sync`` moves the horizon); the
+thread is ``relay/fsyncer.py``'s (C when built), whose eventfd the loop watches. A ticket that also writes a
+recovery checkpoint runs its ``make_durable`` in a one-thread pool instead. ``SyncDriver`` owns both and the
+flight: the upstream session calls ``step`` after each batch, waits on ``waiter`` beside its read, ``drain`` at
+the end of a round, and ``close`` when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import TYPE_CHECKING, Callable
+
+from . import fsyncer
+
+if TYPE_CHECKING:
+    from .store import RelayStore
+    from .sync import SyncTicket
+
+__all__ = ["SyncDriver"]
+
+
+class SyncDriver:
+    """One sync in flight at a time for a store written from the event loop. ``on_advance`` is called each time a
+    published sync moved the horizon. The store is passed to each call: the session may reopen it between rounds."""
+
+    def __init__(self, on_advance: Callable[[], None] | None = None) -> None:
+        self.on_advance = on_advance
+        self._flight: tuple[SyncTicket, asyncio.Future] | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._native: fsyncer.NativeFsync | None = None  # the fsync thread, started at the first native sync
+        self._native_flight: tuple[SyncTicket, asyncio.Future] | None = None  # its ticket out, and the future
+
+    @property
+    def waiter(self) -> asyncio.Future | None:
+        """The future that ends when the sync in flight has run (the stream loop waits on it); None when none is."""
+        flight = self._flight
+        return None if flight is None else flight[1]
+
+    def step(self, store: RelayStore) -> None:
+        """Publish the sync in flight once it has ended, and start the next when the store's policy asks for one
+        (it runs in the fsync thread while the loop goes on). A failed fsync raises its OSError."""
+        flight = self._flight
+        if flight is not None and flight[0].done:
+            self._flight = None
+            self._publish(store, flight[0])
+            flight = None
+        if flight is None and store.sync_due():
+            self._flight = self._start(store)
+
+    async def drain(self, store: RelayStore) -> None:
+        """The end of a round: wait for the sync in flight and publish it, then make durable what has completed
+        since (one more sync), as the round's next batch would have."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            await asyncio.wait((flight[1],))
+            self._publish(store, flight[0])
+        if store.failure is None and store.sync_due():
+            ticket, future = self._flight = self._start(store)
+            try:
+                await asyncio.wait((future,))
+            finally:
+                self._flight = None
+            self._publish(store, ticket)
+
+    def forget(self) -> None:
+        """The round ended without a drain (cancelled): the sync in flight is left to the store, whose
+        ``discard_incomplete`` and ``close`` wait for it."""
+        self._flight = None
+
+    def close(self) -> None:
+        """Stop the fsync thread (a sync out ends first) and the pool; a second call does nothing. Called on the
+        event loop once no round runs (the store has waited for every sync of the rounds)."""
+        self._flight = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+        native, self._native = self._native, None
+        if native is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(native.fileno())
+            except (RuntimeError, ValueError):
+                pass
+            native.close()
+
+    # -- the two ways a sync runs ---------------------------------------------------------------------------------
+    def _start(self, store: RelayStore) -> tuple[SyncTicket, asyncio.Future]:
+        """Begin the store's next sync and run it in the fsync thread, or in the pool for a ticket that also writes
+        a recovery checkpoint. The future ends with the run."""
+        ticket = store.begin_sync()
+        if ticket.checkpoint is None:
+            native = self._native_fsync()
+            future = asyncio.get_running_loop().create_future()
+            ticket.submit_native(native)
+            self._native_flight = (ticket, future)
+            return ticket, future
+        future = asyncio.wrap_future(ticket.submit(self._executor()))
+        future.add_done_callback(_retrieved)
+        return ticket, future
+
+    def _native_fsync(self) -> fsyncer.NativeFsync:
+        native = self._native
+        if native is None:
+            loop = asyncio.get_running_loop()
+
+            def waited(_job: fsyncer.NativeJob) -> None:
+                """A store operation waited for the run: the eventfd may say nothing of it."""
+                try:
+                    loop.call_soon_threadsafe(self._resolve_flight)
+                except RuntimeError:  # the loop is closed: nothing waits on the flight any more
+                    pass
+
+            native = self._native = fsyncer.NativeFsync(on_waited=waited)
+            loop.add_reader(native.fileno(), self._native_ready)
+        return native
+
+    def _native_ready(self) -> None:
+        """The eventfd of the fsync thread is readable: complete the ticket and wake the stream loop."""
+        native = self._native
+        if native is not None:
+            native.collect()
+        self._resolve_flight()
+
+    def _resolve_flight(self) -> None:
+        flight = self._native_flight  # (not self._flight: drain takes that over while it waits)
+        if flight is not None and flight[0].done:
+            self._native_flight = None
+            if not flight[1].done():
+                flight[1].set_result(None)
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-fsync")
+        return self._pool
+
+    def _publish(self, store: RelayStore, ticket: SyncTicket) -> None:
+        """The sync of ``ticket`` has ended: publish it (the horizon moves; a store operation that waited for it
+        may have done so already). A failed fsync raises its OSError (the store has failed)."""
+        if ticket.error is not None:
+            raise ticket.error
+        if store.complete_sync(ticket) and self.on_advance is not None:
+            self.on_advance()
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Done-callback of a pool run's future: its error reaches the driver through the ticket, not here."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,334 @@
+"""The event loop's half of the sync pipeline (relay/sync_driver.py), driven without an upstream session: a real
+store in a temporary directory, events fed as the receiver feeds them, the fsync thread held on an Event.
+
+What must hold: a sync runs in the fsync thread (or the pool, for a ticket that writes a recovery checkpoint) while
+the loop goes on, and the horizon moves only when the driver publishes it; ``drain`` waits for the sync in flight
+and makes durable what completed since; ``close`` stops the thread, and again does nothing; a failed fsync raises
+its OSError from the call that would have published it, the store failed, the horizon where it was."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+
+import pytest
+
+from relayproxy.relay import fsyncer
+from relayproxy.relay.errors import RelayStoreError, RelayStoreFailed
+from relayproxy.relay.sync_driver import SyncDriver
+
+from ..support.fakemaster import split_events
+from .test_relay_store import Feeder, fresh_store, mysql_image
+
+WAIT = 30  # seconds: a bound on waiting for a condition, never a speed assertion
+
+
+class HeldWorker(fsyncer.PyWorker):
+    """The Python fsync thread, counting its jobs; a job waits for ``release`` while ``hold`` is set."""
+
+    made: list["HeldWorker"] = []
+    hold = threading.Event()
+    release = threading.Event()
+    entered = threading.Event()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs = 0
+        HeldWorker.made.append(self)
+
+    def run_job(self, fd, mark_fd, mark):
+        self.jobs += 1
+        if HeldWorker.hold.is_set():
+            HeldWorker.entered.set()
+            assert HeldWorker.release.wait(WAIT), "the held fsync was never released"
+        return fsyncer.PyWorker.run_job(self, fd, mark_fd, mark)
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    """The fsync thread the driver starts is a ``HeldWorker`` (not held unless a test says so)."""
+    HeldWorker.made = []
+    for event in (HeldWorker.hold, HeldWorker.release, HeldWorker.entered):
+        event.clear()
+    monkeypatch.setattr(fsyncer, "new_worker", HeldWorker)
+    yield HeldWorker
+    HeldWorker.release.set()
+
+
+class Stream:
+    """A store fed group by group, as the receiver feeds it, without syncing (the driver does)."""
+
+    def __init__(self, tmp_path, *, groups: int = 9, checkpoints: bool = False):
+        self.store = fresh_store(tmp_path)
+        # A recovery checkpoint is due at every sync (the pool's path), or never (the fsync thread's).
+        self.store.checkpoint_bytes = 0 if checkpoints else 1 << 40
+        self.store.checkpoint_seconds = 0 if checkpoints else 1e9
+        self.image = mysql_image(groups=groups, rotate=False)
+        self.events = split_events(self.image)
+        self.feeder = Feeder(self.store, sync_each_event=False)
+        self.fed = 0
+
+    def feed_until(self, end: int) -> None:
+        """Every event that ends at or before ``end`` (a group's end)."""
+        while self.fed < len(self.events) and self.events[self.fed][0] + len(self.events[self.fed][1]) <= end:
+            self.feeder.feed(*self.events[self.fed])
+            self.fed += 1
+
+    @property
+    def horizon(self) -> int:
+        return self.store.horizon.snapshot().position
+
+
+def ends_of(stream: Stream) -> list[int]:
+    """The boundaries of the whole image, fed into a throw-away parser (the stream itself is fed step by step)."""
+    from relayproxy.binlog import boundary as B
+
+    parser, ends = B.TransactionBoundaryParser(), []
+    for offset, ev in stream.events:
+        if parser.feed_event(ev, 0) & B.RESULT_MASK in (B.GROUP_END, B.EVENT_OUTSIDE):
+            ends.append(offset + len(ev))
+    return ends
+
+
+async def ended(driver: SyncDriver) -> None:
+    waiter = driver.waiter
+    assert waiter is not None, "no sync in flight"
+    await asyncio.wait((waiter,), timeout=WAIT)  # as the session waits: an error is the ticket's, not raised here
+    assert waiter.done(), "the sync did not end"
+
+
+def test_a_sync_runs_in_the_fsync_thread_and_step_publishes_it(tmp_path, worker):
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    advances = []
+    driver = SyncDriver(on_advance=lambda: advances.append(stream.horizon))
+
+    async def scenario():
+        driver.step(stream.store)
+        assert driver.waiter is None  # nothing complete to make durable
+        stream.feed_until(ends[2])
+        driver.step(stream.store)
+        assert driver.waiter is not None and stream.horizon == 4  # running; nothing advertised yet
+        await ended(driver)
+        assert stream.horizon == 4  # durable, not published until the loop says so
+        driver.step(stream.store)
+        assert driver.waiter is None and stream.horizon == ends[2]
+        driver.close()
+
+    asyncio.run(scenario())
+    assert advances == [ends[2]]
+    assert [w.jobs for w in worker.made] == [1]
+    assert stream.store.checkpoints == 0
+    stream.store.close()
+
+
+def test_one_sync_in_flight_the_groups_completed_meanwhile_share_the_next(tmp_path, worker):
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    driver = SyncDriver()
+
+    async def scenario():
+        worker.hold.set()
+        stream.feed_until(ends[1])
+        driver.step(stream.store)
+        assert await asyncio.to_thread(worker.entered.wait, WAIT)
+        first = driver.waiter
+        stream.feed_until(ends[4])
+        driver.step(stream.store)  # still running: no second sync
+        assert driver.waiter is first and stream.horizon == 4
+        worker.hold.clear()
+        worker.release.set()
+        await ended(driver)
+        driver.step(stream.store)  # publishes the first, starts the one for groups 3-5
+        assert stream.horizon == ends[1] and driver.waiter is not None and driver.waiter is not first
+        await ended(driver)
+        driver.step(stream.store)
+        assert stream.horizon == ends[4] and driver.waiter is None
+        driver.close()
+
+    asyncio.run(scenario())
+    assert [w.jobs for w in worker.made] == [2]
+    stream.store.close()
+
+
+def test_drain_waits_for_the_sync_in_flight_then_syncs_what_completed_since(tmp_path, worker):
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    advances = []
+    driver = SyncDriver(on_advance=lambda: advances.append(stream.horizon))
+
+    async def scenario():
+        worker.hold.set()
+        stream.feed_until(ends[1])
+        driver.step(stream.store)
+        assert await asyncio.to_thread(worker.entered.wait, WAIT)
+        stream.feed_until(ends[5])
+        drain = asyncio.ensure_future(driver.drain(stream.store))
+        await asyncio.sleep(0.3)
+        assert not drain.done(), "drain returned while the sync was in flight"
+        assert stream.horizon == 4
+        worker.hold.clear()
+        worker.release.set()
+        await asyncio.wait_for(drain, WAIT)
+        assert driver.waiter is None
+        driver.close()
+
+    asyncio.run(scenario())
+    assert advances == [ends[1], ends[5]]
+    assert stream.horizon == ends[5]
+    stream.store.close()
+
+
+def test_drain_without_a_sync_in_flight_syncs_what_is_due_or_nothing(tmp_path, worker):
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    driver = SyncDriver()
+
+    async def scenario():
+        await driver.drain(stream.store)  # nothing complete: no sync
+        assert worker.made == []
+        stream.feed_until(ends[3])
+        await driver.drain(stream.store)
+        assert stream.horizon == ends[3] and driver.waiter is None
+        driver.close()
+
+    asyncio.run(scenario())
+    stream.store.close()
+
+
+def test_close_stops_the_fsync_thread_and_a_second_close_does_nothing(tmp_path, worker):
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    driver = SyncDriver()
+
+    async def scenario():
+        driver.close()  # before any sync: nothing was started
+        stream.feed_until(ends[2])
+        driver.step(stream.store)
+        await ended(driver)
+        driver.step(stream.store)
+        (thread,) = [w._thread for w in worker.made]
+        assert thread.is_alive()
+        driver.close()
+        assert not thread.is_alive()
+        assert worker.made[0]._efd == -1  # the eventfd is closed
+        driver.close()
+        # A sync after close starts a new thread (a session that runs again after a stop).
+        stream.feed_until(ends[4])
+        driver.step(stream.store)
+        await ended(driver)
+        driver.step(stream.store)
+        driver.close()
+
+    asyncio.run(scenario())
+    assert len(worker.made) == 2 and not any(w._thread.is_alive() for w in worker.made)
+    assert stream.horizon == ends[4]
+    stream.store.close()
+
+
+def test_close_with_a_sync_out_lets_it_end_first(tmp_path, worker):
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    driver = SyncDriver()
+
+    async def scenario():
+        worker.hold.set()
+        stream.feed_until(ends[2])
+        driver.step(stream.store)
+        assert await asyncio.to_thread(worker.entered.wait, WAIT)
+        driver.forget()  # the round ended without a drain: the store has the ticket
+        timer = threading.Timer(0.3, worker.release.set)
+        timer.start()
+        driver.close()  # blocks until the job is out of the thread
+        timer.join()
+        assert not worker.made[0]._thread.is_alive()
+
+    asyncio.run(scenario())
+    stream.store.close()  # publishes the ticket the round left to it
+    assert stream.horizon == ends[2]
+
+
+def test_a_ticket_with_a_checkpoint_runs_in_the_pool(tmp_path, worker):
+    stream = Stream(tmp_path, checkpoints=True)
+    ends = ends_of(stream)
+    advances = []
+    driver = SyncDriver(on_advance=lambda: advances.append(stream.horizon))
+
+    async def scenario():
+        stream.feed_until(ends[3])
+        driver.step(stream.store)
+        await ended(driver)
+        driver.step(stream.store)
+        stream.feed_until(ends[6])
+        await driver.drain(stream.store)
+        threads = {t.name for t in threading.enumerate()}
+        driver.close()
+        driver.close()
+        return threads
+
+    threads = asyncio.run(scenario())
+    assert worker.made == []  # never the fsync thread
+    assert any(name.startswith("relay-fsync") for name in threads)
+    assert advances == [ends[3], ends[6]]
+    assert stream.store.checkpoints == 2
+    stream.store.close()
+
+
+def _failing_fdatasync(fd):
+    raise OSError(errno.EIO, "Input/output error")
+
+
+@pytest.mark.parametrize("path", ["thread", "pool"])
+def test_a_failed_fsync_raises_its_oserror_where_it_would_be_published(tmp_path, worker, monkeypatch, path):
+    stream = Stream(tmp_path, checkpoints=path == "pool")
+    ends = ends_of(stream)
+    advances = []
+    driver = SyncDriver(on_advance=lambda: advances.append(stream.horizon))
+
+    async def scenario():
+        stream.feed_until(ends[3])
+        monkeypatch.setattr(os, "fdatasync", _failing_fdatasync)
+        driver.step(stream.store)
+        await ended(driver)
+        with pytest.raises(OSError) as raised:
+            driver.step(stream.store)
+        driver.close()
+        return raised.value
+
+    error = asyncio.run(scenario())
+    monkeypatch.undo()
+    assert error.errno == errno.EIO and not isinstance(error, RelayStoreError)  # the OSError itself
+    assert stream.store.failure is not None  # the store failed when the fsync did
+    with pytest.raises(RelayStoreFailed):
+        stream.store.begin_sync()
+    assert advances == [] and stream.horizon == 4
+    assert [w.jobs for w in worker.made] == ([1] if path == "thread" else [])
+    stream.store.close()
+
+
+def test_a_failed_fsync_in_flight_raises_from_drain(tmp_path, worker, monkeypatch):
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    driver = SyncDriver()
+
+    async def scenario():
+        worker.hold.set()
+        stream.feed_until(ends[2])
+        driver.step(stream.store)
+        assert await asyncio.to_thread(worker.entered.wait, WAIT)
+        monkeypatch.setattr(os, "fdatasync", _failing_fdatasync)
+        stream.feed_until(ends[4])
+        worker.release.set()
+        with pytest.raises(OSError) as raised:
+            await driver.drain(stream.store)
+        assert driver.waiter is None
+        driver.close()
+        return raised.value
+
+    error = asyncio.run(scenario())
+    monkeypatch.undo()
+    assert error.errno == errno.EIO
+    assert stream.store.failure is not None and stream.horizon == 4
+    stream.store.close()
