@@ -64,7 +64,9 @@ class _Offload:
     __slots__ = ("fn", "args", "result", "error")
 
     def __init__(self, fn: Callable[..., Any], args: tuple):
-        self.fn, self.args, self.result, self.error = fn, args, None, None
+        self.fn, self.args = fn, args
+        self.result: Any = None
+        self.error: Exception | None = None
 
 
 def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
