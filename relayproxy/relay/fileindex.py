@@ -319,7 +319,7 @@ def index_for(relay_dir: Path, name: str, *, writable: bool) -> FileIndex:
 def clean_leftovers(relay_dir: Path) -> list[str]:
     """Remove temporary index files a crash left, and indexes whose relay file is gone; returns their names."""
     relay_dir = Path(relay_dir)
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(relay_dir))
     except OSError:

@@ -164,8 +164,8 @@ def _check_section(path: Path, name: str, data: Any, types: dict[str, tuple[type
     missing = [k for k in types if k not in data]
     unknown = [k for k in data if k not in types]
     if missing or unknown:
-        detail = "; ".join(filter(None, [missing and f"missing {', '.join(missing)}",
-                                         unknown and f"unknown {', '.join(map(str, unknown))}"]))
+        detail = "; ".join(([f"missing {', '.join(missing)}"] if missing else [])
+                           + ([f"unknown {', '.join(map(str, unknown))}"] if unknown else []))
         raise MasterInfoError(f"master info file {path}: '{name}' has the wrong fields ({detail})")
     for key, allowed in types.items():
         value = data[key]
