@@ -18,6 +18,7 @@ names that the relay never had.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 from ..binlog import constants as C
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
@@ -25,6 +26,11 @@ from ..binlog.gtid import GtidSet, MariaBinlogState
 from . import closed_files
 from . import fileindex as _fileindex
 from .epochs import is_filler
+
+if TYPE_CHECKING:
+    from .reader import StoreReader
+
+StartSet = Union[GtidSet, MariaBinlogState, None]  # a file's starting set; None without PREVIOUS_GTIDS / GTID_LIST
 
 # The FDE and the PREVIOUS_GTIDS / GTID_LIST event sit in the first bytes: a few hundred of them in the common
 # case, more when the set names many servers or intervals. A start reads every file's head once, so the first read
@@ -42,16 +48,16 @@ class CatalogError(ValueError):
 class FileInfo:
     name: str
     size: int  # durable bytes a reader may send
-    start_gtids: object  # GtidSet | MariaBinlogState | None (no PREVIOUS_GTIDS / GTID_LIST)
+    start_gtids: StartSet
     server_version: str | None
 
 
 class FileCatalog:
     """Read-side view of a RelayStore's files (cheap: headers are cached, sizes come from the horizon)."""
 
-    def __init__(self, store):
+    def __init__(self, store: StoreReader):
         self._store = store
-        self._starts: dict[str, tuple[object, str | None]] = {}
+        self._starts: dict[str, tuple[StartSet, str | None]] = {}
         self._events: dict[str, GtidSet] = {}  # closed files only
         self._sizes: dict[str, int] = {}  # logical sizes of closed files
 
@@ -59,25 +65,25 @@ class FileCatalog:
         store = self._store
         horizon = store.horizon.snapshot()
         names = store.files()
-        out = []
+        out: list[FileInfo] = []
         for name in names:
             if horizon.file is not None and name == horizon.file:
                 size = horizon.position
             elif horizon.file is not None and names.index(name) > names.index(horizon.file):
                 continue  # started but not yet durable past its header
+            elif name in self._sizes:
+                size = self._sizes[name]
             else:
-                size = self._sizes.get(name)
-                if size is None:
-                    try:
-                        size = closed_files.logical_size(store.path(name))  # any storage form
-                    except (OSError, closed_files.StoredFileError):
-                        continue  # purged under our feet (a damaged file is refused when read)
-                    self._sizes[name] = size  # a closed file never changes size
+                try:
+                    size = closed_files.logical_size(store.path(name))  # any storage form
+                except (OSError, closed_files.StoredFileError):
+                    continue  # purged under our feet (a damaged file is refused when read)
+                self._sizes[name] = size  # a closed file never changes size
             start, version = self.start_of(name)
             out.append(FileInfo(name, size, start, version))
         return out
 
-    def start_of(self, name: str) -> tuple[object, str | None]:
+    def start_of(self, name: str) -> tuple[StartSet, str | None]:
         """(starting GTID set, server version) of a relay file, read from its header once."""
         cached = self._starts.get(name)
         if cached is not None:
@@ -88,8 +94,8 @@ class FileCatalog:
         if not final and len(head) >= _FIRST_HEAD_READ:  # the set event goes on past the first read
             head = _read_head(name, path, _HEAD_READ)
             start, version, final = _parse_head(name, head)
-        epochs = getattr(self._store, "epochs", None)
-        if epochs is not None and epochs.join_epoch(name) is not None:
+        epochs = self._store.epochs
+        if epochs.join_epoch(name) is not None:
             try:
                 start = epochs.file_start(name, start)
             except ValueError as exc:
@@ -119,6 +125,9 @@ class FileCatalog:
             if newer.start_gtids is None or older.start_gtids is None:
                 continue
             if isinstance(newer.start_gtids, GtidSet):
+                if not isinstance(older.start_gtids, GtidSet):
+                    raise CatalogError(f"relay files {older.name} and {newer.name} hold GTID sets of different "
+                                       f"flavours")
                 covered = older.start_gtids.union(self._events_gtids(older.name))
                 missing = newer.start_gtids.subtract(covered)
                 if missing:
@@ -133,7 +142,7 @@ class FileCatalog:
         path = self._store.path(name)
         if name != self._store.current_file:
             # A closed file: its index (relay/fileindex.py), verified, rebuilt and written where the store may.
-            writable = getattr(self._store, "sidecars_writable", False)
+            writable = self._store.sidecars_writable
             try:
                 events = _fileindex.index_for(path.parent, name, writable=writable).events_gtids()
             except (OSError, _fileindex.FileIndexError) as exc:
@@ -161,7 +170,7 @@ def _copy(value):
     return None if value is None else value.copy()
 
 
-def _parse_head(name: str, head: bytes) -> tuple[object, str | None, bool]:
+def _parse_head(name: str, head: bytes) -> tuple[StartSet, str | None, bool]:
     """(starting set, server version, final): final is False while the header may still be growing."""
     if len(head) < 4 or head[:4] != C.BINLOG_MAGIC:
         raise CatalogError(f"relay file {name} does not start with the binlog magic")

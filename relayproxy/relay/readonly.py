@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..binlog import constants as C
 from ..binlog.events import HEADER, FormatDescription
@@ -39,6 +39,10 @@ from .recovery import (
     link,
     plan_recovery,
 )
+
+if TYPE_CHECKING:
+    from .reader import StoreReader
+    from .txindex import TransactionIndex
 
 log = get_logger("relayproxy.serve")  # logs as the command it serves
 
@@ -320,11 +324,14 @@ class _Publish:
 class ReadOnlyBinlogDir:
     """A directory of binlog files seen as the downstream side sees a RelayStore, opened read-only.
 
-    The read interface of ``RelayStore`` (``files()``, ``path()``, ``current_file``, ``horizon``,
-    ``flavour``, ``format_description``), nothing of its write path; ``purge_to`` is refused.
+    A ``StoreReader`` (relay/reader.py): the read interface of ``RelayStore`` (``files()``, ``path()``,
+    ``current_file``, ``horizon``, ``epochs``, ``flavour``, ``format_description``), nothing of its write path;
+    ``purge_to`` is refused, no index sidecar is written.
     """
 
     read_only = True
+    sidecars_writable = False  # nothing in the directory is written (module doc)
+    transaction_index: TransactionIndex | None = None  # readers keep one per store (txindex.index_of)
 
     def __init__(self, options: ServeOptions, names: list[str], order_source: str, tail: _Tail,
                  flavour: str, warnings: list[str], server_id: int | None, plan: TailPlan | None = None,
@@ -387,6 +394,7 @@ class ReadOnlyBinlogDir:
                 tail.read_more()
             except OSError as exc:
                 raise ServeError(f"cannot read {path}: {exc.strerror}") from None
+        assert tail is not None  # names is not empty: its last file is the tail
         while tail.result.fde is None and tail.damage is None and len(names) > 1:
             warnings.append(f"{tail.name} holds no event yet: not served" + (" until it does" if options.follow else ""))
             names.pop()
@@ -512,6 +520,12 @@ class ReadOnlyBinlogDir:
 
     latest_format_description = format_description  # --follow keeps the last one seen when a new file has none
 
+    def file_digest(self, name: str) -> str | None:
+        return None  # no file index is kept of a served directory: a reader hashes the file itself
+
+    def upstream_position(self) -> tuple[str | None, int] | None:
+        return None  # no upstream: the files are served as they are
+
     def purge_to(self, name: str) -> list[str]:
         raise ReadOnlyStoreError(
             f"relayproxy serve is read-only: it never deletes the binlog files it serves (nothing before {name} "
@@ -625,3 +639,7 @@ class ReadOnlyBinlogDir:
     def __repr__(self) -> str:
         snap = self.horizon.snapshot()
         return f"<ReadOnlyBinlogDir {self.binlog_dir} {len(self._names)} files horizon={snap.file}:{snap.position}>"
+
+
+if TYPE_CHECKING:
+    _IS_A_STORE_READER: type[StoreReader] = ReadOnlyBinlogDir  # mypy checks that no member readers ask for is missing

@@ -26,10 +26,14 @@ import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..log import get_logger
 from . import closed_files
+
+if TYPE_CHECKING:
+    from .catalog import FileCatalog
+    from .reader import StoreReader
 
 __all__ = [
     "RetentionPolicy",
@@ -224,7 +228,7 @@ class Reader:
 def readers_of(connections: dict[int, Any] | Iterable[Any]) -> list[Reader]:
     """The readers among downstream connections (``ConnectionState`` with a ``DumpProgress`` naming a file),
     sorted by connection id. The one definition of "a file in use" for SQL PURGE and for retention."""
-    conns = connections.values() if isinstance(connections, dict) else connections
+    conns: Iterable[Any] = connections.values() if isinstance(connections, dict) else connections
     out = []
     for c in conns:
         dump = getattr(c, "dump", None)
@@ -367,7 +371,7 @@ def plan_purge(
 # The I/O edge: file states, disk usage, running a plan on a store
 
 
-def file_states(store) -> list[RelayFileState]:
+def file_states(store: StoreReader) -> list[RelayFileState]:
     """Size and mtime of every relay file, oldest first. A file missing on disk counts as empty and
     old (it is gone already; purging it only drops it from the index)."""
     out = []
@@ -387,7 +391,7 @@ class DiskUsage:
     bytes: int
 
 
-def relay_disk_usage(store) -> DiskUsage:
+def relay_disk_usage(store: StoreReader) -> DiskUsage:
     """Number of relay files and their total size on disk (the index and state files are not counted).
     Stats every file: call it from a metrics collection, not per event."""
     states = file_states(store)
@@ -413,7 +417,7 @@ class RetentionStats:
         return asdict(self)
 
 
-def purge_with_policy(store, connections, policy: RetentionPolicy, stats: RetentionStats, *,
+def purge_with_policy(store: StoreReader, connections, policy: RetentionPolicy, stats: RetentionStats, *,
                       catalog=None, now: float | None = None, hold: Callable[[], str | None] | None = None) -> PurgePlan:
     """One retention check: plan over the store's files and purge the prefix (on the caller's thread:
     the one that owns the store). Updates ``stats``; a store error is recorded and re-raised.
@@ -438,6 +442,7 @@ def purge_with_policy(store, connections, policy: RetentionPolicy, stats: Retent
         stats.last_blocked = None
     if not plan.purge:
         return plan
+    assert plan.keep_from is not None  # plan_purge names the file that stays whenever it purges any
     try:
         purged = store.purge_to(plan.keep_from)
     except Exception as exc:
@@ -466,7 +471,7 @@ class RetentionTask:
     None). ``stats`` is what metrics and status read.
     """
 
-    def __init__(self, policy: RetentionPolicy, interval: float, store: Callable[[], Any],
+    def __init__(self, policy: RetentionPolicy, interval: float, store: Callable[[], StoreReader],
                  connections: Callable[[], Any] = lambda: (), catalog: Callable[[], Any] = lambda: None,
                  hold: Callable[[], str | None] | None = None):
         if not interval > 0:
@@ -477,7 +482,7 @@ class RetentionTask:
         self._connections = connections
         self._catalog = catalog
         self._hold = hold  # the archive's first file not sealed in the bucket (purge_with_policy)
-        self._own_catalog = None  # for the gtid_purged in the log when nobody else keeps a catalog
+        self._own_catalog: FileCatalog | None = None  # for the gtid_purged in the log when nobody else keeps one
         self.stats = RetentionStats()
 
     async def run(self) -> None:
@@ -496,12 +501,12 @@ class RetentionTask:
                     break
 
     def _current_file(self) -> str | None:
-        return getattr(self._store(), "current_file", None)
+        return self._store().current_file
 
     async def check(self) -> PurgePlan | None:
         """One check now; never raises (a failure is logged and kept in ``stats.last_error``)."""
         store = self._store()
-        if getattr(store, "read_only", False):
+        if store.read_only:
             return None  # relayproxy serve: never purges what it serves
         catalog = self._catalog_for(store)
         try:
@@ -525,7 +530,7 @@ class RetentionTask:
         return plan
 
 
-    def _catalog_for(self, store):
+    def _catalog_for(self, store: StoreReader) -> FileCatalog:
         catalog = self._catalog()
         if catalog is not None:
             return catalog
