@@ -15,14 +15,10 @@ relay holds; otherwise the relay refuses it with a clear ``Last_IO_Error`` and w
 from __future__ import annotations
 
 import asyncio
-import errno
-import struct
 import time
-import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtidPosition
 from ..log import get_logger
 from ..relay.master_info import (
     MasterChoiceError,
@@ -32,52 +28,29 @@ from ..relay.master_info import (
     apply_change,
     effective_master,
 )
-from ..relay.master_variables import (
-    VARIABLES as MASTER_VARIABLES,
-    MasterVariables,
-    MasterVariablesFile,
-    select_statement,
-    single_statement,
-    variables_for,
-)
-from ..relay.durable import write_file_atomically
+from ..relay.master_variables import MasterVariables, MasterVariablesFile, variables_for
 from ..relay.errors import RelayStoreError, RelayStoreFailed
 from ..relay.store import RelayStore
 from ..relay.sync_driver import SyncDriver
-from ..binlog.constants import FORMAT_DESCRIPTION_EVENT, HEARTBEAT_LOG_EVENT, LOG_EVENT_ARTIFICIAL_F, event_name
-from ..binlog.encoders import fde_copy
-from ..wire.errors import ER_SLAVE_MUST_STOP, ER_UNKNOWN_SYSTEM_VARIABLE, ER_WRONG_ARGUMENTS
-from ..wire.packets import BINLOG_DUMP_NON_BLOCK, BINLOG_SEND_ANNOTATE_ROWS_EVENT, MySQLError, parse_err
+from ..wire.errors import ER_SLAVE_MUST_STOP, ER_WRONG_ARGUMENTS
+from ..wire.packets import MySQLError
 from ..wire.semisync import encode_semi_sync_ack
 from .connection import UpstreamConnection
-from .receiver import ChecksumMismatch, MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
-from .repoint import BadCoordinates, check_boundary, check_coordinates, decide_switch, mysql_gtids_at, sql_string
+from .errors import UPSTREAM_ERROR_KINDS, CoordinatesRefused, MasterRefused, ReplicationAdminError, upstream_error_kind
+from .new_master import missing_on_master, translate_coordinates
+from .peer import check_peer, probe_peer
+from .receiver import MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
+from .repoint import decide_switch
+from .setup import (
+    fetch_master_variables,
+    peer_read_timeout,
+    persistent_uuid,
+    prepare,
+    request_dump,
+    setup_read_timeout,
+)
 
 log = get_logger("relayproxy.upstream")
-
-MARIA_SLAVE_CAPABILITY_MINE = 4
-
-
-class MasterRefused(StreamError):
-    """The master is not one the relay may stream from (another server than its files came from, or one that
-    lacks GTIDs the relay holds): nothing is written; the operator decides (CHANGE MASTER)."""
-
-
-class CoordinatesRefused(MasterRefused):
-    """MASTER_LOG_FILE/MASTER_LOG_POS name no transaction boundary of the new master (no such file, beyond its end,
-    inside an event or a transaction): shown as a replica shows a position its master cannot serve (1236)."""
-
-    code = 1236
-
-
-class ReplicationAdminError(Exception):
-    """A replication admin statement the session refuses; ``code``/``sqlstate``/``message`` are the SQL answer."""
-
-    def __init__(self, code: int, sqlstate: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.sqlstate = sqlstate
-        self.message = message
 
 
 def config_values(cfg) -> dict:
@@ -141,7 +114,7 @@ class UpstreamSession:
         # Optional gate before each upstream semi-sync ACK: await gate(file, pos) -> bool (e.g. wait for N
         # semi-sync replicas of the relay to have the transaction; False = gave up, ACK anyway).
         self.ack_gate = None
-        self._replica_uuid = _persistent_uuid(Path(cfg.relay_dir))
+        self._replica_uuid = persistent_uuid(Path(cfg.relay_dir))
         # The master in force (a CHANGE MASTER choice overrides --master) and the identity of the master the
         # relay's files came from.
         self.master_info_file = MasterInfoFile(Path(cfg.relay_dir))
@@ -458,14 +431,18 @@ class UpstreamSession:
         self.status.connects += 1
         self.status.master_server_version = conn.server_version
         self.status.master_flavour = "mariadb" if conn.is_mariadb else "mysql"
-        checksum, semi_sync = await self._prepare(conn)
+        checksum, semi_sync = await prepare(conn, self.status, server_id=cfg.server_id,
+                                            heartbeat_period=master.heartbeat_period,
+                                            replica_uuid=self._replica_uuid, semi_sync=cfg.semi_sync)
         conn.semi_sync = semi_sync
         switching = await self._check_master(conn)
         if self._peer is None:
             await self._fetch_master_variables(conn)  # a peer relay's are its master's: the relay keeps its own copy
         else:
             await conn.query("SET @relayproxy_peer = 1")  # the master's names and bytes, never past its epoch
-        by_position = await self._request_dump(conn, switching=switching)
+        by_position, self._resume_by_position = self._resume_by_position, False
+        by_position = await request_dump(conn, self.store, self.master, server_id=cfg.server_id,
+                                         start_file=cfg.start_file, by_position=by_position, switching=switching)
         conn.read_timeout = None  # from here the stream's own silence limit applies (_stream)
         # A new upstream epoch begins at the stream's first ROTATE (its file is known only then): when
         # switching masters, and for an empty relay (its first epoch, with this master's identity).
@@ -484,51 +461,6 @@ class UpstreamSession:
                  semi_sync=semi_sync, file=horizon.file, position=horizon.position)
         await self._stream(conn)
         return True
-
-    async def _prepare(self, conn: UpstreamConnection) -> tuple[str, bool]:
-        """The queries a real replica sends before dumping (protocol-reference §3.5 / §3.11)."""
-        cfg = self.cfg
-        rows = (await conn.query("SELECT UNIX_TIMESTAMP()")).rows
-        if rows and rows[0][0] is not None:
-            self.status.clock_diff = time.time() - float(rows[0][0])
-        rows = (await conn.query("SELECT @@GLOBAL.SERVER_ID")).rows
-        master_id = int(rows[0][0]) if rows and rows[0][0] is not None else None
-        if master_id is None:
-            raise StreamError("the master did not report its server_id")
-        if master_id == cfg.server_id:
-            raise StreamError(
-                f"the master and the relay have the same server_id {master_id}: set a unique --server-id"
-            )
-        self.status.master_server_id = master_id
-        period_ns = int(self.master.heartbeat_period * 1_000_000_000)
-        if period_ns:
-            sql = f"SET @master_heartbeat_period = {period_ns}"
-            if not conn.is_mariadb:
-                sql += f", @source_heartbeat_period = {period_ns}"
-            await conn.query(sql)
-        if conn.is_mariadb:
-            await conn.query("SET @master_binlog_checksum = @@global.binlog_checksum")
-            checksum = (await conn.query("SELECT @master_binlog_checksum")).rows[0][0]
-            await conn.query(f"SET @mariadb_slave_capability = {MARIA_SLAVE_CAPABILITY_MINE}")
-        else:
-            await conn.query(
-                "SET @master_binlog_checksum = @@global.binlog_checksum, @source_binlog_checksum = @@global.binlog_checksum"
-            )
-            checksum = (await conn.query("SELECT @master_binlog_checksum")).rows[0][0]
-            try:
-                self.status.master_uuid = (await conn.query("SELECT @@GLOBAL.SERVER_UUID")).rows[0][0]
-            except MySQLError as exc:
-                if exc.code != ER_UNKNOWN_SYSTEM_VARIABLE:
-                    raise
-            await conn.query(f"SET @slave_uuid = '{self._replica_uuid}', @replica_uuid = '{self._replica_uuid}'")
-        checksum = (checksum or "NONE").upper()
-        if checksum not in ("NONE", "CRC32"):
-            raise StreamError(f"the master uses binlog_checksum {checksum!r}; only NONE and CRC32 exist")
-        await conn.register_slave(cfg.server_id)
-        semi_sync = False
-        if cfg.semi_sync:
-            semi_sync = await self._enable_semi_sync(conn)
-        return checksum, semi_sync
 
     async def _fetch_master_variables(self, conn: UpstreamConnection) -> None:
         """Ask the master for its replication-relevant variables (one statement; one by one when a flavour or
@@ -566,27 +498,6 @@ class UpstreamSession:
         self.master_variables = variables
         self.status.master_variables = dict(variables.values)
         self.status.master_variables_source = variables.describe()
-
-    async def _enable_semi_sync(self, conn: UpstreamConnection) -> bool:
-        # 8.0.26+ replicas ask for the source_ name first; MariaDB only has the master_ one.
-        names = ("rpl_semi_sync_master_enabled",) if conn.is_mariadb else (
-            "rpl_semi_sync_source_enabled", "rpl_semi_sync_master_enabled")
-        for variable in names:
-            try:
-                rows = (await conn.query(f"SELECT @@global.{variable}")).rows
-            except MySQLError as exc:
-                if exc.code == ER_UNKNOWN_SYSTEM_VARIABLE:
-                    continue
-                raise
-            if rows and str(rows[0][0]) in ("1", "ON"):
-                await conn.query(
-                    "SET @rpl_semi_sync_slave = 1"
-                    if conn.is_mariadb
-                    else "SET @rpl_semi_sync_slave = 1, @rpl_semi_sync_replica = 1"
-                )
-                return True
-            return False
-        return False
 
     async def _check_master(self, conn: UpstreamConnection) -> bool:
         """Is this the master the relay's files came from? Returns True when the relay switches to it now.
@@ -631,7 +542,12 @@ class UpstreamSession:
             conn.read_timeout = peer_read_timeout(self.master.heartbeat_period, self.cfg.connect_timeout)
             peer = await probe_peer(conn)
             if peer is not None:
-                await self._check_peer(conn, peer, identity)
+                self._peer = await check_peer(peer, identity, master=self.master, store=store,
+                                              upstream_at=self._upstream_at, server_id=self.cfg.server_id,
+                                              connect_timeout=self.cfg.connect_timeout)
+                self.status.peer_catch_up = dict(self._peer)
+                self._choice_followed()
+                log.info("catching up from a peer relay", **self._peer)
                 return False
             conn.read_timeout = setup_read_timeout(self.master.heartbeat_period, self.cfg.connect_timeout)
         if not self._switch_permitted(identity):
@@ -651,8 +567,8 @@ class UpstreamSession:
         coordinates = translated = None
         if by_coordinates:
             coordinates = (self.master.log_file, self.master.log_pos or 4)
-            translated = await self._translate_coordinates(conn, *coordinates)
-        missing = await self._missing_on_master(conn, horizon.gtids)
+            translated = await translate_coordinates(conn, *coordinates, self.master.address)
+        missing = await missing_on_master(conn, horizon.gtids)
         decision = decide_switch(master=self.master.address, server_id=identity.server_id, relay=horizon.gtids,
                                  missing=missing, coordinates=coordinates, translated=translated, at=time.time())
         self.status.last_switch = decision.describe()
@@ -671,108 +587,6 @@ class UpstreamSession:
         # the switch); a crash before that switches again at the next start.
         self._switch_to = identity
         return True
-
-    async def _check_peer(self, conn: UpstreamConnection, peer: dict, identity: MasterIdentity) -> None:
-        """Peer catch-up within an epoch: the upstream is another relay (it answers ``@@relayproxy_epoch``) and a
-        CHANGE MASTER by file/position chose it. Accepted only when its current epoch is the relay's current epoch
-        (the same master's server_id/uuid, the same epoch number and first files), the coordinates are the relay's
-        own horizon, and the peer's bytes of the horizon file up to the horizon are the relay's (compared over a
-        second, non-blocking dump); the relay then continues by file/position in the same epoch, appending exactly
-        the bytes the peer holds (the master's events at the master's names and offsets: no new epoch, no
-        ROTATE, no filler). Anything else is refused (MasterRefused) naming the peer, its master, its epoch and
-        the first difference; nothing is written."""
-        address = self.master.address
-        epochs = getattr(self.store, "epochs", None)
-        mine = None if epochs is None or not epochs.epochs else epochs.current
-        own = (mine.master_dict or {}) if mine is not None and not mine.implicit else {}
-        theirs = (f"the relay {address} (server_id {identity.server_id}) holds epoch {peer['epoch']} of the master "
-                  f"server_id {peer['server_id']}" + (f" ({peer['server_uuid']})" if peer["server_uuid"] else ""))
-        ours = (f"this relay's current epoch {mine.epoch} is of the master server_id {own.get('server_id')}"
-                if own else "this relay has no recorded epoch")
-
-        def refuse(why: str) -> MasterRefused:
-            return MasterRefused(f"peer catch-up refused: {theirs}; {ours}: {why}. Nothing was written; replicas "
-                                 "are served what is durable")
-
-        if not own or peer["epoch"] is None:
-            raise refuse("no epoch to compare")
-        if int(peer["server_id"] or -1) != int(own.get("server_id") or -2) or (
-                peer["server_uuid"] and own.get("server_uuid") and peer["server_uuid"] != own.get("server_uuid")):
-            if int(peer["epoch"]) > mine.epoch:  # the peer followed a failover this relay has not
-                raise refuse(f"a relay of another master now: it switched masters after this relay's epoch (its "
-                             f"epoch {peer['epoch']}, this relay's {mine.epoch}); repoint this relay by GTID to the "
-                             "master the peer follows, not to the peer")
-            raise refuse("a relay of another master")
-        if (int(peer["epoch"]), peer["first_file"], peer["upstream_first_file"]) != (
-                mine.epoch, mine.first_file, mine.upstream_first_file):
-            raise refuse(f"another epoch (it began at {peer['first_file']} <- {peer['upstream_first_file']}, this "
-                         f"relay's epoch {mine.epoch} at {mine.first_file} <- {mine.upstream_first_file})")
-        at = self._upstream_at()
-        if self.master.unfollowed and self.master.log_file is not None and (
-                self.master.log_file, self.master.log_pos or 4) != tuple(at):
-            raise refuse(f"MASTER_LOG_FILE/MASTER_LOG_POS {self.master.log_file}:{self.master.log_pos} are not this "
-                         f"relay's horizon {at[0]}:{at[1]} (a peer catch-up continues from the horizon only)")
-        horizon = self.store.horizon.snapshot()
-        difference = await self._compare_with_peer(horizon.file, at[0], horizon.position)
-        if difference is not None:
-            raise refuse(difference)
-        self._peer = {"peer": address, "peer_server_id": identity.server_id, "epoch": mine.epoch,
-                      "master_server_id": own.get("server_id"), "from": f"{at[0]}:{at[1]}",
-                      "verified_bytes": horizon.position}
-        self.status.peer_catch_up = dict(self._peer)
-        self._choice_followed()
-        log.info("catching up from a peer relay", **self._peer)
-
-    async def _compare_with_peer(self, relay_file: str, upstream_file: str, length: int) -> str | None:
-        """The first difference between the peer's bytes of ``upstream_file`` and this relay's ``relay_file`` up
-        to ``length`` (its horizon), read over a second connection with a non-blocking dump (the peer sends what
-        it holds and ends); None when they are the same."""
-        master = self.master
-        cfg = self.cfg
-        conn = await UpstreamConnection.connect(
-            master.host, master.port, master.user, master.password, ssl_mode=master.ssl_mode, ssl_ca=master.ssl_ca,
-            ssl_cert=master.ssl_cert, ssl_key=master.ssl_key, server_public_key=master.public_key_path,
-            connect_timeout=cfg.connect_timeout, read_timeout=peer_read_timeout(master.heartbeat_period,
-                                                                              cfg.connect_timeout))
-        try:
-            await conn.query("SET @master_binlog_checksum = @@global.binlog_checksum, @relayproxy_peer = 1, "
-                             f"@mariadb_slave_capability = {MARIA_SLAVE_CAPABILITY_MINE}")
-            flags = BINLOG_DUMP_NON_BLOCK | (BINLOG_SEND_ANNOTATE_ROWS_EVENT if conn.is_mariadb else 0)
-            await conn.binlog_dump(upstream_file, 4, cfg.server_id, flags)
-            at = 4
-            with open(self.store.path(relay_file), "rb") as own:
-                while at < length:
-                    for payload in await conn.read_packets():
-                        if not payload or payload[0] == 0xFE and len(payload) < 9:
-                            return (f"the peer holds {upstream_file} up to {at} only, this relay up to {length}: "
-                                    "it is behind this relay")
-                        if payload[0] == 0xFF:
-                            error = parse_err(bytes(payload))
-                            return f"the peer refused the comparison dump (error {error.code}: {error.message})"
-                        event = memoryview(payload)[1:]
-                        if len(event) < 19:
-                            return f"the peer sent a {len(event)}-byte event"
-                        type_code, flags_ = event[4], struct.unpack_from("<H", event, 17)[0]
-                        if flags_ & LOG_EVENT_ARTIFICIAL_F or type_code == HEARTBEAT_LOG_EVENT:
-                            continue
-                        own.seek(at)
-                        expected = own.read(len(event))
-                        if type_code == FORMAT_DESCRIPTION_EVENT and at == 4:
-                            expected = fde_copy(expected, clear_in_use=True)
-                        if at + len(event) > length:
-                            return (f"the peer's event at {upstream_file}:{at} ends at {at + len(event)}, past this "
-                                    f"relay's horizon {length}: not the same transaction boundaries")
-                        if bytes(event) != expected:
-                            first = next((i for i, (x, y) in enumerate(zip(bytes(event), expected)) if x != y),
-                                         min(len(event), len(expected)))
-                            return (f"their bytes differ at {upstream_file}:{at + first} (in the event at {at}; "
-                                    f"{event_name(type_code)})")
-                        at += len(event)
-                        if at >= length:
-                            break
-            return None
-        finally:
-            conn.abort()
 
     def _switch_done(self) -> None:
         """After a batch: once the store has begun the new master's epoch, record that master's identity."""
@@ -793,108 +607,6 @@ class UpstreamSession:
         self.master_info_file.save_identity(identity)
         self.identity = identity
         self._choice_followed()
-
-    async def _translate_coordinates(self, conn: UpstreamConnection, file: str, pos: int):
-        """The new master's GTID state at (file, pos): MariaDB ``BINLOG_GTID_POS``; MySQL the file's Previous_gtids
-        and the GTIDs of its transactions before pos (SHOW BINLOG EVENTS, read in bounded pages). Raises
-        CoordinatesRefused naming what is wrong (no such file, beyond its end, not at a transaction boundary)."""
-        address = self.master.address
-        try:
-            rows = (await conn.query("SHOW BINARY LOGS")).rows
-            size = check_coordinates(file, pos, [(str(r[0]), int(r[1])) for r in rows], address)
-            event_type = event_error = None
-            if 4 < pos < size:
-                try:
-                    found = (await conn.query(f"SHOW BINLOG EVENTS IN {sql_string(file)} FROM {pos} LIMIT 1")).rows
-                except MySQLError as exc:
-                    event_error = f"error {exc.code}: {exc.message}"
-                else:
-                    event_type = str(found[0][2]) if found else None
-            check_boundary(file, pos, size, event_type, event_error, address)
-            if conn.is_mariadb:
-                found = (await conn.query(f"SELECT BINLOG_GTID_POS({sql_string(file)}, {pos})")).rows
-                text = found[0][0] if found else None
-                if text is None:
-                    raise BadCoordinates(f"the new master {address} cannot translate {file}:{pos} into GTIDs "
-                                         "(BINLOG_GTID_POS answered NULL)")
-                return MariaGtidPosition.parse(str(text))
-            gtids = GtidSet()
-            at = 4
-            while at < pos:  # pages of events: bounded memory whatever the file's size
-                page = (await conn.query(f"SHOW BINLOG EVENTS IN {sql_string(file)} FROM {at} LIMIT 1000")).rows
-                if not page:
-                    break
-                gtids.update(mysql_gtids_at(page, pos))
-                at = int(page[-1][4]) if int(page[-1][4]) > at else pos
-            return gtids
-        except BadCoordinates as exc:
-            raise CoordinatesRefused(f"{exc}. Nothing was written; replicas are served what is durable") from None
-        except MySQLError as exc:
-            raise CoordinatesRefused(f"the new master {address} could not translate MASTER_LOG_FILE/MASTER_LOG_POS "
-                                     f"{file}:{pos} into GTIDs (error {exc.code}: {exc.message}); nothing was "
-                                     "written") from None
-
-    async def _missing_on_master(self, conn: UpstreamConnection, relay_gtids) -> str:
-        """The relay's GTIDs the master does not have, as text ('' when it has them all)."""
-        if isinstance(relay_gtids, GtidSet):
-            rows = (await conn.query("SELECT @@GLOBAL.GTID_EXECUTED")).rows
-            executed = GtidSet.parse(str(rows[0][0] or "")) if rows else GtidSet()
-            return str(relay_gtids.subtract(executed))
-        rows = (await conn.query("SELECT @@GLOBAL.gtid_binlog_state")).rows
-        state = MariaBinlogState.parse(str(rows[0][0] or "")) if rows else MariaBinlogState()
-        missing = []
-        for gtid in relay_gtids.current_position():
-            latest = state.latest(gtid.domain_id)
-            if latest is None:
-                missing.append(f"{gtid} (the master has nothing of domain {gtid.domain_id})")
-            elif latest.seq_no < gtid.seq_no:
-                missing.append(f"{gtid.domain_id}-{gtid.server_id}-{latest.seq_no + 1}..{gtid} "
-                               f"(the master's domain {gtid.domain_id} ends at {latest})")
-        return ", ".join(missing)
-
-    async def _request_dump(self, conn: UpstreamConnection, *, switching: bool = False) -> bool:
-        """Ask for the stream from the horizon; returns whether the dump is by file/position."""
-        cfg = self.cfg
-        master = self.master
-        store = self.store
-        horizon = store.horizon.snapshot()
-        # MariaDB: without ANNOTATE_ROWS the master leaves holes where those events were.
-        flags = BINLOG_SEND_ANNOTATE_ROWS_EVENT if conn.is_mariadb else 0
-        by_position, self._resume_by_position = self._resume_by_position, False
-        if switching:
-            by_position = False  # a new master is joined by GTID only
-        if store.current_file is None:
-            start = master.log_file or cfg.start_file or await self._oldest_master_file(conn)
-            position = (master.log_pos or 4) if master.log_file else 4
-            log.info("bootstrapping an empty relay", start_file=start, position=position)
-            await conn.binlog_dump(start, position, cfg.server_id, flags)
-            return True
-        # A new master is joined by GTID even when CHANGE MASTER gave its file/position (translated, _check_master).
-        gtid_mode = ("mariadb" if conn.is_mariadb else "mysql") if switching else master.gtid_mode
-        if not by_position and gtid_mode == "mysql" and isinstance(horizon.gtids, GtidSet):
-            await conn.binlog_dump_gtid(cfg.server_id, horizon.gtids.encode(), flags=flags)
-            return False
-        if not by_position and gtid_mode == "mariadb" and isinstance(horizon.gtids, MariaBinlogState):
-            position = str(horizon.gtids.current_position())
-            await conn.query(f"SET @slave_connect_state = '{position}'")
-            await conn.query("SET @slave_gtid_strict_mode = 1")
-            await conn.query("SET @slave_gtid_ignore_duplicates = 0")
-            await conn.binlog_dump("", 4, cfg.server_id, flags)
-            return False
-        # By file/position: the master's own coordinates of the horizon (the relay's names after a switch differ).
-        upstream = getattr(store, "upstream_position", None)
-        file, position = upstream() if upstream is not None else (horizon.file, horizon.position)
-        await conn.binlog_dump(file, position, cfg.server_id, flags)
-        return True
-
-    async def _oldest_master_file(self, conn: UpstreamConnection) -> str:
-        try:
-            rows = (await conn.query("SHOW BINARY LOGS")).rows
-        except MySQLError as exc:
-            raise StreamError(f"cannot list the master's binary logs to bootstrap ({exc.message}); set --start-file") from exc
-        if not rows:
-            raise StreamError("the master has no binary logs (is log_bin on?)")
-        return rows[0][0]
 
     async def _stream(self, conn: UpstreamConnection) -> None:
         """Read, parse and write batches while the previous batch's fsync runs in the fsync thread.
@@ -995,123 +707,9 @@ class UpstreamSession:
             self.status.semi_sync_acks += 1
 
 
-UPSTREAM_ERROR_KINDS = ("io", "timeout", "master", "protocol", "crc", "store", "disk_full", "internal")
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-_STORAGE_ONLY = (errno.EIO, errno.EROFS, errno.EFBIG)
-
-
-def upstream_error_kind(exc: BaseException) -> str:
-    """The bounded ``kind`` label of an error that ended an upstream connection (see docs/metrics.md).
-
-    io: the connection failed or was lost (including the master ending the stream); timeout: connect
-    timeout or a silent master; master: an error the master sent (e.g. 1236), or a master the relay refuses
-    (another server than its files came from, or one lacking GTIDs the relay holds); protocol: the stream
-    broke a rule; crc: an event's CRC32 did not match; store: the relay store failed; disk_full:
-    ... because the disk or quota is full; internal: a bug.
-    """
-    cause: BaseException | None = exc
-    while cause is not None:  # a store failure carries the OSError that caused it
-        if isinstance(cause, OSError) and cause.errno in _DISK_FULL:
-            return "disk_full"
-        cause = cause.__cause__ or cause.__context__
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timeout"
-    if isinstance(exc, MySQLError):
-        return "io" if exc.code >= 2000 else "master"  # 2000+: client-side CR_* codes (connection lost ...)
-    if isinstance(exc, MasterStreamEnded):
-        return "io"
-    if isinstance(exc, MasterRefused):
-        return "master"
-    if isinstance(exc, StreamError):
-        return "crc" if isinstance(exc, ChecksumMismatch) else "protocol"
-    if isinstance(exc, RelayStoreError):
-        return "store"
-    if isinstance(exc, OSError):
-        return "store" if exc.errno in _STORAGE_ONLY else "io"  # sockets never fail with these
-    return "internal"
-
-
-# The longest the relay waits for any reply its master owes before the stream begins (the setup queries, MariaDB's
-# BINLOG_GTID_POS over a large file, the dump's first packet). A master that froze after the handshake, or whose host
-# vanished without closing the connection, would otherwise hold the relay "connecting" for good, with no error and
-# no retry.
-MASTER_SETUP_TIMEOUT = 60.0
-
-
-def setup_read_timeout(heartbeat_period: float, connect_timeout: float) -> float:
-    """The read timeout of the upstream connection until its stream begins: MASTER_SETUP_TIMEOUT, or the peer's
-    bound (``peer_read_timeout``) when that is longer."""
-    return max(MASTER_SETUP_TIMEOUT, peer_read_timeout(heartbeat_period, connect_timeout))
-
-
-def peer_read_timeout(heartbeat_period: float, connect_timeout: float) -> float:
-    """How long a relay that may be a peer can leave a reply or the comparison dump silent before it counts as
-    gone, until its stream begins (the stream has its own silence limit). The comparison dump is non-blocking (the
-    peer sends what it holds, no heartbeats) and reads the whole horizon file while the main connection waits; a
-    peer that froze or whose host vanished without closing the connections would otherwise hang the relay's
-    upstream for good (state "connecting", no error, no retry). The stream's silence limit, and never less than
-    the connect timeout."""
-    silence = 2 * heartbeat_period + 1.0 if heartbeat_period else 0.0
-    return max(silence, connect_timeout)
-
-
-async def probe_peer(conn: UpstreamConnection) -> dict | None:
-    """The upstream's current epoch when it is a relay (it answers ``@@relayproxy_epoch``, a server 1193), else None."""
-    names = ("epoch", "server_id", "server_uuid", "first_file", "upstream_first_file")
-    columns = ("relayproxy_epoch", "relayproxy_master_server_id", "relayproxy_master_server_uuid",
-               "relayproxy_epoch_first_file", "relayproxy_epoch_upstream_first_file")
-    try:
-        rows = (await conn.query("SELECT " + ", ".join(f"@@GLOBAL.{c}" for c in columns))).rows
-    except MySQLError as exc:
-        if exc.code == ER_UNKNOWN_SYSTEM_VARIABLE:
-            return None
-        raise
-    return dict(zip(names, rows[0])) if rows else None
-
-
-async def fetch_master_variables(query, names: tuple[str, ...] = MASTER_VARIABLES, **identity) -> MasterVariables:
-    """``names`` from the master through ``await query(sql)`` (a result with ``.rows``): one statement, or one
-    by one when the master lacks some (ER_UNKNOWN_SYSTEM_VARIABLE), which are then recorded as absent."""
-    try:
-        rows = (await query(select_statement(names))).rows
-    except MySQLError as exc:
-        if exc.code != ER_UNKNOWN_SYSTEM_VARIABLE:
-            raise
-    else:
-        if not rows:
-            raise StreamError("the master answered no row for its variables")
-        return MasterVariables.from_row(names, rows[0], **identity)
-    answers: dict = {}
-    absent: list[str] = []
-    for name in names:
-        try:
-            rows = (await query(single_statement(name))).rows
-        except MySQLError as exc:
-            if exc.code != ER_UNKNOWN_SYSTEM_VARIABLE:
-                raise
-            absent.append(name)
-            continue
-        answers[name] = rows[0][0] if rows else None
-    return MasterVariables.from_singles(answers, absent, **identity)
-
-
 def _identity_dict(identity: MasterIdentity) -> dict:
     return {"host": identity.host, "port": identity.port, "server_id": identity.server_id,
             "server_uuid": identity.server_uuid}
-
-
-def _persistent_uuid(relay_dir: Path) -> str:
-    """A replica UUID kept in the relay directory, so the master recognises reconnects of the same relay."""
-    path = relay_dir / "relayproxy.uuid"
-    try:
-        text = path.read_text().strip()
-        return str(uuid.UUID(text))
-    except (OSError, ValueError):
-        value = str(uuid.uuid4())
-        relay_dir.mkdir(parents=True, exist_ok=True)
-        # fsynced before the rename, else an OS crash can leave the renamed file empty: a new UUID next start.
-        write_file_atomically(path, (value + "\n").encode(), tmp=path.with_suffix(".tmp"))
-        return value
 
 
 __all__ = ["UpstreamSession", "UpstreamStatus", "MasterStreamEnded", "MasterRefused", "CoordinatesRefused",

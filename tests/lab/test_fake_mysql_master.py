@@ -601,9 +601,9 @@ def test_gtid_failover_to_a_master_with_other_file_names_never_duplicates(tmp_pa
 def test_a_master_that_freezes_after_the_handshake_is_a_timeout_error_and_retried(tmp_path, mysql80, monkeypatch):
     """A master that accepts the login and then answers nothing (a frozen server, a host gone without closing the
     connection) used to hold the relay "connecting" for good: no error, no retry. Every reply owed before the stream
-    begins is bounded (session.MASTER_SETUP_TIMEOUT, here 0.3 s, or the stream's silence limit, 1.4 s, when longer): the relay records a
+    begins is bounded (setup.MASTER_SETUP_TIMEOUT, here 0.3 s, or the stream's silence limit, 1.4 s, when longer): the relay records a
     timeout naming the setup, reconnects, and streams once the master answers again."""
-    from relayproxy.upstream import session as S
+    from relayproxy.upstream import setup as S
 
     monkeypatch.setattr(S, "MASTER_SETUP_TIMEOUT", 0.3)
 
