@@ -34,13 +34,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..binlog.checksum import crc32 as _crc32
 from ..log import get_logger
 from . import closed_files as CF
 from .closed_files import DEFAULT_FRAME_SIZE, FLAG_AESGCM, FLAG_ZSTD, SUFFIX, TMP_SUFFIX, Keyring, StoredFileError
 from .durable import fsync_dir, write_file_atomically
+
+if TYPE_CHECKING:
+    from .reader import StoreReader
 
 log = get_logger("relayproxy.relay.conversion")
 
@@ -143,7 +146,7 @@ class StorageOptions:
         parts = []
         if self.compress != "off":
             parts.append(f"zstd level {self.level}")
-        if self.encrypt:
+        if self.encrypt and self.keyring is not None:  # __post_init__ refuses encrypt without a keyring
             parts.append(f"AES-256-GCM key id {self.keyring.current}")
         if self.archives:
             after = (f"{self.archive_after_files} files" if self.archive_after_files is not None
@@ -166,8 +169,10 @@ def write_framed(src: Path, dst: Path, name: str, opts: StorageOptions, *, actio
     if opts.encrypt:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-        key_id = opts.keyring.current
-        key = opts.keyring.keys[key_id]
+        keyring = opts.keyring
+        assert keyring is not None  # StorageOptions refuses encrypt without a keyring
+        key_id = keyring.current
+        key = keyring.keys[key_id]
         check = CF.key_check(key, file_id)
         aead = AESGCM(key)
     compressor = None
@@ -366,7 +371,7 @@ def write_archive_marker(relay_dir: Path, archive_dir: Path) -> None:
 # What to do, and the background task
 
 
-def closed_names(store) -> list[str]:
+def closed_names(store: StoreReader) -> list[str]:
     """The files the store has moved past: neither the current file nor the horizon's, nor any after them."""
     names = store.files()
     horizon = store.horizon.snapshot().file
@@ -377,7 +382,7 @@ def closed_names(store) -> list[str]:
     return names[:stop]
 
 
-def pending(store, opts: StorageOptions, now: float | None = None) -> list[tuple[str, str]]:
+def pending(store: StoreReader, opts: StorageOptions, now: float | None = None) -> list[tuple[str, str]]:
     """``(action, name)`` still to do, oldest first: ``convert`` plain closed files, ``archive`` closed files
     past ``archive_after``."""
     now = time.time() if now is None else now
@@ -388,7 +393,7 @@ def pending(store, opts: StorageOptions, now: float | None = None) -> list[tuple
     if opts.archives:
         if opts.archive_after_files is not None:
             archive_upto = max(len(closed) - opts.archive_after_files, 0)
-        else:
+        elif opts.archive_after_seconds is not None:  # __post_init__: an archive_dir comes with one of the two
             for i, name in enumerate(closed):
                 try:
                     mtime = CF.stored_stat(relay_dir / name).st_mtime
@@ -425,21 +430,22 @@ class StorageStats:
         return asdict(self)
 
 
-def run_pending(store, opts: StorageOptions, stats: StorageStats | None = None, *, limit: int | None = None,
-                stop: threading.Event | None = None) -> int:
+def run_pending(store: StoreReader, opts: StorageOptions, stats: StorageStats | None = None, *,
+                limit: int | None = None, stop: threading.Event | None = None) -> int:
     """Do the pending steps (in the calling thread: a worker thread); returns how many were done. ``stop`` set:
     no further step begins (the one under way finishes: every step is crash-safe anyway)."""
     stats = stats if stats is not None else StorageStats()
     relay_dir = Path(store.relay_dir)
-    if opts.archives:
+    archive_dir = opts.archive_dir
+    if archive_dir is not None:  # opts.archives
         named = CF.archive_dir_of(relay_dir)
-        if named is not None and named.resolve() != Path(opts.archive_dir).resolve():
+        if named is not None and named.resolve() != Path(archive_dir).resolve():
             raise ConversionError(
-                f"archive_dir is {opts.archive_dir}, but {relay_dir / CF.ARCHIVE_MARKER} names {named}, where "
+                f"archive_dir is {archive_dir}, but {relay_dir / CF.ARCHIVE_MARKER} names {named}, where "
                 f"relay files are archived already: move them to the new directory and rewrite that file, "
                 f"or set archive_dir back")
-        opts.archive_dir.mkdir(parents=True, exist_ok=True)
-        write_archive_marker(relay_dir, opts.archive_dir)
+        archive_dir.mkdir(parents=True, exist_ok=True)
+        write_archive_marker(relay_dir, archive_dir)
     done = 0
     for action, name in pending(store, opts):
         if (limit is not None and done >= limit) or (stop is not None and stop.is_set()):
@@ -461,7 +467,8 @@ def run_pending(store, opts: StorageOptions, stats: StorageStats | None = None, 
                     log.info("relay file converted", file=name, stored=out.name, plain_bytes=before,
                              stored_bytes=os.path.getsize(out), form=opts.describe())
             else:
-                out = archive_file(relay_dir, name, opts.archive_dir, still_listed=listed)
+                assert archive_dir is not None  # pending() asks to archive only with an archive_dir
+                out = archive_file(relay_dir, name, archive_dir, still_listed=listed)
                 if out is not None:
                     stats.archived += 1
                     log.info("relay file archived", file=name, to=os.fspath(out))
@@ -480,7 +487,7 @@ def run_pending(store, opts: StorageOptions, stats: StorageStats | None = None, 
 class StorageTask:
     """Runs ``run_pending`` every ``interval`` seconds in a worker thread (never on the event loop)."""
 
-    def __init__(self, opts: StorageOptions, interval: float, store: Callable[[], Any]):
+    def __init__(self, opts: StorageOptions, interval: float, store: Callable[[], StoreReader | None]):
         self.opts = opts
         self.interval = interval
         self._store = store
@@ -498,7 +505,7 @@ class StorageTask:
 
     async def check(self) -> int:
         store = self._store()
-        if store is None or getattr(store, "read_only", False):
+        if store is None or store.read_only:
             return 0
         try:
             return await asyncio.to_thread(run_pending, store, self.opts, self.stats, stop=self._stop)
