@@ -248,9 +248,9 @@ def make_sender(case: dict, files: list):
         exclude = GtidSet()
         for sid, gno in case["exclude"]:
             exclude.add(bytes.fromhex(sid), gno)
-        sender.exclude = exclude
+        sender.decider.exclude = exclude  # what a start plan's exclude sets (DumpSender._adopt)
     if case["maria"] is not None:
-        sender.maria_state = {d: MariaStart(MariaGtid(d, s, q), empty) for d, s, q, empty in case["maria"]}
+        sender.decider.maria_state = {d: MariaStart(MariaGtid(d, s, q), empty) for d, s, q, empty in case["maria"]}
     fd = FormatDescription.parse(fde, 0, len(fde))
     sender.event_alg = fd.checksum_alg
     sender.parser.set_format(fd)

@@ -34,12 +34,14 @@ and ``downstream/semisync.py`` (ACKs from the relay's replicas, relay-wide).
 from ..semisync import SemiSyncTracker, semi_sync_tracker
 from .errors import eof_payload
 from .rewrite import begin_event, dummy_event
-from .sender import READ_CHUNK, StreamingChannel, serve_dump
+from .sender import READ_CHUNK, ChunkChannel, ParkingChannel, StreamingChannel, serve_dump
 
 __all__ = [
     "serve_dump",
     "SemiSyncTracker",
     "semi_sync_tracker",
+    "ChunkChannel",
+    "ParkingChannel",
     "StreamingChannel",
     "READ_CHUNK",
     "eof_payload",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ...binlog import boundary as B
 from ...binlog import constants as C
@@ -107,6 +107,26 @@ class StreamingChannel(Protocol):
     async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None: ...
 
 
+@runtime_checkable
+class ChunkChannel(Protocol):
+    """A DumpChannel that sends shared framed chunks (chunks.py): ``send_packets(chunk, omit)`` writes a chunk's
+    packets, without the event types in ``omit``, numbered on from the channel's, in one write. A channel without
+    it gets the dump event by event."""
+
+    async def send_packets(self, chunk: Chunk, omit: frozenset[int] = frozenset()) -> None: ...
+
+
+@runtime_checkable
+class ParkingChannel(Protocol):
+    """A ChunkChannel that can write without waiting, so its dump may park among the followers at the horizon
+    (followers.py): ``can_write_now()`` says whether the replica reads and its socket is below the high-water
+    mark; ``write_packets_now`` writes a chunk at once (False: above the mark, the dump's own task drains)."""
+
+    def can_write_now(self) -> bool: ...
+
+    def write_packets_now(self, chunk: Chunk, omit: frozenset[int], shared: Any, owner: Any) -> bool: ...
+
+
 async def serve_dump(ctx: DownstreamContext, conn: ConnectionState, request: DumpRequest, channel: DumpChannel) -> None:
     """Serve one binlog dump until the replica leaves, an error ends it (sent as ERR), or NON_BLOCK ends it (EOF).
 
@@ -188,12 +208,13 @@ class DumpSender:
         # MariaDB GTID.
         self.maria_ignore_duplicates = truthy(user_var(uv, "slave_gtid_ignore_duplicates"))
         self.last_sent = time.monotonic()
-        self.send_stream = getattr(channel, "send_stream", None)
+        # What the channel offers beyond ``send`` (the Protocols above; None: it does not).
+        self.streaming = channel if isinstance(channel, StreamingChannel) else None
         # Shared framed chunks (chunks.py) for ranges that need nothing done for this replica.
-        self.send_packets = getattr(channel, "send_packets", None)
-        self.chunks: ChunkCache | None = chunk_cache(ctx.store) if self.send_packets is not None else None
+        self.chunked = channel if isinstance(channel, ChunkChannel) else None
+        self.chunks: ChunkCache | None = chunk_cache(ctx.store) if self.chunked is not None else None
         # Parking at the horizon (followers.py): the channel must be able to write a chunk without waiting.
-        self.write_packets_now = getattr(channel, "write_packets_now", None) if self.chunks is not None else None
+        self.parking = channel if self.chunks is not None and isinstance(channel, ParkingChannel) else None
         self.rf: RelayFile | None = None  # the file _send_file is in
         self.followed = False  # the shared pass at an advance sent something while this dump was parked
         self.slow_types: frozenset[int] = frozenset()
@@ -229,6 +250,12 @@ class DumpSender:
         self.decider.maria_state = {e.gtid.domain_id: MariaStart(e.gtid, e.empty_domain) for e in plan.maria_state}
         self.clear_created = plan.clear_created
         return plan.file, plan.position
+
+    @property
+    def sending(self) -> str:
+        """The file being sent (set before the first event of the dump is read)."""
+        assert self.file is not None
+        return self.file
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -334,7 +361,7 @@ class DumpSender:
         target = bytes(buf[off + C.HEADER_LEN + 8 : off + size - (C.CHECKSUM_LEN if crc else 0)]).decode(
             "utf-8", "replace")
         try:
-            here = epochs.epoch_of(self.file)
+            here = epochs.epoch_of(self.sending)
         except ValueError:
             return
         following = [e for e in epochs.epochs if e.epoch == here.epoch + 1]
@@ -342,7 +369,7 @@ class DumpSender:
             master = here.master_dict or {}
             raise DumpFailure(
                 f"relayproxy peer catch-up: epoch {here.epoch} (master server_id {master.get('server_id')}) "
-                f"ends at {self._peer_name(self.file)}:{self.pos}; this relay follows epoch {following[0].epoch} "
+                f"ends at {self._peer_name(self.sending)}:{self.pos}; this relay follows epoch {following[0].epoch} "
                 "from there (not served to a peer)")
 
     def _relay_rotate(self, buf, off: int, size: int) -> bytes | None:
@@ -526,7 +553,7 @@ class DumpSender:
                 followers.unpark(self)
             elif not future.done() or future.result() is None:
                 horizon.discard_waiter(future)
-        if self.gone.done():
+        if self.gone is not None and self.gone.done():
             raise ReplicaGone
         if self.followed:
             return True
@@ -536,8 +563,8 @@ class DumpSender:
     def _may_park(self, rf: RelayFile, snap) -> bool:
         """Whether this dump may wait among the followers: it is at the durable end of the horizon's file, the
         next events need nothing done for it so far (``_plain``), and its channel can write without waiting."""
-        return (self.write_packets_now is not None and snap.file == rf.name and self.pos == snap.position
-                and self._plain() and self.channel.can_write_now()
+        return (self.parking is not None and snap.file == rf.name and self.pos == snap.position
+                and self._plain() and self.parking.can_write_now()
                 and self.ctx.replay_stops.get(self.request.server_id) is None)  # the shared pass knows no stops
 
     def _follow(self, snap, shared: Pass) -> int:
@@ -547,8 +574,9 @@ class DumpSender:
         once, in ``shared``; ``_sent`` is written out here with the pass's clocks (this runs per replica per
         advance)."""
         rf = self.rf
+        chunks = self.chunks
         pos = self.pos
-        if snap.file != rf.name or self.gone.done():
+        if rf is None or chunks is None or snap.file != rf.name or (self.gone is not None and self.gone.done()):
             return WAKE
         limit = snap.position
         if limit <= pos:
@@ -556,21 +584,21 @@ class DumpSender:
         want = limit - pos
         if want > SHARED_CHUNK or not self._plain():
             return WAKE
-        channel = self.channel
-        if not channel.can_write_now():
+        channel = self.parking
+        if channel is None or not channel.can_write_now():
             return WAKE
         parser = self.parser
         crc = self.event_alg == CHECKSUM_CRC32
         key = (rf.name, pos, want, crc, parser.state_key())  # the ordinary path's key (``_chunk``)
         chunk = shared.chunks.get(key)
         if chunk is None:
-            chunk = self.chunks.peek(key)
+            chunk = chunks.peek(key)
             if chunk is None:
                 data = rf.read_now(pos, want)
                 if data is None or len(data) != want:
                     return WAKE  # a read that would block, or a short one: the ordinary path reads and reports
                 chunk = scan_chunk(rf.name, pos, data, parser.copy(), crc)
-                self.chunks.put(key, chunk)
+                chunks.put(key, chunk)
             shared.chunks[key] = chunk
         if not (chunk.ok and chunk.end == limit):
             return WAKE
@@ -587,6 +615,7 @@ class DumpSender:
             return WAKE
         writable = channel.write_packets_now(chunk, omit, shared, self)
         # _sent, with the pass's clocks
+        assert chunk.parser is not None  # an ok chunk keeps its end state
         parser.adopt(chunk.parser)
         self.pos = end = chunk.end
         progress = self.progress
@@ -674,7 +703,7 @@ class DumpSender:
                 pos += size
                 self._skip_filler(pos)
                 continue
-            if size <= _STREAM_PIECE or self.send_stream is None:
+            if size <= _STREAM_PIECE or self.streaming is None:
                 event = await self._read(rf, pos, size)
                 if len(event) < size:
                     raise read_failure(MSG_TRUNCATED, pos, pos + len(event))
@@ -752,6 +781,7 @@ class DumpSender:
             return scan_chunk(rf.name, pos, data, parser.copy(), crc)
 
         try:
+            assert self.chunks is not None  # _chunk is asked only of a dump with a chunk cache
             return await self.chunks.get(key, make)
         except OSError:
             raise read_failure(MSG_IO, pos, pos) from None
@@ -759,7 +789,8 @@ class DumpSender:
     async def _send_chunk(self, chunk: Chunk) -> None:
         omit = self.omit_types
         try:
-            await self.send_packets(chunk, omit) if omit else await self.send_packets(chunk)
+            assert self.chunked is not None  # chunks are made only for a ChunkChannel
+            await self.chunked.send_packets(chunk, omit) if omit else await self.chunked.send_packets(chunk)
         except (ConnectionError, OSError, EOFError) as exc:
             raise ReplicaGone from exc
         if self.channel.closed:
@@ -768,6 +799,7 @@ class DumpSender:
 
     def _sent(self, chunk: Chunk, omit: frozenset[int]) -> None:
         """What a chunk gone out moves: the parser, the position, the counters."""
+        assert chunk.parser is not None  # a chunk sent was ok: it keeps its end state
         self.parser.adopt(chunk.parser)
         self.pos = chunk.end
         progress = self.progress
@@ -794,7 +826,7 @@ class DumpSender:
         next event, as after skipped groups; a MariaDB replica that tolerates holes from the next event's
         log_pos; any other replica (file/position: it counts bytes) from a fake ROTATE to (this file, here)."""
         if self.peer:
-            raise DumpFailure(f"relayproxy peer catch-up: {self._peer_name(self.file)}:{self.pos} holds a filler "
+            raise DumpFailure(f"relayproxy peer catch-up: {self._peer_name(self.sending)}:{self.pos} holds a filler "
                                "(transactions this relay got from an earlier master): not served to a peer")
         self.pos = end_pos
         self.progress.position = end_pos
@@ -831,6 +863,7 @@ class DumpSender:
                                        time.monotonic() - self.last_sent)
         action = decision.action
         if action == END:
+            assert decision.failure is not None  # an END decision carries its failure
             raise decision.failure
         if type_code == C.ROTATE_EVENT:
             if self.peer:
@@ -846,7 +879,7 @@ class DumpSender:
         if action != SKIP:
             if decision.reposition:
                 await self._send_event(
-                    encoders.artificial_rotate(self.file, decision.reposition, self.server_id,
+                    encoders.artificial_rotate(self.sending, decision.reposition, self.server_id,
                                                self.event_alg == CHECKSUM_CRC32),
                     False)
             if action == SEND:
@@ -878,7 +911,7 @@ class DumpSender:
     async def _stream_event(self, rf: RelayFile, pos: int, size: int, need_ack: bool) -> None:
         """Send a large event straight from the file, a piece at a time (see ``StreamingChannel``)."""
         prefix = self._prefix(need_ack)
-        if self.send_stream is None:
+        if self.streaming is None:
             event = await self._read(rf, pos, size)  # no streaming channel: hold the event to send it whole
             if len(event) < size:
                 raise read_failure(MSG_TRUNCATED, pos, pos + len(event))
@@ -896,7 +929,7 @@ class DumpSender:
                 yield piece
 
         try:
-            await self.send_stream(len(prefix) + size, pieces())
+            await self.streaming.send_stream(len(prefix) + size, pieces())
         except (ConnectionError, OSError, EOFError) as exc:
             raise ReplicaGone from exc
         except DumpFailure as failure:

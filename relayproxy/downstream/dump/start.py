@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...binlog import boundary as B
 from ...binlog import constants as C
@@ -37,6 +39,9 @@ from .errors import (
     maria_not_in_binlog,
 )
 from .files import GTID_TYPES, header_unpack_from, scan_file_gtids
+
+if TYPE_CHECKING:
+    from ..context import DownstreamContext
 
 
 @dataclass(slots=True)
@@ -132,6 +137,11 @@ def user_var(user_vars: dict, *names: str):
     return None
 
 
+def connect_state(user_vars: dict) -> str:
+    """MariaDB's @slave_connect_state as text ("" when unset)."""
+    return _text(user_var(user_vars, "slave_connect_state"))
+
+
 def _text(value) -> str:
     if value is None:
         return ""
@@ -179,47 +189,233 @@ def checksum_alg(value) -> int:
 
 
 
-class DumpStart:
-    """Where a dump starts: file/position checks, MySQL GTID auto-position, MariaDB GTID (the servers' own refusals).
+# ---------------------------------------------------------------------------------------------
+# The plan: what the request asks, the pure decisions, the one driver that reads what they need
+# ---------------------------------------------------------------------------------------------
 
-    The first half of a dump sender (``sender.DumpSender`` streams from what ``_plan`` returns); it reads the
-    request, the context and the per-connection settings the sender's constructor sets.
-    """
 
-    # -- where to start ----------------------------------------------------------------------------
-    async def _plan(self) -> tuple[str, int]:
-        if self.mode == "mysql-gtid":
-            if self.flavour != "mysql":
-                # MariaDB has no COM_BINLOG_DUMP_GTID: its dispatcher answers "Unknown command".
-                raise DumpFailure("Unknown command", ER_UNKNOWN_COM_ERROR, sqlstate="08S01")
+@dataclass(frozen=True)
+class StartRequest:
+    """What decides where a dump starts, read once from the request and the connection (sender.py)."""
+
+    mode: str  # file, mysql-gtid, mariadb-gtid (a MariaDB GTID request to a MySQL-flavoured relay is file)
+    kind: str  # the request's own kind, for the refusal of an unknown one
+    flavour: str  # mysql or mariadb: whose rules and texts
+    file: str = ""
+    position: int = 4
+    gtid_set: bytes | None = None  # COM_BINLOG_DUMP_GTID's encoded set
+    connect_state: str = ""  # MariaDB's @slave_connect_state
+    peer: bool = False  # @relayproxy_peer by file/position: the file is named in the master's names
+    maria_ignore_duplicates: bool = False  # @slave_gtid_ignore_duplicates
+    modern_terms: bool = False  # 8.0.26+ texts (source/replica)
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """Where a dump starts and what it skips there: the sender streams from ``file`` at ``position``."""
+
+    file: str
+    position: int
+    exclude: GtidSet | None = None  # MySQL GTID protocol: the replica's set (its groups are skipped)
+    maria_state: tuple[MariaStart, ...] = ()  # MariaDB GTID: per domain, the GTID to reach before sending
+    clear_created: bool = False  # m_gtid_clear_fd_created_flag: the replica keeps its temporary tables
+
+
+def check_request(req: StartRequest) -> None:
+    """Refusals that need nothing but the request."""
+    if req.mode == "mysql-gtid" and req.flavour != "mysql":
+        # MariaDB has no COM_BINLOG_DUMP_GTID: its dispatcher answers "Unknown command".
+        raise DumpFailure("Unknown command", ER_UNKNOWN_COM_ERROR, sqlstate="08S01")
+    if req.mode not in ("file", "mysql-gtid", "mariadb-gtid"):
+        raise DumpFailure(f"unknown dump request kind {req.kind!r}", ER_UNKNOWN_ERROR)
+
+
+def replica_gtids(encoded: bytes | None) -> GtidSet:
+    """COM_BINLOG_DUMP_GTID's set, decoded (ER_MALFORMED_GTID_SET_ENCODING when it is not one)."""
+    try:
+        return GtidSet.decode(encoded)
+    except (BinlogFormatError, ValueError, TypeError):
+        raise DumpFailure("Malformed GTID set encoding.", ER_MALFORMED_GTID_SET_ENCODING) from None
+
+
+def durable_names(names: list[str], horizon_file: str | None) -> list[str]:
+    """Of the store's files, those a reader may open: up to and including the horizon's file."""
+    if horizon_file in names:
+        return names[: names.index(horizon_file) + 1]
+    return names if horizon_file is None else []
+
+
+def start_file(file: str, names: list[str]) -> str:
+    """The file a file/position dump names (the oldest durable one when it names none); MSG_NO_FILE if absent."""
+    name = file or (names[0] if names else "")
+    if name not in names:
+        raise DumpFailure(MSG_NO_FILE)
+    return name
+
+
+def check_position(flavour: str, file: str, name: str, pos: int, size: int) -> StartPlan:
+    """check_start_file() (MySQL) / check_start_offset() (MariaDB): ``pos`` against the file's durable ``size``
+    (bytes past the horizon do not exist yet), each with the server's own text."""
+    if flavour == "mariadb":
+        if pos < 4 or pos > size:
+            raise DumpFailure(
+                f"{MSG_MARIA_IMPOSSIBLE_POS}; the first event '{file}' at {pos}, the last event read from "
+                f"'{file}' at 4, the last byte read from '{file}' at 4."
+            )
+        return StartPlan(name, pos)
+    if pos < 4:
+        raise DumpFailure(MSG_POS_LT_4)
+    if pos > size:
+        raise DumpFailure(MSG_POS_GT_SIZE)
+    return StartPlan(name, pos)
+
+
+def check_not_ahead(replica: GtidSet, relay_set: GtidSet, master_uuids: list[str], modern: bool) -> None:
+    """The replica must not have more of the master's own GTIDs than the relay holds (ER 1885)."""
+    for uuid in master_uuids:
+        if not _restrict(replica, uuid).is_subset(relay_set):
+            raise DumpFailure(MSG_MORE_GTIDS[modern])
+
+
+def _purge_gaps(infos: list[FileInfo], replica: GtidSet) -> list[tuple[str, GtidSet]]:
+    """Per pair of files, the GTIDs the newer one's start names beyond the older one's that the replica lacks:
+    the older file must be scanned to tell whether it holds them (else they were purged)."""
+    gaps = []
+    for older, newer in zip(infos, infos[1:]):
+        if not isinstance(older.start_gtids, GtidSet) or not isinstance(newer.start_gtids, GtidSet):
+            continue
+        gap = newer.start_gtids.subtract(older.start_gtids)
+        gap.difference_update(replica)
+        if gap:
+            gaps.append((older.name, gap))
+    return gaps
+
+
+def purge_scans(infos: list[FileInfo], replica: GtidSet) -> list[str]:
+    """The files ``missing_purged`` needs the events of: a caught-up replica needs none, a lagging one only the
+    files it is about to be sent."""
+    return [name for name, _gap in _purge_gaps(infos, replica)]
+
+
+def missing_purged(infos: list[FileInfo], replica: GtidSet, held: Mapping[str, GtidSet]) -> GtidSet:
+    """``catalog.purged() - replica``: purged = start(oldest) ∪ ⋃ (start(f_i+1) − start(f_i) − events(f_i))
+    (FileCatalog.purged), with ``held`` the events of the files ``purge_scans`` named."""
+    oldest = infos[0].start_gtids
+    missing = oldest.subtract(replica) if isinstance(oldest, GtidSet) else GtidSet()
+    for name, gap in _purge_gaps(infos, replica):
+        gap.difference_update(held[name])
+        missing.update(gap)
+    return missing
+
+
+def choose_mysql_file(infos: list[FileInfo], replica: GtidSet, modern: bool) -> FileInfo:
+    """find_first_log_not_in_gtid_set(): newest to oldest, the first file whose PREVIOUS_GTIDS the replica has."""
+    for info in reversed(infos):
+        if not isinstance(info.start_gtids, GtidSet):
+            raise DumpFailure(MSG_OLD_BINLOG)
+        if info.start_gtids.is_subset(replica):
+            return info
+    oldest = infos[0].start_gtids
+    missing = oldest.subtract(replica) if isinstance(oldest, GtidSet) else GtidSet()
+    raise DumpFailure(MSG_PURGED[modern] % (replica.format(), missing.format()))
+
+
+def maria_request(text: str) -> dict[int, MariaStart]:
+    """@slave_connect_state, per domain (MSG_MARIA_BAD_STATE when it does not parse)."""
+    try:
+        position = MariaGtidPosition.parse(text)
+    except (ValueError, TypeError):
+        raise DumpFailure(MSG_MARIA_BAD_STATE, ER_UNKNOWN_ERROR) from None
+    return {g.domain_id: MariaStart(g) for g in position}
+
+
+def check_maria_state(state: dict[int, MariaStart], binlog: MariaBinlogState,
+                      ignore_duplicates: bool) -> dict[int, MariaStart]:
+    """check_slave_start_position(): each requested GTID must be in the binlog, or its domain empty here (checked
+    again if the domain ever shows up); the state returned marks those domains."""
+    checked = {}
+    for domain, entry in state.items():
+        gtid = entry.gtid
+        checked[domain] = entry
+        mine = binlog.get(gtid.domain_id, gtid.server_id)
+        if mine is not None and mine.seq_no >= gtid.seq_no:
+            continue
+        latest = binlog.latest(gtid.domain_id)
+        if latest is None:
+            # Nothing in this domain: probably another master's domain.
+            checked[domain] = MariaStart(gtid, empty_domain=True)
+            continue
+        if ignore_duplicates and latest.seq_no < gtid.seq_no:
+            continue  # it may have come through another path of a multi-source topology
+        raise maria_not_in_binlog(gtid, binlog)
+    return checked
+
+
+def choose_maria_file(state: dict[int, MariaStart], infos: list[FileInfo]) -> StartPlan:
+    """gtid_find_binlog_file(): newest to oldest, the first file whose GTID_LIST the request is at or past; the
+    dump starts at its position 4 (MSG_MARIA_NO_STATE when no file is)."""
+    for info in reversed(infos):
+        glev = info.start_gtids
+        if glev is None:
+            # A file from before GTIDs: start there, skip as usual.
+            return StartPlan(info.name, 4, maria_state=tuple(state.values()))
+        if not isinstance(glev, MariaBinlogState):
+            continue
+        entries = glev.gtids()
+        if _contains_all_slave_gtid(state, entries):
+            # Requesting the last GTID of a domain before this file means "start at this file" for that domain:
+            # nothing to skip there.
+            rest = dict(state)
+            for entry_gtid in entries:
+                start = rest.get(entry_gtid.domain_id)
+                if start is not None and start.gtid == entry_gtid:
+                    del rest[entry_gtid.domain_id]
+            return StartPlan(info.name, 4, maria_state=tuple(rest.values()))
+    raise DumpFailure(MSG_MARIA_NO_STATE)
+
+
+def master_uuids(master_uuid: str | None, relay_set: GtidSet) -> list[str]:
+    """Whose GTIDs the replica may not have more of than the relay (the MySQL master checks its own server UUID).
+    The relay stands for its upstream master, so that is the upstream master's UUID; before the relay has talked
+    to it (unknown), every UUID the relay files hold."""
+    if master_uuid:
+        return [str(master_uuid).strip().lower()]
+    return relay_set.sids()
+
+
+class StartReader:
+    """What the decisions need read from the relay (files, sizes, headers, scans), and the driver over them.
+    Everything it decides is decided by the pure functions above; it only reads, off the loop where it reads
+    files."""
+
+    def __init__(self, ctx: DownstreamContext):
+        self.ctx = ctx
+
+    async def plan(self, req: StartRequest) -> StartPlan:
+        check_request(req)
+        if req.mode == "mysql-gtid":
+            replica = replica_gtids(req.gtid_set)
+            if req.file:
+                # Binlog_sender::check_start_file: a named file wins over the GTID search (and its checks); the
+                # replica's GTIDs are still skipped.
+                plan = self.file_position(req, req.file)
+                return StartPlan(plan.file, plan.position, exclude=replica)
+            return await self.mysql_gtid(req, replica)
+        if req.mode == "mariadb-gtid":
+            return await self.mariadb_gtid(req)
+        if req.peer and req.file:
+            # A peer relay asks in the master's names of the current epoch (sender.py, _peer_name).
             try:
-                replica = GtidSet.decode(self.request.gtid_set)
-            except (BinlogFormatError, ValueError, TypeError):
-                raise DumpFailure("Malformed GTID set encoding.", ER_MALFORMED_GTID_SET_ENCODING) from None
-            self.exclude = replica
-            if self.request.file:
-                # Binlog_sender::check_start_file: a named file wins over the GTID search (and its
-                # checks); the replica's GTIDs are still skipped.
-                return self._check_file_position(self.request.file, self.request.position)
-            return await self._plan_mysql_gtid(replica)
-        if self.mode == "mariadb-gtid":
-            return await self._plan_mariadb_gtid()
-        if self.mode != "file":
-            raise DumpFailure(f"unknown dump request kind {self.request.kind!r}", ER_UNKNOWN_ERROR)
-        if getattr(self, "peer", False) and self.request.file:
-            # A peer relay asks in the master's names of the current epoch (sender.py, _peer_start).
-            return self._check_file_position(self._peer_start(self.request.file), self.request.position)
-        return self._check_file_position(self.request.file, self.request.position)
+                file = self.ctx.store.epochs.relay_name(req.file)
+            except ValueError as exc:
+                raise DumpFailure(f"relayproxy peer catch-up: {exc}") from None
+            return self.file_position(req, file)
+        return self.file_position(req, req.file)
 
-    def _durable_names(self) -> list[str]:
-        """Relay files a reader may open: up to and including the horizon's file."""
-        names = self.ctx.store.files()
-        horizon_file = self.ctx.horizon.snapshot().file
-        if horizon_file in names:
-            return names[: names.index(horizon_file) + 1]
-        return names if horizon_file is None else []
+    def durable_names(self) -> list[str]:
+        return durable_names(self.ctx.store.files(), self.ctx.horizon.snapshot().file)
 
-    def _durable_size(self, name: str) -> int:
+    def durable_size(self, name: str) -> int:
         snap = self.ctx.horizon.snapshot()
         if snap.file == name:
             return snap.position
@@ -228,30 +424,14 @@ class DumpStart:
         except (OSError, KeyError, closed_files.StoredFileError):
             return 0
 
-    def _check_file_position(self, file: str, pos: int) -> tuple[str, int]:
-        """check_start_file() (MySQL) / init_binlog_sender + check_start_offset() (MariaDB)."""
-        names = self._durable_names()
-        name = file or (names[0] if names else "")
-        if name not in names:
-            raise DumpFailure(MSG_NO_FILE)
-        if self.flavour == "mariadb":
-            if pos < 4 or pos > self._durable_size(name):
-                raise DumpFailure(
-                    f"{MSG_MARIA_IMPOSSIBLE_POS}; the first event '{file}' at {pos}, the last event read from "
-                    f"'{file}' at 4, the last byte read from '{file}' at 4."
-                )
-            return name, pos
-        if pos < 4:
-            raise DumpFailure(MSG_POS_LT_4)
-        if pos > self._durable_size(name):
-            # The size a reader may use is the durable one: bytes past the horizon do not exist yet.
-            raise DumpFailure(MSG_POS_GT_SIZE)
-        return name, pos
+    def file_position(self, req: StartRequest, file: str) -> StartPlan:
+        name = start_file(file, self.durable_names())
+        return check_position(req.flavour, file, name, req.position, self.durable_size(name))
 
-    def _start_sets(self) -> list[FileInfo]:
-        """Durable files with their starting GTID sets, oldest first. The horizon's file is left out
-        while its PREVIOUS_GTIDS / GTID_LIST is not durable yet (right after a rotation): it is
-        reached by following the rotation, and must not pass for a file without GTIDs."""
+    def start_sets(self) -> list[FileInfo]:
+        """Durable files with their starting GTID sets, oldest first. The horizon's file is left out while its
+        PREVIOUS_GTIDS / GTID_LIST is not durable yet (right after a rotation): it is reached by following the
+        rotation, and must not pass for a file without GTIDs."""
         catalog = self.ctx.catalog  # the shared one (thread-safe to get: this runs in a worker thread)
         try:
             infos = catalog.files()
@@ -264,128 +444,46 @@ class DumpStart:
                 infos = infos[:-1]
         return infos
 
-    async def _plan_mysql_gtid(self, replica: GtidSet) -> tuple[str, int]:
+    async def mysql_gtid(self, req: StartRequest, replica: GtidSet) -> StartPlan:
         """Binlog_sender::check_start_file() for COM_BINLOG_DUMP_GTID, in the server's order."""
-        infos = await asyncio.to_thread(self._start_sets)  # reads file headers: off the loop
+        infos = await asyncio.to_thread(self.start_sets)  # reads file headers: off the loop
         if not infos:
             raise DumpFailure(MSG_NO_FILE)
         if all(info.start_gtids is None for info in infos):
             raise DumpFailure(MSG_GTID_MODE_OFF)  # no PREVIOUS_GTIDS anywhere: a pre-GTID master
-        # 1. The replica must not have more of the master's own GTIDs than the master (ER 1885).
         relay_set = self.ctx.horizon.snapshot().gtids
         if not isinstance(relay_set, GtidSet):
             relay_set = GtidSet()
-        for uuid in self._master_uuids(relay_set):
-            if not _restrict(replica, uuid).is_subset(relay_set):
-                raise DumpFailure(MSG_MORE_GTIDS[self.modern_terms])
-        # 2. gtid_purged must be in the replica's set (the 5.6.22 fix, Bug #19012085), checked
-        # before looking for a start file: an oldest file with an empty PREVIOUS_GTIDS would
-        # otherwise "match" any replica.
-        missing = await self._missing_purged(infos, replica)
+        check_not_ahead(replica, relay_set, master_uuids(self.ctx.relay.master.master_uuid, relay_set),
+                        req.modern_terms)
+        # gtid_purged must be in the replica's set (the 5.6.22 fix, Bug #19012085), checked before looking for a
+        # start file: an oldest file with an empty PREVIOUS_GTIDS would otherwise "match" any replica.
+        held = {name: await self.scan_gtids(name) for name in purge_scans(infos, replica)}
+        missing = missing_purged(infos, replica, held)
         if missing:
-            raise DumpFailure(MSG_PURGED[self.modern_terms] % (replica.format(), missing.format()))
-        # 3. find_first_log_not_in_gtid_set(): newest to oldest, the first file whose
-        # PREVIOUS_GTIDS the replica has.
-        chosen = None
-        for info in reversed(infos):
-            if not isinstance(info.start_gtids, GtidSet):
-                raise DumpFailure(MSG_OLD_BINLOG)
-            if info.start_gtids.is_subset(replica):
-                chosen = info
-                break
-        if chosen is None:
-            missing = infos[0].start_gtids.subtract(replica)
-            raise DumpFailure(MSG_PURGED[self.modern_terms] % (replica.format(), missing.format()))
-        # Skipping at least the file's first transaction: clear "created" so the replica keeps its
-        # temporary tables (m_gtid_clear_fd_created_flag).
-        first = await asyncio.to_thread(_first_gtid, self.ctx.store.path(chosen.name), chosen.size)
-        self.clear_created = first is not None and first in replica
-        # From the file's start, as MySQL's Binlog_sender does (the groups the replica has are skipped, with a
-        # heartbeat). The file index's sparse map could start later, but what a MySQL replica makes of an
+            raise DumpFailure(MSG_PURGED[req.modern_terms] % (replica.format(), missing.format()))
+        chosen = choose_mysql_file(infos, replica, req.modern_terms)
+        # Skipping at least the file's first transaction: clear "created" so the replica keeps its temporary
+        # tables. From the file's start, as MySQL's Binlog_sender does (the groups the replica has are skipped,
+        # with a heartbeat). The file index's sparse map could start later, but what a MySQL replica makes of an
         # auto-position stream that starts mid-file is not tested against a real one: not done.
-        return chosen.name, 4
+        first = await asyncio.to_thread(_first_gtid, self.ctx.store.path(chosen.name), chosen.size)
+        return StartPlan(chosen.name, 4, exclude=replica, clear_created=first is not None and first in replica)
 
-    def _master_uuids(self, relay_set: GtidSet) -> list[str]:
-        """Whose GTIDs the replica may not have more of than the relay (the MySQL master checks its own
-        server UUID). The relay stands for its upstream master, so that is the upstream master's UUID;
-        before the relay has talked to it (status unknown), every UUID the relay files hold."""
-        uuid = self.ctx.relay.master.master_uuid
-        if uuid:
-            return [str(uuid).strip().lower()]
-        return relay_set.sids()
+    async def scan_gtids(self, name: str) -> GtidSet:
+        """The GTIDs one file holds (its events), read off the loop."""
+        try:
+            return await asyncio.to_thread(scan_file_gtids, os.fspath(self.ctx.store.path(name)))
+        except OSError as exc:
+            raise DumpFailure(f"{MSG_IO}: {name}: {exc.strerror}") from None
+        except closed_files.StoredFileError as exc:
+            raise DumpFailure(f"{MSG_IO}: {exc}") from None
 
-    async def _missing_purged(self, infos: list[FileInfo], replica: GtidSet) -> GtidSet:
-        """``catalog.purged() - replica``, computed lazily.
-
-        purged = start(oldest) ∪ ⋃ (start(f_i+1) − start(f_i) − events(f_i)) (see FileCatalog.purged).
-        Subtracting the replica's set first, a pair of files needs its older file scanned only when
-        the newer file names GTIDs the replica lacks: a caught-up replica costs no scan at all, a
-        lagging one scans only the files it is about to be sent.
-        """
-        oldest = infos[0].start_gtids
-        missing = oldest.subtract(replica) if isinstance(oldest, GtidSet) else GtidSet()
-        for older, newer in zip(infos, infos[1:]):
-            if not isinstance(older.start_gtids, GtidSet) or not isinstance(newer.start_gtids, GtidSet):
-                continue
-            gap = newer.start_gtids.subtract(older.start_gtids)
-            gap.difference_update(replica)
-            if not gap:
-                continue
-            path = os.fspath(self.ctx.store.path(older.name))
-            try:
-                held = await asyncio.to_thread(scan_file_gtids, path)
-            except OSError as exc:
-                raise DumpFailure(f"{MSG_IO}: {older.name}: {exc.strerror}") from None
-            except closed_files.StoredFileError as exc:
-                raise DumpFailure(f"{MSG_IO}: {exc}") from None
-            gap.difference_update(held)
-            missing.update(gap)
-        return missing
-
-    async def _plan_mariadb_gtid(self) -> tuple[str, int]:
+    async def mariadb_gtid(self, req: StartRequest) -> StartPlan:
         """init_binlog_sender() with @slave_connect_state: check_slave_start_position(), then
         gtid_find_binlog_file(); the dump starts at position 4 of the file found."""
-        text = user_var(self.conn.user_vars, "slave_connect_state")
-        try:
-            position = MariaGtidPosition.parse(_text(text))
-        except (ValueError, TypeError):
-            raise DumpFailure(MSG_MARIA_BAD_STATE, ER_UNKNOWN_ERROR) from None
-        state = {g.domain_id: MariaStart(g) for g in position}
         binlog = self.ctx.horizon.snapshot().gtids
         if not isinstance(binlog, MariaBinlogState):
             binlog = MariaBinlogState()
-        for entry in state.values():
-            gtid = entry.gtid
-            mine = binlog.get(gtid.domain_id, gtid.server_id)
-            if mine is not None and mine.seq_no >= gtid.seq_no:
-                continue
-            latest = binlog.latest(gtid.domain_id)
-            if latest is None:
-                # Nothing in this domain: probably another master's domain. Checked again if the
-                # domain ever shows up in the stream.
-                entry.empty_domain = True
-                continue
-            if self.maria_ignore_duplicates and latest.seq_no < gtid.seq_no:
-                continue  # it may have come through another path of a multi-source topology
-            raise self._maria_not_in_binlog(gtid, binlog)
-        infos = await asyncio.to_thread(self._start_sets)
-        for info in reversed(infos):
-            glev = info.start_gtids
-            if glev is None:
-                self.maria_state = state  # a file from before GTIDs: start there, skip as usual
-                return info.name, 4
-            if not isinstance(glev, MariaBinlogState):
-                continue
-            entries = glev.gtids()
-            if _contains_all_slave_gtid(state, entries):
-                # Requesting the last GTID of a domain before this file means "start at this file"
-                # for that domain: nothing to skip there.
-                for entry_gtid in entries:
-                    start = state.get(entry_gtid.domain_id)
-                    if start is not None and start.gtid == entry_gtid:
-                        del state[entry_gtid.domain_id]
-                self.maria_state = state
-                return info.name, 4
-        raise DumpFailure(MSG_MARIA_NO_STATE)
-
-    _maria_not_in_binlog = staticmethod(maria_not_in_binlog)
+        state = check_maria_state(maria_request(req.connect_state), binlog, req.maria_ignore_duplicates)
+        return choose_maria_file(state, await asyncio.to_thread(self.start_sets))
