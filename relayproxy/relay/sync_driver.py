@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .store import RelayStore
     from .sync import SyncTicket
 
-__all__ = ["SyncDriver"]
+__all__ = ["SyncDriver", "horizon_covers"]
 
 
 class SyncDriver:
@@ -143,6 +143,16 @@ class SyncDriver:
             raise ticket.error
         if store.complete_sync(ticket) and self.on_advance is not None:
             self.on_advance()
+
+
+def horizon_covers(store: RelayStore, file: str, position: int) -> bool:
+    """Whether the durable horizon has reached ``position`` of ``file`` (what a semi-sync ACK may say)."""
+    horizon = store.horizon.snapshot()
+    if horizon.file == file:
+        return horizon.position >= position
+    # An older file: start_file synced it before the relay moved on (a rotation in the same batch).
+    files = store.files()
+    return file in files and horizon.file in files and files.index(file) < files.index(horizon.file)
 
 
 def _retrieved(future: asyncio.Future) -> None:

@@ -31,7 +31,7 @@ from ..relay.master_info import (
 from ..relay.master_variables import MasterVariables, MasterVariablesFile, variables_for
 from ..relay.errors import RelayStoreError, RelayStoreFailed
 from ..relay.store import RelayStore
-from ..relay.sync_driver import SyncDriver
+from ..relay.sync_driver import SyncDriver, horizon_covers
 from ..wire.errors import ER_SLAVE_MUST_STOP, ER_WRONG_ARGUMENTS
 from ..wire.packets import MySQLError
 from ..wire.semisync import encode_semi_sync_ack
@@ -42,6 +42,7 @@ from .peer import check_peer, probe_peer
 from .receiver import MasterStreamEnded, RelayReceiver, ResumeByPosition, StreamError
 from .repoint import decide_switch
 from .setup import (
+    config_values,
     fetch_master_variables,
     peer_read_timeout,
     persistent_uuid,
@@ -51,20 +52,6 @@ from .setup import (
 )
 
 log = get_logger("relayproxy.upstream")
-
-
-def config_values(cfg) -> dict:
-    """The master-related options of a RelayConfig, as ``relay.master_info.effective_master`` takes them."""
-    get = getattr(cfg, "values", None)
-    names = ("master", "user", "ssl_mode", "ssl_ca", "ssl_cert", "ssl_key", "server_public_key",
-             "heartbeat_period", "gtid_mode", "start_file")
-    values = {name: getattr(cfg, name, None) for name in names}
-    if get is not None:
-        values.update({name: get.get(name, values[name]) for name in names})
-    resolve = getattr(cfg, "resolved_password", None)
-    values["password"] = resolve() if resolve is not None and values["master"] is not None else getattr(
-        cfg, "password", None)
-    return values
 
 
 @dataclass
@@ -687,14 +674,7 @@ class UpstreamSession:
         pending = self.receiver.ack_pending
         if pending is None:
             return
-        horizon = store.horizon.snapshot()
-        files = store.files()
-        durable = (horizon.file == pending[0] and horizon.position >= pending[1]) or (
-            # An older file: start_file synced it before the relay moved on (a rotation in the same batch).
-            pending[0] != horizon.file and pending[0] in files and horizon.file in files
-            and files.index(pending[0]) < files.index(horizon.file)
-        )
-        if durable:
+        if horizon_covers(store, *pending):
             self.receiver.ack_pending = None
             if self.ack_gate is not None:
                 self.status.semi_sync_replica_waits += 1

@@ -1,6 +1,6 @@
 """What the relay does on a master connection before the stream begins, as a replica does (protocol-reference
-§3.5 / §3.11): its persistent replica UUID, the setup queries, the master's variables, semi-sync, the dump
-request from the horizon, and how long any of it may stay unanswered."""
+§3.5 / §3.11): the master options it starts from, its persistent replica UUID, the setup queries, the master's
+variables, semi-sync, the dump request from the horizon, and how long any of it may stay unanswered."""
 
 from __future__ import annotations
 
@@ -25,9 +25,24 @@ if TYPE_CHECKING:
 
 log = get_logger("relayproxy.upstream")
 
-__all__ = ["MARIA_SLAVE_CAPABILITY_MINE", "MASTER_SETUP_TIMEOUT", "SetupStatus", "enable_semi_sync",
-           "fetch_master_variables", "oldest_master_file", "peer_read_timeout", "persistent_uuid", "prepare",
-           "request_dump", "setup_read_timeout"]
+__all__ = ["MARIA_SLAVE_CAPABILITY_MINE", "MASTER_SETUP_TIMEOUT", "SetupStatus", "config_values",
+           "enable_semi_sync", "fetch_master_variables", "oldest_master_file", "peer_read_timeout", "persistent_uuid",
+           "prepare", "request_dump", "setup_read_timeout"]
+
+
+def config_values(cfg) -> dict:
+    """The master-related options of a RelayConfig, as ``relay.master_info.effective_master`` takes them."""
+    get = getattr(cfg, "values", None)
+    names = ("master", "user", "ssl_mode", "ssl_ca", "ssl_cert", "ssl_key", "server_public_key",
+             "heartbeat_period", "gtid_mode", "start_file")
+    values = {name: getattr(cfg, name, None) for name in names}
+    if get is not None:
+        values.update({name: get.get(name, values[name]) for name in names})
+    resolve = getattr(cfg, "resolved_password", None)
+    values["password"] = resolve() if resolve is not None and values["master"] is not None else getattr(
+        cfg, "password", None)
+    return values
+
 
 MARIA_SLAVE_CAPABILITY_MINE = 4  # the MariaDB events the relay understands: GTIDs (MARIA_SLAVE_CAPABILITY_GTID)
 

@@ -17,7 +17,7 @@ import pytest
 
 from relayproxy.relay import fsyncer
 from relayproxy.relay.errors import RelayStoreError, RelayStoreFailed
-from relayproxy.relay.sync_driver import SyncDriver
+from relayproxy.relay.sync_driver import SyncDriver, horizon_covers
 
 from ..support.fakemaster import split_events
 from .test_relay_store import Feeder, fresh_store, mysql_image
@@ -116,6 +116,10 @@ def test_a_sync_runs_in_the_fsync_thread_and_step_publishes_it(tmp_path, worker)
         driver.step(stream.store)
         assert driver.waiter is None and stream.horizon == ends[2]
         driver.close()
+        # What a semi-sync ACK may say now: up to the horizon, nothing of a file the relay does not hold.
+        assert horizon_covers(stream.store, "binlog.000001", ends[2])
+        assert not horizon_covers(stream.store, "binlog.000001", ends[3])
+        assert not horizon_covers(stream.store, "binlog.000000", 4)
 
     asyncio.run(scenario())
     assert advances == [ends[2]]
@@ -332,3 +336,15 @@ def test_a_failed_fsync_in_flight_raises_from_drain(tmp_path, worker, monkeypatc
     assert error.errno == errno.EIO
     assert stream.store.failure is not None and stream.horizon == 4
     stream.store.close()
+
+
+def test_an_ack_of_an_older_file_is_covered_once_the_horizon_has_moved_past_it(tmp_path):
+    store = fresh_store(tmp_path)
+    image = mysql_image("binlog.000002", groups=3)
+    Feeder(store).feed_all(image)
+    store.start_file("binlog.000002")  # syncs the old file before the relay moves on
+    assert store.horizon.snapshot().coordinates == ("binlog.000002", 4)
+    assert horizon_covers(store, "binlog.000001", len(image))
+    assert horizon_covers(store, "binlog.000002", 4) and not horizon_covers(store, "binlog.000002", 5)
+    assert not horizon_covers(store, "binlog.000003", 4)
+    store.close()
