@@ -174,7 +174,7 @@ class NativeFsync:
     """One C fsync thread and its eventfd. ``start`` hands it a ticket's job; ``collect`` (from the loop's reader
     callback on ``fileno()``) or ``wait`` (blocking) ends it and completes the ticket (``SyncTicket.native_done``).
     ``on_waited`` is called when ``wait`` ended a job, which the loop may not hear of through the eventfd (the wait
-    may have drained it): the session resolves its flight there."""
+    may have drained it): the sync driver (relay/sync_driver.py) resolves its flight there."""
 
     def __init__(self, on_waited: Callable[[NativeJob], None] | None = None) -> None:
         self._worker = new_worker()

@@ -83,7 +83,7 @@ class UpstreamStatus:
     master_variables_source: dict[str, object] | None = None
     master_variables_error: str | None = None
     last_switch: dict[str, object] | None = None  # the last switch of masters decided (upstream/repoint.py)
-    peer_catch_up: dict[str, object] | None = None  # a catch-up from a peer relay in force (_check_peer)
+    peer_catch_up: dict[str, object] | None = None  # a catch-up from a peer relay in force (upstream/peer.py)
 
 
 class UpstreamSession:
@@ -129,7 +129,7 @@ class UpstreamSession:
         self._connected_identity: MasterIdentity | None = None
         self._round: asyncio.Future | None = None  # the current connect-and-stream round
         self._switch_to: MasterIdentity | None = None  # the new master, until its epoch is recorded
-        self._peer: dict | None = None  # a peer relay the current round catches up from (_check_peer)
+        self._peer: dict | None = None  # a peer relay the current round catches up from (upstream/peer.py)
         # A store failure (full disk, EIO) stays in last_io_error until the store writes again: a
         # reconnect alone does not clear it (the next write would fail the same way).
         self._store_failing = False
