@@ -1,24 +1,17 @@
 """Per-event parse cost: relayproxy's boundary hot path against python-mysql-replication's full decode.
 
-Loads every corpus file into memory once, then measures in one run, per event:
+Loads every corpus file into memory once, then times in one run, per event, the walks of ``benchmarks/parsing.py``
+(the code the Spark job shares): the header walk alone (the floor), the boundary parser's batch path
+(``feed_buffer``) and per-event API (header unpack + ``feed``), the same plus CRC32, relayproxy's typed views, and
+python-mysql-replication's decoders (``relayproxy.lab.reference.ReferenceDecoder``, row values lazy, and with rows
+materialised as a CDC consumer does).
 
-* ``header walk``      -- the loop alone: ``HEADER.unpack_from`` per event, nothing else (the floor);
-* ``boundary``         -- relayproxy's hot path: header unpack + ``TransactionBoundaryParser.feed``
-                          (+ ``set_format`` on FORMAT_DESCRIPTION events), no per-event objects;
-* ``boundary + CRC32`` -- the same plus ``zlib.crc32`` over a memoryview of every checksummed event;
-* ``views``            -- ``view_event(...)`` + reading its main fields (when relayproxy.binlog.views exists);
-* ``pymysqlreplication`` -- python-mysql-replication's decoders via ``relayproxy.lab.reference.ReferenceDecoder``
-                          (the event object a ``BinLogStreamReader`` returns; row values stay lazy);
-* ``pymysqlreplication + rows`` -- the same with row values materialised (``.rows``), as a CDC consumer does.
-
-Timing: every measurement runs once as warm-up, then the measurements take turns (round robin,
-so drift on a shared machine hits them alike) ``--repeat`` times; each sample repeats its walk
-until it lasts at least ``--min-sample`` seconds, GC collected before and disabled during it,
-``time.perf_counter_ns``. The median sample is reported.
-
-A full run also profiles the boundary walk (ablation rows, py-spy sampling when installed, cProfile)
-and writes ``benchmarks/results/parse_cost.md`` and ``parse_cost.png`` (matplotlib, if installed).
-``--quick`` leaves out the rows-materialised and per-flavour rows and the profiles, and writes nothing.
+Timing: every measurement runs once as warm-up, then the measurements take turns (round robin, so drift on a shared
+machine hits them alike) ``--repeat`` times; each sample repeats its walk until it lasts at least ``--min-sample``
+seconds, GC collected before and disabled during it, ``time.perf_counter_ns``. The median sample is reported. A full
+run also profiles the boundary walk (ablation rows, py-spy when installed, cProfile) and writes
+``benchmarks/results/parse_cost.md`` and ``parse_cost.png``; ``--quick`` leaves out the rows-materialised and
+per-flavour rows and the profiles, and writes nothing.
 
     .venv/bin/python benchmarks/parse_cost.py            # full run, writes benchmarks/results/
     .venv/bin/python benchmarks/parse_cost.py --quick --json   # fast, prints JSON, writes nothing
@@ -34,15 +27,10 @@ import cProfile
 import gc
 import io
 import json
-import os
 import pstats
-import statistics
-import struct
 import subprocess
 import sys
 import time
-import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -51,310 +39,32 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
 import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
+from parsing import (  # noqa: E402  (benchmarks/parsing.py: what the Spark job measures too)
+    CorpusFile,
+    LibraryStats,
+    core_measures,
+    corpus_path,
+    files_totals,
+    load_corpus,
+    make_walk_library,
+    make_walk_views,
+    measure,
+    ratio,
+    run_in_order,
+    walk_boundary,
+    walk_boundary_batch,
+    walk_boundary_crc,
+)
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
-from relayproxy.binlog.events import HEADER, FormatDescription
-from relayproxy.lab.reference import (
-    LIBRARY_VERSION,
-    ReferenceDecodeError,
-    ReferenceDecoder,
-)
+from relayproxy.binlog.events import FormatDescription  # noqa: E402
+from relayproxy.lab.reference import LIBRARY_VERSION  # noqa: E402
 
-try:  # written concurrently by others; the views row is reported as missing until it exists
-    from relayproxy.binlog.views import view_event  # noqa: E402
-except ImportError as _exc:  # pragma: no cover - depends on the tree
-    view_event = None
-    VIEWS_MISSING = f"{type(_exc).__name__}: {_exc}"
-else:
-    VIEWS_MISSING = None
-
-DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 TARGET_NS = 500
 TARGET_RATIO = 60  # the batch path >= 60x cheaper than python-mysql-replication (was 40x)
-
-_unpack_from = HEADER.unpack_from
 _FDE = C.FORMAT_DESCRIPTION_EVENT
-_HEADER_LEN = C.HEADER_LEN
-_crc32 = zlib.crc32
-_u32_from = struct.Struct("<I").unpack_from
-
-
-# ---------------------------------------------------------------------------------------------
-# Corpus
-@dataclass
-class CorpusFile:
-    name: str
-    data: bytes
-    flavour: str  # from its first FDE: "mysql" / "mariadb"
-    events: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, size, type) of complete events
-    checksummed: list[bool] = field(default_factory=list)  # per event: carries a CRC32 trailer
-
-    @property
-    def event_bytes(self) -> int:
-        return sum(size for _, size, _ in self.events)
-
-
-def corpus_path(cli_value: str | None) -> Path:
-    if cli_value:
-        return Path(cli_value)
-    configured = os.environ.get("RELAYPROXY_CORPUS")
-    return Path(configured) if configured else DEFAULT_CORPUS
-
-
-def load_corpus(root: Path) -> list[CorpusFile]:
-    """Every file of manifest.json in memory, with the offsets of its complete events."""
-    manifest_path = root / "manifest.json"
-    if not manifest_path.is_file():
-        raise SystemExit(f"parse_cost: no corpus at {root} (manifest.json missing); set RELAYPROXY_CORPUS or --corpus")
-    return [load_binlog(entry["file"], (root / entry["file"]).read_bytes())
-            for entry in json.loads(manifest_path.read_text())]
-
-
-def load_binlog(name: str, data: bytes) -> CorpusFile:
-    """One binlog file image with the offsets of its complete events (a cut last event is left out)."""
-    cf = CorpusFile(name, data, "mysql")
-    pos, n, checksum_len = 4, len(data), 0
-    while pos + _HEADER_LEN <= n:
-        size = _unpack_from(data, pos)[3]
-        type_code = data[pos + 4]
-        if size < _HEADER_LEN or pos + size > n:
-            break  # a deliberately truncated file: its cut event is not an event
-        if type_code == _FDE:
-            fde = FormatDescription.parse(data, pos, size)
-            checksum_len = fde.checksum_len
-            if not cf.events:
-                cf.flavour = fde.flavour
-        cf.events.append((pos, size, type_code))
-        cf.checksummed.append(checksum_len != 0 and type_code != _FDE)
-        pos += size
-    return cf
-
-
-# ---------------------------------------------------------------------------------------------
-# The walks. Each returns the number of events it processed (a cheap sanity check, no objects).
-def walk_headers(files: list[CorpusFile]) -> int:
-    """The floor: find every event with one unpack_from, do nothing with it."""
-    count = 0
-    for cf in files:
-        data = cf.data
-        n = len(data)
-        pos = 4
-        while pos + 19 <= n:
-            size = _unpack_from(data, pos)[3]
-            if size < 19 or pos + size > n:  # a cut or impossible event ends the walk
-                break
-            pos += size
-            count += 1
-    return count
-
-
-def walk_boundary(files: list[CorpusFile]) -> int:
-    """relayproxy's hot path: header unpack + TransactionBoundaryParser.feed per event."""
-    count = 0
-    for cf in files:
-        data = cf.data
-        n = len(data)
-        parser = TransactionBoundaryParser()
-        feed = parser.feed
-        pos = 4
-        while pos + 19 <= n:
-            _ts, type_code, _sid, size, _log_pos, flags = _unpack_from(data, pos)
-            if size < 19 or pos + size > n:
-                break
-            if type_code == _FDE:
-                parser.set_format(FormatDescription.parse(data, pos, size))
-                feed = parser.feed  # set_format may switch the flavour's feed method
-            feed(type_code, flags, data, pos, size)
-            pos += size
-            count += 1
-    return count
-
-
-def walk_boundary_batch(files: list[CorpusFile]) -> int:
-    """The parser's batch fast path: TransactionBoundaryParser.feed_buffer over each file image,
-    with a group-end callback (what recovery and the Spark job run)."""
-    count = 0
-    def on_end(end: int, gtid) -> None:
-        return None
-
-    for cf in files:
-        parser = TransactionBoundaryParser()
-        parser.feed_buffer(cf.data, 4, len(cf.data), on_end)
-        count += len(cf.events)
-    return count
-
-
-def walk_boundary_crc(files: list[CorpusFile]) -> int:
-    """The hot path plus CRC32 verification of every checksummed event (zlib over a memoryview)."""
-    count = 0
-    bad = 0
-    for cf in files:
-        data = cf.data
-        view = memoryview(data)
-        n = len(data)
-        parser = TransactionBoundaryParser()
-        feed = parser.feed
-        checksum_len = 0
-        pos = 4
-        while pos + 19 <= n:
-            _ts, type_code, _sid, size, _log_pos, flags = _unpack_from(data, pos)
-            end = pos + size
-            if size < 19 or end > n:
-                break
-            if type_code == _FDE:
-                fde = FormatDescription.parse(data, pos, size)  # verifies the FDE's own CRC
-                checksum_len = fde.checksum_len
-                parser.set_format(fde)
-                feed = parser.feed
-            elif checksum_len and _crc32(view[pos : end - 4]) != _u32_from(data, end - 4)[0]:
-                bad += 1
-            feed(type_code, flags, data, pos, size)
-            pos = end
-            count += 1
-    if bad:
-        raise AssertionError(f"{bad} CRC32 mismatches in the corpus")
-    return count
-
-
-# What a consumer of each view reads: the fields it exists for (header fields for the rest).
-VIEW_FIELDS: dict[int, tuple[str, ...]] = {
-    C.QUERY_EVENT: ("db", "query"),
-    C.EXECUTE_LOAD_QUERY_EVENT: ("db", "query"),
-    C.XID_EVENT: ("xid",),
-    C.GTID_LOG_EVENT: ("sid", "gno", "last_committed", "sequence_number"),
-    C.ANONYMOUS_GTID_LOG_EVENT: ("sid", "gno", "last_committed", "sequence_number"),
-    C.GTID_TAGGED_LOG_EVENT: ("sid", "tag", "gno"),
-    C.MARIA_GTID_EVENT: ("domain_id", "seq_no", "flags2"),
-    C.ROTATE_EVENT: ("position", "next_file"),
-    C.PREVIOUS_GTIDS_LOG_EVENT: ("gtid_set",),
-    C.MARIA_GTID_LIST_EVENT: ("gtids",),
-    C.FORMAT_DESCRIPTION_EVENT: ("server_version",),
-}
-HEADER_FIELDS = ("log_pos", "event_size")
-
-
-@dataclass
-class ViewStats:
-    rejected: list[str] = field(default_factory=list)  # "file @offset: why" for events our views reject
-
-
-def make_walk_views(stats: ViewStats) -> Callable[[list[CorpusFile]], int]:
-    from relayproxy.binlog.events import BinlogFormatError
-
-    fields_for = VIEW_FIELDS.get
-
-    def walk_views(files: list[CorpusFile]) -> int:
-        """relayproxy's typed views: view_event + reading its main fields, per event."""
-        count = 0
-        rejected = []
-        for cf in files:
-            data = cf.data
-            fde = None
-            for pos, size, type_code in cf.events:
-                count += 1
-                if type_code == _FDE:
-                    fde = FormatDescription.parse(data, pos, size)
-                try:
-                    ev = view_event(data, pos, fde)
-                    for name in fields_for(type_code, HEADER_FIELDS):
-                        getattr(ev, name)
-                except BinlogFormatError as exc:
-                    rejected.append(f"`{cf.name}` @{pos}: {exc}")
-        stats.rejected = rejected
-        return count
-
-    return walk_views
-
-
-@dataclass
-class LibraryStats:
-    decoded: int = 0
-    not_decoded: int = 0  # types the library has no decoder for (decode returned None)
-    errors: int = 0  # the library raised
-    row_errors: int = 0  # the library raised while materialising row values
-
-
-def make_walk_library(materialise_rows: bool, stats: LibraryStats) -> Callable[[list[CorpusFile]], int]:
-    def walk_library(files: list[CorpusFile]) -> int:
-        """python-mysql-replication's decode of every event, as a BinLogStreamReader would do it."""
-        count = decoded = not_decoded = errors = row_errors = 0
-        for cf in files:
-            data = cf.data
-            decoder = ReferenceDecoder()
-            decode = decoder.decode
-            for (pos, size, type_code), checksum in zip(cf.events, cf.checksummed):
-                count += 1
-                try:
-                    ev = decode(data[pos : pos + size], checksum=checksum)
-                except ReferenceDecodeError:
-                    errors += 1
-                    if type_code == _FDE:  # e.g. "5.1.34sp1": go on with our reading of the FDE
-                        decoder.set_format(FormatDescription.parse(data, pos, size))
-                    continue
-                if ev is None:
-                    not_decoded += 1
-                    continue
-                decoded += 1
-                if materialise_rows:
-                    try:
-                        decoder.materialise_rows(ev)
-                    except Exception:  # the library's row decoders fail on some real rows (see test)
-                        row_errors += 1
-        stats.decoded, stats.not_decoded, stats.errors, stats.row_errors = decoded, not_decoded, errors, row_errors
-        return count
-
-    return walk_library
-
-
-# ---------------------------------------------------------------------------------------------
-# Timing
-@dataclass
-class Measure:
-    key: str
-    label: str
-    walk: Callable[[list[CorpusFile]], int]
-    files: list[CorpusFile]
-    events: int
-    nbytes: int
-    inner: int = 1  # walks per sample
-    samples_ns: list[int] = field(default_factory=list)
-
-    @property
-    def ns_per_event(self) -> float:
-        return statistics.median(self.samples_ns) / (self.inner * self.events)
-
-    @property
-    def spread(self) -> tuple[float, float]:
-        per = self.inner * self.events
-        return min(self.samples_ns) / per, max(self.samples_ns) / per
-
-
-def _timed(walk, files, inner: int) -> tuple[int, int]:
-    gc.collect()
-    gc.disable()
-    try:
-        t0 = time.perf_counter_ns()
-        for _ in range(inner):
-            n = walk(files)
-        t1 = time.perf_counter_ns()
-    finally:
-        gc.enable()
-    return t1 - t0, n
-
-
-def run_measures(measures: list[Measure], repeat: int, min_sample_s: float) -> None:
-    # Warm-up and calibration: one walk each, which also fixes how many walks make one sample.
-    for m in measures:
-        elapsed, n = _timed(m.walk, m.files, 1)
-        if n != m.events:
-            raise AssertionError(f"{m.key}: walked {n} events, expected {m.events}")
-        m.inner = max(1, int(min_sample_s * 1e9 / max(elapsed, 1)) + 1) if elapsed < min_sample_s * 1e9 else 1
-    for _ in range(repeat):
-        for m in measures:
-            elapsed, _ = _timed(m.walk, m.files, m.inner)
-            m.samples_ns.append(elapsed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,15 +170,8 @@ def spin_boundary(files: list[CorpusFile], seconds: float) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Reporting
-def machine_info() -> dict[str, str]:
-    return benchinfo.machine_info(**{"python-mysql-replication": LIBRARY_VERSION})
-
-def command_line(argv: list[str]) -> str:
-    return benchinfo.command_line(__file__, argv)
-
-def render_markdown(measures, results, info, argv, corpus, files, lib_stats, view_stats, profile_text,
-                    batch_profile_text,
-                    spy_text, repeat, runs=1) -> str:
+def render_markdown(measures, results, info, argv, corpus, files, lib_stats, rejected: list[str], profile_text,
+                    batch_profile_text, spy_text, repeat, runs=1) -> str:
     by_key = {m.key: m for m in measures}
     boundary = by_key["boundary"]
     per_run = results["runs"]
@@ -492,8 +195,6 @@ def render_markdown(measures, results, info, argv, corpus, files, lib_stats, vie
             f"| {m.label} | {ns:,.0f} | [{lo:,.0f} - {hi:,.0f}] | {1e9 / ns:,.0f} | "
             f"{m.nbytes / (ns * m.events) * 1e3:,.1f} | {ns / boundary.ns_per_event:.2f} |"
         )
-    if VIEWS_MISSING:
-        lines.append("| views (view_event + fields) | n/a | | | | |")
     lines += [
         "",
         "**Ratio pymysqlreplication / boundary (batch `feed_buffer`): "
@@ -517,8 +218,6 @@ def render_markdown(measures, results, info, argv, corpus, files, lib_stats, vie
         "between rows of the same run is what counts.",
         "",
     ]
-    if VIEWS_MISSING:
-        lines += [f"The views row is missing: `relayproxy.binlog.views` could not be imported ({VIEWS_MISSING}).", ""]
     lines += [
         "Notes on the rows:",
         "",
@@ -531,8 +230,8 @@ def render_markdown(measures, results, info, argv, corpus, files, lib_stats, vie
         f"{lib_stats.not_decoded} and raised on {lib_stats.errors} (counted, timed, not retried). "
         f"With rows materialised it raised on {lib_stats.row_errors} rows events.",
         "- *views* builds `view_event(...)` for every event and reads the fields its consumer would "
-        f"(QUERY db/text, GTID ids, XID, ROTATE target...); it rejected {len(view_stats.rejected)} event(s)"
-        + (": " + "; ".join(view_stats.rejected) if view_stats.rejected else "") + ".",
+        f"(QUERY db/text, GTID ids, XID, ROTATE target...); it rejected {len(rejected)} event(s)"
+        + (": " + "; ".join(rejected) if rejected else "") + ".",
         f"- Events are {boundary.nbytes / boundary.events:.0f} bytes on average here; per-event cost, "
         "not bytes, decides throughput. Rows restricted to one flavour show the MySQL and MariaDB rules "
         "separately; the MySQL files are small (many FDEs per event), so fixed per-file costs weigh more there.",
@@ -653,100 +352,64 @@ def main(argv: list[str] | None = None) -> int:
     if args.spin_boundary is not None:
         spin_boundary(files, args.spin_boundary)
         return 0
-    events = sum(len(cf.events) for cf in files)
-    nbytes = sum(cf.event_bytes for cf in files)
+    events, nbytes = files_totals(files)
     if not events:
         raise SystemExit(f"parse_cost: no events in the corpus at {corpus}")
 
     lib_stats = LibraryStats()
     rows_stats = LibraryStats()
-    view_stats = ViewStats()
-    measures = [
-        Measure("header_walk", "header walk (floor)", walk_headers, files, events, nbytes),
-        Measure("boundary_batch", "boundary, batch (feed_buffer)", walk_boundary_batch, files, events, nbytes),
-        Measure("boundary", "boundary (unpack + feed)", walk_boundary, files, events, nbytes),
-        Measure("boundary_crc", "boundary + CRC32", walk_boundary_crc, files, events, nbytes),
-    ]
-    if view_event is not None:
-        measures.append(
-            Measure("views", "views (view_event + fields)", make_walk_views(view_stats), files, events, nbytes)
-        )
-    measures.append(
-        Measure("pymysqlreplication", "pymysqlreplication decode", make_walk_library(False, lib_stats), files, events, nbytes)
-    )
+    rejected: list[str] = []  # "file @offset: why" of the events relayproxy's views reject
+    core = core_measures(files, stats=lib_stats)
+    measures = [*core[:3], measure("boundary_crc", "boundary + CRC32", walk_boundary_crc, files),
+                measure("views", "views (view_event + fields)", make_walk_views(rejected), files), core[3]]
     if not args.quick:
-        measures.append(
-            Measure("pymysqlreplication_rows", "pymysqlreplication + rows", make_walk_library(True, rows_stats),
-                    files, events, nbytes)
-        )
+        measures.append(measure("pymysqlreplication_rows", "pymysqlreplication + rows",
+                                make_walk_library(True, rows_stats), files, peer=True))
     # Flavour split of the two headline rows: the MySQL and MariaDB rules are different code.
     for flavour in ("mysql", "mariadb"):
         subset = [cf for cf in files if cf.flavour == flavour]
-        sub_events = sum(len(cf.events) for cf in subset)
-        if args.quick or not sub_events:
+        if args.quick or not files_totals(subset)[0]:
             continue
-        sub_bytes = sum(cf.event_bytes for cf in subset)
-        measures.append(Measure(f"boundary_{flavour}", f"boundary, {flavour} files only", walk_boundary, subset,
-                                sub_events, sub_bytes))
-        measures.append(Measure(f"pymysqlreplication_{flavour}", f"pymysqlreplication, {flavour} files only",
-                                make_walk_library(False, LibraryStats()), subset, sub_events, sub_bytes))
-
-    by_key = {m.key: m for m in measures}
+        measures.append(measure(f"boundary_{flavour}", f"boundary, {flavour} files only", walk_boundary, subset))
+        measures.append(measure(f"pymysqlreplication_{flavour}", f"pymysqlreplication, {flavour} files only",
+                                make_walk_library(False, LibraryStats()), subset, peer=True))
 
     def one_run(order, _index):
         """One run of every measurement in ``order`` (the relay's rows first, or the library's first)."""
-        before = {m.key: len(m.samples_ns) for m in measures}
-        ms = [m for m in measures if not m.key.startswith("pymysqlreplication")]
-        peers = [m for m in measures if m.key.startswith("pymysqlreplication")]
-        run_measures(ms + peers if order[0] == "relayproxy" else peers + ms, repeat, min_sample)
-
-        def ns(key):
-            m = by_key[key]
-            return statistics.median(m.samples_ns[before[key]:]) / (m.inner * m.events)
-
-        return {"ratio": ns("pymysqlreplication") / ns("boundary_batch"),
-                "ratio_feed": ns("pymysqlreplication") / ns("boundary"),
-                "boundary_ns": ns("boundary_batch"), "boundary_feed_ns": ns("boundary"),
-                "library_ns": ns("pymysqlreplication")}
+        ns = run_in_order(measures, order, repeat, min_sample)
+        return {"ratio": ratio(ns["pymysqlreplication"], ns["boundary_batch"]),
+                "ratio_feed": ratio(ns["pymysqlreplication"], ns["boundary"]),
+                "boundary_ns": ns["boundary_batch"], "boundary_feed_ns": ns["boundary"],
+                "library_ns": ns["pymysqlreplication"]}
 
     per_run = benchinfo.run_alternating(runs, ["relayproxy", "pymysqlreplication"], one_run)
+    ns = {m.key: m.ns_per_event for m in measures}
+    ratios = [r["ratio"] for r in per_run]
     results = {
         # Headline: the parser's batch fast path (feed_buffer). The per-event API, which the
         # upstream receiver calls once per packet, is reported beside it.
-        "boundary_ns_per_event": by_key["boundary_batch"].ns_per_event,
-        "pymysqlreplication_ns_per_event": by_key["pymysqlreplication"].ns_per_event,
-        "ratio": by_key["pymysqlreplication"].ns_per_event / by_key["boundary_batch"].ns_per_event,
-        "boundary_feed_ns_per_event": by_key["boundary"].ns_per_event,
-        "ratio_feed": by_key["pymysqlreplication"].ns_per_event / by_key["boundary"].ns_per_event,
-        "boundary_crc_ns_per_event": by_key["boundary_crc"].ns_per_event,
-        "header_walk_ns_per_event": by_key["header_walk"].ns_per_event,
-        "views_ns_per_event": by_key["views"].ns_per_event if "views" in by_key else None,
-        "pymysqlreplication_rows_ns_per_event": (
-            by_key["pymysqlreplication_rows"].ns_per_event if "pymysqlreplication_rows" in by_key else None
-        ),
-        "runs": per_run,
-        "ratio_median": benchinfo.median_range([r["ratio"] for r in per_run])[0],
-        "ratio_verdict": benchinfo.verdict([r["ratio"] for r in per_run], TARGET_RATIO),
+        "boundary_ns_per_event": ns["boundary_batch"], "pymysqlreplication_ns_per_event": ns["pymysqlreplication"],
+        "ratio": ns["pymysqlreplication"] / ns["boundary_batch"], "boundary_feed_ns_per_event": ns["boundary"],
+        "ratio_feed": ns["pymysqlreplication"] / ns["boundary"], "boundary_crc_ns_per_event": ns["boundary_crc"],
+        "header_walk_ns_per_event": ns["header_walk"], "views_ns_per_event": ns["views"],
+        "pymysqlreplication_rows_ns_per_event": ns.get("pymysqlreplication_rows"),
+        "runs": per_run, "ratio_median": benchinfo.median_range(ratios)[0],
+        "ratio_verdict": benchinfo.verdict(ratios, TARGET_RATIO),
         "boundary_ns_verdict": benchinfo.verdict([r["boundary_ns"] for r in per_run], TARGET_NS,
                                                  higher_is_better=False),
-        "events": events,
-        "bytes": nbytes,
-        "files": len(files),
-        "repeat": repeat,
-        "quick": args.quick,
-        "library_errors": lib_stats.errors,
-        "library_not_decoded": lib_stats.not_decoded,
+        "events": events, "bytes": nbytes, "files": len(files), "repeat": repeat, "quick": args.quick,
+        "library_errors": lib_stats.errors, "library_not_decoded": lib_stats.not_decoded,
+        **{f"{key}_ns_per_event": value for key, value in ns.items()
+           if key.startswith(("boundary_m", "pymysqlreplication_m"))},
     }
-    for m in measures:
-        if m.key.startswith(("boundary_m", "pymysqlreplication_m")):
-            results[f"{m.key}_ns_per_event"] = m.ns_per_event
 
     if write:
         out_dir = Path(args.output_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         lib_stats.row_errors = rows_stats.row_errors
         spy_text = "py-spy skipped (--no-py-spy)." if args.no_py_spy else py_spy_boundary(corpus)
-        text = render_markdown(measures, results, machine_info(), argv, corpus, files, lib_stats, view_stats,
+        info = benchinfo.machine_info(**{"python-mysql-replication": LIBRARY_VERSION})
+        text = render_markdown(measures, results, info, argv, corpus, files, lib_stats, rejected,
                                profile_boundary(files), profile_boundary(files, walk=walk_boundary_batch), spy_text,
                                repeat, runs)
         chart = out_dir / "parse_cost.png"
@@ -762,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in measures:
             print(f"{m.label:42s} {m.ns_per_event:12,.0f} ns/event {1e9 / m.ns_per_event:14,.0f} events/s")
         print(f"ratio pymysqlreplication / boundary: "
-              f"{benchinfo.fmt_median_range([r['ratio'] for r in per_run], '{:.1f}', 'x')}: {results['ratio_verdict']}")
+              f"{benchinfo.fmt_median_range(ratios, '{:.1f}', 'x')}: {results['ratio_verdict']}")
         if write:
             print(f"wrote {Path(args.output_dir) / 'parse_cost.md'}")
     return 0

@@ -1,97 +1,21 @@
 """Per-event parsing cost across recorded binlog streams, as a Spark job: relayproxy's parsers against python-mysql-replication.
 
-For every event of every binlog file under ``--input`` it times three parsers and reports, per
-(stream, flavour and server version, event type, parser): events, bytes, mean / p50 / p90 / p99
-ns per event, events/s and MB/s, plus the ratios between the parsers, overall and per stream.
-
-* ``boundary``           -- relayproxy's hot path: ``HEADER.unpack_from`` + ``TransactionBoundaryParser.feed``
-                            (``FormatDescription.parse`` + ``set_format`` on a FORMAT_DESCRIPTION), exactly
-                            the per-event work of ``benchmarks/parse_cost.py``'s "boundary" walk;
-* ``view``               -- relayproxy's full event view: ``view_event(...)`` (header + typed view) and
-                            reading the fields its consumer reads (``parse_cost.VIEW_FIELDS``);
-* ``pymysqlreplication`` -- python-mysql-replication's decoder from the event's bytes
-                            (``relayproxy.lab.reference.ReferenceDecoder.decode``, row values lazy), counted only
-                            for the events it decodes; events it has no decoder for, or raises on, are
-                            reported apart.
-
-Inputs and the work split
--------------------------
-``--input`` (repeatable) is any Hadoop-filesystem path, directory or glob: local by default,
-``hdfs://`` or ``s3a://`` on a cluster; ``LABEL=PATH`` names the stream of every file under it,
-otherwise a file's stream is the first folder below the input (one folder per recorded shape).
-Files are found with Spark's ``binaryFile`` source (recursively) and kept only when they start
-with the binlog magic ``\\xfebin`` (relayproxy.index, logs, manifests are skipped whatever their
-names). Job 1 reads each file in one task and scans it with relayproxy's ``BinlogScanner``
-(the one boundary parser, CRCs verified), cutting it into splits of about ``--split-bytes`` /
-``--split-events`` at event boundaries where the parser is outside any transaction; each split
-carries the FORMAT_DESCRIPTION in force at its start, so it parses on its own. The driver then
-deals the splits to ``--partitions`` tasks by estimated cost (longest first), and job 2 measures
-them. A file larger than Spark's 2 GB binary-row limit cannot be read (binlog files are at most
-``max_binlog_size``, 1 GB, plus one transaction).
-
-``--archive`` (repeatable) reads relays' archives as recorded streams: what ``relayproxy run`` uploads with
-``archive_url`` (the bucket layout of docs/archive.md), ``s3://bucket/prefix`` (``s3a://`` is read as ``s3://``;
-``--archive-endpoint`` / ``--archive-region`` for the bucket, credentials from the standard AWS chain on the driver
-and on every executor) or ``file:///path``. ``LABEL=URL`` names the stream of its files, otherwise the stream is
-the URL's last component (one archive per relay: a fleet is one ``--archive`` per relay). The driver only lists
-each archive (``relayproxy-archive.json``, then ``files/``); its sealed files -- with ``--archive-open`` also the
-unsealed ones, up to their last part -- are dealt one per task of job 1, and that task fetches the file's parts in
-order with relayproxy's own archive reader (``relay/remote.py`` over ``relay/objectstore.py``, boto3: no Hadoop
-S3 connector involved), which checks each part against its SHA-256 and size (the object's metadata, and the
-manifest's) and decodes framed parts (zstd, AES-256-GCM with ``--encryption-key-file``); a sealed file is checked
-against the manifest's whole-file SHA-256 and size. Then the task scans and cuts the file as it does a local one. A missing, corrupt or
-undecodable object stops the job before anything is measured, with an error naming its key; an unreachable store
-fails the task (Spark retries it). A file is held whole in the task's memory, as a local file's binary row is.
-With ``--archive`` and no ``--input`` only the archives are read.
-
-Timing method
--------------
-``time.perf_counter_ns`` (CLOCK_MONOTONIC), the garbage collector disabled while a partition
-is measured (collected every 20,000 events, outside the timed regions). For each event and
-parser: one warm-up call (it also estimates the cost), then ``--repeats`` batches of ``k``
-calls of the same event, each timed by one pair of clock reads, ``k`` the power of two that
-makes a batch last about ``--batch-ns`` (at most ``--max-batch``); the fastest batch counts
-(preemption and interrupts only ever add time, and this machine is shared). The boundary
-parser is stateful, so every call of a batch first restores its state with ``rollback()`` to the
-``checkpoint()`` taken before the event (each call runs the real transition; the parser leaves
-the batch in the state after the event). What a batch costs besides the parser -- the clock
-pair, the loop, the ``rollback()`` -- is measured at the start of every task by timing the same
-loops with an empty body (500 batches per ``k``); the median of the fastest of ``--repeats``
-such batches is subtracted: ``ns = (best batch - baseline[k]) / k``. The method's own error is
-reported from the same data: the clock overhead and the spread (p5-p95) of the baselines, and a
-repeatability check -- every ``--recheck-every``-th event is measured a second time and the
-relative difference of the two results is summarised. Percentiles are exact (Spark SQL
-``percentile``, linear interpolation between closest ranks); ``--percentiles approx`` switches
-to ``percentile_approx`` (accuracy 10,000) for inputs too large for exact ones.
-
-Runs, blob events, the walks
----------------------------
-Job 2 runs ``--runs`` times (default 3) over every event; in odd runs python-mysql-replication is timed before
-relayproxy's parsers on each event (``benchinfo.alternating_orders``). The headline ratios are computed per run
-and given as median and range (``benchinfo.fmt_median_range``), over all events, without the *blob events*
-(every event of at least ``--blob-bytes``, default 64 KiB, whatever its type), and per subset of streams (without
-the ``blobs`` stream, the ``corpus`` stream alone). The tables, percentiles and plots use each event's median over
-the runs (Parquet ``events``; every run's rows are in ``event_runs``). After each run's Spark job, when the inputs
-are local files (no ``--archive``), the driver runs ``parse_cost.py``'s walks (``walk_headers``, ``walk_boundary``,
-``walk_boundary_batch``, the library walk) over the same files in the same order, so the two methods' figures on
-the same events stand side by side (``--no-walks`` leaves them out).
-
-Outputs (``--output``, default ``benchmarks/data/spark_parse_cost/``): the Parquet tables
-``events`` (one row per event: every parser's ns, the median of the runs), ``event_runs``, ``summary``, ``files`` and ``file_counts``
-under ``--parquet-output`` (default ``OUTPUT/parquet``; a shared filesystem on a cluster),
-``summary.csv`` (stream, server_version, event_type, parser, events, bytes, mean_ns, p50_ns,
-p90_ns, p99_ns, then flavour, events_per_s, mb_per_s, total_ns), ``file_counts.csv`` (events
-per file and type, as measured), ``files.csv``, ``method_error.json``, ``summary.md`` and PNG
-plots. When ``--output`` is not given, the run is the published one: ``summary.md`` and the
-PNGs are also copied to ``benchmarks/results/spark_parse_cost/``.
+For every event of every binlog file under ``--input`` (any Hadoop-filesystem path; ``LABEL=PATH`` names its stream)
+and of every relay archive given with ``--archive`` (``s3://``, ``s3a://`` read as ``s3://``, or ``file://``, read
+by relayproxy's own archive reader, every part checked), it times three parsers -- ``boundary`` (header unpack +
+``TransactionBoundaryParser.feed``), ``view`` (``view_event`` + the fields its consumer reads) and
+``pymysqlreplication`` (``ReferenceDecoder.decode``, row values lazy) -- and reports, per (stream, flavour and server
+version, event type, parser): events, bytes, mean / p50 / p90 / p99 ns, events/s, MB/s and the ratios between the
+parsers. Job 1 scans each file with relayproxy's ``BinlogScanner`` and cuts it into self-contained splits; job 2
+times every event on its own (best of ``--repeats`` batches of k calls, the loop's own cost subtracted), ``--runs``
+times with the order of the parsers alternated; between the runs the driver runs ``parsing.py``'s walks (what
+``parse_cost.py`` times) over the same local files. What is measured per event, the corpus walk, the counting and
+the ratios are ``benchmarks/parsing.py``'s. docs/spark.md describes the method, the outputs and cluster use.
 
     .venv/bin/python benchmarks/workloads.py          # record the default dataset first
     .venv/bin/python benchmarks/spark_parse_cost.py   # recorded streams + corpus, local[*]
     .venv/bin/python benchmarks/spark_parse_cost.py --input corpus=../shared/corpus/binlogs --output /tmp/pc
     .venv/bin/python benchmarks/spark_parse_cost.py --archive relay-1=s3://my-bucket/relays/relay-1 --output /tmp/pc
-
-Spark's UI is off (``--ui`` turns it on); progress goes to stderr as plain lines. See docs/spark.md
-for running it on a cluster.
 """
 
 from __future__ import annotations
@@ -118,18 +42,27 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
         sys.path.insert(0, _p)
 
 import benchinfo  # noqa: E402
-from parse_cost import HEADER_FIELDS, VIEW_FIELDS, corpus_path  # noqa: E402  (one definition of what a view's consumer reads)
+from parsing import (  # noqa: E402  (what is measured, counted and compared: shared with parse_cost.py)
+    DECODED,
+    HEADER_FIELDS,
+    VIEW_FIELDS,
+    add_sums,
+    carries_crc,
+    core_measures,
+    corpus_path,
+    decode_event,
+    load_binlog,
+    ratio,
+    run_in_order,
+    scan_events,
+)
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
-from relayproxy.binlog.events import HEADER, FormatDescription
+from relayproxy.binlog.events import HEADER, FormatDescription  # noqa: E402
 from relayproxy.binlog.reader import BinlogScanner  # noqa: E402
 from relayproxy.binlog.views import view_event  # noqa: E402
-from relayproxy.lab.reference import (
-    LIBRARY_VERSION,
-    ReferenceDecodeError,
-    ReferenceDecoder,
-)
+from relayproxy.lab.reference import LIBRARY_VERSION, ReferenceDecodeError, ReferenceDecoder  # noqa: E402
 
 DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "data" / "spark_parse_cost"
@@ -464,19 +397,14 @@ def _time_empty(k: int) -> int:
     return _clock() - t0
 
 
-_NOT_DECODED = object()
-_RAISED = object()
-
-
-def _time_library(decode, data: bytes, pos: int, end: int, checksum: bool, k: int) -> tuple[int, object]:
-    ev = None
+def _time_library(decode, data: bytes, pos: int, end: int, checksum: bool, k: int) -> int:
     t0 = _clock()
     for _ in range(k):
         try:
-            ev = decode(data[pos:end], checksum=checksum)
+            decode(data[pos:end], checksum=checksum)
         except ReferenceDecodeError:
-            ev = _RAISED
-    return _clock() - t0, ev
+            pass
+    return _clock() - t0
 
 
 @dataclass
@@ -553,10 +481,14 @@ class TimingConfig:
     library_first: bool = False  # time python-mysql-replication before relayproxy's parsers (odd runs)
 
 
+def _best(time_k, k: int, repeats: int, baseline: dict[int, float]) -> float:
+    """ns per call: the fastest of ``repeats`` batches of k calls, less what such a batch costs besides the parser."""
+    return (min(time_k(k) for _ in range(repeats)) - baseline[k]) / k
+
+
 def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list[int], recheck: dict, counter: list[int]):
     """Time every event of one split with each parser; yields one row per event."""
     data = split.data
-    n = len(data)
     parser = TransactionBoundaryParser()
     decoder = ReferenceDecoder()
     decode = decoder.decode
@@ -566,58 +498,46 @@ def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list
         parser.set_format(fde)
         decoder.set_format(fde)
     fields_for = VIEW_FIELDS.get
-    batch_ns = timing.batch_ns
-    repeats = timing.repeats
-    pos = 0
-    while pos + 19 <= n:
-        size = _unpack_from(data, pos)[3]
+    batch_ns, repeats = timing.batch_ns, timing.repeats
+    measured = 0
+    for pos, size, type_code, fde in scan_events(data, 0, fde):
         end = pos + size
-        if size < 19 or end > n:  # cannot happen: splits hold only the scanner's complete events
-            raise ValueError(f"{split.path} @{split.start + pos}: event of {size} bytes does not fit its split")
-        type_code = data[pos + 4]
-        if type_code == _FDE:
-            fde = FormatDescription.parse(data, pos, size)
-        checksum = fde is not None and fde.checksum_len != 0 and type_code != _FDE
+        checksum = carries_crc(type_code, fde)
         fields = fields_for(type_code, HEADER_FIELDS)
+        boundary_k = lambda k: _time_boundary(parser, data, pos, k)  # noqa: E731
+        view_k = lambda k: _time_view(data, pos, fde, fields, k)[0]  # noqa: E731
+        library_k = lambda k: _time_library(decode, data, pos, end, checksum, k)  # noqa: E731
 
         # Per parser: a warm-up call (k=1) gives the estimate, then the best of r batches of k calls. The order of
         # relayproxy's parsers and the library alternates between runs (``library_first``).
         def relay_parsers():
             parser.checkpoint()
-            kb = choose_k(_time_boundary(parser, data, pos, 1), batch_ns, ks)
-            b_ns = (min(_time_boundary(parser, data, pos, kb) for _ in range(repeats)) - cal.rollback_ref[kb]) / kb
+            kb = choose_k(boundary_k(1), batch_ns, ks)
+            b_ns = _best(boundary_k, kb, repeats, cal.rollback_ref)
             estimate, ok = _time_view(data, pos, fde, fields, 1)
             kv = choose_k(estimate, batch_ns, ks)
-            v_ns = (min(_time_view(data, pos, fde, fields, kv)[0] for _ in range(repeats)) - cal.empty_ref[kv]) / kv
-            return kb, b_ns, kv, v_ns, ok
+            return kb, b_ns, kv, _best(view_k, kv, repeats, cal.empty_ref), ok
 
         def library():
-            estimate, ev = _time_library(decode, data, pos, end, checksum, 1)
-            if ev is _RAISED and type_code == _FDE and fde is not None:
-                decoder.set_format(fde)  # e.g. "5.1.34sp1": the library cannot read the version; go on with ours
-            k = choose_k(estimate, batch_ns, ks)
-            ns = (min(_time_library(decode, data, pos, end, checksum, k)[0] for _ in range(repeats))
-                  - cal.empty_ref[k]) / k
-            return k, ns, ev
+            t0 = _clock()
+            outcome, _ev = decode_event(decoder, data, pos, end, checksum)  # the warm-up, and what the library makes of it
+            k = choose_k(_clock() - t0, batch_ns, ks)
+            return k, _best(library_k, k, repeats, cal.empty_ref), outcome
 
         if timing.library_first:
-            kl, library_ns, lib_event = library()
+            kl, library_ns, outcome = library()
             kb, boundary_ns, kv, view_ns, view_ok = relay_parsers()
         else:
             kb, boundary_ns, kv, view_ns, view_ok = relay_parsers()
-            kl, library_ns, lib_event = library()
-        outcome = "error" if lib_event is _RAISED else "not_decoded" if lib_event is None else "decoded"
+            kl, library_ns, outcome = library()
 
         counter[0] += 1
+        measured += 1
         if timing.recheck_every and counter[0] % timing.recheck_every == 0:
             # The same measurement again: how far apart two timings of one event are is the method's error.
             # (the batch's rollback() goes back to the checkpoint taken before this event)
-            again = (
-                (min(_time_boundary(parser, data, pos, kb) for _ in range(repeats)) - cal.rollback_ref[kb]) / kb,
-                (min(_time_view(data, pos, fde, fields, kv)[0] for _ in range(repeats)) - cal.empty_ref[kv]) / kv,
-                (min(_time_library(decode, data, pos, end, checksum, kl)[0] for _ in range(repeats))
-                 - cal.empty_ref[kl]) / kl,
-            )
+            again = (_best(boundary_k, kb, repeats, cal.rollback_ref), _best(view_k, kv, repeats, cal.empty_ref),
+                     _best(library_k, kl, repeats, cal.empty_ref))
             for name, first, second in zip(PARSERS, (boundary_ns, view_ns, library_ns), again):
                 mean = (first + second) / 2
                 if mean > 0:
@@ -629,7 +549,8 @@ def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list
             fde.flavour if fde is not None else "mysql", fde.server_version if fde is not None else "unknown",
             round(boundary_ns, 1), round(view_ns, 1), round(library_ns, 1), outcome, view_ok, kb, kv, kl,
         )
-        pos = end
+    if measured != split.events:  # cannot happen: splits hold only the scanner's complete events
+        raise ValueError(f"{split.path} @{split.start}: {measured} events fit the split, the scanner found {split.events}")
 
 
 def measure_partition(index: int, items, timing: TimingConfig, run: int = 0):
@@ -782,7 +703,7 @@ def ship_code(sc, workdir: Path) -> None:
             for source in sorted(package.rglob("*.py")):
                 zf.write(source, source.relative_to(REPO_ROOT))
         sc.addPyFile(str(archive))
-    for name in ("benchinfo.py", "parse_cost.py", "spark_parse_cost.py"):
+    for name in ("benchinfo.py", "parsing.py", "spark_parse_cost.py"):
         sc.addPyFile(str(BENCH_DIR / name))
 
 
@@ -916,16 +837,7 @@ def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile
         .write.mode("overwrite").parquet(f"{args.parquet_output}/events")
 
     # Per run: the sums behind every headline ratio, split by stream and by blob event (>= --blob-bytes).
-    decoded_run = F.col("pymysqlreplication_outcome") == "decoded"
-    run_sums = [r.asDict() for r in event_runs.groupBy(
-        "run", "stream", (F.col("size") >= args.blob_bytes).alias("blob"), "pymysqlreplication_outcome", "view_ok"
-    ).agg(
-        F.count("*").alias("events"),
-        F.sum("boundary_ns").alias("boundary_all"), F.sum("view_ns").alias("view_all"),
-        F.sum(F.when(decoded_run, F.col("boundary_ns"))).alias("boundary_dec"),
-        F.sum(F.when(decoded_run, F.col("view_ns"))).alias("view_dec"),
-        F.sum(F.when(decoded_run, F.col("pymysqlreplication_ns"))).alias("library_dec"),
-    ).collect()]
+    run_sums = ns_sums(event_runs, "run", "stream", (F.col("size") >= args.blob_bytes).alias("blob"))
 
     progress.set_phase("aggregate")
     sc.setJobDescription("aggregate")
@@ -978,21 +890,15 @@ def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile
     spark.createDataFrame(file_counts, file_counts_df.schema).coalesce(1).write.mode("overwrite").parquet(
         f"{args.parquet_output}/file_counts")
 
-    decoded = F.col("pymysqlreplication_outcome") == "decoded"
-    sums = events.groupBy("stream", "event_type", "pymysqlreplication_outcome", "view_ok").agg(
-        F.count("*").alias("events"),
-        F.sum("boundary_ns").alias("boundary_all"), F.sum("view_ns").alias("view_all"),
-        F.sum(F.when(decoded, F.col("boundary_ns"))).alias("boundary_dec"),
-        F.sum(F.when(decoded, F.col("view_ns"))).alias("view_dec"),
-        F.sum(F.when(decoded, F.col("pymysqlreplication_ns"))).alias("library_dec"),
-    ).collect()
+    decoded = F.col("pymysqlreplication_outcome") == DECODED
+    sums = ns_sums(events, "stream", "event_type")
     blob_rows = [r.asDict() for r in events.where(F.col("size") >= args.blob_bytes).groupBy("stream", "event_type").agg(
         F.count("*").alias("events"), F.sum("size").alias("bytes"), F.max("size").alias("max_bytes"),
         F.sum(F.when(decoded, F.col("pymysqlreplication_ns"))).alias("library_dec"),
         F.sum("boundary_ns").alias("boundary_all"),
     ).orderBy("stream", "event_type").collect()]
-    ratios = ratio_table(sums)
-    ratios_all = ratio_table(sums, everything="all streams")[0]
+    ratios = [dict(t, stream=k) for k, t in sorted(add_sums(sums, lambda r: r["stream"]).items())]
+    ratios_all = dict(add_sums(sums, lambda r: True)[True], stream="all streams")
     coverage: dict[str, dict[str, int]] = {}
     for r in sums:
         per = coverage.setdefault(r["event_type"], {})
@@ -1021,6 +927,20 @@ def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile
     }
 
 
+def ns_sums(df, *keys) -> list[dict]:
+    """Per ``keys``, library outcome and view verdict: events and the sums of ns ``parsing.add_sums`` adds up."""
+    from pyspark.sql import functions as F
+
+    decoded = F.col("pymysqlreplication_outcome") == DECODED
+    return [r.asDict() for r in df.groupBy(*keys, "pymysqlreplication_outcome", "view_ok").agg(
+        F.count("*").alias("events"),
+        F.sum("boundary_ns").alias("boundary_all"), F.sum("view_ns").alias("view_all"),
+        F.sum(F.when(decoded, F.col("boundary_ns"))).alias("boundary_dec"),
+        F.sum(F.when(decoded, F.col("view_ns"))).alias("view_dec"),
+        F.sum(F.when(decoded, F.col("pymysqlreplication_ns"))).alias("library_dec"),
+    ).collect()]
+
+
 # ---------------------------------------------------------------------------------------------
 # parse_cost.py's method on the same events (driver side, between the runs' Spark jobs)
 def stream_subsets(streams) -> list[tuple[str, object]]:
@@ -1038,8 +958,6 @@ def stream_subsets(streams) -> list[tuple[str, object]]:
 def load_walk_sets(binlogs: list[dict]) -> dict[str, list] | None:
     """The binlog files, in the driver's memory as parse_cost.py loads the corpus, per subset (``stream_subsets``);
     None when an input is not on the local filesystem (on a cluster: the walks are left out)."""
-    from parse_cost import load_binlog
-
     if any(not f["path"].startswith("file:") for f in binlogs):
         log("inputs not on the local filesystem: parse_cost.py's walks are left out")
         return None
@@ -1050,53 +968,21 @@ def load_walk_sets(binlogs: list[dict]) -> dict[str, list] | None:
 
 
 def run_walks(walk_sets: dict[str, list], order, repeat: int, min_sample: float) -> dict[str, dict]:
-    """One run of parse_cost.py's walks (the loop over a file image, as the relay's receiver meets events) over
-    every subset, relayproxy's walks and the library's in ``order``: ns per event, the median of ``repeat``
-    samples (round robin, warm-up first, GC off while timing)."""
-    from parse_cost import (
-        LibraryStats,
-        Measure,
-        make_walk_library,
-        run_measures,
-        walk_boundary,
-        walk_boundary_batch,
-        walk_headers,
-    )
-
-    relay, peer = [], []
-    for label, files in walk_sets.items():
-        events = sum(len(cf.events) for cf in files)
-        nbytes = sum(cf.event_bytes for cf in files)
-        relay += [Measure(f"{label}|{kind}", kind, walk, files, events, nbytes)
-                  for kind, walk in (("floor", walk_headers), ("feed", walk_boundary), ("batch", walk_boundary_batch))]
-        peer.append(Measure(f"{label}|library", "library", make_walk_library(False, LibraryStats()), files, events,
-                            nbytes))
-    run_measures(relay + peer if order[0] == RUN_NAMES[0] else peer + relay, repeat, min_sample)
+    """One run of parse_cost.py's walks (``parsing.core_measures``: the loop over a file image, as the relay's
+    receiver meets events) over every subset, relayproxy's walks and the library's in ``order``: ns per event, the
+    median of ``repeat`` samples (round robin, warm-up first, GC off while timing)."""
+    measures = [m for label, files in walk_sets.items() for m in core_measures(files, f"{label}|")]
+    ns = run_in_order(measures, order, repeat, min_sample)
+    kinds = {"header_walk": "floor", "boundary": "feed", "boundary_batch": "batch", "pymysqlreplication": "library"}
     out: dict[str, dict] = {}
-    for m in relay + peer:
-        label, kind = m.key.split("|")
-        out.setdefault(label, {"events": m.events})[kind] = m.ns_per_event
+    for m in measures:
+        label, key = m.key.split("|")
+        out.setdefault(label, {"events": m.events})[kinds[key]] = ns[m.key]
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Reporting
-def ratio_table(sums, everything: str | None = None) -> list[dict]:
-    """Per stream (or over ``everything``), the sums behind the ratios: sums of ns are additive, ratios of them are
-    ratios of means over the same events."""
-    table: dict[str, dict] = {}
-    for r in sums:
-        key = everything or r["stream"]
-        t = table.setdefault(key, {"stream": key, "events": 0, "decoded_events": 0, "boundary_all": 0.0,
-                                   "view_all": 0.0, "boundary_dec": 0.0, "view_dec": 0.0, "library_dec": 0.0})
-        t["events"] += r["events"]
-        if r["pymysqlreplication_outcome"] == "decoded":
-            t["decoded_events"] += r["events"]
-        for name in ("boundary_all", "view_all", "boundary_dec", "view_dec", "library_dec"):
-            t[name] += r[name] or 0.0
-    return [table[k] for k in sorted(table)]
-
-
 def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
@@ -1109,10 +995,6 @@ def _csv_value(value):
     if isinstance(value, float):
         return f"{value:.1f}" if abs(value) >= 100 else f"{value:.3f}"
     return "" if value is None else value
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -1153,22 +1035,6 @@ def method_error(calibrations: list[dict]) -> dict:
     }
 
 
-def _sum_runs(run_sums: list[dict], keep) -> dict[int, dict]:
-    """Per run, the sums of the rows ``keep`` accepts (``ratio_table``'s fields)."""
-    out: dict[int, dict] = {}
-    for r in run_sums:
-        if not keep(r):
-            continue
-        t = out.setdefault(r["run"], {"events": 0, "decoded_events": 0, "boundary_all": 0.0, "view_all": 0.0,
-                                      "boundary_dec": 0.0, "view_dec": 0.0, "library_dec": 0.0})
-        t["events"] += r["events"]
-        if r["pymysqlreplication_outcome"] == "decoded":
-            t["decoded_events"] += r["events"]
-        for name in ("boundary_all", "view_all", "boundary_dec", "view_dec", "library_dec"):
-            t[name] += r[name] or 0.0
-    return out
-
-
 def _mr(values, fmt: str = "{:.1f}", unit: str = "x") -> str:
     values = [v for v in values if v is not None]
     return benchinfo.fmt_median_range(values, fmt, unit) if values else "-"
@@ -1182,14 +1048,15 @@ def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, d
     blob_label = f"without blob events (>= {args.blob_bytes:,} bytes)"
     subsets = [("all events", lambda r: True), (blob_label, lambda r: not r["blob"])]
     subsets += [(label, lambda r, keep=keep: keep(r["stream"])) for label, keep in stream_subsets(streams)[1:]]
-    per_subset = {label: _sum_runs(run_sums, keep) for label, keep in subsets}
+    per_subset = {label: add_sums(run_sums, lambda r, keep=keep: r["run"] if keep(r) else None)
+                  for label, keep in subsets}
     all_runs = per_subset["all events"]
     lib_total = {run: t["library_dec"] for run, t in all_runs.items()}
 
     def ratios(label: str, num: str, den: str) -> list[float | None]:
-        return [_ratio(t[num], t[den]) for _run, t in sorted(per_subset[label].items())]
+        return [ratio(t[num], t[den]) for _run, t in sorted(per_subset[label].items())]
 
-    blob = {run: t for run, t in _sum_runs(run_sums, lambda r: r["blob"]).items()}
+    blob = add_sums(run_sums, lambda r: r["run"] if r["blob"] else None)
     blob_events = next(iter(blob.values()))["events"] if blob else 0
     blob_share = [(blob[run]["library_dec"] / lib_total[run]) * 100 if run in blob and lib_total[run] else 0.0
                   for run in sorted(all_runs)]
@@ -1225,7 +1092,7 @@ def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, d
         cells = []
         for label, _keep in subsets:
             t = per_subset[label].get(run)
-            value = _ratio(t["library_dec"], t["boundary_dec"]) if t else None
+            value = ratio(t["library_dec"], t["boundary_dec"]) if t else None
             cells.append("-" if value is None else f"{value:,.1f}x")
         lines.append(f"| {run + 1} | {info['order']} | " + " | ".join(cells) + " |")
     lines += ["", "The blob events (each event's median over the runs):", "",
@@ -1237,7 +1104,7 @@ def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, d
         lines.append(f"| {r['stream']} | {r['event_type']} | {r['events']:,} | {_fmt(r['bytes'] / r['events'])} | "
                      f"{_fmt(r['max_bytes'])} | {_fmt((r['library_dec'] or 0) / 1e6, 1)} | "
                      f"{_fmt((r['library_dec'] or 0) / lib_all * 100 if lib_all else None, 1)} % | "
-                     + (f"{_ratio(r['library_dec'], r['boundary_all']):,.0f}x |" if r["library_dec"] else "not decoded |"))
+                     + (f"{ratio(r['library_dec'], r['boundary_all']):,.0f}x |" if r["library_dec"] else "not decoded |"))
     if not report["blob_rows"]:
         lines.append("| (none) | | | | | | | |")
     lines.append("")
@@ -1272,7 +1139,7 @@ def walk_lines(report: dict, per_subset: dict[str, dict]) -> list[str]:
             f"| {label} ({walks[0]['events']:,}) | "
             f"{_mr([t['boundary_dec'] / t['decoded_events'] for t in spark_runs], '{:,.0f}', '')} | "
             f"{_mr([t['library_dec'] / t['decoded_events'] for t in spark_runs], '{:,.0f}', '')} | "
-            f"{_mr([_ratio(t['library_dec'], t['boundary_dec']) for t in spark_runs])} | "
+            f"{_mr([ratio(t['library_dec'], t['boundary_dec']) for t in spark_runs])} | "
             f"{_mr([w['floor'] for w in walks], '{:,.0f}', '')} | {_mr([w['feed'] for w in walks], '{:,.0f}', '')} | "
             f"{_mr([w['batch'] for w in walks], '{:,.0f}', '')} | {_mr([w['library'] for w in walks], '{:,.0f}', '')} | "
             f"{_mr([w['library'] / w['feed'] for w in walks])} | {_mr([w['library'] / w['batch'] for w in walks])} |"
@@ -1332,8 +1199,8 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "These are ratios of total CPU time over the same events, so the costliest events weigh most (python-mysql-"
         "replication's time grows with event size, relayproxy's barely does). For the typical event (each event's "
         "median over the runs), the ratio of medians: library / boundary "
-        f"{_fmt(_ratio(p50('pymysqlreplication'), p50('boundary')), 1)}x, "
-        f"library / view {_fmt(_ratio(p50('pymysqlreplication'), p50('view')), 1)}x.",
+        f"{_fmt(ratio(p50('pymysqlreplication'), p50('boundary')), 1)}x, "
+        f"library / view {_fmt(ratio(p50('pymysqlreplication'), p50('view')), 1)}x.",
         "",
         *walk_lines(report, per_subset),
         "Absolute numbers come from a shared 2-core machine on which other jobs were running; they are noisy from "
@@ -1348,8 +1215,8 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
     for r in report["ratios"] + [ra]:
         lines.append(
             f"| {r['stream']} | {r['events']:,} | {r['decoded_events']:,} | "
-            f"{_fmt(_ratio(r['library_dec'], r['boundary_dec']), 1)}x | {_fmt(_ratio(r['library_dec'], r['view_dec']), 1)}x | "
-            f"{_fmt(_ratio(r['view_all'], r['boundary_all']), 2)}x |"
+            f"{_fmt(ratio(r['library_dec'], r['boundary_dec']), 1)}x | {_fmt(ratio(r['library_dec'], r['view_dec']), 1)}x | "
+            f"{_fmt(ratio(r['view_all'], r['boundary_all']), 2)}x |"
         )
     lines += [
         "",
@@ -1388,7 +1255,7 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
             f"| {name} | {b['events']:,} | {_fmt(b['bytes'] / b['events'])} | {_fmt(b['mean_ns'])} / {_fmt(b['p99_ns'])} | "
             f"{_fmt(v and v['mean_ns'])} / {_fmt(v and v['p99_ns'])} | "
             + (f"{_fmt(lib['mean_ns'])} / {_fmt(lib['p99_ns'])} ({lib['events']:,} decoded) | "
-               f"{_fmt(_ratio(lib['mean_ns'], b['mean_ns']), 1)}x |" if lib else "not decoded | - |")
+               f"{_fmt(ratio(lib['mean_ns'], b['mean_ns']), 1)}x |" if lib else "not decoded | - |")
         )
     lines += [
         "",
@@ -1558,7 +1425,7 @@ def write_plots(out: Path, report: dict) -> list[str]:
     for i, (label, num, den, colour) in enumerate((("library / boundary", "library_dec", "boundary_dec", "#2f7ed8"),
                                                    ("library / view", "library_dec", "view_dec", "#76b7e8"))):
         ys = [j + i * 0.4 for j in range(len(rows))]
-        values = [_ratio(r[num], r[den]) or 1 for r in rows]
+        values = [ratio(r[num], r[den]) or 1 for r in rows]
         ax.barh(ys, values, height=0.4, color=colour, label=label)
         for y, v in zip(ys, values):
             ax.text(v * 1.01, y, f"{v:.1f}x", va="center", fontsize=7)
@@ -1721,8 +1588,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"published summary.md and {len(plots)} plots to {RESULTS_DIR}")
         ra = report["ratios_all"]
         log(f"done in {seconds:.0f} s: {report['events']:,} events; library/boundary "
-            f"{_fmt(_ratio(ra['library_dec'], ra['boundary_dec']), 1)}x, library/view "
-            f"{_fmt(_ratio(ra['library_dec'], ra['view_dec']), 1)}x; wrote {out}")
+            f"{_fmt(ratio(ra['library_dec'], ra['boundary_dec']), 1)}x, library/view "
+            f"{_fmt(ratio(ra['library_dec'], ra['view_dec']), 1)}x; wrote {out}")
     finally:
         progress.stop()
         spark.stop()
