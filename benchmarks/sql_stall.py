@@ -68,10 +68,17 @@ def measure(runs: int) -> list[dict]:
                                      "RELAYPROXY_GTID_MODE": "mysql"})
     store = RelayStore.open(relay_dir)
     status = UpstreamStatus(io_running=True, state="streaming", master_server_id=1)
-    session = types.SimpleNamespace(store=store, status=status, receiver=types.SimpleNamespace(
-        master_position=None, master_timestamp=0, counters=ReceiverCounters()))
-    ctx = DownstreamContext(SessionRelayView(cfg, session, server_uuid="00000000-0000-0000-0000-000000000100"),
-                            status_document=lambda: {})
+    receiver = types.SimpleNamespace(master_position=None, master_timestamp=0, counters=ReceiverCounters())
+    uuid = "00000000-0000-0000-0000-000000000100"
+    try:  # the view over a store and its upstream (issue 34); a relayproxy before it took the session
+        from relayproxy.ops.status import UpstreamSources
+    except ImportError:
+        session = types.SimpleNamespace(store=store, status=status, receiver=receiver)
+        view = SessionRelayView(cfg, session, server_uuid=uuid)
+    else:
+        upstream = UpstreamSources(status=status, receiver=receiver)
+        view = SessionRelayView(cfg, lambda: store, lambda: upstream, server_uuid=uuid)
+    ctx = DownstreamContext(view, status_document=lambda: {})
     conn = ConnectionState(conn_id=7, user="monitor", host="10.0.0.9")
     ctx.connections[7] = conn
     gc.collect()

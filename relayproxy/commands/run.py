@@ -9,10 +9,26 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..downstream.view import MasterFacts, ReplicaSettings
 from ..log import get_logger
+from ..ops.status import NoUpstream, StatusSources, UpstreamSources
 from . import config
+
+if TYPE_CHECKING:
+    from ..downstream.context import ReplicationControl
+    from ..downstream.semisync import SemiSyncTracker
+    from ..downstream.server import DownstreamServer
+    from ..downstream.workers import SenderPool
+    from ..ops.metrics import FsyncStats
+    from ..relay.archive import ArchiveUploader
+    from ..relay.conversion import StorageTask
+    from ..relay.readonly import ReadOnlyBinlogDir
+    from ..relay.retention import RetentionTask
+    from ..relay.store import RelayStore
+    from ..upstream.session import UpstreamSession, UpstreamStatus
 
 log = get_logger("relayproxy.run")  # the logger name operators match on (docs/metrics.md)
 
@@ -138,18 +154,15 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         os.close(dir_lock)
         raise RelayStartupError(f"cannot choose the master: {exc}") from exc
     log.info("master in force", master=session.master.address, reason=session.master_reason)
-    session.retention = None  # the RetentionTask (its .stats) when a retention_* limit is set
-    retention_task = None
-    session.storage = None  # the StorageTask (its .stats) when closed files are compressed/encrypted/archived
-    storage_task = None
+    parts = RelayParts(session, fsync)
+    retention_task = storage_task = None
     try:
-        session.archive = _start_archive(cfg, session, storage)  # the relay-archive thread, with archive_url
+        parts.archive = _start_archive(cfg, session, storage)  # the relay-archive thread, with archive_url
     except RelayStartupError:
         store.close()
         os.close(dir_lock)
         raise
     http = None
-    downstream = None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
@@ -159,22 +172,27 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     try:
         listen_address = None
         if cfg.listen:
-            downstream = downstream_server(cfg, session)
+            parts.downstream = downstream = downstream_server(
+                cfg, SessionRelayView.of_session(cfg, session),
+                status_document=lambda: relay_status(cfg, parts.sources(listener=False)), replication=session)
+            if cfg.semi_sync_replicas > 0:
+                session.ack_gate = semi_sync_gate(downstream.ctx.semi_sync, cfg)  # the session's own seam
             if getattr(cfg, "sender_processes", 0):
                 from ..downstream.workers import SenderPool
                 from ..log import logging_settings
 
                 settings = logging_settings()
-                downstream.senders = SenderPool(cfg.sender_processes, downstream.ctx, log_format=settings["format"],
-                                                log_level=settings["level"], write_timeout=downstream.write_timeout,
-                                                net_read_timeout=downstream.net_read_timeout)
-                await downstream.senders.start()
+                parts.senders = SenderPool(cfg.sender_processes, downstream.ctx, log_format=settings["format"],
+                                           log_level=settings["level"], write_timeout=downstream.write_timeout,
+                                           net_read_timeout=downstream.net_read_timeout)
+                downstream.senders = parts.senders
+                await parts.senders.start()
             try:
                 listen_address = await downstream.start(*cfg.listen)
             except OSError as exc:
                 raise RelayStartupError(f"cannot listen on --listen {cfg.listen[0]}:{cfg.listen[1]}: {exc.strerror}") from exc
         if cfg.http:
-            http = HttpApi(lambda: relay_status(cfg, session.store, session, downstream, fsync=fsync), fsync=fsync,
+            http = HttpApi(lambda: relay_status(cfg, parts.sources()), fsync=fsync,
                            max_connections=getattr(cfg, "http_max_connections", None) or DEFAULT_HTTP_MAX_CONNECTIONS)
             try:
                 address = await http.start(*cfg.http)
@@ -182,30 +200,32 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
                 raise RelayStartupError(f"cannot listen on --http {cfg.http[0]}:{cfg.http[1]}: {exc.strerror}") from exc
         else:
             address = None
-        retention_task = _start_retention(cfg, session, downstream)
+        parts.retention = _retention(cfg, parts)
+        if parts.retention is not None:
+            retention_task = loop.create_task(parts.retention.run(), name="relay-retention")
         if storage.enabled:
             from ..relay.conversion import StorageTask
 
-            session.storage = StorageTask(storage, cfg.storage_interval, lambda: session.store)
-            storage_task = loop.create_task(session.storage.run(), name="relay-storage")
+            parts.storage = StorageTask(storage, cfg.storage_interval, lambda: session.store)
+            storage_task = loop.create_task(parts.storage.run(), name="relay-storage")
         if ready is not None and not ready.done():
             ready.set_result({"http": address, "listen": listen_address, "store": store, "session": session,
-                              "downstream": downstream, "retention": session.retention})
+                              "downstream": parts.downstream, "retention": parts.retention, "parts": parts})
         elif ready is None:
             settle_gc()
         await session.run()
     finally:
         session.stop()
-        if session.archive is not None:
-            session.archive.close()
+        if parts.archive is not None:
+            parts.archive.close()
         for task in (retention_task, storage_task):
             if task is not None:
                 task.cancel()
                 await asyncio.wait({task})
-        if downstream is not None:
-            await downstream.close()
-            if downstream.senders is not None:
-                await downstream.senders.close()
+        if parts.downstream is not None:
+            await parts.downstream.close()
+            if parts.senders is not None:
+                await parts.senders.close()
         if http is not None:
             await http.close()
         session.store.close()
@@ -216,6 +236,47 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
             except (NotImplementedError, RuntimeError):
                 pass
     return 0
+
+
+class RelayParts:
+    """What ``relayproxy run`` runs beside its upstream session, held here and never attached to the session: the
+    listener and its sender processes, the closed-file storage task, the archive uploader and the retention task
+    (each None when not configured). ``sources()`` is what the status document reads of them all."""
+
+    def __init__(self, session: UpstreamSession, fsync: FsyncStats):
+        self.session = session
+        self.fsync = fsync
+        self.downstream: DownstreamServer | None = None
+        self.senders: SenderPool | None = None
+        self.storage: StorageTask | None = None
+        self.archive: ArchiveUploader | None = None
+        self.retention: RetentionTask | None = None
+
+    def sources(self, *, listener: bool = True) -> StatusSources:
+        """The status document's sources now (the session can reopen its store and change masters). Without
+        ``listener`` (SHOW REPLICA STATUS), the replicas, sender processes and fsync figures are left out."""
+        return StatusSources(
+            store=self.session.store, upstream=upstream_sources(self.session),
+            downstream=self.downstream if listener else None, senders=self.senders if listener else None,
+            fsync=self.fsync if listener else None, storage=self.storage, archive=self.archive,
+            retention=self.retention)
+
+
+def upstream_sources(session: UpstreamSession) -> UpstreamSources:
+    """The upstream session as status reads it."""
+    return UpstreamSources(status=session.status, receiver=session.receiver, master=session.master,
+                           master_reason=session.master_reason, identity=session.identity)
+
+
+def semi_sync_gate(tracker: SemiSyncTracker, cfg) -> Callable[[str, int], Awaitable[bool]]:
+    """The gate before each upstream semi-sync ACK: wait for ``semi_sync_replicas`` of the relay's semi-sync
+    replicas to have the transaction (False: gave up after ``semi_sync_timeout``, the master is ACKed anyway)."""
+    wanted, timeout = cfg.semi_sync_replicas, cfg.semi_sync_timeout
+
+    async def gate(file: str, position: int) -> bool:
+        return await tracker.wait_for(file, position, wanted, timeout)
+
+    return gate
 
 
 def _storage_options(cfg):
@@ -309,48 +370,56 @@ def _start_archive(cfg, session, storage):
     return uploader
 
 
-def _start_retention(cfg, session, downstream) -> "asyncio.Task | None":
-    """Purge old relay files by the retention_* limits, on this loop (the thread that owns the store)."""
+def _retention(cfg, parts: RelayParts) -> RetentionTask | None:
+    """The task that purges old relay files by the retention_* limits (run on the loop that owns the store), None
+    when no limit is set. It never purges what a replica reads, a catalog holds or the archive has not uploaded."""
     from ..relay.retention import RetentionPolicy, RetentionTask
 
     policy = RetentionPolicy.from_config(cfg)
     if not policy.enabled:
         return None
-    ctx = downstream.ctx if downstream is not None else None
-    retention = RetentionTask(
+    session, archive = parts.session, parts.archive
+    ctx = parts.downstream.ctx if parts.downstream is not None else None
+    return RetentionTask(
         policy, cfg.retention_interval, lambda: session.store,
         connections=lambda: ctx.connections if ctx is not None else {},
         catalog=lambda: ctx.catalog if ctx is not None else None,
-        hold=(lambda: session.archive.hold_from()) if getattr(session, "archive", None) is not None else None,
+        hold=archive.hold_from if archive is not None else None,
     )
-    session.retention = retention
-    return asyncio.get_running_loop().create_task(retention.run(), name="relay-retention")
 
 
 class SessionRelayView:
-    """The relay as its replicas see it (downstream/view.py's RelayView), over the upstream session (``run``) or
-    serve's FileServingSession. Every member is read when asked: the session can reopen its store, and the master
-    (its flavour, version, UUID, variables) is known only once the session has talked to it."""
+    """The relay as its replicas see it (downstream/view.py's RelayView), over a store and what stands upstream of
+    it: the upstream session (``run``: ``of_session``) or serve's NoUpstream. Every member is read when asked: the
+    session can reopen its store, and the master (its flavour, version, UUID, variables) is known only once the
+    session has talked to it."""
 
-    def __init__(self, cfg, session, *, server_uuid: str):
+    def __init__(self, cfg, store: Callable[[], RelayStore | ReadOnlyBinlogDir],
+                 upstream: Callable[[], UpstreamSources | NoUpstream], *, server_uuid: str):
         self.cfg = cfg
-        self.session = session
+        self._store = store
+        self._upstream = upstream
         self.server_uuid = server_uuid
-        self._catalog = None  # (store, its FileCatalog)
+        self._catalog: tuple[Any, Any] | None = None  # (store, its FileCatalog)
         self._catalog_lock = threading.Lock()  # the dump start gets the catalog in a worker thread
+
+    @classmethod
+    def of_session(cls, cfg, session: UpstreamSession) -> SessionRelayView:
+        """The view of ``relayproxy run``: the session's store and status; @@server_uuid is the relay's own."""
+        return cls(cfg, lambda: session.store, lambda: upstream_sources(session), server_uuid=session.replica_uuid)
 
     @property
     def store(self):
-        return self.session.store
+        return self._store()
 
     @property
     def horizon(self):
-        return self.session.store.horizon
+        return self._store().horizon
 
     @property
     def catalog(self):
         """One FileCatalog shared by the SQL layer and the dump senders; a reopened store gets a new one."""
-        store = self.session.store
+        store = self._store()
         kept = self._catalog
         if kept is None or kept[0] is not store:
             from ..relay.catalog import FileCatalog
@@ -365,11 +434,16 @@ class SessionRelayView:
     def server_id(self) -> int:
         return self.cfg.server_id
 
+    def _said(self) -> UpstreamStatus | NoUpstream:
+        """Where the master's flavour, version and variables are kept: the session's status, or NoUpstream."""
+        upstream = self._upstream()
+        return upstream.status if isinstance(upstream, UpstreamSources) else upstream
+
     @property
     def flavour(self) -> str:
         """mysql or mariadb: what the relay looks like to replicas (the upstream master's flavour; before the relay
         has a file or has reached its master, the flavour its GTID mode names, else mysql)."""
-        found = self.session.store.flavour or self.session.status.master_flavour
+        found = self._store().flavour or self._said().master_flavour
         if found:
             return found
         configured = getattr(self.cfg, "gtid_mode", None)
@@ -378,38 +452,39 @@ class SessionRelayView:
     @property
     def server_version(self) -> str:
         """The version string replicas see: the master's, marked as a relay."""
-        upstream = self.session.status.master_server_version
+        upstream = self._said().master_server_version
         if upstream:
             base = upstream.split("-log")[0]
             return f"{base}-relayproxy-log" if "MariaDB" not in base else upstream
-        fde = self.session.store.latest_format_description
+        fde = self._store().latest_format_description
         if fde is not None:
             return fde.server_version
         return "8.0.36-relayproxy-log" if self.flavour == "mysql" else "10.11.6-MariaDB-relayproxy-log"
 
     @property
     def master(self) -> MasterFacts:
-        """The session's status of its master; the variables it fetched and persisted (relay/master_variables.py)."""
-        status = self.session.status
-        extra = getattr(status, "extra", None) or {}
-        absent = (extra.get("master_variables_source") or {}).get("absent")
-        counters = getattr(getattr(self.session, "receiver", None), "counters", None)
-        return MasterFacts(
-            master_uuid=getattr(status, "master_uuid", None),
-            master_server_id=getattr(status, "master_server_id", None),
-            io_running=bool(getattr(status, "io_running", False)),
-            heartbeats=getattr(counters, "heartbeats", 0) if counters is not None else 0,
-            variables=extra.get("master_variables") or {},
-            absent=frozenset(absent) if absent else frozenset(),
-        )
+        """What the relay knows of its master: the session's status and the variables it fetched and persisted
+        (relay/master_variables.py); without an upstream, only the variables a relay directory kept."""
+        upstream = self._upstream()
+        said = upstream.status if isinstance(upstream, UpstreamSources) else upstream
+        absent = (said.master_variables_source or {}).get("absent")  # a list of names (MasterVariables.describe)
+        facts = MasterFacts(variables=said.master_variables or {},
+                            absent=frozenset(absent) if isinstance(absent, (list, tuple)) else frozenset())
+        if isinstance(upstream, NoUpstream):
+            return facts
+        status = upstream.status
+        return replace(facts, master_uuid=status.master_uuid, master_server_id=status.master_server_id,
+                       io_running=status.io_running, heartbeats=upstream.receiver.counters.heartbeats)
 
     @property
     def settings(self) -> ReplicaSettings:
         return ReplicaSettings.from_config(self.cfg)
 
 
-def downstream_server(cfg, session):
-    """The listener for replicas and tools (--listen), with its users and optional TLS."""
+def downstream_server(cfg, view: SessionRelayView, *, status_document: Callable[[], dict[str, Any]],
+                      replication: ReplicationControl | None) -> DownstreamServer:
+    """The listener for replicas and tools (--listen), with its users and optional TLS, over ``view``; SHOW REPLICA
+    STATUS answers from ``status_document``; ``replication`` (None: no upstream) takes the admin statements."""
     from ..downstream import sendbatch
     from ..downstream.context import DownstreamContext
     from ..downstream.server import DownstreamServer
@@ -425,26 +500,15 @@ def downstream_server(cfg, session):
             raise RelayStartupError(f"cannot load the TLS certificate for --listen: {exc}") from exc
     elif any(user.tls == "required" for user in cfg.users):
         raise RelayStartupError("a user requires TLS but no tls_cert is configured for --listen")
-    from ..ops.status import relay_status
     from ..relay.replay_stops import ReplayStops, ReplayStopsError
 
     sendbatch.configure(getattr(cfg, "send_threads", 1))
-    store = session.store
+    store = view.store
     try:  # pitr's stops survive a restart; a read-only directory (serve) keeps them in memory only
         stops = ReplayStops.load(None if store.read_only else store.relay_dir)
     except ReplayStopsError as exc:
         raise RelayStartupError(str(exc)) from None
-    ctx = DownstreamContext(SessionRelayView(cfg, session, server_uuid=session.replica_uuid),
-                            status_document=lambda: relay_status(cfg, session.store, session),
-                            replication=session if hasattr(session, "change_master") else None,
-                            replay_stops=stops)
-    if cfg.semi_sync_replicas > 0:
-        tracker, wanted, timeout = ctx.semi_sync, cfg.semi_sync_replicas, cfg.semi_sync_timeout
-
-        async def gate(file: str, position: int) -> bool:
-            return await tracker.wait_for(file, position, wanted, timeout)
-
-        session.ack_gate = gate
+    ctx = DownstreamContext(view, status_document=status_document, replication=replication, replay_stops=stops)
     limits = {
         "max_connections": getattr(cfg, "max_connections", None),
         "max_connections_per_host": getattr(cfg, "max_connections_per_host", None),

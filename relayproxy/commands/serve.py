@@ -73,8 +73,7 @@ from ..relay.readonly import (  # noqa: F401  (re-exported: the command's read-o
     ServeOptions,
     list_binlog_files,
 )
-from ..upstream.receiver import ReceiverCounters
-from ..upstream.session import UpstreamStatus
+from ..ops.status import NoUpstream, StatusSources
 from . import config
 
 log = get_logger("relayproxy.serve")
@@ -84,7 +83,7 @@ __all__ = [
     "ServeOptions",
     "ReadOnlyBinlogDir",
     "ReadOnlyStoreError",
-    "FileServingSession",
+    "no_upstream",
     "list_binlog_files",
     "add_arguments",
     "load",
@@ -159,45 +158,27 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
 
 
 # ---------------------------------------------------------------------------------------------
-# The stand-in for the upstream session
+# No upstream
 
 
-class _IdleReceiver:
-    """What status and SQL read of an upstream receiver: there is none, nothing is received."""
+def no_upstream(store: ReadOnlyBinlogDir) -> NoUpstream:
+    """What ``serve`` says where ``run`` has an upstream session: serving files, the files' flavour and version.
 
-    def __init__(self) -> None:
-        self.counters = ReceiverCounters()
-        self.master_position = None
-        self.master_timestamp = 0
-
-
-class FileServingSession:
-    """Stands where ``UpstreamSession`` stands for ``relayproxy run``: ``store``, ``status``, ``receiver``."""
-
-    def __init__(self, store: ReadOnlyBinlogDir, server_uuid: str):
-        self.store = store
-        fde = store.format_description
-        self.status = UpstreamStatus(
-            io_running=False,
-            state=STATE,
-            master_flavour=store.flavour,
-            master_server_version=fde.server_version if fde is not None else None,
-        )
-        self.status.extra["binlog_dir"] = str(store.binlog_dir)
-        # The master's variables (@@binlog_format, @@binlog_row_metadata ...): a relay directory keeps what its
-        # master said (relayproxy.master-variables.json, read only here). A server's own binlog directory has no
-        # such file, and the files do not prove them: a file of row events alone may come from a MIXED master,
-        # and TABLE_MAP metadata shows what one event carries, not the server's setting. So they are NULL;
-        # binlog_checksum and the version come from the newest file's FORMAT_DESCRIPTION (sql/variables.py).
-        known = MasterVariablesFile(Path(store.binlog_dir))
-        variables = known.load()
-        if known.error is not None:
-            self.status.extra["master_variables_error"] = known.error
-        if variables is not None:
-            self.status.extra["master_variables"] = dict(variables.values)
-            self.status.extra["master_variables_source"] = variables.describe()
-        self.receiver = _IdleReceiver()
-        self.replica_uuid = server_uuid  # run.downstream_server gives it to replicas as @@server_uuid
+    The master's variables (@@binlog_format, @@binlog_row_metadata ...): a relay directory keeps what its master
+    said (relayproxy.master-variables.json, read only here). A server's own binlog directory has no such file, and
+    the files do not prove them: a file of row events alone may come from a MIXED master, and TABLE_MAP metadata
+    shows what one event carries, not the server's setting. So they are NULL; binlog_checksum and the version come
+    from the newest file's FORMAT_DESCRIPTION (sql/variables.py)."""
+    fde = store.format_description
+    upstream = NoUpstream(state=STATE, master_flavour=store.flavour,
+                          master_server_version=fde.server_version if fde is not None else None)
+    known = MasterVariablesFile(Path(store.binlog_dir))
+    variables = known.load()
+    upstream.master_variables_error = known.error
+    if variables is not None:
+        upstream.master_variables = dict(variables.values)
+        upstream.master_variables_source = variables.describe()
+    return upstream
 
 
 def server_uuid_for(binlog_dir: Path) -> str:
@@ -236,7 +217,7 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
     from ..ops.status import relay_status
     from ..relay import closed_files
     from ..relay.conversion import keyring_from_config
-    from .run import RelayStartupError, downstream_server, settle_gc
+    from .run import RelayStartupError, SessionRelayView, downstream_server, settle_gc
 
     try:  # closed files of a relay directory may be encrypted (encryption_key_file / encryption_key_env)
         closed_files.configure(options.binlog_dir, keyring=keyring_from_config(cfg))
@@ -258,10 +239,8 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
         # As their master: the server id the files were written with (a replica refuses its own id).
         cfg.values["server_id"] = store.server_id or 1
         cfg.sources["server_id"] = f"FORMAT_DESCRIPTION_EVENT of {store.current_file}"
-    session = FileServingSession(store, server_uuid_for(options.binlog_dir))
-    if mirror is not None:
-        session.status.extra["binlog_dir"] = str(options.binlog_dir)
-        session.status.extra["decrypted_files"] = len(mirror.encrypted_files)
+    upstream = no_upstream(store)
+    view = SessionRelayView(cfg, lambda: store, lambda: upstream, server_uuid=server_uuid_for(options.binlog_dir))
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -271,7 +250,7 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
             pass  # not the main thread (tests, embedding): stop() ends it
 
     def status() -> dict[str, Any]:
-        doc = relay_status(cfg, store, session, downstream)
+        doc = relay_status(cfg, StatusSources(store=store, upstream=upstream, downstream=downstream))
         doc.update(
             relay_dir=str(options.binlog_dir),
             mode="serve",
@@ -292,7 +271,8 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
                 address = await http.start(*cfg.http)
             except OSError as exc:
                 raise RelayStartupError(f"cannot listen on --http {cfg.http[0]}:{cfg.http[1]}: {exc.strerror}") from exc
-        downstream = downstream_server(cfg, session)
+        downstream = downstream_server(cfg, view, status_document=lambda: relay_status(
+            cfg, StatusSources(store=store, upstream=upstream)), replication=None)
         try:
             listen_address = await downstream.start(*cfg.listen)
         except OSError as exc:
@@ -301,8 +281,8 @@ async def serve(cfg, options: ServeOptions, *, ready: "asyncio.Future | None" = 
             follower = asyncio.create_task(_follow(store, options.follow_interval, mirror), name="serve-follow")
         if ready is not None and not ready.done():
             ready.set_result({
-                "http": address, "listen": listen_address, "store": store, "session": session,
-                "downstream": downstream, "stop": lambda: loop.call_soon_threadsafe(stopping.set),
+                "http": address, "listen": listen_address, "store": store, "upstream": upstream, "mirror": mirror,
+                "status": status, "downstream": downstream, "stop": lambda: loop.call_soon_threadsafe(stopping.set),
             })
         elif ready is None:
             settle_gc()

@@ -4,51 +4,94 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..downstream.dump.followers import describe as describe_followers
 from ..relay import closed_files
+from ..relay.store import RelayStore
 from ..binlog.gtid import boundary_gtid_text as gtid_text
 
+if TYPE_CHECKING:
+    from ..downstream.server import DownstreamServer
+    from ..downstream.workers import SenderPool
+    from ..relay.archive import ArchiveUploader
+    from ..relay.conversion import StorageTask
+    from ..relay.master_info import MasterIdentity, MasterInfo
+    from ..relay.readonly import ReadOnlyBinlogDir
+    from ..relay.retention import RetentionTask
+    from ..upstream.receiver import RelayReceiver
+    from ..upstream.session import UpstreamStatus
+    from .metrics import FsyncStats
 
-def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[str, Any]:
+
+@dataclass(frozen=True)
+class UpstreamSources:
+    """The upstream session as status reads it (``relayproxy run``): its health and its receiver, the master in
+    force and why (relay/master_info.py; None where the caller has none), the master the newest files came from."""
+
+    status: UpstreamStatus
+    receiver: RelayReceiver
+    master: MasterInfo | None = None
+    master_reason: str | None = None
+    identity: MasterIdentity | None = None
+
+
+@dataclass
+class NoUpstream:
+    """What a relay without an upstream says in its place (``relayproxy serve``): nothing is received, ``state``
+    says what it does instead, and the master facts are the files' own (their flavour, the newest
+    FORMAT_DESCRIPTION's version) and the variables a relay directory kept (relay/master_variables.py)."""
+
+    state: str
+    master_flavour: str | None = None
+    master_server_version: str | None = None
+    master_variables: dict[str, str | None] | None = None
+    master_variables_source: dict[str, Any] | None = None
+    master_variables_error: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusSources:
+    """Everything ``relay_status`` reads, built by the command that wires the relay (``run``, ``serve``) at the
+    time of asking (the session can reopen its store and change masters). A part the relay does not run is None:
+    no listener (``downstream``), no sender processes, no FsyncStats, no closed-file storage, archive or
+    retention task."""
+
+    store: RelayStore | ReadOnlyBinlogDir
+    upstream: UpstreamSources | NoUpstream
+    downstream: DownstreamServer | None = None
+    senders: SenderPool | None = None
+    fsync: FsyncStats | None = None
+    storage: StorageTask | None = None  # closed files converted / archived (relay/conversion.py)
+    archive: ArchiveUploader | None = None  # with archive_url (relay/archive.py; no credentials in it)
+    retention: RetentionTask | None = None  # with a retention_* limit (relay/retention.py)
+
+
+def relay_status(cfg, sources: StatusSources) -> dict[str, Any]:
     """One consistent snapshot for GET /status, /metrics, `relayproxy status` and SHOW REPLICA STATUS.
 
     Cheap enough for every scrape: counters already kept, plus one stat() per relay file and one
     statvfs() of the relay directory; no relay file is read (a closed file's SHA-256 comes from its index,
-    read once and cached). ``fsync`` is the relay's ``FsyncStats``.
+    read once and cached).
     """
+    store = sources.store
     horizon = store.horizon.snapshot()
-    up = session.status
-    receiver = session.receiver
-    counters = receiver.counters
-    master_position = receiver.master_position
-    lag_bytes = None
-    if master_position is not None and horizon.file is not None:
-        if master_position[0] == horizon.file:
-            lag_bytes = max(master_position[1] - horizon.position, 0)
-    seconds_behind = None
-    if up.io_running and receiver.master_timestamp:
-        if lag_bytes == 0:
-            seconds_behind = 0
-        else:
-            seconds_behind = max(int(time.time() - up.clock_diff - receiver.master_timestamp), 0)
     names = store.files()
     disk = _disk_usage(store, names)
-    errors = dict.fromkeys(_error_kinds(), 0)
-    errors.update(getattr(up, "errors", None) or {})
-    master = getattr(session, "master", None)  # the master in force (relay/master_info.py), None for `serve`
-    identity = getattr(session, "identity", None)
-    upstream_at = getattr(store, "upstream_position", None)
-    upstream_at = upstream_at() if upstream_at is not None else None
+    upstream_at = store.upstream_position() if isinstance(store, RelayStore) else None
+    up = sources.upstream
+    link = _upstream_link(up, horizon) if isinstance(up, UpstreamSources) else _no_upstream_link(up)
+    master = up.master if isinstance(up, UpstreamSources) else None
+    identity = up.identity if isinstance(up, UpstreamSources) else None
     doc = {
         "version": __version__,
         "master_host": master.host if master is not None else cfg.master[0] if cfg.master else None,
         "master_port": master.port if master is not None else cfg.master[1] if cfg.master else None,
         # Which master is in force and why (a CHANGE MASTER choice overrides --master); never the password.
         "master": master.describe() if master is not None else None,
-        "master_source": getattr(session, "master_reason", None),
+        "master_source": up.master_reason if isinstance(up, UpstreamSources) else None,
         # The master the relay's newest files came from (recorded when it first streamed from it).
         "master_identity": ({"server_id": identity.server_id, "server_uuid": identity.server_uuid,
                              "host": identity.host, "port": identity.port} if identity is not None else None),
@@ -61,33 +104,9 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "read_master_log_pos": horizon.position,
         "retrieved_gtid_set": horizon.text,
         "horizon_file_index": file_index(horizon.file),
-        "io_running": up.io_running,
-        "last_io_error": up.last_io_error,
-        "last_io_error_time": up.last_io_error_time,
-        "last_io_errno": getattr(up, "last_io_errno", None),
-        # The master's replication-relevant variables as it last said them (relay/master_variables.py), what the
-        # SQL layer answers @@binlog_format & co. with; and why a persisted copy was ignored, if it was.
-        "master_variables": (getattr(up, "extra", None) or {}).get("master_variables"),
-        "master_variables_error": (getattr(up, "extra", None) or {}).get("master_variables_error"),
-        # The last switch of masters the session decided (upstream/repoint.py): the coordinates CHANGE MASTER gave,
-        # their GTID translation on the new master, the relay's GTID set, what was missing, the decision.
-        "last_switch": (getattr(up, "extra", None) or {}).get("last_switch"),
-        # A catch-up from a peer relay in force (upstream/session.py, _check_peer): the peer, its server_id, the
-        # epoch, the master, where it began and the bytes verified (docs/failover.md); null otherwise.
-        "peer_catch_up": (getattr(up, "extra", None) or {}).get("peer_catch_up"),
-        "master_position": (
-            {"file": master_position[0], "position": master_position[1]} if master_position is not None else None
-        ),
-        "master_file_index": file_index(master_position[0]) if master_position is not None else None,
-        "lag_bytes": lag_bytes,
-        "seconds_behind_master": seconds_behind,
-        "state": up.state,
+        **link,
         "gtid_mode": master.gtid_mode if master is not None else cfg.gtid_mode,
-        "master_server_id": up.master_server_id,
-        "master_server_version": up.master_server_version,
-        "master_uuid": up.master_uuid,
-        "master_flavour": up.master_flavour,
-        "flavour": up.master_flavour or store.flavour,
+        "flavour": link["master_flavour"] or store.flavour,
         "server_id": cfg.server_id,
         "relay_dir": str(cfg.relay_dir),
         "relay_files": len(names),
@@ -100,46 +119,130 @@ def relay_status(cfg, store, session, downstream=None, *, fsync=None) -> dict[st
         "relay_oldest_file": disk["oldest"],
         "relay_oldest_file_age_seconds": disk["oldest_age"],
         "sync_mode": cfg.sync_mode,
-        "semi_sync": up.semi_sync,
-        "semi_sync_acks": up.semi_sync_acks,
-        "connects": up.connects,
-        "reconnects": max(up.connects - 1, 0),
-        "connect_failures": up.connect_failures,
-        "store_failures": up.store_failures,
-        "errors_by_kind": errors,
+        "horizon_seq": horizon.seq,
+        **(_semi_sync_tally(up.receiver) if isinstance(up, UpstreamSources) else {}),
+        "replicas": [],
+    }
+    _add_parts(doc, sources, horizon, names, disk["sizes"])
+    return doc
+
+
+def _upstream_link(up: UpstreamSources, horizon) -> dict[str, Any]:
+    """The upstream session's health and what it received (the IO thread's side of SHOW REPLICA STATUS)."""
+    status, receiver = up.status, up.receiver
+    counters = receiver.counters
+    master_position = receiver.master_position
+    lag_bytes = None
+    if master_position is not None and horizon.file is not None:
+        if master_position[0] == horizon.file:
+            lag_bytes = max(master_position[1] - horizon.position, 0)
+    seconds_behind = None
+    if status.io_running and receiver.master_timestamp:
+        if lag_bytes == 0:
+            seconds_behind = 0
+        else:
+            seconds_behind = max(int(time.time() - status.clock_diff - receiver.master_timestamp), 0)
+    return {
+        "io_running": status.io_running,
+        "last_io_error": status.last_io_error,
+        "last_io_error_time": status.last_io_error_time,
+        "last_io_errno": status.last_io_errno,
+        # The master's replication-relevant variables as it last said them (relay/master_variables.py), what the
+        # SQL layer answers @@binlog_format & co. with; and why a persisted copy was ignored, if it was.
+        "master_variables": status.master_variables,
+        "master_variables_error": status.master_variables_error,
+        # The last switch of masters the session decided (upstream/repoint.py): the coordinates CHANGE MASTER gave,
+        # their GTID translation on the new master, the relay's GTID set, what was missing, the decision.
+        "last_switch": status.last_switch,
+        # A catch-up from a peer relay in force (upstream/session.py, _check_peer): the peer, its server_id, the
+        # epoch, the master, where it began and the bytes verified (docs/failover.md); null otherwise.
+        "peer_catch_up": status.peer_catch_up,
+        "master_position": (
+            {"file": master_position[0], "position": master_position[1]} if master_position is not None else None
+        ),
+        "master_file_index": file_index(master_position[0]) if master_position is not None else None,
+        "lag_bytes": lag_bytes,
+        "seconds_behind_master": seconds_behind,
+        "state": status.state,
+        "master_server_id": status.master_server_id,
+        "master_server_version": status.master_server_version,
+        "master_uuid": status.master_uuid,
+        "master_flavour": status.master_flavour,
+        "semi_sync": status.semi_sync,
+        "semi_sync_acks": status.semi_sync_acks,
+        "connects": status.connects,
+        "reconnects": max(status.connects - 1, 0),
+        "connect_failures": status.connect_failures,
+        "store_failures": status.store_failures,
+        "errors_by_kind": {**dict.fromkeys(_error_kinds(), 0), **status.errors},
         "events_received": counters.events,
         "bytes_received": counters.bytes,
         "transactions_received": counters.transactions,
         "duplicate_events_skipped": counters.duplicates,
         "heartbeats_received": counters.heartbeats,
-        "horizon_seq": horizon.seq,
-        "semi_sync_replica_waits": up.semi_sync_replica_waits,
-        "semi_sync_replica_timeouts": up.semi_sync_replica_timeouts,
-        **_semi_sync_tally(receiver),
-        "replicas": _replicas(downstream, horizon, names, disk["sizes"]) if downstream is not None else [],
+        "semi_sync_replica_waits": status.semi_sync_replica_waits,
+        "semi_sync_replica_timeouts": status.semi_sync_replica_timeouts,
     }
+
+
+def _no_upstream_link(up: NoUpstream) -> dict[str, Any]:
+    """The same keys for a relay without an upstream: not running, nothing received, no error, no master position;
+    the master facts the files give."""
+    return {
+        "io_running": False,
+        "last_io_error": None,
+        "last_io_error_time": None,
+        "last_io_errno": None,
+        "master_variables": up.master_variables,
+        "master_variables_error": up.master_variables_error,
+        "last_switch": None,
+        "peer_catch_up": None,
+        "master_position": None,
+        "master_file_index": None,
+        "lag_bytes": None,
+        "seconds_behind_master": None,
+        "state": up.state,
+        "master_server_id": None,
+        "master_server_version": up.master_server_version,
+        "master_uuid": None,
+        "master_flavour": up.master_flavour,
+        "semi_sync": False,
+        "semi_sync_acks": 0,
+        "connects": 0,
+        "reconnects": 0,
+        "connect_failures": 0,
+        "store_failures": 0,
+        "errors_by_kind": dict.fromkeys(_error_kinds(), 0),
+        "events_received": 0,
+        "bytes_received": 0,
+        "transactions_received": 0,
+        "duplicate_events_skipped": 0,
+        "heartbeats_received": 0,
+        "semi_sync_replica_waits": 0,
+        "semi_sync_replica_timeouts": 0,
+    }
+
+
+def _add_parts(doc: dict[str, Any], sources: StatusSources, horizon, names: list[str], sizes: dict[str, int]) -> None:
+    """What the parts the relay runs beside its store and upstream add: the listener's replicas and logins, the
+    sender processes, the fsync figures, closed-file storage, the archive and retention."""
+    downstream = sources.downstream
     if downstream is not None:
-        doc["horizon_followers"] = describe_followers(store.horizon)
+        doc["replicas"] = _replicas(downstream, horizon, names, sizes)
+        doc["horizon_followers"] = describe_followers(sources.store.horizon)
         # pitr targets' fences (relay/replay_stops.py): a dump never sends its replica past its stop.
         doc["replay_stops"] = _replay_stops(downstream.ctx, names)
-        describe_logins = getattr(downstream, "describe_logins", None)
-        if describe_logins is not None:  # --listen's host blocking and password throttle
-            doc["logins"] = describe_logins()
-    senders = getattr(downstream, "senders", None)
-    if senders is not None:
-        doc["sender_processes"] = senders.describe()
-    if fsync is not None:
-        doc.update(fsync.summary())
-    storage = getattr(session, "storage", None)  # run.py's StorageTask, when closed files are converted/archived
-    if storage is not None:
-        doc["storage"] = {"form": storage.opts.describe(), **storage.stats.as_dict()}  # key ids only, never keys
-    archive = getattr(session, "archive", None)  # run.py's ArchiveUploader, with archive_url (no credentials in it)
-    if archive is not None:
-        doc["archive"] = archive.describe()
-    retention = getattr(session, "retention", None)  # run.py's RetentionTask, when a retention_* limit is set
-    if retention is not None:
-        doc["retention"] = retention.stats.as_dict()
-    return doc
+        doc["logins"] = downstream.describe_logins()  # --listen's host blocking and password throttle
+    if sources.senders is not None:
+        doc["sender_processes"] = sources.senders.describe()
+    if sources.fsync is not None:
+        doc.update(sources.fsync.summary())
+    if sources.storage is not None:  # key ids only, never keys
+        doc["storage"] = {"form": sources.storage.opts.describe(), **sources.storage.stats.as_dict()}
+    if sources.archive is not None:
+        doc["archive"] = sources.archive.describe()
+    if sources.retention is not None:
+        doc["retention"] = sources.retention.stats.as_dict()
 
 
 def _replay_stops(ctx, names: list[str]) -> list[dict[str, Any]]:
@@ -170,10 +273,10 @@ def _at_or_past(names: list[str], at: tuple[str, int], stop: tuple[str, int]) ->
         return None
 
 
-def _file_digests(store, names: list[str], sizes: dict[str, int], horizon) -> list[dict[str, Any]]:
+def _file_digests(store: RelayStore | ReadOnlyBinlogDir, names: list[str], sizes: dict[str, int], horizon) -> list[dict[str, Any]]:
     """[{file, size, sha256}] oldest first: a closed file's SHA-256 from the store's cache of its index (no file is
     read once it is cached; null while its index is being built), the current file's size is the horizon's."""
-    digest = getattr(store, "file_digest", None)
+    digest = store.file_digest if isinstance(store, RelayStore) else None  # serve's files have no index kept
     out = []
     for name in names:
         current = name == horizon.file
@@ -186,12 +289,10 @@ def _file_digests(store, names: list[str], sizes: dict[str, int], horizon) -> li
     return out
 
 
-def _semi_sync_tally(receiver) -> dict[str, Any]:
+def _semi_sync_tally(receiver: RelayReceiver) -> dict[str, Any]:
     """What semi-sync streams' transaction ends said about the master's waiting (docs/failover.md, "Semi-sync
     fallback: the hole"): since the relay started; ``master_waiting`` is None until this stream's first end."""
-    tally = getattr(receiver, "semi_sync", None)
-    if tally is None:
-        return {}
+    tally = receiver.semi_sync
     asked = tally.last_ack_request_time
     return {
         "semi_sync_master_waiting": tally.master_waiting,
@@ -204,13 +305,10 @@ def _semi_sync_tally(receiver) -> dict[str, Any]:
     }
 
 
-def _epochs(store) -> list[dict[str, Any]]:
+def _epochs(store: RelayStore | ReadOnlyBinlogDir) -> list[dict[str, Any]]:
     """The relay's upstream epochs, oldest first (an epoch whose files were all purged is gone)."""
-    epochs = getattr(store, "epochs", None)
-    if epochs is None:
-        return []
     out = []
-    for e in epochs.epochs:
+    for e in store.epochs.epochs:
         out.append({
             "epoch": e.epoch,
             "first_file": e.first_file,
@@ -235,7 +333,7 @@ def _error_kinds() -> tuple[str, ...]:
     return UPSTREAM_ERROR_KINDS
 
 
-def _disk_usage(store, names: list[str]) -> dict[str, Any]:
+def _disk_usage(store: RelayStore | ReadOnlyBinlogDir, names: list[str]) -> dict[str, Any]:
     """Sizes of the relay files (stat only), the oldest file's age and the file system's free space."""
     sizes: dict[str, int] = {}  # logical sizes (the master's offsets: replica lag in bytes)
     stored = 0  # bytes on disk (compressed, encrypted, archived: relay_disk_bytes)
@@ -251,14 +349,12 @@ def _disk_usage(store, names: list[str]) -> dict[str, Any]:
         if oldest is None:
             oldest, oldest_age = name, max(now - st.st_mtime, 0.0)
     fs_free = fs_size = None
-    directory = getattr(store, "relay_dir", None)
-    if directory is not None:
-        try:
-            vfs = os.statvfs(directory)
-        except OSError:
-            pass
-        else:
-            fs_free, fs_size = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
+    try:
+        vfs = os.statvfs(store.relay_dir)
+    except OSError:
+        pass
+    else:
+        fs_free, fs_size = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
     return {
         "sizes": sizes,
         "bytes": stored,
@@ -296,7 +392,7 @@ def bytes_behind(names: list[str], sizes: dict[str, int], at: tuple[str, int], h
     return total + max(h_position - 4, 0)
 
 
-def _replicas(downstream, horizon, names: list[str], sizes: dict[str, int]) -> list[dict[str, Any]]:
+def _replicas(downstream: DownstreamServer, horizon, names: list[str], sizes: dict[str, int]) -> list[dict[str, Any]]:
     """Connected dump clients: who they are, how far each has been sent / has acknowledged, how far behind.
 
     ``lag_seconds`` is 0 while the replica has every durable byte (``lag_bytes`` 0), else the time
@@ -316,7 +412,7 @@ def _replicas(downstream, horizon, names: list[str], sizes: dict[str, int]) -> l
             if lag_bytes == 0:
                 lag_seconds = 0.0
             elif lag_bytes is not None:
-                since = getattr(dump, "caught_up_at", None) or dump.started
+                since = dump.caught_up_at or dump.started
                 lag_seconds = round(max(now - since, 0.0), 3)
         out.append({
             "connection_id": conn.conn_id,

@@ -296,8 +296,8 @@ def test_a_replica_of_serve_gets_the_masters_data(encrypted_master, mariadb, tmp
     master, keys, filekey, algorithm = encrypted_master
     decrypted = tmp_path / "plain"
     with served(master.binlog_dir, *_key_args(keys, filekey, algorithm), "--decrypted-dir", str(decrypted)) as srv:
-        assert srv.session.status.extra["decrypted_files"] >= 3  # every file, the newest too
-        assert srv.session.status.extra["binlog_dir"] == str(master.binlog_dir)
+        assert len(srv.mirror.encrypted_files) >= 3  # every file, the newest too
+        assert srv.status()["binlog_dir"] == str(master.binlog_dir)
         replica = mariadb("replica", server_id=3)
         replica.execute(
             f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={srv.port}, MASTER_USER='repl', "

@@ -93,9 +93,11 @@ RETURNED_TYPES = frozenset(code for code, cls in _EVENT_MAP.items() if cls in ON
 class Served:
     port: int
     store: S.ReadOnlyBinlogDir
-    session: S.FileServingSession
+    upstream: S.NoUpstream  # what serve says where an upstream would be (the files' master facts)
     http: tuple[str, int] | None
     stop: object
+    mirror: object = None  # the DecryptedMirror of an encrypt_binlog=ON directory
+    status: object = None  # the /status document, as a callable
     queries: list[tuple[str, str, int | None]] = field(default_factory=list)  # (sql, response kind, error code)
 
     def sql(self, statement: str):
@@ -147,7 +149,8 @@ def served(binlog_dir: Path, *extra: str, users: str = USERS):
     assert started.wait(30), "relayproxy serve did not start"
     if "error" in box:
         raise box["error"]
-    handle = Served(box["listen"][1], box["store"], box["session"], box["http"], box["stop"])
+    handle = Served(box["listen"][1], box["store"], box["upstream"], box["http"], box["stop"], box["mirror"],
+                    box["status"])
     _record_queries(box["downstream"], handle.queries)
     try:
         yield handle
@@ -523,7 +526,7 @@ def test_mariadb_binlog_downloads_identical_files(corpus_dir, tmp_path, case):
     before = snapshot(directory)
     with served(directory, *(("--files", *names) if listed else ())) as server:
         if version is not None:
-            server.session.status.master_server_version = version
+            server.upstream.master_server_version = version
         _mariadb_binlog(server.port, names[0], tmp_path / "download")
         assert server.refused() == [], server.refused()
     assert sorted(p.name for p in (tmp_path / "download").iterdir()) == names

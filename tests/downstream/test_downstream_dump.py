@@ -30,7 +30,9 @@ from relayproxy.downstream.context import (
     DumpRequest,
 )
 from relayproxy.downstream.dump import errors as DE
-from relayproxy.ops.status import relay_status
+from relayproxy.ops.status import StatusSources, UpstreamSources, relay_status
+from relayproxy.upstream.receiver import ReceiverCounters
+from relayproxy.upstream.session import UpstreamStatus
 from relayproxy.relay import RelayStore, SyncPolicy
 from relayproxy.relay import layout as LA
 from relayproxy.wire import packets as P
@@ -136,10 +138,11 @@ class FakeChannel:
 def make_ctx(store: RelayStore, *, master_uuid: str | None = None, semi_sync: bool = True,
              version: str | None = None) -> DownstreamContext:
     cfg = SimpleNamespace(server_id=RELAY_ID, semi_sync=semi_sync)
-    status = SimpleNamespace(master_uuid=master_uuid, master_flavour=None, master_server_version=version)
-    session = SimpleNamespace(store=store, status=status)
-    return DownstreamContext(SessionRelayView(cfg, session, server_uuid="4f0c8f0e-0000-4000-8000-000000000001"),
-                             status_document=lambda: relay_status(cfg, session.store, session))
+    status = UpstreamStatus(master_uuid=master_uuid, master_flavour=None, master_server_version=version)
+    upstream = UpstreamSources(status=status, receiver=SimpleNamespace(counters=ReceiverCounters()))
+    return DownstreamContext(SessionRelayView(cfg, lambda: store, lambda: upstream,
+                                              server_uuid="4f0c8f0e-0000-4000-8000-000000000001"),
+                             status_document=lambda: relay_status(cfg, StatusSources(store, upstream)))
 
 
 def make_conn(**user_vars) -> ConnectionState:

@@ -35,9 +35,9 @@ from relayproxy.commands.run import SessionRelayView
 from relayproxy.downstream.context import DownstreamContext
 from relayproxy.downstream.server import DownstreamServer
 from relayproxy.downstream.users import DownstreamUser
-from relayproxy.ops.status import relay_status
+from relayproxy.ops.status import StatusSources, UpstreamSources, relay_status
 from relayproxy.relay.store import RelayStore
-from relayproxy.upstream.receiver import ReceiverCounters
+from relayproxy.upstream.receiver import ReceiverCounters, SemiSyncTally
 from relayproxy.upstream.session import UpstreamStatus
 from relayproxy.wire import packets as P
 from relayproxy.wire.handshake import (
@@ -77,11 +77,12 @@ class InProcessRelay:
         self.cfg = config.load(None, environ=environ)
         self.store = RelayStore.open(relay_dir)
         status = UpstreamStatus(io_running=True, state="streaming", master_server_id=10)
-        receiver = types.SimpleNamespace(master_position=None, master_timestamp=0, counters=ReceiverCounters())
-        self.session = types.SimpleNamespace(store=self.store, status=status, receiver=receiver)
-        self.ctx = DownstreamContext(SessionRelayView(self.cfg, self.session,
+        receiver = types.SimpleNamespace(master_position=None, master_timestamp=0, counters=ReceiverCounters(),
+                                         semi_sync=SemiSyncTally())
+        upstream = UpstreamSources(status=status, receiver=receiver)
+        self.ctx = DownstreamContext(SessionRelayView(self.cfg, lambda: self.store, lambda: upstream,
                                                       server_uuid="5b0e9c4e-7a31-4c55-9d1e-2a6f3b8c9d10"),
-                                     status_document=lambda: relay_status(self.cfg, self.session.store, self.session))
+                                     status_document=lambda: relay_status(self.cfg, StatusSources(self.store, upstream)))
         self.users = [DownstreamUser(USER, PASSWORD, plugin="mysql_native_password")]
         self.options = server_options
         self.loop = uvloop.new_event_loop()

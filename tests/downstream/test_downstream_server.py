@@ -39,8 +39,10 @@ from relayproxy.downstream.server import DownstreamServer
 from relayproxy.downstream.session import parse_binlog_dump, parse_binlog_dump_gtid, parse_register_slave
 from relayproxy.downstream.transport import ClientConnectionLost, server_tls_context
 from relayproxy.downstream.users import DownstreamUser, find_user, parse_users
-from relayproxy.ops.status import relay_status
+from relayproxy.ops.status import StatusSources, UpstreamSources, relay_status
 from relayproxy.upstream import ConnectionLost, UpstreamConnection
+from relayproxy.upstream.receiver import ReceiverCounters
+from relayproxy.upstream.session import UpstreamStatus
 from relayproxy.wire import packets as P
 from relayproxy.wire.auth import AuthSucceeded, ClientAuthentication, SendAuthData
 from relayproxy.wire.handshake import (
@@ -135,11 +137,11 @@ def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, Any]], 
 def make_ctx(flavour: str = "mysql", version: str | None = None) -> DownstreamContext:
     version = version or ("8.0.36" if flavour == "mysql" else "10.11.6-MariaDB-log")
     cfg = types.SimpleNamespace(server_id=77)
-    status = types.SimpleNamespace(master_flavour=flavour, master_server_version=version)
+    status = UpstreamStatus(master_flavour=flavour, master_server_version=version)
     store = types.SimpleNamespace(flavour=flavour, format_description=None, latest_format_description=None, horizon=None)
-    session = types.SimpleNamespace(store=store, status=status)
-    return DownstreamContext(SessionRelayView(cfg, session, server_uuid="relay-uuid"),
-                             status_document=lambda: relay_status(cfg, session.store, session))
+    upstream = UpstreamSources(status=status, receiver=types.SimpleNamespace(counters=ReceiverCounters()))
+    return DownstreamContext(SessionRelayView(cfg, lambda: store, lambda: upstream, server_uuid="relay-uuid"),
+                             status_document=lambda: relay_status(cfg, StatusSources(store, upstream)))
 
 
 _SET = re.compile(r"SET\s+@(\w+)\s*=\s*'?([^',]*)'?", re.IGNORECASE)

@@ -32,11 +32,11 @@ from relayproxy.downstream.context import (
     ReplicaRegistration,
 )
 from relayproxy.downstream.sql import SYSTEM_VARIABLES, execute, execute_sync, tokenize
-from relayproxy.ops.status import relay_status
+from relayproxy.ops.status import StatusSources, UpstreamSources, relay_status
 from relayproxy.relay.master_variables import VARIABLES as MASTER_VARIABLES
 from relayproxy.relay.store import RelayStore
 from relayproxy.relay.sync import SyncPolicy
-from relayproxy.upstream.receiver import ReceiverCounters
+from relayproxy.upstream.receiver import ReceiverCounters, SemiSyncTally
 from relayproxy.upstream.session import UpstreamStatus
 from relayproxy.wire.results import CloseConnection, ErrorResponse, OkResponse, ResultSet
 
@@ -126,11 +126,17 @@ class Relay:
         self.store = store
         self.status = status or UpstreamStatus(io_running=True, state="streaming", master_server_id=1,
                                                master_uuid=MYSQL_CORPUS_UUID)
-        self.receiver = types.SimpleNamespace(master_position=None, master_timestamp=0, counters=ReceiverCounters())
+        self.receiver = types.SimpleNamespace(master_position=None, master_timestamp=0, counters=ReceiverCounters(),
+                                              semi_sync=SemiSyncTally())
         self.session = types.SimpleNamespace(store=store, status=self.status, receiver=self.receiver)
-        self.ctx = DownstreamContext(SessionRelayView(self.cfg, self.session, server_uuid=RELAY_UUID),
-                                     status_document=lambda: relay_status(self.cfg, self.session.store, self.session))
+        self.ctx = DownstreamContext(SessionRelayView(self.cfg, lambda: self.session.store, self.upstream,
+                                                      server_uuid=RELAY_UUID),
+                                     status_document=lambda: relay_status(self.cfg, StatusSources(
+                                         self.session.store, self.upstream())))
         self.conn = self.connect(7)
+
+    def upstream(self) -> UpstreamSources:
+        return UpstreamSources(self.session.status, self.session.receiver)
 
     def connect(self, conn_id: int, user: str = "repl", host: str = "10.0.0.9") -> ConnectionState:
         conn = ConnectionState(conn_id=conn_id, user=user, host=host)
@@ -532,7 +538,7 @@ def test_gtid_mode_off_for_a_relay_without_gtids(tmp_path):
         assert r.rows("SELECT @@GLOBAL.GTID_MODE, @@gtid_executed, @@gtid_purged") == [["OFF", "", ""]]
         assert r.rows("SHOW MASTER STATUS") == [["mysql-bin.000001", len(image), "", "", ""]]
         # The master's own value wins when the upstream session recorded it.
-        r.status.extra["master_variables"] = {"gtid_mode": "on_permissive", "binlog_format": "MIXED"}
+        r.status.master_variables = {"gtid_mode": "on_permissive", "binlog_format": "MIXED"}
         assert r.rows("SELECT @@gtid_mode, @@binlog_format") == [["ON_PERMISSIVE", "MIXED"]]
 
 
@@ -633,7 +639,7 @@ def test_orchestrator_discovery_queries(mysql_relay):
     # Never connected: the relay does not know its master's binlog_format and says NULL, not a guess.
     assert result.rows == [[socket.gethostname(), "", 100, "8.0.29", 1, None, 1, 1]]
     # what the session fetched at connect
-    r.status.extra["master_variables"] = {"binlog_format": "ROW", "binlog_row_image": "FULL"}
+    r.status.master_variables = {"binlog_format": "ROW", "binlog_row_image": "FULL"}
     assert r.run(sql).rows == [[socket.gethostname(), "", 100, "8.0.29", 1, "ROW", 1, 1]]
     assert r.rows("show variables like 'maxscale%'") == []
     gtid = r.run("select @@global.gtid_mode, @@global.server_uuid, @@global.gtid_executed, @@global.gtid_purged, "
@@ -798,7 +804,7 @@ def test_command_line_client_queries(mysql_relay):
     # character_set_server is the master's (NULL until the session fetched it); the connection's are the relay's.
     assert r.rows("select @@character_set_client, @@character_set_connection, @@character_set_server, "
                   "@@character_set_database limit 1") == [["utf8mb4", "utf8mb4", None, "utf8mb4"]]
-    r.status.extra["master_variables"] = {"character_set_server": "utf8mb4"}
+    r.status.master_variables = {"character_set_server": "utf8mb4"}
     assert r.rows("select @@character_set_client, @@character_set_connection, @@character_set_server, "
                   "@@character_set_database limit 1") == [["utf8mb4"] * 4]
     assert r.run("SHOW WARNINGS").columns == ["Level", "Code", "Message"]
@@ -834,7 +840,7 @@ def test_driver_setup_statements(mysql_relay):
            "@@sql_mode AS sql_mode, @@system_time_zone AS system_time_zone, @@time_zone AS time_zone, "
            "@@transaction_isolation AS transaction_isolation, @@wait_timeout AS wait_timeout")
     assert r.row_dict(sql)["lower_case_table_names"] is None  # the master's, unknown before the first connect
-    r.status.extra["master_variables"] = {"lower_case_table_names": "0", "character_set_server": "latin1"}
+    r.status.master_variables = {"lower_case_table_names": "0", "character_set_server": "latin1"}
     row = r.row_dict(sql)
     assert row["character_set_server"] == "latin1"
     assert list(row)[:3] == ["auto_increment_increment", "character_set_client", "character_set_connection"]
@@ -870,7 +876,7 @@ def test_python_mysql_replication_connect_queries(mysql_relay, maria_relay):
     # does not know it: NULL (SHOW prints ''), never MINIMAL, which would make the library ignore column metadata.
     assert r.rows("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA';") == [["binlog_row_metadata", ""]]
     assert r.one("SELECT @@binlog_row_metadata") is None
-    r.status.extra["master_variables"] = {"binlog_row_metadata": "FULL"}
+    r.status.master_variables = {"binlog_row_metadata": "FULL"}
     assert r.rows("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA';") == [["binlog_row_metadata", "FULL"]]
     m = maria_relay
     m.ok("SET @slave_connect_state = '1-10-3'")
@@ -1111,8 +1117,8 @@ def test_parity_with_a_real_mariadbd(mariadb, maria_relay):
             values[name] = server.execute(f"SELECT @@GLOBAL.{name}")[0][0]
         except pymysql.MySQLError:
             absent.append(name)
-    r.status.extra["master_variables"] = {k: None if v is None else str(v) for k, v in values.items()}
-    r.status.extra["master_variables_source"] = {"absent": absent}
+    r.status.master_variables = {k: None if v is None else str(v) for k, v in values.items()}
+    r.status.master_variables_source = {"absent": absent}
     r.cfg.values["server_id"] = 1
     r.cfg.values["semi_sync"] = False
     real = server.connect()

@@ -56,15 +56,15 @@ def test_a_file_position_replica_crosses_the_switch_and_never_gets_a_filler(tmp_
     try:
         assert store.files() == ["binlog.000004", "binlog.000005", "binlog.000006"]
         # /status says which master each file came from (the documented extra beside SHOW BINARY LOGS).
-        from relayproxy.ops.status import relay_status
-        from relayproxy.upstream.receiver import ReceiverCounters
+        from relayproxy.ops.status import StatusSources, UpstreamSources, relay_status
+        from relayproxy.upstream.receiver import ReceiverCounters, SemiSyncTally
         from relayproxy.upstream.session import UpstreamStatus
 
-        session = SimpleNamespace(store=store, status=UpstreamStatus(), receiver=SimpleNamespace(
-            counters=ReceiverCounters(), master_position=None, master_timestamp=0))
+        upstream = UpstreamSources(status=UpstreamStatus(), receiver=SimpleNamespace(
+            counters=ReceiverCounters(), master_position=None, master_timestamp=0, semi_sync=SemiSyncTally()))
         cfg = SimpleNamespace(master=("m2.example", 3307), gtid_mode="mysql", server_id=RELAY_ID,
                               relay_dir=store.relay_dir, sync_mode="transaction")
-        epochs = relay_status(cfg, store, session)["epochs"]
+        epochs = relay_status(cfg, StatusSources(store, upstream))["epochs"]
         assert [(e["epoch"], e["first_file"], e["upstream_first_file"]) for e in epochs][-1] == (
             2, "binlog.000005", "mysql-bin.000007")
         assert epochs[-1]["master"]["server_id"] == 2 and epochs[-1]["join_gtids"] == f"{U}:1-16:20"  # M1 sent U:6-16 and U:20

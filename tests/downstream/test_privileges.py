@@ -14,7 +14,7 @@ import pytest
 from .test_downstream_server import RawClient, Stub, make_ctx, serving
 
 from relayproxy.commands import config  # noqa: E402
-from relayproxy.commands.run import SessionRelayView  # noqa: E402
+from relayproxy.commands.run import SessionRelayView, upstream_sources  # noqa: E402
 from relayproxy.downstream import privileges  # noqa: E402
 from relayproxy.downstream.context import ConnectionState, DownstreamContext, DumpProgress  # noqa: E402
 from relayproxy.downstream.sql import execute  # noqa: E402
@@ -27,7 +27,7 @@ from relayproxy.lab.harness import (  # noqa: E402
     replica_status,
     wait_replica,
 )
-from relayproxy.ops.status import relay_status  # noqa: E402
+from relayproxy.ops.status import StatusSources, relay_status  # noqa: E402
 from relayproxy.relay import RelayStore  # noqa: E402
 from relayproxy.upstream.session import UpstreamSession  # noqa: E402
 from relayproxy.wire.packets import parse_err  # noqa: E402
@@ -127,9 +127,11 @@ class Relay:
         self.store = RelayStore.open(relay_dir)
         self.session = UpstreamSession(self.cfg, self.store)
         self.session.status.master_flavour = flavour
-        self.ctx = DownstreamContext(SessionRelayView(self.cfg, self.session,
+        self.ctx = DownstreamContext(SessionRelayView(self.cfg, lambda: self.session.store,
+                                                      lambda: upstream_sources(self.session),
                                                       server_uuid="00000000-0000-4000-8000-000000000100"),
-                                     status_document=lambda: relay_status(self.cfg, self.session.store, self.session),
+                                     status_document=lambda: relay_status(self.cfg, StatusSources(
+                                         self.session.store, upstream_sources(self.session))),
                                      replication=self.session)
         self.killed: list[int] = []
         self.ctx.kill_connection = lambda conn_id: self.killed.append(conn_id) or True

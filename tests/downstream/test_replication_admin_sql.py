@@ -12,10 +12,10 @@ import stat
 import pytest
 
 from relayproxy.commands import config
-from relayproxy.commands.run import SessionRelayView
+from relayproxy.commands.run import SessionRelayView, upstream_sources
 from relayproxy.downstream.context import ConnectionState, DownstreamContext
 from relayproxy.downstream.sql import execute
-from relayproxy.ops.status import relay_status
+from relayproxy.ops.status import StatusSources, relay_status
 from relayproxy.relay import RelayStore
 from relayproxy.relay.master_info import FILE_NAME
 from relayproxy.upstream.session import UpstreamSession
@@ -41,9 +41,11 @@ class Relay:
         self.store = RelayStore.open(relay_dir)
         self.session = UpstreamSession(self.cfg, self.store)
         self.session.status.master_flavour = "mariadb" if gtid_mode == "mariadb" else "mysql"
-        self.ctx = DownstreamContext(SessionRelayView(self.cfg, self.session,
+        self.ctx = DownstreamContext(SessionRelayView(self.cfg, lambda: self.session.store,
+                                                      lambda: upstream_sources(self.session),
                                                       server_uuid="00000000-0000-4000-8000-000000000100"),
-                                     status_document=lambda: relay_status(self.cfg, self.session.store, self.session),
+                                     status_document=lambda: relay_status(self.cfg, StatusSources(
+                                         self.session.store, upstream_sources(self.session))),
                                      replication=self.session if replication else None)
 
     def conn(self, user: str) -> ConnectionState:

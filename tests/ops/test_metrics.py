@@ -22,13 +22,14 @@ from relayproxy.downstream.context import (
 from relayproxy.ops.http import HttpApi
 from relayproxy.ops.metrics import FSYNC_BUCKETS, FsyncStats, build_registry
 from relayproxy.relay.replay_stops import ReplayStop, ReplayStops
-from relayproxy.ops.status import bytes_behind, file_index, format_status, relay_status
+from relayproxy.ops.status import StatusSources, UpstreamSources, bytes_behind, file_index, format_status, relay_status
 from relayproxy.relay import RelayStore, RelayStoreFailed, SyncPolicy
 from relayproxy.relay.retention import RetentionStats
 from relayproxy.upstream.receiver import (
     ChecksumMismatch,
     MasterStreamEnded,
     ReceiverCounters,
+    SemiSyncTally,
     StreamError,
 )
 from relayproxy.upstream.session import (
@@ -250,12 +251,11 @@ def test_a_reopened_store_keeps_reporting_to_the_same_stats(tmp_path):
 # The status document: disk usage and replica lag across files
 
 
-def fake_session(store, **status):
-    return SimpleNamespace(
-        store=store,
+def fake_upstream(**status) -> UpstreamSources:
+    return UpstreamSources(
         status=UpstreamStatus(io_running=True, connects=2, master_flavour="mysql", **status),
         receiver=SimpleNamespace(counters=ReceiverCounters(events=9, bytes=999, transactions=3),
-                                 master_position=None, master_timestamp=0),
+                                 master_position=None, master_timestamp=0, semi_sync=SemiSyncTally()),
     )
 
 
@@ -296,11 +296,13 @@ def test_status_reports_disk_usage_and_per_replica_lag_across_files(tmp_path):
         stops = ReplayStops(None)  # server 21 fenced at the end of binlog.000001, server 22 in the second file
         stops.set(ReplayStop(21, "binlog.000001", size1, label="before GTID x"))
         stops.set(ReplayStop(22, "binlog.000002", 120))
-        downstream = SimpleNamespace(ctx=SimpleNamespace(connections=connections, replay_stops=stops))
-        session = fake_session(store, errors={"io": 2})
-        session.retention = SimpleNamespace(stats=RetentionStats(runs=4, purges=1, files_purged=2, bytes_purged=9000,
-                                                                 last_purge=1.7e9))
-        doc = relay_status(fake_cfg(store.relay_dir), store, session, downstream, fsync=stats)
+        downstream = SimpleNamespace(ctx=SimpleNamespace(connections=connections, replay_stops=stops),
+                                     describe_logins=dict)
+        retention = SimpleNamespace(stats=RetentionStats(runs=4, purges=1, files_purged=2, bytes_purged=9000,
+                                                         last_purge=1.7e9))
+        sources = StatusSources(store, fake_upstream(errors={"io": 2}), downstream=downstream, fsync=stats,
+                                retention=retention)
+        doc = relay_status(fake_cfg(store.relay_dir), sources)
 
         assert doc["relay_files"] == 2 and doc["relay_disk_bytes"] == size1 + size2
         assert doc["relay_oldest_file"] == "binlog.000001" and doc["relay_oldest_file_age_seconds"] >= 3600
@@ -317,7 +319,7 @@ def test_status_reports_disk_usage_and_per_replica_lag_across_files(tmp_path):
         assert by_id[7]["lag_bytes"] == size2 - 120 and 5 <= by_id[7]["lag_seconds"] < 5 + 60
 
         fams = families(generate_latest(build_registry(
-            lambda: relay_status(fake_cfg(store.relay_dir), store, session, downstream, fsync=stats), stats,
+            lambda: relay_status(fake_cfg(store.relay_dir), sources), stats,
             process=False)).decode())
         assert value(fams, "relayproxy_replicas_connected") == 3
         assert value(fams, "relayproxy_replica_lag_bytes", connection_id="5", server_id="21") == (size1 - 200) + (size2 - 4)
@@ -354,12 +356,12 @@ def test_status_shows_the_peer_catch_up_in_force(tmp_path):
     # docs/failover.md, "Peer catch-up within an epoch": /status has `peer_catch_up` (was kept in the session only).
     store = two_file_store(tmp_path)
     try:
-        session = fake_session(store)
-        assert relay_status(fake_cfg(store.relay_dir), store, session)["peer_catch_up"] is None
+        upstream = fake_upstream()
+        assert relay_status(fake_cfg(store.relay_dir), StatusSources(store, upstream))["peer_catch_up"] is None
         peer = {"peer": "relay1:3307", "peer_server_id": 101, "epoch": 1, "master_server_id": 1,
                 "from": "binlog.000002:120", "verified_bytes": 120}
-        session.status.extra["peer_catch_up"] = dict(peer)
-        assert relay_status(fake_cfg(store.relay_dir), store, session)["peer_catch_up"] == peer
+        upstream.status.peer_catch_up = dict(peer)
+        assert relay_status(fake_cfg(store.relay_dir), StatusSources(store, upstream))["peer_catch_up"] == peer
     finally:
         store.close()
 
@@ -496,11 +498,11 @@ def test_http_api_serves_the_same_registry_over_http(tmp_path):
     store = two_file_store(tmp_path)
     stats = FsyncStats()
     stats.observe(0.002, 100)
-    session = fake_session(store)
+    upstream = fake_upstream()
     cfg = fake_cfg(store.relay_dir)
 
     async def main():
-        api = HttpApi(lambda: relay_status(cfg, store, session, fsync=stats), fsync=stats)
+        api = HttpApi(lambda: relay_status(cfg, StatusSources(store, upstream, fsync=stats)), fsync=stats)
         host, port = await api.start("127.0.0.1", 0)
         try:
             text = await asyncio.to_thread(http_get, port, "/metrics")

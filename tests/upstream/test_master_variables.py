@@ -290,13 +290,12 @@ def test_python_mysql_replication_through_the_relay_equals_the_master(mariadb, t
 
 
 def test_serve_answers_what_a_relay_directory_kept(tmp_path):
-    from relayproxy.commands.serve import FileServingSession
+    from relayproxy.commands.serve import no_upstream
 
     store = types.SimpleNamespace(format_description=None, flavour="mariadb", binlog_dir=tmp_path)
-    assert "master_variables" not in FileServingSession(store, "u").status.extra  # a server's directory: NULLs
+    assert no_upstream(store).master_variables is None  # a server's directory: NULLs
     MasterVariablesFile(tmp_path).save(sample())
-    session = FileServingSession(store, "u")
-    assert session.status.extra["master_variables"]["binlog_format"] == "ROW"
+    assert no_upstream(store).master_variables["binlog_format"] == "ROW"
     (tmp_path / FILE_NAME).write_text("[1]")
-    session = FileServingSession(store, "u")
-    assert "master_variables" not in session.status.extra and session.status.extra["master_variables_error"]
+    upstream = no_upstream(store)
+    assert upstream.master_variables is None and upstream.master_variables_error
