@@ -164,7 +164,7 @@ class MasterVariables:
                    port=port, fetched_at=float(fetched_at))
 
     def describe(self) -> dict[str, Any]:
-        """What the SQL layer and /status read (``status.extra["master_variables"]`` is ``values``)."""
+        """What the SQL layer and /status read (``UpstreamStatus.master_variables`` is ``values``)."""
         return {"server_id": self.server_id, "server_uuid": self.server_uuid, "host": self.host, "port": self.port,
                 "fetched_at": self.fetched_at, "absent": list(self.absent)}
 
