@@ -56,7 +56,7 @@ from itertools import accumulate
 from operator import add, sub
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from ..binlog import constants as C
 from ..binlog.checksum import crc32 as _crc32
@@ -66,6 +66,9 @@ from ..log import get_logger
 from .closed_files import StoredFileError, archive_dir_of, logical_name, open_relay_file
 from .durable import write_file_atomically
 from .layout import RESERVED_PREFIX
+
+if TYPE_CHECKING:
+    from .reader import StoreReader
 
 log = get_logger(__name__)
 
@@ -561,7 +564,8 @@ class Block:
 
     def touching(self, tid: int) -> list[int]:
         """The indexes of the records that touch table ``tid``, in order (found in the table-id column, at C speed)."""
-        tids, toff, out, at = self.tids, self.toff, [], -1
+        tids, toff, at = self.tids, self.toff, -1
+        out: list[int] = []
         while True:
             try:
                 at = tids.index(tid, at + 1)
@@ -701,10 +705,13 @@ class TransactionCollector:
 
     # -- event bodies ------------------------------------------------------------------------------
     def _commit_timestamp(self, data: bytes) -> int | None:
-        from ..binlog.views import view_event
+        from ..binlog.views import GtidView, view_event
 
         try:
-            return view_event(data, 0, self.fde).immediate_commit_timestamp or None
+            view = view_event(data, 0, self.fde)
+            if not isinstance(view, GtidView):
+                return None
+            return view.immediate_commit_timestamp or None
         except Exception:  # noqa: BLE001 - a 5.6/5.7 GTID event has none; a damaged one is the scanner's to report
             return None
 
@@ -743,10 +750,12 @@ class TransactionCollector:
                 self._names.append(name)
 
     def _payload(self, data) -> None:
-        from ..binlog.views import view_event
+        from ..binlog.views import TransactionPayloadView, view_event
 
         try:
             view = view_event(data, 0, self.fde)
+            if not isinstance(view, TransactionPayloadView):
+                return
             inner_fde = view.inner_format
             for inner in view.iter_inner_events():
                 raw = bytes(inner.buf[inner.offset:inner.body_end])
@@ -857,8 +866,6 @@ def scan_records(f, name: str, *, start: int = 4, stop: int | None = None, table
     if stop is None:
         stop = f.size()
     collector = TransactionCollector(emit, tables)
-    kwargs = dict(on_event=collector.on_event, on_group=collector.on_group, max_event_in_memory=_MAX_EVENT_IN_MEMORY,
-                  path=name)
     if start > 4:
         raw = fde_bytes if fde_bytes is not None else _read_fde(f)
         if raw is None:
@@ -868,10 +875,10 @@ def scan_records(f, name: str, *, start: int = 4, stop: int | None = None, table
         except BinlogFormatError as exc:
             raise TxIndexError(f"{name}: its FORMAT_DESCRIPTION_EVENT does not parse: {exc}") from None
         collector.fde = fde
-        scanner = BinlogScanner.resume(start, fde, **kwargs)
+        scanner = _scanner_for(collector, name, resume=(start, fde))
         pos = start
     else:
-        scanner = BinlogScanner(**kwargs)
+        scanner = _scanner_for(collector, name)
         pos = 0
     while pos < stop:
         if stop_event is not None and stop_event.is_set():
@@ -884,6 +891,17 @@ def scan_records(f, name: str, *, start: int = 4, stop: int | None = None, table
         if scanner._stopped:
             break
     return scanner.result.good_end
+
+
+def _scanner_for(collector: TransactionCollector, name: str, *,
+                 resume: tuple[int, FormatDescription] | None = None) -> BinlogScanner:
+    """A scanner of relay file ``name`` feeding ``collector``: from the file's start, or resumed at a boundary
+    ``(offset, FORMAT_DESCRIPTION)``."""
+    if resume is None:
+        return BinlogScanner(on_event=collector.on_event, on_group=collector.on_group,
+                             max_event_in_memory=_MAX_EVENT_IN_MEMORY, path=name)
+    return BinlogScanner.resume(resume[0], resume[1], on_event=collector.on_event, on_group=collector.on_group,
+                                max_event_in_memory=_MAX_EVENT_IN_MEMORY, path=name)
 
 
 class _Stopped(Exception):
@@ -943,6 +961,7 @@ class Sidecar:
     def payload(self, ref: BlockRef) -> bytes:
         if self.image is not None:
             return self.image[ref.offset:ref.offset + ref.length]
+        assert self.path is not None  # a sidecar without its image in memory was loaded from its path
         fd = os.open(self.path, os.O_RDONLY)
         try:
             data = os.pread(fd, ref.length, ref.offset)
@@ -968,7 +987,7 @@ def parse_sidecar(data: bytes, name: str, *, path: Path | None = None, keep_imag
     footer = None
     footer_end = None
     good = len(MAGIC)
-    header_end = None
+    header_end = len(MAGIC)  # set with the header frame (without one the sidecar is refused below)
     for pos, kind, payload in iter_frames(data):
         end = pos + _FRAME.size + len(payload) + 4
         if footer is not None:
@@ -1052,6 +1071,7 @@ def verify(side: Sidecar, f) -> str | None:
             return f"the file's bytes before offset {last['end']} are not the ones indexed (CRC32 differs)"
     side.covered = side.blocks[-1].header["end"] if side.blocks else 4
     if side.footer is not None:
+        assert side.footer_end is not None  # parse_sidecar sets both with the footer frame; a cut drops both
         side.good_len = side.footer_end
     else:
         side.good_len = side.blocks[-1].frame_end if side.blocks else side.header_end
@@ -1158,8 +1178,8 @@ class _Follow:
         self.fde_bytes: bytes | None = None
         self.stop_event: threading.Event | None = None  # set: stop between two chunks (the store is closing)
 
-    def open(self, f) -> None:
-        """Take up the existing sidecar (cut to its good part) or start a new one (atomically)."""
+    def open(self, f) -> SidecarBuilder:
+        """Take up the existing sidecar (cut to its good part) or start a new one (atomically); its builder."""
         side, why = load(self.relay_dir, self.name)
         start = 4
         if side is not None and side.footer is None:
@@ -1189,29 +1209,28 @@ class _Follow:
             self.fd = os.open(self.path, os.O_RDWR)
             os.lseek(self.fd, 0, os.SEEK_END)
         self.fed = start
+        return self.builder
 
     def advance(self, f, upto: int) -> None:
         """Feed the file's bytes ``[fed, upto)`` (durable: at or below the horizon) and append full blocks."""
-        if self.builder is None:
-            self.open(f)
-        self.builder.tail_source = lambda end: _tail(f, end)
+        builder = self.builder if self.builder is not None else self.open(f)
+        builder.tail_source = lambda end: _tail(f, end)
         if self.fde_bytes is None:
             self.fde_bytes = _read_fde(f)
             if self.fde_bytes is None:
                 return
-            self.builder.fde_bytes = self.fde_bytes
-            if not self.builder.header_written:
-                self.builder.start(self.fde_bytes)
-        if self.scanner is None:
-            self.collector = TransactionCollector(self.builder.add, self.tables)
-            kwargs = dict(on_event=self.collector.on_event, on_group=self.collector.on_group,
-                          max_event_in_memory=_MAX_EVENT_IN_MEMORY, path=self.name)
+            builder.fde_bytes = self.fde_bytes
+            if not builder.header_written:
+                builder.start(self.fde_bytes)
+        scanner = self.scanner
+        if scanner is None:
+            self.collector = TransactionCollector(builder.add, self.tables)
             if self.fed > 4:
                 fde = FormatDescription.parse(self.fde_bytes, 0, len(self.fde_bytes))
                 self.collector.fde = fde
-                self.scanner = BinlogScanner.resume(self.fed, fde, **kwargs)
+                scanner = self.scanner = _scanner_for(self.collector, self.name, resume=(self.fed, fde))
             else:
-                self.scanner = BinlogScanner(**kwargs)
+                scanner = self.scanner = _scanner_for(self.collector, self.name)
                 self.fed = 0
         while self.fed < upto:
             if self.stop_event is not None and self.stop_event.is_set():
@@ -1219,11 +1238,11 @@ class _Follow:
             chunk = f.read(self.fed, min(_CHUNK, upto - self.fed))
             if not chunk:
                 break
-            self.scanner.feed(chunk)
+            scanner.feed(chunk)
             self.fed += len(chunk)
             self._write()
-            if self.scanner.result.error is not None:
-                raise TxIndexError(f"{self.name}: {self.scanner.result.error}")
+            if scanner.result.error is not None:
+                raise TxIndexError(f"{self.name}: {scanner.result.error}")
         self._write()
 
     def tick(self, now: float) -> None:
@@ -1232,6 +1251,7 @@ class _Follow:
             self._write()
 
     def _write(self) -> None:
+        assert self.builder is not None  # called once open() made the builder (advance, tick, finish)
         data = self.builder.take()
         if data:
             os.write(self.fd, data)
@@ -1258,17 +1278,21 @@ class _Follow:
 
 
 def compact(relay_dir: Path, name: str, side: Sidecar) -> None:
-    """Rewrite a closed file's sidecar in full blocks (atomically), streaming one block at a time."""
+    """Rewrite a closed file's sidecar in full blocks (atomically), streaming one block at a time. ``side`` is
+    a loaded (verified) sidecar with its footer."""
+    footer, fde_bytes = side.footer, side.fde_bytes
+    if footer is None or fde_bytes is None:
+        raise TxIndexError(f"{name}: only a verified sidecar with its footer is compacted")
     tables = TableDictionary(side.tables)
     tables.unwritten = list(side.tables)
     b = SidecarBuilder(name, tables, fde_bytes=side.fde_bytes)
     with open_relay_file(Path(relay_dir) / name) as f:
         b.tail_source = lambda end: _tail(f, end)
-        b.start(side.fde_bytes)
+        b.start(fde_bytes)
         for ref in side.blocks:
             for r in decode_block(side.payload(ref)):
                 b.add(r)
-        b.footer(side.footer["size"], _tail(f, side.footer["size"]))
+        b.footer(footer["size"], _tail(f, footer["size"]))
     write_atomically(relay_dir, name, bytes(b.out))
 
 
@@ -1459,13 +1483,13 @@ class TransactionIndex:
         self._cache_blocks = cache_blocks
 
     @classmethod
-    def for_store(cls, store, *, writable: bool | None = None) -> "TransactionIndex":
+    def for_store(cls, store: StoreReader, *, writable: bool | None = None) -> "TransactionIndex":
         def horizon():
             snap = store.horizon.snapshot()
             return snap.file, snap.position
 
         if writable is None:
-            writable = bool(getattr(store, "sidecars_writable", False)) and not getattr(store, "read_only", False)
+            writable = store.sidecars_writable and not store.read_only
         return cls(store.relay_dir, store.files, horizon, writable=writable)
 
     # -- file views -------------------------------------------------------------------------------
@@ -1502,6 +1526,7 @@ class TransactionIndex:
             stamp = v.side_stamp  # scanned into memory before, and still no sidecar
         if v is not None and v.side_stamp == stamp and v.horizon_pos == horizon_pos:
             return v
+        side: Sidecar | None
         if v is not None and v.side_stamp == stamp and (v.side.path is not None or len(v.tail) < 4 * BLOCK_RECORDS):
             side = v.side  # the sidecar is as it was: only the tail moved
         else:
@@ -1775,9 +1800,9 @@ _BY_STORE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _BY_STORE_LOCK = threading.Lock()
 
 
-def index_of(store) -> TransactionIndex:
+def index_of(store: StoreReader) -> TransactionIndex:
     """The store's TransactionIndex (its own ``transaction_index`` when it has one, else one kept per store)."""
-    own = getattr(store, "transaction_index", None)
+    own = store.transaction_index
     if own is not None:
         return own
     with _BY_STORE_LOCK:
