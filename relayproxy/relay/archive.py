@@ -51,10 +51,11 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from ..log import get_logger
 from . import closed_files as CF
+from .horizon import HorizonSnapshot
 from .objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
 from .remote import (
-    ARCHIVE_KEY, FILES_PREFIX, FORMAT, MANIFEST, VERSION, ArchiveReadError, decode_part, manifest_key, offload_file, part_key, plan_offload,
-    read_manifest,
+    ARCHIVE_KEY, FILES_PREFIX, FORMAT, MANIFEST, VERSION, ArchiveCache, ArchiveReadError, decode_part, manifest_key,
+    offload_file, part_key, plan_offload, read_manifest,
 )
 
 log = get_logger(__name__)
@@ -239,7 +240,7 @@ class ArchiveUploader:
     """
 
     def __init__(self, relay_dir: Path, bucket: ObjectStore, files: Callable[[], list[str]],
-                 horizon: Callable[[], object], *, flavour: Callable[[], str | None] = lambda: None,
+                 horizon: Callable[[], HorizonSnapshot], *, flavour: Callable[[], str | None] = lambda: None,
                  storage=None, interval: float = 1.0, keyring=None,
                  keep_local: tuple[int | None, int | None] = (None, None),
                  location: tuple[str, str | None, str | None] | None = None, backlog_max: int | None = None):
@@ -263,7 +264,7 @@ class ArchiveUploader:
         self._gaps: set[str] = set()
         self._sidecars_up: set[str] = set()  # files whose index sidecars are in the bucket
         self._indexed_names: set[str] = set()  # closed files whose indexes are complete (offload may go on)
-        self.cache = None  # the ArchiveCache offloaded files are read through (relay/remote.py), for /status
+        self.cache: ArchiveCache | None = None  # what offloaded files are read through (relay/remote.py), for /status
         self.stats = ArchiveStats()
         self.state = STATE_STARTING
         self.state_since = time.time()
@@ -402,7 +403,7 @@ class ArchiveUploader:
             self._write_marker()
         if self._inflight is not None:
             self._settle_inflight(self._inflight, snap)
-        steps = plan_uploads(files, self._sizes, (snap.file, snap.position), self._listed)
+        steps = plan_uploads(files, self._sizes, (snap.file, snap.position), self._listing())
         for step in steps:
             if self._stop.is_set():
                 raise _Stopped()
@@ -413,13 +414,19 @@ class ArchiveUploader:
         self._upload_state()
         self._sidecars(files, snap)
         self._offload(files, snap)
-        have = self._listed.get(snap.file) if snap.file is not None else None
+        have = self._listing().get(snap.file) if snap.file is not None else None
         if snap.file is not None and self.archive_horizon[:2] != (snap.file, snap.position) and (
                 (have is not None and have.end == snap.position) or (have is None and snap.position <= 4)):
             # all of it is in the bucket, or the new file holds only its magic: nothing is left to archive
             self.archive_horizon = (snap.file, snap.position, snap.text)
         if self.archive_horizon[:2] == (snap.file, snap.position) or not steps:
             self._caught_up_at = seen_at
+
+    def _listing(self) -> dict[str, BucketFile]:
+        """The bucket's files as last listed (replaced, never changed in place: other threads read it)."""
+        listed = self._listed
+        assert listed is not None  # run_once lists the bucket (_resume) before any step that reads the listing
+        return listed
 
     def _resume(self) -> None:
         """List the bucket; check what it holds of the local files that are not sealed against their bytes."""
@@ -517,8 +524,8 @@ class ArchiveUploader:
         flavour = self._flavour()
         if flavour is None:
             return
-        relay_uuid = self._read_local(self.relay_dir / "relayproxy.uuid")
-        relay_uuid = relay_uuid.decode().strip() if relay_uuid else None
+        raw_uuid = self._read_local(self.relay_dir / "relayproxy.uuid")
+        relay_uuid = raw_uuid.decode().strip() if raw_uuid else None
         try:
             doc = json.loads(self.bucket.get(ARCHIVE_KEY))
         except ObjectNotFound:
@@ -545,12 +552,12 @@ class ArchiveUploader:
         self.stats.objects_uploaded += 1
         self.stats.bytes_uploaded += len(data) if isinstance(data, (bytes, bytearray)) else os.path.getsize(data)
 
-    def _settle_inflight(self, step: UploadPart, snap) -> None:
+    def _settle_inflight(self, step: UploadPart, snap: HorizonSnapshot) -> None:
         """A put of this part failed as far as this side knows, yet the bucket may have stored it (the answer
         lost, the request retried, or still landing). Put exactly that range again, never a longer one from the
         same start: the key and its bytes are the same, so a late landing of the earlier put is harmless, and two
         parts never overlap."""
-        have = self._listed.get(step.name, BucketFile(step.name))
+        have = self._listing().get(step.name, BucketFile(step.name))
         if have.sealed or have.end != step.start or step.name not in self._files():
             self._inflight = None
             return
@@ -562,11 +569,12 @@ class ArchiveUploader:
             self._upload_part(step, snap)
         self._inflight = None
 
-    def _record_part(self, name: str, start: int, end: int, sha: str, snap) -> None:
+    def _record_part(self, name: str, start: int, end: int, sha: str, snap: HorizonSnapshot) -> None:
         self._part_sha[(name, start, end)] = sha
-        have = self._listed.get(name, BucketFile(name))
+        listed = self._listing()
+        have = listed.get(name, BucketFile(name))
         # replaced, never changed in place: first_unsealed reads it from other threads
-        self._listed = {**self._listed, name: BucketFile(name, have.parts + ((start, end),), have.sealed)}
+        self._listed = {**listed, name: BucketFile(name, have.parts + ((start, end),), have.sealed)}
         self.stats.parts_uploaded += 1
         gtids = snap.text if (name, end) == (snap.file, snap.position) else None
         self.archive_horizon = (name, end, gtids)
@@ -588,7 +596,7 @@ class ArchiveUploader:
         self._horizon_doc = None
         self._horizon_put_at = now
 
-    def _upload_part(self, step: UploadPart, snap) -> None:
+    def _upload_part(self, step: UploadPart, snap: HorizonSnapshot) -> None:
         name, start, end = step.name, step.start, step.end
         key = part_key(name, start, end)
         scratch = self.relay_dir / SCRATCH_DIR
@@ -596,20 +604,20 @@ class ArchiveUploader:
         running = self._running.get(name)
         if start == 0:
             running = (0, hashlib.sha256())
-        keep_running = running is not None and running[0] == start
         # the whole-file hash goes on in a copy, kept only once the part is in the bucket (a failed put is redone)
-        whole = running[1].copy() if keep_running else None
+        whole = running[1].copy() if running is not None and running[0] == start else None
         payload: bytes | Path
         plain_tmp = framed_tmp = None
         try:
             with CF.open_relay_file(self.relay_dir / name, keyring=self.keyring) as f:
                 if self.storage is None and end - start <= IN_MEMORY_PART:
-                    payload = f.read(start, end - start)
-                    if len(payload) != end - start:
-                        raise OSError(f"{name} holds {start + len(payload)} bytes, not the {end} the relay made durable")
-                    digest.update(payload)
+                    data = f.read(start, end - start)
+                    if len(data) != end - start:
+                        raise OSError(f"{name} holds {start + len(data)} bytes, not the {end} the relay made durable")
+                    digest.update(data)
                     if whole is not None:
-                        whole.update(payload)
+                        whole.update(data)
+                    payload = data
                 else:
                     scratch.mkdir(exist_ok=True)
                     plain_tmp = scratch / f"{name}.{start}.plain"
@@ -646,7 +654,7 @@ class ArchiveUploader:
 
     def _seal(self, step: Seal) -> None:
         name, size = step.name, step.size
-        have = self._listed[name]
+        have = self._listing()[name]
         running = self._running.pop(name, None)
         whole = running[1].hexdigest() if running is not None and running[0] == size else \
             self._indexed_sha(name) or self._local_sha(name, 0, size)
@@ -661,7 +669,7 @@ class ArchiveUploader:
                     "parts": parts}
         self._put(manifest_key(name), (json.dumps(manifest, indent=2) + "\n").encode())
         self._put_horizon(force=True)
-        self._listed = {**self._listed, name: BucketFile(name, have.parts, True)}
+        self._listed = {**self._listing(), name: BucketFile(name, have.parts, True)}
         self._sealed_sha[name] = whole
         self.stats.files_sealed += 1
         for start, end in have.parts:
@@ -672,7 +680,7 @@ class ArchiveUploader:
         archive's history, marked so that a restore never builds a relay with a hole in it."""
         now = set(files)
         for name in self._last_files:
-            have = self._listed.get(name)
+            have = self._listing().get(name)
             if name not in now and (have is None or not have.sealed) and name not in self._gaps:
                 self._put_gap(name, have)
         self._last_files = list(files)
@@ -688,14 +696,14 @@ class ArchiveUploader:
         log.error("relay file purged before the archive held it: a gap in the archive (a restore starts after it)",
                   file=name, url=self.bucket.url)
 
-    def _offload(self, files: list[str], snap) -> None:
+    def _offload(self, files: list[str], snap: HorizonSnapshot) -> None:
         """Replace the local copies of the oldest sealed files beyond ``keep_local`` by stubs (relay/remote.py)."""
         keep_bytes, keep_files = self.keep_local
         if keep_bytes is None and keep_files is None:
             return
         local = []
         for name in files:
-            have = self._listed.get(name)
+            have = self._listing().get(name)
             if name == snap.file or have is None or not have.sealed:
                 break  # only the sealed files before the first one that is not
             stored = CF.locate(self.relay_dir / name)
@@ -714,10 +722,10 @@ class ArchiveUploader:
                 log.info("relay file offloaded: its bytes are read back from the archive, a stub stays", file=name,
                          sha256=sha)
 
-    def _sidecars(self, files: list[str], snap) -> None:
+    def _sidecars(self, files: list[str], snap: HorizonSnapshot) -> None:
         """Put the index sidecars of every sealed local file whose indexes are complete (once each)."""
         for name in files:
-            have = self._listed.get(name)
+            have = self._listing().get(name)
             if name == snap.file or have is None or not have.sealed:
                 break
             if name in self._sidecars_up:
