@@ -61,6 +61,7 @@ from .constants import (
     ROTATE_EVENT,
 )
 from .events import HEADER, BinlogFormatError, EventHeader, FormatDescription
+from .packed import encode_packed
 
 if TYPE_CHECKING:
     from .gtid import GtidSet, MariaBinlogState, MariaGtid
@@ -136,15 +137,8 @@ def encode_event(
 
 
 def net_store_length(value: int) -> bytes:
-    """MySQL's packed integer (``net_store_length``): 1, 3, 4 or 9 bytes."""
-    value = _uint("packed integer", value, _UINT64_MAX)
-    if value < 251:
-        return bytes((value,))
-    if value < 1 << 16:
-        return b"\xfc" + value.to_bytes(2, "little")
-    if value < 1 << 24:
-        return b"\xfd" + value.to_bytes(3, "little")
-    return b"\xfe" + value.to_bytes(8, "little")
+    """MySQL's packed integer (``net_store_length``): 1, 3, 4 or 9 bytes (binlog/packed.py)."""
+    return encode_packed(value)
 
 
 def _file_name(name: FileName, what: str) -> bytes:

@@ -79,6 +79,7 @@ from .constants import (
     event_name,
 )
 from .events import HEADER, BinlogFormatError, EventHeader, FormatDescription, default_format
+from .packed import PackedIntError, decode_packed
 
 if TYPE_CHECKING:  # the GTID module is only needed when a GTID field is actually read
     from .gtid import GtidSet, MariaBinlogState, MariaGtid
@@ -154,28 +155,11 @@ def read_net_field_length(buf, pos: int, end: int) -> tuple[int, int]:
     """
     try:
         return _net_field_length(buf, pos, end)
-    except ValueError as exc:
+    except PackedIntError as exc:
         raise BinlogFormatError(str(exc), pos) from None
 
 
-def _net_field_length(buf, pos: int, end: int) -> tuple[int, int]:
-    # Raises plain ValueError with a detail message; callers add where it happened.
-    if pos >= end:
-        raise ValueError("packed integer expected, but no bytes are left")
-    first = buf[pos]
-    if first < 251:
-        return first, pos + 1
-    if first == 252:
-        size = 2
-    elif first == 253:
-        size = 3
-    elif first == 254:
-        size = 8
-    else:
-        raise ValueError(f"invalid packed-integer prefix 0x{first:02x}")
-    if pos + 1 + size > end:
-        raise ValueError(f"truncated packed integer: needs {1 + size} bytes, {end - pos} left")
-    return int.from_bytes(buf[pos + 1 : pos + 1 + size], "little"), pos + 1 + size
+_net_field_length = decode_packed  # raises PackedIntError (a ValueError); callers add where it happened
 
 
 def format_uuid(sid: bytes) -> str:

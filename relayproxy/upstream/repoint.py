@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtidPosition
+from ..wire.sqltext import sql_string  # re-exported: the upstream modules and pitr quote through it
 
 __all__ = [
     "BOUNDARY_EVENT_TYPES",
@@ -173,7 +174,3 @@ def decide_switch(*, master: str, server_id: int, relay: GtidSet | MariaBinlogSt
                           translated=None if translated is None else str(translated), relay=relay_text,
                           missing=missing, behind=behind, beyond=beyond, at=at)
 
-
-def sql_string(text: str) -> str:
-    """``text`` as an SQL string literal (quotes and backslashes escaped), for a file name a client gave."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

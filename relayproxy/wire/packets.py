@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from ..binlog.packed import PackedIntError, decode_packed, encode_packed
 from .errors import (
     CR_MALFORMED_PACKET,
     CR_NET_PACKET_TOO_LARGE,
@@ -136,23 +137,12 @@ class ProtocolError(MySQLError, ValueError):
 
 
 def read_lenenc_int(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
-    """The length-encoded integer at buf[pos] and the position after it; ProtocolError when truncated or when the
-    first byte is 0xFB (NULL, only meaningful in rows) or 0xFF (undefined)."""
-    if pos >= len(buf):
-        raise ProtocolError(f"truncated packet: length-encoded integer expected at offset {pos}")
-    first = buf[pos]
-    if first < 0xFB:
-        return first, pos + 1
-    size = _LENENC_SIZES.get(first)
-    if size is None:
-        raise ProtocolError(f"invalid length-encoded integer prefix 0x{first:02x} at offset {pos}")
-    end = pos + 1 + size
-    if end > len(buf):
-        raise ProtocolError(f"truncated length-encoded integer at offset {pos}")
-    return int.from_bytes(buf[pos + 1 : end], "little"), end
-
-
-_LENENC_SIZES = {0xFC: 2, 0xFD: 3, 0xFE: 8}
+    """The length-encoded integer at buf[pos] and the position after it (binlog/packed.py); ProtocolError when
+    truncated or when the first byte is 0xFB (NULL, only meaningful in rows) or 0xFF (undefined)."""
+    try:
+        return decode_packed(buf, pos, len(buf), "length-encoded integer")
+    except PackedIntError as exc:
+        raise ProtocolError(f"{exc} at offset {pos}") from None
 
 
 def read_lenenc_bytes(buf: bytes | bytearray | memoryview, pos: int) -> tuple[bytes, int]:
@@ -165,18 +155,8 @@ def read_lenenc_bytes(buf: bytes | bytearray | memoryview, pos: int) -> tuple[by
 
 
 def lenenc_int(value: int) -> bytes:
-    """`value` as a length-encoded integer."""
-    if value < 0:
-        raise ValueError(f"length-encoded integers are unsigned, got {value}")
-    if value < 0xFB:
-        return bytes((value,))
-    if value < 1 << 16:
-        return b"\xfc" + _U16.pack(value)
-    if value < 1 << 24:
-        return b"\xfd" + value.to_bytes(3, "little")
-    if value < 1 << 64:
-        return b"\xfe" + _U64.pack(value)
-    raise ValueError(f"{value} does not fit a length-encoded integer")
+    """`value` as a length-encoded integer (ValueError for a negative one or one over 64 bits)."""
+    return encode_packed(value, "length-encoded integer")
 
 
 def lenenc_bytes(value: bytes) -> bytes:

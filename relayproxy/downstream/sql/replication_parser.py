@@ -46,6 +46,7 @@ from ...wire.errors import (
     ER_WRONG_ARGUMENTS,
     WARN_NO_MASTER_INFO,
 )
+from ...wire.sqltext import sql_string
 from .errors import SqlError
 from .parser import Token, tokenize
 
@@ -606,7 +607,7 @@ def _render_value(key: str, value: Any, mask_password: bool) -> str:
         return repr(value)
     if key == "use_gtid":
         return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return sql_string(value)
 
 
 def _render_options(keys: list[str], keywords: list[str], options: dict[str, Any], mask_password: bool) -> str:
