@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from ..binlog.events import FormatDescription
     from .epochs import Epochs
     from .horizon import Horizon
-    from .txindex import TransactionIndex
 
 
 @runtime_checkable
@@ -61,8 +60,10 @@ class StoreReader(Protocol):
         """The newest FORMAT_DESCRIPTION the files hold."""
 
     @property
-    def transaction_index(self) -> TransactionIndex | None:
-        """The store's own transaction index (relay/txindex.py), None where the store keeps none."""
+    def transaction_index(self) -> object | None:
+        """The store's own transaction index (a relay/txindex.py ``TransactionIndex``, which reads stores through
+        this Protocol: typed ``object`` here so that neither module imports the other), None where the store keeps
+        none."""
 
     def files(self) -> list[str]:
         """File names, oldest first."""

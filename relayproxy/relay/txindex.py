@@ -1803,7 +1803,7 @@ _BY_STORE_LOCK = threading.Lock()
 def index_of(store: StoreReader) -> TransactionIndex:
     """The store's TransactionIndex (its own ``transaction_index`` when it has one, else one kept per store)."""
     own = store.transaction_index
-    if own is not None:
+    if isinstance(own, TransactionIndex):
         return own
     with _BY_STORE_LOCK:
         found = _BY_STORE.get(store)
