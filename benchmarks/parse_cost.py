@@ -49,11 +49,11 @@ from parsing import (  # noqa: E402  (benchmarks/parsing.py: what the Spark job 
     make_walk_library,
     make_walk_views,
     measure,
-    ratio,
     run_in_order,
     walk_boundary,
     walk_boundary_batch,
     walk_boundary_crc,
+    walk_figures,
 )
 
 from relayproxy.binlog import constants as C  # noqa: E402
@@ -376,11 +376,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def one_run(order, _index):
         """One run of every measurement in ``order`` (the relay's rows first, or the library's first)."""
-        ns = run_in_order(measures, order, repeat, min_sample)
-        return {"ratio": ratio(ns["pymysqlreplication"], ns["boundary_batch"]),
-                "ratio_feed": ratio(ns["pymysqlreplication"], ns["boundary"]),
-                "boundary_ns": ns["boundary_batch"], "boundary_feed_ns": ns["boundary"],
-                "library_ns": ns["pymysqlreplication"]}
+        figures = walk_figures(run_in_order(measures, order, repeat, min_sample))
+        del figures["floor_ns"]  # (the header walk has its own row)
+        return figures
 
     per_run = benchinfo.run_alternating(runs, ["relayproxy", "pymysqlreplication"], one_run)
     ns = {m.key: m.ns_per_event for m in measures}

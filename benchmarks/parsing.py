@@ -366,6 +366,14 @@ def run_in_order(measures: list[Measure], order, repeat: int, min_sample_s: floa
     return {m.key: statistics.median(m.samples_ns[before[m.key]:]) / (m.inner * m.events) for m in measures}
 
 
+def walk_figures(ns: dict[str, float], prefix: str = "") -> dict[str, float | None]:
+    """One run's headline figures of the ``core_measures`` walks (``run_in_order``'s ns per event): the library's
+    cost over the batch path's (``ratio``) and over the per-event API's (``ratio_feed``), and the three costs."""
+    library, batch, feed = (ns[prefix + key] for key in ("pymysqlreplication", "boundary_batch", "boundary"))
+    return {"ratio": ratio(library, batch), "ratio_feed": ratio(library, feed), "boundary_ns": batch,
+            "boundary_feed_ns": feed, "library_ns": library, "floor_ns": ns[prefix + "header_walk"]}
+
+
 # ---------------------------------------------------------------------------------------------
 # Ratios: sums of ns over the same events (additive), ratios of them (ratios of means)
 SUM_FIELDS = ("boundary_all", "view_all", "boundary_dec", "view_dec", "library_dec")

@@ -51,10 +51,12 @@ from parsing import (  # noqa: E402  (what is measured, counted and compared: sh
     core_measures,
     corpus_path,
     decode_event,
+    files_totals,
     load_binlog,
     ratio,
     run_in_order,
     scan_events,
+    walk_figures,
 )
 
 from relayproxy.binlog import constants as C  # noqa: E402
@@ -441,21 +443,19 @@ class Calibration:
         return bests[len(bests) // 2]
 
     def summary(self) -> dict:
-        def pct(values: list[int], q: float) -> int:
-            return values[min(len(values) - 1, int(q * len(values)))]
+        def describe(values: list[int]) -> dict:
+            v = sorted(values)
+            return {"p5": _rank(v, 0.05), "p50": _rank(v, 0.5), "p95": _rank(v, 0.95)}
 
-        def describe(table: dict[int, list[int]], refs: dict[int, float]) -> dict:
-            out = {}
-            for k, raw in table.items():
-                v = sorted(raw)
-                out[str(k)] = {"p5": pct(v, 0.05), "p50": pct(v, 0.5), "p95": pct(v, 0.95), "ref": refs[k]}
-            return out
+        return {"clock": describe(self.clock_ns),
+                **{kind: {str(k): {**describe(raw), "ref": refs[k]} for k, raw in table.items()}
+                   for kind, table, refs in (("empty", self.empty, self.empty_ref),
+                                             ("rollback", self.rollback, self.rollback_ref))}}
 
-        return {
-            "clock": {"p5": pct(self.clock_ns, 0.05), "p50": pct(self.clock_ns, 0.5), "p95": pct(self.clock_ns, 0.95)},
-            "empty": describe(self.empty, self.empty_ref),
-            "rollback": describe(self.rollback, self.rollback_ref),
-        }
+
+def _rank(values: list, q: float):
+    """The value at rank ``int(q * n)`` of sorted values (nearest rank, no interpolation), None when empty."""
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
 def batch_sizes(max_batch: int) -> list[int]:
@@ -973,12 +973,8 @@ def run_walks(walk_sets: dict[str, list], order, repeat: int, min_sample: float)
     median of ``repeat`` samples (round robin, warm-up first, GC off while timing)."""
     measures = [m for label, files in walk_sets.items() for m in core_measures(files, f"{label}|")]
     ns = run_in_order(measures, order, repeat, min_sample)
-    kinds = {"header_walk": "floor", "boundary": "feed", "boundary_batch": "batch", "pymysqlreplication": "library"}
-    out: dict[str, dict] = {}
-    for m in measures:
-        label, key = m.key.split("|")
-        out.setdefault(label, {"events": m.events})[kinds[key]] = ns[m.key]
-    return out
+    return {label: {"events": files_totals(files)[0], **walk_figures(ns, f"{label}|")}
+            for label, files in walk_sets.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -997,6 +993,14 @@ def _csv_value(value):
     return "" if value is None else value
 
 
+def per_parser(rows: list[dict], key: str) -> dict[str, dict]:
+    """The rows by ``key`` and then by parser."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        out.setdefault(r[key], {})[r["parser"]] = r
+    return out
+
+
 def _fmt(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -1013,10 +1017,6 @@ def method_error(calibrations: list[dict]) -> dict:
         return values
 
     recheck = {name: sorted(v for cal in calibrations for v in cal["recheck"][name]) for name in PARSERS}
-
-    def q(values: list[float], p: float) -> float | None:
-        return values[min(len(values) - 1, int(p * len(values)))] if values else None
-
     ks = sorted(int(k) for k in calibrations[0]["empty"])
     return {
         "tasks": len(calibrations),
@@ -1031,7 +1031,7 @@ def method_error(calibrations: list[dict]) -> dict:
                    for k in ks}
             for kind in ("empty", "rollback")
         },
-        "recheck": {name: {"n": len(v), "p50": q(v, 0.5), "p90": q(v, 0.9)} for name, v in recheck.items()},
+        "recheck": {name: {"n": len(v), "p50": _rank(v, 0.5), "p90": _rank(v, 0.9)} for name, v in recheck.items()},
     }
 
 
@@ -1140,9 +1140,9 @@ def walk_lines(report: dict, per_subset: dict[str, dict]) -> list[str]:
             f"{_mr([t['boundary_dec'] / t['decoded_events'] for t in spark_runs], '{:,.0f}', '')} | "
             f"{_mr([t['library_dec'] / t['decoded_events'] for t in spark_runs], '{:,.0f}', '')} | "
             f"{_mr([ratio(t['library_dec'], t['boundary_dec']) for t in spark_runs])} | "
-            f"{_mr([w['floor'] for w in walks], '{:,.0f}', '')} | {_mr([w['feed'] for w in walks], '{:,.0f}', '')} | "
-            f"{_mr([w['batch'] for w in walks], '{:,.0f}', '')} | {_mr([w['library'] for w in walks], '{:,.0f}', '')} | "
-            f"{_mr([w['library'] / w['feed'] for w in walks])} | {_mr([w['library'] / w['batch'] for w in walks])} |"
+            + "".join(f"{_mr([w[key] for w in walks], '{:,.0f}', '')} | "
+                      for key in ("floor_ns", "boundary_feed_ns", "boundary_ns", "library_ns"))
+            + f"{_mr([w['ratio_feed'] for w in walks])} | {_mr([w['ratio'] for w in walks])} |"
         )
     lines += [
         "",
@@ -1238,9 +1238,7 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
             f"{_fmt(r['p90_ns'])} | {_fmt(r['p99_ns'])} | {_fmt(1e9 / r['mean_ns'] if r['mean_ns'] else None)} | "
             f"{_fmt(r['bytes'] / r['total_ns'] * 1e3 if r['total_ns'] else None, 1)} |"
         )
-    by_type: dict[str, dict] = {}
-    for r in report["by_type"]:
-        by_type.setdefault(r["event_type"], {})[r["parser"]] = r
+    by_type = per_parser(report["by_type"], "event_type")
     ordered = sorted(by_type.items(), key=lambda kv: -kv[1]["boundary"]["events"])
     lines += [
         "",
@@ -1332,21 +1330,27 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "![ratios per stream](ratios.png)",
         "",
-        "## Machine",
-        "",
+        *benchinfo.machine_section(info),
     ]
-    lines += [f"- {k}: {v}" for k, v in info.items()]
-    lines.append("")
     return "\n".join(lines)
 
 
 PARSER_COLOURS = {"boundary": "#2f7ed8", "view": "#76b7e8", "pymysqlreplication": "#d9534f"}
 
 
-def _finish_log_barh(fig, ax, path, xlabel: str, title: str) -> None:
-    """The common end of the horizontal log-scale bar charts: axes, legend, save, free the figure."""
-    import matplotlib.pyplot as plt
-
+def _parser_bars(plt, path: Path, table: dict[str, dict], names: list[str], labels: list[str], xlabel: str,
+                 title: str, height: float, numbers: bool = False, fontsize: float | None = None) -> None:
+    """One horizontal log-scale bar per parser for each name (``table[name][parser]["mean_ns"]``), saved to path."""
+    fig, ax = plt.subplots(figsize=(10, height))
+    bar = 0.8 / len(PARSERS)
+    for i, parser in enumerate(PARSERS):
+        ys = [n + i * bar for n in range(len(names))]
+        values = [table[n][parser]["mean_ns"] if parser in table[n] else 0 for n in names]
+        ax.barh(ys, values, height=bar, color=PARSER_COLOURS[parser], label=parser)
+        for y, v in zip(ys, values):
+            if numbers and v:
+                ax.text(v * 1.05, y, f"{v:,.0f}", va="center", fontsize=7)
+    ax.set_yticks([n + bar for n in range(len(names))], labels, **({"fontsize": fontsize} if fontsize else {}))
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
@@ -1365,38 +1369,18 @@ def write_plots(out: Path, report: dict) -> list[str]:
     written = []
     note = "(shared 2-core machine: compare parsers within a run, not absolute numbers)"
 
-    # 1. mean ns per stream and parser
-    streams = sorted({r["stream"] for r in report["by_stream"]})
-    table = {(r["stream"], r["parser"]): r for r in report["by_stream"]}
-    fig, ax = plt.subplots(figsize=(10, 0.55 * len(streams) * len(PARSERS) / 2 + 2))
-    height = 0.8 / len(PARSERS)
-    for i, parser in enumerate(PARSERS):
-        ys = [s + i * height for s in range(len(streams))]
-        values = [table[(s, parser)]["mean_ns"] if (s, parser) in table else 0 for s in streams]
-        ax.barh(ys, values, height=height, color=PARSER_COLOURS[parser], label=parser)
-        for y, v in zip(ys, values):
-            if v:
-                ax.text(v * 1.05, y, f"{v:,.0f}", va="center", fontsize=7)
-    ax.set_yticks([s + height for s in range(len(streams))], streams)
-    _finish_log_barh(fig, ax, out / "by_stream.png", "mean ns per event (log scale; lower is better)",
-                     f"Per-event parse cost per stream\n{note}")
-    written.append("by_stream.png")
-
-    # 2. mean ns per event type (most frequent 20 types)
-    per_type: dict[str, dict] = {}
-    for r in report["by_type"]:
-        per_type.setdefault(r["event_type"], {})[r["parser"]] = r
+    # 1. mean ns per stream and parser; 2. per event type (the 20 most frequent)
+    per_stream = per_parser(report["by_stream"], "stream")
+    _parser_bars(plt, out / "by_stream.png", per_stream, sorted(per_stream), sorted(per_stream),
+                 "mean ns per event (log scale; lower is better)", f"Per-event parse cost per stream\n{note}",
+                 0.55 * len(per_stream) * len(PARSERS) / 2 + 2, numbers=True)
+    per_type = per_parser(report["by_type"], "event_type")
     types = sorted(per_type, key=lambda t: -per_type[t]["boundary"]["events"])[:20]
-    fig, ax = plt.subplots(figsize=(10, 0.5 * len(types) + 2))
-    for i, parser in enumerate(PARSERS):
-        ys = [t + i * height for t in range(len(types))]
-        values = [per_type[t][parser]["mean_ns"] if parser in per_type[t] else 0 for t in types]
-        ax.barh(ys, values, height=height, color=PARSER_COLOURS[parser], label=parser)
-    ax.set_yticks([t + height for t in range(len(types))],
-                  [f"{t} ({per_type[t]['boundary']['events']:,})" for t in types], fontsize=8)
-    _finish_log_barh(fig, ax, out / "by_event_type.png", "mean ns per event (log scale), all streams; (n) = events",
-                     f"Per-event parse cost per event type\n{note}")
-    written.append("by_event_type.png")
+    _parser_bars(plt, out / "by_event_type.png", per_type, types,
+                 [f"{t} ({per_type[t]['boundary']['events']:,})" for t in types],
+                 "mean ns per event (log scale), all streams; (n) = events",
+                 f"Per-event parse cost per event type\n{note}", 0.5 * len(types) + 2, fontsize=8)
+    written += ["by_stream.png", "by_event_type.png"]
 
     # 3. distribution (CDF) of per-event ns from a sample of events
     fig, ax = plt.subplots(figsize=(9, 5))
