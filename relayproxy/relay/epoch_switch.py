@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Callable
 
 from ..binlog import constants as C
 from ..binlog import encoders as _enc
@@ -41,6 +42,11 @@ from .epochs import (
 from .errors import RelayGapError, RelayMismatchError, RelayStateError
 from .layout import check_file_name
 from .recovery import read_final_rotate
+from .write_state import Gtids, WriteState
+
+if TYPE_CHECKING:
+    from .horizon import Horizon
+    from .sync import SyncPipeline
 
 __all__ = ["EpochSwitch", "join_rotate", "join_fde", "FILLER_MAX_SIZE", "SPARSE_FILLER_BYTES"]
 
@@ -81,30 +87,46 @@ def join_fde(event) -> bytes:
 
 
 class EpochSwitch:
-    """The store's switch of epochs and its fillers, mixed into ``RelayStore`` (relay/store.py), whose state it
-    reads and moves: the epochs (``_epochs``), the index and the current file (``_index``, ``_file``, ``_fd``,
-    ``_end``, ``_boundary``, ``_written``, ``_buf``), the file's FORMAT_DESCRIPTION and GTID state (``_fde``,
-    ``_checksum_len``, ``_last_type``, ``_gtids``, ``_file_start_gtids``, ``_start_set_seen``) and what it
-    reports (``fillers``, ``warnings``, ``join_extra_gtids``); it calls the store's ``_check``, ``_settle``,
-    ``_sync``, ``_flush``, ``_fail``, ``write_event`` and ``boundary_outside``.
+    """The store's switch of epochs and its fillers, an object ``RelayStore`` (relay/store.py) holds: it owns the
+    epochs value (``epochs``) and what it reports (``fillers``, ``warnings``, ``join_extra_gtids``).
+
+    It reads and moves the store's write state (``WriteState``, relay/write_state.py), reads the store's file
+    list (``index``: the store's own list, changed in place) and the ``horizon``, makes the current file durable
+    through the store's sync pipeline (``pipeline``) and appends through the store's ``write_event`` and
+    ``boundary_outside``.
     """
 
+    def __init__(self, state: WriteState, pipeline: SyncPipeline, horizon: Horizon, index: list[str],
+                 epochs: Epochs, *, write_event: Callable[[int, bytes], str],
+                 boundary_outside: Callable[[int], None], warnings: list[str], join_extra_gtids: Gtids | None):
+        self._w = state
+        self._pipeline = pipeline
+        self._horizon = horizon
+        self._index = index
+        self.epochs = epochs
+        self._write_event = write_event
+        self._boundary_outside = boundary_outside
+        self.warnings = warnings  # things recorded, not refused (see begin_epoch)
+        self.join_extra_gtids = join_extra_gtids  # GTIDs a join file's start set names beyond the relay's
+        self.fillers = 0  # filler events written
+
     @property
-    def epoch_switch_pending(self) -> bool:
+    def pending(self) -> bool:
         """The current epoch (>= 2) is recorded but its first relay file holds no events yet."""
-        cur = self._epochs.current
+        cur = self.epochs.current
         if cur.implicit or cur.epoch < 2:
             return False
-        return cur.first_file not in self._index or (cur.first_file == self._file and self._end <= 4)
+        w = self._w
+        return cur.first_file not in self._index or (cur.first_file == w.file and w.end <= 4)
 
-    def _epoch_unused(self) -> bool:
+    def epoch_unused(self) -> bool:
         """The current recorded epoch holds no data yet (its record may still be changed)."""
-        cur = self._epochs.current
+        cur = self.epochs.current
         if cur.implicit:
             return False
         if cur.epoch == 1:
             return not self._index
-        return self.epoch_switch_pending
+        return self.pending
 
     def begin_epoch(self, master: dict, upstream_first_file: str, *, relay_server_id: int,
                     now: float | None = None) -> Epoch:
@@ -127,8 +149,9 @@ class EpochSwitch:
         newest file holding only the magic becomes the new epoch's first file (the ROTATE before it
         already names it). Requires no open group (call ``discard_incomplete`` first).
         """
-        self._check()
-        self._settle()
+        w = self._w
+        w.check()
+        self._pipeline.settle()
         try:
             master = normalise_master(master)
             check_file_name(upstream_first_file)
@@ -136,95 +159,110 @@ class EpochSwitch:
             raise RelayStateError(f"begin_epoch: {exc}") from None
         if type(relay_server_id) is not int or not 0 <= relay_server_id <= _U32:
             raise RelayStateError(f"begin_epoch: relay_server_id {relay_server_id!r} is not a server id")
-        if self._file is not None and self._end != self._boundary:
+        if w.file is not None and w.end != w.boundary:
             raise RelayStateError(
-                f"begin_epoch while a group is open in {self._file} ({self._end - self._boundary} bytes after "
-                f"offset {self._boundary}): call discard_incomplete() first"
+                f"begin_epoch while a group is open in {w.file} ({w.end - w.boundary} bytes after "
+                f"offset {w.boundary}): call discard_incomplete() first"
             )
-        if self._fd >= 0:
-            self._sync()  # the join set is the durable one, and nothing unsynced precedes the ROTATE
+        if w.fd >= 0:
+            self._pipeline.sync_now()  # the join set is the durable one, and nothing unsynced precedes the ROTATE
         started = time.time() if now is None else float(now)
-        cur = self._epochs.current
         try:
-            if not cur.implicit and cur.same_master(master):
-                planned = self._epochs
-                if self._epoch_unused() and cur.upstream_first_file != upstream_first_file:
-                    planned = self._reanchored(upstream_first_file)
-            elif self._epoch_unused():
-                join = gtid_text(self.horizon.snapshot().gtids)
-                changes = {"master": master, "upstream_first_file": upstream_first_file, "join_gtids": join,
-                           "started": started, "relay_server_id": relay_server_id}
-                if cur.epoch == 1:
-                    changes["first_file"] = upstream_first_file
-                planned = self._epochs.replaced_current(**changes)
-            else:
-                planned = self._epochs.next_epoch(
-                    index=self._index, current_empty=self._file is not None and self._end <= 4, master=master,
-                    upstream_first_file=upstream_first_file, join_gtids=gtid_text(self.horizon.snapshot().gtids),
-                    started=started, relay_server_id=relay_server_id,
-                )
+            planned = self._planned(master, upstream_first_file, started, relay_server_id)
         except EpochsError as exc:
             raise RelayStateError(f"begin_epoch: {exc}") from None
-        if planned != self._epochs:
-            self._record_epochs(planned)  # the commit point of the switch
-        if self.epoch_switch_pending:
-            self._complete_epoch_switch()
-        return self._epochs.current
+        if planned != self.epochs:
+            self.record(planned)  # the commit point of the switch
+        if self.pending:
+            self.complete_pending_switch()
+        return self.epochs.current
+
+    def _planned(self, master: dict, upstream_first_file: str, started: float, relay_server_id: int) -> Epochs:
+        """The epochs record ``begin_epoch`` leaves (the current one when nothing changes)."""
+        cur = self.epochs.current
+        if not cur.implicit and cur.same_master(master):
+            if self.epoch_unused() and cur.upstream_first_file != upstream_first_file:
+                return self._reanchored(upstream_first_file)
+            return self.epochs
+        join = gtid_text(self._horizon.snapshot().gtids)
+        if self.epoch_unused():
+            changes: dict[str, object] = {"master": master, "upstream_first_file": upstream_first_file,
+                                          "join_gtids": join, "started": started, "relay_server_id": relay_server_id}
+            if cur.epoch == 1:
+                changes["first_file"] = upstream_first_file
+            return self.epochs.replaced_current(**changes)
+        w = self._w
+        return self.epochs.next_epoch(
+            index=self._index, current_empty=w.file is not None and w.end <= 4, master=master,
+            upstream_first_file=upstream_first_file, join_gtids=join, started=started,
+            relay_server_id=relay_server_id,
+        )
 
     def _reanchored(self, upstream_first_file: str) -> Epochs:
-        cur = self._epochs.current
+        cur = self.epochs.current
         changes = {"upstream_first_file": upstream_first_file}
         if cur.epoch == 1:
             changes["first_file"] = upstream_first_file
-        return self._epochs.replaced_current(**changes)
+        return self.epochs.replaced_current(**changes)
 
-    def _reanchor_epoch(self, upstream_first_file: str) -> None:
+    def reanchor(self, upstream_first_file: str) -> None:
+        """The master began the unused current epoch at ``upstream_first_file``: its record follows."""
         try:
             planned = self._reanchored(upstream_first_file)
         except EpochsError as exc:
             raise RelayStateError(f"cannot start {upstream_first_file!r}: {exc}") from None
-        self._record_epochs(planned)
+        self.record(planned)
 
-    def _record_epochs(self, planned: Epochs) -> None:
+    def record(self, planned: Epochs) -> None:
+        """Write ``planned`` as the directory's epochs record (durable) and take it as the current value."""
+        relay_dir = self._w.relay_dir
         try:
-            write_epochs(self.relay_dir, planned)
+            write_epochs(relay_dir, planned)
         except OSError as exc:
-            self._fail(exc, self.relay_dir / EPOCHS_NAME)
+            self._w.fail(exc, relay_dir / EPOCHS_NAME)
             raise
-        self._epochs = planned
+        self.epochs = planned
 
-    def _complete_epoch_switch(self) -> None:
+    def complete_pending_switch(self) -> None:
         """Append (unless the current file already ends with it) the ROTATE to the pending epoch's first
         file, make it durable and move the horizon past it."""
-        cur = self._epochs.current
-        if self._file is None or cur.first_file == self._file:
+        w = self._w
+        cur = self.epochs.current
+        first = cur.first_file
+        if w.file is None or first is None or first == w.file:
             return  # no earlier file, or the epoch reuses the empty newest file its predecessor's ROTATE names
-        if self._end != self._boundary:
-            raise RelayStateError(f"cannot end {self._file} with the epoch's ROTATE: a group is open")
-        if not self._ends_with_rotate_to(cur.first_file):
-            self._append_join_rotate(cur)
-        self._sync()
+        if w.end != w.boundary:
+            raise RelayStateError(f"cannot end {w.file} with the epoch's ROTATE: a group is open")
+        if not self._ends_with_rotate_to(w.file, first):
+            self.append_join_rotate(cur)
+        self._pipeline.sync_now()
 
-    def _ends_with_rotate_to(self, name: str) -> bool:
-        if self._last_type != C.ROTATE_EVENT:
+    def _ends_with_rotate_to(self, file: str, name: str) -> bool:
+        w = self._w
+        if w.last_type != C.ROTATE_EVENT:
             return False
         try:
-            self._flush()
+            w.flush()
         except OSError as exc:
-            self._fail(exc)
+            w.fail(exc)
             raise
-        rotate = read_final_rotate(self.relay_dir / self._file)
-        return rotate is not None and rotate[1] == 4 and name in self._epochs.rotate_targets(self._file, rotate[0])
+        rotate = read_final_rotate(w.relay_dir / file)
+        return rotate is not None and rotate[1] == 4 and name in self.epochs.rotate_targets(file, rotate[0])
 
-    def _append_join_rotate(self, epoch: Epoch) -> None:
-        if self._fde is None:
+    def append_join_rotate(self, epoch: Epoch) -> None:
+        """Append the ROTATE to ``epoch``'s first file at the current end (``join_rotate``)."""
+        w = self._w
+        first = epoch.first_file
+        if first is None:
+            raise RelayStateError(f"epoch {epoch.epoch} names no first relay file: no ROTATE to it")
+        if w.fde is None:
             raise RelayStateError(
-                f"{self._file} has no FORMAT_DESCRIPTION_EVENT: it cannot end with the ROTATE to {epoch.first_file}"
+                f"{w.file} has no FORMAT_DESCRIPTION_EVENT: it cannot end with the ROTATE to {first}"
             )
-        end = self._end
-        event = join_rotate(epoch.first_file, self._fde, end, checksum=self._checksum_len == C.CHECKSUM_LEN)
-        self.write_event(end, event)
-        self.boundary_outside(end + len(event))
+        end = w.end
+        event = join_rotate(first, w.fde, end, checksum=w.checksum_len == C.CHECKSUM_LEN)
+        self._write_event(end, event)
+        self._boundary_outside(end + len(event))
 
     def write_filler(self, offset: int, *, relay_server_id: int | None = None) -> int:
         """Cover ``[current_end, offset)`` with the relay's filler events (a GTID dump skipped groups the
@@ -237,77 +275,80 @@ class EpochSwitch:
         ignored): relays that skipped the same stretch write the same bytes. They end outside any group:
         the horizon may move past them. Raises RelayGapError when the gap is smaller than an event.
         """
-        self._check()
-        self._settle()  # a large filler truncates (extends) the file
-        if self._fd < 0:
+        w = self._w
+        w.check()
+        self._pipeline.settle()  # a large filler truncates (extends) the file
+        if w.fd < 0 or w.file is None:
             raise RelayStateError("write_filler before start_file: there is no current relay file")
-        end = self._end
+        end = w.end
         if offset <= end:
-            raise RelayStateError(f"write_filler to {offset}: {self._file} already holds {end} bytes")
-        if end != self._boundary:
+            raise RelayStateError(f"write_filler to {offset}: {w.file} already holds {end} bytes")
+        if end != w.boundary:
             raise RelayStateError(
-                f"write_filler while a group is open in {self._file} (after offset {self._boundary}): "
+                f"write_filler while a group is open in {w.file} (after offset {w.boundary}): "
                 "a filler never sits inside a group"
             )
-        if self._fde is None:
-            raise RelayStateError(f"write_filler in {self._file} before its FORMAT_DESCRIPTION_EVENT")
-        checksum = self._checksum_len == C.CHECKSUM_LEN
-        server_id = self._fde.server_id
+        if w.fde is None:
+            raise RelayStateError(f"write_filler in {w.file} before its FORMAT_DESCRIPTION_EVENT")
+        checksum = w.checksum_len == C.CHECKSUM_LEN
+        server_id = w.fde.server_id
         try:
             sizes = _enc.filler_sizes(offset - end, checksum, FILLER_MAX_SIZE)
         except ValueError:
-            raise RelayGapError(offset, end, self._file) from None
+            raise RelayGapError(offset, end, w.file) from None
         at = end
         try:
             for size in sizes:
                 stop = at + size
                 if size < SPARSE_FILLER_BYTES:
-                    self.write_event(at, _enc.filler(size, log_pos=stop & _U32, server_id=server_id,
-                                                     checksum=checksum))
+                    self._write_event(at, _enc.filler(size, log_pos=stop & _U32, server_id=server_id,
+                                                      checksum=checksum))
                 else:
                     self._write_sparse_filler(at, size, server_id, checksum)
                 at = stop
         except OSError as exc:
-            self._fail(exc)
+            w.fail(exc)
             raise
-        self._last_type = C.IGNORABLE_LOG_EVENT
+        w.last_type = C.IGNORABLE_LOG_EVENT
         self.fillers += len(sizes)
-        self.boundary_outside(offset)
+        self._boundary_outside(offset)
         return len(sizes)
 
     def _write_sparse_filler(self, at: int, size: int, server_id: int, checksum: bool) -> None:
-        self._flush()
-        fd = self._fd
+        w = self._w
+        w.flush()
+        fd = w.fd
         stop = at + size
         header = _enc.filler_header(size, log_pos=stop & _U32, server_id=server_id)
         os.ftruncate(fd, at)  # nothing stale in the hole: it reads as zeros
         os.pwrite(fd, header, at)
         if checksum:
             os.pwrite(fd, _enc.filler_crc(header, size).to_bytes(4, "little"), stop - C.CHECKSUM_LEN)
-            self.bytes_written += len(header) + C.CHECKSUM_LEN
+            w.bytes_written += len(header) + C.CHECKSUM_LEN
         else:
             os.ftruncate(fd, stop)
-            self.bytes_written += len(header)
-        self._written = self._end = stop
+            w.bytes_written += len(header)
+        w.written = w.end = stop
 
-    def _join_start_set(self, gtids, epoch: Epoch, offset: int, size: int, type_code: int) -> None:
+    def join_start_set(self, gtids: Gtids, epoch: Epoch, offset: int, size: int, type_code: int) -> None:
         """The first file of an epoch starts with its new master's set, which may be a strict subset of
         the relay's (that file began before the join point; fillers cover the groups the relay had):
         the set at its start is ``join_gtids ∪ its set``. A set naming GTIDs the relay never had (the
         new master had them before this file: errant or other-domain transactions) is recorded, not
         refused: they count as purged (FileCatalog.purged), the relay cannot serve them."""
+        w = self._w
         join = parse_gtid_text(epoch.join_gtids)
         try:
             effective = gtid_union(join, gtids)
             extra = gtid_missing(gtids, join) if join is not None else None
         except ValueError as exc:
-            raise RelayMismatchError(offset, size, self._file, f"its {C.event_name(type_code)} set: {exc}") from None
+            raise RelayMismatchError(offset, size, w.file, f"its {C.event_name(type_code)} set: {exc}") from None
         if extra is not None:
             self.join_extra_gtids = extra
             self.warnings.append(
-                f"{self._file} (epoch {epoch.epoch}) starts with {C.event_name(type_code)} {gtid_text(gtids)}, "
+                f"{w.file} (epoch {epoch.epoch}) starts with {C.event_name(type_code)} {gtid_text(gtids)}, "
                 f"which names {gtid_text(extra)} that the relay never had: counted as purged"
             )
-        self._gtids = effective
-        self._file_start_gtids = gtids.copy()
-        self._start_set_seen = True
+        w.gtids = effective
+        w.file_start_gtids = gtids.copy()
+        w.start_set_seen = True

@@ -15,15 +15,16 @@ Write path (the relay's hot loop), one writer:
 
 Appended bytes collect in memory and reach the file in large ``os.pwrite`` calls (at sync, or once
 the buffer passes ``FLUSH_BYTES``, so a 1 GB transaction streams to disk without being held). The sync
-pipeline (``relay/sync.py``, mixed in as ``SyncPipeline``) makes them durable: write the buffer,
+pipeline (``relay/sync.py``, the ``SyncPipeline`` the store holds) makes them durable: write the buffer,
 ``fdatasync``, record the durable mark, and only then advance the horizon to the last complete boundary,
 the fsync running off the event loop (``begin_sync`` / ``complete_sync``). The horizon never points
 inside a group and never past an fsync.
 
 The switch of upstream epochs after a failover, and the fillers over a stretch a GTID dump skipped, are
-``relay/epoch_switch.py`` (mixed in as ``EpochSwitch``): ``begin_epoch``, ``write_filler``. This module
-keeps the append path, the boundaries, the file lifecycle (``start_file``, ``purge_to``, ``close``)
-and what the store reports of its state.
+``relay/epoch_switch.py`` (the ``EpochSwitch`` the store holds): ``begin_epoch``, ``write_filler``. Both
+share the store's write state (``relay/write_state.py``: the current file, its offsets and GTID state); the
+store delegates its public methods to them. This module keeps the append path, the boundaries, the file
+lifecycle (``start_file``, ``purge_to``, ``close``) and what the store reports of its state.
 
 Errors from the file system (full disk, EIO) poison the store: every later call raises
 ``RelayStoreFailed``; the OSError names the file. Reopen it; recovery cuts the unfinished tail and the
@@ -37,6 +38,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..binlog import constants as C
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
@@ -44,14 +46,13 @@ from ..binlog.gtid import GtidSet, MariaBinlogState, MariaGtid
 from .closed_files import remove_all
 from .durable import DurableMarkWriter, fsync_dir, write_index
 from .epoch_switch import EpochSwitch, join_fde
-from .epochs import Epochs, EpochsError
+from .epochs import Epoch, Epochs, EpochsError
 from .errors import (
     RelayEventError,
     RelayGapError,
     RelayMismatchError,
     RelayStateError,
     RelayStoreError,
-    RelayStoreFailed,
 )
 from .fileindex import Indexer
 from .fileindex import remove as remove_file_index
@@ -59,8 +60,9 @@ from .horizon import Horizon
 from .txindex import TransactionIndex, TxIndexer
 from .txindex import remove as remove_tx_index
 from .layout import check_file_name
-from .recovery import RecoveryReport, read_first_fde, recover
-from .sync import CHECKPOINT_BYTES, CHECKPOINT_SECONDS, SyncPipeline, SyncPolicy, SyncTicket
+from .recovery import RecoveredState, RecoveryReport, read_first_fde, recover
+from .sync import SyncPipeline, SyncPolicy, SyncTicket
+from .write_state import Gtids, WriteState
 
 __all__ = ["RelayStore"]
 
@@ -99,82 +101,68 @@ def _add_gtid(target, gtid):
     return target
 
 
-class RelayStore(SyncPipeline, EpochSwitch):
-    """Relay files in master coordinates, their index, and the durable horizon over them (the sync pipeline:
-    ``SyncPipeline``, relay/sync.py; the switch of epochs and the fillers: ``EpochSwitch``, relay/epoch_switch.py)."""
+def _write_state(relay_dir: Path, recovered: RecoveredState, index: list[str]) -> WriteState:
+    """The write state of the newest file as recovery left it (its descriptor not yet open)."""
+    end = recovered.end
+    fde = recovered.fde
+    scan = recovered.report.scan
+    return WriteState(
+        relay_dir, recovered.current_file, written=end, end=end, synced=end, boundary=end, gtids=recovered.gtids,
+        fde=fde,
+        # The newest FORMAT_DESCRIPTION of an earlier file, while the current one has none yet.
+        prior_fde=None if fde is not None or len(index) < 2 else read_first_fde(relay_dir / index[-2]),
+        checksum_len=fde.checksum_len if fde else 0,
+        last_type=scan.good_end_type if scan is not None and scan.good_end == end else None,
+        start_set_seen=recovered.start_set_seen, file_start_gtids=recovered.file_start_gtids,
+        # The set a new file's PREVIOUS_GTIDS / GTID_LIST must continue (a newest file cut before its
+        # set event continues the previous file's set, as recovery rebuilt it).
+        carried_gtids=None if recovered.start_set_seen or recovered.gtids is None else recovered.gtids.copy(),
+    )
+
+
+class RelayStore:
+    """Relay files in master coordinates, their index, and the durable horizon over them. It holds its write state
+    (``WriteState``, relay/write_state.py), its sync pipeline (``SyncPipeline``, relay/sync.py) and its switch of
+    epochs and fillers (``EpochSwitch``, relay/epoch_switch.py), which share that state."""
 
     read_only = False  # the relay may write its directory (relayproxy serve's ReadOnlyBinlogDir may not)
 
-    def __init__(self, relay_dir: Path, sync: SyncPolicy, recovered, *, on_fsync=None, _token=None):
+    def __init__(self, relay_dir: Path, sync: SyncPolicy, recovered: RecoveredState, *,
+                 on_fsync: Callable[[float, int], None] | None = None, _token: object = None):
         if _token is not _OPEN_TOKEN:
             raise TypeError("use RelayStore.open(relay_dir)")
         self.relay_dir = relay_dir
-        self.sync_policy = sync
-        self.on_fsync = on_fsync  # called as on_fsync(seconds, bytes) after each fdatasync of relay data
         self.recovery: RecoveryReport = recovered.report
         self._index: list[str] = list(recovered.files)
-        self._file: str | None = recovered.current_file
-        self._fd = -1
-        self._buf = bytearray()
-        self._written = recovered.end  # bytes handed to pwrite (in the page cache)
-        self._end = recovered.end  # bytes accepted (written + buffered)
-        self._synced = recovered.end  # bytes covered by the last fdatasync
-        self._boundary = recovered.end  # end of the last complete group / outside event
-        self._gtids = recovered.gtids
-        self._fde: FormatDescription | None = recovered.fde
-        # The newest FORMAT_DESCRIPTION of an earlier file, while the current one has none yet.
-        self._prior_fde = None if recovered.fde is not None or len(self._index) < 2 else \
-            read_first_fde(relay_dir / self._index[-2])
-        self._checksum_len = recovered.fde.checksum_len if recovered.fde else 0
-        self._start_set_seen = recovered.start_set_seen
-        self._file_start_gtids = recovered.file_start_gtids
-        # The set a new file's PREVIOUS_GTIDS / GTID_LIST must continue (a newest file cut before its
-        # set event continues the previous file's set, as recovery rebuilt it).
-        self._carried_gtids = None if recovered.start_set_seen or recovered.gtids is None else recovered.gtids.copy()
-        scan = getattr(recovered.report, "scan", None)
-        self._last_type = scan.good_end_type if scan is not None and scan.good_end == recovered.end else None
+        self._w = w = _write_state(relay_dir, recovered, self._index)
         self._flavour = recovered.flavour
-        self._epochs: Epochs = recovered.epochs
-        self.warnings: list[str] = list(recovered.join_warnings)  # things recorded, not refused (see begin_epoch)
-        self.join_extra_gtids = recovered.join_extra_gtids  # GTIDs a join file's start set names beyond the relay's
-        self.fillers = 0  # filler events written by this store
-        self._pending_groups = 0
-        self._pending_since: float | None = None
-        self._ticket: SyncTicket | None = None
-        self._failed: BaseException | None = None
-        self._unsynced_cut: tuple[str, int] | None = None  # (file, length) to cut to after a failed fsync
-        self._closed = False
-        self._appendable = False  # fast-path guard: a current file, not failed, not closed
-        self.fsyncs = 0
-        self.bytes_written = 0
         snap = recovered.report.horizon
-        self.horizon = Horizon(snap.file, snap.position, snap.gtids)
-        # The last recovery checkpoint: (file, offset) and when (relay/checkpoint.py).
-        offset = recovered.report.checkpoint_offset
-        self._checkpoint_at = (self._file, offset) if offset is not None else (None, 0)
-        self._checkpoint_time = time.monotonic()
-        self._checkpoint_force = False
-        self.checkpoint_bytes = CHECKPOINT_BYTES
-        self.checkpoint_seconds = CHECKPOINT_SECONDS
-        self.checkpoints = 0  # checkpoints written by this store
+        self.horizon = Horizon(snap.file, snap.position, snap.gtids) if snap is not None else Horizon()
+        self._marks = DurableMarkWriter(relay_dir)
+        self._pipeline = SyncPipeline(w, self.horizon, self._marks, sync, epochs=self._current_epochs,
+                                      on_fsync=on_fsync, checkpoint_offset=recovered.report.checkpoint_offset)
+        self._switch = EpochSwitch(
+            w, self._pipeline, self.horizon, self._index, recovered.epochs, write_event=self.write_event,
+            boundary_outside=self.boundary_outside, warnings=list(recovered.join_warnings),
+            join_extra_gtids=recovered.join_extra_gtids,
+        )
         self.sidecars_writable = True  # file indexes (relay/fileindex.py) may be written here
         self._indexer = Indexer(relay_dir)
         # Transaction indexes (relay/txindex.py): a background thread follows the horizon; the loop never waits.
         self._txindexer = TxIndexer(relay_dir, self.files, self._horizon_coordinates)
         self.transaction_index = TransactionIndex.for_store(self, writable=True)
-        self._marks = DurableMarkWriter(relay_dir)
         try:
-            if self._file is not None:
-                self._fd = os.open(relay_dir / self._file, os.O_RDWR)
-                self._marks.write(self._file, self._end)  # recovery fsynced the file up to here
+            if w.file is not None:
+                w.fd = os.open(relay_dir / w.file, os.O_RDWR)
+                self._marks.write(w.file, w.end)  # recovery fsynced the file up to here
                 self._marks.fsync()
-                self._appendable = True
+                w.appendable = True
             self._txindexer.start()
         except BaseException:
             self._txindexer.close()
             self._marks.close()
-            if self._fd >= 0:
-                os.close(self._fd)
+            if w.fd >= 0:
+                os.close(w.fd)
             raise
 
     # -- opening ---------------------------------------------------------------------------------
@@ -212,21 +200,21 @@ class RelayStore(SyncPipeline, EpochSwitch):
 
     @property
     def current_file(self) -> str | None:
-        return self._file
+        return self._w.file
 
     @property
     def current_end(self) -> int:
         """Bytes of the current file accepted so far, synced or not."""
-        return self._end
+        return self._w.end
 
     @property
     def boundary_end(self) -> int:
         """End of the last complete group or outside event in the current file (synced or not)."""
-        return self._boundary
+        return self._w.boundary
 
     @property
     def synced_end(self) -> int:
-        return self._synced
+        return self._w.synced
 
     @property
     def flavour(self) -> str | None:
@@ -236,26 +224,28 @@ class RelayStore(SyncPipeline, EpochSwitch):
     @property
     def format_description(self) -> FormatDescription | None:
         """The current file's FORMAT_DESCRIPTION, once written."""
-        return self._fde
+        return self._w.fde
 
     @property
     def latest_format_description(self) -> FormatDescription | None:
         """The newest FORMAT_DESCRIPTION the relay has: the current file's, or while the current file holds none
         yet (just rotated; an epoch's first file waiting for its new master's), the previous file's."""
-        return self._fde or self._prior_fde
+        w = self._w
+        return w.fde or w.prior_fde
 
     @property
     def current_file_closed(self) -> bool:
         """The current file ends with the master's ROTATE or STOP (the master has moved past it), or
         a new epoch has begun (the relay has moved past it: its last event is or will be the ROTATE
         to the epoch's first file)."""
-        return self._last_type in (C.ROTATE_EVENT, C.STOP_EVENT) or self.epoch_switch_pending
+        return self._w.last_type in (C.ROTATE_EVENT, C.STOP_EVENT) or self._switch.pending
 
     def file_digest(self, name: str) -> str | None:
         """SHA-256 of a closed relay file's logical bytes, from its index (``relay/fileindex.py``); None for the
         current file (it grows: ``fileindex.sha256_of(path, horizon position)`` hashes it on demand) and while a
         closed file's index is being built."""
-        if name == self._file or self._closed:
+        w = self._w
+        if name == w.file or w.closed:
             return None
         return self._indexer.digest(name)
 
@@ -263,57 +253,146 @@ class RelayStore(SyncPipeline, EpochSwitch):
     @property
     def epochs(self) -> Epochs:
         """The upstream epochs (immutable value; ``relay/epochs.py``)."""
-        return self._epochs
+        return self._switch.epochs
 
     @property
     def current_upstream_file(self) -> str | None:
         """The master's name of the current relay file (its epoch's master)."""
-        if self._file is None:
+        w = self._w
+        if w.file is None:
             return None
-        return self._epochs.upstream_name(self._file)[1]
+        return self._switch.epochs.upstream_name(w.file)[1]
 
     def upstream_position(self) -> tuple[str | None, int]:
         """``(the master's file name, offset)`` of the durable horizon: status, resume by position."""
         snap = self.horizon.snapshot()
         if snap.file is None:
             return None, snap.position
-        return self._epochs.upstream_name(snap.file)[1], snap.position
+        return self._switch.epochs.upstream_name(snap.file)[1], snap.position
 
     def relay_name(self, upstream_name: str) -> str:
         """The relay file ``start_file(upstream_name)`` would write: the master's file mapped through the
         current epoch (an epoch that holds no file yet begins at its first relay file, whatever the
         master's first file turns out to be). Raises ValueError (EpochsError) for a name the current
         epoch cannot hold (another series, or before the epoch's first upstream file)."""
-        cur = self._epochs.current
-        if self._epoch_unused():
-            return cur.first_file if cur.epoch >= 2 else upstream_name
-        return self._epochs.relay_name(upstream_name)
+        cur = self._switch.epochs.current
+        if self._switch.epoch_unused():
+            return cur.first_file if cur.epoch >= 2 and cur.first_file is not None else upstream_name
+        return self._switch.epochs.relay_name(upstream_name)
 
     @property
     def pending_gtids(self):
         """The GTID set at ``boundary_end`` (not yet durable); a copy."""
-        return None if self._gtids is None else self._gtids.copy()
-
-    # -- guards ----------------------------------------------------------------------------------
-    def _check(self) -> None:
-        if self._failed is not None:
-            raise RelayStoreFailed(f"relay store failed earlier and must be reopened: {self._failed}") from self._failed
-        if self._closed:
-            raise RelayStateError("relay store is closed")
+        w = self._w
+        return None if w.gtids is None else w.gtids.copy()
 
     @property
     def failure(self) -> BaseException | None:
         """The file-system error that poisoned the store (it names the file), or None."""
-        return self._failed
+        return self._w.failed
 
-    def _fail(self, exc: BaseException, path: Path | None = None) -> None:
-        # pwrite / fdatasync on a descriptor raise an OSError without a file name: name the file, so
-        # "No space left on device" says where (status, logs).
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
-            where = path if path is not None else (self.relay_dir / self._file if self._file else self.relay_dir)
-            exc.filename = os.fspath(where)
-        self._failed = exc
-        self._appendable = False
+    @property
+    def bytes_written(self) -> int:
+        """Bytes this store has written to relay files."""
+        return self._w.bytes_written
+
+    # -- the sync pipeline (relay/sync.py) ---------------------------------------------------------
+    @property
+    def sync_policy(self) -> SyncPolicy:
+        return self._pipeline.policy
+
+    @property
+    def on_fsync(self) -> Callable[[float, int], None] | None:
+        """Called as ``on_fsync(seconds, bytes)`` after each fdatasync of relay data (or None)."""
+        return self._pipeline.on_fsync
+
+    @property
+    def fsyncs(self) -> int:
+        """fdatasyncs of relay data this store has completed."""
+        return self._pipeline.fsyncs
+
+    @property
+    def checkpoints(self) -> int:
+        """Recovery checkpoints this store has written (relay/checkpoint.py)."""
+        return self._pipeline.checkpoints
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """A checkpoint rides on the first sync once the horizon is this far past the last one."""
+        return self._pipeline.checkpoint_bytes
+
+    @checkpoint_bytes.setter
+    def checkpoint_bytes(self, value: int) -> None:
+        self._pipeline.checkpoint_bytes = value
+
+    @property
+    def checkpoint_seconds(self) -> float:
+        """... or this long after it."""
+        return self._pipeline.checkpoint_seconds
+
+    @checkpoint_seconds.setter
+    def checkpoint_seconds(self, value: float) -> None:
+        self._pipeline.checkpoint_seconds = value
+
+    @property
+    def sync_deadline(self) -> float | None:
+        """``time.monotonic()`` value by which ``maybe_sync`` should be called (batch mode), or None."""
+        return self._pipeline.sync_deadline
+
+    def sync_due(self, now: float | None = None) -> bool:
+        """Whether the policy asks for a sync now (``now`` is ``time.monotonic()``)."""
+        return self._pipeline.sync_due(now)
+
+    def maybe_sync(self, now: float | None = None) -> bool:
+        """Sync if the policy says so; returns whether the horizon moved."""
+        return self._pipeline.maybe_sync(now)
+
+    def sync(self) -> bool:
+        """Write everything, fsync, move the horizon to the last boundary; returns whether it moved."""
+        return self._pipeline.sync()
+
+    def begin_sync(self) -> SyncTicket:
+        """Write the buffer out and describe the fsync that makes it durable (relay/sync.py)."""
+        return self._pipeline.begin_sync()
+
+    def complete_sync(self, ticket: SyncTicket) -> bool:
+        """Publish what ``ticket`` made durable: the horizon moves (and wakes its readers)."""
+        return self._pipeline.complete_sync(ticket)
+
+    # -- the switch of epochs and the fillers (relay/epoch_switch.py) ------------------------------
+    def _current_epochs(self) -> Epochs:
+        return self._switch.epochs
+
+    @property
+    def epoch_switch_pending(self) -> bool:
+        """The current epoch (>= 2) is recorded but its first relay file holds no events yet."""
+        return self._switch.pending
+
+    @property
+    def warnings(self) -> list[str]:
+        """Things recorded, not refused (see ``begin_epoch``)."""
+        return self._switch.warnings
+
+    @property
+    def join_extra_gtids(self) -> Gtids | None:
+        """GTIDs a join file's start set names beyond the relay's (counted as purged), or None."""
+        return self._switch.join_extra_gtids
+
+    @property
+    def fillers(self) -> int:
+        """Filler events this store has written."""
+        return self._switch.fillers
+
+    def begin_epoch(self, master: dict, upstream_first_file: str, *, relay_server_id: int,
+                    now: float | None = None) -> Epoch:
+        """Begin a new upstream epoch streamed from ``master`` at its ``upstream_first_file``
+        (``EpochSwitch.begin_epoch``, relay/epoch_switch.py); returns the current epoch."""
+        return self._switch.begin_epoch(master, upstream_first_file, relay_server_id=relay_server_id, now=now)
+
+    def write_filler(self, offset: int, *, relay_server_id: int | None = None) -> int:
+        """Cover ``[current_end, offset)`` with the relay's filler events; returns how many
+        (``EpochSwitch.write_filler``, relay/epoch_switch.py)."""
+        return self._switch.write_filler(offset, relay_server_id=relay_server_id)
 
     # -- files -----------------------------------------------------------------------------------
     def start_file(self, name: str) -> None:
@@ -329,72 +408,73 @@ class RelayStore(SyncPipeline, EpochSwitch):
         cut from the previous file is appended first, and when the master began the epoch at another
         file than ``begin_epoch`` was told, the epoch's record follows (relay names do not change).
         """
-        self._check()
+        w = self._w
+        w.check()
         try:
             check_file_name(name)
         except ValueError as exc:
             raise RelayStateError(str(exc)) from None
-        self._settle()  # the old file's descriptor is closed below: no fsync may still run on it
+        self._pipeline.settle()  # the old file's descriptor is closed below: no fsync may still run on it
         upstream = name
         try:
             name = self.relay_name(upstream)
         except EpochsError as exc:
             raise RelayStateError(f"cannot start {upstream!r}: {exc}") from None
-        if self._epoch_unused() and self._epochs.current.upstream_first_file != upstream:
+        if self._switch.epoch_unused() and self._switch.epochs.current.upstream_first_file != upstream:
             # The master began the epoch at another file than announced (a GTID dump picks its own):
             # nothing of the epoch is stored, so its record may follow. Relay names do not change.
-            self._reanchor_epoch(upstream)
-        if name == self._file:
-            if self._end == 4:
+            self._switch.reanchor(upstream)
+        if name == w.file:
+            if w.end == 4:
                 return
-            raise RelayStateError(f"{name} is already the current relay file and holds {self._end} bytes")
+            raise RelayStateError(f"{name} is already the current relay file and holds {w.end} bytes")
         if name in self._index:
             raise RelayStateError(f"{name} is already a relay file (an older one): the master's names went backwards")
-        if self._file is not None and self._end != self._boundary:
+        if w.file is not None and w.end != w.boundary:
             raise RelayStateError(
-                f"start_file({name!r}) while a group is open in {self._file} "
-                f"({self._end - self._boundary} bytes after offset {self._boundary}): call discard_incomplete() first"
+                f"start_file({name!r}) while a group is open in {w.file} "
+                f"({w.end - w.boundary} bytes after offset {w.boundary}): call discard_incomplete() first"
             )
-        if self.epoch_switch_pending:
-            self._complete_epoch_switch()  # a crash may have cut the switch before its ROTATE
+        if self._switch.pending:
+            self._switch.complete_pending_switch()  # a crash may have cut the switch before its ROTATE
         path = self.relay_dir / name
         try:
-            if self._file is not None:
-                self._sync()
+            if w.file is not None:
+                self._pipeline.sync_now()
             fd = self._create_file(path)
         except RelayStoreError:
             raise
         except OSError as exc:
-            self._fail(exc, path)  # a sync error already named the old file; this names the new one
+            w.fail(exc, path)  # a sync error already named the old file; this names the new one
             raise
-        old_fd = self._fd
+        old_fd = w.fd
         try:
             write_index(self.relay_dir, [*self._index, name])
             self._marks.write(name, 4)
         except OSError as exc:
             os.close(fd)
-            self._fail(exc, self.relay_dir)
+            w.fail(exc, self.relay_dir)
             raise
         if old_fd >= 0:
             os.close(old_fd)
-        if self._file is not None:
-            self._indexer.closed(self._file)  # closed: its index is built in the background
+        if w.file is not None:
+            self._indexer.closed(w.file)  # closed: its index is built in the background
         self._index.append(name)
-        self._fd = fd
-        self._file = name
-        self._appendable = True
-        self._buf = bytearray()
-        self._written = self._end = self._synced = self._boundary = 4
-        self._prior_fde = self._fde or self._prior_fde
-        self._fde = None
-        self._checksum_len = 0
-        self._start_set_seen = False
-        self._file_start_gtids = None
-        self._carried_gtids = None if self._gtids is None else self._gtids.copy()
-        self._last_type = None
-        self._pending_groups = 0
-        self._pending_since = None
-        self.horizon.advance(name, 4, self._gtids)
+        w.fd = fd
+        w.file = name
+        w.appendable = True
+        w.buf = bytearray()
+        w.written = w.end = w.synced = w.boundary = 4
+        w.prior_fde = w.fde or w.prior_fde
+        w.fde = None
+        w.checksum_len = 0
+        w.start_set_seen = False
+        w.file_start_gtids = None
+        w.carried_gtids = None if w.gtids is None else w.gtids.copy()
+        w.last_type = None
+        w.pending_groups = 0
+        w.pending_since = None
+        self.horizon.advance(name, 4, w.gtids)
 
     def _create_file(self, path: Path) -> int:
         try:
@@ -425,7 +505,7 @@ class RelayStore(SyncPipeline, EpochSwitch):
 
         Then the epochs whose files are all gone are dropped from ``relayproxy.epochs`` (never the
         current one; a crash before that leaves extra records, which are harmless)."""
-        self._check()
+        self._w.check()
         if name not in self._index:
             raise KeyError(f"{name!r} is not a relay file here")
         keep_from = self._index.index(name)
@@ -433,7 +513,7 @@ class RelayStore(SyncPipeline, EpochSwitch):
         if not purged:
             return []
         write_index(self.relay_dir, self._index[keep_from:])
-        self._index = self._index[keep_from:]
+        del self._index[:keep_from]  # in place: the epoch switch reads the same list
         for old in purged:
             removed = remove_all(self.relay_dir / old)  # plain, converted, archived
             for parent in {p.parent for p in removed if p.parent != self.relay_dir}:
@@ -442,9 +522,9 @@ class RelayStore(SyncPipeline, EpochSwitch):
             remove_tx_index(self.relay_dir, old)
             self._indexer.forget(old)
         fsync_dir(self.relay_dir)
-        pruned = self._epochs.pruned(self._index[0])
-        if pruned != self._epochs:
-            self._record_epochs(pruned)
+        pruned = self._switch.epochs.pruned(self._index[0])
+        if pruned != self._switch.epochs:
+            self._switch.record(pruned)
         return purged
 
     # -- writing ---------------------------------------------------------------------------------
@@ -460,8 +540,9 @@ class RelayStore(SyncPipeline, EpochSwitch):
         The PREVIOUS_GTIDS / GTID_LIST event of a file is decoded here: it sets the GTID set
         (``set_start_gtids`` only cross-checks what the session decoded).
         """
-        end = self._end
-        if offset == end and self._appendable:
+        w = self._w
+        end = w.end
+        if offset == end and w.appendable:
             n = len(event)
             if n < C.HEADER_LEN:
                 raise RelayEventError(f"{n} bytes at offset {offset} are shorter than an event header")
@@ -472,27 +553,27 @@ class RelayStore(SyncPipeline, EpochSwitch):
             if _SPECIAL[header[1]] or end == 4:
                 event = self._special_event(header[1], event, offset)
                 n = len(event)
-            self._last_type = header[1]
+            w.last_type = header[1]
             try:
                 if n >= DIRECT_BYTES:
-                    if self._buf:
-                        self._flush()
-                    self._write_all(event)
+                    if w.buf:
+                        w.flush()
+                    w.write_all(event)
                 else:
-                    buf = self._buf
+                    buf = w.buf
                     buf += event
                     if len(buf) >= FLUSH_BYTES:
-                        self._flush()
+                        w.flush()
             except OSError as exc:
-                self._fail(exc)
+                w.fail(exc)
                 raise
-            self._end = end + n
+            w.end = end + n
             return "appended"
-        self._check()
-        if self._fd < 0:
+        w.check()
+        if w.fd < 0:
             raise RelayStateError("write_event before start_file: there is no current relay file")
         if offset > end:
-            raise RelayGapError(offset, end, self._file)
+            raise RelayGapError(offset, end, w.file)
         if offset < 4:
             raise RelayEventError(f"event at offset {offset}: events start at offset 4, after the magic")
         return self._verify_duplicate(offset, event)
@@ -507,27 +588,28 @@ class RelayStore(SyncPipeline, EpochSwitch):
         done here; anything else (duplicate, gap, special event, file past 4 GB, failed or closed
         store) goes through write_event and gets all of its checks.
         """
-        end = self._end
+        w = self._w
+        end = w.end
         n = len(event)
-        if offset != end or log_pos != end + n or not self._appendable or _SPECIAL[type_code] or end == 4:
+        if offset != end or log_pos != end + n or not w.appendable or _SPECIAL[type_code] or end == 4:
             return self.write_event(offset, event)
         # The append below repeats write_event's on purpose: folding both into one helper method costs a
         # call per event, ~7% of the receiver's per-event time on OLTP streams (1.16 -> 1.25 us, measured).
-        self._last_type = type_code
+        w.last_type = type_code
         try:
             if n >= DIRECT_BYTES:
-                if self._buf:
-                    self._flush()
-                self._write_all(event)
+                if w.buf:
+                    w.flush()
+                w.write_all(event)
             else:
-                buf = self._buf
+                buf = w.buf
                 buf += event
                 if len(buf) >= FLUSH_BYTES:
-                    self._flush()
+                    w.flush()
         except OSError as exc:
-            self._fail(exc)
+            w.fail(exc)
             raise
-        self._end = end + n
+        w.end = end + n
         return "appended"
 
     def _bad_header(self, offset: int, n: int, header) -> None:
@@ -548,6 +630,10 @@ class RelayStore(SyncPipeline, EpochSwitch):
     def _special_event(self, type_code: int, event, offset: int):
         """Check an event the store looks into and take what it says; returns the bytes to store (the event,
         or for the FORMAT_DESCRIPTION of an epoch's join file its deterministic form: ``join_fde``)."""
+        w = self._w
+        file = w.file
+        if file is None:  # appendable: never (write_event takes this path only with a current file)
+            raise RelayStateError("write_event before start_file: there is no current relay file")
         if offset == 4 and type_code != C.FORMAT_DESCRIPTION_EVENT:
             raise RelayEventError(
                 f"{C.event_name(type_code)} event at offset 4: a binlog file starts with its FORMAT_DESCRIPTION_EVENT"
@@ -562,19 +648,20 @@ class RelayStore(SyncPipeline, EpochSwitch):
                 )
             try:
                 fde = FormatDescription.parse(event, 0, len(event))
-                if self._epochs.join_epoch(self._file) is not None:
+                if self._switch.epochs.join_epoch(file) is not None:
                     event = join_fde(event)
                     fde = FormatDescription.parse(event, 0, len(event))
             except (BinlogFormatError, ValueError) as exc:
                 raise RelayEventError(f"FORMAT_DESCRIPTION_EVENT at offset {offset}: {exc}") from None
-            self._fde = fde
-            self._checksum_len = fde.checksum_len
+            w.fde = fde
+            w.checksum_len = fde.checksum_len
             if self._flavour is None:
                 self._flavour = fde.flavour
             return event
-        if self._start_set_seen:
+        if w.start_set_seen:
             return event  # as the scanner: only the first set event of a file defines its start set
-        length = len(event) - C.HEADER_LEN - self._checksum_len
+        length = len(event) - C.HEADER_LEN - w.checksum_len
+        gtids: Gtids
         try:
             if type_code == C.PREVIOUS_GTIDS_LOG_EVENT:
                 gtids = GtidSet.decode(event, C.HEADER_LEN, length)
@@ -582,11 +669,11 @@ class RelayStore(SyncPipeline, EpochSwitch):
                 gtids, _flags = MariaBinlogState.decode_gtid_list_body(event, C.HEADER_LEN, length)
         except (BinlogFormatError, ValueError) as exc:
             raise RelayEventError(f"{C.event_name(type_code)} event at offset {offset}: {exc}") from None
-        join_epoch = self._epochs.join_epoch(self._file)
+        join_epoch = self._switch.epochs.join_epoch(file)
         if join_epoch is not None:
-            self._join_start_set(gtids, join_epoch, offset, len(event), type_code)
+            self._switch.join_start_set(gtids, join_epoch, offset, len(event), type_code)
             return event
-        carried = self._carried_gtids
+        carried = w.carried_gtids
         # A MySQL PREVIOUS_GTIDS may name more than the relay holds: GTIDs the master counts as executed
         # but no file holds (SET GLOBAL gtid_purged after a restore, MySQL's 5.6.22 case). Adopting it
         # moves nothing backwards, and FileCatalog.purged() counts those GTIDs, so replicas lacking them
@@ -597,21 +684,22 @@ class RelayStore(SyncPipeline, EpochSwitch):
             # lacks GTIDs the relay has): adopting it would move the GTID set backwards and store
             # transactions twice. Refuse; the session reports it and nothing is written.
             raise RelayMismatchError(
-                offset, len(event), self._file,
+                offset, len(event), w.file,
                 f"its {C.event_name(type_code)} set {gtids} does not continue the relay's set {carried} "
                 "(a different master history?)",
             )
-        self._gtids = gtids
-        self._file_start_gtids = gtids.copy()
-        self._start_set_seen = True
+        w.gtids = gtids
+        w.file_start_gtids = gtids.copy()
+        w.start_set_seen = True
         return event
 
     def _verify_duplicate(self, offset: int, event) -> str:
+        w = self._w
         n = len(event)
-        end = self._end
+        end = w.end
         if offset + n > end:
             raise RelayMismatchError(
-                offset, n, self._file, f"it runs past the end of the stored data at {end}: event boundaries differ"
+                offset, n, w.file, f"it runs past the end of the stored data at {end}: event boundaries differ"
             )
         stored = self._read_stored(offset, n)
         if stored == event:
@@ -621,18 +709,19 @@ class RelayStore(SyncPipeline, EpochSwitch):
                 return "duplicate"
         first = next(i for i in range(n) if stored[i] != event[i])
         detail = f"first difference at byte {first} (file offset {offset + first})"
-        raise RelayMismatchError(offset, n, self._file, detail)
+        raise RelayMismatchError(offset, n, w.file, detail)
 
     def _same_format_description(self, stored: bytes, event) -> bool:
         """A re-sent FDE may differ from the file's in what a master changes when it sends one:
         the in-use flag (cleared), create_timestamp (zeroed when the dump does not start at the
         file's first event, e.g. a GTID dump; a join file stores it zeroed, ``join_fde``) and so
         the CRC (recomputed, and checked here)."""
+        w = self._w
         try:
             FormatDescription.parse(event, 0, len(event))
         except (BinlogFormatError, ValueError) as exc:
-            raise RelayEventError(f"re-sent FORMAT_DESCRIPTION_EVENT of {self._file}: {exc}") from None
-        crc_len = C.CHECKSUM_LEN if self._fde is not None and self._fde.checksum_alg != C.CHECKSUM_UNDEF else 0
+            raise RelayEventError(f"re-sent FORMAT_DESCRIPTION_EVENT of {w.file}: {exc}") from None
+        crc_len = C.CHECKSUM_LEN if w.fde is not None and w.fde.checksum_alg != C.CHECKSUM_UNDEF else 0
         tail = len(stored) - crc_len
         created = bytes(event[_FDE_CREATED:_FDE_CREATED_END])
         return (
@@ -645,49 +734,26 @@ class RelayStore(SyncPipeline, EpochSwitch):
         )
 
     def _read_stored(self, offset: int, n: int) -> bytes:
+        w = self._w
         parts = []
-        if offset < self._written:
-            take = min(n, self._written - offset)
+        if offset < w.written:
+            take = min(n, w.written - offset)
             try:
-                data = os.pread(self._fd, take, offset)
+                data = os.pread(w.fd, take, offset)
             except OSError as exc:
-                self._fail(exc)
+                w.fail(exc)
                 raise
             if len(data) != take:
-                exc = RelayStoreError(
-                    f"{self._file} is shorter than the relay wrote: {offset + len(data)} < {offset + take}"
+                short = RelayStoreError(
+                    f"{w.file} is shorter than the relay wrote: {offset + len(data)} < {offset + take}"
                 )
-                self._fail(exc)
-                raise exc
+                w.fail(short)
+                raise short
             parts.append(data)
-        if offset + n > self._written:
-            start = max(offset, self._written) - self._written
-            parts.append(bytes(self._buf[start : offset + n - self._written]))
+        if offset + n > w.written:
+            start = max(offset, w.written) - w.written
+            parts.append(bytes(w.buf[start : offset + n - w.written]))
         return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _write_all(self, data) -> None:
-        """pwrite ``data`` at ``_written`` (explicit offsets: ftruncate in discard_incomplete never
-        leaves the file offset behind) and count it as written."""
-        view = memoryview(data)
-        fd = self._fd
-        at = self._written
-        try:
-            while view:
-                written = os.pwrite(fd, view, at)
-                if written <= 0:
-                    raise OSError(f"pwrite wrote {written} bytes to {self._file}")
-                view = view[written:]
-                at += written
-        finally:
-            view.release()
-            self.bytes_written += at - self._written
-            self._written = at
-
-    def _flush(self) -> None:
-        buf = self._buf
-        if buf:
-            self._write_all(buf)
-            self._buf = bytearray()
 
     # -- boundaries ------------------------------------------------------------------------------
     def group_complete(self, end_offset: int, gtid=None) -> None:
@@ -697,46 +763,49 @@ class RelayStore(SyncPipeline, EpochSwitch):
         ``(domain, server_id, seq)`` or None (anonymous / no GTID). A group that ends at or before
         the last boundary was re-sent after a reconnect and is ignored.
         """
-        if end_offset <= self._boundary:
+        w = self._w
+        if end_offset <= w.boundary:
             return
-        if end_offset > self._end:
+        if end_offset > w.end:
             raise RelayStateError(
-                f"group_complete at {end_offset}, beyond the stored data of {self._file} ({self._end} bytes)"
+                f"group_complete at {end_offset}, beyond the stored data of {w.file} ({w.end} bytes)"
             )
         if gtid is not None:
             try:
-                self._gtids = _add_gtid(self._gtids, gtid)
+                w.gtids = _add_gtid(w.gtids, gtid)
             except (ValueError, TypeError) as exc:
                 raise RelayEventError(
-                    f"group ending at {self._file}:{end_offset} has an unusable GTID {gtid!r}: {exc}"
+                    f"group ending at {w.file}:{end_offset} has an unusable GTID {gtid!r}: {exc}"
                 ) from None
-        self._boundary = end_offset
-        self._pending_groups += 1
-        if self._pending_since is None:
-            self._pending_since = time.monotonic()
+        w.boundary = end_offset
+        w.pending_groups += 1
+        if w.pending_since is None:
+            w.pending_since = time.monotonic()
 
     def boundary_outside(self, end_offset: int) -> None:
         """An event outside any group (FDE, PREVIOUS_GTIDS, ROTATE, ...) ended at ``end_offset``."""
-        if end_offset <= self._boundary:
+        w = self._w
+        if end_offset <= w.boundary:
             return
-        if end_offset > self._end:
+        if end_offset > w.end:
             raise RelayStateError(
-                f"boundary_outside at {end_offset}, beyond the stored data of {self._file} ({self._end} bytes)"
+                f"boundary_outside at {end_offset}, beyond the stored data of {w.file} ({w.end} bytes)"
             )
-        self._boundary = end_offset
-        if self._pending_since is None:
-            self._pending_since = time.monotonic()
+        w.boundary = end_offset
+        if w.pending_since is None:
+            w.pending_since = time.monotonic()
 
     def set_start_gtids(self, gtids) -> None:
         """Cross-check the GTID set the session decoded from the current file's PREVIOUS_GTIDS /
         GTID_LIST. The store decodes that event itself when it is written (so recovery, which reads
         the files, always agrees with it); a different set raises RelayMismatchError."""
-        self._check()
-        if not self._start_set_seen:
-            raise RelayStateError(f"{self._file} has no PREVIOUS_GTIDS / GTID_LIST event yet: write it first")
-        if gtids != self._file_start_gtids:
+        w = self._w
+        w.check()
+        if not w.start_set_seen:
+            raise RelayStateError(f"{w.file} has no PREVIOUS_GTIDS / GTID_LIST event yet: write it first")
+        if gtids != w.file_start_gtids:
             raise RelayMismatchError(
-                0, 0, self._file, f"start GTID set {gtids} differs from the file's {self._file_start_gtids}"
+                0, 0, w.file, f"start GTID set {gtids} differs from the file's {w.file_start_gtids}"
             )
 
     # -- a cut stream, closing ---------------------------------------------------------------------
@@ -746,26 +815,27 @@ class RelayStore(SyncPipeline, EpochSwitch):
         The partial group is thrown away (the master re-sends it whole); returns the bytes dropped.
         The caller also resets its boundary parser.
         """
-        self._check()
-        self._settle()  # no truncation under an fsync in flight (and a stop publishes what it made durable)
-        drop = self._end - self._boundary
+        w = self._w
+        w.check()
+        self._pipeline.settle()  # no truncation under an fsync in flight (and a stop publishes what it made durable)
+        drop = w.end - w.boundary
         if drop <= 0:
             return 0
-        buffered = len(self._buf)
+        buffered = len(w.buf)
         if drop <= buffered:
-            del self._buf[buffered - drop :]
+            del w.buf[buffered - drop :]
         else:
-            self._buf = bytearray()
+            w.buf = bytearray()
             try:
-                os.ftruncate(self._fd, self._boundary)
+                os.ftruncate(w.fd, w.boundary)
             except OSError as exc:
-                self._fail(exc)
+                w.fail(exc)
                 raise
-            self._written = self._boundary
+            w.written = w.boundary
             # The next sync's fdatasync makes the shorter size durable; until then recovery would
             # cut the same bytes anyway (they end inside a group).
-            self._synced = min(self._synced, self._boundary)
-        self._end = self._boundary
+            w.synced = min(w.synced, w.boundary)
+        w.end = w.boundary
         return drop
 
     def close(self) -> None:
@@ -774,34 +844,38 @@ class RelayStore(SyncPipeline, EpochSwitch):
         After a failed fsync it also cuts the current file back to the last successful fsync; if
         that fails, close raises (and retries when called again): do not reopen the directory then.
         """
-        if self._closed:
-            if self._unsynced_cut is not None:
+        w = self._w
+        if w.closed:
+            if self._pipeline.unsynced_cut is not None:
                 self._cut_unsynced_tail()
             return
-        ticket = self._ticket
+        ticket = self._pipeline.ticket
         if ticket is not None:
             ticket.wait()  # the descriptor is closed below: let the fsync in flight end first
-            if self._ticket is ticket and ticket.error is None:
+            if self._pipeline.ticket is ticket and ticket.error is None:
                 self.complete_sync(ticket)
         try:
-            if self._failed is None and self._fd >= 0:
-                self._checkpoint_force = True  # a clean stop leaves a checkpoint at the horizon
-                self._sync()
+            if w.failed is None and w.fd >= 0:
+                self._pipeline.checkpoint_force = True  # a clean stop leaves a checkpoint at the horizon
+                self._pipeline.sync_now()
                 self._marks.fsync()
         finally:
             self._indexer.close()
             self._txindexer.close()
-            self._closed = True
-            self._appendable = False
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            w.closed = True
+            w.appendable = False
+            if w.fd >= 0:
+                os.close(w.fd)
+                w.fd = -1
             self._marks.close()
-            if self._unsynced_cut is not None:
+            if self._pipeline.unsynced_cut is not None:
                 self._cut_unsynced_tail()
 
     def _cut_unsynced_tail(self) -> None:
-        name, keep = self._unsynced_cut
+        cut = self._pipeline.unsynced_cut
+        if cut is None:
+            return
+        name, keep = cut
         fd = os.open(self.relay_dir / name, os.O_RDWR)
         try:
             if os.fstat(fd).st_size > keep:
@@ -809,10 +883,11 @@ class RelayStore(SyncPipeline, EpochSwitch):
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._unsynced_cut = None
+        self._pipeline.unsynced_cut = None
 
     def __repr__(self) -> str:
-        return f"<RelayStore {self.relay_dir} {self._file}:{self._end} horizon={self.horizon.snapshot().coordinates}>"
+        w = self._w
+        return f"<RelayStore {self.relay_dir} {w.file}:{w.end} horizon={self.horizon.snapshot().coordinates}>"
 
 
 _OPEN_TOKEN = object()

@@ -1,5 +1,6 @@
 """The relay store's sync pipeline: when to fsync (``SyncPolicy``), one fsync in flight (``SyncTicket``), and the
-store's side of it (``SyncPipeline``: ``begin_sync`` / ``complete_sync``, the recovery checkpoints that ride on syncs).
+store's side of it (``SyncPipeline``, an object the store holds: ``begin_sync`` / ``complete_sync``, the recovery
+checkpoints that ride on syncs).
 
 A sync is: write the buffer, ``fdatasync``, record the durable mark, and only then advance the horizon to the last
 complete boundary. The horizon never points inside a group and never past an fsync.
@@ -12,7 +13,7 @@ batch's fdatasync runs). At most one ticket is in flight. The ticket covers only
 ``begin_sync`` (its position is the boundary then), so the horizon still moves only to fsynced boundaries.
 Whatever must not overlap an fsync, i.e. closing or replacing the descriptor (``start_file``, ``close``),
 truncating (``discard_incomplete``, ``write_filler``), ``begin_epoch`` and ``sync``, first waits for the ticket in
-flight and publishes it (``_settle``).
+flight and publishes it (``SyncPipeline.settle``).
 """
 
 from __future__ import annotations
@@ -22,14 +23,19 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Callable, Literal, cast
 
 from ..binlog import constants as C
 from ..log import get_logger
 from .checkpoint import CHECKPOINT_NAME, CHECKPOINT_TMP_NAME, CheckpointError, capture
-from .durable import encode_durable_mark, write_file_atomically
+from .durable import DurableMarkWriter, encode_durable_mark, write_file_atomically
 from .errors import RelayStateError, RelayStoreFailed
 from .fsyncer import NativeJob
+from .horizon import Horizon, HorizonSnapshot
+from .write_state import Gtids, WriteState
+
+if TYPE_CHECKING:
+    from .epochs import Epochs
 
 log = get_logger(__name__)
 
@@ -190,31 +196,53 @@ class SyncTicket:
 
 
 class SyncPipeline:
-    """The store's half of the sync pipeline, mixed into ``RelayStore`` (relay/store.py): a mixin, not an object of
-    its own, so that ``begin_sync`` and the policy checks read the store's state without an indirection per call.
+    """The store's half of the sync pipeline, an object ``RelayStore`` (relay/store.py) holds: the policy, the
+    ticket in flight, the fsync count and the recovery checkpoints that ride on syncs.
 
-    It reads and moves the store's write state (``_file``, ``_fd``, ``_marks``, ``_written``, ``_synced``,
-    ``_end``, ``_boundary``, ``_gtids``), the pending groups (``_pending_groups``, ``_pending_since``), the
-    ticket in flight (``_ticket``) and the checkpoint state (``_checkpoint_*``, ``checkpoint_bytes``,
-    ``checkpoint_seconds``); it calls the store's ``_check``, ``_flush`` and ``_fail``.
+    It reads and moves the store's write state (``WriteState``, relay/write_state.py: the current file, its
+    descriptor and offsets, the pending groups), writes the durable mark (``marks``) and advances the
+    ``horizon``; ``epochs()`` is the store's current epochs value (a checkpoint records it).
     """
+
+    def __init__(self, state: WriteState, horizon: Horizon, marks: DurableMarkWriter, policy: SyncPolicy, *,
+                 epochs: Callable[[], Epochs], on_fsync: Callable[[float, int], None] | None = None,
+                 checkpoint_offset: int | None = None):
+        self._w = state
+        self.horizon = horizon
+        self._marks = marks
+        self.policy = policy
+        self._epochs = epochs
+        self.on_fsync = on_fsync  # called as on_fsync(seconds, bytes) after each fdatasync of relay data
+        self.ticket: SyncTicket | None = None  # the one in flight
+        self.fsyncs = 0
+        self.unsynced_cut: tuple[str, int] | None = None  # (file, length) to cut to after a failed fsync
+        # The last recovery checkpoint: (file, offset) and when (relay/checkpoint.py).
+        self.checkpoint_at: tuple[str | None, int] = (state.file, checkpoint_offset) \
+            if checkpoint_offset is not None else (None, 0)
+        self.checkpoint_time = time.monotonic()
+        self.checkpoint_force = False  # the next sync leaves a checkpoint whatever the distance (a clean stop)
+        self.checkpoint_bytes = CHECKPOINT_BYTES
+        self.checkpoint_seconds = CHECKPOINT_SECONDS
+        self.checkpoints = 0  # checkpoints written
 
     @property
     def sync_deadline(self) -> float | None:
         """``time.monotonic()`` value by which ``maybe_sync`` should be called (batch mode), or None."""
-        if self._pending_since is None:
+        since = self._w.pending_since
+        if since is None:
             return None
-        if self.sync_policy.mode == "transaction":
-            return self._pending_since
-        return self._pending_since + self.sync_policy.max_delay
+        if self.policy.mode == "transaction":
+            return since
+        return since + self.policy.max_delay
 
     def sync_due(self, now: float | None = None) -> bool:
         """Whether the policy asks for a sync now (``now`` is ``time.monotonic()``)."""
-        since = self._pending_since
+        w = self._w
+        since = w.pending_since
         if since is None:
             return False
-        policy = self.sync_policy
-        if policy.mode == "transaction" or self._pending_groups >= policy.max_transactions:
+        policy = self.policy
+        if policy.mode == "transaction" or w.pending_groups >= policy.max_transactions:
             return True
         if now is None:
             now = time.monotonic()
@@ -222,91 +250,96 @@ class SyncPipeline:
 
     def maybe_sync(self, now: float | None = None) -> bool:
         """Sync if the policy says so; returns whether the horizon moved."""
-        if self._pending_since is None or self._ticket is not None or not self.sync_due(now):
+        if self._w.pending_since is None or self.ticket is not None or not self.sync_due(now):
             return False
-        return self._sync()
+        return self.sync_now()
 
     def sync(self) -> bool:
         """Write everything, fsync, move the horizon to the last boundary; returns whether it moved."""
-        self._check()
-        self._settle()
-        if self._fd < 0:
+        self._w.check()
+        self.settle()
+        if self._w.fd < 0:
             return False
-        return self._sync()
+        return self.sync_now()
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """Wait for the ticket in flight, if any (blocking: its fsync is running in a worker thread, or
         runs here when it was never submitted) and publish it. Raises like ``complete_sync`` when its
         fsync failed (the store has failed then)."""
-        ticket = self._ticket
+        ticket = self.ticket
         if ticket is None:
             return
         ticket.wait()
         self.complete_sync(ticket)
 
-    def _sync(self) -> bool:
+    def sync_now(self) -> bool:
+        """Begin a sync, make it durable here (blocking) and publish it; returns whether the horizon moved."""
         ticket = self.begin_sync()
         ticket.make_durable()  # an OSError has failed the store and ended the ticket
         return self.complete_sync(ticket)
 
     def begin_sync(self) -> SyncTicket:
         """Write the buffer out and describe the fsync that makes it durable (see the module doc)."""
-        self._check()
-        if self._ticket is not None:
+        w = self._w
+        w.check()
+        if self.ticket is not None:
             raise RelayStateError("a sync is already in flight")
-        if self._fd < 0:
+        if w.fd < 0 or w.file is None:
             raise RelayStateError("nothing to sync: there is no current relay file")
         try:
-            self._flush()
+            w.flush()
         except OSError as exc:
-            self._fail(exc)
+            w.fail(exc)
             raise
         snap = self.horizon.snapshot()
-        moves = snap.file != self._file or snap.position != self._boundary
-        need_fsync = self._written != self._synced
-        gtids = None if (self._gtids is None or not moves) else self._gtids.copy()
+        moves = snap.file != w.file or snap.position != w.boundary
+        need_fsync = w.written != w.synced
+        gtids = None if (w.gtids is None or not moves) else w.gtids.copy()
         ticket = SyncTicket(
-            self._file, self._boundary, gtids, moves, self._fd, self._marks, self._written, need_fsync, self._ticket_failed,
-            max(self._written - self._synced, 0),
+            w.file, w.boundary, gtids, moves, w.fd, self._marks, w.written, need_fsync, self._ticket_failed,
+            max(w.written - w.synced, 0),
         )
         ticket.checkpoint = self._checkpoint_due(snap, ticket)
-        self._ticket = ticket
-        self._pending_groups = 0
-        self._pending_since = None
+        self.ticket = ticket
+        w.pending_groups = 0
+        w.pending_since = None
         return ticket
 
-    def _checkpoint_due(self, snap, ticket: SyncTicket):
+    def _checkpoint_due(self, snap: HorizonSnapshot, ticket: SyncTicket) -> tuple[int, Callable[[int], None]] | None:
         """``(position, write(fd))`` of the recovery checkpoint this sync should leave, or None.
 
         Due once the horizon is ``checkpoint_bytes`` past the last checkpoint, ``checkpoint_seconds`` after
         it, or at close. Only where the file's own GTID state is the store's: not in a join file (its set
         starts with the join set) nor in a file that carries the previous file's set (no set event yet)."""
-        file = self._file
-        if self._fde is None or snap.file not in (None, file):
+        w = self._w
+        file = w.file
+        fde = w.fde
+        if fde is None or file is None or snap.file not in (None, file):
             return None
         position = ticket.position if ticket.moves else snap.position
-        last_file, last_offset = self._checkpoint_at
+        last_file, last_offset = self.checkpoint_at
         if position <= 4 + C.HEADER_LEN or (last_file == file and last_offset == position):
             return None
-        if not self._checkpoint_force:
+        if not self.checkpoint_force:
             moved = position - (last_offset if last_file == file else 0)
-            if moved < self.checkpoint_bytes and time.monotonic() - self._checkpoint_time < self.checkpoint_seconds:
+            if moved < self.checkpoint_bytes and time.monotonic() - self.checkpoint_time < self.checkpoint_seconds:
                 return None
-        if self._start_set_seen:
-            if self._epochs.join_epoch(file) is not None:
+        epochs = self._epochs()
+        if w.start_set_seen:
+            if epochs.join_epoch(file) is not None:
                 return None
-        elif self._carried_gtids is not None:
+        elif w.carried_gtids is not None:
             return None
-        gtids = ticket.gtids if ticket.moves else snap.gtids
-        gtids = None if gtids is None else gtids.copy()
-        start = None if self._file_start_gtids is None else self._file_start_gtids.copy()
-        if not position == self._boundary == self._end:
+        at_horizon = cast("Gtids | None", ticket.gtids if ticket.moves else snap.gtids)
+        gtids = None if at_horizon is None else at_horizon.copy()
+        start = None if w.file_start_gtids is None else w.file_start_gtids.copy()
+        if not position == w.boundary == w.end:
             return None  # a group is open: the type of the event ending at the boundary is not known here
-        fde, last_type, epochs = self._fde, self._last_type, self._epochs
+        last_type = w.last_type
         if last_type is None or last_type == C.ROTATE_EVENT:
             return None  # a closed file: the next start reads only its ROTATE anyway
         rotate = None
-        relay_dir = self.relay_dir
+        relay_dir = w.relay_dir
 
         def write(fd: int) -> None:
             cp = capture(fd, file=file, offset=position, fde=fde, start_gtids=start, gtids=gtids,
@@ -317,14 +350,15 @@ class SyncPipeline:
 
     def _ticket_failed(self, ticket: SyncTicket, exc: OSError) -> None:
         # May run in the worker thread: only plain attribute stores.
-        self._fail(exc)
-        if ticket.needs_fsync and ticket.file == self._file:
+        w = self._w
+        w.fail(exc)
+        if ticket.needs_fsync and ticket.file == w.file:
             # After a failed fsync the written bytes may sit in the page cache without being on disk
             # (Linux marks them clean): recovery would read them back and trust them. close() cuts
             # the file to the last successful fsync first; the master re-sends the rest.
-            self._unsynced_cut = (ticket.file, self._synced)
-        if self._ticket is ticket:
-            self._ticket = None
+            self.unsynced_cut = (ticket.file, w.synced)
+        if self.ticket is ticket:
+            self.ticket = None
 
     def complete_sync(self, ticket: SyncTicket) -> bool:
         """Publish what ``ticket`` made durable: the horizon moves (and wakes its readers)."""
@@ -332,17 +366,18 @@ class SyncPipeline:
             raise RelayStoreFailed(f"fsync of {ticket.file} failed: {ticket.error}") from ticket.error
         if ticket.completed:
             return ticket.moves  # already published (a rotation or a truncation waited for it)
-        if ticket is not self._ticket:
+        if ticket is not self.ticket:
             raise RelayStateError("complete_sync with a ticket that is not the one in flight")
-        self._ticket = None
+        self.ticket = None
+        w = self._w
         if not ticket.durable:
-            self._pending_since = self._pending_since or time.monotonic()  # still to be synced
+            w.pending_since = w.pending_since or time.monotonic()  # still to be synced
             raise RelayStateError("complete_sync before the ticket's make_durable() finished")
         ticket.completed = True
         if ticket.needs_fsync:
             self.fsyncs += 1
-            if ticket.file == self._file:
-                self._synced = max(self._synced, min(ticket._synced_end, self._end))
+            if ticket.file == w.file:
+                w.synced = max(w.synced, min(ticket._synced_end, w.end))
             if self.on_fsync is not None:
                 self.on_fsync(ticket.fsync_seconds, ticket.fsync_bytes)
         if ticket.checkpoint is not None:
@@ -350,9 +385,9 @@ class SyncPipeline:
                 log.warning("relay checkpoint not written: the next start scans more of the newest file",
                             file=ticket.file, error=str(ticket.checkpoint_error))
             else:
-                self._checkpoint_at = (ticket.file, ticket.checkpoint[0])
+                self.checkpoint_at = (ticket.file, ticket.checkpoint[0])
                 self.checkpoints += 1
-            self._checkpoint_time = time.monotonic()
+            self.checkpoint_time = time.monotonic()
         if not ticket.moves:
             return False
         self.horizon.advance(ticket.file, ticket.position, ticket.gtids, copy=False)

@@ -289,7 +289,7 @@ def test_relay_written_bytes_depend_only_on_the_history(tmp_path, corpus_dir, re
             receiver = RelayReceiver(store, relay_server_id=relay_id)
         if name == "b" and restart == "after-record":
             # A crash right after the epoch record: the ROTATE is appended again on restart, by another clock.
-            monkeypatch.setattr(RelayStore, "_complete_epoch_switch", lambda self: None)
+            monkeypatch.setattr(ES.EpochSwitch, "complete_pending_switch", lambda self: None)
             store.begin_epoch(M2, "binlog.000002", relay_server_id=relay_id, now=now)
             monkeypatch.undo()
             store.close()
@@ -570,12 +570,13 @@ class Crash(Exception):
 
 def kill(store: RelayStore) -> None:
     """What kill -9 leaves: the files as written so far (the page cache survives), buffered bytes lost."""
-    if store._fd >= 0:
-        os.close(store._fd)
-        store._fd = -1
+    w = store._w
+    if w.fd >= 0:
+        os.close(w.fd)
+        w.fd = -1
     store._marks.close()
-    store._closed = True
-    store._appendable = False
+    w.closed = True
+    w.appendable = False
 
 
 CUTS = ["before-record", "after-record", "rotate-unsynced", "rotate-torn", "rotate-lost", "after-begin",
@@ -595,7 +596,7 @@ def test_begin_epoch_killed_at_every_step_completes_the_switch_identically(tmp_p
     store, receiver = new_relay(d)
     m1_phase(store, receiver, m1_image(p))
     rotate_at = store.current_end
-    real_write_epochs, real_append = ES.write_epochs, RelayStore._append_join_rotate
+    real_write_epochs, real_append = ES.write_epochs, ES.EpochSwitch.append_join_rotate
 
     def write_epochs(relay_dir, epochs):
         if cut == "before-record":
@@ -605,13 +606,13 @@ def test_begin_epoch_killed_at_every_step_completes_the_switch_identically(tmp_p
 
     def append_rotate(self, epoch):
         real_append(self, epoch)
-        self._flush()  # in the page cache, not fsynced
+        self._w.flush()  # in the page cache, not fsynced
         raise Crash
 
     if cut in ("before-record", "after-record"):
         monkeypatch.setattr(ES, "write_epochs", write_epochs)
     elif cut.startswith("rotate"):
-        monkeypatch.setattr(RelayStore, "_append_join_rotate", append_rotate)
+        monkeypatch.setattr(ES.EpochSwitch, "append_join_rotate", append_rotate)
     try:
         store.begin_epoch(M2, "binlog.000002", relay_server_id=RELAY_ID, now=T)
         if cut.startswith("file-created"):

@@ -217,7 +217,7 @@ def test_fsync_happens_before_the_horizon_moves(tmp_path, monkeypatch):
     log: list[tuple[str, int]] = []
     real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
     store = fresh_store(tmp_path, sync=SyncPolicy())
-    relay_fd = store._fd
+    relay_fd = store._w.fd
 
     def pwrite(fd, data, offset):
         n = real_pwrite(fd, data, offset)
@@ -667,8 +667,8 @@ def test_crash_after_sync_then_resume_writing(tmp_path, monkeypatch):
     durable = store.horizon.snapshot()
     for offset, ev in events[12:20]:
         feeder.feed(offset, ev)
-    store._flush()
-    os.close(store._fd)  # "crash": no sync, no close
+    store._w.flush()
+    os.close(store._w.fd)  # "crash": no sync, no close
     store._marks.close()
     size_at_crash = (tmp_path / "relay" / "binlog.000001").stat().st_size
     assert size_at_crash > durable.position
