@@ -42,8 +42,11 @@ from __future__ import annotations
 import os
 import re
 import struct
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from ..binlog import constants as C
 from ..binlog.checksum import crc32 as _crc32
@@ -71,6 +74,7 @@ from .epochs import (
 from .durable import DurableMark, fsync_dir, fsync_path, read_durable_mark, read_index, write_index
 from .errors import RelayRecoveryError
 from .horizon import HorizonSnapshot
+from .write_state import Gtids
 from .layout import (
     DURABLE_MARK_NAME,
     INDEX_NAME,
@@ -194,13 +198,13 @@ class RecoveredState:
     files: list[str]
     current_file: str | None
     end: int  # == the newest file's size after recovery
-    gtids: object
+    gtids: Gtids | None
     fde: FormatDescription | None  # the newest file's FORMAT_DESCRIPTION
     start_set_seen: bool  # the newest file's PREVIOUS_GTIDS / GTID_LIST has been written
-    file_start_gtids: object  # the set that event carries (None before it)
+    file_start_gtids: Gtids | None  # the set that event carries (None before it)
     flavour: str | None
     epochs: Epochs = field(default_factory=Epochs)
-    join_extra_gtids: object = None  # GTIDs the newest (join) file's start set names beyond the join set
+    join_extra_gtids: Gtids | None = None  # GTIDs the newest (join) file's start set names beyond the join set
     join_warnings: list[str] = field(default_factory=list)
 
 
@@ -329,8 +333,8 @@ class TailPlan:
     refusal: str | None = None  # why nothing may be cut: the relay refuses to start, serve to serve
     refusal_reason: str | None = None  # the part of ``refusal`` that says why ("an intact event follows ...")
     fde: FormatDescription | None = None
-    start_set: object = None  # the file's PREVIOUS_GTIDS / GTID_LIST (None before it)
-    gtids: object = None  # the set at ``end`` from this file alone (``end_gtids`` adds a join or carried set)
+    start_set: Gtids | None = None  # the file's PREVIOUS_GTIDS / GTID_LIST (None before it)
+    gtids: Gtids | None = None  # the set at ``end`` from this file alone (``end_gtids`` adds a join or carried set)
 
     @property
     def cut(self) -> int:
@@ -395,7 +399,9 @@ def plan_tail(path: Path, name: str, *, scan: ScanResult | None = None, size: in
             return plan
     # The damaged scan may have counted groups past the damage: take the GTIDs of the part kept.
     kept = _scan_prefix(path, good_end, resume) if damaged else scan
-    plan.fde, plan.start_set, plan.gtids = kept.fde, kept.start_gtids, kept.gtids_after
+    plan.fde = kept.fde
+    plan.start_set = cast("Gtids | None", kept.start_gtids)  # the scanner's sets are untyped (binlog/reader.py)
+    plan.gtids = cast("Gtids | None", kept.gtids_after)
     return plan
 
 
@@ -472,14 +478,14 @@ class RecoveryPlan:
     files: list[str]
     links: list[Link]
     tail: TailPlan
-    horizon_gtids: object = None
-    join_extra: object = None
+    horizon_gtids: Gtids | None = None
+    join_extra: Gtids | None = None
     join_problem: str | None = None  # a join set that does not add up: refused
     previous_warning: str | None = None  # the previous file could not be read whole for the carried set
     flavour: str | None = None
 
     @property
-    def horizon(self) -> tuple[str, int, object]:
+    def horizon(self) -> tuple[str, int, Gtids | None]:
         return self.tail.name, self.tail.end, self.horizon_gtids
 
 
@@ -493,10 +499,10 @@ def plan_recovery(directory: Path, names: list[str], *, epochs: Epochs, mark: Du
     ``resume``: a verified checkpoint of the newest file (``checkpoint.verify``): its scan begins there.
     """
     directory = Path(directory)
-    rotates = [
-        (scan.rotate_to if closed_scans is not None else read_final_rotate(directory / older))
-        for older, scan in zip(names[:-1], closed_scans if closed_scans is not None else names[:-1])
-    ]
+    if closed_scans is not None:
+        rotates = [scan.rotate_to for scan in closed_scans[: len(names) - 1]]
+    else:
+        rotates = [read_final_rotate(directory / older) for older in names[:-1]]
     links = [link(epochs, older, rotate and rotate[0], newer)
              for older, newer, rotate in zip(names, names[1:], rotates)]
     newest = names[-1]
@@ -561,10 +567,156 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True, use_checkpoint
 
     The newest file is scanned from a verified ``relayproxy.checkpoint`` (relay/checkpoint.py) when there is
     one, else whole; ``use_checkpoint=False`` forces the whole scan (tests, benchmarks). The result is the same.
+    Each step decides first (``plan_index``, ``plan_adoption``, ``plan_mark``, ``plan_recovery``: reads only)
+    and acts after.
     """
     relay_dir = Path(relay_dir)
     report = RecoveryReport(relay_dir=os.fspath(relay_dir))
-    warn = report.warnings.append
+    _open_dir(relay_dir, create=create)
+    _remove_interrupted_writes(relay_dir, report)
+    try:
+        epochs = read_epochs(relay_dir)
+    except EpochsError as exc:
+        raise RelayRecoveryError(f"cannot read the relay's upstream epochs: {exc}") from None
+    names = _reconcile_index(relay_dir, epochs, report)
+    report.files = list(names)
+    report.durable_mark, mark_problem = read_durable_mark(relay_dir)
+    marks = plan_mark(report.durable_mark, names)
+    report.warnings.extend(w for w in (mark_problem, marks.warning) if w)
+    if not names:
+        report.started_empty = True
+        report.horizon = HorizonSnapshot(None, 0, None, 0)
+        return RecoveredState(report, [], None, 0, None, None, False, None, None, epochs)
+    resume = _resume_point(relay_dir, names[-1], epochs, report, use_checkpoint=use_checkpoint)
+    plan = plan_recovery(relay_dir, names, epochs=epochs, mark=marks.trusted, resume=resume)
+    return _apply_plan(relay_dir, plan, epochs, marks.trusted, report)
+
+
+# -- the steps of ``recover``: pure plans, and the I/O that applies them
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """What recovery does with ``relayproxy.index`` given the files present (``plan_index``): the files it keeps,
+    the listed files it drops (missing at the head or the tail of the list), those missing in the middle (it
+    refuses), and the files present but unlisted (adopted or reported: ``plan_adoption``)."""
+
+    names: tuple[str, ...]
+    dropped_head: tuple[str, ...] = ()  # an interrupted purge
+    dropped_tail: tuple[str, ...] = ()  # created, never written
+    missing_middle: tuple[str, ...] = ()  # a hole in the master's binlog: refused
+    unlisted: frozenset[str] = frozenset()
+
+    @property
+    def refusal(self) -> str | None:
+        """Why recovery may not start (files missing between files that exist), or None."""
+        if not self.missing_middle:
+            return None
+        return (f"relay files listed in {INDEX_NAME} are missing between files that exist: "
+                f"{', '.join(self.missing_middle)}; the relay would have a hole in the master's binlog")
+
+    @property
+    def rewrite(self) -> bool:
+        """The index must be rewritten (it lists files that are gone)."""
+        return bool(self.dropped_head or self.dropped_tail)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [
+            *(f"{name} is listed in {INDEX_NAME} but missing (an interrupted purge?): dropped from the index"
+              for name in self.dropped_head),
+            *(f"{name} is listed in {INDEX_NAME} but missing (created, never written): dropped from the index"
+              for name in self.dropped_tail),
+        ]
+
+
+def plan_index(listed: Sequence[str], present: AbstractSet[str]) -> IndexPlan:
+    """The index plan of the files ``listed`` (oldest first) against the names ``present``: listed files that
+    are gone are tolerable only at the ends of the list."""
+    exists = [name in present for name in listed]
+    if all(exists):
+        return IndexPlan(tuple(listed), unlisted=frozenset(present - set(listed)))
+    if any(exists):
+        first = exists.index(True)
+        last = len(exists) - 1 - exists[::-1].index(True)
+    else:
+        first, last = 0, -1
+    kept = tuple(listed[first : last + 1])
+    middle = tuple(name for name, ok in zip(kept, exists[first : last + 1]) if not ok)
+    return IndexPlan(kept, tuple(listed[:first]), tuple(listed[last + 1 :]), middle, frozenset(present - set(kept)))
+
+
+@dataclass(frozen=True)
+class AdoptionPlan:
+    """Which unlisted file recovery tries to adopt (``candidate``, if it holds only whole events) and which it
+    leaves alone (reported, never served)."""
+
+    candidate: str | None
+    left_alone: tuple[str, ...]
+
+
+def plan_adoption(names: Sequence[str], unlisted: AbstractSet[str], *, epochs: Epochs,
+                  final_rotate: str | None) -> AdoptionPlan:
+    """Only the next file may be adopted: the target of the newest listed file's final ROTATE (``final_rotate``,
+    through its upstream epoch), else the next number; with no listed file, the one unlisted file if it is alone.
+    The crash came between creating it and rewriting the index."""
+    if names:
+        newest = names[-1]
+        candidates = epochs.rotate_targets(newest, final_rotate) if final_rotate is not None \
+            else [next_file_name(newest)]
+        candidate = next((name for name in candidates if name in unlisted), None)
+    else:
+        candidate = next(iter(unlisted)) if len(unlisted) == 1 else None
+    return AdoptionPlan(candidate, tuple(sorted(unlisted - {candidate} if candidate is not None else unlisted)))
+
+
+@dataclass(frozen=True)
+class MarkPlan:
+    """The durable mark recovery trusts (None when it names no relay file here) and what it says about it."""
+
+    trusted: DurableMark | None
+    warning: str | None = None
+
+
+def plan_mark(mark: DurableMark | None, names: Sequence[str]) -> MarkPlan:
+    """Trust ``mark`` only when it names one of ``names``."""
+    if mark is None or mark.file in names:
+        return MarkPlan(mark)
+    if not names:
+        return MarkPlan(None, f"{DURABLE_MARK_NAME} names {mark.file} but the relay has no files")
+    return MarkPlan(None, f"{DURABLE_MARK_NAME} names {mark.file}, which is not a relay file here: ignored")
+
+
+def scan_note(newest: str, resume: ResumePoint | None, why: str | None) -> str:
+    """What the report says of where the newest file's scan began (``why``: why not at a checkpoint)."""
+    if resume is not None:
+        return f"{newest} scanned from the checkpoint at offset {resume.offset}"
+    return f"{newest} scanned whole: {why}"
+
+
+def link_warnings(links: Sequence[Link]) -> list[str]:
+    """The warnings about closed files that do not end with a ROTATE to the next file."""
+    out = []
+    for step in links:
+        if step.rotate is None:
+            out.append(f"{step.older} does not end with a ROTATE (the master restarted or the file was cut): "
+                       f"next is {step.newer}")
+        elif not step.follows:
+            out.append(f"{step.older} ends with a ROTATE to {step.rotate}, but the next relay file is {step.newer}")
+    return out
+
+
+def join_warnings(plan: RecoveryPlan, epochs: Epochs) -> list[str]:
+    """The warning about a join file whose start set names GTIDs the relay never had (counted as purged)."""
+    newest = plan.tail.name
+    epoch = epochs.join_epoch(newest)
+    if plan.join_extra is None or epoch is None:
+        return []
+    return [f"{newest} (epoch {epoch.epoch}) starts with the GTID set {gtid_text(plan.tail.start_set)}, "
+            f"which names {gtid_text(plan.join_extra)} that the relay never had: counted as purged"]
+
+
+def _open_dir(relay_dir: Path, *, create: bool) -> None:
     if not relay_dir.exists():
         if not create:
             raise RelayRecoveryError(f"relay directory {relay_dir} does not exist")
@@ -573,27 +725,21 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True, use_checkpoint
     if not relay_dir.is_dir():
         raise RelayRecoveryError(f"{relay_dir} is not a directory")
 
-    tmp_index = relay_dir / INDEX_TMP_NAME
-    if tmp_index.exists():
-        tmp_index.unlink()  # an index rewrite that never reached its rename: the old index stands
-        warn(f"removed {INDEX_TMP_NAME} left by an interrupted index update")
-    tmp_epochs = relay_dir / EPOCHS_TMP_NAME
-    if tmp_epochs.exists():
-        tmp_epochs.unlink()  # an epochs rewrite that never reached its rename: the old record stands
-        warn(f"removed {EPOCHS_TMP_NAME} left by an interrupted epochs update")
-    tmp_checkpoint = relay_dir / CHECKPOINT_TMP_NAME
-    if tmp_checkpoint.exists():
-        tmp_checkpoint.unlink()  # a checkpoint write that never reached its rename: the old one stands
-        report.checkpoint = f"removed {CHECKPOINT_TMP_NAME} left by an interrupted checkpoint write"
-    try:
-        epochs = read_epochs(relay_dir)
-    except EpochsError as exc:
-        raise RelayRecoveryError(f"cannot read the relay's upstream epochs: {exc}") from None
 
-    listed = read_index(relay_dir)
-    index_dirty = False
-    if listed is None:
-        listed = []
+def _remove_interrupted_writes(relay_dir: Path, report: RecoveryReport) -> None:
+    """Remove the temp files of small-file rewrites that never reached their rename: the old file stands."""
+    for name, what in ((INDEX_TMP_NAME, "index update"), (EPOCHS_TMP_NAME, "epochs update")):
+        if (relay_dir / name).exists():
+            (relay_dir / name).unlink()
+            report.warnings.append(f"removed {name} left by an interrupted {what}")
+    if (relay_dir / CHECKPOINT_TMP_NAME).exists():
+        (relay_dir / CHECKPOINT_TMP_NAME).unlink()
+        report.checkpoint = f"removed {CHECKPOINT_TMP_NAME} left by an interrupted checkpoint write"
+
+
+def _present_files(relay_dir: Path, listed: list[str], warn: Callable[[str], None]) -> set[str]:
+    """The relay files present (in any storage form), after the leftovers of an interrupted conversion or archive
+    step are cleaned (closed_files.py)."""
     present = {
         entry.name
         for entry in os.scandir(relay_dir)
@@ -602,122 +748,74 @@ def recover(relay_dir: str | os.PathLike, *, create: bool = True, use_checkpoint
         and not entry.name.startswith(".")
         and not entry.name.endswith(TMP_SUFFIX)
     }
-    # Closed files may be stored converted (<name>.rpz) or in the archive directory (closed_files.py);
-    # an interrupted conversion or archive step leaves temp files or two forms of a file: cleaned here.
     try:
         clean_leftovers(relay_dir, listed, warn)
     except StoredFileError as exc:
         raise RelayRecoveryError(str(exc)) from None
-    present = present_names(relay_dir, {n for n in present if (relay_dir / n).exists()}, listed)
+    return present_names(relay_dir, {n for n in present if (relay_dir / n).exists()}, listed)
 
-    # Listed files that are gone: tolerable only at the ends of the list.
-    exists = [name in present for name in listed]
-    names = listed
-    if not all(exists):
-        if any(exists):
-            first = exists.index(True)
-            last = len(exists) - 1 - exists[::-1].index(True)
-        else:
-            first, last = 0, -1
-        middle = [name for name, ok in zip(listed[first : last + 1], exists[first : last + 1]) if not ok]
-        if middle:
-            raise RelayRecoveryError(
-                f"relay files listed in {INDEX_NAME} are missing between files that exist: "
-                f"{', '.join(middle)}; the relay would have a hole in the master's binlog",
-                file=middle[0],
-            )
-        for name in listed[:first]:
-            warn(f"{name} is listed in {INDEX_NAME} but missing (an interrupted purge?): dropped from the index")
-        for name in listed[last + 1 :]:
-            warn(f"{name} is listed in {INDEX_NAME} but missing (created, never written): dropped from the index")
-        names = listed[first : last + 1]
-        index_dirty = True
 
-    # Unlisted files: adopt the next one if it is whole, report the others.
-    unlisted = present - set(names)
-    if unlisted:
-        if names:
-            rotate = read_final_rotate(relay_dir / names[-1])
-            candidates = epochs.rotate_targets(names[-1], rotate[0]) if rotate else [next_file_name(names[-1])]
-            expected = next((name for name in candidates if name in unlisted), None)
-        else:
-            expected = next(iter(unlisted)) if len(unlisted) == 1 else None
-        if expected in unlisted:
-            unlisted.discard(expected)
-            adopted = _adopt_unlisted(relay_dir / expected, warn)
-            if adopted:
-                names = [*names, expected]
-                report.adopted.append(expected)
-                index_dirty = True
-        for name in sorted(unlisted):
+def _reconcile_index(relay_dir: Path, epochs: Epochs, report: RecoveryReport) -> list[str]:
+    """Apply ``plan_index`` and ``plan_adoption``: warn, adopt, rewrite the index; returns the relay's files."""
+    warn = report.warnings.append
+    listed = read_index(relay_dir) or []
+    index = plan_index(listed, _present_files(relay_dir, listed, warn))
+    if index.refusal is not None:
+        raise RelayRecoveryError(index.refusal, file=index.missing_middle[0])
+    report.warnings.extend(index.warnings)
+    names, rewrite = list(index.names), index.rewrite
+    if index.unlisted:
+        rotate = read_final_rotate(relay_dir / names[-1]) if names else None
+        adoption = plan_adoption(names, index.unlisted, epochs=epochs, final_rotate=None if rotate is None else rotate[0])
+        if adoption.candidate is not None and _adopt_unlisted(relay_dir / adoption.candidate, warn):
+            names.append(adoption.candidate)
+            report.adopted.append(adoption.candidate)
+            rewrite = True
+        for name in adoption.left_alone:
             warn(f"{name} is in the relay directory but not in {INDEX_NAME}: left alone, not served")
-
-    if index_dirty:
+    if rewrite:
         write_index(relay_dir, names)
-    report.files = list(names)
+    return names
 
-    mark, mark_problem = read_durable_mark(relay_dir)
-    if mark_problem:
-        warn(mark_problem)
-    report.durable_mark = mark
 
-    if not names:
-        report.started_empty = True
-        report.horizon = HorizonSnapshot(None, 0, None, 0)
-        if mark is not None:
-            warn(f"{DURABLE_MARK_NAME} names {mark.file} but the relay has no files")
-        return RecoveredState(report, [], None, 0, None, None, False, None, None, epochs)
-
-    if mark is not None and mark.file not in names:
-        warn(f"{DURABLE_MARK_NAME} names {mark.file}, which is not a relay file here: ignored")
-        mark = None
-
+def _resume_point(relay_dir: Path, newest: str, epochs: Epochs, report: RecoveryReport, *,
+                  use_checkpoint: bool) -> ResumePoint | None:
+    """The verified checkpoint of the newest file the scan may resume from, or None (the report says which)."""
     resume = None
     if use_checkpoint:
         checkpoint, why = read_checkpoint(relay_dir)
         if checkpoint is not None:
-            resume, why = verify(checkpoint, relay_dir / names[-1], names[-1], epochs=epochs)
+            resume, why = verify(checkpoint, relay_dir / newest, newest, epochs=epochs)
     else:
         why = "checkpoint not used (full scan asked for)"
-    note = (f"{names[-1]} scanned from the checkpoint at offset {resume.offset}" if resume is not None
-            else f"{names[-1]} scanned whole: {why}")
+    note = scan_note(newest, resume, why)
     report.checkpoint = note if report.checkpoint is None else f"{report.checkpoint}; {note}"
     report.checkpoint_offset = None if resume is None else resume.offset
+    return resume
 
-    plan = plan_recovery(relay_dir, names, epochs=epochs, mark=mark, resume=resume)
-    for step in plan.links:
-        if step.rotate is None:
-            warn(f"{step.older} does not end with a ROTATE (the master restarted or the file was cut): next is {step.newer}")
-        elif not step.follows:
-            warn(f"{step.older} ends with a ROTATE to {step.rotate}, but the next relay file is {step.newer}")
 
+def _apply_plan(relay_dir: Path, plan: RecoveryPlan, epochs: Epochs, mark: DurableMark | None,
+                report: RecoveryReport) -> RecoveredState:
+    """Do what ``plan_recovery`` decided (cut the newest file's tail or refuse, fsync) and say what the store
+    resumes from."""
+    report.warnings.extend(link_warnings(plan.links))
     tail = plan.tail
-    newest = tail.name
-    path = tail.path
-    _apply_tail(tail, mark, report, warn)
+    _apply_tail(tail, mark, report, report.warnings.append)
     report.scan = tail.scan
     if plan.join_problem is not None:
-        raise RelayRecoveryError(plan.join_problem, file=newest)
+        raise RelayRecoveryError(plan.join_problem, file=tail.name)
     if plan.previous_warning is not None:
-        warn(plan.previous_warning)
-    join_warnings = []
-    if plan.join_extra is not None:
-        join_warnings.append(
-            f"{newest} (epoch {epochs.join_epoch(newest).epoch}) starts with the GTID set {gtid_text(tail.start_set)}, "
-            f"which names {gtid_text(plan.join_extra)} that the relay never had: counted as purged"
-        )
-        report.warnings.extend(join_warnings)
-    gtids = plan.horizon_gtids
-
-    fsync_path(path)
+        report.warnings.append(plan.previous_warning)
+    joins = join_warnings(plan, epochs)
+    report.warnings.extend(joins)
+    fsync_path(tail.path)
     fsync_dir(relay_dir)
-
-    report.horizon = HorizonSnapshot(newest, tail.end, None if gtids is None else gtids.copy(), 0)
+    gtids = plan.horizon_gtids
+    report.horizon = HorizonSnapshot(tail.name, tail.end, None if gtids is None else gtids.copy(), 0)
     start_set = tail.start_set
-    file_start = None if start_set is None else start_set.copy()
     return RecoveredState(
-        report, list(names), newest, tail.end, gtids, tail.fde, start_set is not None, file_start, plan.flavour,
-        epochs, plan.join_extra, join_warnings,
+        report, list(plan.files), tail.name, tail.end, gtids, tail.fde, start_set is not None,
+        None if start_set is None else start_set.copy(), plan.flavour, epochs, plan.join_extra, joins,
     )
 
 
