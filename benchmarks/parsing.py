@@ -324,8 +324,8 @@ def core_measures(files: list[CorpusFile], prefix: str = "", stats: LibraryStats
         measure(prefix + "header_walk", "header walk (floor)", walk_headers, files),
         measure(prefix + "boundary_batch", "boundary, batch (feed_buffer)", walk_boundary_batch, files),
         measure(prefix + "boundary", "boundary (unpack + feed)", walk_boundary, files),
-        measure(prefix + "pymysqlreplication", "pymysqlreplication decode", make_walk_library(False, stats or LibraryStats()),
-                files, peer=True),
+        measure(prefix + "pymysqlreplication", "pymysqlreplication decode",
+                make_walk_library(False, stats or LibraryStats()), files, peer=True),
     ]
 
 

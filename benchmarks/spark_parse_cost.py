@@ -189,11 +189,7 @@ class ArchiveSpec:
 
     @classmethod
     def parse(cls, text: str) -> "ArchiveSpec":
-        label, sep, rest = text.partition("=")
-        if not (sep and label and "/" not in label and ":" not in label):
-            label, rest = None, text
-        elif not rest:
-            raise ValueError(f"--archive {text!r}: no URL after {label}=")
+        label, rest = split_label(text, "--archive", "URL")
         scheme, sep, tail = rest.partition("://")
         if scheme == "s3a":
             scheme = "s3"
@@ -520,7 +516,7 @@ def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list
 
         def library():
             t0 = _clock()
-            outcome, _ev = decode_event(decoder, data, pos, end, checksum)  # the warm-up, and what the library makes of it
+            outcome, _ev = decode_event(decoder, data, pos, end, checksum)  # the warm-up; what the library made of it
             k = choose_k(_clock() - t0, batch_ns, ks)
             return k, _best(library_k, k, repeats, cal.empty_ref), outcome
 
@@ -550,7 +546,8 @@ def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list
             round(boundary_ns, 1), round(view_ns, 1), round(library_ns, 1), outcome, view_ok, kb, kv, kl,
         )
     if measured != split.events:  # cannot happen: splits hold only the scanner's complete events
-        raise ValueError(f"{split.path} @{split.start}: {measured} events fit the split, the scanner found {split.events}")
+        raise ValueError(f"{split.path} @{split.start}: {measured} events fit the split, the scanner found "
+                         f"{split.events}")
 
 
 def measure_partition(index: int, items, timing: TimingConfig, run: int = 0):
@@ -594,12 +591,19 @@ class InputSpec:
 
     @classmethod
     def parse(cls, text: str) -> "InputSpec":
-        label, sep, rest = text.partition("=")
-        if sep and label and "/" not in label and ":" not in label:
-            if not rest:
-                raise ValueError(f"--input {text!r}: no path after {label}=")
-            return cls(rest, label)
-        return cls(text, None)
+        label, path = split_label(text, "--input", "path")
+        return cls(path, label)
+
+
+def split_label(text: str, option: str, what: str) -> tuple[str | None, str]:
+    """(label, rest) of a ``LABEL=REST`` option value; (None, text) when it has no label (a path or URL may hold
+    ``=`` after a ``/`` or ``:``)."""
+    label, sep, rest = text.partition("=")
+    if not (sep and label and "/" not in label and ":" not in label):
+        return None, text
+    if not rest:
+        raise ValueError(f"{option} {text!r}: no {what} after {label}=")
+    return label, rest
 
 
 class Progress(threading.Thread):
