@@ -35,6 +35,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..binlog import boundary as B
 from ..binlog import constants as C
@@ -44,6 +45,9 @@ from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
 from ..relay.errors import RelayGapError
 from ..wire.packets import parse_err
 from ..wire.semisync import SEMI_SYNC_INDICATOR, SEMI_SYNC_NEED_ACK
+
+if TYPE_CHECKING:
+    from ..relay.store import RelayStore
 
 _header_unpack_from = HEADER.unpack_from
 _U64 = struct.Struct("<Q")
@@ -104,7 +108,8 @@ class SemiSyncTally:
 class RelayReceiver:
     """Feeds one dump stream at a time into a RelayStore through the transaction-boundary parser."""
 
-    def __init__(self, store, *, verify_checksums: bool = True, flavour: str = "auto", relay_server_id: int = 0):
+    def __init__(self, store: RelayStore, *, verify_checksums: bool = True, flavour: str = "auto",
+                 relay_server_id: int = 0):
         self.store = store
         self.relay_server_id = relay_server_id  # recorded with an epoch; never written into a relay file
         self.parser = B.TransactionBoundaryParser(flavour)
@@ -157,8 +162,7 @@ class RelayReceiver:
         self._skipping = False
         self._skipped_to = None
         self._held = None
-        epochs = getattr(self.store, "epochs", None)
-        if by_position and epochs is not None and epochs.current.epoch >= 2:
+        if by_position and self.store.epochs.current.epoch >= 2:
             held = self.store.pending_gtids
             self._held = held.current_position() if hasattr(held, "current_position") else held
 
@@ -180,13 +184,13 @@ class RelayReceiver:
         and every packet of a semi-sync stream, goes through ``_packet`` / ``_event`` one by one.
         Both paths write, count, place boundaries and fail identically (tests compare them).
         """
-        append = getattr(self.store, "append_event", None)
-        if self._semi_sync or append is None or not self.fast_path:
+        if self._semi_sync or not self.fast_path:
             packet = self._packet
             for payload in payloads:
                 packet(payload)
             return
         store = self.store
+        append = store.append_event
         parser = self.parser
         parser_feed = parser.feed
         group_complete = store.group_complete
@@ -429,7 +433,6 @@ class RelayReceiver:
             or self.parser.in_group
             or not _FILLS_BEFORE[type_code]
             or store.current_end != store.boundary_end
-            or getattr(store, "write_filler", None) is None
         ):
             return False
         self.counters.fillers += store.write_filler(offset, relay_server_id=self.relay_server_id)
@@ -472,9 +475,8 @@ class RelayReceiver:
                 begin = not current.same_master(epoch_master)
             if begin:
                 store.begin_epoch(epoch_master, name, relay_server_id=self.relay_server_id)
-        to_relay = getattr(store, "relay_name", None)
         try:
-            relay = name if to_relay is None else to_relay(name)
+            relay = store.relay_name(name)
         except ValueError as exc:
             raise StreamError(f"master switched to {name}: {exc}") from None
         if store.current_file == relay:
@@ -482,7 +484,7 @@ class RelayReceiver:
                 raise StreamError(
                     f"master resumes {name} at {position} but the relay holds only {store.current_end} bytes of it"
                 )
-            if to_relay is not None and position == 4 and store.current_end == 4:
+            if position == 4 and store.current_end == 4:
                 store.start_file(name)  # a no-op, or a new epoch beginning in this (empty) file follows the master
         elif relay in store.files():
             shown = name if relay == name else f"{name} (relay file {relay})"

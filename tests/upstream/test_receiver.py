@@ -23,6 +23,7 @@ from relayproxy.binlog import constants as C
 from relayproxy.binlog import encoders as E
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.binlog.reader import scan_bytes, scan_file
+from relayproxy.relay.epochs import Epochs
 from relayproxy.relay.errors import RelayGapError, RelayMismatchError, RelayStoreError
 from relayproxy.relay.store import RelayStore
 from relayproxy.binlog.gtid import boundary_gtid_text as gtid_text
@@ -441,12 +442,23 @@ class _RecordingStore:
     """Just the store surface RelayReceiver uses, recording offsets: a real relay file past 4 GB is too big
     for a unit test, and the point here is the receiver's arithmetic."""
 
+    epochs = Epochs()  # one implicit epoch: the master's names are the relay's
+
     def __init__(self, name: str, end: int):
         self.current_file, self.current_end, self.boundary_end = name, end, end
         self.writes: list[int] = []
 
     def files(self) -> list[str]:
         return [self.current_file]
+
+    def relay_name(self, upstream_name: str) -> str:
+        return upstream_name
+
+    def append_event(self, offset: int, event, log_pos: int, type_code: int) -> str:
+        return self.write_event(offset, event)
+
+    def write_filler(self, offset: int, *, relay_server_id: int = 0) -> int:
+        raise AssertionError("no gap to fill in this test")
 
     def write_event(self, offset: int, event) -> str:
         self.writes.append(offset)
