@@ -49,8 +49,8 @@ async def check_peer(peer: dict, identity: MasterIdentity, *, master: MasterInfo
     the first difference; nothing is written. Returns what the catch-up is (for /status ``peer_catch_up``).
     ``upstream_at`` is the horizon in the master's own coordinates."""
     address = master.address
-    epochs = getattr(store, "epochs", None)
-    mine = None if epochs is None or not epochs.epochs else epochs.current
+    epochs = store.epochs
+    mine = epochs.current if epochs.epochs else None
     own = (mine.master_dict or {}) if mine is not None and not mine.implicit else {}
     theirs = (f"the relay {address} (server_id {identity.server_id}) holds epoch {peer['epoch']} of the master "
               f"server_id {peer['server_id']}" + (f" ({peer['server_uuid']})" if peer["server_uuid"] else ""))

@@ -283,11 +283,7 @@ class UpstreamSession:
 
     def _upstream_at(self) -> tuple[str | None, int]:
         """The horizon in the current master's own coordinates (the relay's file names differ after a switch)."""
-        upstream = getattr(self.store, "upstream_position", None)
-        if upstream is not None:
-            return tuple(upstream())
-        horizon = self.store.horizon.snapshot()
-        return horizon.file, horizon.position
+        return self.store.upstream_position()
 
     def _switch_permitted(self, identity: MasterIdentity) -> bool:
         """A CHANGE MASTER chose this master's address since the relay last streamed: an address other than the
@@ -324,7 +320,7 @@ class UpstreamSession:
             text = (f"master {self.master.address} silent for more than two heartbeat periods (or connect timeout): "
                     "treated as gone")
         elif store_cannot_write := (
-            isinstance(exc, (RelayStoreError, OSError)) and getattr(self.store, "failure", None) is not None
+            isinstance(exc, (RelayStoreError, OSError)) and self.store.failure is not None
         ):
             failure = self.store.failure
             cause = failure if isinstance(exc, RelayStoreFailed) or exc is failure else exc
@@ -354,7 +350,7 @@ class UpstreamSession:
         if self._conn is not None:
             self._conn.abort()
             self._conn = None
-        if not connected and getattr(self.store, "failure", None) is not None:
+        if not connected and self.store.failure is not None:
             return  # no stream this round: _connect_and_stream has just retried the reopen
         try:
             dropped = self.receiver.end_stream()
@@ -396,7 +392,7 @@ class UpstreamSession:
     # -- one connection --------------------------------------------------------------------------
     async def _connect_and_stream(self) -> bool:
         cfg = self.cfg
-        if getattr(self.store, "failure", None) is not None and not self._reopen_store(self.store.failure):
+        if self.store.failure is not None and not self._reopen_store(self.store.failure):
             return False  # still cannot write (disk full?): back off without asking the master for anything
         self.status.state = "connecting"
         master = self.master
@@ -580,8 +576,7 @@ class UpstreamSession:
         identity = self._switch_to
         if identity is None:
             return
-        epochs = getattr(self.store, "epochs", None)
-        if epochs is not None and epochs.current.same_master(_identity_dict(identity)):
+        if self.store.epochs.current.same_master(_identity_dict(identity)):
             self._switch_to = None
             self._record_identity(identity)
             pending, self._pending_variables = self._pending_variables, None

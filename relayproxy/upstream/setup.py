@@ -201,8 +201,7 @@ async def request_dump(conn: UpstreamConnection, store: RelayStore, master: Mast
         await conn.binlog_dump("", 4, server_id, flags)
         return False
     # By file/position: the master's own coordinates of the horizon (the relay's names after a switch differ).
-    upstream = getattr(store, "upstream_position", None)
-    file, position = upstream() if upstream is not None else (horizon.file, horizon.position)
+    file, position = store.upstream_position()
     await conn.binlog_dump(file, position, server_id, flags)
     return True
 
