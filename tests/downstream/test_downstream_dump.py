@@ -57,12 +57,11 @@ def uuid_of(sid: bytes) -> str:
 # The fake channel and the context
 
 
-class FakeChannel:
-    """Collects payloads; ``send_stream`` reassembles streamed payloads and records piece sizes;
-    ``send_packets`` unframes a shared chunk, checking its packet headers and sequence ids (``shared=False``
-    leaves it out: the sender then goes event by event)."""
+class PlainChannel:
+    """A DumpChannel that collects payloads, with none of the extras (the sender then goes event by event and holds
+    a large event whole)."""
 
-    def __init__(self, *, streaming: bool = True, fail_after: int | None = None, shared: bool = True):
+    def __init__(self, *, fail_after: int | None = None):
         self.payloads: list[bytes] = []
         self.chunks_sent = 0
         self._seq = 0
@@ -71,10 +70,6 @@ class FakeChannel:
         self._incoming: asyncio.Queue = asyncio.Queue()
         self._changed = asyncio.Event()
         self._fail_after = fail_after
-        if not streaming:
-            self.send_stream = None
-        if not shared:
-            self.send_packets = None
 
     @property
     def closed(self) -> bool:
@@ -88,27 +83,6 @@ class FakeChannel:
             raise ConnectionResetError("connection reset by peer")
         self.payloads.append(bytes(payload))
         self._changed.set()
-
-    async def send_packets(self, chunk, omit=frozenset()) -> None:
-        first = self._seq
-        data, self._seq = chunk.frame_for(first, omit)
-        at, seq = 0, first
-        while at < len(data):
-            length = int.from_bytes(data[at : at + 3], "little")
-            assert data[at + 3] == seq, f"packet {seq} numbered {data[at + 3]}"
-            assert 0 < length < 0xFFFFFF
-            seq = (seq + 1) & 0xFF
-            await self.send(bytes(data[at + 4 : at + 4 + length]))
-            at += 4 + length
-        assert at == len(data) and seq == self._seq
-        self.chunks_sent += 1
-
-    async def send_stream(self, total: int, chunks) -> None:
-        pieces = [bytes(c) async for c in chunks]
-        data = b"".join(pieces)
-        assert len(data) == total
-        self.stream_pieces.append([len(p) for p in pieces])
-        await self.send(data)
 
     async def receive(self, timeout: float | None = None) -> bytes | None:
         try:
@@ -133,6 +107,47 @@ class FakeChannel:
                 await self._changed.wait()
 
         await asyncio.wait_for(loop(), timeout)
+
+
+class _Streams:
+    """``send_stream`` reassembles a streamed payload and records its piece sizes (dump.StreamingChannel)."""
+
+    async def send_stream(self, total: int, chunks) -> None:
+        pieces = [bytes(c) async for c in chunks]
+        data = b"".join(pieces)
+        assert len(data) == total
+        self.stream_pieces.append([len(p) for p in pieces])
+        await self.send(data)
+
+
+class _Chunks:
+    """``send_packets`` unframes a shared chunk, checking its packet headers and sequence ids (dump.ChunkChannel)."""
+
+    async def send_packets(self, chunk, omit=frozenset()) -> None:
+        first = self._seq
+        data, self._seq = chunk.frame_for(first, omit)
+        at, seq = 0, first
+        while at < len(data):
+            length = int.from_bytes(data[at : at + 3], "little")
+            assert data[at + 3] == seq, f"packet {seq} numbered {data[at + 3]}"
+            assert 0 < length < 0xFFFFFF
+            seq = (seq + 1) & 0xFF
+            await self.send(bytes(data[at + 4 : at + 4 + length]))
+            at += 4 + length
+        assert at == len(data) and seq == self._seq
+        self.chunks_sent += 1
+
+
+class FakeChannel(_Chunks, _Streams, PlainChannel):
+    """A channel with both extras, as the server's: streamed large events and shared chunks."""
+
+
+class ChunklessChannel(_Streams, PlainChannel):
+    """Streams large events, sends no shared chunk: the sender goes event by event."""
+
+
+class StreamlessChannel(_Chunks, PlainChannel):
+    """Shared chunks, but a large event is held whole and sent through ``send``."""
 
 
 def make_ctx(store: RelayStore, *, master_uuid: str | None = None, semi_sync: bool = True,
@@ -708,7 +723,7 @@ def test_a_large_event_streams_in_pieces_and_a_corrupt_one_is_not_half_sent(tmp_
     assert len(channel.stream_pieces) == 1 and max(channel.stream_pieces[0]) <= 64 << 10
     # without a streaming channel the event goes whole through send()
     channel = run(dump_all(make_ctx(store), make_conn(**CRC32), file_request("binlog.000001", 4),
-                           FakeChannel(streaming=False)))
+                           StreamlessChannel()))
     assert b"".join(e.raw for e in decode(channel.payloads)[0][2:]) == image[fde_end:]
     # a damaged byte deep inside the large event: refused before any of it is sent
     blob_at = [off for off, ev in split_events(image) if ev[4] == C.WRITE_ROWS_EVENT][0]
