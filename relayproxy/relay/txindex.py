@@ -56,7 +56,7 @@ from itertools import accumulate
 from operator import add, sub
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from ..binlog import constants as C
 from ..binlog.checksum import crc32 as _crc32
@@ -68,7 +68,7 @@ from .durable import write_file_atomically
 from .layout import RESERVED_PREFIX
 
 if TYPE_CHECKING:
-    from .horizon import Horizon
+    from .reader import StoreReader
 
 log = get_logger(__name__)
 
@@ -1483,7 +1483,7 @@ class TransactionIndex:
         self._cache_blocks = cache_blocks
 
     @classmethod
-    def for_store(cls, store: IndexedStore, *, writable: bool | None = None) -> "TransactionIndex":
+    def for_store(cls, store: StoreReader, *, writable: bool | None = None) -> "TransactionIndex":
         def horizon():
             snap = store.horizon.snapshot()
             return snap.file, snap.position
@@ -1796,33 +1796,11 @@ class TransactionIndex:
             return []
 
 
-class IndexedStore(Protocol):
-    """What the index reads of a store: a part of relay/reader.py's ``StoreReader`` (which names this module, so
-    this one does not name it back), met by every store."""
-
-    @property
-    def relay_dir(self) -> Path: ...
-
-    @property
-    def horizon(self) -> Horizon: ...
-
-    @property
-    def read_only(self) -> bool: ...
-
-    @property
-    def sidecars_writable(self) -> bool: ...
-
-    @property
-    def transaction_index(self) -> TransactionIndex | None: ...
-
-    def files(self) -> list[str]: ...
-
-
 _BY_STORE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _BY_STORE_LOCK = threading.Lock()
 
 
-def index_of(store: IndexedStore) -> TransactionIndex:
+def index_of(store: StoreReader) -> TransactionIndex:
     """The store's TransactionIndex (its own ``transaction_index`` when it has one, else one kept per store)."""
     own = store.transaction_index
     if isinstance(own, TransactionIndex):
