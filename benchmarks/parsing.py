@@ -124,17 +124,39 @@ def files_totals(files: list[CorpusFile]) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------------------------------
 # Per event: python-mysql-replication, as a BinLogStreamReader decodes it
-def decode_event(decoder: ReferenceDecoder, data: bytes, pos: int, end: int, checksum: bool):
-    """(outcome, event) of the library's decode of one event from a copy of its bytes: ``DECODED``, ``NOT_DECODED``
-    (no decoder for its type) or ``ERROR`` (it raised). An FDE it cannot read (e.g. "5.1.34sp1") is replaced by
-    relayproxy's reading of it, so that the events after it still decode."""
-    try:
-        ev = decoder.decode(data[pos:end], checksum=checksum)
-    except ReferenceDecodeError:
-        if data[pos + 4] == _FDE:
-            decoder.set_format(FormatDescription.parse(data, pos, end - pos))
-        return ERROR, None
-    return (NOT_DECODED, None) if ev is None else (DECODED, ev)
+def decode_events(decoder: ReferenceDecoder, data: bytes, events, checksummed, materialise_rows: bool = False
+                  ) -> tuple[int, int, int, int, int]:
+    """The library's decode of each event ((offset, size, type) in ``data``) from a copy of its bytes, as
+    ``BinLogStreamReader`` gets its packet: (events, decoded, not decoded -- no decoder for its type --, raised,
+    raised while materialising rows). An FDE it cannot read (e.g. "5.1.34sp1") is replaced by relayproxy's reading
+    of it, so that the events after it still decode. One loop for the walk and for the Spark job's per-event
+    warm-up, inline: a call per event would be timed with the library."""
+    count = decoded = not_decoded = errors = row_errors = 0
+    decode = decoder.decode
+    for (pos, size, type_code), checksum in zip(events, checksummed):
+        count += 1
+        try:
+            ev = decode(data[pos : pos + size], checksum=checksum)
+        except ReferenceDecodeError:
+            errors += 1
+            if type_code == _FDE:
+                decoder.set_format(FormatDescription.parse(data, pos, size))
+            continue
+        if ev is None:
+            not_decoded += 1
+            continue
+        decoded += 1
+        if materialise_rows:
+            try:
+                decoder.materialise_rows(ev)
+            except Exception:  # the library's row decoders fail on some real rows (see test)
+                row_errors += 1
+    return count, decoded, not_decoded, errors, row_errors
+
+
+def outcome_of(decoded: int, not_decoded: int) -> str:
+    """What the library made of one event, from ``decode_events``' counts."""
+    return DECODED if decoded else NOT_DECODED if not_decoded else ERROR
 
 
 @dataclass
@@ -262,26 +284,14 @@ def make_walk_views(rejected: list[str]) -> Callable[[list[CorpusFile]], int]:
 
 
 def make_walk_library(materialise_rows: bool, stats: LibraryStats) -> Callable[[list[CorpusFile]], int]:
-    """A walk decoding every event with python-mysql-replication (``decode_event``), counted into ``stats``."""
+    """A walk decoding every event with python-mysql-replication (``decode_events``), counted into ``stats``."""
     def walk_library(files: list[CorpusFile]) -> int:
         """python-mysql-replication's decode of every event, as a BinLogStreamReader would do it."""
-        count = 0
-        outcomes = {DECODED: 0, NOT_DECODED: 0, ERROR: 0}
-        row_errors = 0
+        totals = [0, 0, 0, 0, 0]
         for cf in files:
-            data = cf.data
-            decoder = ReferenceDecoder()
-            for (pos, size, _type_code), checksum in zip(cf.events, cf.checksummed):
-                count += 1
-                outcome, ev = decode_event(decoder, data, pos, pos + size, checksum)
-                outcomes[outcome] += 1
-                if materialise_rows and ev is not None:
-                    try:
-                        decoder.materialise_rows(ev)
-                    except Exception:  # the library's row decoders fail on some real rows (see test)
-                        row_errors += 1
-        stats.decoded, stats.not_decoded, stats.errors = outcomes[DECODED], outcomes[NOT_DECODED], outcomes[ERROR]
-        stats.row_errors = row_errors
+            counts = decode_events(ReferenceDecoder(), cf.data, cf.events, cf.checksummed, materialise_rows)
+            totals = [a + b for a, b in zip(totals, counts)]
+        count, stats.decoded, stats.not_decoded, stats.errors, stats.row_errors = totals
         return count
 
     return walk_library

@@ -50,9 +50,10 @@ from parsing import (  # noqa: E402  (what is measured, counted and compared: sh
     carries_crc,
     core_measures,
     corpus_path,
-    decode_event,
+    decode_events,
     files_totals,
     load_binlog,
+    outcome_of,
     ratio,
     run_in_order,
     scan_events,
@@ -515,10 +516,9 @@ def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list
             return kb, b_ns, kv, _best(view_k, kv, repeats, cal.empty_ref), ok
 
         def library():
-            t0 = _clock()
-            outcome, _ev = decode_event(decoder, data, pos, end, checksum)  # the warm-up; what the library made of it
-            k = choose_k(_clock() - t0, batch_ns, ks)
-            return k, _best(library_k, k, repeats, cal.empty_ref), outcome
+            k = choose_k(library_k(1), batch_ns, ks)
+            _n, decoded, not_decoded, _e, _r = decode_events(decoder, data, [(pos, size, type_code)], [checksum])
+            return k, _best(library_k, k, repeats, cal.empty_ref), outcome_of(decoded, not_decoded)
 
         if timing.library_first:
             kl, library_ns, outcome = library()
