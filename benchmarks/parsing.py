@@ -2,7 +2,8 @@
 per event, the counting of what the library decodes, the timed walks and the ratios.
 
 ``parse_cost.py`` times these walks over whole file images in one process; ``spark_parse_cost.py`` times every event
-on its own in Spark tasks (its batch loops) and runs the same walks on the driver. Spark ships this file to its
+on its own in Spark tasks (its batch loops) and runs the same walks on the driver. The timed loops keep their
+per-event work inline (a Python call per event would be timed with the parser). Spark ships this file to its
 executors as a plain module (``addPyFile``), so it imports nothing of ``benchmarks`` by the package's name.
 """
 
