@@ -46,6 +46,7 @@ from ..binlog.constants import (
     ROTATE_EVENT,
     event_name,
 )
+from ..wire.packets import COM_BINLOG_DUMP, COM_BINLOG_DUMP_GTID
 from ..wire.semisync import SEMI_SYNC_INDICATOR
 
 __all__ = ["MAX_PACKET_PAYLOAD", "DumpEnd", "EventLocation", "MysqlStreamWatcher", "packet_spans"]
@@ -53,8 +54,6 @@ __all__ = ["MAX_PACKET_PAYLOAD", "DumpEnd", "EventLocation", "MysqlStreamWatcher
 MAX_PACKET_PAYLOAD = 0xFFFFFF
 PACKET_HEADER_LEN = 4
 
-COM_BINLOG_DUMP = 0x12
-COM_BINLOG_DUMP_GTID = 0x1E
 _CLIENT_COMPRESS = 0x0020
 _CLIENT_SSL = 0x0800
 

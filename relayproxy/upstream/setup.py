@@ -15,7 +15,7 @@ from ..relay.durable import write_file_atomically
 from ..relay.master_variables import VARIABLES as MASTER_VARIABLES
 from ..relay.master_variables import MasterVariables, select_statement, single_statement
 from ..wire.errors import ER_UNKNOWN_SYSTEM_VARIABLE
-from ..wire.packets import BINLOG_SEND_ANNOTATE_ROWS_EVENT, MySQLError
+from ..wire.packets import BINLOG_SEND_ANNOTATE_ROWS_EVENT, MARIA_SLAVE_CAPABILITY_GTID, MySQLError
 from .connection import UpstreamConnection
 from .receiver import StreamError
 
@@ -44,7 +44,7 @@ def config_values(cfg) -> dict:
     return values
 
 
-MARIA_SLAVE_CAPABILITY_MINE = 4  # the MariaDB events the relay understands: GTIDs (MARIA_SLAVE_CAPABILITY_GTID)
+MARIA_SLAVE_CAPABILITY_MINE = MARIA_SLAVE_CAPABILITY_GTID  # the MariaDB events the relay understands: GTIDs
 
 # The longest the relay waits for any reply its master owes before the stream begins (the setup queries, MariaDB's
 # BINLOG_GTID_POS over a large file, the dump's first packet). A master that froze after the handshake, or whose host

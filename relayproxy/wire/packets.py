@@ -99,6 +99,13 @@ BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02  # MariaDB
 USE_HEARTBEAT_EVENT_V2 = 0x02  # MySQL 8.0.26+ (same bit, other meaning)
 BINLOG_THROUGH_GTID = 0x04  # MySQL: COM_BINLOG_DUMP_GTID carries a GTID set
 
+# What a MariaDB replica says it understands (@mariadb_slave_capability before its dump, sql/log_event.h): the relay
+# sends GTID as a replica of its master, and answers each level as a master.
+MARIA_SLAVE_CAPABILITY_ANNOTATE = 1
+MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES = 2
+MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT = 3
+MARIA_SLAVE_CAPABILITY_GTID = 4
+
 # First byte of the packets a server answers with.
 OK_HEADER = 0x00
 LOCAL_INFILE_HEADER = 0xFB

@@ -30,16 +30,14 @@ from .errors import (
     read_failure,
     maria_not_in_binlog,
 )
-from .files import GTID_TYPES
-from .rewrite import (
-    MARIA_GTID_HEADER_LEN,
+from ...wire.packets import (
     MARIA_SLAVE_CAPABILITY_ANNOTATE,
     MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT,
     MARIA_SLAVE_CAPABILITY_GTID,
     MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES,
-    begin_event,
-    dummy_event,
 )
+from .files import GTID_TYPES
+from .rewrite import MARIA_GTID_HEADER_LEN, begin_event, dummy_event
 
 # What to do with the event itself.
 SEND, REPLACE, OMIT, SKIP, END = range(5)

@@ -8,11 +8,6 @@ import zlib
 from ...binlog import constants as C
 from .files import U16, U32
 
-# -- MariaDB slave capabilities (@mariadb_slave_capability, sql/log_event.h) -----------------------
-MARIA_SLAVE_CAPABILITY_ANNOTATE = 1
-MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES = 2
-MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT = 3
-MARIA_SLAVE_CAPABILITY_GTID = 4
 
 # ---------------------------------------------------------------------------------------------
 # MariaDB compatibility rewrites (sql/log_event_server.cc: Query_log_event::dummy_event,

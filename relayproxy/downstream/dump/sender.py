@@ -19,6 +19,10 @@ from ...log import PeerLogLimiter, get_logger, report_failure
 from ...wire.packets import (
     BINLOG_DUMP_NON_BLOCK,
     BINLOG_SEND_ANNOTATE_ROWS_EVENT,
+    MARIA_SLAVE_CAPABILITY_ANNOTATE,
+    MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT,
+    MARIA_SLAVE_CAPABILITY_GTID,
+    MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES,
     USE_HEARTBEAT_EVENT_V2,
 )
 from ...wire.results import encode_error
@@ -47,12 +51,6 @@ from .errors import (
 )
 from .files import CHECKSUM_CRC32, U32, U64, header_unpack_from, RelayFile
 from .followers import SENT, STAY, WAKE, Pass, followers_of
-from .rewrite import (
-    MARIA_SLAVE_CAPABILITY_ANNOTATE,
-    MARIA_SLAVE_CAPABILITY_BINLOG_CHECKPOINT,
-    MARIA_SLAVE_CAPABILITY_GTID,
-    MARIA_SLAVE_CAPABILITY_TOLERATE_HOLES,
-)
 from .start import (
     MariaStart,
     StartPlan,
