@@ -25,9 +25,8 @@ if TYPE_CHECKING:
     from ..ops.metrics import FsyncStats
     from ..relay.archive import ArchiveUploader
     from ..relay.conversion import StorageTask
-    from ..relay.readonly import ReadOnlyBinlogDir
+    from ..relay.reader import StoreReader
     from ..relay.retention import RetentionTask
-    from ..relay.store import RelayStore
     from ..upstream.session import UpstreamSession, UpstreamStatus
 
 log = get_logger("relayproxy.run")  # the logger name operators match on (docs/metrics.md)
@@ -394,7 +393,7 @@ class SessionRelayView:
     session can reopen its store, and the master (its flavour, version, UUID, variables) is known only once the
     session has talked to it."""
 
-    def __init__(self, cfg, store: Callable[[], RelayStore | ReadOnlyBinlogDir],
+    def __init__(self, cfg, store: Callable[[], StoreReader],
                  upstream: Callable[[], UpstreamSources | NoUpstream], *, server_uuid: str):
         self.cfg = cfg
         self._store = store

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..downstream.dump.followers import describe as describe_followers
 from ..relay import closed_files
-from ..relay.store import RelayStore
 from ..binlog.gtid import boundary_gtid_text as gtid_text
 
 if TYPE_CHECKING:
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
     from ..relay.archive import ArchiveUploader
     from ..relay.conversion import StorageTask
     from ..relay.master_info import MasterIdentity, MasterInfo
-    from ..relay.readonly import ReadOnlyBinlogDir
+    from ..relay.reader import StoreReader
     from ..relay.retention import RetentionTask
     from ..upstream.receiver import RelayReceiver
     from ..upstream.session import UpstreamStatus
@@ -59,7 +58,7 @@ class StatusSources:
     no listener (``downstream``), no sender processes, no FsyncStats, no closed-file storage, archive or
     retention task."""
 
-    store: RelayStore | ReadOnlyBinlogDir
+    store: StoreReader  # relay/reader.py: the relay's own files (run) or a served directory (serve)
     upstream: UpstreamSources | NoUpstream
     downstream: DownstreamServer | None = None
     senders: SenderPool | None = None
@@ -80,7 +79,7 @@ def relay_status(cfg, sources: StatusSources) -> dict[str, Any]:
     horizon = store.horizon.snapshot()
     names = store.files()
     disk = _disk_usage(store, names)
-    upstream_at = store.upstream_position() if isinstance(store, RelayStore) else None
+    upstream_at = store.upstream_position()
     up = sources.upstream
     link = _upstream_link(up, horizon) if isinstance(up, UpstreamSources) else _no_upstream_link(up)
     master = up.master if isinstance(up, UpstreamSources) else None
@@ -273,17 +272,17 @@ def _at_or_past(names: list[str], at: tuple[str, int], stop: tuple[str, int]) ->
         return None
 
 
-def _file_digests(store: RelayStore | ReadOnlyBinlogDir, names: list[str], sizes: dict[str, int], horizon) -> list[dict[str, Any]]:
+def _file_digests(store: StoreReader, names: list[str], sizes: dict[str, int], horizon) -> list[dict[str, Any]]:
     """[{file, size, sha256}] oldest first: a closed file's SHA-256 from the store's cache of its index (no file is
     read once it is cached; null while its index is being built), the current file's size is the horizon's."""
-    digest = store.file_digest if isinstance(store, RelayStore) else None  # serve's files have no index kept
+    digest = store.file_digest  # None for a file without a kept index (a served directory's)
     out = []
     for name in names:
         current = name == horizon.file
         if name not in sizes and not current:
             continue  # purged meanwhile
         out.append({"file": name, "size": horizon.position if current else sizes[name],
-                    "sha256": None if current or digest is None else digest(name)})
+                    "sha256": None if current else digest(name)})
         if current:
             break  # files after the horizon's hold nothing durable yet
     return out
@@ -305,7 +304,7 @@ def _semi_sync_tally(receiver: RelayReceiver) -> dict[str, Any]:
     }
 
 
-def _epochs(store: RelayStore | ReadOnlyBinlogDir) -> list[dict[str, Any]]:
+def _epochs(store: StoreReader) -> list[dict[str, Any]]:
     """The relay's upstream epochs, oldest first (an epoch whose files were all purged is gone)."""
     out = []
     for e in store.epochs.epochs:
@@ -333,7 +332,7 @@ def _error_kinds() -> tuple[str, ...]:
     return UPSTREAM_ERROR_KINDS
 
 
-def _disk_usage(store: RelayStore | ReadOnlyBinlogDir, names: list[str]) -> dict[str, Any]:
+def _disk_usage(store: StoreReader, names: list[str]) -> dict[str, Any]:
     """Sizes of the relay files (stat only), the oldest file's age and the file system's free space."""
     sizes: dict[str, int] = {}  # logical sizes (the master's offsets: replica lag in bytes)
     stored = 0  # bytes on disk (compressed, encrypted, archived: relay_disk_bytes)
