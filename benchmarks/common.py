@@ -1,0 +1,101 @@
+"""What every benchmark script shares: the log line, one percentile, the results file's skeleton and the plot.
+
+The skeleton is benchinfo's: the command that produced the file, its ``- commit:``/``- tree:`` line and the machine
+in one line at the top (``header_block``), the "## Machine" section at the end (``machine_section``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.benchinfo import command_line, header_block, machine_info, machine_section, pyplot
+
+__all__ = ["PERCENTILE_METHODS", "command_line", "header_block", "logger", "machine_info", "machine_section",
+           "percentile", "pyplot", "results_document", "save_figure", "write_results"]
+
+
+def logger(name: str | None, *, clock: bool = True) -> Callable[[str], None]:
+    """A ``log(message)`` for a benchmark: "[name HH:MM:SS] message" on stderr, flushed ("[name] message" without
+    ``clock``; the bare message when ``name`` is None)."""
+
+    def log(message: str) -> None:
+        if name is None:
+            prefix = ""
+        elif clock:
+            prefix = f"[{name} {time.strftime('%H:%M:%S')}] "
+        else:
+            prefix = f"[{name}] "
+        print(prefix + message, file=sys.stderr, flush=True)
+
+    return log
+
+
+# -- percentile --------------------------------------------------------------------------------------------------
+
+PERCENTILE_METHODS = ("rounded-index", "nearest-rank", "exclusive-rank")
+
+
+def percentile(values: Iterable[float], q: float, *, method: str = "rounded-index") -> float:
+    """The ``q``-th percentile (``q`` from 0 to 100) of ``values``, always one of the values (no interpolation);
+    NaN when there are none. ``method`` says which value, for the n values sorted, counted from 0:
+
+    - ``"rounded-index"`` (the default; the fan-out, hop-latency and archive-lag figures): the value at index
+      ``round(q / 100 * (n - 1))`` (Python's round: halves go to the even index);
+    - ``"nearest-rank"`` (the lossless trials): the value at index ``ceil(q / 100 * n) - 1`` (at least 0), the
+      smallest value with at least q % of the values at or below it;
+    - ``"exclusive-rank"`` (the txindex lookups): the value at index ``floor(q / 100 * n)`` (at most n - 1), the
+      smallest value with more than q % of the values at or below it.
+
+    The three are kept because each results file's figures were computed with its own; they agree on large
+    samples and differ by at most one rank."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        return float("nan")
+    if method == "rounded-index":
+        index = round(q / 100 * (n - 1))
+    elif method == "nearest-rank":
+        index = int(max(1, -(-n * q // 100))) - 1
+    elif method == "exclusive-rank":
+        index = int(q / 100 * n)
+    else:
+        raise ValueError(f"unknown percentile method {method!r}; one of {', '.join(PERCENTILE_METHODS)}")
+    return ordered[min(n - 1, max(0, index))]
+
+
+# -- the results file --------------------------------------------------------------------------------------------
+
+def results_document(title: str, script: str | Path, argv: list[str], machine: dict[str, str], body: list[str], *,
+                     runs: int = 1, what: str = "", command: str | None = None) -> str:
+    """A results file's markdown: ``# title``, the header (command, commit and tree, machine, repeats), ``body``
+    (markdown lines), then the "## Machine" section."""
+    lines = [f"# {title}", "", *header_block(script, argv, machine, runs=runs, what=what, command=command), *body]
+    if lines[-1] != "":
+        lines.append("")
+    return "\n".join([*lines, *machine_section(machine)])
+
+
+def write_results(path: Path, text: str, log: Callable[[str], None] | None = None) -> Path:
+    """Write a results file (its folder made if missing) and log where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if log is not None:
+        log(f"wrote {path}")
+    return path
+
+
+# -- plots -------------------------------------------------------------------------------------------------------
+
+def save_figure(fig: Any, path: Path, *, dpi: int = 110) -> Path:
+    """Lay out ``fig``, write it to ``path`` and close it (pyplot keeps every open figure otherwise)."""
+    plt = pyplot()
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    if plt is not None:
+        plt.close(fig)
+    return path
+
