@@ -58,6 +58,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
+from benchmarks.common import logger, percentile  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
 from relayproxy.lab.relayprocess import free_port  # noqa: E402
@@ -83,15 +84,7 @@ CONFIGS = {  # name: archive_interval (None: not set, the default), or False: no
 DEFAULT_INTERVAL = 1.0  # relayproxy's archive_interval default (docs/archive.md)
 
 
-def log(msg: str) -> None:
-    print(f"[archive_lag {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+log = logger("archive_lag")
 
 
 def uptime() -> str:

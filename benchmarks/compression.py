@@ -43,6 +43,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
+from benchmarks.common import logger  # noqa: E402
 
 from relayproxy.downstream.dump.files import RelayFile  # noqa: E402
 from relayproxy.downstream.dump.sender import READ_CHUNK  # noqa: E402
@@ -62,8 +63,7 @@ FORMS = {
 }
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+log = logger(None)
 
 
 def corpus_files(root: Path) -> list[Path]:

@@ -67,6 +67,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
+from benchmarks.common import logger  # noqa: E402
 from relayproxy.lab.failover import (  # noqa: E402
     ADMIN_PASSWORD,
     ADMIN_USER,
@@ -106,8 +107,7 @@ class BenchError(RuntimeError):
     pass
 
 
-def log(msg: str) -> None:
-    print(f"[failover_time {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = logger("failover_time")
 
 
 def parse_size(text: str) -> int:

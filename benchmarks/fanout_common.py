@@ -4,11 +4,10 @@ and small helpers. CPU and memory readings come from ``relayproxy.lab.procstat``
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
 from benchmarks import benchinfo
+from benchmarks.common import logger
 from relayproxy.lab.relayprocess import RelayProcess, py_spy_record
 from relayproxy.lab.sandbox import MariaDBSandbox
 
@@ -33,20 +32,12 @@ plugin = "mysql_native_password"
 """
 
 
-def log(msg: str) -> None:
-    print(f"[fanout {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = logger("fanout")
 
 
 def master_end(master: MariaDBSandbox) -> tuple[str, int]:
     row = master.execute("SHOW MASTER STATUS")[0]
     return row[0], int(row[1])
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    k = min(len(sorted_values) - 1, max(0, int(round(q / 100 * (len(sorted_values) - 1)))))
-    return sorted_values[k]
 
 
 def machine_info() -> dict:

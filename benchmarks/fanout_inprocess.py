@@ -21,6 +21,7 @@ from pathlib import Path
 import pymysql
 
 from benchmarks import benchinfo
+from benchmarks.common import percentile
 from benchmarks.fanout_common import (
     BINLOG_SEND_ANNOTATE_ROWS_EVENT,
     MASTER_CONFIG,
@@ -32,7 +33,6 @@ from benchmarks.fanout_common import (
     log,
     machine_info,
     master_end,
-    percentile,
 )
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.events import HEADER

@@ -26,6 +26,7 @@ from pathlib import Path
 import pymysql
 
 from benchmarks import benchinfo
+from benchmarks.common import percentile
 from benchmarks.fanout_common import (
     MASTER_CONFIG,
     OLTP_PAD,
@@ -36,7 +37,6 @@ from benchmarks.fanout_common import (
     log,
     machine_info,
     master_end,
-    percentile,
 )
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master
 from relayproxy.lab.procstat import pids_cpu, threads_cpu, tree_cpu, tree_memory_kb

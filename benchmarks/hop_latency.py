@@ -35,6 +35,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks.benchinfo import command_line, machine_info, machine_section, pyplot  # noqa: E402
+from benchmarks.common import percentile  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
@@ -42,13 +43,6 @@ from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "hop_latency.md"
 PAYLOAD = "x" * 100
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def fdatasync_probe(directory: Path, seconds: float) -> list[float]:

@@ -39,6 +39,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
+from benchmarks.common import logger, percentile  # noqa: E402
 from relayproxy.lab.lossless import (  # noqa: E402
     KINDS,
     LONG_TIMEOUT_MS,
@@ -56,15 +57,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 
-def log(msg: str) -> None:
-    print(f"[lossless_trials {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
+log = logger("lossless_trials")
 
 
 def run_trials(count: int, seed: int, *, fallback_every: int, workdir: Path, keep: bool = False,
@@ -115,7 +108,7 @@ def kind_summary(rows: list[dict], kind: str) -> dict:
         "replica_checked": sum(r["replica_caught_up"] is not None for r in done),
         "replica_ok": sum(r["replica_caught_up"] is True for r in done),
         "writable_median": benchinfo.median_range(times)[0] if times else None,
-        "writable_p95": percentile(times, 95) if times else None,
+        "writable_p95": percentile(times, 95, method="nearest-rank") if times else None,
         "writable_max": max(times, default=None),
         "trial_seconds": sum(r["total_seconds"] for r in done),
     }
@@ -150,7 +143,7 @@ def step_table(rows: list[dict]) -> list[str]:
            "|---|---:|---:|---:|---:|"]
     for name, values in steps.items():
         out.append(f"| {name} | {len(values)} | {benchinfo.median_range(values)[0]:.3f} "
-                   f"| {percentile(values, 95):.3f} | {max(values):.3f} |")
+                   f"| {percentile(values, 95, method='nearest-rank'):.3f} | {max(values):.3f} |")
     return out
 
 

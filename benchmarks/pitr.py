@@ -44,6 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import benchinfo
+from benchmarks.common import logger
 from relayproxy.commands.pitr_plan import read_backup_info
 from relayproxy.lab import pitr_lab as L
 from relayproxy.lab.backup import restore_backup, take_backup
@@ -56,8 +57,7 @@ ADMIN, ADMIN_PW = "ops", "opspw"
 TARGET_CONFIG = {"innodb_flush_log_at_trx_commit": 1, "sync_binlog": 0}
 
 
-def log(msg: str) -> None:
-    print(f"[pitr {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = logger("pitr")
 
 
 class Bench:

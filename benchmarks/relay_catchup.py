@@ -74,6 +74,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
+from benchmarks.common import logger  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
@@ -102,8 +103,7 @@ SHAPE_LABELS = {"oltp": "OLTP-shaped (small transactions)", "bulk": "bulk rows (
 _header_unpack_from = HEADER.unpack_from
 
 
-def log(msg: str) -> None:
-    print(f"[relay_catchup {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = logger("relay_catchup")
 
 
 def drop_dirty_pages() -> None:

@@ -64,6 +64,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
+from benchmarks.common import logger  # noqa: E402
 from benchmarks import fanout_common  # noqa: E402  (its Relay: `relayproxy run --listen`, with a replica account)
 from relayproxy.lab import fuzz  # noqa: E402
 from relayproxy.lab.procstat import fd_count  # noqa: E402
@@ -123,8 +124,7 @@ KEEP_FILES = 3  # PURGE keeps at least the newest this many files
 STALLED_DUMP_SERVER_ID = 999_999  # the replica that stalls in the oldest relay file before some PURGEs
 
 
-def log(msg: str) -> None:
-    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = logger("soak")
 
 
 def file_key(name: str) -> int:

@@ -32,6 +32,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
+from benchmarks.common import percentile  # noqa: E402
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.relay import txindex as T  # noqa: E402
@@ -44,8 +45,8 @@ DAY_US = 86_400 * 1_000_000
 
 
 def pct(values, q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+    """The lookups' ``q``-th percentile (``q`` from 0 to 100): common.percentile's exclusive rank."""
+    return percentile(values, q, method="exclusive-rank")
 
 
 # -- 1. size ------------------------------------------------------------------------------------------------------
@@ -163,8 +164,8 @@ def measure_lookups(tmp: Path, total: int, files: int, lookups: int) -> dict:
         table[label] = {"ms": [r[0] for r in runs], "rows": [r[1] for r in runs]}
     return {"transactions": facts["total"], "files": files, "synthesis_s": synth_s, "sidecar_bytes": sidecar_bytes,
             "sidecar_bytes_per_transaction": sidecar_bytes / facts["total"], "first_query_ms": load_ms,
-            "lookups": lookups, "gtid_p50_ms": pct(gtid_ms, 0.5), "gtid_p99_ms": pct(gtid_ms, 0.99),
-            "gtid_max_ms": max(gtid_ms), "time_p50_ms": pct(time_ms, 0.5), "time_p99_ms": pct(time_ms, 0.99),
+            "lookups": lookups, "gtid_p50_ms": pct(gtid_ms, 50), "gtid_p99_ms": pct(gtid_ms, 99),
+            "gtid_max_ms": max(gtid_ms), "time_p50_ms": pct(time_ms, 50), "time_p99_ms": pct(time_ms, 99),
             "time_max_ms": max(time_ms), "table": table,
             "history_days": (facts["last_us"] - facts["first_us"]) / DAY_US}
 

@@ -49,6 +49,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from pymysql.constants import CLIENT  # noqa: E402
 
+from benchmarks.common import logger  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.reader import scan_file  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
@@ -62,8 +63,7 @@ BLOB_OVER_16MB = (17 << 20, 24 << 20)
 CATCH_UP_TIMEOUT = 300.0
 
 
-def log(message: str) -> None:
-    print(f"[workloads {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+log = logger("workloads")
 
 
 def scaled(count: int, scale: float, minimum: int = 1) -> int:
