@@ -42,10 +42,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -61,14 +59,11 @@ from benchmarks import benchinfo  # noqa: E402
 from benchmarks.common import logger, percentile  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
-from relayproxy.lab.relayprocess import free_port  # noqa: E402
+from relayproxy.lab.s3server import BUCKET, MotoServer  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "archive_lag.md"
-BUCKET = "relay-archive"
-KEY_ID, SECRET = "bench-key-id", "bench-secret-key"
-REGION = "us-east-1"
 OLTP_PAD = 200  # as benchmarks/fanout_common.py
 GOAL_LAG_S = 2.0
 GOAL_BYTES_RATIO = 1.1
@@ -92,77 +87,6 @@ def uptime() -> str:
 
 
 # -- moto, and a TCP forwarder that counts the bytes to it --------------------------------------------------------
-
-class Moto:
-    def __init__(self, log_path: Path):
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "Moto":
-        out = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=out, stderr=subprocess.STDOUT)
-        out.close()
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"moto exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("moto did not listen") from None
-                time.sleep(0.1)
-        self.client().create_bucket(Bucket=BUCKET)
-        return self
-
-    def client(self):
-        import boto3
-
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=KEY_ID,
-                            aws_secret_access_key=SECRET)
-
-    def log_size(self) -> int:
-        return self.log_path.stat().st_size
-
-    def requests(self, since: int, prefix: str) -> dict[str, int]:
-        """Requests moto logged after byte ``since`` of its log for keys under ``prefix``, by method."""
-        with open(self.log_path, "rb") as f:
-            f.seek(since)
-            text = f.read().decode(errors="replace")
-        out: dict[str, int] = {}
-        for method, path in re.findall(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (/\S*) HTTP/', text):
-            if path.startswith(f"/{BUCKET}/{prefix}/") or (path.startswith(f"/{BUCKET}") and f"prefix={prefix}" in
-                                                          path.replace("%2F", "/")):
-                out[method] = out.get(method, 0) + 1
-        return out
-
-    def bucket_objects(self, prefix: str) -> list[tuple[str, int]]:
-        s3 = self.client()
-        out = []
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/"):
-            out += [(o["Key"], o["Size"]) for o in page.get("Contents", [])]
-        return out
-
-    def pause(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
 
 class CountingForwarder:
     """127.0.0.1:<port> -> the target; counts the bytes each way (threads; the load is a few requests a second)."""
@@ -423,8 +347,7 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
         if interval is not None:
             extra += ["--archive-interval", str(interval)]
     relay = RelayProcess(relay_dir, master.port, extra=extra, error=RuntimeError,
-                         env={"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
-                              "AWS_DEFAULT_REGION": REGION}).start()
+                         env=moto.env).start()
     log_mark = moto.log_size()
     try:
         relay.wait_caught_up(master)
@@ -767,10 +690,11 @@ def main(argv: list[str] | None = None) -> int:
                             extra_config={"sync_binlog": 0, "innodb_flush_log_at_trx_commit": 2,
                                           "innodb_buffer_pool_size": "128M",
                                           "max_binlog_size": args.max_binlog_size})
-    moto = Moto(work / "moto.log")
+    moto = MotoServer(work)
     index = 0
     try:
         moto.start()
+        moto.create_bucket()
         master.start()
         prepare_master(master)
         master.execute("CREATE DATABASE bench")
