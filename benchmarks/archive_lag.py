@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import re
 import shutil
 import socket
@@ -57,6 +56,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from benchmarks import benchinfo  # noqa: E402
 from benchmarks.common import logger, percentile  # noqa: E402
+from benchmarks.fanout_common import Writers  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
 from relayproxy.lab.s3server import BUCKET, MotoServer  # noqa: E402
@@ -64,7 +64,6 @@ from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "archive_lag.md"
-OLTP_PAD = 200  # as benchmarks/fanout_common.py
 GOAL_LAG_S = 2.0
 GOAL_BYTES_RATIO = 1.1
 # AWS S3 Standard list prices (us-east-1) as the benchmark's author knew them: the operator checks the current ones.
@@ -140,69 +139,6 @@ class CountingForwarder:
 
 
 # -- the load --------------------------------------------------------------------------------------------------------
-
-def writer_main(port: int, rate: float, seconds: float, conn) -> None:
-    import pymysql
-
-    db = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True, database="bench")
-    cur = db.cursor()
-    pad_a = ("oltp-autocommit-" * 20)[:OLTP_PAD]
-    pad_b = ("oltp-multi-stmt-" * 20)[:OLTP_PAD]
-    conn.send("ready")
-    conn.recv()
-    interval = 1.0 / rate
-    t0 = time.monotonic()
-    end = t0 + seconds
-    next_at = t0
-    i = 0
-    while True:
-        now = time.monotonic()
-        if now >= end:
-            break
-        if now < next_at:
-            time.sleep(next_at - now)
-        elif now - next_at > 0.1:
-            next_at = now  # fell behind: keep the rate, do not burst
-        if i % 2 == 0:
-            cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_a))
-        else:
-            cur.execute("START TRANSACTION")
-            cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_b))
-            cur.execute("UPDATE bench.oltp SET k = k + 1 WHERE id = LAST_INSERT_ID()")
-            cur.execute("COMMIT")
-        i += 1
-        next_at += interval
-    db.close()
-    conn.send({"t0": t0, "t_end": time.monotonic(), "trx": i})
-    conn.close()
-
-
-class Writers:
-    def __init__(self, port: int, rate: float, seconds: float, n: int):
-        ctx = mp.get_context("spawn")
-        self.parents, self.procs = [], []
-        for _ in range(n):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=writer_main, args=(port, rate / n, seconds, child), daemon=True)
-            proc.start()
-            child.close()
-            self.parents.append(parent)
-            self.procs.append(proc)
-        for parent in self.parents:
-            if parent.recv() != "ready":
-                raise RuntimeError("writer did not start")
-
-    def go(self) -> None:
-        for parent in self.parents:
-            parent.send("go")
-
-    def result(self) -> dict:
-        got = [parent.recv() for parent in self.parents]
-        for proc in self.procs:
-            proc.join(10)
-        return {"t0": min(g["t0"] for g in got), "t_end": max(g["t_end"] for g in got),
-                "trx": sum(g["trx"] for g in got)}
-
 
 # -- sampling --------------------------------------------------------------------------------------------------------
 
@@ -354,7 +290,7 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
         if archive:
             relay.wait_for(lambda s: s["archive"]["state"] == "ok" and s["archive"]["lag_bytes"] == 0, 60,
                            "the archive caught up before the load")
-        writers = Writers(master.port, args.rate, args.seconds, args.writers)
+        writers = Writers(master.port, "oltp", [(args.rate, args.seconds)], writers=args.writers)
         sampler = Sampler(relay, master, args.sample)
         sampler.start()
         time.sleep(1.0)

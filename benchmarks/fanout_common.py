@@ -4,6 +4,8 @@ and small helpers. CPU and memory readings come from ``relayproxy.lab.procstat``
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 from pathlib import Path
 
 from benchmarks import benchinfo
@@ -70,3 +72,99 @@ class Relay(RelayProcess):
 
     def stop(self, timeout: float = 60.0) -> int | None:
         return super().stop(timeout)
+
+
+# -- the paced OLTP writer (fanout_inprocess, fanout_real, archive_lag) ------------------------------------------
+
+RECORDS = {  # what the writer asks after each commit, and how it records the answer (with the commit time)
+    None: None,
+    "gtid": "SELECT @@last_gtid",
+    "gtid+row": "SELECT @@last_gtid, LAST_INSERT_ID()",
+}
+
+
+def _one_transaction(cur, load: str, i: int, pad_a: str, pad_b: str) -> None:
+    """Transaction ``i`` of the load: "oltp" alternates an autocommit insert and an insert + update transaction;
+    "bulk" is one ~8 KB row insert."""
+    if load == "bulk":
+        cur.execute("INSERT INTO bench.bulk (k, b) VALUES (%s, REPEAT(MD5(%s), 250))", (i, i))
+    elif i % 2 == 0:
+        cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_a))
+    else:
+        cur.execute("START TRANSACTION")
+        cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_b))
+        cur.execute("UPDATE bench.oltp SET k = k + 1 WHERE id = LAST_INSERT_ID()")
+        cur.execute("COMMIT")
+
+
+def writer_main(port: int, load: str, schedule: list[tuple[float, float]], record: str | None, conn) -> None:
+    """One writer process: after "go" on ``conn``, ``load`` transactions on the master at each (rate, seconds) of
+    ``schedule`` (falling behind, it keeps the rate and does not burst); sends back t0, t_end, the count and, when
+    ``record``, each commit as (gtid seq_no, commit time) or (gtid seq_no, row id, commit time)."""
+    import pymysql
+
+    db = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", autocommit=True, database="bench")
+    cur = db.cursor()
+    pad_a = ("oltp-autocommit-" * 20)[:OLTP_PAD]
+    pad_b = ("oltp-multi-stmt-" * 20)[:OLTP_PAD]
+    query = RECORDS[record]
+    commits: list[tuple] = []
+    conn.send("ready")
+    conn.recv()  # go
+    t0 = step_start = time.monotonic()
+    i = 0
+    for rate, seconds in schedule:
+        interval, next_at, end = 1.0 / rate, step_start, step_start + seconds
+        while (now := time.monotonic()) < end:
+            if now < next_at:
+                time.sleep(next_at - now)
+            elif now - next_at > 0.1:
+                next_at = now  # fell behind (a busy machine): keep the rate, do not burst to catch up
+            _one_transaction(cur, load, i, pad_a, pad_b)
+            if query is not None:
+                t_commit = time.monotonic()
+                cur.execute(query)
+                row = cur.fetchone()
+                seq = int(row[0].rsplit("-", 1)[1])
+                commits.append((seq, t_commit) if len(row) == 1 else (seq, int(row[1]), t_commit))
+            i += 1
+            next_at += interval
+        step_start = end
+    db.close()
+    conn.send({"t0": t0, "t_end": time.monotonic(), "trx": i, "commits": commits})
+    conn.close()
+
+
+class Writers:
+    """The load: ``writers`` processes (one connection each, spawned, so the benchmark's own CPU use cannot delay
+    their commits) sharing the schedule's rate; ``go()`` starts them, ``result()`` merges what they did."""
+
+    def __init__(self, port: int, load: str, schedule: list[tuple[float, float]], *, writers: int = 1,
+                 record: str | None = None) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        share = [(rate / writers, seconds) for rate, seconds in schedule]
+        self.parents, self.procs = [], []
+        for _ in range(writers):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=writer_main, args=(port, load, share, record, child), daemon=True)
+            proc.start()
+            child.close()
+            self.parents.append(parent)
+            self.procs.append(proc)
+        for parent in self.parents:
+            if parent.recv() != "ready":
+                raise RuntimeError("writer did not start")
+        self.pid = self.procs[0].pid
+
+    def go(self) -> None:
+        for parent in self.parents:
+            parent.send("go")
+
+    def result(self) -> dict:
+        """t0 (the first start), t_end (the last end), trx (all of them) and the commits in commit-time order."""
+        got = [parent.recv() for parent in self.parents]
+        for proc in self.procs:
+            proc.join(10)
+        commits = sorted((c for g in got for c in g["commits"]), key=lambda c: c[-1])
+        return {"t0": min(g["t0"] for g in got), "t_end": max(g["t_end"] for g in got),
+                "trx": sum(g["trx"] for g in got), "commits": commits}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import os
 import shlex
 import shutil
@@ -18,18 +17,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import pymysql
-
 from benchmarks import benchinfo
 from benchmarks.common import percentile
 from benchmarks.fanout_common import (
     BINLOG_SEND_ANNOTATE_ROWS_EVENT,
     MASTER_CONFIG,
-    OLTP_PAD,
     REPL_PASSWORD,
     REPL_USER,
     RESULTS_DIR,
     Relay,
+    Writers,
     log,
     machine_info,
     master_end,
@@ -45,67 +42,6 @@ PHASES = ("relay", "direct")
 _header_unpack_from = HEADER.unpack_from
 _gtid_unpack_from = struct.Struct("<QIB").unpack_from
 _u64_unpack_from = struct.Struct("<Q").unpack_from
-
-
-# ---------------------------------------------------------------------------------------------
-# The writer: a separate process, so that the clients' CPU use cannot delay its commit timestamps.
-def writer_main(port: int, rate: float, seconds: float, conn) -> None:
-    db = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", autocommit=True, database="bench")
-    cur = db.cursor()
-    pad_a = ("oltp-autocommit-" * 20)[:OLTP_PAD]
-    pad_b = ("oltp-multi-stmt-" * 20)[:OLTP_PAD]
-    commits: list[tuple[int, float]] = []
-    conn.send("ready")
-    conn.recv()  # go
-    t0 = time.monotonic()
-    interval = 1.0 / rate
-    next_at = t0
-    i = 0
-    end = t0 + seconds
-    while True:
-        now = time.monotonic()
-        if now >= end:
-            break
-        if now < next_at:
-            time.sleep(next_at - now)
-        elif now - next_at > 0.1:
-            next_at = now  # fell behind (a busy machine): keep the rate, do not burst to catch up
-        if i % 2 == 0:
-            cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_a))
-        else:
-            cur.execute("START TRANSACTION")
-            cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_b))
-            cur.execute("UPDATE bench.oltp SET k = k + 1 WHERE id = LAST_INSERT_ID()")
-            cur.execute("COMMIT")
-        t_commit = time.monotonic()
-        cur.execute("SELECT @@last_gtid")
-        gtid = cur.fetchone()[0]
-        commits.append((int(gtid.rsplit("-", 1)[1]), t_commit))
-        i += 1
-        next_at += interval
-    db.close()
-    conn.send({"t0": t0, "t_end": time.monotonic(), "commits": commits})
-    conn.close()
-
-
-class Writer:
-    def __init__(self, port: int, rate: float, seconds: float) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=writer_main, args=(port, rate, seconds, child), daemon=True)
-        self.proc.start()
-        child.close()
-        if self.parent.recv() != "ready":
-            raise RuntimeError("writer did not start")
-
-    def go(self) -> None:
-        self.parent.send("go")
-
-    async def result(self) -> dict:
-        loop = asyncio.get_running_loop()
-        got = await loop.run_in_executor(None, self.parent.recv)
-        self.proc.join(10)
-        return got
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +144,7 @@ async def run_phase(name: str, master: MariaDBSandbox, port: int, n: int, rate: 
     start = master_end(master)
     if relay is not None:
         relay.wait_at(start, poll=0.02)
-    writer = Writer(master.port, rate, seconds)
+    writer = Writers(master.port, "oltp", [(rate, seconds)], record="gtid")
     clients = [DumpClient(i, port, start) for i in range(n)]
     relay_cpu0 = cpu_seconds(relay.pid) if relay else None
     master_cpu0 = cpu_seconds(master.pid)
@@ -226,7 +162,7 @@ async def run_phase(name: str, master: MariaDBSandbox, port: int, n: int, rate: 
     log(f"{name}: {n} clients dumping from {start[0]}:{start[1]} (connected in {connect_seconds:.2f} s); "
         f"writing {rate:g} trx/s for {seconds:g} s")
     writer.go()
-    w = await writer.result()
+    w = await asyncio.get_running_loop().run_in_executor(None, writer.result)
     end = master_end(master)
     # Wait until every client has everything up to the master's final position.
     deadline = time.monotonic() + drain_timeout

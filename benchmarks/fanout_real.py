@@ -29,11 +29,11 @@ from benchmarks import benchinfo
 from benchmarks.common import percentile
 from benchmarks.fanout_common import (
     MASTER_CONFIG,
-    OLTP_PAD,
     REPL_PASSWORD,
     REPL_USER,
     RESULTS_DIR,
     Relay,
+    Writers,
     log,
     machine_info,
     master_end,
@@ -117,85 +117,8 @@ def last_connection_id(master: MariaDBSandbox) -> int:
     return int(master.execute("SELECT COALESCE(MAX(PROCESSLIST_ID), 0) FROM performance_schema.threads")[0][0])
 
 
-# --- the writer of the real mode: OLTP or bulk, a schedule of rates; records (gtid seq, row id, commit time) ---
-def real_writer_main(port: int, load: str, schedule: list[tuple[float, float]], conn) -> None:
-    db = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", autocommit=True, database="bench")
-    cur = db.cursor()
-    pad_a = ("oltp-autocommit-" * 20)[:OLTP_PAD]
-    pad_b = ("oltp-multi-stmt-" * 20)[:OLTP_PAD]
-    commits: list[tuple[int, int, float]] = []
-    conn.send("ready")
-    conn.recv()  # go
-    t0 = time.monotonic()
-    i = 0
-    step_start = t0
-    for rate, seconds in schedule:
-        interval = 1.0 / rate
-        next_at = step_start
-        end = step_start + seconds
-        while True:
-            now = time.monotonic()
-            if now >= end:
-                break
-            if now < next_at:
-                time.sleep(next_at - now)
-            elif now - next_at > 0.1:
-                next_at = now  # fell behind: keep the rate, do not burst
-            if load == "bulk":
-                cur.execute("INSERT INTO bench.bulk (k, b) VALUES (%s, REPEAT(MD5(%s), 250))", (i, i))
-            elif i % 2 == 0:
-                cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_a))
-            else:
-                cur.execute("START TRANSACTION")
-                cur.execute("INSERT INTO bench.oltp (k, c) VALUES (%s, %s)", (i, pad_b))
-                cur.execute("UPDATE bench.oltp SET k = k + 1 WHERE id = LAST_INSERT_ID()")
-                cur.execute("COMMIT")
-            t_commit = time.monotonic()
-            cur.execute("SELECT @@last_gtid, LAST_INSERT_ID()")
-            gtid, row_id = cur.fetchone()
-            commits.append((int(gtid.rsplit("-", 1)[1]), int(row_id), t_commit))
-            i += 1
-            next_at += interval
-        step_start = end
-    db.close()
-    conn.send({"t0": t0, "t_end": time.monotonic(), "commits": commits})
-    conn.close()
-
-
 def _writers_text(n: int) -> str:
     return "its own process" if n == 1 else f"{n} processes, one connection each, sharing the rate"
-
-
-class RealWriter:
-    """The load: ``writers`` processes (one connection each) sharing the schedule's rate; one Python client tops
-    out near 600 trx/s here, so the 1,000 trx/s case needs two or more. Their commits are merged."""
-
-    def __init__(self, port: int, load: str, schedule: list[tuple[float, float]], writers: int = 1) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        share = [(rate / writers, seconds) for rate, seconds in schedule]
-        self.parents, self.procs = [], []
-        for _ in range(writers):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=real_writer_main, args=(port, load, share, child), daemon=True)
-            proc.start()
-            child.close()
-            self.parents.append(parent)
-            self.procs.append(proc)
-        for parent in self.parents:
-            if parent.recv() != "ready":
-                raise RuntimeError("writer did not start")
-        self.pid = self.procs[0].pid
-
-    def go(self) -> None:
-        for parent in self.parents:
-            parent.send("go")
-
-    def result(self) -> dict:
-        got = [parent.recv() for parent in self.parents]
-        for proc in self.procs:
-            proc.join(10)
-        commits = sorted((c for g in got for c in g["commits"]), key=lambda c: c[2])
-        return {"t0": min(g["t0"] for g in got), "t_end": max(g["t_end"] for g in got), "commits": commits}
 
 
 # --- clients ---
@@ -653,7 +576,7 @@ class RealBench:
                 log(f"could not stop {s}: {exc}")
 
     def cpu_snapshot(self, relay: Relay | None, dump_tids: list[int], clients: list[BinlogClient],
-                     writer: RealWriter | None) -> dict:
+                     writer: Writers | None) -> dict:
         return {
             "t": time.monotonic(),
             "relay": tree_cpu(relay.proc.pid) if relay is not None else None,
@@ -688,7 +611,7 @@ class RealBench:
             else:
                 port = self.master.port
             start = master_end(self.master)
-            writer = RealWriter(self.master.port, load, schedule, args.writers)
+            writer = Writers(self.master.port, load, schedule, writers=args.writers, record="gtid+row")
             t_c = time.monotonic()
             clients = [BinlogClient(i, port, start, cdir / f"c{i:04d}") for i in range(n_stream)]
             for c in clients:
