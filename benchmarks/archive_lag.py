@@ -55,15 +55,14 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import logger, percentile  # noqa: E402
+from benchmarks.common import RESULTS_DIR, logger, percentile, save_figure  # noqa: E402
 from benchmarks.fanout_common import Writers  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
 from relayproxy.lab.s3server import BUCKET, MotoServer  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "archive_lag.md"
+RESULTS = RESULTS_DIR / "archive_lag.md"
 GOAL_LAG_S = 2.0
 GOAL_BYTES_RATIO = 1.1
 # AWS S3 Standard list prices (us-east-1) as the benchmark's author knew them: the operator checks the current ones.
@@ -589,8 +588,7 @@ def plot(report: dict, path: Path) -> None:
         axes[2].set_ylabel("archive lag (s)")
         axes[2].legend(fontsize=7, loc="upper left")
     axes[-1].set_xlabel("seconds into the load")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.benchinfo import command_line, header_block, machine_info, machine_section, pyplot
+from benchmarks.benchinfo import REPO_ROOT, command_line, header_block, machine_info, machine_section, pyplot
 
-__all__ = ["PERCENTILE_METHODS", "command_line", "header_block", "logger", "machine_info", "machine_section",
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"  # where every results file is written by default
+
+__all__ = ["PERCENTILE_METHODS", "REPO_ROOT", "RESULTS_DIR", "command_line", "header_block", "logger", "machine_info", "machine_section",
            "percentile", "pyplot", "results_document", "save_figure", "write_results"]
 
 

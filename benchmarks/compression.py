@@ -43,15 +43,13 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import logger  # noqa: E402
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, logger, save_figure  # noqa: E402
 
 from relayproxy.downstream.dump.files import RelayFile  # noqa: E402
 from relayproxy.downstream.dump.sender import READ_CHUNK  # noqa: E402
 from relayproxy.relay import closed_files as CF  # noqa: E402
 from relayproxy.relay import conversion as CV  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
 RING = CF.Keyring.parse("1:" + os.urandom(32).hex(), "benchmark key")
 FORMS = {
@@ -301,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         axes[1].set_title("dump read throughput vs plain")
         for ax in axes:
             ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / "compression.png", dpi=100)
+        save_figure(fig, out_dir / "compression.png", dpi=100)
     log(f"wrote {out_dir / 'compression.md'}")
     return 0
 

@@ -67,7 +67,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import logger  # noqa: E402
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, logger, save_figure  # noqa: E402
 from relayproxy.lab.failover import (  # noqa: E402
     ADMIN_PASSWORD,
     ADMIN_USER,
@@ -84,9 +84,6 @@ from relayproxy.lab.harness import RelayProcess, change_master, free_port, maste
 from relayproxy.lab.procstat import proc_status_kb  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 POLL = 0.005  # seconds between probes, every poller
 ROW_BYTES = 8000  # one row, so about one WRITE_ROWS event of binlog_row_event_max_size (8 KB)
 ROWS_PER_TRX = 1000  # ~8 MB transactions
@@ -754,9 +751,7 @@ def write_plot(path: Path, report: dict) -> bool:
     ax.set_title(f"Failover: START SLAVE -> new master's first transaction applied ({report['repeats']} repeats)",
                  fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True
 
 

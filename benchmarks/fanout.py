@@ -70,7 +70,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import fanout_inprocess  # noqa: E402
-from benchmarks.fanout_common import RESULTS_DIR  # noqa: E402
+from benchmarks.common import RESULTS_DIR  # noqa: E402
 from benchmarks.fanout_inprocess import PHASES  # noqa: E402
 from benchmarks.fanout_real import add_real_arguments, real_main  # noqa: E402
 

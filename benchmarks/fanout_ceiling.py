@@ -27,13 +27,12 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
+from benchmarks.common import RESULTS_DIR  # noqa: E402
 from benchmarks.fanout_common import REPL_PASSWORD, REPL_USER, Relay, master_end  # noqa: E402
 from benchmarks.fanout_real import REAL_MASTER_CONFIG, IdleClients  # noqa: E402
 from relayproxy.lab.procstat import machine_busy, tree_cpu  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 TARGETS = ("direct", "relay-0", "relay-1", "relay-2")
 
 

@@ -13,8 +13,6 @@ from benchmarks.common import logger
 from relayproxy.lab.relayprocess import RelayProcess, py_spy_record
 from relayproxy.lab.sandbox import MariaDBSandbox
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 REPL_USER, REPL_PASSWORD = "repl", "replpw"
 OLTP_PAD = 200  # as relay_catchup.py: ~150-byte events on average
 BINLOG_SEND_ANNOTATE_ROWS_EVENT = 2  # COM_BINLOG_DUMP flag: what a MariaDB replica with log_slave_updates asks

@@ -18,13 +18,12 @@ import time
 from pathlib import Path
 
 from benchmarks import benchinfo
-from benchmarks.common import percentile
+from benchmarks.common import RESULTS_DIR, percentile, save_figure
 from benchmarks.fanout_common import (
     BINLOG_SEND_ANNOTATE_ROWS_EVENT,
     MASTER_CONFIG,
     REPL_PASSWORD,
     REPL_USER,
-    RESULTS_DIR,
     Relay,
     Writers,
     log,
@@ -398,9 +397,7 @@ def write_plot(path: Path, report: dict) -> bool:
     ax2.set_title("lag distribution over all (client, transaction) pairs", fontsize=9)
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True
 
 

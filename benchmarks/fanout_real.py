@@ -26,12 +26,11 @@ from pathlib import Path
 import pymysql
 
 from benchmarks import benchinfo
-from benchmarks.common import percentile
+from benchmarks.common import RESULTS_DIR, percentile, save_figure
 from benchmarks.fanout_common import (
     MASTER_CONFIG,
     REPL_PASSWORD,
     REPL_USER,
-    RESULTS_DIR,
     Relay,
     Writers,
     log,
@@ -1211,9 +1210,7 @@ def write_real_plot(path: Path, report: dict) -> bool:
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True
 
 

@@ -35,13 +35,12 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks.benchinfo import command_line, machine_info, machine_section, pyplot  # noqa: E402
-from benchmarks.common import percentile  # noqa: E402
+from benchmarks.common import RESULTS_DIR, percentile, save_figure  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "hop_latency.md"
+RESULTS = RESULTS_DIR / "hop_latency.md"
 PAYLOAD = "x" * 100
 
 
@@ -226,8 +225,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_ylabel("commit-to-arrival p99 (ms)")
     ax.set_title(f"Hop latency at {report['rate']:g} trx/s ({report['machine']['relayproxy commit']})", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
 
 
 def probe_summary(samples: list[float]) -> dict:

@@ -39,7 +39,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import logger, percentile  # noqa: E402
+from benchmarks.common import RESULTS_DIR, logger, percentile, save_figure  # noqa: E402
 from relayproxy.lab.lossless import (  # noqa: E402
     KINDS,
     LONG_TIMEOUT_MS,
@@ -52,9 +52,6 @@ from relayproxy.lab.lossless import (  # noqa: E402
 )
 from relayproxy.lab.sandbox import TEMPLATE_ENV  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 
 log = logger("lossless_trials")
@@ -333,9 +330,7 @@ def write_plot(path: Path, report: dict) -> bool:
     right.set_ylabel("seconds, master killed -> candidate writable")
     right.set_title("kill -> writable (box: quartiles, whiskers: p5-p95)", fontsize=9)
     fig.suptitle(f"relayproxy promote: {len(rows)} randomized trials (seed {report['seed']})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True
 
 

@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import benchinfo
-from benchmarks.common import logger
+from benchmarks.common import logger, save_figure
 from relayproxy.commands.pitr_plan import read_backup_info
 from relayproxy.lab import pitr_lab as L
 from relayproxy.lab.backup import restore_backup, take_backup
@@ -329,9 +329,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_ylabel("replay time, s")
     ax.set_title(f"PITR of {report['backlog']['bytes'] / (1 << 20):,.0f} MB, same backup")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

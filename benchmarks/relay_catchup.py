@@ -74,7 +74,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import logger  # noqa: E402
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, logger, save_figure  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
@@ -82,9 +82,6 @@ from relayproxy.lab.procstat import proc_status_kb  # noqa: E402
 from relayproxy.lab.relayprocess import RelayProcess, py_spy_record  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox, find_binary  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 POLL = 0.01  # seconds between status polls, the same for every reader
 REPL_USER, REPL_PASSWORD = "repl", "replpw"
 OLTP_PAD = 200  # characters of the VARCHAR each OLTP row carries: ~150-byte events on average
@@ -1106,9 +1103,7 @@ def write_plot(path: Path, report: dict) -> bool:
         ax.set_xlabel("seconds since BEGIN")
         ax.set_ylabel("RSS (MB)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True
 
 

@@ -57,6 +57,7 @@ from benchmarks.benchinfo import (  # noqa: E402
     pyplot,
     run_alternating,
 )
+from benchmarks.common import save_figure  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.lab.relayprocess import RelayProcess, free_port  # noqa: E402
 from relayproxy.relay import RelayStore  # noqa: E402
@@ -508,8 +509,7 @@ def plot(rows: list[dict]) -> None:
         ax.set_ylabel("seconds")
         ax.set_title(what if step is None else f"relayproxy {what}:\nspawn to newest file served", fontsize=10)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "restart_time.png", dpi=100)
+    save_figure(fig, RESULTS / "restart_time.png", dpi=100)
 
 
 def main(argv: list[str]) -> None:

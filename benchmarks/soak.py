@@ -64,7 +64,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import logger  # noqa: E402
+from benchmarks.common import REPO_ROOT, logger  # noqa: E402
 from benchmarks import fanout_common  # noqa: E402  (its Relay: `relayproxy run --listen`, with a replica account)
 from relayproxy.lab import fuzz  # noqa: E402
 from relayproxy.lab.procstat import fd_count  # noqa: E402
@@ -79,8 +79,6 @@ from relayproxy.lab.faultproxy import (
 )
 from relayproxy.lab.sandbox import MariaDBSandbox
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
 REPL_USER, REPL_PASSWORD = fanout_common.REPL_USER, fanout_common.REPL_PASSWORD
 ADMIN_USER, ADMIN_PASSWORD = "soakadmin", "soakadminpw"  # may PURGE the relay's files; the fuzzer never uses it

@@ -32,15 +32,13 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import percentile  # noqa: E402
+from benchmarks.common import RESULTS_DIR, percentile  # noqa: E402
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.relay import txindex as T  # noqa: E402
 from tests.support import eventgen as E  # noqa: E402
 from tests.support.txgen import oltp_file  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 DAY_US = 86_400 * 1_000_000
 
 
