@@ -39,6 +39,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
 import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
+from benchmarks.common import save_figure  # noqa: E402
 from parsing import (  # noqa: E402  (benchmarks/parsing.py: what the Spark job measures too)
     CorpusFile,
     LibraryStats,
@@ -318,9 +319,7 @@ def write_chart(measures, results, path: Path) -> bool:
         "(shared 2-core machine: compare the bars of one run, not absolute numbers)",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return True
 
 

@@ -42,6 +42,7 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
         sys.path.insert(0, _p)
 
 import benchinfo  # noqa: E402
+from benchmarks.common import logger, percentile, results_document, save_figure  # noqa: E402  (shipped: ship_code)
 from parsing import (  # noqa: E402  (what is measured, counted and compared: shared with parse_cost.py)
     DECODED,
     HEADER_FIELDS,
@@ -85,10 +86,10 @@ COST_NS_PER_BYTE = 1.0
 _unpack_from = HEADER.unpack_from
 _FDE = C.FORMAT_DESCRIPTION_EVENT
 _clock = time.perf_counter_ns
+RANK = "exclusive-rank"  # common.percentile's rule for the method's error: the value at index floor(q/100 * n)
 
 
-def log(message: str) -> None:
-    print(f"[spark_parse_cost] {message}", file=sys.stderr, flush=True)
+log = logger("spark_parse_cost", clock=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,17 +443,12 @@ class Calibration:
     def summary(self) -> dict:
         def describe(values: list[int]) -> dict:
             v = sorted(values)
-            return {"p5": _rank(v, 0.05), "p50": _rank(v, 0.5), "p95": _rank(v, 0.95)}
+            return {f"p{q}": percentile(v, q, method=RANK) for q in (5, 50, 95)}
 
         return {"clock": describe(self.clock_ns),
                 **{kind: {str(k): {**describe(raw), "ref": refs[k]} for k, raw in table.items()}
                    for kind, table, refs in (("empty", self.empty, self.empty_ref),
                                              ("rollback", self.rollback, self.rollback_ref))}}
-
-
-def _rank(values: list, q: float):
-    """The value at rank ``int(q * n)`` of sorted values (nearest rank, no interpolation), None when empty."""
-    return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
 def batch_sizes(max_batch: int) -> list[int]:
@@ -707,6 +703,11 @@ def ship_code(sc, workdir: Path) -> None:
             for source in sorted(package.rglob("*.py")):
                 zf.write(source, source.relative_to(REPO_ROOT))
         sc.addPyFile(str(archive))
+    shared = workdir / "benchmarks.zip"  # benchmarks.common (and the benchinfo it imports), as a package
+    with zipfile.ZipFile(shared, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in ("__init__.py", "benchinfo.py", "common.py"):
+            zf.write(BENCH_DIR / name, f"benchmarks/{name}")
+    sc.addPyFile(str(shared))
     for name in ("benchinfo.py", "parsing.py", "spark_parse_cost.py"):
         sc.addPyFile(str(BENCH_DIR / name))
 
@@ -1035,7 +1036,8 @@ def method_error(calibrations: list[dict]) -> dict:
                    for k in ks}
             for kind in ("empty", "rollback")
         },
-        "recheck": {name: {"n": len(v), "p50": _rank(v, 0.5), "p90": _rank(v, 0.9)} for name, v in recheck.items()},
+        "recheck": {name: {"n": len(v), **{f"p{q}": percentile(v, q, method=RANK) if v else None for q in (50, 90)}}
+                    for name, v in recheck.items()},
     }
 
 
@@ -1187,11 +1189,6 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
                                      "python-mysql-replication": LIBRARY_VERSION})
     headline, per_subset = headline_lines(args, report, ra)
     lines = [
-        "# Per-event parse cost across recorded streams (Spark)",
-        "",
-        *benchinfo.header_block(Path(__file__), argv, info, runs=args.runs,
-                                what="in odd runs python-mysql-replication is timed before relayproxy's parsers on "
-                                     "each event"),
         f"Spark {spark_version}, master `{master}`, {report['partitions']} measuring tasks, {seconds:.0f} s wall "
         "time.",
         "",
@@ -1334,9 +1331,10 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "![ratios per stream](ratios.png)",
         "",
-        *benchinfo.machine_section(info),
     ]
-    return "\n".join(lines)
+    return results_document("Per-event parse cost across recorded streams (Spark)", Path(__file__), argv, info, lines,
+                            runs=args.runs, what="in odd runs python-mysql-replication is timed before relayproxy's "
+                                                 "parsers on each event")
 
 
 PARSER_COLOURS = {"boundary": "#2f7ed8", "view": "#76b7e8", "pymysqlreplication": "#d9534f"}
@@ -1360,9 +1358,7 @@ def _parser_bars(plt, path: Path, table: dict[str, dict], names: list[str], labe
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_plots(out: Path, report: dict) -> list[str]:
@@ -1401,9 +1397,7 @@ def write_plots(out: Path, report: dict) -> list[str]:
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(f"Distribution of per-event parse cost (all streams)\n{note}", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "distribution.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "distribution.png")
     written.append("distribution.png")
 
     # 4. ratios per stream
@@ -1424,9 +1418,7 @@ def write_plots(out: Path, report: dict) -> list[str]:
                   "(log scale; higher: relayproxy cheaper)")
     ax.set_title(f"Cost ratios per stream, over the events the library decodes\n{note}", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "ratios.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "ratios.png")
     written.append("ratios.png")
     return written
 
