@@ -10,5 +10,6 @@ process, /proc readings, fuzzers). Run as a file, a script has its own folder on
 repository root, so its first import is ``benchmarks/_bootstrap.py`` (only then: ``if not __package__``), which
 puts the root there. The exceptions are parse_cost.py, spark_parse_cost.py and parsing.py (what both measure): Spark
 ships spark_parse_cost.py and parsing.py (and benchinfo.py) to its executors as plain files (``addPyFile``), where
-they import each other by their own names, so they keep their folder on ``sys.path`` themselves.
+they import each other by their own names, so they keep their folder on ``sys.path`` themselves (common.py goes as
+the ``benchmarks`` package).
 """
