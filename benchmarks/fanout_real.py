@@ -529,19 +529,6 @@ class BytesSampler(threading.Thread):
         self._halt.set()
         self.join(30)
 
-    def bytes_between(self, t0: float, t1: float) -> int | None:
-        def at(t):
-            best = None
-            for ts, b in self.samples:
-                if ts <= t:
-                    best = b
-                else:
-                    break
-            return best
-
-        a, b = at(t0), at(t1)
-        return None if a is None or b is None else b - a
-
 
 # --- one phase ---
 class RealBench:
