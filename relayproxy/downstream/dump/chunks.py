@@ -121,7 +121,7 @@ class Chunk:
         bytes between them (b"".join of the list is ``frame_for``'s bytes), and the next sequence id."""
         framed, seq_at, _count = self.variant(omit)
         view = memoryview(framed)
-        pieces = []
+        pieces: list[memoryview | bytes] = []
         append = pieces.append
         at = 0
         for where in seq_at:
@@ -136,6 +136,12 @@ class Chunk:
         """Whether ``pieces_for`` is the cheaper way to send this chunk (large packets on average)."""
         framed, _seq_at, count = self.variant(omit)
         return count > 0 and len(framed) >= count * PIECES_MIN_PACKET
+
+
+def _feeds_no_more(type_code: int, flags: int, buf: Any, pos: int, event_size: int) -> int:
+    """A chunk's parser's ``feed``: a plain function (no reference back to the parser), as the chunk keeps the
+    parser for its end state only; ``copy()`` gives a parser that feeds."""
+    raise RuntimeError("a chunk's parser keeps its end state only: feed a copy() of it")
 
 
 def scan_chunk(name: str, start: int, data: bytes, parser: B.TransactionBoundaryParser, crc: bool) -> Chunk:
@@ -189,7 +195,7 @@ def scan_chunk(name: str, start: int, data: bytes, parser: B.TransactionBoundary
         off = end
     # The chunk keeps the parser for its end state only (``adopt``). Its own bound ``feed`` is a reference cycle
     # (parser -> bound method -> parser) that only a full collection of the cyclic GC would free, one per chunk.
-    parser.feed = None
+    parser.feed = _feeds_no_more
     chunk.end = start + off
     if off == 0:
         return chunk  # nothing whole: the first event is larger than what was read, or broken

@@ -9,6 +9,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
+from pathlib import Path
 
 from ...binlog import constants as C
 from ...binlog.events import HEADER
@@ -46,7 +47,7 @@ def scan_file_gtids(path: str) -> GtidSet:
             _file_gtids.move_to_end(key)
             return cached
     directory, name = os.path.split(path)
-    index, _why = fileindex.load(directory, name)  # verified against the file; a missing one is the catalog's
+    index, _why = fileindex.load(Path(directory), name)  # verified against the file; a missing one is the catalog's
     if index is not None:
         gtids = index.events_gtids()
     else:

@@ -147,10 +147,10 @@ class Followers:
             if shared.sends:
                 self.batched += len(shared.sends)
                 for dump in shared.flush():  # above the high-water mark now: its task drains
-                    waiter = parked.pop(dump, None)
-                    if waiter is not None and not waiter.done():
+                    draining = parked.pop(dump, None)
+                    if draining is not None and not draining.done():
                         self.woken += 1
-                        waiter.set_result(snapshot)
+                        draining.set_result(snapshot)
                 self.partial += shared.rests
         if parked:
             self._listen()
