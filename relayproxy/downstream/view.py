@@ -56,7 +56,7 @@ class ReplicaSettings:
     @classmethod
     def from_config(cls, cfg: Any) -> ReplicaSettings:
         """From a configuration object with these attributes (missing ones are not configured)."""
-        values = {name: getattr(cfg, name, None) for name in cls.__dataclass_fields__}
+        values: dict[str, Any] = {name: getattr(cfg, name, None) for name in cls.__dataclass_fields__}
         values["users"] = values["users"] or ()
         values["semi_sync"] = bool(values["semi_sync"])
         return cls(**values)
