@@ -6,6 +6,7 @@ in one line at the top (``header_block``), the "## Machine" section at the end (
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -17,7 +18,7 @@ from benchmarks.benchinfo import REPO_ROOT, command_line, header_block, machine_
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"  # where every results file is written by default
 
 __all__ = ["PERCENTILE_METHODS", "REPO_ROOT", "RESULTS_DIR", "command_line", "header_block", "logger", "machine_info", "machine_section",
-           "percentile", "pyplot", "results_document", "save_figure", "write_results"]
+           "percentile", "pyplot", "results_document", "save_figure", "write_results", "add_report_options"]
 
 
 def logger(name: str | None, *, clock: bool = True) -> Callable[[str], None]:
@@ -88,6 +89,17 @@ def write_results(path: Path, text: str, log: Callable[[str], None] | None = Non
     if log is not None:
         log(f"wrote {path}")
     return path
+
+
+def add_report_options(parser: argparse.ArgumentParser, *, saved: str = "the whole report") -> None:
+    """``--save-json`` (``saved`` written as JSON too), ``--notes`` (hand-written markdown appended to the results)
+    and ``--render`` (measure nothing: the results written again from a saved report)."""
+    parser.add_argument("--save-json", type=Path, default=None, help=f"also write {saved} as JSON here")
+    parser.add_argument("--notes", type=Path, default=None, help="markdown appended to the results (written by hand: "
+                        "findings and proposals written after looking at the run)")
+    parser.add_argument("--render", type=Path, default=None, metavar="JSON",
+                        help="measure nothing: write the markdown and plot again from a report saved by --save-json "
+                        "(e.g. with --notes added); the command recorded is the one that measured")
 
 
 # -- plots -------------------------------------------------------------------------------------------------------

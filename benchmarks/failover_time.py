@@ -67,7 +67,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import REPO_ROOT, RESULTS_DIR, logger, save_figure  # noqa: E402
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, add_report_options, logger, save_figure  # noqa: E402
 from relayproxy.lab.failover import (  # noqa: E402
     ADMIN_PASSWORD,
     ADMIN_USER,
@@ -765,10 +765,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="failovers per backlog (default 3; one candidate each)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "failover_time.md",
                    help="markdown results; the plot goes beside it with the suffix .png")
-    p.add_argument("--save-json", type=Path, default=None, help="also write the whole report as JSON here")
-    p.add_argument("--notes", type=Path, default=None, help="markdown appended to the results (written by hand)")
-    p.add_argument("--render", type=Path, default=None, metavar="JSON", help="measure nothing: write the markdown "
-                   "and plot again from a report saved by --save-json (the command recorded is the one that measured)")
+    add_report_options(p)
     p.add_argument("--workdir", type=Path, default=None, help="parent of the temporary directories (default $TMPDIR)")
     p.add_argument("--gen-timeout", type=float, default=420.0, help="seconds generating a backlog and everyone "
                    "taking it in may take (default 420)")

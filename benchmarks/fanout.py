@@ -70,7 +70,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import fanout_inprocess  # noqa: E402
-from benchmarks.common import RESULTS_DIR  # noqa: E402
+from benchmarks.common import RESULTS_DIR, add_report_options  # noqa: E402
 from benchmarks.fanout_inprocess import PHASES  # noqa: E402
 from benchmarks.fanout_real import add_real_arguments, real_main  # noqa: E402
 
@@ -86,12 +86,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset of: relay, direct")
     p.add_argument("--py-spy", action="store_true", help="run the relay under py-spy record and summarize it")
     p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds the clients may take to converge")
-    p.add_argument("--notes", type=Path, default=None, help="markdown appended to the results (hand-written)")
     p.add_argument("--output-dir", type=Path, default=None, help=f"where results go (default {RESULTS_DIR}); "
                    "--quick writes nothing unless this is given")
-    p.add_argument("--save-json", type=Path, default=None, help="also write the report as JSON here")
-    p.add_argument("--render", type=Path, default=None, metavar="JSON",
-                   help="measure nothing: rewrite markdown and plot from a --save-json report (e.g. with --notes)")
+    add_report_options(p, saved="the report")
     p.add_argument("--workdir", type=Path, default=None, help="parent of the temporary directory")
     add_real_arguments(p)
     args = p.parse_args(argv)

@@ -39,7 +39,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, logger, percentile, save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, add_report_options, logger, percentile, save_figure  # noqa: E402
 from relayproxy.lab.lossless import (  # noqa: E402
     KINDS,
     LONG_TIMEOUT_MS,
@@ -343,10 +343,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "0: none)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "lossless_trials.md",
                    help="markdown results; the plot goes beside it with the suffix .png")
-    p.add_argument("--save-json", type=Path, default=None, help="also write every trial as JSON here")
-    p.add_argument("--render", type=Path, default=None, metavar="JSON", help="measure nothing: write the markdown "
-                   "and plot again from a report saved by --save-json")
-    p.add_argument("--notes", type=Path, default=None, help="markdown appended to the results (written by hand)")
+    add_report_options(p, saved="every trial")
     p.add_argument("--workdir", type=Path, default=None, help="parent of the trials' directories (default $TMPDIR); "
                    "a trial that is not OK keeps its directory there")
     p.add_argument("--keep", action="store_true", help="keep every trial's directory")

@@ -74,7 +74,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import REPO_ROOT, RESULTS_DIR, logger, save_figure  # noqa: E402
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, add_report_options, logger, save_figure  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
@@ -1126,12 +1126,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cprofile", action="store_true", help="also profile an in-process serve() with cProfile")
     p.add_argument("--extra-relay", action="append", default=[], metavar="LABEL=SRC_DIR",
                    help="also time a relayproxy tree at SRC_DIR (e.g. a prototype in /tmp) as reader LABEL")
-    p.add_argument("--notes", type=Path, default=None, help="markdown file appended to the results as a "
-                   "hand-written section (findings and proposals written after looking at the run)")
-    p.add_argument("--save-json", type=Path, default=None, help="also write the whole report as JSON here")
-    p.add_argument("--render", type=Path, default=None, metavar="JSON",
-                   help="measure nothing: write the markdown and plot again from a report saved by --save-json "
-                   "(e.g. with --notes added); the command recorded is the one that measured")
+    add_report_options(p)
     p.add_argument("--output-dir", type=Path, default=None, help=f"where results go (default {RESULTS_DIR}); "
                    "--quick writes nothing unless this is given")
     p.add_argument("--workdir", type=Path, default=None, help="parent of the temporary directory (default $TMPDIR)")
