@@ -56,7 +56,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from benchmarks import benchinfo  # noqa: E402
 from benchmarks.common import RESULTS_DIR, logger, percentile, save_figure  # noqa: E402
-from benchmarks.fanout_common import Writers  # noqa: E402
+from benchmarks.fanout_common import LOADS, Writers  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
 from relayproxy.lab.s3server import BUCKET, MotoServer  # noqa: E402
@@ -632,8 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         master.start()
         prepare_master(master)
         master.execute("CREATE DATABASE bench")
-        master.execute("CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
-                       "c VARCHAR(255) NOT NULL) ENGINE=InnoDB")
+        master.execute(LOADS["oltp"])
         ctx = {"args": args, "master": master, "moto": moto, "relay_parent": relay_parent}
 
         def run_one(order, k):

@@ -74,6 +74,12 @@ class Relay(RelayProcess):
 
 # -- the paced OLTP writer (fanout_inprocess, fanout_real, archive_lag) ------------------------------------------
 
+LOADS = {  # the writer's loads: the table each one writes to
+    "oltp": "CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
+            "c VARCHAR(255) NOT NULL) ENGINE=InnoDB",
+    "bulk": "CREATE TABLE bench.bulk (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
+            "b BLOB NOT NULL) ENGINE=InnoDB",
+}
 RECORDS = {  # what the writer asks after each commit, and how it records the answer (with the commit time)
     None: None,
     "gtid": "SELECT @@last_gtid",

@@ -21,6 +21,7 @@ from benchmarks import benchinfo
 from benchmarks.common import RESULTS_DIR, percentile, save_figure
 from benchmarks.fanout_common import (
     BINLOG_SEND_ANNOTATE_ROWS_EVENT,
+    LOADS,
     MASTER_CONFIG,
     REPL_PASSWORD,
     REPL_USER,
@@ -449,8 +450,7 @@ def main(args, argv: list[str]) -> int:
         master.start()
         master.create_user(REPL_USER, REPL_PASSWORD)
         master.execute("CREATE DATABASE IF NOT EXISTS bench")
-        master.execute("CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
-                       "c VARCHAR(255) NOT NULL) ENGINE=InnoDB")
+        master.execute(LOADS["oltp"])
         body = asyncio.run(measure(args, master, work, phases))
     finally:
         try:

@@ -31,6 +31,7 @@ from benchmarks.fanout_common import (
     MASTER_CONFIG,
     REPL_PASSWORD,
     REPL_USER,
+    LOADS,
     Relay,
     Writers,
     log,
@@ -57,13 +58,6 @@ REPLICA_CONFIG = {
     "relay_log_purge": 0,  # relay log growth is one of the delivered-bytes measures
     "performance_schema": "OFF",
     "slave_net_timeout": 60,
-}
-LOADS = {
-    # name: (table DDL, what one transaction is)
-    "oltp": "CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
-            "c VARCHAR(255) NOT NULL) ENGINE=InnoDB",
-    "bulk": "CREATE TABLE bench.bulk (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
-            "b BLOB NOT NULL) ENGINE=InnoDB",
 }
 BULK_BYTES = 8000  # REPEAT(MD5(k), 250): an 8 KB row event from a short statement (the ANNOTATE_ROWS stays small)
 DEFAULT_RATES = {"oltp": 300.0, "bulk": 25.0}
