@@ -143,9 +143,7 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     except Exception as exc:  # the store's errors name file and offset; nothing is served from a bad store
         os.close(dir_lock)
         raise RelayStartupError(f"cannot open relay directory {cfg.relay_dir}: {exc}") from exc
-    report = getattr(store, "recovery", None)
-    if report is not None:
-        log.info("relay recovered from its files", report=str(report))
+    log.info("relay recovered from its files", report=str(store.recovery))
     try:
         session = UpstreamSession(cfg, store)
     except Exception as exc:  # a damaged relayproxy.master.json, or no master at all: named, nothing started
@@ -175,7 +173,7 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
                 cfg, SessionRelayView.of_session(cfg, session),
                 status_document=lambda: relay_status(cfg, parts.sources(listener=False)), replication=session)
             if cfg.semi_sync_replicas > 0:
-                session.ack_gate = semi_sync_gate(downstream.ctx.semi_sync, cfg)  # the session's own seam
+                session.gate_acks(semi_sync_gate(downstream.ctx.semi_sync, cfg))
             if getattr(cfg, "sender_processes", 0):
                 from ..downstream.workers import SenderPool
                 from ..log import logging_settings

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -98,9 +99,8 @@ class UpstreamSession:
         self._stopping = asyncio.Event()
         self._conn: UpstreamConnection | None = None
         self._resume_by_position = False  # next dump by file/position (see ResumeByPosition)
-        # Optional gate before each upstream semi-sync ACK: await gate(file, pos) -> bool (e.g. wait for N
-        # semi-sync replicas of the relay to have the transaction; False = gave up, ACK anyway).
-        self.ack_gate = None
+        # Optional gate before each upstream semi-sync ACK (gate_acks).
+        self.ack_gate: Callable[[str, int], Awaitable[bool]] | None = None
         self._replica_uuid = persistent_uuid(Path(cfg.relay_dir))
         # The master in force (a CHANGE MASTER choice overrides --master) and the identity of the master the
         # relay's files came from.
@@ -137,6 +137,12 @@ class UpstreamSession:
         self.sync_driver = SyncDriver(on_advance=self._store_writes_again)
 
     # -- lifecycle -------------------------------------------------------------------------------
+    def gate_acks(self, gate: Callable[[str, int], Awaitable[bool]] | None) -> None:
+        """Wait on ``await gate(file, pos)`` before each upstream semi-sync ACK (e.g. for N semi-sync replicas of
+        the relay to have the transaction; False: it gave up, ACK anyway). ``relayproxy run`` sets it once its
+        replica side exists, after the session."""
+        self.ack_gate = gate
+
     async def run(self) -> None:
         delay = self.cfg.reconnect_min_delay
         while not self._stopping.is_set():
