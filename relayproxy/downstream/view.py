@@ -1,9 +1,9 @@
 """RelayView: the relay as the replica side reads it (files, horizon, identity, what it knows of its master, the
 settings it answers by), the one seam between the dump sender / SQL layer and whatever runs the relay.
 
-Two implementations: ``commands/run.py``'s ``SessionRelayView`` over the upstream session (``relayproxy run`` and
-``relayproxy serve``), and ``downstream/workers.py``'s ``FollowerView`` in a sender process (what the relay
-process pushed to it). This layer imports neither the upstream session nor the configuration.
+Two implementations: ``commands/run.py``'s ``SessionRelayView`` (over the upstream session for ``relayproxy run``,
+over ``NoUpstream`` for ``relayproxy serve``), and ``downstream/workers.py``'s ``FollowerView`` in a sender process
+(what the relay process pushed to it). This layer imports neither the upstream session nor the configuration.
 """
 
 from __future__ import annotations
