@@ -325,7 +325,7 @@ class ClientProtocol(asyncio.Protocol):
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing() or self.closed.done()
 
-    def write(self, *chunks: bytes | memoryview) -> None:
+    def write(self, *chunks: bytes | bytearray | memoryview) -> None:
         if self.is_closing:
             raise ClientConnectionLost(f"client {self.peer_host}:{self.peer_port} is gone")
         assert self.transport is not None
@@ -536,6 +536,7 @@ class ClientDumpChannel:
             protocol.write_pieces(data) if pieces else protocol.write(data)
         else:
             transport = protocol.transport
+            assert transport is not None  # the caller's can_write_now(): connected
             sends = shared.sends
             if sends is not None and protocol.fd >= 0 and not transport.get_write_buffer_size():
                 sends.append((protocol.fd, data))
@@ -552,14 +553,15 @@ class ClientDumpChannel:
         the rest goes to the transport, which queues it or reports the error as for any write. Returns
         ``can_write_now()``."""
         protocol = self._protocol
-        if not protocol.is_closing:
+        transport = protocol.transport
+        if transport is not None and not protocol.is_closing:
             rest = b"".join(data) if pieces else data
             try:
-                protocol.transport.write(memoryview(rest)[taken:] if taken > 0 else rest)
+                transport.write(memoryview(rest)[taken:] if taken > 0 else rest)
             except Exception as exc:  # the stream would have a hole: drop the replica (it reconnects where it is)
                 log.error("cannot queue the rest of a batch write; the replica is disconnected",
                           client=f"{protocol.peer_host}:{protocol.peer_port}", error=repr(exc))
-                protocol.transport.abort()
+                transport.abort()
         return self.can_write_now()
 
     async def send_stream(self, total: int, chunks: AsyncIterator[bytes]) -> None:

@@ -77,7 +77,7 @@ class MemoryTls:
             handshake.set_result(None)
         return plaintext
 
-    def encrypt(self, data: bytes | memoryview) -> bytes:
+    def encrypt(self, data: bytes | bytearray | memoryview) -> bytes:
         self._ssl.write(data)
         return self._outgoing.read()
 
