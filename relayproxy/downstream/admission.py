@@ -49,7 +49,9 @@ class Seat(Protocol):
     """What the budget knows of a connection (a session, session.py): its id, host and start time, whether it
     holds a slot, and how to drop it when a newcomer takes its unauthenticated slot."""
 
-    conn_id: int
+    @property
+    def conn_id(self) -> int: ...
+
     host: str
     started: float  # time.monotonic() at accept
     counted: bool
