@@ -522,6 +522,7 @@ class Session:
         state = self.state
         if state.dump is None:
             state.dump = DumpProgress(file=request.file or None, position=request.position, mode=request.kind)
+        progress = state.dump
         self.log.info(
             "binlog dump requested", kind=request.kind, file=request.file, position=request.position,
             server_id=request.server_id, flags=request.flags,
@@ -531,7 +532,7 @@ class Session:
         pool = self.server.senders
         if pool is not None:
             try:
-                handed = await self._hand_off(pool, request)
+                handed = await self._hand_off(pool, request, progress)
             except BaseException:
                 self.dumping = None
                 raise
@@ -570,10 +571,11 @@ class Session:
             await channel.send_final(message)
 
 
-    async def _hand_off(self, pool: SenderProcesses, request: DumpRequest) -> bool:
+    async def _hand_off(self, pool: SenderProcesses, request: DumpRequest, progress: DumpProgress) -> bool:
         """Serve the dump from a sender process (workers.py) when it can be moved there: a plain connection (a
         TLS session cannot change process), no semi-sync (its ACKs belong to this process's tracker), nothing
-        read from the replica past the dump command. False: serve it here."""
+        read from the replica past the dump command; ``progress`` (the connection's) is the sender's to fill.
+        False: serve it here."""
         from .dump.start import truthy, user_var
 
         protocol, state = self.protocol, self.state
@@ -608,7 +610,7 @@ class Session:
             "position": request.position, "gtid_set": request.gtid_set,
         }
         self.log.info("binlog dump handed to a sender process", slot=worker.slot, pid=worker.process.pid)
-        handing = asyncio.ensure_future(pool.hand_off(worker, ticket, fd, state.dump))
+        handing = asyncio.ensure_future(pool.hand_off(worker, ticket, fd, progress))
         protocol.abort()  # this process's descriptor only: the worker holds the connection now
         await handing
         return True
