@@ -112,9 +112,13 @@ class DownstreamServer:
         # Imported here rather than at the top: they bring in the store and the binlog code, which a server
         # built with stand-ins (tests, tools) does not need.
         if sql is None:
-            from .sql import execute as sql
+            from .sql import execute
+
+            sql = execute
         if dump is None:
-            from .dump import serve_dump as dump
+            from .dump import serve_dump
+
+            dump = serve_dump
         self.ctx = ctx
         self.tls_context = tls_context
         self.sql: SqlExecutor = sql
@@ -136,7 +140,7 @@ class DownstreamServer:
         self.login_throttle = LoginThrottle(login_failures_threshold, login_min_delay, login_max_delay)
         ctx.kill_connection = self.kill
         ctx.flush_hosts = self.connect_errors.flush
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._sessions: dict[int, Session] = {}
         self.senders: SenderProcesses | None = None  # dumps served by sender processes (workers.py), when configured
         self._ids = itertools.count(1)
