@@ -389,9 +389,10 @@ class SenderPool:
             changed["epochs"] = epochs.to_json() if isinstance(epochs, Epochs) and not epochs.implicit else None
         message = {"t": "state", **changed}
         for worker in self.workers:
-            if worker is not None and worker.alive:
+            control = worker.control if worker is not None else None
+            if control is not None and not control.closed:  # the worker is alive
                 with contextlib.suppress(ConnectionError, ValueError):
-                    worker.control.send(message)
+                    control.send(message)
 
     # -- for status ------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
