@@ -202,7 +202,9 @@ def _get_lock(env: Env, args: list[Any]) -> Any:
 def _release_lock(env: Env, args: list[Any]) -> Any:
     name = _lock_name(args[0])
     locks = _locks(env)
-    holder = locks.get(name) if name is not None else None
+    if name is None:
+        return None
+    holder = locks.get(name)
     if holder is None:
         return None
     if holder[0] != env.conn.conn_id:
