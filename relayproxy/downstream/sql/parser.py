@@ -247,7 +247,9 @@ def tokenize(sql: str, *, strict: bool = True) -> list[Token]:
         while i < n:
             c = sql[i]
             if c.isspace():
-                i = space(sql, i).end()
+                blank = space(sql, i)
+                assert blank is not None  # \s matches every character str.isspace() does
+                i = blank.end()
             elif c == "/" and sql.startswith("/*", i):
                 comments += 1
                 if len(tokens) + comments > MAX_TOKENS:
