@@ -406,6 +406,7 @@ class _Parser:
         return ""
 
     def start_stop(self, verb: str) -> StartReplica | StopReplica | None:
+        noun: str | None
         if self.accept_word("ALL"):  # MariaDB: START | STOP ALL SLAVES: the relay has one connection
             noun = self.expect_word("SLAVES", "REPLICAS")
             name = ""
