@@ -45,6 +45,7 @@ def run_purge(p: Parser, env: Env) -> Response:
     p.expect_word("LOGS")
     store = env.ctx.store
     files = store.files()
+    keep_from: str | None
     if p.accept_word("TO"):
         target = p.string()
         p.end_of_statement()
@@ -89,7 +90,7 @@ def run_purge(p: Parser, env: Env) -> Response:
     # With archive_url, a file not yet sealed in the bucket stays (relay/archive.py): purging it would lose it.
     archive = getattr(getattr(env.ctx, "replication", None), "archive", None)
     held = archive.hold_from() if archive is not None else None
-    if held in doomed:
+    if archive is not None and held in doomed:
         raise SqlError(
             ER_LOG_IN_USE, "HY000",
             f"A purgeable log is in use, will not purge: {held} is not yet sealed in the archive "
