@@ -10,6 +10,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -188,9 +189,24 @@ def encrypted_master(request, tmp_path_factory):
         prepare_master(master)
         mixed_load(master, rounds=2, big=True)
         master.execute("FLUSH BINARY LOGS")
+        _wait_for_checkpoint(master)
         yield master, keys, filekey, algorithm
     finally:
         master.stop()
+
+
+def _wait_for_checkpoint(master, timeout: float = 30.0) -> None:
+    """After FLUSH BINARY LOGS, MariaDB writes the new file's BINLOG_CHECKPOINT later, from its background thread,
+    once the older file's transactions are durable in InnoDB. A test that serves a snapshot of the files waits for
+    it, so the master is not past the snapshot by that one event."""
+    newest = master.execute("SHOW MASTER STATUS")[0][0]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = master.execute(f"SHOW BINLOG EVENTS IN '{newest}'")
+        if any(row[2] == "Binlog_checkpoint" and newest in str(row[5]) for row in events):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the master wrote no BINLOG_CHECKPOINT for {newest} in {timeout} s")
 
 
 def _key_args(keys, filekey, algorithm) -> list[str]:
