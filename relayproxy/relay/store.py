@@ -336,16 +336,12 @@ class RelayStore:
 
     @property
     def sync_deadline(self) -> float | None:
-        """``time.monotonic()`` value by which ``maybe_sync`` should be called (batch mode), or None."""
+        """``time.monotonic()`` value by which a sync is due (batch mode: the session's driver begins one), or None."""
         return self._pipeline.sync_deadline
 
     def sync_due(self, now: float | None = None) -> bool:
         """Whether the policy asks for a sync now (``now`` is ``time.monotonic()``)."""
         return self._pipeline.sync_due(now)
-
-    def maybe_sync(self, now: float | None = None) -> bool:
-        """Sync if the policy says so; returns whether the horizon moved."""
-        return self._pipeline.maybe_sync(now)
 
     def sync(self) -> bool:
         """Write everything, fsync, move the horizon to the last boundary; returns whether it moved."""

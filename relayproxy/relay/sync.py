@@ -51,13 +51,13 @@ CHECKPOINT_SECONDS = 10.0
 class SyncPolicy:
     """When the store fsyncs, i.e. how far the durable horizon may lag the received stream.
 
-    ``transaction`` (default): ``maybe_sync`` fsyncs whenever the stream reached a new boundary since
-    the last fsync. Called once per batch read from the socket, every group that arrived in that
-    batch shares one fsync (group commit): at low load one fsync per transaction, at high load one
+    ``transaction`` (default): a sync is due whenever the stream reached a new boundary since the last
+    fsync. Asked once per batch read from the socket (relay/sync_driver.py), every group that arrived in
+    that batch shares one fsync (group commit): at low load one fsync per transaction, at high load one
     per network read. Replicas see a transaction as soon as it is durable; the cost is the fsync rate.
 
     ``batch``: fsync once ``max_transactions`` groups are pending, or ``max_delay`` seconds after the
-    first pending boundary, whichever comes first (the session calls ``maybe_sync`` when
+    first pending boundary, whichever comes first (the session's driver begins a sync when
     ``sync_deadline`` passes). Fewer fsyncs and more throughput on slow disks; replicas see
     transactions up to ``max_delay`` later, and more data sits between the horizon and the stream
     (re-fetched from the master after a crash, never lost: it was never advertised).
@@ -227,7 +227,7 @@ class SyncPipeline:
 
     @property
     def sync_deadline(self) -> float | None:
-        """``time.monotonic()`` value by which ``maybe_sync`` should be called (batch mode), or None."""
+        """``time.monotonic()`` value by which a sync is due (batch mode: the session's driver begins one), or None."""
         since = self._w.pending_since
         if since is None:
             return None
@@ -247,12 +247,6 @@ class SyncPipeline:
         if now is None:
             now = time.monotonic()
         return now - since >= policy.max_delay
-
-    def maybe_sync(self, now: float | None = None) -> bool:
-        """Sync if the policy says so; returns whether the horizon moved."""
-        if self._w.pending_since is None or self.ticket is not None or not self.sync_due(now):
-            return False
-        return self.sync_now()
 
     def sync(self) -> bool:
         """Write everything, fsync, move the horizon to the last boundary; returns whether it moved."""

@@ -97,7 +97,7 @@ def split_events(image: bytes, start: int = 4) -> list[tuple[int, bytes]]:
 
 
 class Feeder:
-    """What the upstream session does per event: boundary parser, store calls, maybe_sync."""
+    """What the upstream session does per event: boundary parser, store calls, a sync when one is due."""
 
     def __init__(self, store: RelayStore, *, sync_each_event: bool = True):
         self.store = store
@@ -116,7 +116,8 @@ class Feeder:
             self.store.boundary_outside(end)
             self.boundaries.append((end, None, False))
         if self.sync_each_event:
-            self.store.maybe_sync()
+            if self.store.sync_due():
+                self.store.sync()
         return outcome
 
     def feed_all(self, image: bytes, start: int = 4) -> list[str]:
@@ -262,10 +263,10 @@ def test_transaction_mode_groups_arriving_together_share_one_fsync(tmp_path):
     before = store.fsyncs
     feeder.feed_all(mysql_image(groups=6))  # one "network batch"
     assert store.sync_due()
-    assert store.maybe_sync() is True
+    assert (store.sync_due() and store.sync()) is True
     assert store.fsyncs == before + 1
     assert store.horizon.snapshot().position == store.current_end
-    assert store.maybe_sync() is False  # nothing pending
+    assert (store.sync_due() and store.sync()) is False  # nothing pending
     assert store.fsyncs == before + 1
     store.close()
 
@@ -281,15 +282,15 @@ def test_batch_mode_defers_until_count_or_delay(tmp_path):
         feeder.feed(offset, ev)
     now = time.monotonic()
     assert store.sync_deadline is not None and store.sync_deadline <= now + 60
-    assert store.maybe_sync(now) is False  # boundaries pending, neither limit reached
-    assert store.maybe_sync(store.sync_deadline + 0.001) is True  # max_delay passed
+    assert (store.sync_due(now) and store.sync()) is False  # boundaries pending, neither limit reached
+    assert (store.sync_due(store.sync_deadline + 0.001) and store.sync()) is True  # max_delay passed
     groups_seen = 0
     for offset, ev in events[len(header) :]:
         feeder.feed(offset, ev)
         groups = sum(1 for _, _, is_group in feeder.boundaries if is_group)
         if groups != groups_seen:
             groups_seen = groups
-            moved = store.maybe_sync(time.monotonic())
+            moved = (store.sync_due(time.monotonic()) and store.sync())
             assert moved == (groups_seen % 3 == 0), groups_seen
     assert groups_seen == 6
     assert store.horizon.snapshot().position == len(image)
@@ -1025,7 +1026,8 @@ def test_a_200_mb_transaction_streams_with_flat_rss(tmp_path):
                 store.group_complete(offset, parser.gtid)
             elif kind == B.EVENT_OUTSIDE:
                 store.boundary_outside(offset)
-            store.maybe_sync()
+            if store.sync_due():
+                store.sync()
         put(E.fde()); put(E.previous_gtids())
         template = E.event(C.WRITE_ROWS_EVENT, bytes(10) + os.urandom(256 << 10))
         big = E.event(C.WRITE_ROWS_EVENT, bytes(10) + os.urandom(3 << 20))
@@ -1156,7 +1158,8 @@ def test_store_readers_can_wait_on_the_store_horizon(tmp_path):
             feeder.feed(offset, ev)
         await asyncio.sleep(0.01)
         assert not reader.done()  # written, not synced: readers do not see it
-        store.maybe_sync()
+        if store.sync_due():
+            store.sync()
         snap = await asyncio.wait_for(reader, 1)
         assert snap.position == split_events(image)[2][0]
 

@@ -821,7 +821,8 @@ def test_random_batches_and_reconnects_rebuild_the_corpus_files(corpus_dir, data
                 relay.receiver.feed(payload(e) for e in batch)
                 pos += len(batch)
                 if data.draw(st.booleans(), label="sync"):
-                    relay.store.maybe_sync()
+                    if relay.store.sync_due():
+                        relay.store.sync()
             if not reconnects:
                 break
             reconnects -= 1
