@@ -5,8 +5,8 @@ checkpoints that ride on syncs).
 A sync is: write the buffer, ``fdatasync``, record the durable mark, and only then advance the horizon to the last
 complete boundary. The horizon never points inside a group and never past an fsync.
 
-The session runs the fsync off the event loop: ``ticket = store.begin_sync()`` (writes the buffer),
-``ticket.submit(executor)`` runs ``ticket.make_durable()`` in a worker thread (or ``ticket.submit_native(runner)``
+The session's SyncDriver (relay/sync_driver.py) runs the fsync off the event loop: ``ticket =
+store.begin_sync()`` (writes the buffer), ``ticket.submit(executor)`` runs ``ticket.make_durable()`` in a worker thread (or ``ticket.submit_native(runner)``
 in the C fsync thread, ``relay/fsyncer.py``), ``store.complete_sync(ticket)`` back on the loop publishes it; events
 keep arriving, being parsed and written in between (the next batch's bytes go to the page cache while the previous
 batch's fdatasync runs). At most one ticket is in flight. The ticket covers only bytes written before
