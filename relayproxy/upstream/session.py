@@ -582,7 +582,8 @@ class UpstreamSession:
         identity = self._switch_to
         if identity is None:
             return
-        if self.store.epochs.current.same_master(_identity_dict(identity)):
+        epochs = self.store.epochs
+        if epochs.current.same_master(_identity_dict(identity)):
             self._switch_to = None
             self._record_identity(identity)
             pending, self._pending_variables = self._pending_variables, None
