@@ -26,7 +26,7 @@ from relayproxy.downstream.dump.start import (
     maria_request,
     master_uuids,
     missing_purged,
-    purge_scans,
+    purge_gaps,
     replica_gtids,
     start_file,
 )
@@ -103,11 +103,12 @@ def test_the_newest_file_whose_previous_gtids_the_replica_has():
 
 def test_purged_needs_a_scan_only_where_the_replica_lacks_something():
     infos = [info("b.1", f"{A}:1-5"), info("b.2", f"{A}:1-10"), info("b.3", f"{A}:1-20")]
-    assert purge_scans(infos, GtidSet(f"{A}:1-20")) == []  # caught up: no scan
-    assert purge_scans(infos, GtidSet(f"{A}:1-12")) == ["b.2"]
+    assert purge_gaps(infos, GtidSet(f"{A}:1-20")) == []  # caught up: no scan
+    gaps = purge_gaps(infos, GtidSet(f"{A}:1-12"))
+    assert [name for name, _gap in gaps] == ["b.2"]
     held = {"b.2": GtidSet(f"{A}:11-18")}  # 19-20 were in b.2's range but are not there: purged
-    assert missing_purged(infos, GtidSet(f"{A}:1-12"), held) == GtidSet(f"{A}:19-20")
-    assert not missing_purged(infos, GtidSet(f"{A}:1-12"), {"b.2": GtidSet(f"{A}:11-20")})
+    assert missing_purged(infos, GtidSet(f"{A}:1-12"), gaps, held) == GtidSet(f"{A}:19-20")
+    assert not missing_purged(infos, GtidSet(f"{A}:1-12"), gaps, {"b.2": GtidSet(f"{A}:11-20")})
 
 
 @settings(max_examples=200, deadline=None)
@@ -135,9 +136,9 @@ def test_missing_purged_is_purged_minus_replica(bounds, holes, replica_top, repl
     purged = infos[0].start_gtids.subtract(GtidSet())
     for i, (older, newer) in enumerate(zip(infos, infos[1:])):
         purged.update(newer.start_gtids.subtract(older.start_gtids).subtract(events[f"b.{i}"]))
-    needed = purge_scans(infos, replica)
-    assert set(needed) <= set(events)
-    assert missing_purged(infos, replica, {n: events[n] for n in needed}) == purged.subtract(replica)
+    gaps = purge_gaps(infos, replica)
+    assert {name for name, _gap in gaps} <= set(events)
+    assert missing_purged(infos, replica, gaps, {n: events[n] for n, _gap in gaps}) == purged.subtract(replica)
 
 
 def test_mariadb_position_checks_and_the_start_file():

@@ -277,9 +277,10 @@ def check_not_ahead(replica: GtidSet, relay_set: GtidSet, master_uuids: list[str
             raise DumpFailure(MSG_MORE_GTIDS[modern])
 
 
-def _purge_gaps(infos: list[FileInfo], replica: GtidSet) -> list[tuple[str, GtidSet]]:
+def purge_gaps(infos: list[FileInfo], replica: GtidSet) -> list[tuple[str, GtidSet]]:
     """Per pair of files, the GTIDs the newer one's start names beyond the older one's that the replica lacks:
-    the older file must be scanned to tell whether it holds them (else they were purged)."""
+    the older file (named) must be scanned to tell whether it holds them, else they were purged. A caught-up
+    replica gets none, a lagging one only the files it is about to be sent."""
     gaps = []
     for older, newer in zip(infos, infos[1:]):
         if not isinstance(older.start_gtids, GtidSet) or not isinstance(newer.start_gtids, GtidSet):
@@ -291,20 +292,14 @@ def _purge_gaps(infos: list[FileInfo], replica: GtidSet) -> list[tuple[str, Gtid
     return gaps
 
 
-def purge_scans(infos: list[FileInfo], replica: GtidSet) -> list[str]:
-    """The files ``missing_purged`` needs the events of: a caught-up replica needs none, a lagging one only the
-    files it is about to be sent."""
-    return [name for name, _gap in _purge_gaps(infos, replica)]
-
-
-def missing_purged(infos: list[FileInfo], replica: GtidSet, held: Mapping[str, GtidSet]) -> GtidSet:
+def missing_purged(infos: list[FileInfo], replica: GtidSet, gaps: list[tuple[str, GtidSet]],
+                   held: Mapping[str, GtidSet]) -> GtidSet:
     """``catalog.purged() - replica``: purged = start(oldest) ∪ ⋃ (start(f_i+1) − start(f_i) − events(f_i))
-    (FileCatalog.purged), with ``held`` the events of the files ``purge_scans`` named."""
+    (FileCatalog.purged), from ``purge_gaps`` and ``held``, the events of the files it named."""
     oldest = infos[0].start_gtids
     missing = oldest.subtract(replica) if isinstance(oldest, GtidSet) else GtidSet()
-    for name, gap in _purge_gaps(infos, replica):
-        gap.difference_update(held[name])
-        missing.update(gap)
+    for name, gap in gaps:
+        missing.update(gap.subtract(held[name]))
     return missing
 
 
@@ -458,8 +453,9 @@ class StartReader:
                         req.modern_terms)
         # gtid_purged must be in the replica's set (the 5.6.22 fix, Bug #19012085), checked before looking for a
         # start file: an oldest file with an empty PREVIOUS_GTIDS would otherwise "match" any replica.
-        held = {name: await self.scan_gtids(name) for name in purge_scans(infos, replica)}
-        missing = missing_purged(infos, replica, held)
+        gaps = purge_gaps(infos, replica)
+        held = {name: await self.scan_gtids(name) for name, _gap in gaps}
+        missing = missing_purged(infos, replica, gaps, held)
         if missing:
             raise DumpFailure(MSG_PURGED[req.modern_terms] % (replica.format(), missing.format()))
         chosen = choose_mysql_file(infos, replica, req.modern_terms)
