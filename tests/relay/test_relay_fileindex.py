@@ -237,7 +237,8 @@ def test_store_file_digests_closed_files_only_and_status_shows_them(tmp_path):
     current = (relay / "binlog.000002").read_bytes()[: horizon.position]
     assert FI.sha256_of(relay / "binlog.000002", horizon.position)[0] == hashlib.sha256(current).hexdigest()
     store.close()
-    assert _file_digests(SimpleNamespace(file_digest=lambda name: None), ["a"], {"a": 9}, SimpleNamespace(file=None, position=0)) == [
+    unindexed = SimpleNamespace(file_digest=lambda name: None)  # a store that keeps no index
+    assert _file_digests(unindexed, ["a"], {"a": 9}, SimpleNamespace(file=None, position=0)) == [
         {"file": "a", "size": 9, "sha256": None}]
 
 
