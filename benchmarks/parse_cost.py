@@ -1,17 +1,13 @@
 """Per-event parse cost: relayproxy's boundary hot path against python-mysql-replication's full decode.
 
-Loads every corpus file into memory once, then times in one run, per event, the walks of ``benchmarks/parsing.py``
-(the code the Spark job shares): the header walk alone (the floor), the boundary parser's batch path
-(``feed_buffer``) and per-event API (header unpack + ``feed``), the same plus CRC32, relayproxy's typed views, and
-python-mysql-replication's decoders (``relayproxy.lab.reference.ReferenceDecoder``, row values lazy, and with rows
-materialised as a CDC consumer does).
-
-Timing: every measurement runs once as warm-up, then the measurements take turns (round robin, so drift on a shared
-machine hits them alike) ``--repeat`` times; each sample repeats its walk until it lasts at least ``--min-sample``
-seconds, GC collected before and disabled during it, ``time.perf_counter_ns``. The median sample is reported. A full
+Times in one process, per event, ``benchmarks/parsing.py``'s walks over the corpus's file images (in memory): the
+header walk alone (the floor), the boundary parser's batch path (``feed_buffer``) and per-event API (``feed``), the
+same plus CRC32, relayproxy's typed views, and python-mysql-replication's decoders (``ReferenceDecoder``, row values
+lazy, and with rows materialised as a CDC consumer does). Warm-up first, then the measurements take turns ``--repeat``
+times (round robin); a sample repeats its walk for at least ``--min-sample`` s with GC off; the median counts. A full
 run also profiles the boundary walk (ablation rows, py-spy when installed, cProfile) and writes
-``benchmarks/results/parse_cost.md`` and ``parse_cost.png``; ``--quick`` leaves out the rows-materialised and
-per-flavour rows and the profiles, and writes nothing.
+``benchmarks/results/parse_cost.md`` and ``.png``; ``--quick`` leaves out the rows-materialised and per-flavour rows
+and the profiles, and writes nothing.
 
     .venv/bin/python benchmarks/parse_cost.py            # full run, writes benchmarks/results/
     .venv/bin/python benchmarks/parse_cost.py --quick --json   # fast, prints JSON, writes nothing
@@ -28,9 +24,12 @@ import gc
 import io
 import json
 import pstats
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -40,22 +39,9 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
 
 import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 from benchmarks.common import save_figure  # noqa: E402
-from parsing import (  # noqa: E402  (benchmarks/parsing.py: what the Spark job measures too)
-    CorpusFile,
-    LibraryStats,
-    core_measures,
-    corpus_path,
-    files_totals,
-    load_corpus,
-    make_walk_library,
-    make_walk_views,
-    measure,
-    run_in_order,
-    walk_boundary,
-    walk_boundary_batch,
-    walk_boundary_crc,
-    walk_figures,
-)
+from parsing import (CorpusFile, LibraryStats, core_measures, corpus_path, files_totals,  # noqa: E402
+                     load_corpus, make_walk_library, make_walk_views, measure, run_in_order, walk_boundary,
+                     walk_boundary_batch, walk_boundary_crc, walk_figures)
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
@@ -79,37 +65,23 @@ def profile_boundary(files: list[CorpusFile], top: int = 12, walk: Callable = wa
         walk(files)
     profiler.disable()
     out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out)
-    stats.sort_stats("tottime").print_stats(top)
-    lines = out.getvalue().splitlines()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
     # Keep the table, drop pstats' preamble about the file; shorten paths to the repo.
-    keep = [ln.replace(str(REPO_ROOT) + "/", "") for ln in lines if ln.strip()]
+    keep = [ln.replace(str(REPO_ROOT) + "/", "") for ln in out.getvalue().splitlines() if ln.strip()]
     start = next((i for i, ln in enumerate(keep) if "ncalls" in ln), 0)
     summary = next((ln.strip() for ln in keep if "function calls" in ln), "")
     return summary + "\n\n" + "\n".join(keep[start:])
 
 
-def _py_spy_executable() -> str | None:
-    beside = Path(sys.executable).with_name("py-spy")  # installed into the same venv
-    if beside.is_file():
-        return str(beside)
-    import shutil
-
-    return shutil.which("py-spy")
-
-
 def py_spy_boundary(corpus: Path, seconds: float = 6.0, top: int = 14) -> str:
-    """Sample the boundary walk with py-spy (a sampling profiler: no per-call overhead added).
-
-    Runs this script in a child process that does nothing but walk the corpus with the boundary
-    parser for ``seconds``, and reports where the samples' innermost frames were, by function
-    and by source line. Returns a markdown fragment (or why there is none).
-    """
-    exe = _py_spy_executable()
+    """A markdown fragment (or why there is none): py-spy's samples (no per-call overhead added) of a child process
+    that only walks the corpus with the boundary parser for ``seconds``, by innermost function and source line."""
+    beside = Path(sys.executable).with_name("py-spy")  # installed into the same venv
+    exe = str(beside) if beside.is_file() else shutil.which("py-spy")
     if exe is None:
         return "py-spy is not installed (`.venv/bin/pip install py-spy`), so there is no sampled profile."
-    import tempfile
-
+    by_function: Counter[str] = Counter()
+    by_line: Counter[str] = Counter()
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "boundary.txt"
         cmd = [exe, "record", "--rate", "400", "--format", "raw", "--output", str(raw), "--",
@@ -120,39 +92,31 @@ def py_spy_boundary(corpus: Path, seconds: float = 6.0, top: int = 14) -> str:
             return f"py-spy could not run: {exc}"
         if proc.returncode != 0 or not raw.is_file():
             return f"py-spy failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-300:]}"
-        by_function: dict[str, int] = {}
-        by_line: dict[str, int] = {}
-        total = 0
         for line in raw.read_text().splitlines():
             stack, _, count_text = line.rpartition(" ")
             if "walk_boundary" not in stack:  # loading the corpus, interpreter start-up
                 continue
-            count = int(count_text)
-            total += count
-            leaf = stack.split(";")[-1]  # "func (path:line)"
-            func, _, where = leaf.partition(" (")
+            func, _, where = stack.split(";")[-1].partition(" (")  # the leaf: "func (path:line)"
             path, _, lineno = where.rstrip(")").rpartition(":")
-            by_function[f"{func} ({Path(path).name})"] = by_function.get(f"{func} ({Path(path).name})", 0) + count
-            key = f"{path}:{lineno}"
-            by_line[key] = by_line.get(key, 0) + count
+            by_function[f"{func} ({Path(path).name})"] += int(count_text)
+            by_line[f"{path}:{lineno}"] += int(count_text)
+    total = sum(by_function.values())
     if not total:
         return "py-spy recorded no samples of the boundary walk."
     out = [f"py-spy, {total} samples of the boundary walk (innermost frame = where the time is spent):", "",
            "| function | share |", "|---|---:|"]
-    for name, count in sorted(by_function.items(), key=lambda kv: -kv[1])[:8]:
-        out.append(f"| `{name}` | {count / total:.1%} |")
+    out += [f"| `{name}` | {count / total:.1%} |"
+            for name, count in sorted(by_function.items(), key=lambda kv: -kv[1])[:8]]
     out += ["", "Hottest source lines:", "", "| share | line | source |", "|---:|---|---|"]
     for key, count in sorted(by_line.items(), key=lambda kv: -kv[1])[:top]:
         path, _, lineno = key.rpartition(":")
         source = _source_line(path, int(lineno)) if lineno.isdigit() else ""
-        shown = path.replace(str(REPO_ROOT) + "/", "")
-        out.append(f"| {count / total:.1%} | `{shown}:{lineno}` | `{source}` |")
+        out.append(f"| {count / total:.1%} | `{path.replace(str(REPO_ROOT) + '/', '')}:{lineno}` | `{source}` |")
     return "\n".join(out)
 
 
 def _source_line(path: str, lineno: int) -> str:
-    candidates = [Path(path), REPO_ROOT / path, REPO_ROOT / "benchmarks" / path]
-    for candidate in candidates:
+    for candidate in (Path(path), REPO_ROOT / path, REPO_ROOT / "benchmarks" / path):
         try:
             lines = candidate.read_text().splitlines()
         except OSError:
