@@ -1,36 +1,12 @@
 """How far the archive (docs/archive.md) trails the relay's horizon under a steady OLTP load, what it uploads
 against the binlog it archives, and what the PUT requests come to; with a relay that does not archive as the peer
-(ingest lag, relay CPU), in the same run.
+(ingest lag, relay CPU), in the same run. The results file describes the set-up and every column.
 
-How: a MariaDB master (ROW, its data directory on ``--servers-dir``, default /dev/shm; ``max_binlog_size`` set
-to ``--max-binlog-size``, default 8M, so that every run closes and seals files too), moto's standalone S3 server
-(``python -m moto.server``) over real HTTP on 127.0.0.1, and for each run a fresh ``relayproxy run`` (a fresh
-relay directory under ``--relay-dir-parent``, default /tmp; per-transaction durability, its defaults) with
-``archive_url = s3://relay-archive/<run prefix>`` and ``archive_endpoint`` pointing at a byte-counting TCP
-forwarder in front of moto (what went over the wire to the bucket, HTTP headers and botocore's retries included).
-Before each run the master's binlog starts again (``RESET MASTER``), so each run archives exactly the binlog its
-load wrote. Two writer processes (one connection each, sharing the rate) commit the OLTP shape of
-benchmarks/fanout_real.py (an autocommit INSERT of a 200-byte row, then a multi-statement INSERT + UPDATE, in
-turn) at ``--rate`` trx/s for ``--seconds``; then the relay drains. A sampler polls the relay's /status (the
-``archive`` section: horizon, ``lag_seconds``, ``lag_bytes``, counters) and the master's SHOW MASTER STATUS every
-``--sample`` seconds.
-
-Configurations, each run ``--repeats`` times, their order alternated between repeats (benchinfo):
-
-- ``default interval``: ``archive_interval`` not set (its default, 1 s);
-- ``interval 0.25 s``: ``--archive-interval 0.25``;
-- ``no archive``: no ``archive_url`` (the peer: the same relay and load without the bucket).
-
-Measured per run: the archive's lag as the relay reports it (``lag_seconds``: seconds since the bucket last held
-everything the relay had made durable) and, as a cross-check from the samples alone, the age of the oldest durable
-byte not yet in the bucket (an upper bound, to the sampling interval); lag in bytes; bytes put (the relay's
-counter), bytes in the bucket at the end (list_objects_v2), bytes over the wire, each against the binlog's size;
-PUT requests (the relay's count and moto's request log, which sees botocore's retries) per minute of load and per
-GB of binlog; the relay's CPU per transaction and its ingest lag (master position - relay horizon, bytes) against
-the peer. Modelled, not run: an uploader that puts the whole open file again every second (from the sampled
-horizon positions). And for each of ``--stall-seconds`` (default 5 and 35: shorter and longer than the relay's S3
-read timeout of 30 s), one more run at the default interval with moto stopped (SIGSTOP) that long in the middle of
-the load: ingest against the stop, how fast the archive catches up, and what botocore's retries put twice.
+Configurations, each run ``--repeats`` times, their order alternated between repeats (benchinfo): ``default
+interval`` (``archive_interval`` not set, 1 s), ``interval 0.25 s`` and ``no archive`` (the peer). The bytes over
+the wire are counted by a ThreadedFaultProxy in front of moto (HTTP headers and botocore's retries included). For
+each of ``--stall-seconds`` (default 5 and 35: shorter and longer than the relay's S3 read timeout of 30 s), one
+more run at the default interval with moto stopped (SIGSTOP) that long in the middle of the load.
 
     .venv/bin/python benchmarks/archive_lag.py [--rate 1000] [--seconds 60] [--repeats 3] [--stall-seconds 5,35]
 
@@ -43,7 +19,6 @@ import argparse
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,8 +30,9 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, logger, percentile, save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, logger, percentile, save_figure, write_results  # noqa: E402
 from benchmarks.fanout_common import LOADS, Writers  # noqa: E402
+from relayproxy.lab.faultproxy import ThreadedFaultProxy  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
 from relayproxy.lab.s3server import BUCKET, MotoServer  # noqa: E402
@@ -83,63 +59,6 @@ log = logger("archive_lag")
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
-
-# -- moto, and a TCP forwarder that counts the bytes to it --------------------------------------------------------
-
-class CountingForwarder:
-    """127.0.0.1:<port> -> the target; counts the bytes each way (threads; the load is a few requests a second)."""
-
-    def __init__(self, target_port: int):
-        self.target_port = target_port
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.up = self.down = self.connections = 0
-        self._lock = threading.Lock()
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(("127.0.0.1", self.target_port))
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self.connections += 1
-            threading.Thread(target=self._pump, args=(client, server, "up"), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, "down"), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, way: str) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-                with self._lock:
-                    setattr(self, way, getattr(self, way) + len(data))
-        except OSError:
-            pass
-        finally:
-            for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-                try:
-                    s.shutdown(how)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._closed = True
-        self.sock.close()
-
-
-# -- the load --------------------------------------------------------------------------------------------------------
-
-# -- sampling --------------------------------------------------------------------------------------------------------
 
 class Sampler(threading.Thread):
     """Every ``period``: the relay's /status (store horizon, archive section) and the master's SHOW MASTER STATUS."""
@@ -169,7 +88,8 @@ class Sampler(threading.Thread):
                 a = s.get("archive") or {}
                 h = a.get("horizon") or {}
                 self.samples.append({
-                    "t": t, "master": (mf, int(mp_)), "store": (s.get("master_log_file"), s.get("read_master_log_pos")),
+                    "t": t, "master": (mf, int(mp_)),
+                    "store": (s.get("master_log_file"), s.get("read_master_log_pos")),
                     "archive": (h.get("file"), h.get("position")) if a else None,
                     "lag_s": a.get("lag_seconds"), "lag_b": a.get("lag_bytes"), "state": a.get("state"),
                     "bytes": a.get("bytes_uploaded"), "objects": a.get("objects_uploaded"),
@@ -189,29 +109,19 @@ class Sampler(threading.Thread):
         return self.samples
 
 
-# -- one run ---------------------------------------------------------------------------------------------------------
-
-def binlog_sizes(master: MariaDBSandbox) -> dict[str, int]:
-    return {row[0]: int(row[1]) for row in master.execute("SHOW BINARY LOGS")}
-
-
-def offsets_of(sizes: dict[str, int]) -> dict[str, int]:
-    out, total = {}, 0
+def byte_offsets(sizes: dict[str, int]):
+    """``g((file, position))``: that position counted in bytes from the start of the first binlog file (0 for None)."""
+    off, total = {}, 0
     for name in sorted(sizes):
-        out[name] = total
+        off[name] = total
         total += sizes[name]
-    return out
+    return lambda fp: 0 if fp is None or fp[0] is None else off.get(fp[0], 0) + int(fp[1] or 0)
 
 
 def analyse(samples: list[dict], sizes: dict[str, int], t0: float, t1: float, t_drained: float | None,
             archive: bool) -> dict:
     """Figures from the samples: lags during the load [t0, t1], the model of the naive uploader."""
-    off = offsets_of(sizes)
-
-    def g(fp):
-        if fp is None or fp[0] is None:
-            return 0
-        return off.get(fp[0], 0) + int(fp[1] or 0)
+    g = byte_offsets(sizes)
 
     load = [s for s in samples if t0 <= s["t"] <= t1]
     out: dict = {"samples": len(load)}
@@ -275,14 +185,13 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
     master.execute("TRUNCATE TABLE bench.oltp")
     master.execute("RESET MASTER")
     relay_dir = ctx["relay_parent"] / f"relay-{index:02d}-{slug}"
-    fwd = CountingForwarder(moto.port) if archive else None
+    fwd = ThreadedFaultProxy("127.0.0.1", moto.port).start() if archive else None  # counts the bytes to moto
     extra = []
     if archive:
         extra = ["--archive-url", f"s3://{BUCKET}/{prefix}", "--archive-endpoint", f"http://127.0.0.1:{fwd.port}"]
         if interval is not None:
             extra += ["--archive-interval", str(interval)]
-    relay = RelayProcess(relay_dir, master.port, extra=extra, error=RuntimeError,
-                         env=moto.env).start()
+    relay = RelayProcess(relay_dir, master.port, extra=extra, error=RuntimeError, env=moto.env).start()
     log_mark = moto.log_size()
     try:
         relay.wait_caught_up(master)
@@ -320,8 +229,9 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
     finally:
         relay.stop()
         if fwd is not None:
-            fwd.close()
-    sizes = binlog_sizes(master)
+            wire = fwd.stats()
+            fwd.stop()
+    sizes = {row[0]: int(row[1]) for row in master.execute("SHOW BINARY LOGS")}
     binlog = sum(sizes.values())
     run = {"config": name, "interval": interval, "trx": w["trx"], "seconds": w["t_end"] - w["t0"],
            "rate": w["trx"] / (w["t_end"] - w["t0"]), "binlog_bytes": binlog, "binlog_files": len(sizes),
@@ -330,15 +240,11 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
     if stalled:
         run["stall"] = [stalled[0] - w["t0"], stalled[1] - w["t0"]]
         after = [s for s in samples if s["t"] >= stalled[1] and s["archive"] is not None]
-        off = offsets_of(sizes)
-        run["stall_caught_up_after"] = next(
-            (s["t"] - stalled[1] for s in after
-             if off.get(s["archive"][0], 0) + int(s["archive"][1] or 0) >= off.get(s["store"][0], 0) + s["store"][1]
-             or (s["lag_s"] is not None and s["lag_s"] < 1.5)), None)
-        stall_window = [s for s in samples if stalled[0] <= s["t"] <= stalled[1]]
-        run["ingest_lag_max_stall"] = max((max(0, off.get(s["master"][0], 0) + s["master"][1]
-                                               - off.get(s["store"][0], 0) - s["store"][1]) for s in stall_window),
-                                          default=0)
+        g = byte_offsets(sizes)
+        run["stall_caught_up_after"] = next((s["t"] - stalled[1] for s in after if g(s["archive"]) >= g(s["store"])
+                                             or (s["lag_s"] is not None and s["lag_s"] < 1.5)), None)
+        run["ingest_lag_max_stall"] = max((max(0, g(s["master"]) - g(s["store"])) for s in samples
+                                           if stalled[0] <= s["t"] <= stalled[1]), default=0)
     if archive:
         a = final["archive"]
         objects = moto.bucket_objects(prefix)
@@ -351,14 +257,12 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
             bucket_bytes=sum(size for _, size in objects), bucket_objects=len(objects),
             bucket_parts=sum(1 for key, _ in objects if "/part." in key),
             bucket_part_bytes=sum(size for key, size in objects if "/part." in key),
-            wire_up=fwd.up, wire_down=fwd.down, connections=fwd.connections, moto_requests=reqs,
-            moto_puts=reqs.get("PUT", 0),
+            wire_up=wire.client_to_server, wire_down=wire.server_to_client, connections=wire.accepted,
+            moto_requests=reqs, moto_puts=reqs.get("PUT", 0),
         )
-        run["put_ratio"] = run["put_bytes"] / binlog
-        run["bucket_ratio"] = run["bucket_bytes"] / binlog
-        run["wire_ratio"] = run["wire_up"] / binlog
-        run["part_ratio"] = run["bucket_part_bytes"] / binlog
-        run["naive_ratio"] = run["naive_bytes"] / binlog
+        for ratio, key in (("put", "put_bytes"), ("bucket", "bucket_bytes"), ("wire", "wire_up"),
+                           ("part", "bucket_part_bytes"), ("naive", "naive_bytes")):
+            run[f"{ratio}_ratio"] = run[key] / binlog
         gb = binlog / 1e9
         run["puts_per_gb"] = run["moto_puts"] / gb
         run["relay_puts_per_gb"] = run["put_objects"] / gb
@@ -368,25 +272,39 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
 
 # -- the report ------------------------------------------------------------------------------------------------------
 
-def mr(values, fmt="{:.2f}", unit="") -> str:
+def mr(values, fmt="{:.2f}") -> str:
+    """The median with the range, "1.27 (1.20-1.63)"; the value alone for one run, "-" for none."""
     values = [v for v in values if v is not None]
     if not values:
         return "-"
     if len(values) == 1:
-        return fmt.format(values[0]) + unit
+        return fmt.format(values[0])
     med, lo, hi = benchinfo.median_range(values)
-    return f"{fmt.format(med)}{unit} ({fmt.format(lo)}-{fmt.format(hi)})"
+    return f"{fmt.format(med)} ({fmt.format(lo)}-{fmt.format(hi)})"
 
 
 def med(values) -> float:
     return benchinfo.median_range([v for v in values if v is not None])[0]
 
 
+# The archive's columns of the per-run and summary tables: (run key, format, divisor, also in the summary).
+ARCHIVE_COLUMNS = (
+    ("lag_p50", "{:.3f}", 1, False), ("lag_p99", "{:.3f}", 1, True), ("lag_max", "{:.3f}", 1, True),
+    ("age_max", "{:.2f}", 1, True), ("lagb_p99", "{:.0f}", 1e3, False), ("lagb_max", "{:.0f}", 1e3, True),
+    ("put_ratio", "{:.4f}", 1, True), ("bucket_ratio", "{:.4f}", 1, True), ("wire_ratio", "{:.4f}", 1, True),
+    ("puts_per_min_load", "{:.0f}", 1, True), ("puts_per_gb", "{:,.0f}", 1, True), ("errors", "{}", 1, False),
+)
+
+
+def column(rs: list[dict], key: str, divisor: float = 1) -> list:
+    return [r[key] / divisor if divisor != 1 else r[key] for r in rs]
+
+
 def render(report: dict, argv: list[str]) -> str:
     args = report["args"]
     runs = report["runs"]
     by = {name: [r for r in runs if r["config"] == name] for name in CONFIGS}
-    arch = [n for n in CONFIGS if CONFIGS[n] is not False]
+    measured = [(name, by[name]) for name in CONFIGS if CONFIGS[name] is not False and by[name]]
     lines = ["# Archive lag: the bucket behind the horizon at 1,000 trx/s, bytes and requests", ""]
     lines += benchinfo.header_block(__file__, argv, report["machine"], runs=args["repeats"],
                                     what="the three configurations of a repeat run one after another")
@@ -421,13 +339,8 @@ def render(report: dict, argv: list[str]) -> str:
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
-        if r["interval"] is not False:
-            a = (f"{r['lag_p50']:.3f} | {r['lag_p99']:.3f} | {r['lag_max']:.3f} | {r['age_max']:.2f} | "
-                 f"{r['lagb_p99'] / 1e3:.0f} | {r['lagb_max'] / 1e3:.0f} | {r['put_ratio']:.4f} | "
-                 f"{r['bucket_ratio']:.4f} | {r['wire_ratio']:.4f} | {r['puts_per_min_load']:.0f} | "
-                 f"{r['puts_per_gb']:,.0f} | {r['errors']}")
-        else:
-            a = " | ".join(["-"] * 12)
+        a = " | ".join(fmt.format(column([r], key, d)[0]) if r["interval"] is not False else "-"
+                       for key, fmt, d, _ in ARCHIVE_COLUMNS)
         lines.append(f"| {r['repeat']} | {r['config']} | {r['position']} | {r['rate']:.0f} | "
                      f"{r['binlog_bytes'] / 1e6:.1f} | {a} | {r['relay_cpu_ms_per_trx']:.3f} | "
                      f"{r['ingest_lag_p99'] / 1e3:.1f} | {r['ingest_lag_max'] / 1e3:.1f} |")
@@ -438,40 +351,25 @@ def render(report: dict, argv: list[str]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, rs in by.items():
-        if not rs:
-            continue
-        if CONFIGS[name] is not False:
-            a = (f"{mr([r['lag_p99'] for r in rs], '{:.3f}')} | {mr([r['lag_max'] for r in rs], '{:.3f}')} | "
-                 f"{mr([r['age_max'] for r in rs])} | {mr([r['lagb_max'] / 1e3 for r in rs], '{:.0f}')} | "
-                 f"{mr([r['put_ratio'] for r in rs], '{:.4f}')} | {mr([r['bucket_ratio'] for r in rs], '{:.4f}')} | "
-                 f"{mr([r['wire_ratio'] for r in rs], '{:.4f}')} | {mr([r['puts_per_min_load'] for r in rs], '{:.0f}')}"
-                 f" | {mr([r['puts_per_gb'] for r in rs], '{:,.0f}')}")
-        else:
-            a = " | ".join(["-"] * 9)
-        lines.append(f"| {name} | {a} | {mr([r['relay_cpu_ms_per_trx'] for r in rs], '{:.3f}')} | "
-                     f"{mr([r['ingest_lag_max'] / 1e3 for r in rs], '{:.1f}')} |")
-    peer = by.get("no archive") or []
+        if rs:
+            a = " | ".join(mr(column(rs, key, d), fmt) if CONFIGS[name] is not False else "-"
+                           for key, fmt, d, summary in ARCHIVE_COLUMNS if summary)
+            lines.append(f"| {name} | {a} | {mr(column(rs, 'relay_cpu_ms_per_trx'), '{:.3f}')} | "
+                         f"{mr(column(rs, 'ingest_lag_max', 1e3), '{:.1f}')} |")
     lines += ["", "## Goals, in every repeat", ""]
-    for name in arch:
-        rs = by[name]
-        if not rs:
-            continue
+    for name, rs in measured:
         lag_ok = sum(r["lag_max"] <= GOAL_LAG_S and r["age_max"] <= GOAL_LAG_S for r in rs)
         bytes_ok = sum(r["wire_ratio"] <= GOAL_BYTES_RATIO and r["put_ratio"] <= GOAL_BYTES_RATIO for r in rs)
         lines.append(f"- {name}: archive at most {GOAL_LAG_S:g} s behind the horizon (lag s max and age max): "
                      f"{'met' if lag_ok == len(rs) else 'MISSED'} in {lag_ok} of {len(rs)} repeats; bytes uploaded "
                      f"at most {GOAL_BYTES_RATIO}x the binlog (put/binlog and wire/binlog): "
                      f"{'met' if bytes_ok == len(rs) else 'MISSED'} in {bytes_ok} of {len(rs)} repeats.")
-    if peer:
-        for name in arch:
-            rs = by[name]
-            if not rs:
-                continue
-            cpu = med([r["relay_cpu_ms_per_trx"] for r in rs]) / med([r["relay_cpu_ms_per_trx"] for r in peer])
-            ing = [r["ingest_lag_max"] / 1e3 for r in rs]
-            lines.append(f"- {name} against no archive (the peer, same run): relay CPU per transaction "
-                         f"{cpu:.2f}x the peer's (medians); ingest lag max {mr(ing, '{:.1f}')} KB against "
-                         f"{mr([r['ingest_lag_max'] / 1e3 for r in peer], '{:.1f}')} KB.")
+    peer = by.get("no archive") or []
+    for name, rs in measured if peer else ():
+        cpu = med(column(rs, "relay_cpu_ms_per_trx")) / med(column(peer, "relay_cpu_ms_per_trx"))
+        ingest, peer_ingest = (mr(column(x, "ingest_lag_max", 1e3), "{:.1f}") for x in (rs, peer))
+        lines.append(f"- {name} against no archive (the peer, same run): relay CPU per transaction "
+                     f"{cpu:.2f}x the peer's (medians); ingest lag max {ingest} KB against {peer_ingest} KB.")
     lines += ["", "## Modelled, not run: putting the whole open file again every second", "",
               "From each archive run's sampled horizon: every second one PUT of the whole open file as it is then, "
               "and one more of each file when it is closed. The bytes that costs against the binlog (and against "
@@ -479,12 +377,9 @@ def render(report: dict, argv: list[str]) -> str:
               f"{args['max_binlog_size']}; with 1 GB files the open file is on average far larger):", "",
               "| configuration | naive put/binlog | naive PUTs | relay put/binlog | naive / relay bytes |",
               "|---|---:|---:|---:|---:|"]
-    for name in arch:
-        rs = by[name]
-        if not rs:
-            continue
-        lines.append(f"| {name} | {mr([r['naive_ratio'] for r in rs], '{:.1f}')} | "
-                     f"{mr([r['naive_puts'] for r in rs], '{:.0f}')} | {mr([r['put_ratio'] for r in rs], '{:.4f}')} | "
+    for name, rs in measured:
+        lines.append(f"| {name} | {mr(column(rs, 'naive_ratio'), '{:.1f}')} | "
+                     f"{mr(column(rs, 'naive_puts'), '{:.0f}')} | {mr(column(rs, 'put_ratio'), '{:.4f}')} | "
                      f"{mr([r['naive_bytes'] / r['put_bytes'] for r in rs], '{:.1f}')}x |")
     rates = [r["binlog_bytes"] / r["seconds"] for r in runs if r["interval"] is not False]
     if rates:
@@ -502,20 +397,18 @@ def render(report: dict, argv: list[str]) -> str:
     lines += ["| configuration | binlog GB/month | PUT/GB | PUT $/GB | storage $/GB-month | PUTs/month | "
               "PUT $/month | storage added $/month (each month's binlog, kept) | restore GET $/GB |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name in arch:
-        rs = by[name]
-        if not rs:
-            continue
+    for name, rs in measured:
         gb_s = med([r["binlog_bytes"] / r["seconds"] for r in rs]) / 1e9
         gb_month = gb_s * 86400 * 30
-        per_gb = med([r["puts_per_gb"] for r in rs])
-        per_min = med([r["puts_per_min_load"] for r in rs])
+        per_gb = med(column(rs, "puts_per_gb"))
+        per_min = med(column(rs, "puts_per_min_load"))
         puts_month = per_min * 60 * 24 * 30
-        bucket_ratio = med([r["bucket_ratio"] for r in rs])
+        bucket_ratio = med(column(rs, "bucket_ratio"))
         parts_per_gb = med([r["bucket_parts"] / (r["binlog_bytes"] / 1e9) for r in rs])
         lines.append(
             f"| {name} | {gb_month:,.0f} | {per_gb:,.0f} | {per_gb * PRICE_PUT_PER_1000 / 1000:.3f} | "
-            f"{bucket_ratio * PRICE_GB_MONTH:.4f} | {puts_month:,.0f} | {puts_month * PRICE_PUT_PER_1000 / 1000:,.2f} | "
+            f"{bucket_ratio * PRICE_GB_MONTH:.4f} | {puts_month:,.0f} | "
+            f"{puts_month * PRICE_PUT_PER_1000 / 1000:,.2f} | "
             f"{gb_month * bucket_ratio * PRICE_GB_MONTH:,.2f} | {parts_per_gb * PRICE_GET_PER_1000 / 1000:.4f} |")
     lines += ["", "restore GET $/GB: one GET per part object (what `relayproxy restore` reads), from the parts per GB "
               "this run left in the bucket; list requests and the manifests are a few per file on top.", ""]
@@ -610,9 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    for n in names:
-        if n not in CONFIGS:
-            p.error(f"unknown configuration {n!r}")
+    if unknown := [n for n in names if n not in CONFIGS]:
+        p.error(f"unknown configuration {unknown[0]!r}")
 
     report: dict = {"args": vars(args) | {"output": str(args.output), "json": str(args.json)},
                     "uptime_start": uptime(), "runs": []}
@@ -637,7 +529,6 @@ def main(argv: list[str] | None = None) -> int:
 
         def run_one(order, k):
             nonlocal index
-            out = []
             for position, name in enumerate(order, 1):
                 index += 1
                 log(f"repeat {k + 1}: {name}")
@@ -651,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     log(f"  {r['rate']:.0f} trx/s, CPU {r['relay_cpu_ms_per_trx']:.3f} ms/trx, ingest max "
                         f"{r['ingest_lag_max'] / 1e3:.1f} KB")
-            return {"runs": out}
+            return {}
 
         benchinfo.run_alternating(args.repeats, names, run_one)
         for r in report["runs"]:
@@ -673,8 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         moto.stop()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(relay_parent, ignore_errors=True)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(render(report, argv) + "\n")
+    write_results(args.output, render(report, argv) + "\n")
     plot(report, args.output.with_suffix(".png"))
     if args.json:
         args.json.write_text(json.dumps(report, default=str))
