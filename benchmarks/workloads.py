@@ -6,21 +6,16 @@ Each shape is one recording, in its own folder of the dataset::
     <dataset>/<shape>.log                     the relay's log
     <dataset>/manifest.json                   per shape: what was driven, files, events by type, bytes
 
-How a shape is recorded: one local master (``relayproxy.lab.sandbox.MariaDBSandbox``, row format,
-CRC32, ``max_allowed_packet=1G``); per shape ``RESET MASTER``, then ``relayproxy run`` (a
-subprocess, ``relayproxy.lab.harness.RelayProcess``) starts from the master's first file into
-``<dataset>/<shape>/``, the shape's workload runs against the master while the relay follows it,
-and once the relay's horizon equals the master's end position (re-read on every poll: MariaDB
-writes a BINLOG_CHECKPOINT some time after a rotation) the relay is stopped. The relay's files
-are byte for byte the master's, so the recording is what a replica of the relay would receive.
+How a shape is recorded: per shape ``RESET MASTER`` on one local master (row format, CRC32), then ``relayproxy
+run`` into ``<dataset>/<shape>/`` while the shape's workload runs, stopped once its horizon is the master's end. The
+relay's files are byte for byte the master's: what a replica of the relay would receive.
 
 Shapes (``--scale`` multiplies every count; 1.0 is the default dataset of about 200,000 events):
 
 * ``oltp``      -- small transactions: autocommit single-row INSERTs, BEGIN/INSERT/UPDATE/COMMIT, DELETEs;
 * ``bulk``      -- multi-row INSERTs of 1,000 rows a statement (rows events of about 100 KB);
-* ``blobs``     -- LONGBLOB rows of 17 to 24 MB, so events over 16 MB (more than one wire packet: the rows
-                   event and the ANNOTATE_ROWS holding the statement), rows of 64 KB to 1 MB, and one
-                   UPDATE of a large row (before and after images);
+* ``blobs``     -- LONGBLOB rows of 17 to 24 MB (events over 16 MB: more than one wire packet), rows of 64 KB
+                   to 1 MB, and one UPDATE of a large row (before and after images);
 * ``ddl``       -- DDL-heavy: CREATE/ALTER/RENAME/DROP TABLE, indexes, views, databases, a little DML;
 * ``xa``        -- XA transactions: two-phase commit, rollback after prepare, and one-phase commit;
 * ``domains``   -- four GTID domains (``SET SESSION gtid_domain_id``) interleaved, one connection each;
@@ -40,9 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
     import _bootstrap  # noqa: F401
@@ -53,11 +46,10 @@ from benchmarks.common import logger  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.reader import scan_file  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
-from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
+from relayproxy.lab.harness import RelayProcess, prepare_master  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"
-BINLOG_MAGIC = C.BINLOG_MAGIC
 MAX_BINLOG_SIZE = 32 << 20  # several files per stream, and files larger than the Spark job's default split
 BLOB_OVER_16MB = (17 << 20, 24 << 20)
 CATCH_UP_TIMEOUT = 300.0
@@ -70,8 +62,8 @@ def scaled(count: int, scale: float, minimum: int = 1) -> int:
     return max(minimum, int(round(count * scale)))
 
 
-# ---------------------------------------------------------------------------------------------
-# Workloads. Each one drives the master and returns what it did (recorded in the manifest).
+# -- the workloads: each one drives the master and returns what it did (recorded in the manifest) -----------------
+
 def _batched(conn, statements: list[str], per_round_trip: int = 50) -> None:
     """Run statements in multi-statement round trips; each statement still commits on its own."""
     with conn.cursor() as cur:
@@ -250,46 +242,18 @@ def statement(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
     return {"statements": rounds, "binlog_format": "STATEMENT"}
 
 
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    description: str
-    drive: Callable[[MariaDBSandbox, float, random.Random], dict]
-
-
-SHAPES: dict[str, Shape] = {
-    s.name: s
-    for s in (
-        Shape("oltp", "OLTP small transactions (row format)", oltp),
-        Shape("bulk", "bulk multi-row INSERTs of 1,000 rows (row format)", bulk),
-        Shape("blobs", "LONGBLOB rows, rows events over 16 MB (row format)", blobs),
-        Shape("ddl", "DDL-heavy: tables, indexes, views, databases", ddl),
-        Shape("xa", "XA: two-phase commit, rollback after prepare, one-phase commit", xa),
-        Shape("domains", "four GTID domains interleaved", domains),
-        Shape("statement", "statement-based: INTVAR, RAND, USER_VAR, multi-statement transactions", statement),
-    )
+SHAPES = {  # name: (description, the workload)
+    "oltp": ("OLTP small transactions (row format)", oltp),
+    "bulk": ("bulk multi-row INSERTs of 1,000 rows (row format)", bulk),
+    "blobs": ("LONGBLOB rows, rows events over 16 MB (row format)", blobs),
+    "ddl": ("DDL-heavy: tables, indexes, views, databases", ddl),
+    "xa": ("XA: two-phase commit, rollback after prepare, one-phase commit", xa),
+    "domains": ("four GTID domains interleaved", domains),
+    "statement": ("statement-based: INTVAR, RAND, USER_VAR, multi-statement transactions", statement),
 }
 
 
-# ---------------------------------------------------------------------------------------------
-# Recording
-def wait_relay_caught_up(relay: RelayProcess, master: MariaDBSandbox, timeout: float = CATCH_UP_TIMEOUT) -> tuple[str, int]:
-    """Until the relay's horizon equals the master's end, re-reading the master's end on every poll."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        end = master_status(master)
-        try:
-            status = relay.status()
-        except OSError:
-            status = None
-        if status is not None:
-            last = (status.get("master_log_file"), status.get("read_master_log_pos"))
-            if last == end and master_status(master) == end:
-                return end
-        time.sleep(0.1)
-    raise RuntimeError(f"relay did not catch up with the master within {timeout:.0f} s (last {last}):\n{relay.log_tail()}")
-
+# -- recording ---------------------------------------------------------------------------------------------------
 
 def describe_recording(folder: Path) -> dict:
     """Files and events by type of one recording, found by the binlog magic (not by name)."""
@@ -300,7 +264,7 @@ def describe_recording(folder: Path) -> dict:
         if not path.is_file():
             continue
         with open(path, "rb") as f:
-            if f.read(4) != BINLOG_MAGIC:
+            if f.read(4) != C.BINLOG_MAGIC:
                 continue
         sizes: list[int] = []
         result = scan_file(path, on_event=lambda ev: sizes.append(ev.size))
@@ -311,21 +275,16 @@ def describe_recording(folder: Path) -> dict:
         largest = max([largest, *sizes])
         files.append({"file": path.name, "bytes": path.stat().st_size, "events": result.events,
                       "server_version": result.server_version})
-    return {
-        "files": files,
-        "events": sum(f["events"] for f in files),
-        "bytes": sum(f["bytes"] for f in files),
-        "largest_event": largest,
-        "counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
-    }
+    return {"files": files, "events": sum(f["events"] for f in files), "bytes": sum(f["bytes"] for f in files),
+            "largest_event": largest, "counts": dict(sorted(counts.items(), key=lambda kv: -kv[1]))}
 
 
-def record_shape(master: MariaDBSandbox, shape: Shape, dataset: Path, scale: float, seed: int, server_id: int) -> dict:
-    target = dataset / shape.name
+def record_shape(master: MariaDBSandbox, name: str, dataset: Path, scale: float, seed: int, server_id: int) -> dict:
+    description, drive = SHAPES[name]
+    target = dataset / name
     if target.exists():
         shutil.rmtree(target)
-    log_file = dataset / f"{shape.name}.log"
-    log_file.unlink(missing_ok=True)
+    (dataset / f"{name}.log").unlink(missing_ok=True)
     master.execute("DROP DATABASE IF EXISTS w")
     master.execute("CREATE DATABASE w")
     master.execute("RESET MASTER")
@@ -333,17 +292,18 @@ def record_shape(master: MariaDBSandbox, shape: Shape, dataset: Path, scale: flo
     began = time.monotonic()
     relay.start()
     try:
-        info = shape.drive(master, scale, random.Random(seed))
-        end = wait_relay_caught_up(relay, master)
+        info = drive(master, scale, random.Random(seed))
+        status = relay.wait_caught_up(master, CATCH_UP_TIMEOUT)
+        end = (status["master_log_file"], status["read_master_log_pos"])
     finally:
         relay.stop()
     seconds = time.monotonic() - began
     described = describe_recording(target)
     if not described["files"]:
-        raise RuntimeError(f"{shape.name}: the relay wrote no binlog file into {target}")
-    log(f"{shape.name}: {described['events']:,} events, {described['bytes'] / 1e6:,.1f} MB in "
+        raise RuntimeError(f"{name}: the relay wrote no binlog file into {target}")
+    log(f"{name}: {described['events']:,} events, {described['bytes'] / 1e6:,.1f} MB in "
         f"{len(described['files'])} file(s), master end {end[0]}:{end[1]}, {seconds:.1f} s")
-    return {"description": shape.description, "workload": info, "master_end": list(end),
+    return {"description": description, "workload": info, "master_end": list(end),
             "seconds": round(seconds, 1), **described}
 
 
@@ -352,16 +312,9 @@ def record(dataset: Path, shapes: list[str], scale: float, seed: int = 6, workdi
     dataset.mkdir(parents=True, exist_ok=True)
     own_workdir = workdir is None
     base = Path(tempfile.mkdtemp(prefix="rp-workloads-")) if own_workdir else workdir
-    master = MariaDBSandbox(
-        base / "master",
-        binlog_format="ROW",
-        extra_config={
-            "max_binlog_size": MAX_BINLOG_SIZE,
-            "sync_binlog": 0,
-            "innodb_flush_log_at_trx_commit": 2,
-            "binlog_row_event_max_size": 8192,
-        },
-    )
+    master = MariaDBSandbox(base / "master", binlog_format="ROW", extra_config={
+        "max_binlog_size": MAX_BINLOG_SIZE, "sync_binlog": 0, "innodb_flush_log_at_trx_commit": 2,
+        "binlog_row_event_max_size": 8192})
     manifest_path = dataset / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"shapes": {}}
     try:
@@ -371,7 +324,7 @@ def record(dataset: Path, shapes: list[str], scale: float, seed: int = 6, workdi
         log(f"master mariadbd {version} on port {master.port}; dataset {dataset}")
         for name in shapes:
             index = list(SHAPES).index(name)  # the same seed for a shape whichever subset is recorded
-            manifest["shapes"][name] = record_shape(master, SHAPES[name], dataset, scale, seed + index, 100 + index)
+            manifest["shapes"][name] = record_shape(master, name, dataset, scale, seed + index, 100 + index)
             manifest["shapes"][name]["scale"] = scale
             manifest["server_version"] = version
             manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")  # after each shape: a crash keeps the rest
