@@ -1,16 +1,14 @@
 """Per-event parsing cost across recorded binlog streams, as a Spark job: relayproxy's parsers against python-mysql-replication.
 
-For every event of every binlog file under ``--input`` (any Hadoop-filesystem path; ``LABEL=PATH`` names its stream)
-and of every relay archive given with ``--archive`` (``s3://``, ``s3a://`` read as ``s3://``, or ``file://``, read
-by relayproxy's own archive reader, every part checked), it times three parsers -- ``boundary`` (header unpack +
+Every event of every binlog file under ``--input`` (any Hadoop-filesystem path; ``LABEL=PATH`` names its stream) and
+of every relay archive given with ``--archive`` (``s3://``, ``s3a://`` read as ``s3://``, or ``file://``, read and
+checked by relayproxy's own archive reader) is timed on its own with three parsers: ``boundary`` (header unpack +
 ``TransactionBoundaryParser.feed``), ``view`` (``view_event`` + the fields its consumer reads) and
-``pymysqlreplication`` (``ReferenceDecoder.decode``, row values lazy) -- and reports, per (stream, flavour and server
-version, event type, parser): events, bytes, mean / p50 / p90 / p99 ns, events/s, MB/s and the ratios between the
-parsers. Job 1 scans each file with relayproxy's ``BinlogScanner`` and cuts it into self-contained splits; job 2
-times every event on its own (best of ``--repeats`` batches of k calls, the loop's own cost subtracted), ``--runs``
-times with the order of the parsers alternated; between the runs the driver runs ``parsing.py``'s walks (what
-``parse_cost.py`` times) over the same local files. What is measured per event, the corpus walk, the counting and
-the ratios are ``benchmarks/parsing.py``'s. docs/spark.md describes the method, the outputs and cluster use.
+``pymysqlreplication`` (``ReferenceDecoder.decode``, row values lazy). Job 1 cuts each file into self-contained
+splits with relayproxy's ``BinlogScanner``; job 2 times every event (best of ``--repeats`` batches of k calls, the
+loop's own cost subtracted), ``--runs`` times with the parsers' order alternated; between the runs the driver runs
+``parse_cost.py``'s walks over the same local files. What is measured, counted and compared is
+``benchmarks/parsing.py``'s; docs/spark.md describes the method, the outputs and cluster use.
 
     .venv/bin/python benchmarks/workloads.py          # record the default dataset first
     .venv/bin/python benchmarks/spark_parse_cost.py   # recorded streams + corpus, local[*]
@@ -43,23 +41,9 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
 
 import benchinfo  # noqa: E402
 from benchmarks.common import logger, percentile, results_document, save_figure  # noqa: E402  (shipped: ship_code)
-from parsing import (  # noqa: E402  (what is measured, counted and compared: shared with parse_cost.py)
-    DECODED,
-    HEADER_FIELDS,
-    VIEW_FIELDS,
-    add_sums,
-    carries_crc,
-    core_measures,
-    corpus_path,
-    decode_events,
-    files_totals,
-    load_binlog,
-    outcome_of,
-    ratio,
-    run_in_order,
-    scan_events,
-    walk_figures,
-)
+from parsing import (DECODED, HEADER_FIELDS, VIEW_FIELDS, add_sums, carries_crc, core_measures,  # noqa: E402
+                     corpus_path, decode_events, files_totals, load_binlog, outcome_of, ratio, run_in_order,
+                     scan_events, walk_figures)  # (what is measured, counted and compared: shared with parse_cost.py)
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
@@ -578,6 +562,9 @@ EVENT_SCHEMA_FIELDS = [
 # ``event_runs``: one row per event and run; ``events`` holds one row per event, each parser's ns the median of its runs
 RUN_SCHEMA_FIELDS = [("run", "int"), *EVENT_SCHEMA_FIELDS]
 RUN_NAMES = ("relayproxy", "pymysqlreplication")
+FILES_SCHEMA_FIELDS = [("path", "string"), ("stream", "string"), ("bytes", "long"), ("binlog", "boolean"),
+                       ("events", "long"), ("splits", "long"), ("server_version", "string"), ("error", "string")]
+FILE_COUNTS_COLUMNS = ["stream", "path", "event_type", "parser", "events", "bytes"]
 
 
 @dataclass
@@ -889,7 +876,7 @@ def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile
         events.where(F.col("boundary_ns").isNotNull())
         .groupBy("stream", "path", "event_type").agg(F.count("*").alias("events"), F.sum("size").alias("bytes"))
         .withColumn("parser", F.lit("boundary"))
-        .select("stream", "path", "event_type", "parser", "events", "bytes")
+        .select(*FILE_COUNTS_COLUMNS)
     )
     file_counts = sorted((r.asDict() for r in file_counts_df.collect()), key=lambda r: (r["path"], r["event_type"]))
     spark.createDataFrame(file_counts, file_counts_df.schema).coalesce(1).write.mode("overwrite").parquet(
@@ -913,13 +900,8 @@ def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile
               .select("boundary_ns", "view_ns", "pymysqlreplication_ns", "pymysqlreplication_outcome").collect()]
     events.unpersist()
 
-    files_schema = T.StructType([
-        T.StructField("path", T.StringType()), T.StructField("stream", T.StringType()),
-        T.StructField("bytes", T.LongType()), T.StructField("binlog", T.BooleanType()),
-        T.StructField("events", T.LongType()), T.StructField("splits", T.LongType()),
-        T.StructField("server_version", T.StringType()), T.StructField("error", T.StringType()),
-    ])
-    spark.createDataFrame([tuple(f[c.name] for c in files_schema.fields) for f in files], files_schema) \
+    files_schema = T.StructType([T.StructField(name, types[kind]) for name, kind in FILES_SCHEMA_FIELDS])
+    spark.createDataFrame([tuple(f[name] for name, _kind in FILES_SCHEMA_FIELDS) for f in files], files_schema) \
         .coalesce(1).write.mode("overwrite").parquet(f"{args.parquet_output}/files")
 
     return {
@@ -1323,14 +1305,7 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "## Plots",
         "",
-        "![cost per stream](by_stream.png)",
-        "",
-        "![cost per event type](by_event_type.png)",
-        "",
-        "![distribution](distribution.png)",
-        "",
-        "![ratios per stream](ratios.png)",
-        "",
+        *(line for name, alt in PLOTS for line in (f"![{alt}]({name})", "")),
     ]
     return results_document("Per-event parse cost across recorded streams (Spark)", Path(__file__), argv, info, lines,
                             runs=args.runs, what="in odd runs python-mysql-replication is timed before relayproxy's "
@@ -1338,21 +1313,24 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
 
 
 PARSER_COLOURS = {"boundary": "#2f7ed8", "view": "#76b7e8", "pymysqlreplication": "#d9534f"}
+PLOTS = [("by_stream.png", "cost per stream"), ("by_event_type.png", "cost per event type"),
+         ("distribution.png", "distribution"), ("ratios.png", "ratios per stream")]
 
 
-def _parser_bars(plt, path: Path, table: dict[str, dict], names: list[str], labels: list[str], xlabel: str,
-                 title: str, height: float, numbers: bool = False, fontsize: float | None = None) -> None:
-    """One horizontal log-scale bar per parser for each name (``table[name][parser]["mean_ns"]``), saved to path."""
+def _bars(plt, path: Path, labels: list[str], series, xlabel: str, title: str, height: float, text=None,
+          gap: float = 1.05, fontsize: float | None = None) -> None:
+    """Horizontal log-scale bars, one per (label, colour, values) of ``series`` for each of ``labels``, grouped;
+    ``text`` formats each non-zero value beside its bar. Saved to path."""
     fig, ax = plt.subplots(figsize=(10, height))
-    bar = 0.8 / len(PARSERS)
-    for i, parser in enumerate(PARSERS):
-        ys = [n + i * bar for n in range(len(names))]
-        values = [table[n][parser]["mean_ns"] if parser in table[n] else 0 for n in names]
-        ax.barh(ys, values, height=bar, color=PARSER_COLOURS[parser], label=parser)
+    bar = 0.8 / len(series)
+    for i, (name, colour, values) in enumerate(series):
+        ys = [n + i * bar for n in range(len(labels))]
+        ax.barh(ys, values, height=bar, color=colour, label=name)
         for y, v in zip(ys, values):
-            if numbers and v:
-                ax.text(v * 1.05, y, f"{v:,.0f}", va="center", fontsize=7)
-    ax.set_yticks([n + bar for n in range(len(names))], labels, **({"fontsize": fontsize} if fontsize else {}))
+            if text and v:
+                ax.text(v * gap, y, text(v), va="center", fontsize=7)
+    ax.set_yticks([n + (len(series) - 1) * bar / 2 for n in range(len(labels))], labels,
+                  **({"fontsize": fontsize} if fontsize else {}))
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
@@ -1361,26 +1339,29 @@ def _parser_bars(plt, path: Path, table: dict[str, dict], names: list[str], labe
     save_figure(fig, path)
 
 
+def _mean_ns(table: dict[str, dict], names: list[str]):
+    """Per parser, (parser, colour, mean ns of each name: ``table[name][parser]``, 0 where it has no row)."""
+    return [(parser, PARSER_COLOURS[parser], [table[n][parser]["mean_ns"] if parser in table[n] else 0 for n in names])
+            for parser in PARSERS]
+
+
 def write_plots(out: Path, report: dict) -> list[str]:
     plt = benchinfo.pyplot()
     if plt is None:
         log("matplotlib is not installed: no plots")
         return []
-    written = []
     note = "(shared 2-core machine: compare parsers within a run, not absolute numbers)"
 
     # 1. mean ns per stream and parser; 2. per event type (the 20 most frequent)
     per_stream = per_parser(report["by_stream"], "stream")
-    _parser_bars(plt, out / "by_stream.png", per_stream, sorted(per_stream), sorted(per_stream),
-                 "mean ns per event (log scale; lower is better)", f"Per-event parse cost per stream\n{note}",
-                 0.55 * len(per_stream) * len(PARSERS) / 2 + 2, numbers=True)
+    _bars(plt, out / "by_stream.png", sorted(per_stream), _mean_ns(per_stream, sorted(per_stream)),
+          "mean ns per event (log scale; lower is better)", f"Per-event parse cost per stream\n{note}",
+          0.55 * len(per_stream) * len(PARSERS) / 2 + 2, text="{:,.0f}".format)
     per_type = per_parser(report["by_type"], "event_type")
     types = sorted(per_type, key=lambda t: -per_type[t]["boundary"]["events"])[:20]
-    _parser_bars(plt, out / "by_event_type.png", per_type, types,
-                 [f"{t} ({per_type[t]['boundary']['events']:,})" for t in types],
-                 "mean ns per event (log scale), all streams; (n) = events",
-                 f"Per-event parse cost per event type\n{note}", 0.5 * len(types) + 2, fontsize=8)
-    written += ["by_stream.png", "by_event_type.png"]
+    _bars(plt, out / "by_event_type.png", [f"{t} ({per_type[t]['boundary']['events']:,})" for t in types],
+          _mean_ns(per_type, types), "mean ns per event (log scale), all streams; (n) = events",
+          f"Per-event parse cost per event type\n{note}", 0.5 * len(types) + 2, fontsize=8)
 
     # 3. distribution (CDF) of per-event ns from a sample of events
     fig, ax = plt.subplots(figsize=(9, 5))
@@ -1398,29 +1379,17 @@ def write_plots(out: Path, report: dict) -> list[str]:
     ax.set_title(f"Distribution of per-event parse cost (all streams)\n{note}", fontsize=10)
     ax.legend(fontsize=8)
     save_figure(fig, out / "distribution.png")
-    written.append("distribution.png")
 
     # 4. ratios per stream
     rows = report["ratios"] + [report["ratios_all"]]
-    names = [r["stream"] for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 2))
-    for i, (label, num, den, colour) in enumerate((("library / boundary", "library_dec", "boundary_dec", "#2f7ed8"),
-                                                   ("library / view", "library_dec", "view_dec", "#76b7e8"))):
-        ys = [j + i * 0.4 for j in range(len(rows))]
-        values = [ratio(r[num], r[den]) or 1 for r in rows]
-        ax.barh(ys, values, height=0.4, color=colour, label=label)
-        for y, v in zip(ys, values):
-            ax.text(v * 1.01, y, f"{v:.1f}x", va="center", fontsize=7)
-    ax.set_yticks([j + 0.2 for j in range(len(rows))], names)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("python-mysql-replication's CPU time / relayproxy's, same events "
-                  "(log scale; higher: relayproxy cheaper)")
-    ax.set_title(f"Cost ratios per stream, over the events the library decodes\n{note}", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
-    save_figure(fig, out / "ratios.png")
-    written.append("ratios.png")
-    return written
+    _bars(plt, out / "ratios.png", [r["stream"] for r in rows],
+          [(label, colour, [ratio(r["library_dec"], r[den]) or 1 for r in rows])
+           for label, den, colour in (("library / boundary", "boundary_dec", "#2f7ed8"),
+                                      ("library / view", "view_dec", "#76b7e8"))],
+          "python-mysql-replication's CPU time / relayproxy's, same events (log scale; higher: relayproxy cheaper)",
+          f"Cost ratios per stream, over the events the library decodes\n{note}", 0.5 * len(rows) + 2,
+          text="{:.1f}x".format, gap=1.01)
+    return [name for name, _alt in PLOTS]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1550,10 +1519,8 @@ def main(argv: list[str] | None = None) -> int:
         report = run_job(args, spark, inputs, progress, archived)
         progress.set_phase("write reports")
         write_csv(out / "summary.csv", report["summary"], SUMMARY_COLUMNS)
-        write_csv(out / "file_counts.csv", report["file_counts"],
-                  ["stream", "path", "event_type", "parser", "events", "bytes"])
-        write_csv(out / "files.csv", report["files"], ["path", "stream", "bytes", "binlog", "events", "splits",
-                                                        "server_version", "error"])
+        write_csv(out / "file_counts.csv", report["file_counts"], FILE_COUNTS_COLUMNS)
+        write_csv(out / "files.csv", report["files"], [name for name, _kind in FILES_SCHEMA_FIELDS])
         err = method_error(report["calibrations"])
         (out / "method_error.json").write_text(json.dumps(err, indent=1, default=str) + "\n")
         plots = write_plots(out, report)
