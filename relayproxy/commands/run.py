@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..downstream.workers import SenderPool
     from ..ops.metrics import FsyncStats
     from ..relay.archive import ArchiveUploader
+    from ..relay.hoptimes import HopTimes
     from ..relay.conversion import StorageTask
     from ..relay.reader import StoreReader
     from ..relay.retention import RetentionTask
@@ -125,12 +126,14 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
     from ..ops.http import DEFAULT_HTTP_MAX_CONNECTIONS, HttpApi
     from ..ops.metrics import FsyncStats
     from ..ops.status import relay_status
+    from ..relay.hoptimes import HopTimes
     from ..relay.store import RelayStore
     from ..relay.sync import SyncPolicy
     from ..upstream.session import UpstreamSession
 
     policy = SyncPolicy(mode=cfg.sync_mode, max_transactions=cfg.sync_max_transactions, max_delay=cfg.sync_max_delay)
     fsync = FsyncStats()  # survives store reopens: the session passes on_fsync to the new store
+    hop = HopTimes()  # where each transaction's time goes from its arrival to a replica (/metrics)
     storage = _storage_options(cfg)
     dir_lock = lock_relay_dir(cfg.relay_dir)
     try:
@@ -145,7 +148,7 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         raise RelayStartupError(f"cannot open relay directory {cfg.relay_dir}: {exc}") from exc
     log.info("relay recovered from its files", report=str(store.recovery))
     try:
-        session = UpstreamSession(cfg, store)
+        session = UpstreamSession(cfg, store, hop=hop)
     except Exception as exc:  # a damaged relayproxy.master.json, or no master at all: named, nothing started
         store.close()
         os.close(dir_lock)
@@ -171,7 +174,8 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         if cfg.listen:
             parts.downstream = downstream = downstream_server(
                 cfg, SessionRelayView.of_session(cfg, session),
-                status_document=lambda: relay_status(cfg, parts.sources(listener=False)), replication=session)
+                status_document=lambda: relay_status(cfg, parts.sources(listener=False)), replication=session,
+                hop=hop)
             if cfg.semi_sync_replicas > 0:
                 session.gate_acks(semi_sync_gate(downstream.ctx.semi_sync, cfg))
             if getattr(cfg, "sender_processes", 0):
@@ -189,7 +193,7 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
             except OSError as exc:
                 raise RelayStartupError(f"cannot listen on --listen {cfg.listen[0]}:{cfg.listen[1]}: {exc.strerror}") from exc
         if cfg.http:
-            http = HttpApi(lambda: relay_status(cfg, parts.sources()), fsync=fsync,
+            http = HttpApi(lambda: relay_status(cfg, parts.sources()), fsync=fsync, hop=hop,
                            max_connections=getattr(cfg, "http_max_connections", None) or DEFAULT_HTTP_MAX_CONNECTIONS)
             try:
                 address = await http.start(*cfg.http)
@@ -255,7 +259,8 @@ class RelayParts:
         return StatusSources(
             store=self.session.store, upstream=upstream_sources(self.session),
             downstream=self.downstream if listener else None, senders=self.senders if listener else None,
-            fsync=self.fsync if listener else None, storage=self.storage, archive=self.archive,
+            fsync=self.fsync if listener else None, hop=self.session.hop if listener else None,
+            storage=self.storage, archive=self.archive,
             retention=self.retention)
 
 
@@ -479,9 +484,10 @@ class SessionRelayView:
 
 
 def downstream_server(cfg, view: SessionRelayView, *, status_document: Callable[[], dict[str, Any]],
-                      replication: ReplicationControl | None) -> DownstreamServer:
+                      replication: ReplicationControl | None, hop: HopTimes | None = None) -> DownstreamServer:
     """The listener for replicas and tools (--listen), with its users and optional TLS, over ``view``; SHOW REPLICA
-    STATUS answers from ``status_document``; ``replication`` (None: no upstream) takes the admin statements."""
+    STATUS answers from ``status_document``; ``replication`` (None: no upstream) takes the admin statements;
+    ``hop`` hears the dumps' send stage (relay/hoptimes.py)."""
     from ..downstream import sendbatch
     from ..downstream.context import DownstreamContext
     from ..downstream.server import DownstreamServer
@@ -505,7 +511,8 @@ def downstream_server(cfg, view: SessionRelayView, *, status_document: Callable[
         stops = ReplayStops.load(None if store.read_only else store.relay_dir)
     except ReplayStopsError as exc:
         raise RelayStartupError(str(exc)) from None
-    ctx = DownstreamContext(view, status_document=status_document, replication=replication, replay_stops=stops)
+    ctx = DownstreamContext(view, status_document=status_document, replication=replication, replay_stops=stops,
+                            hop=hop)
     limits = {
         "max_connections": getattr(cfg, "max_connections", None),
         "max_connections_per_host": getattr(cfg, "max_connections_per_host", None),

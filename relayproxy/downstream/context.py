@@ -25,6 +25,7 @@ from .view import RelayView, ReplicaSettings
 
 if TYPE_CHECKING:
     from ..relay.catalog import FileCatalog
+    from ..relay.hoptimes import HopTimes
     from ..relay.horizon import Horizon
     from ..relay.reader import StoreReader
 
@@ -145,7 +146,7 @@ class DownstreamContext:
 
     def __init__(self, relay: RelayView, *, status_document: Callable[[], dict[str, Any]],
                  replication: ReplicationControl | None = None, started: float | None = None,
-                 replay_stops: ReplayStops | None = None):
+                 replay_stops: ReplayStops | None = None, hop: HopTimes | None = None):
         self.relay = relay
         # Per replica server id, a relay position its dump never sends past (relay/replay_stops.py: pitr's targets).
         self.replay_stops = replay_stops if replay_stops is not None else ReplayStops(None)
@@ -161,6 +162,9 @@ class DownstreamContext:
         # unknown), and forget every host's failed-login count (returns how many hosts were blocked).
         self.kill_connection: Callable[[int], bool] | None = None
         self.flush_hosts: Callable[[], int] | None = None
+        # The hop's stage histograms (relay/hoptimes.py) from ``relayproxy run``: the dumps of this process report
+        # their send stage there (None: not measured, e.g. in a sender process or under ``serve``).
+        self.hop = hop
 
     @property
     def store(self) -> StoreReader:

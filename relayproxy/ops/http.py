@@ -11,6 +11,7 @@ from typing import Any, Callable
 from prometheus_client import generate_latest
 
 from ..log import PeerLogLimiter, get_logger, report_failure
+from ..relay.hoptimes import HopTimes
 from .metrics import FsyncStats, build_registry
 
 log = get_logger("relayproxy.http")
@@ -41,7 +42,7 @@ class HttpApi:
     REQUEST_TIMEOUT and MAX_REQUEST_BYTES; an answer not read within WRITE_TIMEOUT is dropped."""
 
     def __init__(self, status: Callable[[], dict[str, Any]], *, fsync: FsyncStats | None = None,
-                 max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS):
+                 hop: HopTimes | None = None, max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS):
         self._status = status
         self.max_connections = max_connections
         self._waiting: dict[int, _Connection] = {}  # connections without a complete request head, oldest first
@@ -52,7 +53,7 @@ class HttpApi:
         self._dropped_unlogged = 0
         self._drop_logged_at: float | None = None
         self.refused_busy = 0  # connections answered 503 (every slot serving a request), since the start
-        self._registry = build_registry(self._document, fsync)
+        self._registry = build_registry(self._document, fsync, hop=hop)
         self._failure_log = PeerLogLimiter()  # a failing request is one line per client host, a few a minute
         self._server: asyncio.AbstractServer | None = None
 

@@ -11,7 +11,6 @@ Names, labels and meanings are documented in docs/metrics.md; keep the two in st
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
@@ -20,6 +19,8 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
+
+from ..relay.hoptimes import STAGES, Histogram, HopTimes
 
 # From a fast NVMe fdatasync (well under 1 ms) to a busy spinning disk or network volume (~1 s).
 FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
@@ -32,62 +33,59 @@ class FsyncStats:
 
     Plain Python so the store needs no Prometheus import: pass ``observe`` as the store's
     ``on_fsync``. Called once per sync (never per event) on the event loop's thread, which is also
-    where scrapes read it.
+    where scrapes read it. The histogram is relay/hoptimes.py's, as the hop's stages use.
     """
 
     def __init__(self, buckets: Iterable[float] = FSYNC_BUCKETS):
-        bounds = tuple(float(b) for b in buckets)
-        if not bounds or any(b <= 0 for b in bounds) or list(bounds) != sorted(set(bounds)):
-            raise ValueError(f"fsync histogram buckets must be positive and strictly increasing, not {bounds!r}")
-        self.buckets = bounds
-        self._counts = [0] * (len(bounds) + 1)  # the last slot is +Inf
-        self.count = 0
-        self.sum_seconds = 0.0
+        self.histogram = Histogram(buckets)
+        self.buckets = self.histogram.buckets
         self.bytes = 0
-        self.last_seconds: float | None = None
-        self.max_seconds = 0.0
 
     def observe(self, seconds: float, nbytes: int = 0) -> None:
         """One fdatasync took ``seconds`` and made ``nbytes`` durable."""
-        self._counts[bisect_left(self.buckets, seconds)] += 1  # first bound >= seconds: Prometheus' "le"
-        self.count += 1
-        self.sum_seconds += seconds
+        self.histogram.observe(seconds)
         self.bytes += nbytes
-        self.last_seconds = seconds
-        if seconds > self.max_seconds:
-            self.max_seconds = seconds
+
+    @property
+    def count(self) -> int:
+        return self.histogram.count
+
+    @property
+    def sum_seconds(self) -> float:
+        return self.histogram.sum_seconds
+
+    @property
+    def last_seconds(self) -> float | None:
+        return self.histogram.last_seconds
+
+    @property
+    def max_seconds(self) -> float:
+        return self.histogram.max_seconds
 
     def cumulative_buckets(self) -> list[tuple[str, int]]:
         """``[(le, count of syncs <= le), ..., ("+Inf", count)]`` as Prometheus exposes them."""
-        out = []
-        running = 0
-        for bound, n in zip(self.buckets, self._counts):
-            running += n
-            out.append((_le(bound), running))
-        out.append(("+Inf", running + self._counts[-1]))
-        return out
+        return self.histogram.cumulative_buckets()
 
     def summary(self) -> dict[str, Any]:
         """The /status view: how many, how long, how much."""
+        h = self.histogram
         return {
-            "fsyncs": self.count,
+            "fsyncs": h.count,
             "fsync_bytes": self.bytes,
-            "fsync_seconds_sum": round(self.sum_seconds, 6),
-            "fsync_last_seconds": None if self.last_seconds is None else round(self.last_seconds, 6),
-            "fsync_max_seconds": round(self.max_seconds, 6),
+            "fsync_seconds_sum": round(h.sum_seconds, 6),
+            "fsync_last_seconds": None if h.last_seconds is None else round(h.last_seconds, 6),
+            "fsync_max_seconds": round(h.max_seconds, 6),
         }
-
-
-def _le(bound: float) -> str:
-    return repr(bound)  # "0.0005", "1.0", "2.0": what prometheus_client's own Histogram prints
 
 
 class RelayCollector:
     """Turns one status document (``relayproxy.ops.status.relay_status``) per scrape into metric families."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]], fsync: FsyncStats | None = None):
+    def __init__(self, status: Callable[[], dict[str, Any]], fsync: FsyncStats | None = None,
+                 hop: HopTimes | None = None):
         self._status = status
         self._fsync = fsync
+        self._hop = hop
 
     def describe(self) -> list:
         return []  # series depend on the relay's state; nothing to check at registration
@@ -98,6 +96,7 @@ class RelayCollector:
         yield from _master(s)
         yield from _upstream(s)
         yield from _fsync(s, self._fsync)
+        yield from _hop(self._hop)
         yield from _disk(s)
         yield from _retention(s.get("retention"))
         yield from _archive(s.get("archive"))
@@ -222,6 +221,20 @@ def _fsync(s: dict[str, Any], stats: FsyncStats | None) -> Iterator:
         buckets=stats.cumulative_buckets(), sum_value=stats.sum_seconds,
     )
     yield _counter("relayproxy_fsync_bytes", "Relay bytes made durable by fdatasync", stats.bytes)
+
+
+def _hop(hop: HopTimes | None) -> Iterator:
+    """The hop's stages (relay/hoptimes.py): where a transaction's time goes from its arrival to a replica."""
+    if hop is None:
+        return
+    family = HistogramMetricFamily(
+        "relayproxy_hop_seconds", "Time of each stage of a transaction's hop through the relay, per transaction "
+        "(send: per replica and advance); stage durable = receive + write + sync_wait + fsync + fsync_handoff",
+        labels=["stage"])
+    for stage in STAGES:
+        hist = hop.stages[stage]
+        family.add_metric([stage], hist.cumulative_buckets(), hist.sum_seconds)
+    yield family
 
 
 def _disk(s: dict[str, Any]) -> Iterator:
@@ -381,10 +394,10 @@ def _text(value) -> str:
 
 
 def build_registry(status: Callable[[], dict[str, Any]], fsync: FsyncStats | None = None, *,
-                   process: bool = True) -> CollectorRegistry:
+                   hop: HopTimes | None = None, process: bool = True) -> CollectorRegistry:
     """The registry /metrics serves: the relay's families, plus process_* and python_info when ``process``."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RelayCollector(status, fsync))
+    registry.register(RelayCollector(status, fsync, hop))
     if process:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)

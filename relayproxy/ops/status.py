@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..downstream.workers import SenderPool
     from ..relay.archive import ArchiveUploader
     from ..relay.conversion import StorageTask
+    from ..relay.hoptimes import HopTimes
     from ..relay.master_info import MasterIdentity, MasterInfo
     from ..relay.reader import StoreReader
     from ..relay.retention import RetentionTask
@@ -55,7 +56,7 @@ class NoUpstream:
 class StatusSources:
     """Everything ``relay_status`` reads, built by the command that wires the relay (``run``, ``serve``) at the
     time of asking (the session can reopen its store and change masters). A part the relay does not run is None:
-    no listener (``downstream``), no sender processes, no FsyncStats, no closed-file storage, archive or
+    no listener (``downstream``), no sender processes, no FsyncStats or HopTimes, no closed-file storage, archive or
     retention task."""
 
     store: StoreReader  # relay/reader.py: the relay's own files (run) or a served directory (serve)
@@ -63,6 +64,7 @@ class StatusSources:
     downstream: DownstreamServer | None = None
     senders: SenderPool | None = None
     fsync: FsyncStats | None = None
+    hop: HopTimes | None = None  # the hop's stage histograms (relay/hoptimes.py)
     storage: StorageTask | None = None  # closed files converted / archived (relay/conversion.py)
     archive: ArchiveUploader | None = None  # with archive_url (relay/archive.py; no credentials in it)
     retention: RetentionTask | None = None  # with a retention_* limit (relay/retention.py)
@@ -236,6 +238,8 @@ def _add_parts(doc: dict[str, Any], sources: StatusSources, horizon, names: list
         doc["sender_processes"] = sources.senders.describe()
     if sources.fsync is not None:
         doc.update(sources.fsync.summary())
+    if sources.hop is not None:
+        doc["hop"] = sources.hop.summary()
     if sources.storage is not None:  # key ids only, never keys
         doc["storage"] = {"form": sources.storage.opts.describe(), **sources.storage.stats.as_dict()}
     if sources.archive is not None:

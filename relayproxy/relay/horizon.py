@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,13 +22,15 @@ class HorizonSnapshot:
     ``gtids`` is a private copy (``GtidSet`` for MySQL, ``MariaBinlogState`` for MariaDB, ``None`` for a
     stream that has no GTIDs yet); treat it as read-only. ``seq`` increments on every advance, so
     ``wait_for_advance(snapshot.seq)`` waits for the next one. ``file`` is None only for a relay that
-    has not received its first file.
+    has not received its first file. ``at`` is the ``time.monotonic()`` of the advance (0.0 for a
+    value not made by one): the hop's send stage is measured from it (relay/hoptimes.py).
     """
 
     file: str | None
     position: int
     gtids: object
     seq: int
+    at: float = field(default=0.0, compare=False)
 
     @property
     def text(self) -> str | None:
@@ -86,7 +89,7 @@ class Horizon:
                 raise ValueError(
                     f"horizon cannot move backwards in {file}: {current.position} -> {position}"
                 )
-            new = HorizonSnapshot(file, position, snapshot_gtids, current.seq + 1)
+            new = HorizonSnapshot(file, position, snapshot_gtids, current.seq + 1, time.monotonic())
             self._snapshot = new
             waiters, self._waiters = self._waiters, {}
         if waiters:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from typing import TYPE_CHECKING, Callable
 
 from . import fsyncer
 
 if TYPE_CHECKING:
+    from .hoptimes import HopTimes
     from .store import RelayStore
     from .sync import SyncTicket
 
@@ -25,10 +27,12 @@ __all__ = ["SyncDriver", "horizon_covers"]
 
 class SyncDriver:
     """One sync in flight at a time for a store written from the event loop. ``on_advance`` is called each time a
-    published sync moved the horizon. The store is passed to each call: the session may reopen it between rounds."""
+    published sync moved the horizon. The store is passed to each call: the session may reopen it between rounds.
+    ``hop``, when given, hears when each sync begins and when its end is published (relay/hoptimes.py)."""
 
-    def __init__(self, on_advance: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_advance: Callable[[], None] | None = None, hop: HopTimes | None = None) -> None:
         self.on_advance = on_advance
+        self.hop = hop
         self._flight: tuple[SyncTicket, asyncio.Future] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._native: fsyncer.NativeFsync | None = None  # the fsync thread, started at the first native sync
@@ -91,6 +95,8 @@ class SyncDriver:
         """Begin the store's next sync and run it in the fsync thread, or in the pool for a ticket that also writes
         a recovery checkpoint. The future ends with the run."""
         ticket = store.begin_sync()
+        if self.hop is not None:
+            self.hop.sync_began(time.monotonic())
         if ticket.checkpoint is None:
             native = self._native_fsync()
             future = asyncio.get_running_loop().create_future()
@@ -141,7 +147,10 @@ class SyncDriver:
         may have done so already). A failed fsync raises its OSError (the store has failed)."""
         if ticket.error is not None:
             raise ticket.error
-        if store.complete_sync(ticket) and self.on_advance is not None:
+        advanced = store.complete_sync(ticket)
+        if self.hop is not None:  # when the horizon moved for it: now, or when a store operation published it
+            self.hop.sync_published(store.horizon.snapshot().at or time.monotonic(), ticket.fsync_seconds)
+        if advanced and self.on_advance is not None:
             self.on_advance()
 
 

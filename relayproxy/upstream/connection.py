@@ -8,6 +8,7 @@ import collections
 import os
 import ssl
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -79,6 +80,10 @@ class _PacketProtocol(asyncio.Protocol):
         self.closed = asyncio.get_running_loop().create_future()
         self._waiter: asyncio.Future[None] | None = None
         self._tls_handshake: asyncio.Future[None] | None = None
+        # time.monotonic() when the first payload not yet read completed, and that of the last batch read (the
+        # hop's receive stage starts there: relay/hoptimes.py)
+        self._arrived: float | None = None
+        self.batch_arrived: float | None = None
 
     # -- writer side ---------------------------------------------------------------------------------------------
 
@@ -113,6 +118,8 @@ class _PacketProtocol(asyncio.Protocol):
             self._fail(exc)
             return
         if decoder.has_payloads:
+            if self._arrived is None:
+                self._arrived = time.monotonic()
             if decoder.buffered_bytes > self.max_buffered and not self.paused and self.transport is not None:
                 self.paused = True
                 self.transport.pause_reading()
@@ -170,6 +177,7 @@ class _PacketProtocol(asyncio.Protocol):
         while True:
             payloads = self.decoder.payloads()
             if payloads:
+                self.batch_arrived, self._arrived = self._arrived, None
                 if self.paused:
                     self.paused = False
                     if self.transport is not None and not self.transport.is_closing():
@@ -555,6 +563,12 @@ class UpstreamConnection:
             # meaningless on such a stream (CRC32s and log positions still guard it).
             self._protocol.decoder.expect_sequence(None)
 
+    @property
+    def batch_arrived(self) -> float | None:
+        """``time.monotonic()`` when the first payload of the batch ``read_packets`` returned last had arrived
+        (None when unknown: payloads read before the dump started)."""
+        return self._protocol.batch_arrived
+
     async def read_packets(self) -> list[bytes]:
         """Wait until at least one complete payload is there and return all that are (oldest first).
 
@@ -564,6 +578,7 @@ class UpstreamConnection:
         if self._pending:
             batch = list(self._pending)
             self._pending.clear()
+            self._protocol.batch_arrived = None
             return batch
         if self._busy:
             raise MySQLError(CR_COMMANDS_OUT_OF_SYNC, "HY000", "Commands out of sync: a command is reading replies")

@@ -31,6 +31,7 @@ from ..relay.master_info import (
 )
 from ..relay.master_variables import MasterVariables, MasterVariablesFile, variables_for
 from ..relay.errors import RelayStoreError, RelayStoreFailed
+from ..relay.hoptimes import HopTimes
 from ..relay.store import RelayStore
 from ..relay.sync_driver import SyncDriver, horizon_covers
 from ..wire.errors import ER_SLAVE_MUST_STOP, ER_WRONG_ARGUMENTS
@@ -90,7 +91,7 @@ class UpstreamStatus:
 class UpstreamSession:
     """Runs the relay's IO thread: one connection at a time, resuming from the horizon."""
 
-    def __init__(self, cfg, store, *, receiver: RelayReceiver | None = None):
+    def __init__(self, cfg, store, *, receiver: RelayReceiver | None = None, hop: HopTimes | None = None):
         self.cfg = cfg
         self.store = store
         self.receiver = receiver or RelayReceiver(store, verify_checksums=cfg.verify_checksums,
@@ -134,7 +135,8 @@ class UpstreamSession:
         # reconnect alone does not clear it (the next write would fail the same way).
         self._store_failing = False
         # The fsync pipeline's loop half (relay/sync_driver.py): one sync in flight, run in the fsync thread.
-        self.sync_driver = SyncDriver(on_advance=self._store_writes_again)
+        self.hop = hop or HopTimes()  # where each transaction's time goes (relay/hoptimes.py)
+        self.sync_driver = SyncDriver(on_advance=self._store_writes_again, hop=self.hop)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def gate_acks(self, gate: Callable[[str, int], Awaitable[bool]] | None) -> None:
@@ -263,7 +265,7 @@ class UpstreamSession:
             raise ReplicationAdminError(exc.code, exc.sqlstate, exc.message) from None
         coordinates = "log_file" in options or "log_pos" in options
         if coordinates and self.store.current_file is not None:
-            at = self._upstream_at()
+            at = self.store.upstream_position()  # in the master's own coordinates
             recorded = self.identity or self.master
             another = (info.host, info.port) != (recorded.host, recorded.port)
             if (options.get("log_file", at[0]), options.get("log_pos", at[1])) != tuple(at) and not another:
@@ -286,10 +288,6 @@ class UpstreamSession:
         log.info("master changed by CHANGE MASTER", old_master=old.address, new_master=info.address,
                  gtid_mode=info.gtid_mode, user=info.user, log_file=info.log_file, log_pos=info.log_pos)
         return info
-
-    def _upstream_at(self) -> tuple[str | None, int]:
-        """The horizon in the current master's own coordinates (the relay's file names differ after a switch)."""
-        return self.store.upstream_position()
 
     def _switch_permitted(self, identity: MasterIdentity) -> bool:
         """A CHANGE MASTER chose this master's address since the relay last streamed: an address other than the
@@ -512,7 +510,7 @@ class UpstreamSession:
             recorded.server_uuid is None or identity.server_uuid is None or recorded.server_uuid == identity.server_uuid)
         if same:
             if self.master.unfollowed and self.master.gtid_mode == "off" and self.master.log_file is not None:
-                at = self._upstream_at()
+                at = self.store.upstream_position()  # in the master's own coordinates
                 if (self.master.log_file, self.master.log_pos) != tuple(at):
                     raise MasterRefused(
                         f"the master at {self.master.address} is the server the relay's files came from "
@@ -532,7 +530,7 @@ class UpstreamSession:
             peer = await probe_peer(conn)
             if peer is not None:
                 self._peer = await check_peer(peer, identity, master=self.master, store=store,
-                                              upstream_at=self._upstream_at, server_id=self.cfg.server_id,
+                                              upstream_at=store.upstream_position, server_id=self.cfg.server_id,
                                               connect_timeout=self.cfg.connect_timeout)
                 self.status.peer_catch_up = dict(self._peer)
                 self._choice_followed()
@@ -633,10 +631,13 @@ class UpstreamSession:
                 elif silence_limit is not None and time.monotonic() - last_data >= silence_limit:
                     raise asyncio.TimeoutError()
                 if payloads:
-                    last_data = time.monotonic()
+                    last_data = began = time.monotonic()
+                    before = receiver.counters.transactions
                     try:
                         receiver.feed(payloads)
                     finally:
+                        done = receiver.counters.transactions - before
+                        self.hop.batch(conn.batch_arrived or began, began, time.monotonic(), done)
                         # Whatever completed before an error in the batch is still made durable.
                         await self._sync_and_ack(conn)
                         self._switch_done()
@@ -687,13 +688,12 @@ class UpstreamSession:
             # Semi-sync ACK only once the acknowledged transaction is durable in the relay.
             conn.write_packet(encode_semi_sync_ack(pending[0], pending[1]), 0)
             self.status.semi_sync_acks += 1
+            self.hop.acked(store.horizon.snapshot().at, time.monotonic())
 
 
 def _identity_dict(identity: MasterIdentity) -> dict:
-    return {"host": identity.host, "port": identity.port, "server_id": identity.server_id,
-            "server_uuid": identity.server_uuid}
+    return {key: getattr(identity, key) for key in ("host", "port", "server_id", "server_uuid")}
 
 
 __all__ = ["UpstreamSession", "UpstreamStatus", "MasterStreamEnded", "MasterRefused", "CoordinatesRefused",
-           "ReplicationAdminError",
-           "UPSTREAM_ERROR_KINDS", "upstream_error_kind"]
+           "ReplicationAdminError", "UPSTREAM_ERROR_KINDS", "upstream_error_kind"]

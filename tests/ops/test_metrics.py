@@ -21,6 +21,7 @@ from relayproxy.downstream.context import (
 )
 from relayproxy.ops.http import HttpApi
 from relayproxy.ops.metrics import FSYNC_BUCKETS, FsyncStats, build_registry
+from relayproxy.relay.hoptimes import STAGES
 from relayproxy.relay.replay_stops import ReplayStop, ReplayStops
 from relayproxy.ops.status import StatusSources, UpstreamSources, bytes_behind, file_index, format_status, relay_status
 from relayproxy.relay import RelayStore, RelayStoreFailed, SyncPolicy
@@ -430,6 +431,11 @@ def wait_metrics(relay, predicate, what: str, timeout: float = 30.0) -> dict:
                          + "\n" + relay.log_tail())
 
 
+def hop_counts(fams) -> dict[str, float]:
+    """The count of each stage of relayproxy_hop_seconds."""
+    return {s.labels["stage"]: s.value for s in fams["relayproxy_hop_seconds"].samples if s.name.endswith("_count")}
+
+
 def in_step(master, replica_id: int):
     """/metrics says: horizon == the master's position now, the replica has all of it, nothing behind."""
 
@@ -471,6 +477,15 @@ def test_metrics_of_a_real_chain_follow_the_master_the_replica_and_a_lost_upstre
     assert value(fams, "relayproxy_relay_files") == len(master.binlog_files())
     assert value(fams, "relayproxy_info", flavour="mariadb", gtid_mode="mariadb") == 1
     assert "process_cpu_seconds" in fams
+    # Where the transactions' time went (relay/hoptimes.py): every stage of the hop saw them, and the send stage
+    # the replica's, once it waits at the horizon for new transactions.
+    mixed_load(master, rounds=1, big=False)
+    fams = wait_metrics(relay, lambda f: in_step(master, 3)(f) and hop_counts(f)["send"] > 0, "a send at the horizon")
+    hop = hop_counts(fams)
+    assert set(hop) == set(STAGES)
+    received = value(fams, "relayproxy_transactions_received", "relayproxy_transactions_received_total")
+    assert all(hop[stage] > 0 for stage in STAGES if stage != "ack"), hop
+    assert hop["receive"] == hop["fsync"] == hop["durable"] <= received and hop["ack"] == 0  # no semi-sync here
 
     # Kill the relay's dump thread on the master: the relay reconnects, and the counters say so.
     dumps = master.execute("SELECT id FROM information_schema.processlist WHERE command LIKE 'Binlog Dump%'")

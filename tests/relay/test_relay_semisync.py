@@ -56,6 +56,9 @@ def test_master_counts_every_commit_as_acknowledged_by_the_relay(mariadb, tmp_pa
         assert status_var(master, "Rpl_semi_sync_master_status") == "ON"
         status = relay.wait_caught_up(master)
         assert status["semi_sync_acks"] >= commits
+        # Each ACK is timed from the advance that made its transaction durable (the hop's ack stage).
+        assert status["hop"]["ack"]["count"] == status["semi_sync_acks"]
+        assert status["hop"]["durable"]["count"] >= commits
         # The relay acknowledged only what its horizon covers: durable in its files.
         file, pos = master_status(master)
         assert (relay.relay_dir / file).stat().st_size >= pos

@@ -29,6 +29,7 @@ from ...log import get_logger
 from .. import sendbatch
 
 if TYPE_CHECKING:
+    from ...relay.hoptimes import HopTimes
     from ...relay.horizon import Horizon, HorizonSnapshot
 
 log = get_logger("relayproxy.downstream.dump")
@@ -82,9 +83,10 @@ class Pass:
 class Followers:
     """The dumps parked at one horizon (``parked``: dump -> the future its task waits on)."""
 
-    def __init__(self, horizon: "Horizon", loop: asyncio.AbstractEventLoop):
+    def __init__(self, horizon: "Horizon", loop: asyncio.AbstractEventLoop, hop: "HopTimes | None" = None):
         self.horizon = horizon
         self.loop = loop
+        self.hop = hop  # the hop's send stage, observed once per pass for the dumps it wrote (relay/hoptimes.py)
         self.parked: dict[Any, asyncio.Future] = {}
         self._listening: asyncio.Future | None = None
         self._seen = horizon.seq
@@ -127,6 +129,7 @@ class Followers:
         if parked:
             self.passes += 1
             shared = Pass(sendbatch.available())
+            sent = 0
             for dump, waiter in list(parked.items()):
                 if waiter.done():
                     continue  # woken already (timer, replica gone): its task unparks it
@@ -138,6 +141,7 @@ class Followers:
                     outcome = WAKE
                 if outcome == SENT:
                     self.written += 1
+                    sent += 1
                     continue
                 if outcome == STAY:
                     continue
@@ -152,6 +156,8 @@ class Followers:
                         self.woken += 1
                         draining.set_result(snapshot)
                 self.partial += shared.rests
+            if self.hop is not None and snapshot.at:
+                self.hop.sent(time.monotonic() - snapshot.at, sent)
         if parked:
             self._listen()
 
@@ -168,11 +174,11 @@ def describe(horizon: "Horizon") -> dict[str, int]:
             "woken": followers.woken, "batched": followers.batched, "partial": followers.partial}
 
 
-def followers_of(horizon: "Horizon") -> Followers:
-    """The Followers of ``horizon`` on the running loop."""
+def followers_of(horizon: "Horizon", hop: "HopTimes | None" = None) -> Followers:
+    """The Followers of ``horizon`` on the running loop (``hop``: where a new one reports its send stage)."""
     loop = asyncio.get_running_loop()
     followers = _followers.get(horizon)
     if followers is None or followers.loop is not loop:
-        followers = Followers(horizon, loop)
+        followers = Followers(horizon, loop, hop)
         _followers[horizon] = followers
     return followers

@@ -215,6 +215,7 @@ class DumpSender:
         self.parking = channel if self.chunks is not None and isinstance(channel, ParkingChannel) else None
         self.rf: RelayFile | None = None  # the file _send_file is in
         self.followed = False  # the shared pass at an advance sent something while this dump was parked
+        self.woken_at = 0.0  # the advance (its monotonic time) that ended the last wait at the horizon, until sent
         self.slow_types: frozenset[int] = frozenset()
         self.omit_types: frozenset[int] = frozenset()
         self.gone: asyncio.Future | None = None
@@ -456,6 +457,10 @@ class DumpSender:
                 self._check_not_purged(rf.name)  # only a closed file can be purged
             if pos < limit:
                 pos = await self._send_range(rf, pos, limit, watch_purge=closed)
+                if self.woken_at:  # what that advance made durable is written: the hop's send stage
+                    if self.ctx.hop is not None:
+                        self.ctx.hop.sent(time.monotonic() - self.woken_at)
+                    self.woken_at = 0.0
                 continue
             if pos > limit:
                 raise read_failure(MSG_TRUNCATED, pos, limit)
@@ -493,6 +498,8 @@ class DumpSender:
             parked = follow and self._may_park(rf, snap)
             advanced = await self._wait(horizon, snap.seq, timeout, parked)
             self.progress.caught_up_at = time.time()
+            if advanced and not self.followed:
+                self.woken_at = horizon.snapshot().at
             if parked:
                 need_end = self.pos + 1
             if not advanced and self.heartbeat_period > 0:
@@ -533,7 +540,7 @@ class DumpSender:
         count as an advance (no heartbeat is due)."""
         loop = self.loop
         future = loop.create_future()
-        followers = followers_of(horizon) if park else None
+        followers = followers_of(horizon, self.ctx.hop) if park else None
         self.followed = False
         if followers is not None:
             if not followers.park(self, seq, future):
