@@ -1,17 +1,10 @@
 """What one relay hop adds to a client's commit-to-arrival latency, against the master direct, in the same run.
 
-A MariaDB master (its data directory on ``--servers-dir``, default /dev/shm, so the master's own fsyncs are not
-what is measured), ``relayproxy run`` replicating from it with per-transaction durability (its relay directory on
-``--relay-dir-parent``, default the disk under /tmp), and two python-mysql-replication readers, each in its own
-process: one reads the relay, one the master, both by file/position from the same start. A writer process commits
-autocommit INSERTs at ``--rate`` transactions/s and notes when each COMMIT returned (CLOCK_MONOTONIC, shared by
-every process of the machine); each reader notes when the row event of each insert arrived. Latency of one
-transaction = arrival - COMMIT return. Each repeat runs ``--seconds`` of load; the tables give per repeat and then
-the median (min-max) over repeats of p50, p99 and max, and relay p99 - direct p99.
-
-Beside it: the disk's own fdatasync latency on the relay directory's file system (a 300-byte append then
-fdatasync, in a loop, while nothing else of the benchmark runs): the physical floor of a per-transaction durable
-hop. And the relay's CPU (user+sys of the process and its threads) per transaction over the load.
+Per repeat: a writer process commits autocommit INSERTs at ``--rate`` trx/s and notes when each COMMIT returned;
+two python-mysql-replication readers (a process each, from the same file/position), one on ``relayproxy run``
+(per-transaction durability), one on the master, note when each row event arrived (CLOCK_MONOTONIC: one clock
+for every process). Beside it: the disk's own fdatasync latency on the relay directory's file system, the physical
+floor of a per-transaction durable hop; and the relay's CPU per transaction. The results file says the rest.
 
     .venv/bin/python benchmarks/hop_latency.py [--rate 1000] [--seconds 20] [--repeats 5]
 
@@ -35,7 +28,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks.benchinfo import command_line, machine_info, machine_section, pyplot  # noqa: E402
-from benchmarks.common import RESULTS_DIR, percentile, save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, percentile, save_figure, write_results  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import cpu_seconds  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
@@ -150,14 +143,18 @@ def one_repeat(master: MariaDBSandbox, relay: RelayProcess, relay_port: int, rat
         lat = [1000 * (seen[i] - t) for i, t in committed.items() if i in seen]
         out["series"][name] = [(round(t - start, 4), round(1000 * (seen[i] - t), 3)) for i, t in committed.items()
                                if i in seen]
-        missing = len(committed) - len(lat)
-        if missing:
+        if missing := len(committed) - len(lat):
             raise RuntimeError(f"{name}: {missing} transactions never arrived")
-        out[name] = {"p50": percentile(lat, 50), "p99": percentile(lat, 99), "p999": percentile(lat, 99.9),
-                     "max": max(lat), "n": len(lat)}
+        out[name] = summary_ms(lat)
     out["p99_added"] = out["relay"]["p99"] - out["direct"]["p99"]
     out["p50_added"] = out["relay"]["p50"] - out["direct"]["p50"]
     return out
+
+
+def summary_ms(ms: list[float]) -> dict:
+    """p50, p99, p99.9, max and n of latencies in milliseconds."""
+    return {"p50": percentile(ms, 50), "p99": percentile(ms, 99), "p999": percentile(ms, 99.9), "max": max(ms),
+            "n": len(ms)}
 
 
 def summarize(values: list[float]) -> str:
@@ -191,12 +188,8 @@ def render(report: dict, argv: list[str]) -> str:
     lines += [
         "", "## Summary: median (min-max) over repeats", "",
         "| | relay | direct |", "|---|---:|---:|",
-        f"| p50 (ms) | {summarize([r['relay']['p50'] for r in reps])} | "
-        f"{summarize([r['direct']['p50'] for r in reps])} |",
-        f"| p99 (ms) | {summarize([r['relay']['p99'] for r in reps])} | "
-        f"{summarize([r['direct']['p99'] for r in reps])} |",
-        f"| max (ms) | {summarize([r['relay']['max'] for r in reps])} | "
-        f"{summarize([r['direct']['max'] for r in reps])} |",
+        *(f"| {q} (ms) | {summarize([r['relay'][q] for r in reps])} | {summarize([r['direct'][q] for r in reps])} |"
+          for q in ("p50", "p99", "max")),
         f"| **p99 added by the hop (ms)** | {summarize(added)} | - |",
         f"| relay CPU per transaction (ms) | {summarize([r['relay_cpu_ms_per_trx'] for r in reps])} | - |",
         "", f"Goal p99 added <= 2 ms: met in {within} of {len(reps)} repeats"
@@ -228,12 +221,6 @@ def plot(report: dict, path: Path) -> None:
     save_figure(fig, path, dpi=90)
 
 
-def probe_summary(samples: list[float]) -> dict:
-    ms = [1000 * s for s in samples]
-    return {"p50": percentile(ms, 50), "p99": percentile(ms, 99), "p999": percentile(ms, 99.9), "max": max(ms),
-            "n": len(ms)}
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -263,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         fs = os.popen(f"df --output=fstype {relay_parent} | tail -1").read().strip()
         report = {"rate": args.rate, "seconds": args.seconds, "servers_dir": args.servers_dir,
                   "relay_fs": f"{relay_parent.parent} ({fs})", "repeats": [], "fdatasync": {}}
-        report["fdatasync"]["before the runs, 5 s"] = probe_summary(fdatasync_probe(relay_parent, 5))
+        report["fdatasync"]["before the runs, 5 s"] = summary_ms([1000 * s for s in fdatasync_probe(relay_parent, 5)])
         relay = RelayProcess(relay_parent / "relay", master.port, listen=True, users="repl:replpw",
                              extra=args.relay_option).start()
         relay_port = relay.listen_port
@@ -276,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"added {r['p99_added']:+.2f} ms; relay CPU {r['relay_cpu_ms_per_trx']:.3f} ms/trx", flush=True)
         relay.stop()
         relay = None
-        report["fdatasync"]["after the runs, 5 s"] = probe_summary(fdatasync_probe(relay_parent, 5))
+        report["fdatasync"]["after the runs, 5 s"] = summary_ms([1000 * s for s in fdatasync_probe(relay_parent, 5)])
         report["machine"] = machine_info(server=True)
     finally:
         if relay is not None:
@@ -284,8 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         master.stop()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(relay_parent, ignore_errors=True)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(render(report, argv) + "\n")
+    write_results(args.output, render(report, argv) + "\n")
     plot(report, args.output.with_suffix(".png"))
     if args.json:
         args.json.write_text(json.dumps(report))  # with every transaction's (commit time, latency) per repeat
