@@ -1,20 +1,12 @@
 """Lossless promotion, randomized: a semi-sync master killed under load, `relayproxy promote` through the relay vs
 promoting the lagging direct replica as it is, side by side in every trial.
 
-Each trial is one run of ``relayproxy.lab.lossless.Trial`` (its docstring has the whole topology): a fresh semi-sync
-MariaDB master (AFTER_SYNC), one or two relays as its semi-sync replicas, a direct candidate replica whose link
-holds each chunk of the stream a random 0-500 ms, sometimes a replica behind the relay; four writer threads commit
-mixed transactions (one row, 2-10 rows, now and then 1-3 MB) and record every COMMIT that returned; the master is
-killed with SIGKILL at a random moment. Kinds, in turn: ``master`` (only that), ``relay-kill`` (a relay also killed
-with SIGKILL around the master's kill and restarted from its directory), ``promote-kill`` (the first
-`relayproxy promote` killed mid-way, then run again), and every ``--fallback-every``-th trial ``fallback`` (a short
-semi-sync timeout and the relays' links paused: the master falls back to async before the kill).
-
-Per trial: acknowledged commits missing on the promoted master (must be 0), rows applied twice (0), partial
-transactions (0), errant GTIDs (0); the loss of promoting the candidate as it was (once it applied all it had
-received, before promote runs); the time from the master's kill until the candidate's @@read_only is 0, less the
-time that snapshot took; and new writes on the promoted master reaching the relays and the replica behind them.
-In fallback trials the commits that returned after the pause are counted apart: their loss is the documented hole.
+Each trial is one run of ``relayproxy.lab.lossless.Trial`` (its docstring has the whole topology and the
+kinds): a semi-sync master killed with SIGKILL at a random moment under four writer threads; acknowledged commits
+missing on the master `relayproxy promote` made (must be 0), rows applied twice, partial transactions and errant
+GTIDs (0 each), against the loss of promoting the direct candidate as it was; and kill -> writable. Every
+``--fallback-every``-th trial lets the master fall back to async: the loss of the commits after that is the
+documented hole, counted apart. The results file says the rest.
 
     .venv/bin/python benchmarks/lossless_trials.py                      # 200 trials, seed 1
     .venv/bin/python benchmarks/lossless_trials.py --trials 12 --seed 7 --out /tmp/lt/lossless_trials.md
@@ -80,34 +72,34 @@ def run_trials(count: int, seed: int, *, fallback_every: int, workdir: Path, kee
     return rows
 
 
+# kind_summary's sums over the trials run to their end: (key, what of a trial is added up)
+SUMMED = (
+    ("acked", lambda r: r["acked"]), ("acked_rows", lambda r: r["acked_rows"]), ("lost", lambda r: r["lost"]),
+    ("duplicate_rows", lambda r: r["duplicate_rows"]), ("partial", lambda r: r["partial"]),
+    ("errant", lambda r: len(r["errant"])), ("relay_dropped", lambda r: len(r.get("relay_dropped", []))),
+    ("direct_lost", lambda r: r["direct_lost"]), ("direct_trials", lambda r: r["direct_lost"] > 0),
+    ("direct_lost_rows", lambda r: r["direct_lost_rows"]), ("unacked_returned", lambda r: r["unacked_returned"]),
+    ("unacked_lost", lambda r: r["unacked_lost"]), ("direct_unacked_lost", lambda r: r.get("direct_unacked_lost", 0)),
+    ("unacked_trials", lambda r: r["unacked_lost"] > 0), ("fell_back", lambda r: bool(r["fell_back"])),
+    ("promote_killed", lambda r: any(p.get("killed") for p in r["promote_runs"])),
+    ("promote_reruns", lambda r: len(r["promote_runs"]) - 1), ("candidate_ahead", lambda r: bool(r["candidate_ahead"])),
+    ("candidate_extra", lambda r: bool(r.get("candidate_extra"))),
+    ("replica_checked", lambda r: r["replica_caught_up"] is not None),
+    ("replica_ok", lambda r: r["replica_caught_up"] is True), ("trial_seconds", lambda r: r["total_seconds"]),
+)
+
+
 def kind_summary(rows: list[dict], kind: str) -> dict:
     mine = [r for r in rows if r["spec"]["kind"] == kind]
     done = [r for r in mine if r["error"] is None]
     times = [r["kill_to_writable"] for r in done]
-    direct = [r["direct_lost"] for r in done]
     return {
         "kind": kind, "trials": len(mine), "errors": len(mine) - len(done),
-        "acked": sum(r["acked"] for r in done), "acked_rows": sum(r["acked_rows"] for r in done),
-        "lost": sum(r["lost"] for r in done), "duplicate_rows": sum(r["duplicate_rows"] for r in done),
-        "partial": sum(r["partial"] for r in done), "errant": sum(len(r["errant"]) for r in done),
-        "relay_dropped": sum(len(r.get("relay_dropped", [])) for r in done),
-        "direct_lost": sum(direct), "direct_max": max(direct, default=0),
-        "direct_trials": sum(d > 0 for d in direct), "direct_lost_rows": sum(r["direct_lost_rows"] for r in done),
-        "unacked_returned": sum(r["unacked_returned"] for r in done),
-        "unacked_lost": sum(r["unacked_lost"] for r in done),
-        "direct_unacked_lost": sum(r.get("direct_unacked_lost", 0) for r in done),
-        "unacked_trials": sum(r["unacked_lost"] > 0 for r in done),
-        "fell_back": sum(bool(r["fell_back"]) for r in done),
-        "promote_killed": sum(any(p.get("killed") for p in r["promote_runs"]) for r in done),
-        "promote_reruns": sum(len(r["promote_runs"]) - 1 for r in done),
-        "candidate_ahead": sum(bool(r["candidate_ahead"]) for r in done),
-        "candidate_extra": sum(bool(r.get("candidate_extra")) for r in done),
-        "replica_checked": sum(r["replica_caught_up"] is not None for r in done),
-        "replica_ok": sum(r["replica_caught_up"] is True for r in done),
+        **{key: sum(of(r) for r in done) for key, of in SUMMED},
+        "direct_max": max((r["direct_lost"] for r in done), default=0),
         "writable_median": benchinfo.median_range(times)[0] if times else None,
         "writable_p95": percentile(times, 95, method="nearest-rank") if times else None,
         "writable_max": max(times, default=None),
-        "trial_seconds": sum(r["total_seconds"] for r in done),
     }
 
 
