@@ -1,17 +1,11 @@
 """The transaction index (relay/txindex.py): its size against the binlog it describes, and its lookups at scale.
 
-1. Size: OLTP binlog files made by the project's event generators (``tests/support/txgen.py`` over
-   ``tests/support/eventgen.py``: GTID, BEGIN, one or two TABLE_MAP + WRITE_ROWS of 60-260 bytes of row data, XID;
-   about 420 bytes a transaction for MariaDB, 455 for MySQL 8 with ``immediate_commit_timestamp``), indexed with
-   the same code the relay runs (``txindex.build_bytes``: the scanner, the collector, the block encoder). Not a real
-   server's binlog: the row images are zeros, which changes nothing the index stores (offsets, GTIDs, times,
-   tables), but the transaction sizes and rates are the generator's.
-2. Lookups at ``--transactions`` (10 million): sidecars synthesised with the block encoder (``txindex.SidecarBuilder``)
-   over sparse relay files of the sizes the transactions add up to (only their FORMAT_DESCRIPTION and the bytes the
-   identity checks read are written), then ``TransactionIndex`` asked: GTID -> transaction, time -> first
-   transaction at or after it, and a one-day table query (a common table with the default limit, a rare one over the
-   whole day). Each lookup is timed alone (``time.perf_counter``), random targets, after one warm-up query that loads
-   the per-file summaries (timed separately).
+1. Size: OLTP binlog files from the project's event generators (``tests/support/txgen.py``; zeroed row images
+   change nothing the index stores), indexed by the relay's own ``txindex.build_bytes``.
+2. Lookups at ``--transactions`` (10 million): sidecars synthesised with the block encoder over sparse relay files
+   (only the bytes the identity checks read are written), then ``TransactionIndex`` asked GTID -> transaction,
+   time -> first transaction at or after it, and one-day table queries; each lookup timed alone, random targets,
+   after one warm-up query that loads the per-file summaries (timed separately).
 
     python benchmarks/txindex.py                   # writes benchmarks/results/txindex.md
     python benchmarks/txindex.py --transactions 20000 --oltp-transactions 2000 --lookups 50 --no-write --json
@@ -32,7 +26,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, percentile  # noqa: E402
+from benchmarks.common import RESULTS_DIR, percentile, results_document  # noqa: E402
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.relay import txindex as T  # noqa: E402
@@ -135,19 +129,20 @@ def measure_lookups(tmp: Path, total: int, files: int, lookups: int) -> dict:
     load_ms = (time.perf_counter() - t0) * 1000
     rnd = random.Random(11)
     sid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
-    gtid_ms, time_ms = [], []
-    for _ in range(lookups):
-        g = f"{sid}:{rnd.randint(1, facts['total'])}"
-        t0 = time.perf_counter()
-        found = index.by_gtid(g)
-        gtid_ms.append((time.perf_counter() - t0) * 1000)
-        assert found is not None and found.gtid == g
-    for _ in range(lookups):
-        at = rnd.randint(facts["first_us"], facts["last_us"])
-        t0 = time.perf_counter()
-        found = index.first_at_or_after(at)
-        time_ms.append((time.perf_counter() - t0) * 1000)
-        assert found is not None and found.commit_us >= at
+    kinds = {  # kind: (a random target, the lookup, whether what it found is right)
+        "gtid": (lambda: f"{sid}:{rnd.randint(1, facts['total'])}", index.by_gtid, lambda f, g: f.gtid == g),
+        "time": (lambda: rnd.randint(facts["first_us"], facts["last_us"]), index.first_at_or_after,
+                 lambda f, at: f.commit_us >= at),
+    }
+    timed = {}
+    for kind, (target, lookup, right) in kinds.items():
+        ms = timed[kind] = []
+        for _ in range(lookups):
+            want = target()
+            t0 = time.perf_counter()
+            found = lookup(want)
+            ms.append((time.perf_counter() - t0) * 1000)
+            assert found is not None and right(found, want)
     day_from = facts["first_us"] + 4 * DAY_US
     table = {}
     for label, name, limit in (("common table, LIMIT 1000", "app.t3", 1000), ("rare table (1 in 100,000), the whole "
@@ -162,9 +157,8 @@ def measure_lookups(tmp: Path, total: int, files: int, lookups: int) -> dict:
         table[label] = {"ms": [r[0] for r in runs], "rows": [r[1] for r in runs]}
     return {"transactions": facts["total"], "files": files, "synthesis_s": synth_s, "sidecar_bytes": sidecar_bytes,
             "sidecar_bytes_per_transaction": sidecar_bytes / facts["total"], "first_query_ms": load_ms,
-            "lookups": lookups, "gtid_p50_ms": pct(gtid_ms, 50), "gtid_p99_ms": pct(gtid_ms, 99),
-            "gtid_max_ms": max(gtid_ms), "time_p50_ms": pct(time_ms, 50), "time_p99_ms": pct(time_ms, 99),
-            "time_max_ms": max(time_ms), "table": table,
+            "lookups": lookups, **{f"{kind}_{q}_ms": pct(ms, n) if n else max(ms) for kind, ms in timed.items()
+                                   for q, n in (("p50", 50), ("p99", 99), ("max", None))}, "table": table,
             "history_days": (facts["last_us"] - facts["first_us"]) / DAY_US}
 
 
@@ -172,12 +166,7 @@ def measure_lookups(tmp: Path, total: int, files: int, lookups: int) -> dict:
 
 
 def report(args, argv, size: dict, scale: dict) -> str:
-    machine = benchinfo.machine_info()
-    lines = ["# Transaction index: size and lookups", "",
-             *benchinfo.header_block(__file__, argv, machine, runs=1,
-                                     what="sizes are exact; each lookup figure is a percentile over the lookups of "
-                                          "that single run"),
-             "## Size on OLTP binlogs (goal: at most 2 % of the binlog bytes)", "",
+    lines = ["## Size on OLTP binlogs (goal: at most 2 % of the binlog bytes)", "",
              f"Files from the project's event generators (`tests/support/txgen.py`; not a real server's binlogs), "
              f"{args.oltp_transactions:,} transactions each, indexed by `txindex.build_bytes` (blocks of "
              f"{T.BLOCK_RECORDS:,}).", "",
@@ -198,10 +187,9 @@ def report(args, argv, size: dict, scale: dict) -> str:
               f"{scale['lookups']:,} lookups of each kind at random targets (a block cache of 64 blocks, so nearly "
               "every lookup decodes its block):", "",
               "| lookup | p50 | p99 | max | goal |", "|---|---|---|---|---|",
-              f"| GTID -> transaction | {scale['gtid_p50_ms']:.3f} ms | {scale['gtid_p99_ms']:.3f} ms | "
-              f"{scale['gtid_max_ms']:.3f} ms | p99 < 1 ms: {'met' if scale['gtid_p99_ms'] < 1 else 'MISSED'} |",
-              f"| time -> first transaction at or after | {scale['time_p50_ms']:.3f} ms | "
-              f"{scale['time_p99_ms']:.3f} ms | {scale['time_max_ms']:.3f} ms | p99 < 1 ms: {'met' if scale['time_p99_ms'] < 1 else 'MISSED'} |",
+              *(f"| {label} | {scale[k + '_p50_ms']:.3f} ms | {scale[k + '_p99_ms']:.3f} ms | "
+                f"{scale[k + '_max_ms']:.3f} ms | p99 < 1 ms: {'met' if scale[k + '_p99_ms'] < 1 else 'MISSED'} |"
+                for label, k in (("GTID -> transaction", "gtid"), ("time -> first transaction at or after", "time"))),
               "", "One-day table queries (5 windows a seventh of a day apart; goal < 100 ms):", "",
               "| query | median ms | max ms | rows (median) | goal |", "|---|---|---|---|---|"]
     for label, r in scale["table"].items():
@@ -212,8 +200,9 @@ def report(args, argv, size: dict, scale: dict) -> str:
     lines += ["", "A table query decodes only the blocks whose header lists the table and overlaps the window: a "
               "rare table skips nearly every block, a table in about one transaction of a thousand is in nearly "
               "every block and pays a decode per block of the day.", ""]
-    lines += benchinfo.machine_section(machine)
-    return "\n".join(lines)
+    return results_document("Transaction index: size and lookups", __file__, argv, benchinfo.machine_info(), lines,
+                             what="sizes are exact; each lookup figure is a percentile over the lookups of "
+                             "that single run")
 
 
 def main(argv: list[str] | None = None) -> int:
