@@ -287,11 +287,8 @@ def read_archived_file(entry: ArchivedFile, store, keyring=None, scratch: Path |
         key = manifest_key(name)
         raise ArchiveReadError(f"{key} names no part: {name} has no bytes in the archive", key, file=name)
     out = io.BytesIO()
-    if scratch is None:
-        with tempfile.TemporaryDirectory(prefix="spark-parse-cost-archive-") as tmp:
-            whole = download_parts(store, name, listed, out, Path(tmp), keyring=keyring)
-    else:
-        whole = download_parts(store, name, listed, out, scratch, keyring=keyring)
+    with tempfile.TemporaryDirectory(prefix="spark-parse-cost-archive-", dir=scratch) as tmp:
+        whole = download_parts(store, name, listed, out, Path(tmp), keyring=keyring)
     if manifest is not None and whole.hexdigest() != manifest["sha256"]:
         key = manifest_key(name)
         raise ArchiveReadError(f"{key}: {name}'s SHA-256 {manifest['sha256']} is not its parts' "
@@ -436,17 +433,13 @@ class Calibration:
 
 
 def batch_sizes(max_batch: int) -> list[int]:
-    ks = [1]
-    while ks[-1] * 2 <= max_batch:
-        ks.append(ks[-1] * 2)
-    return ks
+    """The batch sizes k: the powers of two up to ``max_batch``."""
+    return [1 << i for i in range(max_batch.bit_length())]
 
 
 def choose_k(estimate_ns: int, batch_ns: int, ks: list[int]) -> int:
-    for k in ks:
-        if k * estimate_ns >= batch_ns:
-            return k
-    return ks[-1]
+    """The smallest k whose batch would last ``batch_ns``, else the largest."""
+    return next((k for k in ks if k * estimate_ns >= batch_ns), ks[-1])
 
 
 @dataclass(frozen=True)
@@ -1394,58 +1387,48 @@ def write_plots(out: Path, report: dict) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options (docs/spark.md explains them), checked; ``--input`` / ``--archive`` parsed, the key file read."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--input", action="append", metavar="[LABEL=]PATH",
-                    help="Hadoop-filesystem path, folder or glob of binlog files (repeatable; default: the recorded "
-                         "dataset benchmarks/data/streams and corpus=$RELAYPROXY_CORPUS or ../shared/corpus/binlogs)")
-    ap.add_argument("--archive", action="append", metavar="[LABEL=]URL",
-                    help="a relay's archive (archive_url: s3://bucket/prefix, s3a://bucket/prefix read as s3://, or "
-                         "file:///path), repeatable: its sealed files are read, each by one task through relayproxy's "
-                         "object store (boto3), every part checked; LABEL names their stream (default: the URL's last "
-                         "component). With --archive and no --input, only the archives are read")
-    ap.add_argument("--archive-endpoint", metavar="URL",
-                    help="S3-compatible endpoint of the --archive buckets (MinIO, Ceph, R2, ...); credentials come "
-                         "from the standard AWS chain on the driver and on every executor")
-    ap.add_argument("--archive-region", metavar="REGION", help="region of the --archive buckets")
-    ap.add_argument("--archive-open", action="store_true",
-                    help="also read each archive's unsealed files (the newest: its parts up to the archive horizon), "
-                         "each part checked against its SHA-256 (no manifest yet to check the whole file against)")
-    ap.add_argument("--encryption-key-file", metavar="PATH",
-                    help="the relay's key file (encryption_key_file), for archives whose parts are encrypted; read "
-                         "on the driver, its keys reach the tasks inside the job's closures")
-    ap.add_argument("--master", help="Spark master (default local[*]; under spark-submit, spark-submit's)")
-    ap.add_argument("--parquet-output", help="where the Parquet tables go (default OUTPUT/parquet; on a cluster a "
-                                            "shared filesystem URI, e.g. hdfs:///tmp/parse_cost/parquet)")
-    ap.add_argument("--output", help=f"output folder (default {DEFAULT_OUTPUT.relative_to(REPO_ROOT)}; the default "
-                                     f"run also copies summary.md and the plots to "
-                                     f"{RESULTS_DIR.relative_to(REPO_ROOT)})")
-    ap.add_argument("--split-bytes", type=int, default=8 << 20, help="cut files into splits of about this many bytes "
-                                                                      "(default 8 MiB)")
-    ap.add_argument("--split-events", type=int, default=20_000, help="... or this many events (default 20000)")
-    ap.add_argument("--partitions", type=int, help="measuring tasks (default: 3 x Spark's default parallelism)")
-    ap.add_argument("--batch-ns", type=int, default=10_000, help="target duration of one timed batch (default 10000)")
-    ap.add_argument("--max-batch", type=int, default=64, help="largest batch k (default 64)")
-    ap.add_argument("--repeats", type=int, default=3, help="batches per event and parser; the fastest counts (default 3)")
-    ap.add_argument("--recheck-every", type=int, default=50, help="time every N-th event twice (0: never; default 50)")
-    ap.add_argument("--percentiles", choices=("exact", "approx"), default="exact",
-                    help="exact (Spark SQL percentile) or approx (percentile_approx, accuracy 10000)")
-    ap.add_argument("--shuffle-partitions", type=int, default=8,
-                    help="spark.sql.shuffle.partitions of the aggregations (default 8; raise it on a cluster)")
-    ap.add_argument("--runs", type=int, default=benchinfo.MIN_RUNS,
-                    help=f"measuring runs over every event, the order of relayproxy's parsers and the library's "
-                         f"reversed every other run (default {benchinfo.MIN_RUNS}); headline ratios are the median "
-                         "and range of the runs, the tables use each event's median over the runs")
-    ap.add_argument("--blob-bytes", type=int, default=64 << 10,
-                    help="an event of at least this many bytes (any type) is a blob event: the headline is given "
-                         "with and without them (default 65536)")
-    ap.add_argument("--no-walks", dest="walks", action="store_false",
-                    help="leave out parse_cost.py's walks over the same files on the driver (done only when every "
-                         "input is on the local filesystem)")
-    ap.add_argument("--walk-repeat", type=int, default=3, help="samples per walk and run (default 3)")
-    ap.add_argument("--walk-min-sample", type=float, default=0.25,
-                    help="seconds a walk sample lasts at least (default 0.25)")
-    ap.add_argument("--ui", action="store_true", help="turn Spark's web UI on (off by default)")
-    ap.add_argument("--driver-memory", default="4g", help="spark.driver.memory when this script starts Spark (4g)")
+    add = ap.add_argument
+    add("--input", action="append", metavar="[LABEL=]PATH",
+        help="Hadoop-filesystem path, folder or glob of binlog files (repeatable; default: the recorded dataset "
+             "benchmarks/data/streams and corpus=$RELAYPROXY_CORPUS or ../shared/corpus/binlogs)")
+    add("--archive", action="append", metavar="[LABEL=]URL",
+        help="a relay's archive (s3://bucket/prefix, s3a:// read as s3://, or file:///path; repeatable): its sealed "
+             "files, one task each, every part checked; LABEL names their stream (default: the URL's last "
+             "component). With --archive and no --input, only the archives are read")
+    add("--archive-endpoint", metavar="URL", help="S3-compatible endpoint of the --archive buckets (credentials: "
+                                                  "the standard AWS chain on the driver and every executor)")
+    add("--archive-region", metavar="REGION", help="region of the --archive buckets")
+    add("--archive-open", action="store_true", help="also read each archive's unsealed files (the newest: its parts "
+                                                    "up to the archive horizon), each part checked")
+    add("--encryption-key-file", metavar="PATH", help="the relay's key file, for archives of encrypted parts")
+    add("--master", help="Spark master (default local[*]; under spark-submit, spark-submit's)")
+    add("--parquet-output", help="where the Parquet tables go (default OUTPUT/parquet; on a cluster a shared "
+                                 "filesystem URI, e.g. hdfs:///tmp/parse_cost/parquet)")
+    add("--output", help=f"output folder (default {DEFAULT_OUTPUT.relative_to(REPO_ROOT)}; the default run also "
+                         f"copies summary.md and the plots to {RESULTS_DIR.relative_to(REPO_ROOT)})")
+    add("--split-bytes", type=int, default=8 << 20, help="cut files into splits of about this many bytes (8 MiB)")
+    add("--split-events", type=int, default=20_000, help="... or this many events (default 20000)")
+    add("--partitions", type=int, help="measuring tasks (default: 3 x Spark's default parallelism)")
+    add("--batch-ns", type=int, default=10_000, help="target duration of one timed batch (default 10000)")
+    add("--max-batch", type=int, default=64, help="largest batch k (default 64)")
+    add("--repeats", type=int, default=3, help="batches per event and parser; the fastest counts (default 3)")
+    add("--recheck-every", type=int, default=50, help="time every N-th event twice (0: never; default 50)")
+    add("--percentiles", choices=("exact", "approx"), default="exact",
+        help="exact (Spark SQL percentile) or approx (percentile_approx, accuracy 10000)")
+    add("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions (default 8)")
+    add("--runs", type=int, default=benchinfo.MIN_RUNS,
+        help=f"measuring runs over every event, the parsers' order reversed every other run (default "
+             f"{benchinfo.MIN_RUNS}): headline ratios are the runs' median and range, the tables each event's median")
+    add("--blob-bytes", type=int, default=64 << 10,
+        help="events of at least this many bytes are blob events: the headline is given without them too (65536)")
+    add("--no-walks", dest="walks", action="store_false",
+        help="leave out parse_cost.py's walks over the same (local) files on the driver")
+    add("--walk-repeat", type=int, default=3, help="samples per walk and run (default 3)")
+    add("--walk-min-sample", type=float, default=0.25, help="seconds a walk sample lasts at least (default 0.25)")
+    add("--ui", action="store_true", help="turn Spark's web UI on (off by default)")
+    add("--driver-memory", default="4g", help="spark.driver.memory when this script starts Spark (4g)")
     args = ap.parse_args(argv)
     for name in ("split_bytes", "split_events", "batch_ns", "max_batch", "repeats", "runs", "blob_bytes",
                  "walk_repeat"):
