@@ -129,9 +129,8 @@ def decode_events(decoder: ReferenceDecoder, data: bytes, events, checksummed, m
                   ) -> tuple[int, int, int, int, int]:
     """The library's decode of each event ((offset, size, type) in ``data``) from a copy of its bytes, as
     ``BinLogStreamReader`` gets its packet: (events, decoded, not decoded -- no decoder for its type --, raised,
-    raised while materialising rows). An FDE it cannot read (e.g. "5.1.34sp1") is replaced by relayproxy's reading
-    of it, so that the events after it still decode. One loop for the walk and for the Spark job's per-event
-    warm-up, inline: a call per event would be timed with the library."""
+    raised while materialising rows). An FDE it cannot read (e.g. "5.1.34sp1") is replaced by relayproxy's, so that
+    the events after it still decode. Inline: a call per event would be timed with the library."""
     count = decoded = not_decoded = errors = row_errors = 0
     decode = decoder.decode
     for (pos, size, type_code), checksum in zip(events, checksummed):
@@ -324,8 +323,7 @@ class Measure:
 
 def measure(key: str, label: str, walk, files: list[CorpusFile], peer: bool = False) -> Measure:
     """A walk to time over ``files``."""
-    events, nbytes = files_totals(files)
-    return Measure(key, label, walk, files, events, nbytes, peer=peer)
+    return Measure(key, label, walk, files, *files_totals(files), peer=peer)
 
 
 def core_measures(files: list[CorpusFile], prefix: str = "", stats: LibraryStats | None = None) -> list[Measure]:
