@@ -201,6 +201,8 @@ OPTIONS: tuple[Option, ...] = (
            "transaction: fsync every batch of complete transactions before advancing; batch: defer fsyncs"),
     Option("sync_max_transactions", int, 100, "batch mode: fsync after this many transactions"),
     Option("sync_max_delay", _positive_float, 0.01, "batch mode: fsync at most this many seconds after a commit"),
+    Option("sync_on_loop", _bool, False,
+           "run each fdatasync on the event loop (lower semi-sync commit latency; the loop waits for the disk)"),
     Option("semi_sync", _bool, True, "register as a semi-sync replica when the master has semi-sync enabled"),
     Option("verify_checksums", _bool, True, "verify the CRC32 of every event received"),
     Option("semi_sync_replicas", int, 0,

@@ -15,6 +15,7 @@ import concurrent.futures
 import time
 from typing import TYPE_CHECKING, Callable
 
+from ..log import get_logger
 from . import fsyncer
 
 if TYPE_CHECKING:
@@ -22,17 +23,30 @@ if TYPE_CHECKING:
     from .store import RelayStore
     from .sync import SyncTicket
 
-__all__ = ["SyncDriver", "horizon_covers"]
+log = get_logger(__name__)
+
+__all__ = ["ON_LOOP_BACKOFF", "ON_LOOP_SLOW", "SyncDriver", "horizon_covers"]
+
+ON_LOOP_SLOW = 0.02  # seconds: an fdatasync on the loop this long held every client of the loop as long
+ON_LOOP_BACKOFF = 60.0  # seconds the syncs go to the fsync thread after such a one
 
 
 class SyncDriver:
     """One sync in flight at a time for a store written from the event loop. ``on_advance`` is called each time a
     published sync moved the horizon. The store is passed to each call: the session may reopen it between rounds.
-    ``hop``, when given, hears when each sync begins and when its end is published (relay/hoptimes.py)."""
+    ``hop``, when given, hears when each sync begins and when its end is published (relay/hoptimes.py).
+    ``on_loop``: run the fdatasync on the loop's thread (``sync_on_loop``), as long as they stay fast."""
 
-    def __init__(self, on_advance: Callable[[], None] | None = None, hop: HopTimes | None = None) -> None:
+    def __init__(self, on_advance: Callable[[], None] | None = None, hop: HopTimes | None = None, *,
+                 on_loop: bool = False) -> None:
         self.on_advance = on_advance
         self.hop = hop
+        # sync_on_loop: the fdatasync runs on the event loop's own thread, saving the two thread hand-offs of the
+        # fsync thread (hoptimes' fsync_handoff) while the loop waits for the disk. One that took longer than
+        # ON_LOOP_SLOW sends the next syncs to the fsync thread for ON_LOOP_BACKOFF seconds.
+        self.on_loop = on_loop
+        self.on_loop_paused_until = 0.0
+        self.on_loop_pauses = 0
         self._flight: tuple[SyncTicket, asyncio.Future] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._native: fsyncer.NativeFsync | None = None  # the fsync thread, started at the first native sync
@@ -53,7 +67,10 @@ class SyncDriver:
             self._publish(store, flight[0])
             flight = None
         if flight is None and store.sync_due():
-            self._flight = self._start(store)
+            ticket, future = self._flight = self._start(store)
+            if future.done():  # it ran on the loop (on_loop): publish it now
+                self._flight = None
+                self._publish(store, ticket)
 
     async def drain(self, store: RelayStore) -> None:
         """The end of a round: wait for the sync in flight and publish it, then make durable what has completed
@@ -97,6 +114,19 @@ class SyncDriver:
         ticket = store.begin_sync()
         if self.hop is not None:
             self.hop.sync_began(time.monotonic())
+        if self.on_loop and ticket.checkpoint is None and time.monotonic() >= self.on_loop_paused_until:
+            future = asyncio.get_running_loop().create_future()
+            try:
+                ticket.make_durable()  # the fdatasync on this thread: no hand-off to the fsync thread and back
+            except OSError:
+                pass  # kept in ticket.error (the store has failed): _publish raises it
+            if ticket.fsync_seconds >= ON_LOOP_SLOW:
+                self.on_loop_paused_until = time.monotonic() + ON_LOOP_BACKOFF
+                self.on_loop_pauses += 1
+                log.warning("an fdatasync on the event loop was slow: syncs run in the fsync thread for a while",
+                            seconds=round(ticket.fsync_seconds, 4), backoff_seconds=ON_LOOP_BACKOFF)
+            future.set_result(None)
+            return ticket, future
         if ticket.checkpoint is None:
             native = self._native_fsync()
             future = asyncio.get_running_loop().create_future()

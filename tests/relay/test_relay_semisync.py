@@ -18,7 +18,8 @@ def status_var(master, name: str) -> str:
     return rows[0][1] if rows else None
 
 
-def test_master_counts_every_commit_as_acknowledged_by_the_relay(mariadb, tmp_path):
+@pytest.mark.parametrize("sync_on_loop", [False, True], ids=["fsync-thread", "sync-on-loop"])
+def test_master_counts_every_commit_as_acknowledged_by_the_relay(mariadb, tmp_path, sync_on_loop):
     master = mariadb("master", extra_config={
         "rpl_semi_sync_master_enabled": 1,
         "rpl_semi_sync_master_timeout": 20000,
@@ -26,7 +27,7 @@ def test_master_counts_every_commit_as_acknowledged_by_the_relay(mariadb, tmp_pa
         "rpl_semi_sync_master_wait_no_slave": "OFF",
     })
     prepare_master(master)
-    relay = RelayProcess(tmp_path / "relay", master.port).start()
+    relay = RelayProcess(tmp_path / "relay", master.port, extra=["--sync-on-loop", str(sync_on_loop).lower()]).start()
     try:
         status = relay.wait_for(lambda s: s["io_running"] and s["semi_sync"], 20, "semi-sync streaming")
         assert status_var(master, "Rpl_semi_sync_master_clients") == "1"

@@ -348,3 +348,75 @@ def test_an_ack_of_an_older_file_is_covered_once_the_horizon_has_moved_past_it(t
     assert horizon_covers(store, "binlog.000002", 4) and not horizon_covers(store, "binlog.000002", 5)
     assert not horizon_covers(store, "binlog.000003", 4)
     store.close()
+
+
+def test_on_loop_the_sync_runs_and_is_published_in_step_itself(tmp_path, worker):
+    """sync_on_loop: the fdatasync runs in ``step`` on the loop's thread and the horizon moves before it returns;
+    the fsync thread is never started."""
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    advances = []
+    driver = SyncDriver(on_advance=lambda: advances.append(stream.horizon), on_loop=True)
+
+    async def scenario():
+        stream.feed_until(ends[2])
+        driver.step(stream.store)
+        assert driver.waiter is None and stream.horizon == ends[2]  # durable and published at once
+        stream.feed_until(ends[4])
+        await driver.drain(stream.store)
+        assert stream.horizon == ends[4]
+        driver.close()
+
+    asyncio.run(scenario())
+    assert advances == [ends[2], ends[4]]
+    assert worker.made == [] and stream.store.fsyncs >= 2
+    stream.store.close()
+
+
+def test_on_loop_a_slow_fdatasync_sends_the_next_syncs_to_the_fsync_thread(tmp_path, worker, monkeypatch):
+    from relayproxy.relay import sync_driver
+
+    monkeypatch.setattr(sync_driver, "ON_LOOP_SLOW", 0.0)  # every fdatasync counts as slow
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    driver = SyncDriver(on_loop=True)
+
+    async def scenario():
+        stream.feed_until(ends[1])
+        driver.step(stream.store)  # on the loop, found slow
+        assert stream.horizon == ends[1] and driver.on_loop_pauses == 1
+        stream.feed_until(ends[3])
+        driver.step(stream.store)  # in the fsync thread now
+        assert driver.waiter is not None
+        await ended(driver)
+        driver.step(stream.store)
+        assert stream.horizon == ends[3]
+        driver.close()
+
+    asyncio.run(scenario())
+    assert [w.jobs for w in worker.made] == [1]
+    stream.store.close()
+
+
+def test_on_loop_a_failed_fdatasync_raises_from_step_and_fails_the_store(tmp_path, worker, monkeypatch):
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    driver = SyncDriver(on_loop=True)
+
+    def broken(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    async def scenario():
+        stream.feed_until(ends[1])
+        monkeypatch.setattr(os, "fdatasync", broken)
+        with pytest.raises(OSError) as raised:
+            driver.step(stream.store)
+        assert raised.value.errno == errno.EIO
+        monkeypatch.undo()
+        assert stream.horizon == 4  # nothing published
+        with pytest.raises(RelayStoreFailed):
+            stream.feed_until(ends[2])
+        driver.close()
+
+    asyncio.run(scenario())
+    stream.store.close()
