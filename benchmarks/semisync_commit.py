@@ -3,8 +3,9 @@
 One MariaDB master with ``rpl_semi_sync_master_wait_point=AFTER_SYNC``: a commit returns only once one semi-sync
 replica has acknowledged it. The acker is, in turn, (a) ``relayproxy run`` (it ACKs after the fdatasync that makes
 the transaction durable), (b) a MariaDB replica with ``sync_relay_log=1`` (durable before its ACK, as the relay
-is), (c) a MariaDB replica with its defaults (it ACKs what it has written, not synced). Only one is connected while
-it is measured. ``--writers`` processes (one connection each) commit autocommit INSERTs as fast as they can for
+is), (c) a MariaDB replica with its defaults (it ACKs what it has written, not synced); and the relay once more with
+``sync_on_loop`` (its fdatasync on the event loop's thread). Only one is connected while it is measured.
+``--writers`` processes (one connection each) commit autocommit INSERTs as fast as they can for
 ``--seconds``; each commit's latency is timed in the writer. A run whose master fell back to asynchronous
 replication (``Rpl_semi_sync_master_no_tx`` moved) is reported as invalid, not as a fast one. For the relay, the
 run's share of ``relayproxy_hop_seconds`` (relay/hoptimes.py) says where its time went.
@@ -39,6 +40,7 @@ from relayproxy.relay.hoptimes import STAGES  # noqa: E402
 RESULTS = RESULTS_DIR / "semisync_commit.md"
 ACKERS = {
     "relay": "relayproxy run (ACK after fdatasync)",
+    "relay_on_loop": "relayproxy run, sync_on_loop = true",
     "replica_sync": "MariaDB replica, sync_relay_log=1",
     "replica": "MariaDB replica, defaults",
 }
@@ -112,8 +114,10 @@ class Ackers:
         self.replicas: dict[str, MariaDBSandbox] = {}
 
     def attach(self, name: str) -> None:
-        if name == "relay":
-            self.relay = RelayProcess(self.acker_dir / "relay", self.master.port, log_level="warning").start()
+        if name.startswith("relay"):  # one relay directory: each start resumes from its horizon
+            extra = ["--sync-on-loop", "true"] if name == "relay_on_loop" else []
+            self.relay = RelayProcess(self.acker_dir / "relay", self.master.port, log_level="warning",
+                                      extra=extra).start()
             self.relay.wait_caught_up(self.master)
         else:
             replica = self.replicas.get(name)
@@ -131,7 +135,7 @@ class Ackers:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not become the master's semi-sync replica within 60 s")
             time.sleep(0.1)
-        if name != "relay":  # caught up before the writers start: the run measures acks, not a backlog
+        if not name.startswith("relay"):  # caught up before the writers start: the run measures acks, not a backlog
             gtid = self.master.execute("SELECT @@gtid_binlog_pos")[0][0]
             while replica_status(self.replicas[name]).get("Gtid_IO_Pos") != gtid:
                 if time.monotonic() > deadline:
@@ -139,7 +143,7 @@ class Ackers:
                 time.sleep(0.1)
 
     def detach(self, name: str) -> None:
-        if name == "relay":
+        if name.startswith("relay"):
             assert self.relay is not None
             self.relay.stop()
             self.relay = None
@@ -249,41 +253,43 @@ def render(report: dict, argv: list[str]) -> str:
             runs = [r for r in report["rows"] if r["acker"] == acker and r["writers"] == w]
             body.append(f"| {label} | {w} | {' | '.join(cells)} | {sum(r['valid'] for r in runs)} of {len(runs)} |")
     body += ["", "## The goal: the relay's p99 at most (b)'s, and within 1.2x of (c)'s", "",
-             "| writers | relay p99 / (b) p99 | relay p99 / (c) p99 | verdict |", "|---:|---:|---:|---|"]
-    for w in report["writers"]:
-        to_b, to_c = ratios(report, w, "replica_sync"), ratios(report, w, "replica")
-        if not to_b or not to_c:
-            body.append(f"| {w} | - | - | not measured (no valid pair) |")
-            continue
-        met = median_range(to_b)[0] <= 1.0 and median_range(to_c)[0] <= 1.2
-        body.append(f"| {w} | {fmt_median_range(to_b, '{:.2f}', 'x')} | {fmt_median_range(to_c, '{:.2f}', 'x')} | "
-                    f"{'met' if met else 'MISSED'} |")
+             "| relay | writers | relay p99 / (b) p99 | relay p99 / (c) p99 | verdict |", "|---|---:|---:|---:|---|"]
+    for relay in (a for a in ACKERS if a.startswith("relay")):
+        for w in report["writers"]:
+            to_b, to_c = ratios(report, w, "replica_sync", relay), ratios(report, w, "replica", relay)
+            if not to_b or not to_c:
+                body.append(f"| {ACKERS[relay]} | {w} | - | - | not measured (no valid pair) |")
+                continue
+            met = median_range(to_b)[0] <= 1.0 and median_range(to_c)[0] <= 1.2
+            body.append(f"| {ACKERS[relay]} | {w} | {fmt_median_range(to_b, '{:.2f}', 'x')} | "
+                        f"{fmt_median_range(to_c, '{:.2f}', 'x')} | {'met' if met else 'MISSED'} |")
     body += ["", "Ratios are taken within each repeat (the relay and the replica measured minutes apart on the same "
              "master), then summarised.", "", "## Where the relay's time went (its relayproxy_hop_seconds, per run)",
              "", "Median over the repeats of each stage's mean and the upper bounds of the buckets holding its p50 "
              "and p99 (ms): `durable` is the sum of the five stages before it; `ack` follows it.", "",
-             "| writers | stage | transactions | mean | p50 <= | p99 <= |", "|---:|---|---:|---:|---:|---:|"]
-    for w in report["writers"]:
-        runs = [r["hop"] for r in report["rows"] if r["acker"] == "relay" and r["writers"] == w and "hop" in r]
+             "| relay | writers | stage | transactions | mean | p50 <= | p99 <= |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for relay, w in ((a, w) for a in ACKERS if a.startswith("relay") for w in report["writers"]):
+        runs = [r["hop"] for r in report["rows"] if r["acker"] == relay and r["writers"] == w and "hop" in r]
         for stage in STAGES:
             if stage == "send" or not runs:
                 continue
             cells = [median_cell([run[stage][k] for run in runs if run[stage][k] is not None], k == "count")
                      for k in ("count", "mean", "p50", "p99")]
-            body.append(f"| {w} | {stage} | {' | '.join(cells)} |")
+            body.append(f"| {ACKERS[relay]} | {w} | {stage} | {' | '.join(cells)} |")
     return results_document("Semi-sync commit latency: relayproxy as the acker against MariaDB replicas", __file__,
                             argv, report["machine"], body, runs=report["repeats"],
                             what="the ackers' order alternated, writer counts in order")
 
 
-def ratios(report: dict, writers: int, other: str) -> list[float]:
+def ratios(report: dict, writers: int, other: str, relay: str = "relay") -> list[float]:
     out = []
     for repeat in range(1, report["repeats"] + 1):
         def p99(acker: str) -> float | None:
             rows = [r for r in report["rows"] if r["acker"] == acker and r["writers"] == writers
                     and r["repeat"] == repeat and r["valid"]]
             return rows[0]["p99"] if rows else None
-        mine, theirs = p99("relay"), p99(other)
+        mine, theirs = p99(relay), p99(other)
         if mine is not None and theirs:
             out.append(mine / theirs)
     return out
@@ -332,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="seconds of writes per acker and writer count")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--servers-dir", default="/dev/shm", help="where the master's datadir goes")
-    p.add_argument("--acker-dir", default="/tmp", help="where the relay's and replicas' files go (a real disk: they sync)")
+    p.add_argument("--acker-dir", default="/tmp",
+                   help="where the relay's and replicas' files go (a real disk: they sync)")
     p.add_argument("--output", type=Path, default=RESULTS)
     add_report_options(p)
     args = p.parse_args(argv)

@@ -28,7 +28,7 @@ def test_hop_share_is_the_difference_of_two_scrapes():
 def row(acker: str, writers: int, repeat: int, p99: float, *, valid: bool = True) -> dict:
     out = {"acker": acker, "writers": writers, "repeat": repeat, "commits": 1000, "tps": 100.0, "acked": 1000,
            "fallback": 0 if valid else 3, "valid": valid, "p50": p99 / 4, "p99": p99, "p99.9": p99 * 2}
-    if acker == "relay":
+    if acker.startswith("relay"):
         out["hop"] = {stage: {"count": 1000, "mean": 0.1, "p50": 0.1, "p99": 0.5} for stage in STAGES}
     return out
 
@@ -43,10 +43,12 @@ def test_the_report_takes_ratios_within_each_repeat_and_leaves_invalid_runs_out(
     assert bench.ratios(report, 1, "replica") == [2.0, 1.1]
     assert bench.ratios(report, 4, "replica_sync") == []  # its only run fell back to async
     text = bench.render(report, report["argv"])
-    assert "| 1 | 0.71x (range 0.50x - 0.92x, 2 runs) | 1.55x (range 1.10x - 2.00x, 2 runs) | MISSED |" in text
-    assert "| 4 | - | - | not measured (no valid pair) |" in text
+    relay = "| relayproxy run (ACK after fdatasync) "
+    assert relay + "| 1 | 0.71x (range 0.50x - 0.92x, 2 runs) | 1.55x (range 1.10x - 2.00x, 2 runs) | MISSED |" in text
+    assert relay + "| 4 | - | - | not measured (no valid pair) |" in text
+    assert "| relayproxy run, sync_on_loop = true | 1 | - | - | not measured (no valid pair) |" in text
     assert "| MariaDB replica, sync_relay_log=1 | 4 | - | - | - | - | 0 of 1 |" in text
-    assert "| 1 | fsync | 1000 | 0.100 | 0.100 | 0.500 |" in text
+    assert relay + "| 1 | fsync | 1000 | 0.100 | 0.100 | 0.500 |" in text
     assert "- commit: abc1234" in text
     saved = tmp_path / "report.json"
     saved.write_text(json.dumps(report))
