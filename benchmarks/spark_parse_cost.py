@@ -1,4 +1,4 @@
-"""Per-event parsing cost across recorded binlog streams, as a Spark job: relayproxy's parsers against python-mysql-replication.
+"""Per-event parse cost over recorded binlog streams, in Spark: relayproxy's parsers vs python-mysql-replication.
 
 Every event of every binlog file under ``--input`` (any Hadoop-filesystem path; ``LABEL=PATH`` names its stream) and
 of every relay archive given with ``--archive`` (``s3://``, ``s3a://`` read as ``s3://``, or ``file://``, read and
@@ -456,7 +456,8 @@ def _best(time_k, k: int, repeats: int, baseline: dict[int, float]) -> float:
     return (min(time_k(k) for _ in range(repeats)) - baseline[k]) / k
 
 
-def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list[int], recheck: dict, counter: list[int]):
+def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list[int], recheck: dict,
+                  counter: list[int]):
     """Time every event of one split with each parser; yields one row per event."""
     data = split.data
     parser = TransactionBoundaryParser()
@@ -1016,6 +1017,15 @@ def method_error(calibrations: list[dict]) -> dict:
     }
 
 
+def _x(a: float | None, b: float | None, digits: int = 1) -> str:
+    """The ratio a / b as "12.3x" ("-x" when either is missing or zero)."""
+    return f"{_fmt(ratio(a, b), digits)}x"
+
+
+def _mean_p99(row: dict) -> str:
+    return f"{_fmt(row.get('mean_ns'))} / {_fmt(row.get('p99_ns'))}"
+
+
 def _mr(values, fmt: str = "{:.1f}", unit: str = "x") -> str:
     values = [v for v in values if v is not None]
     return benchinfo.fmt_median_range(values, fmt, unit) if values else "-"
@@ -1085,7 +1095,8 @@ def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, d
         lines.append(f"| {r['stream']} | {r['event_type']} | {r['events']:,} | {_fmt(r['bytes'] / r['events'])} | "
                      f"{_fmt(r['max_bytes'])} | {_fmt((r['library_dec'] or 0) / 1e6, 1)} | "
                      f"{_fmt((r['library_dec'] or 0) / lib_all * 100 if lib_all else None, 1)} % | "
-                     + (f"{ratio(r['library_dec'], r['boundary_all']):,.0f}x |" if r["library_dec"] else "not decoded |"))
+                     + (f"{ratio(r['library_dec'], r['boundary_all']):,.0f}x |" if r["library_dec"]
+                        else "not decoded |"))
     if not report["blob_rows"]:
         lines.append("| (none) | | | | | | | |")
     lines.append("")
@@ -1175,8 +1186,8 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "These are ratios of total CPU time over the same events, so the costliest events weigh most (python-mysql-"
         "replication's time grows with event size, relayproxy's barely does). For the typical event (each event's "
         "median over the runs), the ratio of medians: library / boundary "
-        f"{_fmt(ratio(p50('pymysqlreplication'), p50('boundary')), 1)}x, "
-        f"library / view {_fmt(ratio(p50('pymysqlreplication'), p50('view')), 1)}x.",
+        f"{_x(p50('pymysqlreplication'), p50('boundary'))}, "
+        f"library / view {_x(p50('pymysqlreplication'), p50('view'))}.",
         "",
         *walk_lines(report, per_subset),
         "Absolute numbers come from a shared 2-core machine on which other jobs were running; they are noisy from "
@@ -1188,12 +1199,9 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "| stream | events | decoded by the library | library / boundary | library / view | view / boundary |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for r in report["ratios"] + [ra]:
-        lines.append(
-            f"| {r['stream']} | {r['events']:,} | {r['decoded_events']:,} | "
-            f"{_fmt(ratio(r['library_dec'], r['boundary_dec']), 1)}x | {_fmt(ratio(r['library_dec'], r['view_dec']), 1)}x | "
-            f"{_fmt(ratio(r['view_all'], r['boundary_all']), 2)}x |"
-        )
+    lines += [f"| {r['stream']} | {r['events']:,} | {r['decoded_events']:,} | {_x(r['library_dec'], r['boundary_dec'])}"
+              f" | {_x(r['library_dec'], r['view_dec'])} | {_x(r['view_all'], r['boundary_all'], 2)} |"
+              for r in report["ratios"] + [ra]]
     lines += [
         "",
         "The library ratios are over the events the library decodes (sums of ns over the same events, i.e. ratios "
@@ -1208,29 +1216,26 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "| stream | parser | events | mean ns | p50 ns | p90 ns | p99 ns | events/s | MB/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in report["by_stream"] + [dict(o, stream="**all**") for o in report["overall"]]:
-        lines.append(
-            f"| {r['stream']} | {r['parser']} | {r['events']:,} | {_fmt(r['mean_ns'])} | {_fmt(r['p50_ns'])} | "
-            f"{_fmt(r['p90_ns'])} | {_fmt(r['p99_ns'])} | {_fmt(1e9 / r['mean_ns'] if r['mean_ns'] else None)} | "
-            f"{_fmt(r['bytes'] / r['total_ns'] * 1e3 if r['total_ns'] else None, 1)} |"
-        )
+    lines += [f"| {r['stream']} | {r['parser']} | {r['events']:,} | {_fmt(r['mean_ns'])} | {_fmt(r['p50_ns'])} | "
+              f"{_fmt(r['p90_ns'])} | {_fmt(r['p99_ns'])} | {_fmt(1e9 / r['mean_ns'] if r['mean_ns'] else None)} | "
+              f"{_fmt(r['bytes'] / r['total_ns'] * 1e3 if r['total_ns'] else None, 1)} |"
+              for r in report["by_stream"] + [dict(o, stream="**all**") for o in report["overall"]]]
     by_type = per_parser(report["by_type"], "event_type")
     ordered = sorted(by_type.items(), key=lambda kv: -kv[1]["boundary"]["events"])
     lines += [
         "",
         "## Cost per event type (all streams)",
         "",
-        "| event type | events | mean bytes | boundary mean / p99 ns | view mean / p99 ns | library mean / p99 ns | library / boundary |",
+        "| event type | events | mean bytes | boundary mean / p99 ns | view mean / p99 ns | library mean / p99 ns | "
+        "library / boundary |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, per in ordered:
-        b, v, lib = per["boundary"], per.get("view"), per.get("pymysqlreplication")
-        lines.append(
-            f"| {name} | {b['events']:,} | {_fmt(b['bytes'] / b['events'])} | {_fmt(b['mean_ns'])} / {_fmt(b['p99_ns'])} | "
-            f"{_fmt(v and v['mean_ns'])} / {_fmt(v and v['p99_ns'])} | "
-            + (f"{_fmt(lib['mean_ns'])} / {_fmt(lib['p99_ns'])} ({lib['events']:,} decoded) | "
-               f"{_fmt(ratio(lib['mean_ns'], b['mean_ns']), 1)}x |" if lib else "not decoded | - |")
-        )
+        b, lib = per["boundary"], per.get("pymysqlreplication")
+        lines.append(f"| {name} | {b['events']:,} | {_fmt(b['bytes'] / b['events'])} | {_mean_p99(b)} | "
+                     f"{_mean_p99(per.get('view') or {})} | "
+                     + (f"{_mean_p99(lib)} ({lib['events']:,} decoded) | {_x(lib['mean_ns'], b['mean_ns'])} |"
+                        if lib else "not decoded | - |"))
     lines += [
         "",
         "(The library column's ratio compares its mean over the events it decodes with the boundary mean over all "
@@ -1243,7 +1248,8 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
     outcomes = report["coverage"]
     not_decoded = {t: o for t, o in outcomes.items() if set(o) - {"decoded"}}
     lines.append(
-        f"python-mysql-replication {LIBRARY_VERSION} (`relayproxy.lab.reference.ReferenceDecoder`, row values left lazy) "
+        f"python-mysql-replication {LIBRARY_VERSION} (`relayproxy.lab.reference.ReferenceDecoder`, row values left "
+        "lazy) "
         "decoded every event of the other types. Events it has no decoder for (`not_decoded`) or raises on (`error`) "
         "are timed but left out of its rows and ratios:"
     )
@@ -1518,8 +1524,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"published summary.md and {len(plots)} plots to {RESULTS_DIR}")
         ra = report["ratios_all"]
         log(f"done in {seconds:.0f} s: {report['events']:,} events; library/boundary "
-            f"{_fmt(ratio(ra['library_dec'], ra['boundary_dec']), 1)}x, library/view "
-            f"{_fmt(ratio(ra['library_dec'], ra['view_dec']), 1)}x; wrote {out}")
+            f"{_x(ra['library_dec'], ra['boundary_dec'])}, library/view {_x(ra['library_dec'], ra['view_dec'])}; "
+            f"wrote {out}")
     finally:
         progress.stop()
         spark.stop()
