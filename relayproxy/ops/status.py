@@ -467,6 +467,10 @@ def format_status(status: dict[str, Any]) -> str:
             f"Fsync:                  {status['fsyncs']} syncs, {_size(status.get('fsync_bytes'))}; last {_ms(last)}, "
             f"mean {_ms(mean)}, max {_ms(status.get('fsync_max_seconds'))}"
         )
+    hop = status.get("hop")
+    if hop and hop.get("durable", {}).get("count"):  # the stages' means since the start (docs/metrics.md)
+        lines.append("Hop (mean per trx):     " + ", ".join(
+            f"{stage} {_ms(figures.get('mean_seconds'))}" for stage, figures in hop.items() if figures.get("count")))
     archive = status.get("archive")
     if archive:
         horizon = archive.get("horizon") or {}

@@ -21,7 +21,7 @@ from relayproxy.downstream.context import (
 )
 from relayproxy.ops.http import HttpApi
 from relayproxy.ops.metrics import FSYNC_BUCKETS, FsyncStats, build_registry
-from relayproxy.relay.hoptimes import STAGES
+from relayproxy.relay.hoptimes import STAGES, HopTimes
 from relayproxy.relay.replay_stops import ReplayStop, ReplayStops
 from relayproxy.ops.status import StatusSources, UpstreamSources, bytes_behind, file_index, format_status, relay_status
 from relayproxy.relay import RelayStore, RelayStoreFailed, SyncPolicy
@@ -534,3 +534,25 @@ def test_http_api_serves_the_same_registry_over_http(tmp_path):
     assert value(fams, "relayproxy_fsync_seconds", "relayproxy_fsync_seconds_count") == 1
     assert value(fams, "relayproxy_relay_files") == 2 and "process_cpu_seconds" in fams
     assert '"fsync_last_seconds": 0.002' in status_text and '"relay_disk_bytes"' in status_text
+
+
+def test_the_hop_stages_reach_status_metrics_and_the_status_text(tmp_path):
+    """relay/hoptimes.py's histograms: /status `hop`, relayproxy_hop_seconds{stage}, and one line of `relayproxy
+    status` with the stages' means."""
+    store = two_file_store(tmp_path)
+    hop = HopTimes()
+    hop.batch(1.0, 1.0002, 1.0005, 4)
+    hop.sync_began(1.0006)
+    hop.sync_published(1.0016, 0.0008)
+    hop.sent(0.0001, replicas=3)
+    try:
+        doc = relay_status(fake_cfg(store.relay_dir), StatusSources(store, fake_upstream(), hop=hop))
+        fams = families(generate_latest(build_registry(lambda: doc, hop=hop, process=False)).decode())
+    finally:
+        store.close()
+    assert doc["hop"]["durable"]["count"] == 4 and doc["hop"]["durable"]["p99_le_seconds"] == pytest.approx(0.0016)  # the maximum: under its bucket's bound
+    assert doc["hop"]["send"]["count"] == 3 and doc["hop"]["ack"]["count"] == 0
+    assert value(fams, "relayproxy_hop_seconds", "relayproxy_hop_seconds_count", stage="fsync") == 4
+    assert value(fams, "relayproxy_hop_seconds", "relayproxy_hop_seconds_bucket", stage="send", le="0.0001") == 3
+    line = next(x for x in format_status(doc).splitlines() if x.startswith("Hop"))
+    assert "receive 0.20 ms" in line and "durable 1.60 ms" in line and "send 0.10 ms" in line and "ack" not in line
