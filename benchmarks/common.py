@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from benchmarks.benchinfo import REPO_ROOT, command_line, header_block, machine_
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"  # where every results file is written by default
 
 __all__ = ["PERCENTILE_METHODS", "REPO_ROOT", "RESULTS_DIR", "command_line", "header_block", "logger", "machine_info", "machine_section",
-           "percentile", "pyplot", "results_document", "save_figure", "write_results", "add_report_options"]
+           "percentile", "pyplot", "hop_buckets", "hop_share", "results_document", "save_figure", "write_results", "add_report_options"]
 
 
 def logger(name: str | None, *, clock: bool = True) -> Callable[[str], None]:
@@ -100,6 +101,47 @@ def add_report_options(parser: argparse.ArgumentParser, *, saved: str = "the who
     parser.add_argument("--render", type=Path, default=None, metavar="JSON",
                         help="measure nothing: write the markdown and plot again from a report saved by --save-json "
                         "(e.g. with --notes added); the command recorded is the one that measured")
+
+
+# -- the relay's hop stages (relay/hoptimes.py) -----------------------------------------------------------------
+
+def hop_buckets(http_port: int) -> dict[str, dict]:
+    """A relay's relayproxy_hop_seconds now (its /metrics on ``http_port``): per stage its cumulative buckets
+    (le -> count), sum and count."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from relayproxy.relay.hoptimes import STAGES
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out: dict[str, dict] = {stage: {"le": {}, "sum": 0.0, "count": 0.0} for stage in STAGES}
+    for family in text_string_to_metric_families(text):
+        if family.name == "relayproxy_hop_seconds":
+            for s in family.samples:
+                stage = out[s.labels["stage"]]
+                if s.name.endswith("_bucket"):
+                    stage["le"][s.labels["le"]] = s.value
+                elif s.name.endswith("_sum"):
+                    stage["sum"] = s.value
+                elif s.name.endswith("_count"):
+                    stage["count"] = s.value
+    return out
+
+
+def hop_share(before: dict, after: dict) -> dict[str, dict]:
+    """The stages of the transactions between two scrapes: count, mean and the p50 / p99 bucket bounds (ms)."""
+    from relayproxy.relay.hoptimes import STAGES
+
+    out = {}
+    for stage in STAGES:
+        b, a = before[stage], after[stage]
+        count = a["count"] - b["count"]
+        cumulative = sorted(((float(le), a["le"][le] - b["le"].get(le, 0.0)) for le in a["le"]), key=lambda x: x[0])
+        row = {"count": int(count), "mean": 1000 * (a["sum"] - b["sum"]) / count if count else None}
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            row[name] = next((1000 * le for le, n in cumulative if count and n >= q * count), None)
+        out[stage] = row
+    return out
 
 
 # -- plots -------------------------------------------------------------------------------------------------------

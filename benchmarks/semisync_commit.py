@@ -25,7 +25,6 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
@@ -33,7 +32,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from benchmarks.benchinfo import alternating_orders, fmt_median_range, machine_info, median_range  # noqa: E402
 from benchmarks.common import RESULTS_DIR, logger, percentile, pyplot, results_document, save_figure  # noqa: E402
-from benchmarks.common import add_report_options, write_results  # noqa: E402
+from benchmarks.common import add_report_options, hop_buckets, hop_share, write_results  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, change_master, prepare_master, replica_status  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 from relayproxy.relay.hoptimes import STAGES  # noqa: E402
@@ -70,40 +69,6 @@ def writer(port: int, table: str, seconds: float, conn) -> None:
 
 def status_vars(master) -> dict[str, str]:
     return dict(master.execute("SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_%'"))
-
-
-def hop_buckets(relay: RelayProcess) -> dict[str, dict]:
-    """The relay's relayproxy_hop_seconds now: per stage its cumulative buckets (le -> count), sum and count."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{relay.http_port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    out: dict[str, dict] = {stage: {"le": {}, "sum": 0.0, "count": 0.0} for stage in STAGES}
-    for family in text_string_to_metric_families(text):
-        if family.name == "relayproxy_hop_seconds":
-            for s in family.samples:
-                stage = out[s.labels["stage"]]
-                if s.name.endswith("_bucket"):
-                    stage["le"][s.labels["le"]] = s.value
-                elif s.name.endswith("_sum"):
-                    stage["sum"] = s.value
-                elif s.name.endswith("_count"):
-                    stage["count"] = s.value
-    return out
-
-
-def hop_share(before: dict, after: dict) -> dict[str, dict]:
-    """The stages of the transactions between two scrapes: count, mean and the p50 / p99 bucket bounds (ms)."""
-    out = {}
-    for stage in STAGES:
-        b, a = before[stage], after[stage]
-        count = a["count"] - b["count"]
-        cumulative = sorted(((float(le), a["le"][le] - b["le"].get(le, 0.0)) for le in a["le"]), key=lambda x: x[0])
-        row = {"count": int(count), "mean": 1000 * (a["sum"] - b["sum"]) / count if count else None}
-        for name, q in (("p50", 0.5), ("p99", 0.99)):
-            row[name] = next((1000 * le for le, n in cumulative if count and n >= q * count), None)
-        out[stage] = row
-    return out
 
 
 class Ackers:
@@ -185,14 +150,15 @@ def measure(master: MariaDBSandbox, ackers: Ackers, name: str, writers: int, sec
             if parent.recv() != "ready":
                 raise RuntimeError("a writer did not start")
         before = status_vars(master)
-        hop_before = hop_buckets(ackers.relay) if ackers.relay is not None else None
+        scrape = (lambda: hop_buckets(ackers.relay.http_port)) if ackers.relay is not None else None
+        hop_before = scrape() if scrape else None
         for parent in pipes:
             parent.send("go")
         latencies = [s for parent in pipes for s in parent.recv()]
         for proc in procs:
             proc.join(10)
         after = status_vars(master)
-        hop = hop_share(hop_before, hop_buckets(ackers.relay)) if ackers.relay is not None and hop_before else None
+        hop = hop_share(hop_before, scrape()) if scrape and hop_before else None
     finally:
         ackers.detach(name)
     fallback = int(after["Rpl_semi_sync_master_no_tx"]) - int(before["Rpl_semi_sync_master_no_tx"])
