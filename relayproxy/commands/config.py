@@ -203,6 +203,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("sync_max_delay", _positive_float, 0.01, "batch mode: fsync at most this many seconds after a commit"),
     Option("sync_on_loop", _bool, False,
            "run each fdatasync on the event loop (lower semi-sync commit latency; the loop waits for the disk)"),
+    Option("txindex_in_child", _bool, True,
+           "build the transaction index in a child process (its parsing then never delays the event loop)"),
     Option("semi_sync", _bool, True, "register as a semi-sync replica when the master has semi-sync enabled"),
     Option("verify_checksums", _bool, True, "verify the CRC32 of every event received"),
     Option("semi_sync_replicas", int, 0,

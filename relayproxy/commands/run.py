@@ -152,7 +152,8 @@ async def serve(cfg, *, ready: "asyncio.Future | None" = None) -> int:
         os.close(dir_lock)
         raise
     try:
-        store = RelayStore.open(cfg.relay_dir, sync=policy, on_fsync=fsync.observe)
+        store = RelayStore.open(cfg.relay_dir, sync=policy, on_fsync=fsync.observe,
+                               txindex_in_child=cfg.txindex_in_child)
     except Exception as exc:  # the store's errors name file and offset; nothing is served from a bad store
         os.close(dir_lock)
         raise RelayStartupError(f"cannot open relay directory {cfg.relay_dir}: {exc}") from exc

@@ -207,6 +207,23 @@ def env_for_children(relay_dir) -> dict[str, str]:
     return {CHILD_KEYS_ENV: f"{ring.current}|{text}"}
 
 
+_child_env_hooks: list[Callable[[Path], dict[str, str]]] = []  # relay/remote.py adds the archive's options
+
+
+def add_child_environment(hook: Callable[[Path], dict[str, str]]) -> None:
+    """``hook(relay_dir)`` gives more environment entries for the relay's child processes (``child_environment``)."""
+    _child_env_hooks.append(hook)
+
+
+def child_environment(relay_dir) -> dict[str, str]:
+    """Everything a child process of the relay needs to read ``relay_dir``'s closed files as the relay does: the
+    keyring (``env_for_children``) and what the modules that read offloaded files added (``add_child_environment``)."""
+    env = env_for_children(relay_dir)
+    for hook in _child_env_hooks:
+        env.update(hook(Path(relay_dir)))
+    return env
+
+
 def configure_from_env(relay_dir) -> None:
     """In a child process: take the keyring ``env_for_children`` passed, and drop it from the environment."""
     value = os.environ.pop(CHILD_KEYS_ENV, None)

@@ -559,6 +559,9 @@ def env_for_children(relay_dir) -> dict[str, str]:
                                    "max_bytes": cache.max_bytes})}
 
 
+CF.add_child_environment(env_for_children)
+
+
 def configure_from_env(relay_dir) -> None:
     """In a sender process: the relay's archive cache, from ``env_for_children``'s entry (dropped from the
     environment)."""

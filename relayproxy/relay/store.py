@@ -58,6 +58,7 @@ from .fileindex import Indexer
 from .fileindex import remove as remove_file_index
 from .horizon import Horizon
 from .txindex import TransactionIndex, TxIndexer
+from .txindex_child import TxIndexProcess
 from .txindex import remove as remove_tx_index
 from .layout import check_file_name
 from .recovery import RecoveredState, RecoveryReport, read_first_fde, recover
@@ -128,7 +129,8 @@ class RelayStore:
     read_only = False  # the relay may write its directory (relayproxy serve's ReadOnlyBinlogDir may not)
 
     def __init__(self, relay_dir: Path, sync: SyncPolicy, recovered: RecoveredState, *,
-                 on_fsync: Callable[[float, int], None] | None = None, _token: object = None):
+                 on_fsync: Callable[[float, int], None] | None = None, txindex_in_child: bool = False,
+                 _token: object = None):
         if _token is not _OPEN_TOKEN:
             raise TypeError("use RelayStore.open(relay_dir)")
         self.relay_dir = relay_dir
@@ -149,7 +151,10 @@ class RelayStore:
         self.sidecars_writable = True  # file indexes (relay/fileindex.py) may be written here
         self._indexer = Indexer(relay_dir)
         # Transaction indexes (relay/txindex.py): a background thread follows the horizon; the loop never waits.
-        self._txindexer = TxIndexer(relay_dir, self.files, self._horizon_coordinates)
+        # In a child process with ``txindex_in_child`` (relay/txindex_child.py): its parsing takes no GIL of ours.
+        self.txindex_in_child = txindex_in_child
+        indexer = TxIndexProcess if txindex_in_child else TxIndexer
+        self._txindexer = indexer(relay_dir, self.files, self._horizon_coordinates)
         self.transaction_index = TransactionIndex.for_store(self, writable=True)
         try:
             if w.file is not None:
@@ -168,15 +173,18 @@ class RelayStore:
     # -- opening ---------------------------------------------------------------------------------
     @classmethod
     def open(
-        cls, relay_dir: str | os.PathLike, *, sync: SyncPolicy = SyncPolicy(), create: bool = True, on_fsync=None
+        cls, relay_dir: str | os.PathLike, *, sync: SyncPolicy = SyncPolicy(), create: bool = True, on_fsync=None,
+        txindex_in_child: bool = False,
     ) -> "RelayStore":
         """Open (or create) a relay directory: runs recovery (``store.recovery`` says what it did).
 
-        ``on_fsync(seconds, bytes)``, when given, hears of each completed fdatasync (e.g. a metrics histogram).
+        ``on_fsync(seconds, bytes)``, when given, hears of each completed fdatasync (e.g. a metrics histogram);
+        ``txindex_in_child`` builds the transaction index in a child process (relay/txindex_child.py).
         """
         relay_dir = Path(relay_dir)
         recovered = recover(relay_dir, create=create)
-        return cls(relay_dir, sync, recovered, on_fsync=on_fsync, _token=_OPEN_TOKEN)
+        return cls(relay_dir, sync, recovered, on_fsync=on_fsync, txindex_in_child=txindex_in_child,
+                   _token=_OPEN_TOKEN)
 
     def __enter__(self) -> "RelayStore":
         return self
@@ -305,6 +313,11 @@ class RelayStore:
     def on_fsync(self) -> Callable[[float, int], None] | None:
         """Called as ``on_fsync(seconds, bytes)`` after each fdatasync of relay data (or None)."""
         return self._pipeline.on_fsync
+
+    @property
+    def open_options(self) -> dict:
+        """What this store was opened with (``RelayStore.open``'s keywords): a reopened store gets the same."""
+        return {"sync": self.sync_policy, "on_fsync": self.on_fsync, "txindex_in_child": self.txindex_in_child}
 
     @property
     def fsyncs(self) -> int:

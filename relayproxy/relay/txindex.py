@@ -1355,26 +1355,8 @@ class TxIndexer:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                try:
-                    self.run_once()
-                except _Stopped:
+                if not self.run_pass():
                     return
-                except FileNotFoundError as exc:
-                    self._drop_follow()
-                    if not self.relay_dir.exists():
-                        return  # the directory is gone (a test's, a removed relay): nothing left to follow
-                    log.debug("transaction index pass: a file went away meanwhile", error=str(exc))
-                except (OSError, TxIndexError, StoredFileError) as exc:
-                    self._drop_follow()
-                    self.errors.append(str(exc))
-                    log.warning("transaction index pass failed: it is retried", error=str(exc))
-                except Exception as exc:  # noqa: BLE001 - a defect must not end indexing for good
-                    self._drop_follow()
-                    self.errors.append(repr(exc))
-                    log.error("transaction index pass failed unexpectedly", error=repr(exc))
-                with self._pass_done:
-                    self.passes += 1
-                    self._pass_done.notify_all()
                 if self._wake.wait(self.poll_seconds):
                     self._wake.clear()
         except BaseException:  # noqa: BLE001 - the process (or the simulated machine) is going down
@@ -1383,6 +1365,31 @@ class TxIndexer:
             self._drop_follow()
             with self._pass_done:
                 self._pass_done.notify_all()
+
+    def run_pass(self) -> bool:
+        """One pass (``run_once``) with its errors logged and kept in ``errors`` (it is retried at the next), counted
+        in ``passes``; False when it was stopped (``close``)."""
+        try:
+            self.run_once()
+        except _Stopped:
+            return False
+        except FileNotFoundError as exc:
+            self._drop_follow()
+            if not self.relay_dir.exists():
+                return False  # the directory is gone (a test's, a removed relay): nothing left to follow
+            log.debug("transaction index pass: a file went away meanwhile", error=str(exc))
+        except (OSError, TxIndexError, StoredFileError) as exc:
+            self._drop_follow()
+            self.errors.append(str(exc))
+            log.warning("transaction index pass failed: it is retried", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - a defect must not end indexing for good
+            self._drop_follow()
+            self.errors.append(repr(exc))
+            log.error("transaction index pass failed unexpectedly", error=repr(exc))
+        with self._pass_done:
+            self.passes += 1
+            self._pass_done.notify_all()
+        return True
 
     def _drop_follow(self) -> None:
         if self._follow is not None:

@@ -377,7 +377,7 @@ class UpstreamSession:
             self._record_error(exc)
             return False
         try:
-            store = RelayStore.open(old.relay_dir, sync=old.sync_policy, on_fsync=old.on_fsync)
+            store = RelayStore.open(old.relay_dir, **old.open_options)
         except (RelayStoreError, OSError) as exc:
             # Keep the failed store: status still shows the durable horizon; retry at the next round.
             self._record_error(exc)
