@@ -2,28 +2,22 @@
 use (``mariadb-binlog --start-position ... --stop-datetime ... | mariadb``) and with ``relayproxy pitr
 --before-time``: time, exactness, and what a kill -9 halfway does to each.
 
-How: a MariaDB master (ROW) with the relay following it by GTID; a schema and a little data, then a real
-``mariadb-backup`` (``--backup`` + ``--prepare``); then the backlog: ``relayproxy.lab.pitr_lab.MixedLoad`` (inserts,
-two-row transfers, updates, deletes, a 64-256 KB blob every 50th transaction, a marker row in every transaction)
-from 4 writers until the master's binlog has ``--gb`` GB after the backup's position. The stop: the busiest second
-90 % into the backlog, T = that second exactly; what should be applied is every transaction committed before T:
-those whose commit event (Xid) ``mariadb-binlog`` shows before T, counted from its own output (not relayproxy's),
-and each such transaction inserted exactly one marker row. Each repeat restores the backup into a fresh instance
-(``--copy-back``; not timed) and times the replay alone, the pipe and pitr taking turns going first:
+A MariaDB master (ROW) with the relay following it by GTID; a schema and a little data, then a real
+``mariadb-backup`` (``--backup`` + ``--prepare``); then ``pitr_lab.MixedLoad`` from 4 writers (inserts, transfers,
+updates, deletes, a 64-256 KB blob every 50th transaction, a marker row in every transaction) until the binlog has
+``--gb`` GB after the backup's position. The stop T is the busiest second 85-95 % into the backlog; what should be
+applied is every transaction whose commit event ``mariadb-binlog`` shows before T (counted from its own output, not
+relayproxy's). Each repeat restores the backup into a fresh instance (not timed) and times the replay alone, the two
+methods taking turns going first: the pipe (``TZ=UTC mariadb-binlog --start-position=P --stop-datetime=T <files> |
+mariadb``, P from the backup's binlog info, as MariaDB's docs describe) and ``relayproxy pitr --before-time T
+--from-backup DIR --parallel N`` against the relay.
 
-- pipe: ``TZ=UTC mariadb-binlog --start-position=P --stop-datetime=T <the master's binlog files from the backup's>
-  | mariadb -uroot`` (what MariaDB's own docs describe), P from the backup's xtrabackup_binlog_info;
-- pitr: ``relayproxy pitr --before-time T --from-backup DIR --parallel N`` against the relay.
-
-Exactness is the target's marker rows after the replay minus the backup's, against the expected count: ``+k``
-applied k transactions past T, ``-k`` stopped k short, and whether CHECKSUM TABLE of every table equals the
-reference (an instance restored from the same backup and replicated straight from the master with START SLAVE
-UNTIL master_gtid_pos at the last transaction before T). The kill test runs each method again on a fresh restore,
-kills it with SIGKILL (its whole process group) when about half the backlog is applied, runs the very same command
-again, and reports the outcome and exactness.
-
-Every instance runs with the sandbox defaults (InnoDB, 32 MB buffer pool) and innodb_flush_log_at_trx_commit=1,
-sync_binlog=0. All on one 2-core machine: the ratios are the result, the absolute times are noise.
+Exactness: the target's marker rows after the replay minus the backup's, against the expected count (``+k``: k
+transactions past T, ``-k``: k short), and whether CHECKSUM TABLE of every table equals the reference's (the backup
+replicated straight from the master with START SLAVE UNTIL the last transaction before T). The kill test runs each
+method on a fresh restore, SIGKILLs its process group when about half the backlog is applied, runs the very same
+command again and reports the outcome and exactness. Instances use the sandbox defaults (32 MB buffer pool) with
+innodb_flush_log_at_trx_commit=1, sync_binlog=0; on a 2-core machine the ratios are the result, not the times.
 """
 
 from __future__ import annotations
@@ -65,6 +59,7 @@ class Bench:
         self.workdir, self.args = workdir, args
         self.servers: list[MariaDBSandbox] = []
         self.relay: RelayProcess | None = None
+        self.backup_info = None
         self.n = 0
 
     def close(self) -> None:
@@ -91,8 +86,7 @@ class Bench:
         with L.MixedLoad(self.master, writers=2, phase="seed", limit=250):
             pass
         self.backup = take_backup(self.master, w / "backup")
-        info = read_backup_info(self.backup)
-        self.backup_info = info
+        info = self.backup_info = read_backup_info(self.backup)
         log(f"backup at {info.file}:{info.position} GTID {info.gtid}; generating {self.args.gb} GB")
         target = int(self.args.gb * (1 << 30))
         t0 = time.monotonic()
@@ -108,17 +102,14 @@ class Bench:
         self.committed = L.commit_times(self.files)
         gtids = [c.gtid for c in self.committed]
         after = self.committed[gtids.index(str(info.gtid)) + 1:] if str(info.gtid) in gtids else self.committed
-        # the busiest second 85-95 % into the backlog
-        lo, hi = int(len(after) * 0.85), int(len(after) * 0.95)
-        counts: dict[int, int] = {}
-        for c in after[lo:hi]:
+        counts: dict[int, int] = {}  # the busiest second 85-95 % into the backlog
+        for c in after[int(len(after) * 0.85):int(len(after) * 0.95)]:
             counts[c.commit_second] = counts.get(c.commit_second, 0) + 1
         self.second = max(counts, key=lambda s: (counts[s], -s))
-        self.micros = self.second * 1_000_000
-        self.expected_last = L.last_before(self.committed, self.micros)
+        self.expected_last = L.last_before(self.committed, self.second * 1_000_000)
         self.expected = sum(1 for c in after if c.commit_second < self.second)
         self.when = datetime.fromtimestamp(self.second, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-        self.backup_markers = self.restore("probe").execute("SELECT COUNT(*) FROM shop.markers")[0][0]
+        self.backup_markers = self.markers(self.restore("probe"))
         log(f"backlog: {commits} transactions, {self.backlog_bytes() / (1 << 20):.0f} MB in {gen_seconds:.0f} s; "
             f"stop before {self.when} UTC ({counts[self.second]} commits in that second): {self.expected} "
             f"transactions to apply, the last {self.expected_last}")
@@ -128,11 +119,11 @@ class Bench:
         self.reference.stop()
         return {"transactions": commits, "bytes": self.backlog_bytes(), "generate_seconds": round(gen_seconds, 1),
                 "stop_second_commits": counts[self.second], "expected": self.expected,
-                "expected_last": self.expected_last, "stop": self.when, "setup_seconds": round(time.monotonic() - began)}
+                "expected_last": self.expected_last, "stop": self.when,
+                "setup_seconds": round(time.monotonic() - began)}
 
     def backlog_bytes(self) -> int:
-        info = getattr(self, "backup_info", None)
-        total = 0
+        info, total = self.backup_info, 0
         for name, size in self.master.execute("SHOW BINARY LOGS"):
             if info is None or name > info.file:
                 total += size
@@ -155,50 +146,50 @@ class Bench:
         self.servers.remove(server)
         shutil.rmtree(server.basedir, ignore_errors=True)
 
-    # -- the two ways -------------------------------------------------------------------------------------------
-    def pipe_command(self, target: MariaDBSandbox) -> str:
-        tool = find_binary("mariadb-binlog", "mysqlbinlog")
-        client = find_binary("mariadb", "mysql")
-        files = " ".join(str(p) for p in self.files)
-        return (f"TZ=UTC {tool} --start-position={self.backup_info.position} --stop-datetime='{self.when}' {files} "
-                f"| {client} -uroot -h127.0.0.1 -P{target.port}")
-
-    def pitr_command(self, target: MariaDBSandbox) -> list[str]:
-        pw = self.workdir / "ops.pw"
-        pw.write_text(ADMIN_PW + "\n")
-        (self.workdir / "repl.pw").write_text("replpw\n")
-        (self.workdir / "empty.pw").write_text("")
-        return [sys.executable, "-m", "relayproxy.commands.cli", "pitr", "--target", f"127.0.0.1:{target.port}",
-                "--target-user", "root", "--target-password-file", str(self.workdir / "empty.pw"),
-                "--relay", f"127.0.0.1:{self.relay.listen_port}", "--relay-user", ADMIN,
-                "--relay-password-file", str(pw), "--repl-user", "repl",
-                "--repl-password-file", str(self.workdir / "repl.pw"), "--before-time", self.when + "Z",
-                "--from-backup", str(self.backup), "--parallel", str(self.args.parallel), "--quiet", "--json"]
+    @staticmethod
+    def markers(server: MariaDBSandbox) -> int:
+        return server.execute("SELECT COUNT(*) FROM shop.markers")[0][0]
 
     def start(self, method: str, target: MariaDBSandbox) -> subprocess.Popen:
+        """The pipe or ``relayproxy pitr`` onto ``target``, in a process group of its own."""
         if method == "pipe":
-            return subprocess.Popen(["bash", "-o", "pipefail", "-c", self.pipe_command(target)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True)
-        return subprocess.Popen(self.pitr_command(target), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, cwd=benchinfo.REPO_ROOT)
+            files = " ".join(str(p) for p in self.files)
+            pipe = (f"TZ=UTC {find_binary('mariadb-binlog', 'mysqlbinlog')} --start-position="
+                    f"{self.backup_info.position} --stop-datetime='{self.when}' {files} "
+                    f"| {find_binary('mariadb', 'mysql')} -uroot -h127.0.0.1 -P{target.port}")
+            command, cwd = ["bash", "-o", "pipefail", "-c", pipe], None
+        else:
+            w = self.workdir
+            for name, text in (("ops.pw", ADMIN_PW + "\n"), ("repl.pw", "replpw\n"), ("empty.pw", "")):
+                (w / name).write_text(text)
+            command = [sys.executable, "-m", "relayproxy.commands.cli", "pitr", "--target", f"127.0.0.1:{target.port}",
+                       "--target-user", "root", "--target-password-file", str(w / "empty.pw"),
+                       "--relay", f"127.0.0.1:{self.relay.listen_port}", "--relay-user", ADMIN,
+                       "--relay-password-file", str(w / "ops.pw"), "--repl-user", "repl",
+                       "--repl-password-file", str(w / "repl.pw"), "--before-time", self.when + "Z",
+                       "--from-backup", str(self.backup), "--parallel", str(self.args.parallel), "--quiet", "--json"]
+            cwd = benchinfo.REPO_ROOT
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, cwd=cwd)
 
-    def exactness(self, target: MariaDBSandbox) -> dict:
-        markers = target.execute("SELECT COUNT(*) FROM shop.markers")[0][0] - self.backup_markers
-        fp = L.fingerprint(target)
-        return {"applied": markers, "off_by": markers - self.expected, "equal_to_reference": fp == self.reference_fp}
+    def exactness(self, target: MariaDBSandbox, result: dict) -> dict:
+        """``result`` with the replay's exactness added; the target dropped."""
+        markers = self.markers(target) - self.backup_markers
+        result.update(applied=markers, off_by=markers - self.expected,
+                      equal_to_reference=L.fingerprint(target) == self.reference_fp)
+        self.drop(target)
+        return result
 
     def timed(self, method: str) -> dict:
         target = self.restore(method)
         t0 = time.perf_counter()
         proc = self.start(method, target)
-        out, err = proc.communicate(timeout=7200)
+        _, err = proc.communicate(timeout=7200)
         seconds = time.perf_counter() - t0
-        result = {"method": method, "seconds": round(seconds, 3), "exit": proc.returncode, "error": err.strip()[-300:]}
-        result.update(self.exactness(target))
+        result = self.exactness(target, {"method": method, "seconds": round(seconds, 3), "exit": proc.returncode,
+                                         "error": err.strip()[-300:]})
         log(f"{method}: {seconds:.1f} s, exit {proc.returncode}, off by {result['off_by']}, "
             f"equal to the reference: {result['equal_to_reference']}")
-        self.drop(target)
         return result
 
     def killed(self, method: str, after: float) -> dict:
@@ -211,20 +202,20 @@ class Bench:
         except ProcessLookupError:
             first_alive = False  # it finished first (a tiny backlog): the second run then finds the work done
         proc.wait(30)
-        mid = target.execute("SELECT COUNT(*) FROM shop.markers")[0][0] - self.backup_markers
+        mid = self.markers(target) - self.backup_markers
         again = self.start(method, target)
-        out, err = again.communicate(timeout=7200)
-        result = {"method": method, "killed_after_s": round(after, 1), "killed_while_running": first_alive,
-                  "applied_at_kill": mid, "rerun_exit": again.returncode, "rerun_error": err.strip()[-300:]}
-        result.update(self.exactness(target))
+        _, err = again.communicate(timeout=7200)
+        result = self.exactness(target, {"method": method, "killed_after_s": round(after, 1),
+                                         "killed_while_running": first_alive, "applied_at_kill": mid,
+                                         "rerun_exit": again.returncode, "rerun_error": err.strip()[-300:]})
         log(f"{method} killed at {after:.1f} s ({mid} applied), run again: exit {again.returncode}, off by "
             f"{result['off_by']}, equal: {result['equal_to_reference']}")
-        self.drop(target)
         return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gb", type=float, default=1.0, help="backlog after the backup, GB of binlog (default 1)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--parallel", type=int, default=4, help="pitr --parallel (the target's slave_parallel_threads)")
@@ -241,11 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         backlog = bench.setup()
         runs = benchinfo.run_alternating(args.repeats, ["pitr", "pipe"],
                                          lambda order, i: {m: bench.timed(m) for m in order})
-        kills = []
-        if not args.no_kill:
-            for method in ("pipe", "pitr"):
-                times = [r[method]["seconds"] for r in runs]
-                kills.append(bench.killed(method, benchinfo.median_range(times)[0] / 2))
+        kills = [] if args.no_kill else [
+            bench.killed(m, benchinfo.median_range([r[m]["seconds"] for r in runs])[0] / 2) for m in ("pipe", "pitr")]
     finally:
         bench.close()
         if args.workdir is None:
@@ -265,42 +253,38 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def yes(flag: bool, no: str = "NO") -> str:
+    return "yes" if flag else no
+
+
 def render(report: dict) -> str:
     b, runs, a = report["backlog"], report["runs"], report["args"]
-    pitr_t = [r["pitr"]["seconds"] for r in runs]
-    pipe_t = [r["pipe"]["seconds"] for r in runs]
-    ratios = [r["pitr"]["seconds"] / r["pipe"]["seconds"] for r in runs]
-    out = ["# PITR: `relayproxy pitr` against the `mariadb-binlog | mariadb` pipe, same backlog, same backup", ""]
-    out += benchinfo.header_block(__file__, report["argv"], report["machine"], runs=len(runs),
-                                  what="each run restores the backup twice (not timed) and replays with each method")
-    out += [
-        f"Backlog after the backup: {b['transactions']:,} transactions, {b['bytes'] / (1 << 20):,.0f} MB of binlog "
-        f"(ROW, mixed sizes, 4 writers; generated in {b['generate_seconds']} s). Stop: before {b['stop']} UTC, a "
-        f"second holding {b['stop_second_commits']} commits; what should be applied: {b['expected']:,} transactions, "
-        f"the last {b['expected_last']} (from mariadb-binlog's own output). pitr ran with --parallel {a['parallel']} "
-        "(optimistic). How it is done: the docstring of `benchmarks/pitr.py`.",
-        "",
-        "| run | order | pitr, s | pipe, s | pitr / pipe | pitr off by | pipe off by | pitr = reference | "
-        "pipe = reference | pipe exit |",
-        "|---:|---|---:|---:|---:|---:|---:|---|---|---:|",
-    ]
-    for i, r in enumerate(runs, 1):
+    seconds = {m: [r[m]["seconds"] for r in runs] for m in ("pitr", "pipe")}
+    ratios = [p / q for p, q in zip(seconds["pitr"], seconds["pipe"])]
+    exact = {m: all(r[m]["off_by"] == 0 and r[m]["equal_to_reference"] for r in runs) for m in ("pitr", "pipe")}
+    out = ["# PITR: `relayproxy pitr` against the `mariadb-binlog | mariadb` pipe, same backlog, same backup", "",
+           *benchinfo.header_block(__file__, report["argv"], report["machine"], runs=len(runs),
+                                   what="each run restores the backup twice (not timed) and replays with each method"),
+           f"Backlog after the backup: {b['transactions']:,} transactions, {b['bytes'] / (1 << 20):,.0f} MB of binlog "
+           f"(ROW, mixed sizes, 4 writers; generated in {b['generate_seconds']} s). Stop: before {b['stop']} UTC, a "
+           f"second holding {b['stop_second_commits']} commits; what should be applied: {b['expected']:,} "
+           f"transactions, the last {b['expected_last']} (from mariadb-binlog's own output). pitr ran with "
+           f"--parallel {a['parallel']} (optimistic). How it is done: the docstring of `benchmarks/pitr.py`.", "",
+           "| run | order | pitr, s | pipe, s | pitr / pipe | pitr off by | pipe off by | pitr = reference | "
+           "pipe = reference | pipe exit |",
+           "|---:|---|---:|---:|---:|---:|---:|---|---|---:|"]
+    for i, (r, ratio) in enumerate(zip(runs, ratios), 1):
         p, q = r["pitr"], r["pipe"]
-        out.append(f"| {i} | {r['order']} | {p['seconds']:.1f} | {q['seconds']:.1f} | {p['seconds'] / q['seconds']:.2f}"
-                   f" | {p['off_by']:+d} | {q['off_by']:+d} | {'yes' if p['equal_to_reference'] else 'NO'} | "
-                   f"{'yes' if q['equal_to_reference'] else 'NO'} | {q['exit']} |")
-    exact_pitr = all(r["pitr"]["off_by"] == 0 and r["pitr"]["equal_to_reference"] for r in runs)
-    exact_pipe = all(r["pipe"]["off_by"] == 0 and r["pipe"]["equal_to_reference"] for r in runs)
-    out += [
-        "",
-        f"- pitr: {benchinfo.fmt_median_range(pitr_t, '{:.1f}', ' s')}; pipe: "
-        f"{benchinfo.fmt_median_range(pipe_t, '{:.1f}', ' s')}.",
-        f"- **pitr / pipe: {benchinfo.fmt_median_range(ratios, '{:.2f}', 'x')}**; goal at most {GOAL_RATIO}x: "
-        f"**{benchinfo.verdict(ratios, GOAL_RATIO, higher_is_better=False)}**.",
-        f"- exact in every run: pitr **{'yes' if exact_pitr else 'NO'}**, pipe **{'yes' if exact_pipe else 'no'}** "
-        "(*off by*: transactions applied past the stop (+) or short of it (-), counted by marker rows).",
-        "",
-    ]
+        out.append(f"| {i} | {r['order']} | {p['seconds']:.1f} | {q['seconds']:.1f} | {ratio:.2f} | {p['off_by']:+d} | "
+                   f"{q['off_by']:+d} | {yes(p['equal_to_reference'])} | {yes(q['equal_to_reference'])} | "
+                   f"{q['exit']} |")
+    out += ["",
+            f"- pitr: {benchinfo.fmt_median_range(seconds['pitr'], '{:.1f}', ' s')}; pipe: "
+            f"{benchinfo.fmt_median_range(seconds['pipe'], '{:.1f}', ' s')}.",
+            f"- **pitr / pipe: {benchinfo.fmt_median_range(ratios, '{:.2f}', 'x')}**; goal at most {GOAL_RATIO}x: "
+            f"**{benchinfo.verdict(ratios, GOAL_RATIO, higher_is_better=False)}**.",
+            f"- exact in every run: pitr **{yes(exact['pitr'])}**, pipe **{yes(exact['pipe'], 'no')}** "
+            "(*off by*: transactions applied past the stop (+) or short of it (-), counted by marker rows).", ""]
     if report["kills"]:
         out += ["## kill -9 halfway, then the same command again", "",
                 "| method | killed after, s | applied at the kill | run again: exit | then off by | = reference | "
@@ -309,10 +293,9 @@ def render(report: dict) -> str:
             said = (k["rerun_error"] or "").replace("|", "/").replace("\n", " ")[-160:]
             when = k["killed_after_s"] if k.get("killed_while_running", True) else f"{k['killed_after_s']} (had ended)"
             out.append(f"| {k['method']} | {when} | {k['applied_at_kill']:,} | {k['rerun_exit']} | "
-                       f"{k['off_by']:+d} | {'yes' if k['equal_to_reference'] else 'NO'} | {said} |")
+                       f"{k['off_by']:+d} | {yes(k['equal_to_reference'])} | {said} |")
         out.append("")
-    out += [f"Whole run: {report['run_seconds']} s.", ""]
-    out += benchinfo.machine_section(report["machine"])
+    out += [f"Whole run: {report['run_seconds']} s.", "", *benchinfo.machine_section(report["machine"])]
     return "\n".join(out)
 
 
@@ -325,9 +308,8 @@ def plot(report: dict, path: Path) -> None:
     xs = range(1, len(runs) + 1)
     ax.bar([x - 0.2 for x in xs], [r["pipe"]["seconds"] for r in runs], 0.4, label="mariadb-binlog | mariadb")
     ax.bar([x + 0.2 for x in xs], [r["pitr"]["seconds"] for r in runs], 0.4, label="relayproxy pitr")
-    ax.set_xlabel("run")
-    ax.set_ylabel("replay time, s")
-    ax.set_title(f"PITR of {report['backlog']['bytes'] / (1 << 20):,.0f} MB, same backup")
+    ax.set(xlabel="run", ylabel="replay time, s", title=f"PITR of {report['backlog']['bytes'] / (1 << 20):,.0f} MB, "
+           "same backup")
     ax.legend()
     save_figure(fig, path, dpi=110)
 
