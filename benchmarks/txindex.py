@@ -34,14 +34,12 @@ from tests.support import eventgen as E  # noqa: E402
 from tests.support.txgen import oltp_file  # noqa: E402
 
 DAY_US = 86_400 * 1_000_000
-
-
-def pct(values, q: float) -> float:
-    """The lookups' ``q``-th percentile (``q`` from 0 to 100): common.percentile's exclusive rank."""
-    return percentile(values, q, method="exclusive-rank")
-
-
-# -- 1. size ------------------------------------------------------------------------------------------------------
+SID = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+TABLE_QUERIES = (  # label, table, LIMIT
+    ("common table, LIMIT 1000", "app.t3", 1000),
+    ("rare table (1 in 100,000), the whole day", "app.rare", 1_000_000),
+    ("occasional table (1 in 1,000), the whole day", "app.sometimes", 1_000_000),
+)
 
 
 def measure_size(tmp: Path, n: int) -> dict:
@@ -62,9 +60,6 @@ def measure_size(tmp: Path, n: int) -> dict:
     return out
 
 
-# -- 2. lookups at scale ------------------------------------------------------------------------------------------
-
-
 def synthesise(tmp: Path, total: int, files: int, seed: int = 3) -> dict:
     """``files`` sparse relay files with sidecars for ``total`` MySQL-like transactions over ten days."""
     rnd = random.Random(seed)
@@ -73,7 +68,6 @@ def synthesise(tmp: Path, total: int, files: int, seed: int = 3) -> dict:
     fde = E.fde("8.0.36")
     per_file = total // files
     rate = total / (10 * 86_400)  # ten days of history
-    sid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
     us = 1_700_000_000_000_000
     gno = 0
     names = []
@@ -82,8 +76,7 @@ def synthesise(tmp: Path, total: int, files: int, seed: int = 3) -> dict:
         name = f"binlog.{k + 1:06d}"
         names.append(name)
         path = d / name
-        with open(path, "wb") as fh:
-            fh.write(C.BINLOG_MAGIC + fde)
+        path.write_bytes(C.BINLOG_MAGIC + fde)
         tables = T.TableDictionary()
         common = [tables.id(f"app.t{i}") for i in range(8)]
         sometimes, rare = tables.id("app.sometimes"), tables.id("app.rare")
@@ -100,12 +93,12 @@ def synthesise(tmp: Path, total: int, files: int, seed: int = 3) -> dict:
                 us += int(rnd.expovariate(rate) * 1_000_000) + 1
                 r = rnd.random()
                 tabs = (rare,) if r < 1e-5 else (sometimes,) if r < 1e-3 else (rnd.choice(common),)
-                builder.add(T.Record(pos, pos + size, ("u", sid), gno, us, False, tabs))
+                builder.add(T.Record(pos, pos + size, ("u", SID), gno, us, False, tabs))
                 pos += size
                 if builder.out and len(builder.out) > 1 << 20:
                     chunks.append(builder.take())
                 if rnd.random() < 1e-3:
-                    facts["gtids"].append(f"{sid}:{gno}")
+                    facts["gtids"].append(f"{SID}:{gno}")
                     facts["times"].append(us)
             os.ftruncate(fd, pos)  # sparse: the identity checks read only the FDE and a few tail bytes
             builder.footer(pos, os.pread(fd, T.TAIL_CHECK, pos - T.TAIL_CHECK))
@@ -128,41 +121,41 @@ def measure_lookups(tmp: Path, total: int, files: int, lookups: int) -> dict:
     assert index.first() is not None
     load_ms = (time.perf_counter() - t0) * 1000
     rnd = random.Random(11)
-    sid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
     kinds = {  # kind: (a random target, the lookup, whether what it found is right)
-        "gtid": (lambda: f"{sid}:{rnd.randint(1, facts['total'])}", index.by_gtid, lambda f, g: f.gtid == g),
+        "gtid": (lambda: f"{SID}:{rnd.randint(1, facts['total'])}", index.by_gtid, lambda f, g: f.gtid == g),
         "time": (lambda: rnd.randint(facts["first_us"], facts["last_us"]), index.first_at_or_after,
                  lambda f, at: f.commit_us >= at),
     }
-    timed = {}
+    figures = {}
     for kind, (target, lookup, right) in kinds.items():
-        ms = timed[kind] = []
+        ms = []
         for _ in range(lookups):
             want = target()
             t0 = time.perf_counter()
             found = lookup(want)
             ms.append((time.perf_counter() - t0) * 1000)
             assert found is not None and right(found, want)
+        for q in (50, 99):  # common.percentile's exclusive rank
+            figures[f"{kind}_p{q}_ms"] = percentile(ms, q, method="exclusive-rank")
+        figures[f"{kind}_max_ms"] = max(ms)
     day_from = facts["first_us"] + 4 * DAY_US
     table = {}
-    for label, name, limit in (("common table, LIMIT 1000", "app.t3", 1000), ("rare table (1 in 100,000), the whole "
-                                                                               "day", "app.rare", 1_000_000),
-                               ("occasional table (1 in 1,000), the whole day", "app.sometimes", 1_000_000)):
-        runs = []
+    for label, name, limit in TABLE_QUERIES:
+        r = table[label] = {"ms": [], "rows": []}
         for i in range(5):
             lo = day_from + i * DAY_US // 7
             t0 = time.perf_counter()
             rows = index.touching(name, lo, lo + DAY_US, limit)
-            runs.append(((time.perf_counter() - t0) * 1000, len(rows)))
-        table[label] = {"ms": [r[0] for r in runs], "rows": [r[1] for r in runs]}
+            r["ms"].append((time.perf_counter() - t0) * 1000)
+            r["rows"].append(len(rows))
     return {"transactions": facts["total"], "files": files, "synthesis_s": synth_s, "sidecar_bytes": sidecar_bytes,
             "sidecar_bytes_per_transaction": sidecar_bytes / facts["total"], "first_query_ms": load_ms,
-            "lookups": lookups, **{f"{kind}_{q}_ms": pct(ms, n) if n else max(ms) for kind, ms in timed.items()
-                                   for q, n in (("p50", 50), ("p99", 99), ("max", None))}, "table": table,
+            "lookups": lookups, **figures, "table": table,
             "history_days": (facts["last_us"] - facts["first_us"]) / DAY_US}
 
 
-# -- report -------------------------------------------------------------------------------------------------------
+def met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
 
 
 def report(args, argv, size: dict, scale: dict) -> str:
@@ -171,38 +164,34 @@ def report(args, argv, size: dict, scale: dict) -> str:
              f"{args.oltp_transactions:,} transactions each, indexed by `txindex.build_bytes` (blocks of "
              f"{T.BLOCK_RECORDS:,}).", "",
              "| flavour | binlog bytes / transaction | index bytes / transaction | index / binlog | verdict |",
-             "|---|---|---|---|---|"]
-    for flavour, r in size.items():
-        verdict = "met" if r["ratio_pct"] <= 2.0 else "MISSED"
-        lines.append(f"| {flavour} | {r['binlog_bytes_per_transaction']:.0f} | {r['bytes_per_transaction']:.2f} | "
-                     f"{r['ratio_pct']:.2f} % | {verdict} |")
-    lines += ["", "MariaDB commit times are whole seconds (the XID's header); MySQL's are the GTID events' "
-              "immediate_commit_timestamp in microseconds, which costs most of the difference.", "",
-              f"## Lookups at {scale['transactions']:,} transactions", "",
-              f"Sidecars synthesised with the block encoder over {scale['files']} sparse relay files "
-              f"({scale['history_days']:.1f} days of MySQL-like history, microsecond commit times, "
-              f"{scale['sidecar_bytes_per_transaction']:.2f} index bytes a transaction, "
-              f"{scale['sidecar_bytes'] / 1e6:.1f} MB of sidecars; built in {scale['synthesis_s']:.0f} s). "
-              f"The first query, which reads every file's summary, took {scale['first_query_ms']:.0f} ms; then "
-              f"{scale['lookups']:,} lookups of each kind at random targets (a block cache of 64 blocks, so nearly "
-              "every lookup decodes its block):", "",
-              "| lookup | p50 | p99 | max | goal |", "|---|---|---|---|---|",
-              *(f"| {label} | {scale[k + '_p50_ms']:.3f} ms | {scale[k + '_p99_ms']:.3f} ms | "
-                f"{scale[k + '_max_ms']:.3f} ms | p99 < 1 ms: {'met' if scale[k + '_p99_ms'] < 1 else 'MISSED'} |"
-                for label, k in (("GTID -> transaction", "gtid"), ("time -> first transaction at or after", "time"))),
-              "", "One-day table queries (5 windows a seventh of a day apart; goal < 100 ms):", "",
-              "| query | median ms | max ms | rows (median) | goal |", "|---|---|---|---|---|"]
+             "|---|---|---|---|---|",
+             *(f"| {flavour} | {r['binlog_bytes_per_transaction']:.0f} | {r['bytes_per_transaction']:.2f} | "
+               f"{r['ratio_pct']:.2f} % | {met(r['ratio_pct'] <= 2.0)} |" for flavour, r in size.items()),
+             "", "MariaDB commit times are whole seconds (the XID's header); MySQL's are the GTID events' "
+             "immediate_commit_timestamp in microseconds, which costs most of the difference.", "",
+             f"## Lookups at {scale['transactions']:,} transactions", "",
+             f"Sidecars synthesised with the block encoder over {scale['files']} sparse relay files "
+             f"({scale['history_days']:.1f} days of MySQL-like history, microsecond commit times, "
+             f"{scale['sidecar_bytes_per_transaction']:.2f} index bytes a transaction, "
+             f"{scale['sidecar_bytes'] / 1e6:.1f} MB of sidecars; built in {scale['synthesis_s']:.0f} s). "
+             f"The first query, which reads every file's summary, took {scale['first_query_ms']:.0f} ms; then "
+             f"{scale['lookups']:,} lookups of each kind at random targets (a block cache of 64 blocks, so nearly "
+             "every lookup decodes its block):", "",
+             "| lookup | p50 | p99 | max | goal |", "|---|---|---|---|---|",
+             *(f"| {label} | {scale[k + '_p50_ms']:.3f} ms | {scale[k + '_p99_ms']:.3f} ms | "
+               f"{scale[k + '_max_ms']:.3f} ms | p99 < 1 ms: {met(scale[k + '_p99_ms'] < 1)} |"
+               for label, k in (("GTID -> transaction", "gtid"), ("time -> first transaction at or after", "time"))),
+             "", "One-day table queries (5 windows a seventh of a day apart; goal < 100 ms):", "",
+             "| query | median ms | max ms | rows (median) | goal |", "|---|---|---|---|---|"]
     for label, r in scale["table"].items():
-        med = sorted(r["ms"])[len(r["ms"]) // 2]
-        rows = sorted(r["rows"])[len(r["rows"]) // 2]
-        lines.append(f"| {label} | {med:.1f} | {max(r['ms']):.1f} | {rows:,} | "
-                     f"{'met' if max(r['ms']) < 100 else 'MISSED'} |")
+        med, rows = (sorted(r[k])[len(r[k]) // 2] for k in ("ms", "rows"))
+        lines.append(f"| {label} | {med:.1f} | {max(r['ms']):.1f} | {rows:,} | {met(max(r['ms']) < 100)} |")
     lines += ["", "A table query decodes only the blocks whose header lists the table and overlaps the window: a "
               "rare table skips nearly every block, a table in about one transaction of a thousand is in nearly "
               "every block and pays a decode per block of the day.", ""]
     return results_document("Transaction index: size and lookups", __file__, argv, benchinfo.machine_info(), lines,
-                             what="sizes are exact; each lookup figure is a percentile over the lookups of "
-                             "that single run")
+                            what="sizes are exact; each lookup figure is a percentile over the lookups of "
+                            "that single run")
 
 
 def main(argv: list[str] | None = None) -> int:
