@@ -1,28 +1,20 @@
 """Restart time of a relay directory with and without the recovery checkpoint and the per-file indexes.
 
-Four measurements, each the median of 3 (``--runs``):
+Four measurements, each the median of 3 (``--runs``), with the checkpoint / indexes a clean stop leaves and with
+them removed: recovery alone (``RelayStore.open`` against the newest file's size: without the checkpoint, the full
+scan); the catalog at start (``FileCatalog.purged()``, gtid_purged, which needs the GTIDs inside every closed file,
+against their total size: without the indexes, every file scanned and its index written again); a start as the
+store sees it (``open`` + ``purged()`` + ``close``); and the whole restart as an operator sees it: ``relayproxy run
+--listen`` spawned on the directory until a real ``mariadb-binlog --read-from-remote-server --raw`` has received
+the newest file (checked byte for byte) and a ``SELECT @@GLOBAL.gtid_purged`` (what a MySQL auto-position replica's
+dump start computes) is answered. Its master is the scripted MySQL 8 master of the tests
+(``tests/support/fakemaster.py``, in a thread) holding the relay's newest file: no MariaDB sandbox can serve MySQL
+binlogs, and with it the relay resumes from its horizon against matching bytes, as after a real restart. With
+``--serve``, once per size, also ``relayproxy serve`` (which scans every file by design).
 
-- recovery alone: ``RelayStore.open`` (recovery of the newest file, the store ready to write) against the newest
-  file's size, with the checkpoint a clean stop leaves, and with it removed (the full scan);
-- the catalog at start: ``FileCatalog.purged()`` (gtid_purged: it needs the GTIDs inside every closed file) against
-  the total size of the closed files, with valid indexes, and with the indexes removed (every file scanned; the
-  indexes are rebuilt and removed again before the next run);
-- a start as the store sees it, against the total size of the closed files: ``RelayStore.open`` +
-  ``FileCatalog.purged()`` + ``close``, with the checkpoint and valid indexes, and with both removed;
-- the whole restart as an operator sees it, against the total size: a ``relayproxy run`` process spawned on the
-  relay directory (``--listen``, a master to replicate from) until a real ``mariadb-binlog --read-from-remote-server
-  --raw`` client has received the newest file (ROTATE, FORMAT_DESCRIPTION and every event, verified byte for byte
-  against the file), and until a ``SELECT @@GLOBAL.gtid_purged`` (what a MySQL auto-position replica's dump start
-  computes) is answered; with the checkpoint and indexes, and with both removed. The master is the scripted MySQL 8
-  master of the tests (``tests/support/fakemaster.py``) holding the relay's newest file, in a thread of this process: the
-  relay's files are MySQL 8 binlogs, which no MariaDB sandbox master can serve, and with it the relay resumes from
-  its horizon against a master whose bytes match, as after a real restart. With ``--serve``, once per size, also
-  ``relayproxy serve`` (read-only serving, which scans every file by design) until the same client is served.
-
-The files are MySQL 8 binlogs written here: GTID transactions of one ~64 KB row event each, closed files of
-100 MB, a newest file of 1 MB. The page cache is warm (the files were just written or read): the figures are
-the relay's own work, not the disk's. Before writing a directory the benchmark checks the free space and refuses,
-saying how much it needs, when there is not enough.
+The files are MySQL binlogs written here: GTID transactions of one ~64 KB row event each, closed files of 100 MB, a
+newest file of 1 MB. The page cache is warm: the figures are the relay's own work, not the disk's. A directory is
+written only when the disk has room for it and 2 GiB more.
 
     .venv/bin/python benchmarks/restart_time.py [--newest 10,100,1000] [--closed-gb 1,10] [--runs 3]
         [--serve] [--dir /path]
@@ -48,16 +40,15 @@ from pathlib import Path
 if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
     import _bootstrap  # noqa: F401
 
-from benchmarks.benchinfo import (  # noqa: E402
-    fmt_median_range,
-    header_block,
+from benchmarks.benchinfo import fmt_median_range, median_range, run_alternating  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS_DIR,
     machine_info,
-    machine_section,
-    median_range,
     pyplot,
-    run_alternating,
+    results_document,
+    save_figure,
+    write_results,
 )
-from benchmarks.common import save_figure  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.lab.relayprocess import RelayProcess, free_port  # noqa: E402
 from relayproxy.relay import RelayStore  # noqa: E402
@@ -70,8 +61,7 @@ from tests.support.fakemaster import FakeMySQLMaster  # noqa: E402
 
 SID = bytes(range(16))
 ROW = 64 << 10
-RESULTS = Path(__file__).resolve().parent / "results"
-REPO = Path(__file__).resolve().parent.parent
+RESULTS = RESULTS_DIR
 FILE_MB = 100  # closed files of the total-size series
 NEWEST_MB = 1  # the newest file of the total-size series
 # mariadb-binlog refuses a server whose version starts with 8 ("unrecognized MariaDB version"); it reads MySQL 5.x
@@ -80,17 +70,17 @@ NEWEST_MB = 1  # the newest file of the total-size series
 FILE_VERSION = "5.7.44-log"
 SPARE_BYTES = 2 << 30  # free space left over after a directory is written
 USER, PASSWORD = "repl", "replpw"
-
-
-class NotEnoughSpace(SystemExit):
-    pass
+STORE_KINDS = ("newest file", "closed files", "store start")
+PROCESS_KINDS = ("run: newest file", "run: closed files", "serve: closed files")
+ORDER = (*STORE_KINDS, *PROCESS_KINDS)
+STEPS = (("listening", "listening"), ("served", "newest file served"), ("purged", "gtid_purged answered"))
 
 
 def require_space(where: Path, needed: int, what: str) -> None:
     """Refuse (exit with a message) unless ``needed`` bytes plus a spare 2 GiB are free where ``what`` goes."""
     free = shutil.disk_usage(where).free
     if free < needed + SPARE_BYTES:
-        raise NotEnoughSpace(
+        raise SystemExit(
             f"restart_time: {what} needs {needed / 1e9:.1f} GB plus {SPARE_BYTES / 1e9:.1f} GB spare in {where}, "
             f"but only {free / 1e9:.1f} GB is free: free space, pass --dir on a larger disk, or lower --closed-gb"
         )
@@ -105,14 +95,13 @@ def _event(type_code: int, body: bytes, end: int) -> bytes:
 def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | None,
                  server_version: str = "8.0.36") -> int:
     """A binlog of about ``megabytes`` MB at ``path``; returns the next GNO."""
-    head = bytearray(E.binlog_file(E.previous_gtids(), server_version=server_version))
+    head = E.binlog_file(E.previous_gtids(), server_version=server_version)
     gno = first_gno
-    target = megabytes << 20
     payload = bytes(ROW)
     with open(path, "wb") as f:
         f.write(head)
         end = len(head)
-        while end < target:
+        while end < megabytes << 20:
             chunk = bytearray()
             for _ in range(64):
                 for type_code, body in (
@@ -127,8 +116,7 @@ def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | No
                 gno += 1
             f.write(chunk)
         if next_name is not None:
-            body = struct.pack("<Q", 4) + next_name.encode()
-            f.write(_event(C.ROTATE_EVENT, body, end))
+            f.write(_event(C.ROTATE_EVENT, struct.pack("<Q", 4) + next_name.encode(), end))
     return gno
 
 
@@ -141,6 +129,20 @@ def timed(fn, repeat: int = 3, before=None) -> list[float]:
         fn()
         out.append(time.perf_counter() - began)
     return out
+
+
+def with_without(fn, runs: int, drop, restore=None) -> dict:
+    """``fn`` timed ``runs`` times with the start aids (``restore`` before each, if given), then ``runs`` times
+    with ``drop`` before each."""
+    return {"with": timed(fn, runs, restore), "without": timed(fn, runs, drop)}
+
+
+def drop_start_aids(relay: Path, names: list[str], checkpoint: bool = True) -> None:
+    """Remove every file index, and the checkpoint: the next start scans."""
+    if checkpoint:
+        (relay / CHECKPOINT_NAME).unlink(missing_ok=True)
+    for name in names:
+        FI.remove(relay, name)
 
 
 def newest_rows(base: Path, sizes: list[int], runs: int = 3, process: bool = True) -> list[dict]:
@@ -156,22 +158,17 @@ def newest_rows(base: Path, sizes: list[int], runs: int = 3, process: bool = Tru
         store = RelayStore.open(relay)  # one full scan, then a clean stop: the checkpoint at the horizon
         size = store.current_end
         store.close()
-        cp = (relay / CHECKPOINT_NAME).read_bytes()
+        checkpoint = relay / CHECKPOINT_NAME
+        saved = checkpoint.read_bytes()
 
-        def open_close():
-            RelayStore.open(relay).close()
+        def restore_checkpoint():
+            checkpoint.write_bytes(saved)
 
-        def restore_cp():
-            (relay / CHECKPOINT_NAME).write_bytes(cp)
-
-        def drop_cp():
-            (relay / CHECKPOINT_NAME).unlink(missing_ok=True)
-
-        with_cp = timed(open_close, repeat=runs, before=restore_cp)
-        without = timed(open_close, repeat=runs, before=drop_cp)
-        rows.append({"what": "newest file", "mb": size / 1e6, "with": with_cp, "without": without})
+        rows.append({"what": "newest file", "mb": size / 1e6,
+                     **with_without(lambda: RelayStore.open(relay).close(), runs,
+                                    lambda: checkpoint.unlink(missing_ok=True), restore_checkpoint)})
         if process:
-            restore_cp()
+            restore_checkpoint()
             rows += process_rows(relay, [name], base / "work", runs, False, what="run: newest file", mb=size / 1e6,
                                  start_position=last_group_offset(relay / name))
         shutil.rmtree(relay)
@@ -215,47 +212,29 @@ def make_closed_dir(base: Path, total_mb: int) -> tuple[Path, list[str]]:
     return relay, names
 
 
-def drop_start_aids(relay: Path, names: list[str]) -> None:
-    """Remove the checkpoint and every file index: the next start scans."""
-    (relay / CHECKPOINT_NAME).unlink(missing_ok=True)
-    for name in names:
-        FI.remove(relay, name)
-
-
 def closed_rows(relay: Path, names: list[str], runs: int) -> list[dict]:
     """``purged()`` alone (the row the benchmark always had) and ``open + purged() + close``, with and without."""
-    rows = []
-    size = sum((relay / name).stat().st_size for name in names[:-1])
-    files = len(names) - 1
+    size = {"mb": sum((relay / name).stat().st_size for name in names[:-1]) / 1e6, "files": len(names) - 1}
     store = RelayStore.open(relay)
 
     def purged():
         FileCatalog(store).purged()
 
-    def drop_indexes():
-        for name in names:
-            FI.remove(relay, name)
+    def start():
+        started = RelayStore.open(relay)
+        FileCatalog(started).purged()
+        started.close()
 
     purged()  # the indexes are there (make_closed_dir); a first call warms the page cache for both
-    with_idx = timed(purged, repeat=runs)
-    without = timed(purged, repeat=runs, before=drop_indexes)
+    rows = [{"what": "closed files", **size,
+             **with_without(purged, runs, lambda: drop_start_aids(relay, names, checkpoint=False))}]
     store.close()
-    rows.append({"what": "closed files", "mb": size / 1e6, "files": files, "with": with_idx, "without": without})
-
-    def start():
-        store = RelayStore.open(relay)
-        FileCatalog(store).purged()
-        store.close()
-
     start()  # rebuilds the indexes dropped above; its close leaves the checkpoint
-    with_all = timed(start, repeat=runs)
-    without_all = timed(start, repeat=runs, before=lambda: drop_start_aids(relay, names))
-    rows.append({"what": "store start", "mb": size / 1e6, "files": files, "with": with_all, "without": without_all})
+    rows.append({"what": "store start", **size, **with_without(start, runs, lambda: drop_start_aids(relay, names))})
     return rows
 
 
 # -- the whole restart: a relay process and a real client ------------------------------------------------------
-
 
 class MasterThread:
     """The scripted MySQL 8 master (tests/support/fakemaster.py) holding the relay's newest file, on its own loop."""
@@ -275,24 +254,13 @@ class MasterThread:
         self.loop.close()
 
 
-def _tail(path: Path, n: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
 def _gtid_purged(port: int) -> str:
     import pymysql
 
-    conn = pymysql.connect(host="127.0.0.1", port=port, user=USER, password=PASSWORD, connect_timeout=600,
-                           read_timeout=3600)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT @@GLOBAL.gtid_purged")
-            return cur.fetchone()[0]
-    finally:
-        conn.close()
+    with pymysql.connect(host="127.0.0.1", port=port, user=USER, password=PASSWORD, connect_timeout=600,
+                         read_timeout=3600) as conn, conn.cursor() as cur:
+        cur.execute("SELECT @@GLOBAL.gtid_purged")
+        return cur.fetchone()[0]
 
 
 def relay_start(command: str, relay: Path, names: list[str], work: Path, master_port: int | None,
@@ -316,25 +284,23 @@ def relay_start(command: str, relay: Path, names: list[str], work: Path, master_
                         heartbeat_period=None, reconnect_max_delay=None, http=False, listen=free_port(),
                         log_level="warning", env=env, log_path=work / f"{command}.log", error=RuntimeError,
                         **where)
-    listen = proc.listen_port
     out = work / "download"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    log_path = proc.log_path
     newest = names[-1]
     try:
         proc.start(3600, ready="listen")
         began = proc.t_spawn
         listening = proc.t_up - began
         done = subprocess.run(
-            [tool, "--read-from-remote-server", "--raw", "-h127.0.0.1", f"-P{listen}", f"-u{USER}",
+            [tool, "--read-from-remote-server", "--raw", "-h127.0.0.1", f"-P{proc.listen_port}", f"-u{USER}",
              f"-p{PASSWORD}", f"--result-file={out}/", f"--start-position={start_position}", newest],
             capture_output=True, text=True, timeout=3600,
         )
         served = time.perf_counter() - began
         if done.returncode != 0:
             raise RuntimeError(f"mariadb-binlog failed ({done.returncode}): {done.stderr.strip()}\n"
-                               f"{_tail(log_path)}")
+                               f"{proc.log_tail(20)}")
         got = (out / newest).read_bytes()
         with open(relay / newest, "rb") as f:
             f.seek(start_position)
@@ -342,13 +308,13 @@ def relay_start(command: str, relay: Path, names: list[str], work: Path, master_
         if not got.endswith(want) or (start_position == 4 and len(got) != len(want) + 4):
             raise RuntimeError(f"mariadb-binlog got {len(got)} bytes of {newest}, not the relay's bytes from "
                                f"{start_position}")
-        _gtid_purged(listen)
+        _gtid_purged(proc.listen_port)
         purged = time.perf_counter() - began
     finally:
         returncode = proc.stop(120)
     shutil.rmtree(out, ignore_errors=True)
     if returncode not in (0, -signal.SIGTERM):
-        raise RuntimeError(f"the relay exited with {returncode}:\n{_tail(log_path)}")
+        raise RuntimeError(f"the relay exited with {returncode}:\n{proc.log_tail(20)}")
     return {"listening": listening, "served": served, "purged": purged}
 
 
@@ -379,9 +345,7 @@ def process_rows(relay: Path, names: list[str], work: Path, runs: int, serve: bo
     return rows
 
 
-PROCESS_KINDS = ("run: newest file", "run: closed files", "serve: closed files")
-ORDER = ("newest file", "closed files", "store start", *PROCESS_KINDS)
-
+# -- the results file and the plot -----------------------------------------------------------------------------
 
 def _cell(values: list[float]) -> str:
     med, lo, hi = median_range(values)
@@ -390,14 +354,12 @@ def _cell(values: list[float]) -> str:
     return f"{med:.3f} [{lo:.3f}-{hi:.3f}]"
 
 
-def render(rows: list[dict], argv: list[str], runs: int) -> list[str]:
-    med = statistics.median
-    machine = machine_info()
+def _ratio(with_: list[float], without: list[float]) -> float:
+    return statistics.median(without) / max(statistics.median(with_), 1e-9)
+
+
+def render(rows: list[dict], argv: list[str], runs: int) -> str:
     lines = [
-        "# Restart time: recovery checkpoint and per-file indexes",
-        "",
-        *header_block(__file__, argv, machine, runs=runs,
-                      what="with and without checkpoint/indexes alternated in the process rows"),
         "Seconds, median of the runs [min-max]. MySQL 8 binlogs written by the benchmark: GTID transactions of one "
         "64 KB row event; the total-size series has closed files of 100 MB and a newest file of 1 MB. Warm page "
         "cache (the files were just written or read; 23 GB of RAM), written back to disk (`os.sync()`) before the "
@@ -414,14 +376,10 @@ def render(rows: list[dict], argv: list[str], runs: int) -> list[str]:
         "| what | MB | with checkpoint / index | without (full scan) | ratio |",
         "|---|---:|---:|---:|---:|",
     ]
-    for row in rows:
-        if row["what"] not in ("newest file", "closed files", "store start"):
-            continue
-        w, wo = row["with"], row["without"]
-        lines.append(
-            f"| {row['what']}{' (' + str(row['files']) + ' files)' if 'files' in row else ''} | {row['mb']:,.0f} | "
-            f"{_cell(w)} | {_cell(wo)} | {med(wo) / max(med(w), 1e-9):,.0f}x |"
-        )
+    for row in (r for r in rows if r["what"] in STORE_KINDS):
+        files = f" ({row['files']} files)" if "files" in row else ""
+        lines.append(f"| {row['what']}{files} | {row['mb']:,.0f} | {_cell(row['with'])} | {_cell(row['without'])} | "
+                     f"{_ratio(row['with'], row['without']):,.0f}x |")
     procs = [r for r in rows if r["what"] in PROCESS_KINDS]
     if procs:
         lines += [
@@ -430,17 +388,17 @@ def render(rows: list[dict], argv: list[str], runs: int) -> list[str]:
             "",
             "`relayproxy run --listen` spawned on the relay directory (after a clean stop: checkpoint and indexes "
             "present; *without*: both removed before the spawn; the two alternate in order from run to run), its "
-            "master the scripted MySQL master of the tests (`tests/support/fakemaster.py`, in a thread of the benchmark) "
-            "holding the relay's newest file, so the relay resumes from its horizon against bytes that match, as "
-            "after a real restart (no MariaDB sandbox master can serve MySQL files). Seconds from `Popen` to: "
-            "*listening* (a TCP connect to `--listen` succeeds, polled every 5 ms); *newest file served* (then a "
+            "master the scripted MySQL master of the tests (`tests/support/fakemaster.py`, in a thread of the "
+            "benchmark) holding the relay's newest file, so the relay resumes from its horizon against bytes that "
+            "match, as after a real restart (no MariaDB sandbox master can serve MySQL files). Seconds from `Popen` "
+            "to: *listening* (a TCP connect to `--listen` succeeds, polled every 5 ms); *newest file served* (then a "
             "`mariadb-binlog --read-from-remote-server --raw` has exited with the newest file's bytes, checked "
             "against the relay's: with *closed files*, the whole 1 MB newest file; with *newest file*, from its last "
             "transaction, `--start-position`; its first event arrives before this); *gtid_purged answered* (then a "
             "PyMySQL `SELECT @@GLOBAL.gtid_purged` answered: what a MySQL auto-position replica's dump start "
-            "computes, the step that reads every closed file's index, or scans the file when its index is "
-            "missing). The interpreter's start and imports (bytecode cached by a first start, as a pip install "
-            "leaves it) and the client's own start are in every figure.",
+            "computes, the step that reads every closed file's index, or scans the file when its index is missing). "
+            "The interpreter's start and imports (bytecode cached by a first start, as a pip install leaves it) and "
+            "the client's own start are in every figure.",
             "",
             "| command: series | MB (closed files) | step | with checkpoint + indexes | without (removed) | ratio |",
             "|---|---:|---|---:|---:|---:|",
@@ -448,15 +406,14 @@ def render(rows: list[dict], argv: list[str], runs: int) -> list[str]:
         for row in procs:
             command, series = row["what"].split(": ")
             where = f"{row['mb']:,.0f}" + (f" ({row['files']})" if series == "closed files" else "")
-            for step, label in (("listening", "listening"), ("served", "newest file served"),
-                                ("purged", "gtid_purged answered")):
+            for step, label in STEPS:
                 w = [r[step] for r in row["with"]]
                 head = f"| `relayproxy {command}`: {series} | {where} | {label} | {_cell(w)} |"
                 if row["without"] is None:
                     lines.append(f"{head} (reads every file at start, by design) | |")
-                    continue
-                wo = [r[step] for r in row["without"]]
-                lines.append(f"{head} {_cell(wo)} | {med(wo) / max(med(w), 1e-9):,.1f}x |")
+                else:
+                    wo = [r[step] for r in row["without"]]
+                    lines.append(f"{head} {_cell(wo)} | {_ratio(w, wo):,.1f}x |")
         for series in ("newest file", "closed files"):
             sel = [r for r in procs if r["what"] == f"run: {series}"]
             if len(sel) < 2:
@@ -476,20 +433,21 @@ def render(rows: list[dict], argv: list[str], runs: int) -> list[str]:
         "written since the last checkpoint: at most 16 MB or 10 s of stream (`CHECKPOINT_BYTES`, "
         "`CHECKPOINT_SECONDS` in relay/sync.py), at the full-scan rate of the *newest file* rows.",
         "",
-        *machine_section(machine),
     ]
-    return lines
+    return results_document("Restart time: recovery checkpoint and per-file indexes", __file__, argv, machine_info(),
+                            lines, runs=runs, what="with and without checkpoint/indexes alternated in the process rows")
+
+
+PANELS = (("newest file", "newest file, MB", None), ("run: newest file", "newest file, MB", "served"),
+          ("closed files", "closed files, MB", None), ("store start", "closed files, MB", None),
+          ("run: closed files", "closed files, MB", "served"))
 
 
 def plot(rows: list[dict]) -> None:
     plt = pyplot()
     if plt is None:
         return
-    med = statistics.median
-    panels = [("newest file", "newest file, MB", None), ("run: newest file", "newest file, MB", "served"),
-              ("closed files", "closed files, MB", None), ("store start", "closed files, MB", None),
-              ("run: closed files", "closed files, MB", "served")]
-    panels = [p for p in panels if any(r["what"] == p[0] for r in rows)]
+    panels = [p for p in PANELS if any(r["what"] == p[0] for r in rows)]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), squeeze=False)
     for ax, (what, xlabel, step) in zip(axes[0], panels):
         sel = [r for r in rows if r["what"] == what]
@@ -497,7 +455,7 @@ def plot(rows: list[dict]) -> None:
         for variant, style, label in (("with", "o-", "with checkpoint / index"),
                                       ("without", "s--", "without (full scan)")):
             vals = [r[variant] if step is None else [v[step] for v in r[variant]] for r in sel]
-            mids = [med(v) for v in vals]
+            mids = [statistics.median(v) for v in vals]
             err = [[m - min(v) for m, v in zip(mids, vals)], [max(v) - m for m, v in zip(mids, vals)]]
             ax.errorbar(xs, mids, yerr=err, fmt=style, capsize=3, label=label)
         ax.set_xscale("log")
@@ -542,12 +500,11 @@ def main(argv: list[str]) -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     rows.sort(key=lambda r: ORDER.index(r["what"]))
-    lines = render(rows, argv, args.runs)
+    text = render(rows, argv, args.runs)
     if not args.no_write:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "restart_time.md").write_text("\n".join(lines) + "\n")
+        write_results(RESULTS / "restart_time.md", text + "\n")
         plot(rows)
-    print("\n".join(lines))
+    print(text)
 
 
 if __name__ == "__main__":
