@@ -1,26 +1,13 @@
 """Recorded binlog streams of named workload shapes: a real mariadbd master, relayed by relayproxy into a dataset.
 
-Each shape is one recording, in its own folder of the dataset::
-
-    <dataset>/<shape>/master-bin.000001 ...   the relay's files: the recording (relayproxy.index beside them)
-    <dataset>/<shape>.log                     the relay's log
-    <dataset>/manifest.json                   per shape: what was driven, files, events by type, bytes
-
-How a shape is recorded: per shape ``RESET MASTER`` on one local master (row format, CRC32), then ``relayproxy
-run`` into ``<dataset>/<shape>/`` while the shape's workload runs, stopped once its horizon is the master's end. The
-relay's files are byte for byte the master's: what a replica of the relay would receive.
-
-Shapes (``--scale`` multiplies every count; 1.0 is the default dataset of about 200,000 events):
-
-* ``oltp``      -- small transactions: autocommit single-row INSERTs, BEGIN/INSERT/UPDATE/COMMIT, DELETEs;
-* ``bulk``      -- multi-row INSERTs of 1,000 rows a statement (rows events of about 100 KB);
-* ``blobs``     -- LONGBLOB rows of 17 to 24 MB (events over 16 MB: more than one wire packet), rows of 64 KB
-                   to 1 MB, and one UPDATE of a large row (before and after images);
-* ``ddl``       -- DDL-heavy: CREATE/ALTER/RENAME/DROP TABLE, indexes, views, databases, a little DML;
-* ``xa``        -- XA transactions: two-phase commit, rollback after prepare, and one-phase commit;
-* ``domains``   -- four GTID domains (``SET SESSION gtid_domain_id``) interleaved, one connection each;
-* ``statement`` -- statement-based (``binlog_format=STATEMENT``): auto-increment INSERTs (INTVAR),
-                   RAND() (RAND), user variables (USER_VAR), multi-statement transactions.
+Per shape: ``RESET MASTER`` on one local master (row format, CRC32), then ``relayproxy run`` into
+``<dataset>/<shape>/`` (its log in ``<dataset>/<shape>.log``) while the shape's workload runs, stopped once its
+horizon is the master's end: the relay's files, byte for byte the master's, are the recording. ``manifest.json``
+says per shape what was driven, the files, events by type and bytes. The shapes are ``SHAPES`` below (``--scale``
+multiplies every count; 1.0 is the default dataset of about 200,000 events): small OLTP transactions, multi-row
+INSERTs of 1,000 rows, LONGBLOB rows of 64 KB to 1 MB and of 17-24 MB (events over 16 MB: more than one wire packet)
+with one UPDATE of a large row, DDL of every kind, XA (two-phase, rollback after prepare, one-phase), four GTID
+domains interleaved (one connection each), and statement-based binlogs (INTVAR, RAND, USER_VAR events).
 
     .venv/bin/python benchmarks/workloads.py                          # every shape, default dataset
     .venv/bin/python benchmarks/workloads.py --shapes oltp,xa --scale 0.05 --output /tmp/streams
@@ -42,13 +29,12 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from pymysql.constants import CLIENT  # noqa: E402
 
-from benchmarks.common import logger  # noqa: E402
+from benchmarks.common import REPO_ROOT, logger  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.reader import scan_file  # noqa: E402
-from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, prepare_master  # noqa: E402
+from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"
 MAX_BINLOG_SIZE = 32 << 20  # several files per stream, and files larger than the Spark job's default split
 BLOB_OVER_16MB = (17 << 20, 24 << 20)
@@ -64,6 +50,15 @@ def scaled(count: int, scale: float, minimum: int = 1) -> int:
 
 # -- the workloads: each one drives the master and returns what it did (recorded in the manifest) -----------------
 
+def _connect(master: MariaDBSandbox, *session: str):
+    """A connection for multi-statement round trips, with ``session`` statements run first."""
+    conn = master.connect(client_flag=CLIENT.MULTI_STATEMENTS, max_allowed_packet=256 << 20)
+    with conn.cursor() as cur:
+        for statement in session:
+            cur.execute(statement)
+    return conn
+
+
 def _batched(conn, statements: list[str], per_round_trip: int = 50) -> None:
     """Run statements in multi-statement round trips; each statement still commits on its own."""
     with conn.cursor() as cur:
@@ -73,8 +68,10 @@ def _batched(conn, statements: list[str], per_round_trip: int = 50) -> None:
                 pass
 
 
-def _connect(master: MariaDBSandbox, **kwargs):
-    return master.connect(client_flag=CLIENT.MULTI_STATEMENTS, max_allowed_packet=256 << 20, **kwargs)
+def _drive(master: MariaDBSandbox, statements: list[str], per_round_trip: int = 50, *session: str) -> None:
+    conn = _connect(master, *session)
+    _batched(conn, statements, per_round_trip)
+    conn.close()
 
 
 def _pad(rng: random.Random, low: int, high: int) -> str:
@@ -84,41 +81,32 @@ def _pad(rng: random.Random, low: int, high: int) -> str:
 def oltp(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
     transactions = scaled(15_000, scale)
     master.execute("CREATE TABLE w.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, c VARCHAR(120) NOT NULL)")
-    conn = _connect(master)
     statements: list[str] = []
     for i in range(transactions):
         roll = rng.random()
         if roll < 0.6 or i < 10:
             statements.append(f"INSERT INTO w.oltp (k, c) VALUES ({i}, '{_pad(rng, 40, 110)}')")
         elif roll < 0.9:
-            target = rng.randint(1, i)
-            statements.append(
-                f"START TRANSACTION; INSERT INTO w.oltp (k, c) VALUES ({i}, '{_pad(rng, 40, 110)}'); "
-                f"UPDATE w.oltp SET k = k + 1 WHERE id = {target}; COMMIT"
-            )
+            target = rng.randint(1, i)  # drawn before the row's text
+            statements.append(f"START TRANSACTION; INSERT INTO w.oltp (k, c) VALUES ({i}, '{_pad(rng, 40, 110)}'); "
+                              f"UPDATE w.oltp SET k = k + 1 WHERE id = {target}; COMMIT")
         else:
             statements.append(f"DELETE FROM w.oltp WHERE id = {rng.randint(1, i)}")
-    _batched(conn, statements)
-    conn.close()
+    _drive(master, statements)
     return {"transactions": transactions}
 
 
 def bulk(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
-    statements_count = scaled(150, scale)
-    rows = 1000
+    statements, rows = scaled(150, scale), 1000
     master.execute("CREATE TABLE w.bulk (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(200) NOT NULL)")
-    conn = _connect(master)
-    with conn.cursor() as cur:
-        for s in range(statements_count):
-            values = ",".join(f"({s * rows + r}, {r}, '{_pad(rng, 60, 140)}')" for r in range(rows))
-            cur.execute(f"INSERT INTO w.bulk (id, k, c) VALUES {values}")
-    conn.close()
-    return {"statements": statements_count, "rows_per_statement": rows}
+    _drive(master, [f"INSERT INTO w.bulk (id, k, c) VALUES "
+                    + ",".join(f"({s * rows + r}, {r}, '{_pad(rng, 60, 140)}')" for r in range(rows))
+                    for s in range(statements)], 1)
+    return {"statements": statements, "rows_per_statement": rows}
 
 
 def blobs(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
-    huge = scaled(3, scale)
-    medium = scaled(40, scale)
+    huge, medium = scaled(3, scale), scaled(40, scale)
     master.execute("CREATE TABLE w.blobs (id INT PRIMARY KEY, note VARCHAR(40), b LONGBLOB NOT NULL)")
     conn = _connect(master)
     total = medium + huge
@@ -127,7 +115,8 @@ def blobs(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
     with conn.cursor() as cur:
         for i in range(total):
             size = rng.randint(*BLOB_OVER_16MB) if i in huge_at else rng.randint(64 << 10, 1 << 20)
-            cur.execute("INSERT INTO w.blobs (id, note, b) VALUES (%s, %s, %s)", (i, f"blob {size}", rng.randbytes(size)))
+            cur.execute("INSERT INTO w.blobs (id, note, b) VALUES (%s, %s, %s)",
+                        (i, f"blob {size}", rng.randbytes(size)))
             sizes.append(size)
         big_id = next(i for i, s in enumerate(sizes) if s >= 16 << 20)
         cur.execute("UPDATE w.blobs SET b = CONCAT(b, 'x') WHERE id = %s", (big_id,))  # before + after image
@@ -137,7 +126,6 @@ def blobs(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
 
 def ddl(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
     rounds = scaled(250, scale)
-    conn = _connect(master)
     statements: list[str] = []
     for i in range(rounds):
         t = f"w.ddl_{i}"
@@ -154,15 +142,13 @@ def ddl(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
         ]
         if i % 25 == 0:
             statements += [f"CREATE DATABASE w_db_{i}", f"DROP DATABASE w_db_{i}"]
-    _batched(conn, statements, per_round_trip=20)
-    conn.close()
+    _drive(master, statements, 20)
     return {"statements": len(statements), "rounds": rounds}
 
 
 def xa(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
     transactions = scaled(2_500, scale)
     master.execute("CREATE TABLE w.xa (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(100) NOT NULL)")
-    conn = _connect(master)
     statements: list[str] = []
     outcomes = {"commit": 0, "rollback": 0, "one_phase": 0}
     for i in range(transactions):
@@ -172,18 +158,13 @@ def xa(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
             body.append(f"UPDATE w.xa SET k = k + 1 WHERE id = {rng.randrange(i)}")
         body.append(f"XA END {xid}")
         roll = rng.random()
-        if roll < 0.7:
-            body += [f"XA PREPARE {xid}", f"XA COMMIT {xid}"]
-            outcomes["commit"] += 1
-        elif roll < 0.85:
-            body += [f"XA PREPARE {xid}", f"XA ROLLBACK {xid}"]
-            outcomes["rollback"] += 1
-        else:
-            body.append(f"XA COMMIT {xid} ONE PHASE")
-            outcomes["one_phase"] += 1
+        outcome = "commit" if roll < 0.7 else "rollback" if roll < 0.85 else "one_phase"
+        outcomes[outcome] += 1
+        body += {"commit": [f"XA PREPARE {xid}", f"XA COMMIT {xid}"],
+                 "rollback": [f"XA PREPARE {xid}", f"XA ROLLBACK {xid}"],
+                 "one_phase": [f"XA COMMIT {xid} ONE PHASE"]}[outcome]
         statements.append("; ".join(body))
-    _batched(conn, statements, per_round_trip=20)
-    conn.close()
+    _drive(master, statements, 20)
     return {"transactions": transactions, **outcomes}
 
 
@@ -191,21 +172,15 @@ def domains(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
     transactions = scaled(10_000, scale)
     domain_ids = (0, 1, 2, 3)
     master.execute("CREATE TABLE w.domains (id INT AUTO_INCREMENT PRIMARY KEY, d INT NOT NULL, c VARCHAR(100))")
-    conns = {}
-    for d in domain_ids:
-        conns[d] = _connect(master)
-        with conns[d].cursor() as cur:
-            cur.execute(f"SET SESSION gtid_domain_id = {d}")
+    conns = {d: _connect(master, f"SET SESSION gtid_domain_id = {d}") for d in domain_ids}
     pending: dict[int, list[str]] = {d: [] for d in domain_ids}
     for i in range(transactions):
         d = rng.choice(domain_ids)
         if rng.random() < 0.7:
             pending[d].append(f"INSERT INTO w.domains (d, c) VALUES ({d}, '{_pad(rng, 30, 90)}')")
         else:
-            pending[d].append(
-                f"START TRANSACTION; INSERT INTO w.domains (d, c) VALUES ({d}, '{_pad(rng, 30, 90)}'); "
-                f"UPDATE w.domains SET c = 'u' WHERE id = {rng.randint(1, i + 1)}; COMMIT"
-            )
+            pending[d].append(f"START TRANSACTION; INSERT INTO w.domains (d, c) VALUES ({d}, '{_pad(rng, 30, 90)}'); "
+                              f"UPDATE w.domains SET c = 'u' WHERE id = {rng.randint(1, i + 1)}; COMMIT")
         if len(pending[d]) >= 20:  # connections take turns, so the domains interleave in the binlog
             _batched(conns[d], pending[d])
             pending[d] = []
@@ -217,12 +192,8 @@ def domains(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
 
 def statement(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
     rounds = scaled(6_000, scale)
-    master.execute(
-        "CREATE TABLE w.sbr (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, r DOUBLE, c VARCHAR(100)) ENGINE=InnoDB"
-    )
-    conn = _connect(master)
-    with conn.cursor() as cur:
-        cur.execute("SET SESSION binlog_format = 'STATEMENT'")
+    master.execute("CREATE TABLE w.sbr (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, r DOUBLE, c VARCHAR(100)) "
+                   "ENGINE=InnoDB")
     statements: list[str] = []
     for i in range(rounds):
         kind = i % 4
@@ -233,12 +204,9 @@ def statement(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
         elif kind == 2:  # a user variable read by the statement: USER_VAR
             statements.append(f"SET @v = {i}; UPDATE w.sbr SET k = @v WHERE id = {rng.randint(1, i)}")
         else:  # a multi-statement transaction: BEGIN ... XID
-            statements.append(
-                f"START TRANSACTION; INSERT INTO w.sbr (k, c) VALUES ({i}, 'trx'); "
-                f"UPDATE w.sbr SET c = CONCAT(c, '.') WHERE id = {rng.randint(1, i)}; COMMIT"
-            )
-    _batched(conn, statements)
-    conn.close()
+            statements.append(f"START TRANSACTION; INSERT INTO w.sbr (k, c) VALUES ({i}, 'trx'); "
+                              f"UPDATE w.sbr SET c = CONCAT(c, '.') WHERE id = {rng.randint(1, i)}; COMMIT")
+    _drive(master, statements, 50, "SET SESSION binlog_format = 'STATEMENT'")
     return {"statements": rounds, "binlog_format": "STATEMENT"}
 
 
@@ -260,9 +228,7 @@ def describe_recording(folder: Path) -> dict:
     files = []
     counts: dict[str, int] = {}
     largest = 0
-    for path in sorted(folder.iterdir()):
-        if not path.is_file():
-            continue
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
         with open(path, "rb") as f:
             if f.read(4) != C.BINLOG_MAGIC:
                 continue
@@ -285,9 +251,8 @@ def record_shape(master: MariaDBSandbox, name: str, dataset: Path, scale: float,
     if target.exists():
         shutil.rmtree(target)
     (dataset / f"{name}.log").unlink(missing_ok=True)
-    master.execute("DROP DATABASE IF EXISTS w")
-    master.execute("CREATE DATABASE w")
-    master.execute("RESET MASTER")
+    for sql in ("DROP DATABASE IF EXISTS w", "CREATE DATABASE w", "RESET MASTER"):
+        master.execute(sql)
     relay = RelayProcess(target, master.port, server_id=server_id, gtid_mode="off")
     began = time.monotonic()
     relay.start()
@@ -310,8 +275,7 @@ def record_shape(master: MariaDBSandbox, name: str, dataset: Path, scale: float,
 def record(dataset: Path, shapes: list[str], scale: float, seed: int = 6, workdir: Path | None = None) -> dict:
     """Record every shape of ``shapes`` into ``dataset`` and write its manifest.json."""
     dataset.mkdir(parents=True, exist_ok=True)
-    own_workdir = workdir is None
-    base = Path(tempfile.mkdtemp(prefix="rp-workloads-")) if own_workdir else workdir
+    base = Path(tempfile.mkdtemp(prefix="rp-workloads-")) if workdir is None else workdir
     master = MariaDBSandbox(base / "master", binlog_format="ROW", extra_config={
         "max_binlog_size": MAX_BINLOG_SIZE, "sync_binlog": 0, "innodb_flush_log_at_trx_commit": 2,
         "binlog_row_event_max_size": 8192})
@@ -330,7 +294,7 @@ def record(dataset: Path, shapes: list[str], scale: float, seed: int = 6, workdi
             manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")  # after each shape: a crash keeps the rest
     finally:
         master.stop()
-        if own_workdir:
+        if workdir is None:
             shutil.rmtree(base, ignore_errors=True)
     return manifest
 
