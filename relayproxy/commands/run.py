@@ -272,7 +272,7 @@ class RelayParts:
             downstream=self.downstream if listener else None, senders=self.senders if listener else None,
             fsync=self.fsync if listener else None, hop=self.session.hop if listener else None,
             storage=self.storage, archive=self.archive,
-            retention=self.retention)
+            retention=self.retention, txindex=self.session.store.txindex_health() if listener else None)
 
 
 def upstream_sources(session: UpstreamSession) -> UpstreamSources:

@@ -100,6 +100,7 @@ class RelayCollector:
         yield from _disk(s)
         yield from _retention(s.get("retention"))
         yield from _archive(s.get("archive"))
+        yield from _txindex(s.get("txindex"))
         yield from _replicas(s.get("replicas") or [])
         yield from _replay_stops(s.get("replay_stops"))
         yield from _logins(s.get("logins"))
@@ -262,6 +263,18 @@ def _retention(stats: dict[str, Any] | None) -> Iterator:
             yield _counter(f"relayproxy_retention_{key}", help_text, stats[key])
     yield from _gauge("relayproxy_retention_last_purge_timestamp_seconds", "Unix time of the last purge by retention",
                       stats.get("last_purge"))
+
+
+def _txindex(t: dict[str, Any] | None) -> Iterator:
+    if not t:
+        return  # a served directory: no indexer
+    for key, help_text in (
+        ("passes", "Passes of the transaction indexer over the newly durable bytes"),
+        ("errors", "Passes of the transaction indexer that failed (each is retried)"),
+        ("child_starts", "Transaction indexer child processes started (more than one: one died and was replaced)"),
+    ):
+        if t.get(key) is not None:
+            yield _counter(f"relayproxy_txindex_{key}", help_text, t[key])
 
 
 ARCHIVE_STATES = ("starting", "ok", "retrying", "failing")

@@ -68,6 +68,7 @@ class StatusSources:
     storage: StorageTask | None = None  # closed files converted / archived (relay/conversion.py)
     archive: ArchiveUploader | None = None  # with archive_url (relay/archive.py; no credentials in it)
     retention: RetentionTask | None = None  # with a retention_* limit (relay/retention.py)
+    txindex: dict[str, Any] | None = None  # the transaction indexer's health (RelayStore.txindex_health)
 
 
 def relay_status(cfg, sources: StatusSources) -> dict[str, Any]:
@@ -246,6 +247,8 @@ def _add_parts(doc: dict[str, Any], sources: StatusSources, horizon, names: list
         doc["archive"] = sources.archive.describe()
     if sources.retention is not None:
         doc["retention"] = sources.retention.stats.as_dict()
+    if sources.txindex is not None:
+        doc["txindex"] = sources.txindex
 
 
 def _replay_stops(ctx, names: list[str]) -> list[dict[str, Any]]:

@@ -314,6 +314,10 @@ class RelayStore:
         """Called as ``on_fsync(seconds, bytes)`` after each fdatasync of relay data (or None)."""
         return self._pipeline.on_fsync
 
+    def txindex_health(self) -> dict:
+        """The transaction indexer's health (``TxIndexer.describe``): /status ``txindex`` and /metrics."""
+        return self._txindexer.describe()
+
     @property
     def open_options(self) -> dict:
         """What this store was opened with (``RelayStore.open``'s keywords): a reopened store gets the same."""

@@ -51,7 +51,7 @@ import weakref
 import sys
 import zlib
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from itertools import accumulate
 from operator import add, sub
 from dataclasses import dataclass
@@ -71,6 +71,8 @@ if TYPE_CHECKING:
     from .reader import StoreReader
 
 log = get_logger(__name__)
+
+KEPT_ERRORS = 100  # an indexer keeps its newest errors (a pass failing for hours must not grow memory)
 
 SIDECAR_PREFIX = RESERVED_PREFIX + "txindex."
 MAGIC = b"RPXTXI1\n"
@@ -1334,7 +1336,8 @@ class TxIndexer:
         self._follow: _Follow | None = None
         self._done: set[str] = set()  # closed files whose sidecar is finished
         self.finished: list[str] = []
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=KEPT_ERRORS)  # the newest; error_count counts them all
+        self.error_count = 0
         self.passes = 0
         self._pass_done = threading.Condition()
         clean_leftovers(self.relay_dir)
@@ -1380,16 +1383,26 @@ class TxIndexer:
             log.debug("transaction index pass: a file went away meanwhile", error=str(exc))
         except (OSError, TxIndexError, StoredFileError) as exc:
             self._drop_follow()
-            self.errors.append(str(exc))
+            self._error(str(exc))
             log.warning("transaction index pass failed: it is retried", error=str(exc))
         except Exception as exc:  # noqa: BLE001 - a defect must not end indexing for good
             self._drop_follow()
-            self.errors.append(repr(exc))
+            self._error(repr(exc))
             log.error("transaction index pass failed unexpectedly", error=repr(exc))
         with self._pass_done:
             self.passes += 1
             self._pass_done.notify_all()
         return True
+
+    def _error(self, message: str) -> None:
+        self.errors.append(message)
+        self.error_count += 1
+
+    def describe(self) -> dict:
+        """The indexer's health (/status ``txindex``, /metrics): where it runs, its passes, the files it finished,
+        its errors (each pass that failed; it is retried) and the newest of them."""
+        return {"mode": "thread", "passes": self.passes, "files_finished": len(self.finished),
+                "errors": self.error_count, "last_error": self.errors[-1] if self.errors else None}
 
     def _drop_follow(self) -> None:
         if self._follow is not None:

@@ -27,10 +27,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from collections import deque
 from typing import Callable
 
 from ..log import get_logger, logging_settings
 from .closed_files import child_environment
+from .txindex import KEPT_ERRORS
 
 log = get_logger(__name__)
 
@@ -49,7 +51,8 @@ class TxIndexProcess:
         self._horizon = horizon
         self.poll_seconds = poll_seconds
         self.finished: list[str] = []
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=KEPT_ERRORS)  # the newest; error_count counts them all
+        self.error_count = 0
         self.passes = 0  # the passes of every child so far
         self.starts = 0  # children started (more than 1: one died and was replaced)
         self._base = 0  # passes of the children before the current one
@@ -98,7 +101,7 @@ class TxIndexProcess:
                 try:
                     proc = self._proc = self._spawn()
                 except OSError as exc:
-                    self.errors.append(f"cannot start the transaction indexer: {exc}")
+                    self._error(f"cannot start the transaction indexer: {exc}")
                     log.error("transaction indexer not started: retried", error=str(exc))
                     self._proc = None
                     if self._stop.wait(RESPAWN_DELAY):
@@ -122,7 +125,7 @@ class TxIndexProcess:
 
     def _child_gone(self, proc: subprocess.Popen) -> None:
         message = f"the transaction indexer (pid {proc.pid}) exited with status {proc.returncode}: started again"
-        self.errors.append(message)
+        self._error(message)
         log.warning("transaction indexer exited: started again", pid=proc.pid, status=proc.returncode)
         with self._cond:
             self._base = self.passes
@@ -138,11 +141,24 @@ class TxIndexProcess:
                 continue
             with self._cond:
                 self.finished += answer.get("finished", [])
-                self.errors += answer.get("errors", [])
+                for error in answer.get("errors", []):
+                    self._error(error)
                 self.passes = self._base + passes
                 self._cond.notify_all()
         with self._cond:
             self._cond.notify_all()
+
+    def _error(self, message: str) -> None:
+        self.errors.append(message)
+        self.error_count += 1
+
+    def describe(self) -> dict:
+        """As ``TxIndexer.describe``, with the child's pid and how many children were started (1 + restarts)."""
+        proc = self._proc
+        return {"mode": "child", "passes": self.passes, "files_finished": len(self.finished),
+                "errors": self.error_count, "last_error": self.errors[-1] if self.errors else None,
+                "child_pid": proc.pid if proc is not None and proc.poll() is None else None,
+                "child_starts": self.starts}
 
     def _close_child(self) -> None:
         proc, self._proc = self._proc, None

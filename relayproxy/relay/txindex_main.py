@@ -66,9 +66,10 @@ def serve(relay_dir: Path, stdin: IO[bytes], stdout: IO[bytes]) -> int:
             lines.clear()
         if not indexer.run_pass() or eof.is_set():
             return 0
+        new_errors = min(indexer.error_count - reported[1], len(indexer.errors))
         answer = {"passes": indexer.passes, "finished": indexer.finished[reported[0]:],
-                  "errors": indexer.errors[reported[1]:]}
-        reported = (len(indexer.finished), len(indexer.errors))
+                  "errors": list(indexer.errors)[len(indexer.errors) - new_errors:]}
+        reported = (len(indexer.finished), indexer.error_count)
         try:
             stdout.write(json.dumps(answer).encode() + b"\n")
             stdout.flush()

@@ -557,3 +557,21 @@ def test_the_hop_stages_reach_status_metrics_and_the_status_text(tmp_path):
     assert value(fams, "relayproxy_hop_seconds", "relayproxy_hop_seconds_bucket", stage="send", le="0.0001") == 3
     line = next(x for x in format_status(doc).splitlines() if x.startswith("Hop"))
     assert "receive 0.20 ms" in line and "durable 1.60 ms" in line and "send 0.10 ms" in line and "ack" not in line
+
+
+def test_the_transaction_indexer_health_reaches_status_and_metrics(tmp_path):
+    """RelayStore.txindex_health: /status `txindex` and relayproxy_txindex_*; a served directory has none."""
+    store = two_file_store(tmp_path)
+    try:
+        assert store._txindexer.wait_idle()
+        health = store.txindex_health()
+        doc = relay_status(fake_cfg(store.relay_dir), StatusSources(store, fake_upstream(), txindex=health))
+        fams = families(generate_latest(build_registry(lambda: doc, process=False)).decode())
+        bare = relay_status(fake_cfg(store.relay_dir), StatusSources(store, fake_upstream()))
+    finally:
+        store.close()
+    assert doc["txindex"]["mode"] == "thread" and doc["txindex"]["errors"] == 0 and doc["txindex"]["passes"] >= 2
+    assert value(fams, "relayproxy_txindex_passes", "relayproxy_txindex_passes_total") == health["passes"]
+    assert value(fams, "relayproxy_txindex_errors", "relayproxy_txindex_errors_total") == 0
+    assert "relayproxy_txindex_child_starts" not in fams  # a thread: no child
+    assert "txindex" not in bare

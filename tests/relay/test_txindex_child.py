@@ -53,7 +53,10 @@ def test_child_builds_the_index_the_thread_builds(tmp_path):
                 side, why = T.load(relay, name)
                 assert why is None and side.footer is not None and side.transactions == 1200, (mode, name)
             assert store.transaction_index.by_gtid("0-1-3600").file == "binlog.000003"
-            assert store._txindexer.errors == []
+            health = store.txindex_health()
+            assert health["mode"] == ("child" if mode else "thread") and health["errors"] == 0, health
+            assert health["files_finished"] == 2 and health["passes"] >= 2 and health["last_error"] is None
+            assert not mode or (health["child_starts"] == 1 and health["child_pid"] == store._txindexer._proc.pid)
             results[mode] = _index(store.transaction_index)
         finally:
             store.close()
@@ -73,6 +76,7 @@ def test_a_child_that_dies_is_replaced_and_close_stops_it(tmp_path):
         assert indexer.wait_idle(), indexer.errors
         assert indexer.starts == 2 and indexer._proc.pid != first
         assert any("exited with status -9" in e for e in indexer.errors)
+        assert store.txindex_health()["child_starts"] == 2 and store.txindex_health()["errors"] >= 1
         side, why = T.load(relay, "binlog.000002")
         assert why is None and side.footer is not None and side.transactions == 1200
         second = indexer._proc.pid

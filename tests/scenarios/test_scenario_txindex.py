@@ -78,6 +78,9 @@ def test_relay_transactions_match_the_masters_binlog(mariadb, tmp_path: Path, ca
         while not T.sidecar_path(relay_dir, groups[0][0]).exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert T.sidecar_path(relay_dir, groups[0][0]).exists()
+        health = relay.status()["txindex"]  # relayproxy run indexes in a child process (relay/txindex_child.py)
+        assert health["mode"] == "child" and health["child_starts"] == 1 and health["errors"] == 0, health
+        assert health["child_pid"] is not None and health["passes"] >= 1
     finally:
         relay.stop()
     assert cli.main(["find", "--relay-dir", str(relay_dir), "--gtid", last[2], "--json"]) == 0
