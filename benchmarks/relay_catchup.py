@@ -1,63 +1,39 @@
 """Catch-up throughput and memory: relayproxy against the MariaDB replica IO thread and mariadb-binlog.
 
-Builds a real MariaDB master (``relayproxy.lab.sandbox``) holding a backlog in two shapes, one after
-the other (``RESET MASTER`` in between):
+A real MariaDB master (``relayproxy.lab.sandbox``) holds a backlog in two shapes, one after the other (``RESET
+MASTER`` in between): ``oltp`` (``--backlog-mb``, 100 MB), a stored procedure alternating an autocommit single-row
+INSERT with ``START TRANSACTION; INSERT; UPDATE; COMMIT`` (about 150 bytes an event, row format, ANNOTATE_ROWS on),
+and ``bulk`` (``--bulk-backlog-mb``, 300 MB, so that a catch-up lasts long enough to time), ``INSERT ... SELECT FROM
+seq_1_to_10000`` transactions of 8 KB row events. In turns (round robin, ``--repeat`` times, the median reported)
+each reader catches up from nothing to the master's end position: the replica IO thread (``START SLAVE IO_THREAD``
+until ``Read_Master_Log_Pos`` is at the end; its replica runs log_slave_updates, so it asks for ANNOTATE_ROWS and
+receives the same bytes as the others: the ratio base), the same on a replica without log_slave_updates (fewer
+bytes: an extra row), ``mariadb-binlog --read-from-remote-server --raw --to-last-log`` under ``/usr/bin/time`` for
+its peak RSS, and ``relayproxy run`` from an empty relay directory with ``--sync-mode transaction`` (the default)
+and ``batch``, CRC32 verified, timed from its "http api listening" log line until ``GET /status`` shows the end
+(peak RSS: VmHWM just before the stop; its files then compared byte for byte with the master's); ``--extra-relay``
+adds another checkout's tree. Every reader is polled every 10 ms; before every run the master's leftover dump
+threads are killed (a new dump from the same server_id otherwise waits ~100 ms for its zombie) and ``sync`` runs.
 
-* ``oltp`` (``--backlog-mb``, 100 MB) -- small transactions, about 150 bytes an event: a stored
-  procedure alternates an autocommit single-row INSERT with ``START TRANSACTION; INSERT; UPDATE;
-  COMMIT``, row format, ANNOTATE_ROWS on (MariaDB's default);
-* ``bulk`` (``--bulk-backlog-mb``, 300 MB, so that a catch-up lasts long enough to time) --
-  ``INSERT ... SELECT FROM seq_1_to_10000`` transactions: row events of
-  ``binlog_row_event_max_size`` (8 KB).
-
-Then, in the same run and in turns (round robin, ``--repeat`` times, the median reported), it times
-the catch-up from nothing to the master's end position of:
-
-* the MariaDB replica IO thread: a second sandbox, ``CHANGE MASTER TO ... MASTER_USE_GTID=no``,
-  ``START SLAVE IO_THREAD`` (SQL thread stopped) until SHOW SLAVE STATUS's ``Read_Master_Log_Pos``
-  reaches the master's end; timed from START SLAVE. Its replica runs with log_slave_updates, so it
-  asks for ANNOTATE_ROWS and receives the same bytes as the others; it is the ratio base;
-* the same IO thread on a replica without log_slave_updates (an extra row: the master then leaves
-  ANNOTATE_ROWS out, so it receives fewer bytes);
-* ``mariadb-binlog --read-from-remote-server --raw --to-last-log`` into a temporary directory
-  (no --stop-never: it exits at the end), under ``/usr/bin/time`` for its peak RSS;
-* ``relayproxy run`` as a subprocess from an empty relay directory, default configuration
-  (``--sync-mode transaction``, CRC32 verified), until ``GET /status`` shows
-  ``read_master_log_pos`` at the master's end; timed from its "http api listening" log line
-  (serve() starts the upstream session right after it; Python start-up is reported apart); peak RSS
-  is VmHWM from /proc/<pid>/status just before it is stopped; its files are then compared byte for
-  byte with the master's;
-* the same with ``--sync-mode batch``; and any ``--extra-relay LABEL=DIR`` tree (a prototype).
-
-Every reader is polled every 10 ms; before every run the master's leftover dump threads are killed
-(a new dump from the same server_id otherwise waits ~100 ms for its zombie) and ``sync`` runs.
-
-A full run then profiles relayproxy's catch-up of each backlog with py-spy (the relay launched
-under ``py-spy record``; all threads, idle samples kept so waiting shows up), and, with
-``--cprofile``, an in-process ``serve()`` under cProfile. Last comes the large-transaction memory
-test: one ``--big-trx-mb`` MB transaction (4 MB row events, ``max_allowed_packet=1G``) replicated
-through a running relay whose RSS is sampled throughout (VmHWM reset through
-``/proc/<pid>/clear_refs`` before the transaction).
+A full run then profiles one relay catch-up of each backlog under ``py-spy record`` (idle samples kept, so waiting
+shows), and last replicates one ``--big-trx-mb`` MB transaction (4 MB row events) through a running relay whose RSS
+is sampled throughout (VmHWM reset through ``/proc/<pid>/clear_refs`` before it).
 
     .venv/bin/python benchmarks/relay_catchup.py                 # full run, writes benchmarks/results/
     .venv/bin/python benchmarks/relay_catchup.py --quick --json  # ~10 MB smoke run, prints JSON, writes nothing
 
-Absolute times on a shared 2-core machine are noise; the ratios between readers of the same run
-are the result. The target (issue): relayproxy at least as fast as the MariaDB IO thread.
+Absolute times on a shared 2-core machine are noise; the ratios between readers of the same run are the result.
+The target (issue): relayproxy at least as fast as the MariaDB IO thread.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import cProfile
 import datetime
 import hashlib
-import io
 import json
 import mmap
 import os
-import pstats
 import shutil
 import statistics
 import subprocess
@@ -65,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +56,7 @@ from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
 from relayproxy.lab.procstat import proc_status_kb  # noqa: E402
-from relayproxy.lab.relayprocess import RelayProcess, py_spy_record  # noqa: E402
+from relayproxy.lab.relayprocess import RelayProcess, master_status, py_spy_record  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox, find_binary  # noqa: E402
 
 POLL = 0.01  # seconds between status polls, the same for every reader
@@ -87,7 +64,6 @@ REPL_USER, REPL_PASSWORD = "repl", "replpw"
 OLTP_PAD = 200  # characters of the VARCHAR each OLTP row carries: ~150-byte events on average
 BULK_ROWS = 10_000  # rows per bulk transaction
 BIG_ROW_MB = 4  # row (and so row-event) size of the large-transaction test
-READERS = ("io_thread", "io_thread_no_annotate", "mariadb_binlog", "relay_transaction", "relay_batch")
 READER_LABELS = {
     "io_thread": "MariaDB replica IO thread",
     "io_thread_no_annotate": "IO thread, replica without log_slave_updates (2)",
@@ -95,31 +71,34 @@ READER_LABELS = {
     "relay_transaction": "relayproxy (sync transaction, CRC on)",
     "relay_batch": "relayproxy (sync batch, CRC on)",
 }
+READERS = tuple(READER_LABELS)
 SHAPE_LABELS = {"oltp": "OLTP-shaped (small transactions)", "bulk": "bulk rows (8 KB row events)"}
-
-_header_unpack_from = HEADER.unpack_from
-
+# Fast generation; none of this changes what the readers receive.
+MASTER_CONFIG = {"sync_binlog": 0, "innodb_flush_log_at_trx_commit": 0, "innodb_buffer_pool_size": "256M",
+                 "innodb_log_file_size": "512M", "innodb_doublewrite": 0, "max_allowed_packet": "1G",
+                 "rpl_semi_sync_master_enabled": 0}
+# log_slave_updates makes the IO thread ask for ANNOTATE_ROWS events, as the relay and mariadb-binlog do: all three
+# receive the same bytes. Defaults otherwise (sync_relay_log=10000). The lean replica, as often configured, has no
+# binlog: its IO thread does not ask for ANNOTATE_ROWS, so the master leaves them out (an extra row).
+REPLICA_CONFIG = {"log_slave_updates": 1, "replicate_annotate_row_events": 1, "innodb_buffer_pool_size": "64M",
+                  "max_allowed_packet": "1G"}
+REPLICA_LEAN_CONFIG = {"innodb_buffer_pool_size": "64M", "max_allowed_packet": "1G"}
+# What --quick changes: option -> (quick default, full default).
+DEFAULTS = {"repeat": (1, 5), "backlog_mb": (10.0, 100.0), "bulk_backlog_mb": (10.0, 300.0), "big_trx_mb": (16, 1024)}
 
 log = logger("relay_catchup")
 
 
-def drop_dirty_pages() -> None:
-    """Write back dirty pages (untimed), so a run does not pay for the previous run's writes."""
-    os.sync()
+class ReaderError(RuntimeError):
+    pass
 
 
-def end_dump_threads(master: MariaDBSandbox, timeout: float = 10.0) -> None:
-    """Kill the master's leftover Binlog Dump threads (untimed) and wait until they are gone.
-
-    A reader that disconnected leaves its dump thread idle on the master until the next heartbeat;
-    a new dump from the same server_id first has that zombie killed, which costs the newcomer
-    ~100 ms (measured). Every run starts on a master without dump threads.
-    """
+def settle(master: MariaDBSandbox, timeout: float = 10.0) -> None:
+    """Untimed, before every run: kill the master's leftover Binlog Dump threads and wait until they are gone (a
+    new dump from the same server_id first has the idle one killed, ~100 ms measured), then write back dirty pages
+    (``sync``), so a run does not pay for the previous run's writes."""
     deadline = time.monotonic() + timeout
-    while True:
-        rows = master.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'")
-        if not rows:
-            return
+    while rows := master.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'"):
         for (thread_id,) in rows:
             try:
                 master.execute(f"KILL CONNECTION {int(thread_id)}")
@@ -128,38 +107,10 @@ def end_dump_threads(master: MariaDBSandbox, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise ReaderError(f"master dump threads {rows} do not go away")
         time.sleep(0.01)
+    os.sync()
 
 
-def settle(master: MariaDBSandbox) -> None:
-    """Untimed, before every run: no dump thread left on the master, no dirty pages left to write."""
-    end_dump_threads(master)
-    drop_dirty_pages()
-
-
-# ---------------------------------------------------------------------------------------------
-# The master and its backlogs
-MASTER_CONFIG = {
-    # Fast generation; none of this changes what the readers receive.
-    "sync_binlog": 0,
-    "innodb_flush_log_at_trx_commit": 0,
-    "innodb_buffer_pool_size": "256M",
-    "innodb_log_file_size": "512M",
-    "innodb_doublewrite": 0,
-    "max_allowed_packet": "1G",
-    "rpl_semi_sync_master_enabled": 0,
-}
-# A replica as often configured: no binlog of its own. Its IO thread does not ask for ANNOTATE_ROWS, so
-# the master leaves them out: it receives fewer bytes and events than the others (an extra row).
-REPLICA_LEAN_CONFIG = {"innodb_buffer_pool_size": "64M", "max_allowed_packet": "1G"}
-REPLICA_CONFIG = {
-    # log_slave_updates makes the IO thread ask for ANNOTATE_ROWS events, as the relay and
-    # mariadb-binlog do: all three receive the same bytes. Defaults otherwise (sync_relay_log=10000).
-    "log_slave_updates": 1,
-    "replicate_annotate_row_events": 1,
-    "innodb_buffer_pool_size": "64M",
-    "max_allowed_packet": "1G",
-}
-
+# -- the master and its backlogs -------------------------------------------------------------------------------
 
 @dataclass
 class Backlog:
@@ -176,87 +127,50 @@ class Backlog:
         return sum(size for _, size in self.files)
 
     @property
-    def first_file(self) -> str:
-        return self.files[0][0]
-
-    @property
     def avg_event(self) -> float:
         return self.bytes / self.events if self.events else 0.0
 
     def summary(self) -> dict:
-        return {
-            "bytes": self.bytes,
-            "mb": round(self.bytes / 1e6, 2),
-            "events": self.events,
-            "transactions": self.transactions,
-            "avg_event_bytes": round(self.avg_event, 1),
-            "files": [name for name, _ in self.files],
-            "end": list(self.end),
-            "generate_seconds": round(self.generate_seconds, 2),
-            "counts_by_type": {C.event_name(t): n for t, n in sorted(self.counts_by_type.items())},
-        }
-
-
-def master_end(master: MariaDBSandbox) -> tuple[str, int]:
-    row = master.execute("SHOW MASTER STATUS")[0]
-    return row[0], int(row[1])
-
-
-def walk_binlog(path: Path, counts: dict[int, int]) -> tuple[int, int]:
-    """(events, GTID events) of one binlog file, by its headers (mmap: works for 1 GB files)."""
-    events = gtids = 0
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size <= 4:
-            return 0, 0
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            pos = 4
-            while pos + 19 <= size:
-                _ts, type_code, _sid, ev_size, _lp, _fl = _header_unpack_from(mm, pos)
-                if ev_size < 19:
-                    raise RuntimeError(f"{path}: impossible event size {ev_size} at {pos}")
-                counts[type_code] = counts.get(type_code, 0) + 1
-                events += 1
-                if type_code == C.MARIA_GTID_EVENT:
-                    gtids += 1
-                pos += ev_size
-    return events, gtids
+        return {"bytes": self.bytes, "mb": round(self.bytes / 1e6, 2), "events": self.events,
+                "transactions": self.transactions, "avg_event_bytes": round(self.avg_event, 1),
+                "files": [name for name, _ in self.files], "end": list(self.end),
+                "generate_seconds": round(self.generate_seconds, 2),
+                "counts_by_type": {C.event_name(t): n for t, n in sorted(self.counts_by_type.items())}}
 
 
 def describe_backlog(master: MariaDBSandbox, shape: str, seconds: float) -> Backlog:
-    end = master_end(master)
+    """The master's binlog files now, their events counted by type from the headers (mmap: works for 1 GB files);
+    a GTID event is a transaction."""
+    end = master_status(master)
     files = [(p.name, p.stat().st_size) for p in master.binlog_files()]
-    counts: dict[int, int] = {}
-    events = trx = 0
-    for name, _ in files:
-        e, g = walk_binlog(master.binlog_dir / name, counts)
-        events += e
-        trx += g
-    return Backlog(shape, files, end, events, trx, seconds, counts)
+    counts: Counter[int] = Counter()
+    for name, size in files:
+        with open(master.binlog_dir / name, "rb") as f:
+            if size <= 4:
+                continue
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                pos = 4
+                while pos + 19 <= size:
+                    _ts, type_code, _sid, ev_size, _lp, _fl = HEADER.unpack_from(mm, pos)
+                    if ev_size < 19:
+                        raise RuntimeError(f"{name}: impossible event size {ev_size} at {pos}")
+                    counts[type_code] += 1
+                    pos += ev_size
+    return Backlog(shape, files, end, sum(counts.values()), counts[C.MARIA_GTID_EVENT], seconds, dict(counts))
 
 
-def prepare_master(master: MariaDBSandbox) -> None:
-    master.create_user(REPL_USER, REPL_PASSWORD)
-    master.execute("CREATE DATABASE IF NOT EXISTS bench")
-
-
-def reset_master(master: MariaDBSandbox) -> None:
-    """Empty binlog (the tables stay): each shape's backlog is all the master holds."""
-    master.execute("RESET MASTER")
+def binlog_bytes(master: MariaDBSandbox) -> int:
+    return sum(p.stat().st_size for p in master.binlog_files())
 
 
 def generate_oltp(master: MariaDBSandbox, target_bytes: int) -> Backlog:
     """Small transactions, ~150-byte events: CALL a procedure in chunks until the binlog is big enough."""
-    pad_a = ("oltp-autocommit-" * 20)[:OLTP_PAD]
-    pad_b = ("oltp-multi-stmt-" * 20)[:OLTP_PAD]
-    master.execute("DROP TABLE IF EXISTS bench.oltp")
-    master.execute("DROP PROCEDURE IF EXISTS bench.load_oltp")
-    master.execute(
-        "CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, c VARCHAR(255) NOT NULL) "
-        "ENGINE=InnoDB"
-    )
-    master.execute(
-        f"""CREATE PROCEDURE bench.load_oltp(IN n INT)
+    pad_a, pad_b = (("oltp-autocommit-" * 20)[:OLTP_PAD], ("oltp-multi-stmt-" * 20)[:OLTP_PAD])
+    for sql in ("DROP TABLE IF EXISTS bench.oltp", "DROP PROCEDURE IF EXISTS bench.load_oltp",
+                "CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, c VARCHAR(255) NOT NULL) "
+                "ENGINE=InnoDB"):
+        master.execute(sql)
+    master.execute(f"""CREATE PROCEDURE bench.load_oltp(IN n INT)
 BEGIN
   DECLARE i INT DEFAULT 0;
   WHILE i < n DO
@@ -267,45 +181,37 @@ BEGIN
     COMMIT;
     SET i = i + 1;
   END WHILE;
-END"""
-    )
-    reset_master(master)
+END""")
+    master.execute("RESET MASTER")  # each shape's backlog is all the master holds
     began = time.monotonic()
-    iterations = 0
-    chunk = 2000
+    iterations, chunk = 0, 2000
     while True:
         master.execute("CALL bench.load_oltp(%s)", (chunk,))
         iterations += chunk
-        done = sum(p.stat().st_size for p in master.binlog_files())
+        done = binlog_bytes(master)
         if done >= target_bytes:
             break
-        per_iteration = done / iterations
-        chunk = max(100, min(50_000, int((target_bytes - done) / per_iteration) + 1))
-    seconds = time.monotonic() - began
-    return describe_backlog(master, "oltp", seconds)
+        chunk = max(100, min(50_000, int((target_bytes - done) / (done / iterations)) + 1))
+    return describe_backlog(master, "oltp", time.monotonic() - began)
 
 
 def generate_bulk(master: MariaDBSandbox, target_bytes: int) -> Backlog:
     """Large row events: INSERT ... SELECT of 10,000 rows per transaction from the sequence engine."""
     master.execute("DROP TABLE IF EXISTS bench.bulk")
-    master.execute(
-        "CREATE TABLE bench.bulk (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(255) NOT NULL) ENGINE=InnoDB"
-    )
-    reset_master(master)
+    master.execute("CREATE TABLE bench.bulk (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(255) NOT NULL) "
+                   "ENGINE=InnoDB")
+    master.execute("RESET MASTER")
     began = time.monotonic()
     offset = 0
-    while sum(p.stat().st_size for p in master.binlog_files()) < target_bytes:
-        master.execute(
-            f"INSERT INTO bench.bulk (id, k, c) SELECT seq + {offset}, seq, REPEAT(CHAR(97 + seq % 26), {OLTP_PAD}) "
-            f"FROM bench.seq_1_to_{BULK_ROWS}"
-        )
+    while binlog_bytes(master) < target_bytes:
+        master.execute(f"INSERT INTO bench.bulk (id, k, c) SELECT seq + {offset}, seq, REPEAT(CHAR(97 + seq % 26), "
+                       f"{OLTP_PAD}) FROM bench.seq_1_to_{BULK_ROWS}")
         offset += BULK_ROWS
-    seconds = time.monotonic() - began
-    return describe_backlog(master, "bulk", seconds)
+    return describe_backlog(master, "bulk", time.monotonic() - began)
 
 
-# ---------------------------------------------------------------------------------------------
-# Readers. Each returns a Sample.
+# -- the readers: each returns a Sample ------------------------------------------------------------------------
+
 @dataclass
 class Sample:
     seconds: float
@@ -313,16 +219,12 @@ class Sample:
     extra: dict = field(default_factory=dict)
 
 
-class ReaderError(RuntimeError):
-    pass
-
-
 def run_io_thread(replica: MariaDBSandbox, master: MariaDBSandbox, backlog: Backlog, timeout: float) -> Sample:
     replica.execute("STOP SLAVE")
     replica.execute("RESET SLAVE ALL")  # deletes its relay logs: every run starts empty
     replica.execute(render_change_master(ChangeMaster.for_server(
         "mariadb", host="127.0.0.1", port=master.port, user=REPL_USER, password=REPL_PASSWORD,
-        log_file=backlog.first_file, log_pos=4, gtid=False)))
+        log_file=backlog.files[0][0], log_pos=4, gtid=False)))
     settle(master)
     conn = replica.connect(cursorclass=pymysql.cursors.DictCursor)
     end_file, end_pos = backlog.end
@@ -344,74 +246,56 @@ def run_io_thread(replica: MariaDBSandbox, master: MariaDBSandbox, backlog: Back
             time.sleep(POLL)
         cur.execute("STOP SLAVE IO_THREAD")
         cur.execute("SHOW SLAVE STATUS")
-        row = cur.fetchone()
-        relay_space = int(row["Relay_Log_Space"])
+        relay_space = int(cur.fetchone()["Relay_Log_Space"])
     finally:
         conn.close()
     return Sample(seconds, None, {"relay_log_space": relay_space})
 
 
 def run_mariadb_binlog(master: MariaDBSandbox, backlog: Backlog, workdir: Path, timeout: float) -> Sample:
+    import resource
+
     out = Path(tempfile.mkdtemp(prefix="mbl-", dir=workdir))
     timefile = out / "time.txt"
-    binlog_exe = find_binary("mariadb-binlog", "mysqlbinlog")
-    cmd = [
-        binlog_exe, "--read-from-remote-server", "--raw", "--to-last-log",
-        "--host=127.0.0.1", f"--port={master.port}", f"--user={REPL_USER}",
-        f"--result-file={out}/", backlog.first_file,
-    ]
-    gnu_time = Path("/usr/bin/time")
-    if gnu_time.exists():
-        cmd = [str(gnu_time), "-f", "%M", "-o", str(timefile), *cmd]
-    env = {**os.environ, "MYSQL_PWD": REPL_PASSWORD}
+    cmd = [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server", "--raw", "--to-last-log",
+           "--host=127.0.0.1", f"--port={master.port}", f"--user={REPL_USER}", f"--result-file={out}/",
+           backlog.files[0][0]]
+    if Path("/usr/bin/time").exists():
+        cmd = ["/usr/bin/time", "-f", "%M", "-o", str(timefile), *cmd]
     settle(master)
     try:
-        before = _children_maxrss()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env={**os.environ, "MYSQL_PWD": REPL_PASSWORD}, capture_output=True, text=True,
+                              timeout=timeout)
         seconds = time.perf_counter() - t0
         if proc.returncode != 0:
             raise ReaderError(f"mariadb-binlog exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
         if timefile.exists():
-            rss = int(timefile.read_text().split()[-1])
-            how = "/usr/bin/time"
+            rss, how = int(timefile.read_text().split()[-1]), "/usr/bin/time"
         else:
-            rss = _children_maxrss()
+            rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
             how = "getrusage(RUSAGE_CHILDREN) (a maximum over every child so far)" if rss > before else "unknown"
         got = {p.name: p.stat().st_size for p in out.iterdir() if p.name != "time.txt"}
-        want = dict(backlog.files)
-        if got != want:
-            raise ReaderError(f"mariadb-binlog wrote {got}, the master has {want}")
+        if got != dict(backlog.files):
+            raise ReaderError(f"mariadb-binlog wrote {got}, the master has {dict(backlog.files)}")
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return Sample(seconds, rss, {"rss_from": how})
 
 
-def _children_maxrss() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-
-
 class Relay(RelayProcess):
     """One `relayproxy run` subprocess (optionally under py-spy at 250 Hz, optionally another checkout's source:
-    ``src_root`` is its cwd and first on PYTHONPATH) and its GET /status, polled every POLL seconds."""
+    ``src_root`` is its cwd and first on PYTHONPATH), its GET /status polled every POLL seconds."""
 
     def __init__(self, relay_dir: Path, master: MariaDBSandbox, *, sync_mode: str = "transaction",
-                 server_id: int = 100, src_root: Path = REPO_ROOT, py_spy_output: Path | None = None):
+                 src_root: Path = REPO_ROOT, py_spy_output: Path | None = None):
         super().__init__(
-            relay_dir, master.port, user=REPL_USER, password=REPL_PASSWORD, server_id=server_id, gtid_mode=None,
+            relay_dir, master.port, user=REPL_USER, password=REPL_PASSWORD, server_id=100, gtid_mode=None,
             heartbeat_period=None, reconnect_max_delay=None, extra=["--sync-mode", sync_mode], cwd=src_root,
             pythonpath=src_root, new_session=True, error=ReaderError, poll=POLL,
             wrapper=py_spy_record(py_spy_output, 250) if py_spy_output is not None else None,
         )
-
-    def start(self, timeout: float = 60.0) -> "Relay":
-        super().start(timeout)
-        return self
-
-    def stop(self, timeout: float = 60.0) -> int | None:
-        return super().stop(timeout)
 
     def wait_end(self, end: tuple[str, int], timeout: float) -> tuple[float, dict]:
         """Poll /status until the horizon is at `end`; returns (perf_counter at that moment, status)."""
@@ -427,11 +311,8 @@ class Relay(RelayProcess):
         return time.perf_counter(), status
 
     def logged_start(self) -> float | None:
-        """perf_counter() value of the relay's "http api listening" log line: right after it, serve()
-        starts the upstream session (connect, the replica's set-up queries, the dump request).
-
-        The first /status answer is no start mark: while the relay works through a backlog it
-        answers late, so it may come back after the catch-up is over."""
+        """perf_counter() value of the "http api listening" log line, right after which serve() starts the upstream
+        session. (The first /status answer is no start mark: a relay busy with a backlog answers late.)"""
         offset = time.time() - time.perf_counter()
         try:
             with open(self.log_path, "rb") as f:
@@ -448,29 +329,24 @@ class Relay(RelayProcess):
         return None
 
 
-def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode: str, timeout: float,
-              *, src_root: Path = REPO_ROOT, verify: bool = True, keep_digests: bool = False,
+def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode: str, timeout: float, *,
+              src_root: Path = REPO_ROOT, verify: bool = True, keep_digests: bool = False,
               py_spy_output: Path | None = None) -> Sample:
     relay_dir = Path(tempfile.mkdtemp(prefix=f"relay-{sync_mode}-", dir=workdir)) / "relay"
     settle(master)
     relay = Relay(relay_dir, master, sync_mode=sync_mode, src_root=src_root, py_spy_output=py_spy_output)
     try:
-        relay.start()
+        relay.start(60.0)
         t_done, status = relay.wait_end(backlog.end, timeout)
         mem = proc_status_kb(relay.pid)
     finally:
-        relay.stop()
+        relay.stop(60.0)
     t_start = relay.logged_start() or relay.t_up
     extra = {
         "startup_seconds": round(t_start - relay.t_spawn, 3),
-        "first_status_seconds": round(relay.t_up - relay.t_spawn, 3),
-        "from_spawn_seconds": round(t_done - relay.t_spawn, 3),
         "events_received": status.get("events_received"),
-        "bytes_received": status.get("bytes_received"),
-        "transactions_received": status.get("transactions_received"),
         "fsyncs": status.get("fsyncs"),  # fdatasyncs of relay data until the horizon reached the end
         "fsync_seconds": status.get("fsync_seconds_sum"),  # the time they took (in the fsync thread)
-        "rss_at_end_kb": mem.get("VmRSS"),
     }
     try:
         if verify:
@@ -482,30 +358,22 @@ def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode
                 extra["digests"] = digests
     finally:
         shutil.rmtree(relay_dir.parent, ignore_errors=True)
-        try:
-            os.unlink(relay.log_path)
-        except OSError:
-            pass
+        relay.log_path.unlink(missing_ok=True)
     return Sample(t_done - t_start, mem.get("VmHWM"), extra)
 
 
 def compare_with_master(relay_dir: Path, master: MariaDBSandbox, end: tuple[str, int]):
-    """Stream-compare every relay file with the master's (the active one up to `end`).
-
-    The only byte allowed to differ is LOG_EVENT_BINLOG_IN_USE_F in the FDE's flags (the master
-    clears it in the FDE it sends for its active file). Returns (identical, digests, detail);
-    digests are sha256 of each side with that flag masked.
-    """
+    """Stream-compare every relay file with the master's (the active one up to `end`): (identical, digests, detail).
+    Only LOG_EVENT_BINLOG_IN_USE_F in the FDE's flags may differ (the master clears it in the FDE it sends for its
+    active file): the digests (sha256 of each side) mask it."""
     names = (relay_dir / "relayproxy.index").read_text().split()
     master_names = [p.name for p in master.binlog_files()]
     if names != master_names[: len(names)] or names[-1] != end[0]:
         return False, {}, f"relay files {names} vs master files {master_names} (end {end})"
-    digests = {}
-    detail = None
+    digests, detail = {}, None
     for name in names:
-        limit = end[1] if name == end[0] else None
         a = _masked_digest(relay_dir / name, None)
-        b = _masked_digest(master.binlog_dir / name, limit)
+        b = _masked_digest(master.binlog_dir / name, end[1] if name == end[0] else None)
         digests[name] = {"relay": a[0], "master": b[0], "bytes": b[1]}
         if a != b and detail is None:
             detail = f"{name}: relay {a[1]} bytes sha256 {a[0][:12]}, master {b[1]} bytes sha256 {b[0][:12]}"
@@ -517,48 +385,29 @@ def _masked_digest(path: Path, limit: int | None) -> tuple[str, int]:
     total = 0
     flags_at = 4 + 17
     with open(path, "rb") as f:
-        first = True
         while True:
             want = 8 << 20 if limit is None else min(8 << 20, limit - total)
-            if want <= 0:
-                break
-            chunk = f.read(want)
+            chunk = f.read(want) if want > 0 else b""
             if not chunk:
                 break
-            if first and len(chunk) > flags_at:
+            if total == 0 and len(chunk) > flags_at:
                 chunk = bytearray(chunk)
                 chunk[flags_at] &= ~C.LOG_EVENT_BINLOG_IN_USE_F & 0xFF
-                first = False
             h.update(chunk)
             total += len(chunk)
     return h.hexdigest(), total
 
 
-# ---------------------------------------------------------------------------------------------
-# Measuring
-@dataclass
-class ReaderResult:
-    samples: list[Sample] = field(default_factory=list)
-
-    @property
-    def seconds(self) -> float:
-        return statistics.median(s.seconds for s in self.samples)
-
-    @property
-    def rss_kb(self) -> int | None:
-        values = [s.peak_rss_kb for s in self.samples if s.peak_rss_kb]
-        return int(statistics.median(values)) if values else None
-
+# -- measuring -------------------------------------------------------------------------------------------------
 
 def measure_shape(backlog: Backlog, master, replicas: dict, workdir: Path, repeat: int, timeout: float,
-                  readers: tuple[str, ...], extra_src: dict[str, Path]) -> dict[str, ReaderResult]:
-    results = {name: ReaderResult() for name in (*readers, *extra_src)}
+                  readers: tuple[str, ...], extra_src: dict[str, Path]) -> dict[str, list[Sample]]:
+    results: dict[str, list[Sample]] = {name: [] for name in (*readers, *extra_src)}
     order = list(results)
     # Warm-up (untimed): the binlog in the page cache, the master's dump path warm, for every reader alike.
     run_mariadb_binlog(master, backlog, workdir, timeout)
     for rep in range(repeat):
-        turn = order[rep % len(order):] + order[: rep % len(order)]
-        for name in turn:
+        for name in order[rep % len(order):] + order[: rep % len(order)]:
             if name in replicas:
                 sample = run_io_thread(replicas[name], master, backlog, timeout)
             elif name == "mariadb_binlog":
@@ -568,7 +417,7 @@ def measure_shape(backlog: Backlog, master, replicas: dict, workdir: Path, repea
                                    keep_digests=(rep == 0 and name == "relay_transaction"))
             else:
                 sample = run_relay(master, backlog, workdir, "transaction", timeout, src_root=extra_src[name])
-            results[name].samples.append(sample)
+            results[name].append(sample)
             log(f"{backlog.shape} #{rep + 1} {name}: {sample.seconds:.3f} s"
                 + (f", peak RSS {sample.peak_rss_kb / 1024:.1f} MB" if sample.peak_rss_kb else ""))
             if sample.extra.get("identical") is False:
@@ -576,51 +425,46 @@ def measure_shape(backlog: Backlog, master, replicas: dict, workdir: Path, repea
     return results
 
 
-def shape_report(backlog: Backlog, results: dict[str, ReaderResult]) -> dict:
-    base = results["io_thread"].seconds if "io_thread" in results else None
+def shape_report(backlog: Backlog, results: dict[str, list[Sample]]) -> dict:
+    """Per reader: the median seconds, throughput and ratio to the IO thread's median, the median peak RSS."""
+    median = {name: statistics.median(s.seconds for s in samples) for name, samples in results.items()}
+    base = median.get("io_thread")
     readers = {}
-    for name, res in results.items():
-        sec = res.seconds
+    for name, samples in results.items():
+        sec, first = median[name], samples[0].extra
         got_bytes, got_events = backlog.bytes, backlog.events
         if name == "io_thread_no_annotate":  # the master leaves ANNOTATE_ROWS out for this one
-            got_bytes = res.samples[0].extra.get("relay_log_space") or got_bytes
+            got_bytes = first.get("relay_log_space") or got_bytes
             got_events -= backlog.counts_by_type.get(C.MARIA_ANNOTATE_ROWS_EVENT, 0)
-        entry = {
-            "seconds": round(sec, 4),
-            "samples": [round(s.seconds, 4) for s in res.samples],
-            "received_bytes": got_bytes,
-            "received_events": got_events,
-            "mb_per_s": round(got_bytes / 1e6 / sec, 2),
-            "events_per_s": round(got_events / sec),
-            "ratio_vs_io_thread": round(sec / base, 3) if base else None,
-            "peak_rss_kb": res.rss_kb,
-        }
-        first = res.samples[0].extra
-        fsyncs = [s.extra["fsyncs"] for s in res.samples if s.extra.get("fsyncs") is not None]
+        rss = [s.peak_rss_kb for s in samples if s.peak_rss_kb]
+        entry = {"seconds": round(sec, 4), "samples": [round(s.seconds, 4) for s in samples],
+                 "received_bytes": got_bytes, "received_events": got_events,
+                 "mb_per_s": round(got_bytes / 1e6 / sec, 2), "events_per_s": round(got_events / sec),
+                 "ratio_vs_io_thread": round(sec / base, 3) if base else None,
+                 "peak_rss_kb": int(statistics.median(rss)) if rss else None}
+        fsyncs = [s.extra["fsyncs"] for s in samples if s.extra.get("fsyncs") is not None]
         if fsyncs:
-            entry["fsyncs"] = statistics.median(fsyncs)
-            entry["fsyncs_range"] = [min(fsyncs), max(fsyncs)]
-            spent = [s.extra["fsync_seconds"] for s in res.samples if s.extra.get("fsync_seconds") is not None]
-            entry["fsync_seconds"] = round(statistics.median(spent), 3) if spent else None
+            spent = [s.extra["fsync_seconds"] for s in samples if s.extra.get("fsync_seconds") is not None]
+            entry.update(fsyncs=statistics.median(fsyncs), fsyncs_range=[min(fsyncs), max(fsyncs)],
+                         fsync_seconds=round(statistics.median(spent), 3) if spent else None)
         if name.startswith("relay"):
-            entry["startup_seconds"] = statistics.median(s.extra["startup_seconds"] for s in res.samples)
-            entry["identical"] = all(s.extra.get("identical") for s in res.samples)
+            entry["startup_seconds"] = statistics.median(s.extra["startup_seconds"] for s in samples)
+            entry["identical"] = all(s.extra.get("identical") for s in samples)
             entry["events_received"] = first.get("events_received")
             if "digests" in first:
                 entry["digests"] = first["digests"]
         elif name.startswith("io_thread"):
-            entry["peak_rss_kb"] = None
-            entry["relay_log_space"] = first.get("relay_log_space")
+            entry.update(peak_rss_kb=None, relay_log_space=first.get("relay_log_space"))
         elif name == "mariadb_binlog":
             entry["rss_from"] = first.get("rss_from")
         readers[name] = entry
     return {"backlog": backlog.summary(), "readers": readers}
 
 
-# ---------------------------------------------------------------------------------------------
-# Profiles
+# -- the py-spy profile ----------------------------------------------------------------------------------------
+
 def py_spy_profile(master, backlog: Backlog, workdir: Path, timeout: float, top: int = 18) -> dict:
-    """Run one OLTP catch-up under py-spy and summarise the samples."""
+    """Run one catch-up under py-spy and summarise the samples."""
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(exe).exists():
         return {"error": "py-spy is not installed (`.venv/bin/pip install py-spy`)"}
@@ -649,90 +493,69 @@ def _short(path: str) -> str:
 
 
 _IDLE_LEAVES = ("run", "run_until_complete", "run_forever", "_run_once", "select", "poll", "wait", "_worker", "get")
-
-
-def _is_idle(func: str, path: str) -> bool:
-    """A leaf frame where the thread waits: the event loop (uvloop's is C, so its caller is the
-    leaf), a selector, a worker thread waiting for work."""
-    name = func.rsplit(".", 1)[-1]
-    return name in _IDLE_LEAVES and any(m in path for m in ("uvloop", "asyncio", "selectors", "threading",
-                                                             "concurrent", "queue"))
+_IDLE_PATHS = ("uvloop", "asyncio", "selectors", "threading", "concurrent", "queue")
 
 
 def summarise_py_spy(text: str, seconds: float, top: int) -> dict:
-    """Main-thread samples split into idle / start-up / catch-up work, top functions and lines;
-    the other threads' samples split into fsync (inside SyncTicket.make_durable) and waiting."""
-    threads: dict[str, int] = {}
+    """The main thread's samples split into idle (a leaf where the thread waits: the event loop, whose uvloop
+    caller is the leaf as uvloop is C, a selector, a worker waiting), start-up and catch-up work, with its top
+    functions and lines; the other threads' samples, those inside SyncTicket.make_durable counted as fsync."""
+    threads: Counter[str] = Counter()
     stacks: list[tuple[list[str], int, str]] = []
     for line in text.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not count_text.isdigit():
             continue
-        count = int(count_text)
         frames = stack.split(";")
         thread = frames[0] if frames and frames[0].startswith(("thread (", "process ")) else "?"
         if thread != "?":
             frames = frames[1:]
-        threads[thread] = threads.get(thread, 0) + count
-        stacks.append((frames, count, thread))
+        threads[thread] += int(count_text)
+        stacks.append((frames, int(count_text), thread))
     if not stacks:
         return {"error": "no samples"}
     # The main thread is the one whose samples run the relay's code or its event loop.
-    mains: dict[str, int] = {}
+    mains: Counter[str] = Counter()
     for frames, count, thread in stacks:
         if any("relayproxy/cli.py" in f or "runpy" in f for f in frames):
-            mains[thread] = mains.get(thread, 0) + count
+            mains[thread] += count
     main_thread = max(mains or threads, key=(mains or threads).get)
-    fsync = other_idle = 0
-    by_func: dict[str, int] = {}
-    inclusive: dict[str, int] = {}
-    by_line: dict[str, int] = {}
-    idle = startup = work = 0
+    fsync = others = idle = startup = work = 0
+    by_func: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    by_line: Counter[str] = Counter()
     for frames, count, thread in stacks:
         if thread != main_thread:
+            others += count
             if any("make_durable" in f for f in frames):
                 fsync += count
-            else:
-                other_idle += count
             continue
-        leaf = frames[-1] if frames else "?"
-        func, path, lineno = _frame_parts(leaf)
+        func, path, lineno = _frame_parts(frames[-1] if frames else "?")
         if not any(("relayproxy/run.py" in f and not f.startswith("run (")) or "uvloop" in f or "runners.py" in f
                    for f in frames):
             startup += count  # interpreter start-up, imports, argument parsing, the stop
-            continue
-        if _is_idle(func, path):
+        elif func.rsplit(".", 1)[-1] in _IDLE_LEAVES and any(m in path for m in _IDLE_PATHS):
             idle += count  # waiting in the event loop: for the socket or for the fsync thread
-            continue
-        work += count
-        key = f"{func} ({_short(path)})"
-        by_func[key] = by_func.get(key, 0) + count
-        by_line[f"{path}:{lineno}"] = by_line.get(f"{path}:{lineno}", 0) + count
-        seen = set()
-        for fr in frames:
-            f_func, f_path, _ = _frame_parts(fr)
-            k = f"{f_func} ({_short(f_path)})"
-            if k not in seen:
-                seen.add(k)
-                inclusive[k] = inclusive.get(k, 0) + count
-    total_main = idle + startup + work
+        else:
+            work += count
+            by_func[f"{func} ({_short(path)})"] += count
+            by_line[f"{path}:{lineno}"] += count
+            for key in dict.fromkeys(f"{f} ({_short(p)})" for f, p, _ in map(_frame_parts, frames)):
+                inclusive[key] += count
+    total = idle + startup + work
     lines = []
-    for key, count in sorted(by_line.items(), key=lambda kv: -kv[1])[:top]:
+    for key, count in by_line.most_common(top):
         path, _, lineno = key.rpartition(":")
         lines.append({"where": f"{_short(path)}:{lineno}", "share": count / work if work else 0,
                       "source": _source_line(path, int(lineno)) if lineno.isdigit() else ""})
     # Inclusive shares: the relay's own functions below the session loop (the wrappers above it are ~100%).
     incl = [(k, v) for k, v in inclusive.items() if v < 0.97 * work and "(<frozen" not in k]
     return {
-        "seconds": round(seconds, 3),
-        "main_thread_samples": total_main,
-        "other_thread_samples": fsync + other_idle,
-        "fsync_samples": fsync,
-        "startup_share": startup / total_main if total_main else 0,
-        "idle_share": idle / total_main if total_main else 0,
-        "work_share": work / total_main if total_main else 0,
+        "seconds": round(seconds, 3), "main_thread_samples": total, "other_thread_samples": others,
+        "fsync_samples": fsync, **{f"{name}_share": n / total if total else 0
+                                   for name, n in (("startup", startup), ("idle", idle), ("work", work))},
         "work_samples": work,
-        "self": [{"function": k, "share": v / work} for k, v in sorted(by_func.items(), key=lambda kv: -kv[1])[:top]],
+        "self": [{"function": k, "share": v / work} for k, v in by_func.most_common(top)],
         "inclusive": [{"function": k, "share": v / work} for k, v in sorted(incl, key=lambda kv: -kv[1])[:top]],
         "lines": lines,
     }
@@ -749,66 +572,10 @@ def _source_line(path: str, lineno: int) -> str:
     return ""
 
 
-def cprofile_inprocess(master, backlog: Backlog, workdir: Path, timeout: float, top: int = 25) -> dict:
-    """An in-process `serve()` catch-up under cProfile (deterministic: adds per-call overhead)."""
-    from relayproxy.commands import config
-    from relayproxy.commands.run import serve
+# -- large transaction: memory stays flat ----------------------------------------------------------------------
 
-    relay_dir = Path(tempfile.mkdtemp(prefix="relay-cprofile-", dir=workdir)) / "relay"
-    env = {
-        "RELAYPROXY_MASTER": f"127.0.0.1:{master.port}", "RELAYPROXY_USER": REPL_USER,
-        "RELAYPROXY_PASSWORD": REPL_PASSWORD, "RELAYPROXY_SERVER_ID": "101", "RELAYPROXY_RELAY_DIR": str(relay_dir),
-    }
-    cfg = config.load(None, environ=env)
-    end = backlog.end
-
-    async def main() -> float:
-        ready = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(serve(cfg, ready=ready))
-        info = await ready
-        t0 = time.perf_counter()
-        session = info["session"]
-        while True:
-            snap = session.store.horizon.snapshot()
-            if (snap.file, snap.position) == end:
-                break
-            if task.done():
-                task.result()
-                raise ReaderError("serve() ended before catching up")
-            if time.perf_counter() - t0 > timeout:
-                raise ReaderError("in-process relay did not catch up")
-            await session.store.horizon.wait_for_advance(snap.seq, timeout=1.0)
-        elapsed = time.perf_counter() - t0
-        session.stop()
-        await task
-        return elapsed
-
-    import uvloop
-
-    prof = cProfile.Profile()
-    settle(master)
-    prof.enable()
-    try:
-        elapsed = uvloop.run(main()) if hasattr(uvloop, "run") else asyncio.run(main())
-    finally:
-        prof.disable()
-        shutil.rmtree(relay_dir.parent, ignore_errors=True)
-    out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("tottime").print_stats(top)
-    rows = []
-    for (path, lineno, func), (cc, nc, tt, ct, _callers) in sorted(
-        stats.stats.items(), key=lambda kv: -kv[1][2]  # type: ignore[attr-defined]
-    )[:top]:
-        rows.append({"function": f"{func} ({_short(path)}:{lineno})", "calls": nc, "tottime": tt, "cumtime": ct})
-    total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]
-    return {"seconds": round(elapsed, 3), "total_tottime": total, "rows": rows}
-
-
-# ---------------------------------------------------------------------------------------------
-# Large transaction: memory stays flat
 def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict:
-    reset_master(master)
+    master.execute("RESET MASTER")
     master.execute("DROP TABLE IF EXISTS bench.big")
     master.execute("CREATE TABLE bench.big (id INT PRIMARY KEY, b LONGBLOB NOT NULL) ENGINE=InnoDB")
     relay_dir = Path(tempfile.mkdtemp(prefix="relay-big-", dir=workdir)) / "relay"
@@ -816,13 +583,13 @@ def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict
     samples: list[tuple[float, int]] = []
     rows = max(1, mb // BIG_ROW_MB)
     try:
-        relay.start()
-        relay.wait_end(master_end(master), timeout)
+        relay.start(60.0)
+        relay.wait_end(master_status(master), timeout)
         time.sleep(0.2)
         before = proc_status_kb(relay.pid)
-        cleared = True
         try:
             Path(f"/proc/{relay.pid}/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+            cleared = True
         except OSError:
             cleared = False
         after_clear = proc_status_kb(relay.pid)
@@ -831,37 +598,34 @@ def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict
 
         def load() -> None:
             try:
-                conn = master.connect(autocommit=False)
-                try:
+                with master.connect(autocommit=False) as conn:
                     cur = conn.cursor()
                     cur.execute("BEGIN")
                     for i in range(rows):
-                        cur.execute("INSERT INTO bench.big (id, b) VALUES (%s, REPEAT('x', %s))",
-                                    (i, BIG_ROW_MB << 20))
+                        cur.execute("INSERT INTO bench.big (id, b) VALUES (%s, REPEAT('x', %s))", (i, BIG_ROW_MB << 20))
                     cur.execute("COMMIT")
-                finally:
-                    conn.close()
             except BaseException as exc:  # reported by the main thread
                 error.append(exc)
             finally:
                 committed.set()
 
-        t0 = time.perf_counter()
-        loader = threading.Thread(target=load, daemon=True)
-        loader.start()
-        while not committed.wait(0.05):
+        def sample_rss() -> None:
             samples.append((time.perf_counter() - t0, proc_status_kb(relay.pid).get("VmRSS", 0)))
+
+        t0 = time.perf_counter()
+        threading.Thread(target=load, daemon=True).start()
+        while not committed.wait(0.05):
+            sample_rss()
         t_commit = time.perf_counter()
         if error:
             raise error[0]
-        end = master_end(master)
         # Follow the relay while it takes the transaction in, sampling its RSS.
         deadline = time.perf_counter() + timeout
         while True:
-            samples.append((time.perf_counter() - t0, proc_status_kb(relay.pid).get("VmRSS", 0)))
+            sample_rss()
             st = relay.status()
             # Re-read the master's end: it rotates right after the COMMIT when the file passed max_binlog_size.
-            end = master_end(master)
+            end = master_status(master)
             if (st.get("master_log_file"), st.get("read_master_log_pos")) == end:
                 break
             if st.get("last_io_error"):
@@ -872,170 +636,124 @@ def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict
         t_done = time.perf_counter()
         peak = proc_status_kb(relay.pid)
     finally:
-        relay.stop()
+        relay.stop(60.0)
     try:
         identical, _digests, detail = compare_with_master(relay_dir, master, end)
         backlog = describe_backlog(master, "big", 0.0)
     finally:
         shutil.rmtree(relay_dir.parent, ignore_errors=True)
     result = {
-        "mb": mb,
-        "rows": rows,
-        "row_event_mb": BIG_ROW_MB,
-        "binlog_bytes": backlog.bytes,
-        "events": backlog.events,
-        "rss_before_kb": before.get("VmRSS"),
-        "hwm_before_kb": before.get("VmHWM"),
-        "hwm_reset": cleared,
-        "rss_after_reset_kb": after_clear.get("VmRSS"),
-        "peak_rss_kb": peak.get("VmHWM"),
-        "rss_end_kb": peak.get("VmRSS"),
-        "peak_growth_kb": (peak.get("VmHWM") or 0) - (before.get("VmRSS") or 0),
-        "commit_seconds": round(t_commit - t0, 2),
-        "relay_after_commit_seconds": round(t_done - t_commit, 2),
-        "identical": identical,
-        "rss_samples": [[round(t, 3), kb] for t, kb in samples],
+        "mb": mb, "rows": rows, "row_event_mb": BIG_ROW_MB, "binlog_bytes": backlog.bytes, "events": backlog.events,
+        "rss_before_kb": before.get("VmRSS"), "hwm_before_kb": before.get("VmHWM"), "hwm_reset": cleared,
+        "rss_after_reset_kb": after_clear.get("VmRSS"), "peak_rss_kb": peak.get("VmHWM"),
+        "rss_end_kb": peak.get("VmRSS"), "peak_growth_kb": (peak.get("VmHWM") or 0) - (before.get("VmRSS") or 0),
+        "commit_seconds": round(t_commit - t0, 2), "relay_after_commit_seconds": round(t_done - t_commit, 2),
+        "identical": identical, "rss_samples": [[round(t, 3), kb] for t, kb in samples],
     }
     if not identical:
         result["difference"] = detail
-    reset_master(master)  # 1 GB less on disk
+    master.execute("RESET MASTER")  # 1 GB less on disk
     master.execute("DROP TABLE IF EXISTS bench.big")
     return result
 
 
-# ---------------------------------------------------------------------------------------------
-# Reporting
-def machine_info() -> dict[str, str]:
-    return benchinfo.machine_info(server=True)
-
-def command_line(argv: list[str]) -> str:
-    return benchinfo.command_line(__file__, argv)
+# -- reporting -------------------------------------------------------------------------------------------------
 
 def _mb(kb: int | None) -> str:
     return "-" if not kb else f"{kb / 1024:,.1f} MB"
 
 
-def write_markdown(path: Path, report: dict, argv: list[str], notes: str | None = None) -> None:
-    out = ["# Relay catch-up: relayproxy vs the MariaDB replica IO thread and mariadb-binlog", ""]
-    out += ["Produced by (from the repository root):", "", "```", report.get("command") or command_line(argv), "```", ""]
-    out += [
-        f"Each reader catches up from nothing to the master's end position; median of {report['repeat']} runs per "
-        "row, the readers taking turns (round robin, after one untimed warm-up read), `sync` before every run, "
-        f"status polled every {POLL * 1000:.0f} ms for every reader. **Ratio = time / IO thread time of the same "
-        "run** (below 1.00 is faster than the IO thread). Absolute times on this shared 2-core machine are noise; "
-        "the ratios are the result.",
+def shape_markdown(shape: str, data: dict) -> list[str]:
+    b, readers = data["backlog"], data["readers"]
+    out = [
+        f"## {SHAPE_LABELS.get(shape, shape)}", "",
+        f"Backlog: {b['mb']:.1f} MB in {b['events']:,} events ({b['avg_event_bytes']:.0f} bytes an event on "
+        f"average), {b['transactions']:,} transactions, {len(b['files'])} binlog file(s); generated in "
+        f"{b['generate_seconds']:.1f} s. Events by type: "
+        + ", ".join(f"{k} {v:,}" for k, v in b["counts_by_type"].items()) + ".",
+        "",
+        "| reader | seconds | [min - max] | MB/s | events/s | ratio vs IO thread | peak RSS |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in readers.items():
+        rss = "n/c (1)" if name.startswith("io_thread") else _mb(r["peak_rss_kb"])
+        out.append(f"| {READER_LABELS.get(name, name)} | {r['seconds']:.3f} | [{min(r['samples']):.3f} - "
+                   f"{max(r['samples']):.3f}] | {r['mb_per_s']:,.1f} | {r['events_per_s']:,} | "
+                   f"{r['ratio_vs_io_thread']:.2f} | {rss} |")
+    ratio = (readers.get("relay_transaction") or {}).get("ratio_vs_io_thread")
+    if ratio:
+        out += ["", f"**Target (relayproxy, default configuration, at least as fast as the IO thread): "
+                f"{'met' if ratio <= 1.0 else 'MISSED'}** -- {ratio:.2f}x the IO thread's time "
+                f"({1 / ratio:.2f}x its throughput)."]
+    relay_rows = [r for n, r in readers.items() if n.startswith("relay")]
+    if relay_rows:
+        out += ["", f"relayproxy's Python start-up before it serves /status (not in the times above): "
+                f"{relay_rows[0]['startup_seconds']:.2f} s. Relay files byte-identical to the master's after "
+                f"every relay run: {'yes' if all(r['identical'] for r in relay_rows) else 'NO'}."]
+    counted = [(n, r) for n, r in readers.items() if r.get("fsyncs") is not None]
+    if counted:
+        out += ["", "fdatasyncs of relay data until the horizon reached the end (/status `fsyncs`, median "
+                "[min - max]): " + "; ".join(
+                    f"{READER_LABELS.get(n, n)} {r['fsyncs']:.0f} [{r['fsyncs_range'][0]} - {r['fsyncs_range'][1]}]"
+                    + (f" ({r['fsync_seconds']:.2f} s in fdatasync)" if r.get("fsync_seconds") is not None else "")
+                    for n, r in counted) + "."]
+    io = readers.get("io_thread")
+    if io and io.get("relay_log_space"):
+        out += [f"IO thread relay log space at the end: {io['relay_log_space'] / 1e6:.1f} MB (same bytes "
+                "received: ANNOTATE_ROWS included)."]
+    return [*out, ""]
+
+
+FOOTNOTES = [
+    "(1) not comparable: the IO thread lives inside the replica's mariadbd, whose VmHWM is the whole server "
+    "(buffer pool, caches), not the cost of replicating.",
+    "(2) A replica without log_slave_updates does not ask for ANNOTATE_ROWS events, so the master leaves them "
+    "out: it receives fewer events and bytes than every other reader (its MB/s and events/s are of what it "
+    "received). Not a like-for-like baseline: the relay must store the master's bytes unchanged. This is most "
+    "likely the configuration behind the 2.1 s / 60 MB/s in peers.md.",
+    "mariadb-binlog's peak RSS is from `/usr/bin/time -f %M`; relayproxy's is VmHWM of the relay process, read "
+    "just before it is stopped.",
+    "",
+    "Settings: the master runs binlog_format=ROW, binlog_checksum=CRC32, ANNOTATE_ROWS on (defaults), "
+    "sync_binlog=0. The replica (IO thread) runs with MariaDB's defaults for its relay log (sync_relay_log=10000: "
+    "an fsync every 10,000 events, sync_master_info=10000), log_slave_updates=1 so that it asks for "
+    "ANNOTATE_ROWS like the others. mariadb-binlog writes without fsync. relayproxy `--sync-mode transaction` "
+    "fsyncs (fdatasync + durable mark) once per batch read from the socket that completed a transaction (group "
+    "commit), in its fsync thread while it reads and writes the next batch (one fsync in flight; batches that "
+    "arrive meanwhile share the next one); `batch` fsyncs every 100 transactions or 10 ms. No TLS anywhere (the "
+    "sandbox has have_ssl=DISABLED).",
+    "",
+]
+
+
+def big_trx_markdown(big: dict) -> list[str]:
+    return [
+        "## Large transaction: memory", "",
+        f"One transaction of {big['binlog_bytes'] / 1e6:,.0f} MB ({big['rows']} rows of {big['row_event_mb']} MB "
+        f"LONGBLOB, so {big['rows']} row events of ~{big['row_event_mb']} MB, {big['events']} events in the file) "
+        "committed on the master while a caught-up relay (default configuration) runs.",
+        "",
+        "| relay process | RSS |",
+        "|---|---:|",
+        f"| RSS before the transaction | {_mb(big['rss_before_kb'])} |",
+        f"| peak RSS (VmHWM) before it, start-up and catch-up of the empty binlog | {_mb(big['hwm_before_kb'])} |",
+        f"| peak RSS (VmHWM, reset before the transaction{'' if big['hwm_reset'] else ': reset FAILED'}) while it "
+        f"streams through | {_mb(big['peak_rss_kb'])} |",
+        f"| growth of the peak over the RSS before | {_mb(big['peak_growth_kb'])} |",
+        f"| RSS at the end | {_mb(big['rss_end_kb'])} |",
+        "",
+        f"The master took {big['commit_seconds']:.1f} s to run and commit it; the relay had it durable "
+        f"{big['relay_after_commit_seconds']:.1f} s after the COMMIT returned. Relay file byte-identical to the "
+        f"master's: {'yes' if big['identical'] else 'NO'}.",
         "",
     ]
-    for shape, data in report["shapes"].items():
-        b = data["backlog"]
-        out += [f"## {SHAPE_LABELS.get(shape, shape)}", ""]
-        out += [
-            f"Backlog: {b['mb']:.1f} MB in {b['events']:,} events ({b['avg_event_bytes']:.0f} bytes an event on "
-            f"average), {b['transactions']:,} transactions, {len(b['files'])} binlog file(s); generated in "
-            f"{b['generate_seconds']:.1f} s. Events by type: "
-            + ", ".join(f"{k} {v:,}" for k, v in b["counts_by_type"].items()) + ".",
-            "",
-            "| reader | seconds | [min - max] | MB/s | events/s | ratio vs IO thread | peak RSS |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for name, r in data["readers"].items():
-            if name.startswith("io_thread"):
-                rss = "n/c (1)"
-            elif name == "mariadb_binlog":
-                rss = _mb(r["peak_rss_kb"])
-            else:
-                rss = _mb(r["peak_rss_kb"])
-            label = READER_LABELS.get(name, name)
-            out.append(
-                f"| {label} | {r['seconds']:.3f} | [{min(r['samples']):.3f} - {max(r['samples']):.3f}] | "
-                f"{r['mb_per_s']:,.1f} | {r['events_per_s']:,} | {r['ratio_vs_io_thread']:.2f} | {rss} |"
-            )
-        rt = data["readers"].get("relay_transaction")
-        if rt and rt.get("ratio_vs_io_thread"):
-            ratio = rt["ratio_vs_io_thread"]
-            out += ["", f"**Target (relayproxy, default configuration, at least as fast as the IO thread): "
-                    f"{'met' if ratio <= 1.0 else 'MISSED'}** -- {ratio:.2f}x the IO thread's time "
-                    f"({1 / ratio:.2f}x its throughput)."]
-        relay_rows = [r for n, r in data["readers"].items() if n.startswith("relay")]
-        if relay_rows:
-            out += ["", f"relayproxy's Python start-up before it serves /status (not in the times above): "
-                    f"{relay_rows[0]['startup_seconds']:.2f} s. Relay files byte-identical to the master's after "
-                    f"every relay run: {'yes' if all(r['identical'] for r in relay_rows) else 'NO'}."]
-        counted = [(n, r) for n, r in data["readers"].items() if r.get("fsyncs") is not None]
-        if counted:
-            out += ["", "fdatasyncs of relay data until the horizon reached the end (/status `fsyncs`, median "
-                    "[min - max]): " + "; ".join(
-                        f"{READER_LABELS.get(n, n)} {r['fsyncs']:.0f} [{r['fsyncs_range'][0]} - {r['fsyncs_range'][1]}]"
-                        + (f" ({r['fsync_seconds']:.2f} s in fdatasync)" if r.get("fsync_seconds") is not None else "")
-                        for n, r in counted) + "."]
-        io = data["readers"].get("io_thread")
-        if io and io.get("relay_log_space"):
-            out += [f"IO thread relay log space at the end: {io['relay_log_space'] / 1e6:.1f} MB (same bytes "
-                    "received: ANNOTATE_ROWS included)."]
-        out.append("")
-    out += [
-        "(1) not comparable: the IO thread lives inside the replica's mariadbd, whose VmHWM is the whole server "
-        "(buffer pool, caches), not the cost of replicating.",
-        "(2) A replica without log_slave_updates does not ask for ANNOTATE_ROWS events, so the master leaves them "
-        "out: it receives fewer events and bytes than every other reader (its MB/s and events/s are of what it "
-        "received). Not a like-for-like baseline: the relay must store the master's bytes unchanged. This is most "
-        "likely the configuration behind the 2.1 s / 60 MB/s in peers.md.",
-        "mariadb-binlog's peak RSS is from `/usr/bin/time -f %M`; relayproxy's is VmHWM of the relay process, read "
-        "just before it is stopped.",
-        "",
-        "Settings: the master runs binlog_format=ROW, binlog_checksum=CRC32, ANNOTATE_ROWS on (defaults), "
-        "sync_binlog=0. The replica (IO thread) runs with MariaDB's defaults for its relay log (sync_relay_log=10000: "
-        "an fsync every 10,000 events, sync_master_info=10000), log_slave_updates=1 so that it asks for "
-        "ANNOTATE_ROWS like the others. mariadb-binlog writes without fsync. relayproxy `--sync-mode transaction` "
-        "fsyncs (fdatasync + durable mark) once per batch read from the socket that completed a transaction (group "
-        "commit), in its fsync thread while it reads and writes the next batch (one fsync in flight; batches that "
-        "arrive meanwhile share the next one); `batch` fsyncs every 100 transactions or 10 ms. No TLS anywhere (the sandbox has have_ssl=DISABLED).",
-        "",
-    ]
-    big = report.get("big_trx")
-    if big:
-        out += ["## Large transaction: memory", ""]
-        out += [
-            f"One transaction of {big['binlog_bytes'] / 1e6:,.0f} MB ({big['rows']} rows of {big['row_event_mb']} MB "
-            f"LONGBLOB, so {big['rows']} row events of ~{big['row_event_mb']} MB, {big['events']} events in the file) "
-            "committed on the master while a caught-up relay (default configuration) runs.",
-            "",
-            "| relay process | RSS |",
-            "|---|---:|",
-            f"| RSS before the transaction | {_mb(big['rss_before_kb'])} |",
-            f"| peak RSS (VmHWM) before it, start-up and catch-up of the empty binlog | {_mb(big['hwm_before_kb'])} |",
-            f"| peak RSS (VmHWM, reset before the transaction{'' if big['hwm_reset'] else ': reset FAILED'}) while it "
-            f"streams through | {_mb(big['peak_rss_kb'])} |",
-            f"| growth of the peak over the RSS before | {_mb(big['peak_growth_kb'])} |",
-            f"| RSS at the end | {_mb(big['rss_end_kb'])} |",
-            "",
-            f"The master took {big['commit_seconds']:.1f} s to run and commit it; the relay had it durable "
-            f"{big['relay_after_commit_seconds']:.1f} s after the COMMIT returned. Relay file byte-identical to the "
-            f"master's: {'yes' if big['identical'] else 'NO'}.",
-            "",
-        ]
-    for shape, prof in (report.get("profile") or {}).items():
-        out += profile_markdown(prof, shape)
-    cprof = report.get("cprofile")
-    if cprof:
-        out += [f"### cProfile of an in-process `serve()` catch-up (OLTP backlog; {cprof['seconds']:.2f} s under the "
-                "profiler, which adds per-call overhead: read the call counts, not the times)", "",
-                "| function | calls | tottime s | share of tottime | cumtime s |", "|---|---:|---:|---:|---:|"]
-        for row in cprof["rows"]:
-            out.append(f"| `{row['function']}` | {row['calls']:,} | {row['tottime']:.3f} | "
-                       f"{row['tottime'] / cprof['total_tottime']:.1%} | {row['cumtime']:.3f} |")
-        out.append("")
-    if notes:
-        out += [notes.rstrip(), ""]
-    out += benchinfo.machine_section(report["machine"])
-    path.write_text("\n".join(out))
 
 
 def profile_markdown(prof: dict, shape: str) -> list[str]:
     if "error" in prof:
         return [f"## Profile ({shape})", "", f"No py-spy profile: {prof['error']}", ""]
-    out = [f"## Where relayproxy's catch-up time goes: {SHAPE_LABELS.get(shape, shape)} (py-spy)", ""]
-    out += [
+    out = [
+        f"## Where relayproxy's catch-up time goes: {SHAPE_LABELS.get(shape, shape)} (py-spy)", "",
         f"One extra `sync-mode transaction` catch-up of the {shape} backlog launched under `py-spy record --rate 250 "
         f"--threads --idle` ({prof['seconds']:.2f} s under the sampler; not in the table above). Of the main "
         f"thread's {prof['main_thread_samples']:,} samples: {prof['work_share']:.1%} working, "
@@ -1044,40 +762,55 @@ def profile_markdown(prof: dict, shape: str) -> list[str]:
         f"inside `SyncTicket.make_durable` (fdatasync, GIL released) in {prof['fsync_samples']:,} samples "
         f"({prof['fsync_samples'] / max(prof['main_thread_samples'], 1):.1%} of the main thread's count: while the "
         "main thread waits for it, it does not parse). Shares below are of the main thread's working samples.",
-        "",
-        "Innermost frame (self time):",
-        "",
-        "| function | share |",
-        "|---|---:|",
     ]
-    out += [f"| `{r['function']}` | {r['share']:.1%} |" for r in prof["self"]]
-    out += ["", "Inclusive (the function or anything it calls):", "", "| function | share |", "|---|---:|"]
-    out += [f"| `{r['function']}` | {r['share']:.1%} |" for r in prof["inclusive"]]
+    for title, key in (("Innermost frame (self time):", "self"),
+                       ("Inclusive (the function or anything it calls):", "inclusive")):
+        out += ["", title, "", "| function | share |", "|---|---:|"]
+        out += [f"| `{r['function']}` | {r['share']:.1%} |" for r in prof[key]]
     out += ["", "Hottest source lines:", "", "| share | line | source |", "|---:|---|---|"]
     out += [f"| {r['share']:.1%} | `{r['where']}` | `{r['source']}` |" for r in prof["lines"]]
-    out.append("")
-    return out
+    return [*out, ""]
+
+
+def write_markdown(path: Path, report: dict, argv: list[str], notes: str | None = None) -> None:
+    out = ["# Relay catch-up: relayproxy vs the MariaDB replica IO thread and mariadb-binlog", "",
+           "Produced by (from the repository root):", "", "```",
+           report.get("command") or benchinfo.command_line(__file__, argv), "```", "",
+           f"Each reader catches up from nothing to the master's end position; median of {report['repeat']} runs per "
+           "row, the readers taking turns (round robin, after one untimed warm-up read), `sync` before every run, "
+           f"status polled every {POLL * 1000:.0f} ms for every reader. **Ratio = time / IO thread time of the same "
+           "run** (below 1.00 is faster than the IO thread). Absolute times on this shared 2-core machine are noise; "
+           "the ratios are the result.", ""]
+    for shape, data in report["shapes"].items():
+        out += shape_markdown(shape, data)
+    out += FOOTNOTES
+    if report.get("big_trx"):
+        out += big_trx_markdown(report["big_trx"])
+    for shape, prof in (report.get("profile") or {}).items():
+        out += profile_markdown(prof, shape)
+    if notes:
+        out += [notes.rstrip(), ""]
+    path.write_text("\n".join(out + benchinfo.machine_section(report["machine"])))
+
+
+COLORS = {"io_thread": "#4c72b0", "io_thread_no_annotate": "#8da0cb", "mariadb_binlog": "#55a868",
+          "relay_transaction": "#c44e52", "relay_batch": "#dd8452"}
 
 
 def write_plot(path: Path, report: dict) -> bool:
     plt = benchinfo.pyplot()
     if plt is None:
         return False
-    shapes = list(report["shapes"])
-    big = report.get("big_trx")
+    shapes, big = list(report["shapes"]), report.get("big_trx")
     ncols = len(shapes) + (1 if big else 0)
     fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 4.2))
-    if ncols == 1:
-        axes = [axes]
-    colors = {"io_thread": "#4c72b0", "io_thread_no_annotate": "#8da0cb", "mariadb_binlog": "#55a868",
-              "relay_transaction": "#c44e52",
-              "relay_batch": "#dd8452"}
+    axes = [axes] if ncols == 1 else axes
     for ax, shape in zip(axes, shapes):
         data = report["shapes"][shape]
         names = list(data["readers"])
         ratios = [data["readers"][n]["ratio_vs_io_thread"] for n in names]
         bars = ax.barh([READER_LABELS.get(n, n).replace(" (", "\n(") for n in names], ratios,
-                       color=[colors.get(n, "#8172b2" if n.startswith(("proto", "P")) else "#937860") for n in names])
+                       color=[COLORS.get(n, "#8172b2" if n.startswith(("proto", "P")) else "#937860") for n in names])
         ax.axvline(1.0, color="black", lw=0.8, ls="--")
         for bar, ratio, n in zip(bars, ratios, names):
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
@@ -1091,9 +824,8 @@ def write_plot(path: Path, report: dict) -> bool:
         ax.tick_params(axis="y", labelsize=7)
     if big:
         ax = axes[-1]
-        ts = [t for t, _ in big["rss_samples"]]
         rss = [kb / 1024 for _, kb in big["rss_samples"]]
-        ax.plot(ts, rss, color="#c44e52")
+        ax.plot([t for t, _ in big["rss_samples"]], rss, color="#c44e52")
         ax.axhline((big["rss_before_kb"] or 0) / 1024, color="gray", ls="--", lw=0.8, label="RSS before")
         ax.axvline(big["commit_seconds"], color="black", ls=":", lw=0.8, label="COMMIT returned")
         if big.get("peak_rss_kb"):
@@ -1107,7 +839,21 @@ def write_plot(path: Path, report: dict) -> bool:
     return True
 
 
-# ---------------------------------------------------------------------------------------------
+def print_summary(report: dict) -> None:
+    for shape, data in report["shapes"].items():
+        b = data["backlog"]
+        print(f"{shape}: {b['mb']:.1f} MB, {b['events']:,} events, {b['avg_event_bytes']:.0f} B/event")
+        for name, r in data["readers"].items():
+            print(f"  {name:20s} {r['seconds']:8.3f} s {r['mb_per_s']:8.1f} MB/s {r['events_per_s']:>10,} ev/s "
+                  f"x{r['ratio_vs_io_thread']:.2f}  rss {_mb(r['peak_rss_kb'])}")
+    big = report.get("big_trx")
+    if big:
+        print(f"big trx {big['binlog_bytes'] / 1e6:.0f} MB: RSS before {_mb(big['rss_before_kb'])}, peak "
+              f"{_mb(big['peak_rss_kb'])}, identical {big['identical']}")
+
+
+# -- command line ----------------------------------------------------------------------------------------------
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="~10 MB backlogs, one run each, a 16 MB big transaction, "
@@ -1123,7 +869,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--readers", default=",".join(READERS), help="comma-separated subset of: " + ", ".join(READERS)
                    + " (io_thread is the ratio base: keep it)")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile")
-    p.add_argument("--cprofile", action="store_true", help="also profile an in-process serve() with cProfile")
     p.add_argument("--extra-relay", action="append", default=[], metavar="LABEL=SRC_DIR",
                    help="also time a relayproxy tree at SRC_DIR (e.g. a prototype in /tmp) as reader LABEL")
     add_report_options(p)
@@ -1133,110 +878,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds any one catch-up may take")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = p.parse_args(argv)
-    if args.repeat is None:
-        args.repeat = 1 if args.quick else 5
-    if args.backlog_mb is None:
-        args.backlog_mb = 10.0 if args.quick else 100.0
-    if args.bulk_backlog_mb is None:
-        args.bulk_backlog_mb = 10.0 if args.quick else 300.0
-    if args.big_trx_mb is None:
-        args.big_trx_mb = 16 if args.quick else 1024
+    for name, (quick, full) in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    if args.render is not None:
-        report = json.loads(args.render.read_text())
-        out_dir = args.output_dir or RESULTS_DIR
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_markdown(out_dir / "relay_catchup.md", report, argv, args.notes.read_text() if args.notes else None)
-        write_plot(out_dir / "relay_catchup.png", report)
-        log(f"wrote {out_dir / 'relay_catchup.md'} from {args.render}")
-        return 0
-    from relayproxy.log import configure_logging
-
-    configure_logging(fmt="json", level="warning")  # stdout stays clean for --json
-    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    readers = tuple(r.strip() for r in args.readers.split(",") if r.strip())
-    for r in readers:
-        if r not in READERS:
-            raise SystemExit(f"unknown reader {r!r}")
-    for s in shapes:
-        if s not in ("oltp", "bulk"):
-            raise SystemExit(f"unknown shape {s!r}")
-    extra_src = {}
+    args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    args.readers = tuple(r.strip() for r in args.readers.split(",") if r.strip())
+    for kind, names, known in (("shape", args.shapes, SHAPE_LABELS), ("reader", args.readers, READERS)):
+        for name in names:
+            if name not in known:
+                raise SystemExit(f"unknown {kind} {name!r}")
+    args.extra_src = {}
     for item in args.extra_relay:
         label, _, src = item.partition("=")
         if not src or not (Path(src) / "relayproxy" / "commands" / "cli.py").is_file():
             raise SystemExit(f"--extra-relay {item!r}: expected LABEL=DIR with DIR/relayproxy/commands/cli.py")
-        extra_src[label] = Path(src).resolve()
-    work = Path(tempfile.mkdtemp(prefix="rp-catchup-", dir=args.workdir))
-    master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
-    replica = MariaDBSandbox(work / "replica", server_id=2, log_bin_name="replica-bin", extra_config=REPLICA_CONFIG)
-    lean = MariaDBSandbox(work / "replica-lean", server_id=3, log_bin=False, extra_config=REPLICA_LEAN_CONFIG)
-    replicas = {"io_thread": replica, "io_thread_no_annotate": lean}
-    report: dict = {"quick": args.quick, "repeat": args.repeat, "backlog_mb": args.backlog_mb, "shapes": {},
-                    "loadavg_before": _loadavg()}
-    try:
-        log(f"starting master and replica sandboxes in {work}")
-        master.start()
-        replica.start()
-        lean.start()
-        prepare_master(master)
-        for shape in shapes:
-            mb = args.backlog_mb if shape == "oltp" else args.bulk_backlog_mb
-            log(f"generating the {shape} backlog (~{mb:g} MB)")
-            backlog = generate_oltp(master, int(mb * 1e6)) if shape == "oltp" else generate_bulk(master, int(mb * 1e6))
-            log(f"{shape}: {backlog.bytes / 1e6:.1f} MB, {backlog.events:,} events, {backlog.avg_event:.0f} B/event, "
-                f"{backlog.transactions:,} transactions in {backlog.generate_seconds:.1f} s")
-            results = measure_shape(backlog, master, replicas, work, args.repeat, args.timeout, readers, extra_src)
-            report["shapes"][shape] = shape_report(backlog, results)
-            if not args.quick and not args.no_profile:
-                log(f"profiling relayproxy's {shape} catch-up with py-spy")
-                report.setdefault("profile", {})[shape] = py_spy_profile(master, backlog, work, args.timeout)
-            if shape == "oltp" and args.cprofile:
-                log("profiling an in-process serve() with cProfile")
-                report["cprofile"] = cprofile_inprocess(master, backlog, work, args.timeout)
-        if args.big_trx_mb:
-            log(f"large transaction: {args.big_trx_mb} MB")
-            report["big_trx"] = big_transaction_test(master, work, args.big_trx_mb, args.timeout)
-            b = report["big_trx"]
-            log(f"big trx: RSS before {_mb(b['rss_before_kb'])}, peak {_mb(b['peak_rss_kb'])}, "
-                f"identical {b['identical']}")
-    finally:
-        for server in (lean, replica, master):
-            try:
-                server.stop()
-            except Exception as exc:  # noqa: BLE001 - keep cleaning up
-                log(f"could not stop {server!r}: {exc}")
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    report["loadavg_after"] = _loadavg()
-    report["machine"] = machine_info()
-    report["machine"]["load average (1, 5, 15 min) before / after"] = (
-        f"{report['loadavg_before']} / {report['loadavg_after']} (other work on the machine shifts the ratios too)"
-    )
-    report["command"] = command_line(argv)
-    if args.save_json is not None:
-        args.save_json.write_text(json.dumps(_json_safe(report), indent=1))
-    out_dir = args.output_dir if args.output_dir is not None else (None if args.quick else RESULTS_DIR)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_markdown(out_dir / "relay_catchup.md", report, argv, args.notes.read_text() if args.notes else None)
-        write_plot(out_dir / "relay_catchup.png", report)
-        log(f"wrote {out_dir / 'relay_catchup.md'}")
-    if args.json:
-        json.dump(_json_safe(report), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print_summary(report)
-    return 0
+        args.extra_src[label] = Path(src).resolve()
+    return args
+
+
+def write_outputs(out_dir: Path, report: dict, argv: list[str], notes: Path | None) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_markdown(out_dir / "relay_catchup.md", report, argv, notes.read_text() if notes else None)
+    write_plot(out_dir / "relay_catchup.png", report)
+    log(f"wrote {out_dir / 'relay_catchup.md'}")
 
 
 def _loadavg() -> str:
@@ -1250,17 +916,72 @@ def _json_safe(report: dict) -> dict:
     return json.loads(json.dumps(report, default=str))
 
 
-def print_summary(report: dict) -> None:
-    for shape, data in report["shapes"].items():
-        b = data["backlog"]
-        print(f"{shape}: {b['mb']:.1f} MB, {b['events']:,} events, {b['avg_event_bytes']:.0f} B/event")
-        for name, r in data["readers"].items():
-            print(f"  {name:20s} {r['seconds']:8.3f} s {r['mb_per_s']:8.1f} MB/s {r['events_per_s']:>10,} ev/s "
-                  f"x{r['ratio_vs_io_thread']:.2f}  rss {_mb(r['peak_rss_kb'])}")
-    big = report.get("big_trx")
-    if big:
-        print(f"big trx {big['binlog_bytes'] / 1e6:.0f} MB: RSS before {_mb(big['rss_before_kb'])}, peak "
-              f"{_mb(big['peak_rss_kb'])}, identical {big['identical']}")
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.render is not None:
+        write_outputs(args.output_dir or RESULTS_DIR, json.loads(args.render.read_text()), argv, args.notes)
+        return 0
+    from relayproxy.log import configure_logging
+
+    configure_logging(fmt="json", level="warning")  # stdout stays clean for --json
+    work = Path(tempfile.mkdtemp(prefix="rp-catchup-", dir=args.workdir))
+    master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
+    replica = MariaDBSandbox(work / "replica", server_id=2, log_bin_name="replica-bin", extra_config=REPLICA_CONFIG)
+    lean = MariaDBSandbox(work / "replica-lean", server_id=3, log_bin=False, extra_config=REPLICA_LEAN_CONFIG)
+    replicas = {"io_thread": replica, "io_thread_no_annotate": lean}
+    report: dict = {"quick": args.quick, "repeat": args.repeat, "backlog_mb": args.backlog_mb, "shapes": {},
+                    "loadavg_before": _loadavg()}
+    try:
+        log(f"starting master and replica sandboxes in {work}")
+        for server in (master, replica, lean):
+            server.start()
+        master.create_user(REPL_USER, REPL_PASSWORD)
+        master.execute("CREATE DATABASE IF NOT EXISTS bench")
+        for shape in args.shapes:
+            mb = args.backlog_mb if shape == "oltp" else args.bulk_backlog_mb
+            log(f"generating the {shape} backlog (~{mb:g} MB)")
+            backlog = (generate_oltp if shape == "oltp" else generate_bulk)(master, int(mb * 1e6))
+            log(f"{shape}: {backlog.bytes / 1e6:.1f} MB, {backlog.events:,} events, {backlog.avg_event:.0f} B/event, "
+                f"{backlog.transactions:,} transactions in {backlog.generate_seconds:.1f} s")
+            results = measure_shape(backlog, master, replicas, work, args.repeat, args.timeout, args.readers,
+                                    args.extra_src)
+            report["shapes"][shape] = shape_report(backlog, results)
+            if not args.quick and not args.no_profile:
+                log(f"profiling relayproxy's {shape} catch-up with py-spy")
+                report.setdefault("profile", {})[shape] = py_spy_profile(master, backlog, work, args.timeout)
+        if args.big_trx_mb:
+            log(f"large transaction: {args.big_trx_mb} MB")
+            b = report["big_trx"] = big_transaction_test(master, work, args.big_trx_mb, args.timeout)
+            log(f"big trx: RSS before {_mb(b['rss_before_kb'])}, peak {_mb(b['peak_rss_kb'])}, "
+                f"identical {b['identical']}")
+    finally:
+        for server in (lean, replica, master):
+            try:
+                server.stop()
+            except Exception as exc:  # noqa: BLE001 - keep cleaning up
+                log(f"could not stop {server!r}: {exc}")
+        if args.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    report["loadavg_after"] = _loadavg()
+    report["machine"] = benchinfo.machine_info(server=True)
+    report["machine"]["load average (1, 5, 15 min) before / after"] = (
+        f"{report['loadavg_before']} / {report['loadavg_after']} (other work on the machine shifts the ratios too)"
+    )
+    report["command"] = benchinfo.command_line(__file__, argv)
+    if args.save_json is not None:
+        args.save_json.write_text(json.dumps(_json_safe(report), indent=1))
+    out_dir = args.output_dir if args.output_dir is not None else (None if args.quick else RESULTS_DIR)
+    if out_dir is not None:
+        write_outputs(out_dir, report, argv, args.notes)
+    if args.json:
+        json.dump(_json_safe(report), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print_summary(report)
+    return 0
 
 
 if __name__ == "__main__":
