@@ -2,47 +2,37 @@
 transaction, at relay backlogs of 0, 100 MB and 1 GB of relay files, against a plain MariaDB replica repointed the
 same way in the same run.
 
-For each backlog size a topology of real servers is built (``relayproxy.lab``'s building blocks, without the fault
-proxies of ``FailoverLab``: nothing is held mid-transaction here, and a Python proxy would slow a 1 GB backlog)::
+For each backlog size a topology of real servers is built from ``relayproxy.lab``'s building blocks, without the
+fault proxies of ``FailoverLab`` (nothing is held mid-transaction here, and a Python proxy would slow a 1 GB
+backlog)::
 
     M1 ─┬─ relayproxy run --listen ─┬─ R2  by GTID     (MASTER_USE_GTID=slave_pos)
         │   (a real process)        └─ R3  by file/pos (MASTER_LOG_FILE=<relay's first file>, MASTER_USE_GTID=no)
         ├─ D   "R2'": a plain MariaDB replica of M1 by GTID, no binlog (as R2): the peer, the ratio base
         └─ C1 .. Cn  candidates (binlog basename mysql-bin, log_slave_updates, read_only), one per repeat
 
-The backlog is written through M1 before any switch: multi-row ``INSERT ... SELECT`` of 8,000-byte rows from the
-sequence engine (ROW format, one ~8 KB WRITE_ROWS event per row, ~8 MB transactions) until M1's binlog, and so the
-relay's files, hold the size asked for; every server then takes it in (progress on stderr, bounded by
-``--gen-timeout``). The backlog table is ``ENGINE=BLACKHOLE`` on every server: the binlogs, relay logs and relay
-files carry exactly the same bytes as with InnoDB, but 7 servers take in 1 GB each in about a minute on 2 cores.
-The marker table is InnoDB.
+The backlog is written through M1 first: ``INSERT ... SELECT`` of 8,000-byte rows from the sequence engine (one ~8 KB
+WRITE_ROWS event per row, ~8 MB transactions) until M1's binlog, and so the relay's files, hold the size asked for,
+then every server takes it in (within ``--gen-timeout``). The backlog table is BLACKHOLE on every server (the same
+binlog bytes as InnoDB, but 7 servers take in 1 GB each in about a minute on 2 cores); the marker table is InnoDB.
 
-Repeat k (``--repeats``, default 3) is one failover: the current master (M1, then C(k-1)) is killed with SIGKILL
-(nothing in flight), Ck is promoted as an HA tool does (``STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only=0``),
-the other candidates are repointed to it and caught up (untimed), the relay gets ``STOP SLAVE`` and ``CHANGE MASTER
-TO ... MASTER_USE_GTID=slave_pos`` on its SQL port and D the same on its own (untimed), one marker row with a known
-id is written on Ck, ``sync`` runs, and then, in turns (relay first in odd repeats, D first in even ones:
-``benchinfo.run_alternating``):
-
-* relay: ``START SLAVE`` is sent on an already open admin session of the relay; timed from just before it is sent
-  until the marker row is visible on R2 (``SELECT ... WHERE id = <marker>``, polled every 5 ms on an open
-  connection), likewise on R3, and until the relay's ``GET /status`` ``retrieved_gtid_set`` holds the marker's GTID
-  (the relay's own time to the new master's first transaction on disk: the horizon only covers durable
-  transactions). Three pollers, one thread each;
-* direct: ``START SLAVE`` on D, timed the same way until the marker row is visible on D.
-
-Reported per backlog under the shared results header (``benchinfo.header_block``): median and range (min - max)
-over the repeats (``benchinfo.fmt_median_range``), the ratio relay/direct of the medians (R2, GTID, is the
-like-for-like one) and the median and range of the per-failover ratios, the relay's horizon time, the relay process's RSS (VmRSS and VmHWM after the last switch),
-how long generating and taking in the backlog took, and the size of the new master's binlog file before the marker
-(a MariaDB master finds a GTID by reading its binlog file from the start: both paths pay that).
+Repeat k (``--repeats``) is one failover: the master in force (M1, then C(k-1)) killed with SIGKILL, Ck promoted as an
+HA tool does, the other candidates repointed to it, the relay (on its SQL port) and D given ``STOP SLAVE; CHANGE
+MASTER TO ... MASTER_USE_GTID=slave_pos`` (all untimed), one marker row with a known id written on Ck, ``sync``; then,
+in turns (``benchinfo.run_alternating``), ``START SLAVE`` on an open admin session of the relay, timed until the
+marker row is visible on R2 and on R3 (``SELECT ... WHERE id = <marker>`` every 5 ms on an open connection) and until
+the relay's ``GET /status`` ``retrieved_gtid_set`` holds its GTID (durable in the relay's files), one poller thread
+each; and ``START SLAVE`` on D, timed the same way until the row is visible on D. Reported: median and range over
+the repeats, the relay/direct ratio of the medians (R2, by GTID, is the like-for-like one) and of each failover, the
+relay's RSS, and where the marker starts in the new master's binlog (a MariaDB master finds a GTID by reading its
+binlog file from the start: both paths pay that).
 
     .venv/bin/python benchmarks/failover_time.py                          # 0, 100M, 1G x 3 repeats
     .venv/bin/python benchmarks/failover_time.py --backlogs 0 --repeats 1 --out /tmp/ft/failover_time.md
 
-Sizes are decimal (100M = 100,000,000 bytes; 1G = 1,000,000,000: below max_binlog_size, so a 1 GB backlog stays
-one binlog file, as it would on a default-configured master). Absolute times on a shared 2-core machine are noise;
-the relay/direct ratios of one run and the ranges are the result. Timings are never asserted in tests.
+Sizes are decimal (1G = 1,000,000,000: below max_binlog_size, so a 1 GB backlog stays one binlog file, as on a
+default-configured master). Absolute times on a shared 2-core machine are noise; the relay/direct ratios of one run
+and the ranges are the result. Timings are never asserted in tests.
 """
 
 from __future__ import annotations
@@ -58,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
+from collections import Counter
 from pathlib import Path
 
 if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
@@ -67,7 +57,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import REPO_ROOT, RESULTS_DIR, add_report_options, logger, save_figure  # noqa: E402
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, add_report_options, logger, results_document  # noqa: E402
+from benchmarks.common import save_figure  # noqa: E402
 from relayproxy.lab.failover import (  # noqa: E402
     ADMIN_PASSWORD,
     ADMIN_USER,
@@ -78,9 +69,14 @@ from relayproxy.lab.failover import (  # noqa: E402
     change_master_sql,
     covers,
     promote,
+    relay_sql,
+    repoint_replica,
+    server,
     slave_pos,
+    wait_until,
 )
-from relayproxy.lab.harness import RelayProcess, change_master, free_port, master_status, replica_status  # noqa: E402
+from relayproxy.lab.harness import change_master, free_port, master_status, replica_status  # noqa: E402
+from relayproxy.lab.harness import RelayProcess, run_every_step  # noqa: E402
 from relayproxy.lab.procstat import proc_status_kb  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
@@ -89,22 +85,21 @@ ROW_BYTES = 8000  # one row, so about one WRITE_ROWS event of binlog_row_event_m
 ROWS_PER_TRX = 1000  # ~8 MB transactions
 GOAL_SECONDS = 1.0
 SCHEMA = "bench"
-# Every server: the BLACKHOLE engine for the backlog table (see the docstring).
-COMMON_CONFIG = {"plugin_load_add": "ha_blackhole"}
-PATHS = ("relay_r2", "relay_r3", "relay_horizon", "direct")
+COMMON_CONFIG = {"plugin_load_add": "ha_blackhole"}  # every server: the BLACKHOLE engine for the backlog table
 PATH_LABELS = {
     "relay_r2": "relay -> R2 (GTID)",
     "relay_r3": "relay -> R3 (file/pos)",
     "relay_horizon": "relay horizon (/status)",
     "direct": "direct: D repointed (MariaDB)",
 }
+PATHS = tuple(PATH_LABELS)
+PROFILE_SECONDS = 3
+
+log = logger("failover_time")
 
 
 class BenchError(RuntimeError):
     pass
-
-
-log = logger("failover_time")
 
 
 def parse_size(text: str) -> int:
@@ -126,8 +121,7 @@ def size_label(n: int) -> str:
         return "0"
     for unit, mult in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
         if n >= mult and n % (mult // 10 or 1) == 0:
-            v = n / mult
-            return f"{v:g} {unit}B" if unit != "k" else f"{v:g} kB"
+            return f"{n / mult:g} {unit}B"
     return f"{n} B"
 
 
@@ -136,13 +130,7 @@ def _connect(server: MariaDBSandbox) -> pymysql.connections.Connection:
                            connect_timeout=10, read_timeout=120)
 
 
-def _relay_admin(port: int) -> pymysql.connections.Connection:
-    return pymysql.connect(host="127.0.0.1", port=port, user=ADMIN_USER, password=ADMIN_PASSWORD, connect_timeout=10,
-                           read_timeout=120)
-
-
 # -- the topology ----------------------------------------------------------------------------------------------------
-
 
 class Topology:
     """M1, candidates C1..Cn, D (direct replica of M1), the relay on M1, R2 (GTID) and R3 (file/pos) behind it."""
@@ -151,27 +139,22 @@ class Topology:
         self.workdir = workdir
         self.m1 = self._binlogged(workdir / "m1", 1)
         self.cands = [self._binlogged(workdir / f"c{i + 1}", 11 + i, read_only=True) for i in range(candidates)]
-        self.d = MariaDBSandbox(workdir / "d", server_id=7, log_bin=False, extra_config=COMMON_CONFIG)
-        self.r2 = MariaDBSandbox(workdir / "r2", server_id=5, log_bin=False, extra_config=COMMON_CONFIG)
-        self.r3 = MariaDBSandbox(workdir / "r3", server_id=6, log_bin=False, extra_config=COMMON_CONFIG)
+        self.d, self.r2, self.r3 = (MariaDBSandbox(workdir / name, server_id=server_id, log_bin=False,
+                                                   extra_config=COMMON_CONFIG)
+                                    for name, server_id in (("d", 7), ("r2", 5), ("r3", 6)))
         self.relay: RelayProcess | None = None
         self.relay_port = 0
         self.master = self.m1  # the master in force
-        self.first_file = ""
 
     @staticmethod
     def _binlogged(basedir: Path, server_id: int, *, read_only: bool = False) -> MariaDBSandbox:
-        """As relayproxy.lab.failover.server(): ROW, basename mysql-bin, log_slave_updates; plus BLACKHOLE."""
-        return MariaDBSandbox(basedir, server_id=server_id, binlog_format="ROW", log_bin_name=BASENAME,
-                              extra_config={**COMMON_CONFIG, "log_slave_updates": 1,
-                                            "read_only": 1 if read_only else None})
+        """relayproxy.lab.failover.server() (ROW, basename mysql-bin, log_slave_updates) plus BLACKHOLE."""
+        sandbox = server(basedir, server_id, read_only=read_only)
+        sandbox.extra_config.update(COMMON_CONFIG)
+        return sandbox
 
     def servers(self) -> list[MariaDBSandbox]:
         return [self.m1, *self.cands, self.d, self.r2, self.r3]
-
-    def replicas_of_master(self) -> list[MariaDBSandbox]:
-        """Everyone following the master in force directly: remaining candidates and D."""
-        return [c for c in self.cands if c is not self.master and c.running] + [self.d]
 
     def start(self) -> None:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two at a time: a 2-core machine
@@ -193,28 +176,20 @@ class Topology:
             change_master(replica, m1.port, file=None)  # MASTER_USE_GTID=slave_pos
             replica.execute("START SLAVE")
         self.wait_all(timeout=60, downstream=False)  # R2 and R3 are wired below, once the relay has a file
-        with _relay_admin(self.relay_port) as conn, conn.cursor() as cur:
-            cur.execute("SHOW BINARY LOGS")
-            self.first_file = cur.fetchall()[0][0]
+        first_file = next(iter(relay_sql(self.relay_port, "SHOW BINARY LOGS")[0].values()))
         change_master(self.r2, self.relay_port, file=None)
-        change_master(self.r3, self.relay_port, file=self.first_file, pos=4)
+        change_master(self.r3, self.relay_port, file=first_file, pos=4)
         for replica in (self.r2, self.r3):
             replica.execute("START SLAVE")
         self.wait_all(timeout=60)
 
     def close(self) -> None:
-        problems = []
-        for step in [*(lambda s=s: s.stop(timeout=15) for s in (self.r2, self.r3, self.d)),
-                     lambda: self.relay.stop() if self.relay else None,
-                     *(lambda s=s: s.stop(timeout=15) if s.running else None for s in (*self.cands, self.m1))]:
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 - stop the rest, report at the end
-                problems.append(repr(exc))
+        problems = run_every_step([*(lambda s=s: s.stop(timeout=15) for s in (self.r2, self.r3, self.d)),
+                                   lambda: self.relay.stop() if self.relay else None,
+                                   *(lambda s=s: s.stop(timeout=15) if s.running else None
+                                     for s in (*self.cands, self.m1))])
         if problems:
             log("could not stop everything cleanly: " + "; ".join(problems))
-
-    # -- waits --------------------------------------------------------------------------------------------------
 
     def lagging(self, downstream: bool = True) -> list[str]:
         """Who does not yet hold the master's gtid_binlog_pos (read afresh); a stopped thread raises."""
@@ -222,10 +197,12 @@ class Topology:
         behind = []
         status = self.relay.status()
         if not covers(status["retrieved_gtid_set"], want):
+            error = f"; error: {status['last_io_error']}" if status.get("last_io_error") else ""
             behind.append(f"relay ({(status['read_master_log_pos'] or 0) / 1e6:,.0f} MB into "
-                          f"{status['master_log_file']}" + (f"; error: {status['last_io_error']}"
-                                                           if status.get("last_io_error") else "") + ")")
-        for replica in [*self.replicas_of_master(), *((self.r2, self.r3) if downstream else ())]:
+                          f"{status['master_log_file']}{error})")
+        # Everyone following the master in force directly (remaining candidates and D), then R2 and R3.
+        directly = [c for c in self.cands if c is not self.master and c.running] + [self.d]
+        for replica in [*directly, *((self.r2, self.r3) if downstream else ())]:
             state = replica_status(replica)
             if "No" in (state.get("Slave_IO_Running"), state.get("Slave_SQL_Running")):
                 raise BenchError(f"{replica.basedir.name} stopped: {state.get('Last_IO_Error')} "
@@ -237,12 +214,8 @@ class Topology:
 
     def wait_all(self, timeout: float, progress: float | None = None, downstream: bool = True) -> float:
         """Until every server and the relay hold the master's GTIDs; returns the seconds it took."""
-        began = time.monotonic()
-        last_print = began
-        while True:
-            behind = self.lagging(downstream)
-            if not behind:
-                return time.monotonic() - began
+        began = last_print = time.monotonic()
+        while behind := self.lagging(downstream):
             now = time.monotonic()
             if now - began > timeout:
                 raise BenchError(f"not caught up after {timeout:.0f} s: {behind}")
@@ -250,25 +223,19 @@ class Topology:
                 log(f"  taking in the backlog, {now - began:.0f} s: behind: {', '.join(behind)}")
                 last_print = now
             time.sleep(0.1)
-
-    # -- the backlog ----------------------------------------------------------------------------------------------
+        return time.monotonic() - began
 
     def binlog_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.m1.binlog_files())
 
     def generate(self, target: int, timeout: float) -> dict:
         """Write bulk rows on M1 until its binlog holds `target` bytes; wait until everyone has them."""
-        began = time.monotonic()
+        began = last_print = time.monotonic()
         start_bytes = self.binlog_bytes()
         trx = rows = 0
-        conn = _connect(self.m1)
-        last_print = began
-        try:
+        with _connect(self.m1) as conn:
             cur = conn.cursor()
-            while True:
-                done = self.binlog_bytes()
-                if done >= target:
-                    break
+            while (done := self.binlog_bytes()) < target:
                 n = max(1, min(ROWS_PER_TRX, -(-(target - done) // (ROW_BYTES + 44))))
                 cur.execute(f"INSERT INTO {SCHEMA}.backlog (id, b) SELECT seq + {rows}, REPEAT('x', {ROW_BYTES}) "
                             f"FROM {SCHEMA}.seq_1_to_{n}")
@@ -281,8 +248,6 @@ class Topology:
                     log(f"  M1 binlog {done / 1e6:,.0f} / {target / 1e6:,.0f} MB, relay "
                         f"{self.relay.status()['relay_disk_bytes'] / 1e6:,.0f} MB")
                     last_print = now
-        finally:
-            conn.close()
         written = time.monotonic() - began
         log(f"  M1 wrote {(self.binlog_bytes() - start_bytes) / 1e6:,.1f} MB in {trx} transactions in {written:.1f} s; "
             "waiting for the relay, its replicas, D and the candidates")
@@ -293,8 +258,6 @@ class Topology:
                 "relay_disk_bytes": status["relay_disk_bytes"], "relay_files": status["relay_files"],
                 "write_seconds": round(written, 2), "catchup_seconds": round(catchup, 2),
                 "total_seconds": round(time.monotonic() - began, 2)}
-
-    # -- one failover -----------------------------------------------------------------------------------------------
 
     def flush_replica_relay_logs(self) -> None:
         """FLUSH RELAY LOGS on R2, R3 and D (untimed), until each SQL thread has purged the file that held the
@@ -327,16 +290,12 @@ class Topology:
         promote(new)
         self.master = new
         for cand in self.cands[k:]:  # the later candidates follow the new master (untimed), as an HA tool does
-            cand.execute("STOP SLAVE")
-            cand.execute(change_master_sql(new.port, connect_retry=1, heartbeat_period=1))
-            cand.execute("START SLAVE")
-        deadline = time.monotonic() + 60
-        while not all(covers(slave_pos(c), binlog_pos(new)) for c in self.cands[k:]):
-            if time.monotonic() > deadline:
-                raise BenchError(f"candidates {[c.basedir.name for c in self.cands[k:]]} did not follow {new.basedir.name}")
-            time.sleep(0.05)
+            repoint_replica(cand, new.port)
+        wait_until(f"candidates {[c.basedir.name for c in self.cands[k:]]} to follow {new.basedir.name}",
+                   lambda: all(covers(slave_pos(c), binlog_pos(new)) for c in self.cands[k:]))
 
-        admin = _relay_admin(self.relay_port)
+        admin = pymysql.connect(host="127.0.0.1", port=self.relay_port, user=ADMIN_USER, password=ADMIN_PASSWORD,
+                                connect_timeout=10, read_timeout=120)
         d_conn = _connect(self.d)
         probes: dict[str, pymysql.connections.Connection] = {}
         try:
@@ -344,7 +303,7 @@ class Topology:
             admin_cur.execute("STOP SLAVE")
             admin_cur.execute(change_master_sql(new.port))
             d_cur.execute("STOP SLAVE")
-            d_cur.execute(change_master_sql(new.port) + ", MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1")
+            d_cur.execute(change_master_sql(new.port, connect_retry=1, heartbeat_period=1))
 
             # The marker: the new master's first transaction.
             marker_id = 1000 + k
@@ -358,8 +317,7 @@ class Topology:
             os.sync()  # no writeback of the backlog left to compete with the timed part
             time.sleep(0.2)
 
-            for name, server in (("r2", self.r2), ("r3", self.r3), ("d", self.d)):
-                probes[name] = _connect(server)
+            probes = {name: _connect(server) for name, server in (("r2", self.r2), ("r3", self.r3), ("d", self.d))}
             sql = f"SELECT 1 FROM {SCHEMA}.marker WHERE id = {marker_id}"
 
             def row_probe(conn):
@@ -370,37 +328,33 @@ class Topology:
                 return probe
 
             def horizon_probe() -> bool:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.relay.http_port}/status", timeout=5) as r:
-                    return covers(json.load(r)["retrieved_gtid_set"], marker_gtid)
+                return covers(self.relay.status()["retrieved_gtid_set"], marker_gtid)
 
             result = {"repeat": k, "old_master": old.basedir.name, "new_master": new.basedir.name,
                       "order": "relay, direct" if relay_first else "direct, relay", "marker_id": marker_id,
                       "marker_gtid": marker_gtid, "new_master_file_before_marker": [join_file, join_pos],
                       "new_master_end": [end_file, end_pos]}
 
-            def run_relay() -> None:
-                pollers = {"relay_r2": Poller(row_probe(probes["r2"])), "relay_r3": Poller(row_probe(probes["r3"])),
-                           "relay_horizon": Poller(horizon_probe)}
-                spy = start_py_spy(self.relay.proc.pid, profile) if profile is not None else None
+            def timed_start(cursor, returned: str, pollers: dict[str, Poller]) -> None:
+                """START SLAVE on `cursor`, the pollers started just before it: seconds until each sees the marker."""
                 t0 = time.perf_counter()
                 for p in pollers.values():
-                    p.t0 = t0
-                    p.start()
-                admin_cur.execute("START SLAVE")
-                result["relay_start_slave_returned"] = round(time.perf_counter() - t0, 4)
+                    p.begin(t0)
+                cursor.execute("START SLAVE")
+                result[returned] = round(time.perf_counter() - t0, 4)
                 for key, p in pollers.items():
                     result[key] = p.result(timeout)
+
+            def run_relay() -> None:
+                spy = start_py_spy(self.relay.proc.pid, profile) if profile is not None else None
+                timed_start(admin_cur, "relay_start_slave_returned",
+                            {"relay_r2": Poller(row_probe(probes["r2"])), "relay_r3": Poller(row_probe(probes["r3"])),
+                             "relay_horizon": Poller(horizon_probe)})
                 if spy is not None:
                     spy.wait(60)
 
             def run_direct() -> None:
-                poller = Poller(row_probe(probes["d"]))
-                t0 = time.perf_counter()
-                poller.t0 = t0
-                poller.start()
-                d_cur.execute("START SLAVE")
-                result["direct_start_slave_returned"] = round(time.perf_counter() - t0, 4)
-                result["direct"] = poller.result(timeout)
+                timed_start(d_cur, "direct_start_slave_returned", {"direct": Poller(row_probe(probes["d"]))})
 
             for step in ((run_relay, run_direct) if relay_first else (run_direct, run_relay)):
                 step()
@@ -417,8 +371,41 @@ class Topology:
         return result
 
 
-PROFILE_SECONDS = 3
+class Poller(threading.Thread):
+    """Runs `probe` every POLL seconds from begin(t0); `seconds` = first success - t0 (probe errors: not yet)."""
 
+    def __init__(self, probe):
+        super().__init__(daemon=True)
+        self.probe = probe
+        self.t0 = 0.0
+        self.seconds: float | None = None
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+
+    def begin(self, t0: float) -> None:
+        self.t0 = t0
+        self.start()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                if self.probe():
+                    self.seconds = time.perf_counter() - self.t0
+                    return
+            except (pymysql.MySQLError, OSError, KeyError, ValueError) as exc:
+                self.error = exc
+            time.sleep(POLL)
+
+    def result(self, timeout: float) -> float:
+        self.join(timeout)
+        if self.seconds is None:
+            self._halt.set()
+            self.join(5)
+            raise BenchError(f"not seen within {timeout:.0f} s (last probe error: {self.error!r})")
+        return round(self.seconds, 4)
+
+
+# -- the profiled switch -------------------------------------------------------------------------------------------
 
 def py_spy_exe() -> str | None:
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -437,42 +424,38 @@ def start_py_spy(pid: int, output: Path) -> subprocess.Popen | None:
     return proc
 
 
+# Around everything: left out of the inclusive table.
+_WRAPPERS = ("<module> (relayproxy/commands/cli.py)", "main (relayproxy/commands/cli.py)",
+             "run (relayproxy/commands/run.py)")
+
+
 def summarise_py_spy(raw: Path, top: int = 12) -> dict:
     """Samples per thread; the main thread's hottest functions (self) and relayproxy functions (inclusive)."""
     if py_spy_exe() is None:
         return {"error": "py-spy is not installed (`.venv/bin/pip install py-spy`)"}
     if not raw.exists() or not raw.stat().st_size:
         return {"error": "py-spy wrote nothing (not allowed to attach? see ptrace_scope)"}
-    threads: dict[str, int] = {}
-    selfs: dict[str, int] = {}
-    incl: dict[str, int] = {}
-    total = 0
+    threads: Counter[str] = Counter()
+    selfs: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
             continue
-        n = int(count)
         frames = stack.split(";")
         thread = frames[0] if frames and frames[0].startswith(("thread (", "process ")) else "?"
         frames = [f for f in frames if not f.startswith(("thread (", "process "))]
-        threads[thread] = threads.get(thread, 0) + n
-        total += n
+        threads[thread] += int(count)
         if thread != "?" and "MainThread" not in thread:
             continue  # worker threads: counted per thread only
         if frames:
-            selfs[_short_frame(frames[-1])] = selfs.get(_short_frame(frames[-1]), 0) + n
-        seen = set()
-        for f in frames:
-            key = _short_frame(f, with_line=False)
-            if "relayproxy/" in f and key not in seen and not key.startswith(_WRAPPERS):
-                seen.add(key)
-                incl[key] = incl.get(key, 0) + n
-    rank = lambda d: [{"where": k, "samples": v} for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:top]]
-    return {"samples": total, "rate": 1000, "threads": threads, "self": rank(selfs), "inclusive": rank(incl)}
-
-
-_WRAPPERS = ("<module> (relayproxy/commands/cli.py)", "main (relayproxy/commands/cli.py)",
-             "run (relayproxy/commands/run.py)")  # around everything: left out of the inclusive table
+            selfs[_short_frame(frames[-1])] += int(count)
+        for key in dict.fromkeys(_short_frame(f, with_line=False) for f in frames if "relayproxy/" in f):
+            if not key.startswith(_WRAPPERS):
+                incl[key] += int(count)
+    rank = lambda d: [{"where": k, "samples": v} for k, v in d.most_common(top)]  # noqa: E731
+    return {"samples": sum(threads.values()), "rate": 1000, "threads": dict(threads), "self": rank(selfs),
+            "inclusive": rank(incl)}
 
 
 def _short_frame(frame: str, with_line: bool = True) -> str:
@@ -485,62 +468,29 @@ def _short_frame(frame: str, with_line: bool = True) -> str:
     return f"{func} ({path}:{line})" if with_line else f"{func} ({path})"
 
 
-class Poller(threading.Thread):
-    """Runs `probe` every POLL seconds from start(); `seconds` = first success - t0 (probe errors: not yet)."""
-
-    def __init__(self, probe):
-        super().__init__(daemon=True)
-        self.probe = probe
-        self.t0 = 0.0
-        self.seconds: float | None = None
-        self.error: BaseException | None = None
-        self.polls = 0
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        last: BaseException | None = None
-        while not self._halt.is_set():
-            try:
-                self.polls += 1
-                if self.probe():
-                    self.seconds = time.perf_counter() - self.t0
-                    return
-            except (pymysql.MySQLError, OSError, KeyError, ValueError) as exc:
-                last = exc
-            time.sleep(POLL)
-        self.error = last
-
-    def result(self, timeout: float) -> float:
-        self.join(timeout)
-        if self.seconds is None:
-            self._halt.set()
-            self.join(5)
-            raise BenchError(f"not seen within {timeout:.0f} s (last probe error: {self.error!r})")
-        return round(self.seconds, 4)
-
-
 # -- one backlog size ----------------------------------------------------------------------------------------------
 
-
 def measure_backlog(size: int, repeats: int, parent: Path, args) -> dict:
-    workdir = Path(tempfile.mkdtemp(prefix=f"ft-{size_label(size).replace(' ', '')}-", dir=parent))
+    label = size_label(size)
+    workdir = Path(tempfile.mkdtemp(prefix=f"ft-{label.replace(' ', '')}-", dir=parent))
     topo = Topology(workdir, repeats + (1 if args.profile else 0))
     profile = None
     began = time.monotonic()
     try:
-        log(f"backlog {size_label(size)}: starting {len(topo.servers())} servers and the relay in {workdir}")
+        log(f"backlog {label}: starting {len(topo.servers())} servers and the relay in {workdir}")
         topo.start()
         setup = time.monotonic() - began
-        log(f"backlog {size_label(size)}: generating ({size / 1e6:,.0f} MB through M1)")
+        log(f"backlog {label}: generating ({size / 1e6:,.0f} MB through M1)")
         backlog = topo.generate(size, args.gen_timeout)
-        log(f"backlog {size_label(size)}: relay holds {backlog['relay_disk_bytes'] / 1e6:,.1f} MB in "
+        log(f"backlog {label}: relay holds {backlog['relay_disk_bytes'] / 1e6:,.1f} MB in "
             f"{backlog['relay_files']} file(s); written in {backlog['write_seconds']:.1f} s, everyone had it "
             f"{backlog['catchup_seconds']:.1f} s later")
         if not args.keep_replica_relay_logs:
             topo.flush_replica_relay_logs()
+
         def one_failover(order, index):
             run = topo.failover(index + 1, order[0] == "relay", args.timeout)
-            log(f"backlog {size_label(size)} #{index + 1} ({' then '.join(order)}): relay->R2 {run['relay_r2']:.3f} s, "
+            log(f"backlog {label} #{index + 1} ({' then '.join(order)}): relay->R2 {run['relay_r2']:.3f} s, "
                 f"relay->R3 {run['relay_r3']:.3f} s, horizon {run['relay_horizon']:.3f} s, "
                 f"direct {run['direct']:.3f} s")
             return run
@@ -552,12 +502,10 @@ def measure_backlog(size: int, repeats: int, parent: Path, args) -> dict:
             raw = workdir / "py-spy.txt"
             run = topo.failover(repeats + 1, True, args.timeout, profile=raw)
             profile = {"run": run, **summarise_py_spy(raw)}
-            log(f"backlog {size_label(size)}: profiled switch (py-spy attached, not in the statistics): relay->R2 "
+            log(f"backlog {label}: profiled switch (py-spy attached, not in the statistics): relay->R2 "
                 f"{run['relay_r2']:.3f} s, horizon {run['relay_horizon']:.3f} s; {profile.get('samples')} samples")
-        markers = {}
-        for name, server in (("R2", topo.r2), ("R3", topo.r3), ("D", topo.d)):
-            rows = server.execute(f"SELECT id FROM {SCHEMA}.marker WHERE id >= 1000 ORDER BY id")
-            markers[name] = [int(r[0]) for r in rows]
+        markers = {name: [int(r[0]) for r in s.execute(f"SELECT id FROM {SCHEMA}.marker WHERE id >= 1000 ORDER BY id")]
+                   for name, s in (("R2", topo.r2), ("R3", topo.r3), ("D", topo.d))}
         want = [1000 + k for k in range(1, repeats + 1 + (1 if args.profile else 0))]
         if any(got != want for got in markers.values()):
             raise BenchError(f"markers differ from {want}: {markers}")
@@ -567,7 +515,7 @@ def measure_backlog(size: int, repeats: int, parent: Path, args) -> dict:
         topo.close()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    out = {"backlog": size, "label": size_label(size), "generation": backlog, "runs": runs,
+    out = {"backlog": size, "label": label, "generation": backlog, "runs": runs,
            "setup_seconds": round(setup, 1), "seconds_total": round(time.monotonic() - began, 1),
            "relay_rss_kb": mem.get("VmRSS"), "relay_hwm_kb": mem.get("VmHWM"), "markers": markers,
            "relay_files": relay_files, "profile": profile,
@@ -577,15 +525,13 @@ def measure_backlog(size: int, repeats: int, parent: Path, args) -> dict:
         med, lo, hi = benchinfo.median_range(values)
         out[path] = {"median": round(med, 4), "min": lo, "max": hi, "samples": values}
     direct = out["direct"]["median"]
-    out["ratio_r2"] = round(out["relay_r2"]["median"] / direct, 2) if direct else None
-    out["ratio_r3"] = round(out["relay_r3"]["median"] / direct, 2) if direct else None
-    per = [r["relay_r2"] / r["direct"] for r in runs if r["direct"]]
-    out["ratio_r2_per_repeat"] = [round(x, 2) for x in per]
+    for key, path in (("ratio_r2", "relay_r2"), ("ratio_r3", "relay_r3")):
+        out[key] = round(out[path]["median"] / direct, 2) if direct else None
+    out["ratio_r2_per_repeat"] = [round(r["relay_r2"] / r["direct"], 2) for r in runs if r["direct"]]
     return out
 
 
 # -- reporting -----------------------------------------------------------------------------------------------------
-
 
 def _size(n: int) -> str:
     return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n / 1e3:,.1f} kB"
@@ -596,13 +542,13 @@ def _mr(d: dict) -> str:
     return benchinfo.fmt_median_range(d["samples"], "{:.3f}")
 
 
-def write_markdown(path: Path, report: dict) -> None:
+def _row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def summary_section(report: dict) -> list[str]:
     rows = report["backlogs"]
-    out = ["# Failover time: START SLAVE on the relay -> the new master's first transaction applied behind it", ""]
-    out += benchinfo.header_block(__file__, [], report["machine"], runs=report["repeats"], command=report["command"],
-                                  what="each run is one failover per backlog (the master in force killed, the next "
-                                       "candidate promoted), the relay's pollers or D's started first in turn")
-    out += [
+    out = [
         "Seconds from the moment `START SLAVE` is sent to the relay (after `STOP SLAVE; CHANGE MASTER TO ... "
         "MASTER_USE_GTID=slave_pos` to a freshly promoted candidate, the old master killed with SIGKILL) until a "
         "marker row, the new master's first transaction, is visible on R2 (behind the relay by GTID) and on R3 "
@@ -611,9 +557,9 @@ def write_markdown(path: Path, report: dict) -> None:
         "MASTER_USE_GTID=slave_pos; START SLAVE` (the peer). Each poller probes every "
         f"{POLL * 1000:.0f} ms on an open connection. Median and range (min - max) of {report['repeats']} failovers "
         "per backlog (each repeat kills the master in force and promotes the next candidate; relay and direct take "
-        "turns going first). **Ratio = relay median / direct median** (per failover: the next paragraph); absolute times on this shared 2-core "
-        "machine are noise, the ratios and ranges are the result. How it is done: the docstring of "
-        "`benchmarks/failover_time.py`.",
+        "turns going first). **Ratio = relay median / direct median** (per failover: the next paragraph); absolute "
+        "times on this shared 2-core machine are noise, the ratios and ranges are the result. How it is done: the "
+        "docstring of `benchmarks/failover_time.py`.",
         "",
         "| backlog | relay files | relay -> R2 (GTID), s | relay -> R3 (file/pos), s | direct: D (MariaDB), s | "
         "ratio R2 / direct | ratio R3 / direct | relay horizon, s | relay RSS / peak | backlog generated + taken in |",
@@ -621,11 +567,11 @@ def write_markdown(path: Path, report: dict) -> None:
     ]
     for b in rows:
         g = b["generation"]
-        out.append(
-            f"| {b['label']} | {_size(g['relay_disk_bytes'])} in {g['relay_files']} | {_mr(b['relay_r2'])} | "
-            f"{_mr(b['relay_r3'])} | {_mr(b['direct'])} | {b['ratio_r2']:.2f} | {b['ratio_r3']:.2f} | "
-            f"{_mr(b['relay_horizon'])} | {(b['relay_rss_kb'] or 0) / 1024:,.0f} / {(b['relay_hwm_kb'] or 0) / 1024:,.0f}"
-            f" MB | {g['write_seconds']:.1f} s + {g['catchup_seconds']:.1f} s |")
+        out.append(_row(b["label"], f"{_size(g['relay_disk_bytes'])} in {g['relay_files']}", _mr(b["relay_r2"]),
+                        _mr(b["relay_r3"]), _mr(b["direct"]), f"{b['ratio_r2']:.2f}", f"{b['ratio_r3']:.2f}",
+                        _mr(b["relay_horizon"]),
+                        f"{(b['relay_rss_kb'] or 0) / 1024:,.0f} / {(b['relay_hwm_kb'] or 0) / 1024:,.0f} MB",
+                        f"{g['write_seconds']:.1f} s + {g['catchup_seconds']:.1f} s"))
     worst = max(max(b["relay_r2"]["max"], b["relay_r3"]["max"]) for b in rows)
     first, last = rows[0], rows[-1]
     grow, grow_direct = last["relay_r2"]["median"], last["direct"]["median"]
@@ -639,7 +585,7 @@ def write_markdown(path: Path, report: dict) -> None:
     out += ["", "Ratio relay -> R2 / direct per failover, median and range: " + "; ".join(
         f"{b['label']}: {benchinfo.fmt_median_range(b['ratio_r2_per_repeat'], '{:.2f}', 'x')}"
         for b in rows if b.get("ratio_r2_per_repeat")) + "."]
-    out += [
+    return out + [
         "",
         "- *relay horizon*: from `START SLAVE` until the relay's `GET /status` `retrieved_gtid_set` holds the "
         "marker's GTID, i.e. the relay has the new master's first transaction durable in its files (it advertises "
@@ -648,6 +594,12 @@ def write_markdown(path: Path, report: dict) -> None:
         "- *backlog generated + taken in*: seconds M1 took to write the backlog, then until the relay, R2, R3, D and "
         "every candidate held it (all concurrently on the same 2 cores).",
         "",
+    ]
+
+
+def details_sections(report: dict) -> list[str]:
+    rows = report["backlogs"]
+    out = [
         "## Every failover",
         "",
         "| backlog | # | order | new master's binlog before the marker | relay -> R2 | relay -> R3 | horizon | "
@@ -657,10 +609,10 @@ def write_markdown(path: Path, report: dict) -> None:
     for b in rows:
         for r in b["runs"]:
             f, p = r["new_master_file_before_marker"]
-            out.append(f"| {b['label']} | {r['repeat']} | {r['order']} | {f} at {_size(p)} | "
-                       f"{r['relay_r2']:.3f} | {r['relay_r3']:.3f} | {r['relay_horizon']:.3f} | {r['direct']:.3f} | "
-                       f"{r['relay_r2'] / r['direct']:.2f} | {r['relay_start_slave_returned']:.3f} | "
-                       f"{r['direct_start_slave_returned']:.3f} |")
+            out.append(_row(b["label"], r["repeat"], r["order"], f"{f} at {_size(p)}",
+                            *(f"{r[key]:.3f}" for key in ("relay_r2", "relay_r3", "relay_horizon", "direct")),
+                            f"{r['relay_r2'] / r['direct']:.2f}", f"{r['relay_start_slave_returned']:.3f}",
+                            f"{r['direct_start_slave_returned']:.3f}"))
     out += [
         "",
         "*new master's binlog before the marker*: where the marker starts in the promoted candidate's binlog. A "
@@ -676,10 +628,10 @@ def write_markdown(path: Path, report: dict) -> None:
     for b in rows:
         g = b["generation"]
         files = ", ".join(f"{n}: {_size(s)} / {_size(a)}" for n, (s, a) in b["relay_files"].items())
-        out.append(f"| {b['label']} | {g['transactions']:,} | {_size(g['m1_binlog_bytes'])} | {files} | "
-                   f"{b['setup_seconds']:.1f} s | {g['write_seconds']:.1f} s | {g['catchup_seconds']:.1f} s | "
-                   f"{b['seconds_total']:.0f} s |")
-    out += [
+        out.append(_row(b["label"], f"{g['transactions']:,}", _size(g["m1_binlog_bytes"]), files,
+                        f"{b['setup_seconds']:.1f} s", f"{g['write_seconds']:.1f} s", f"{g['catchup_seconds']:.1f} s",
+                        f"{b['seconds_total']:.0f} s"))
+    return out + [
         "",
         f"Whole run: {report['run_seconds']:.0f} s. Relay files are listed after the switches: the first epoch's "
         "files hold the backlog; each later epoch's file mirrors the new master's file, whose part before the join "
@@ -694,32 +646,42 @@ def write_markdown(path: Path, report: dict) -> None:
         "backlog table is BLACKHOLE everywhere (same binlog bytes, no table data to store); the marker table InnoDB.",
         "",
     ]
-    profiled = [b for b in rows if b.get("profile")]
-    if profiled:
-        out += ["## Where the relay's switch time goes (py-spy)", "",
-                "One more failover per backlog, after the timed ones and not in the statistics: py-spy "
-                f"(`record --rate 1000 --threads --nonblocking`, no `--idle`: only samples where a thread is on a "
-                f"CPU) attached to the relay for {PROFILE_SECONDS} s from 0.5 s before `START SLAVE`. At 1,000 "
-                "samples a second, one sample is about 1 ms of CPU.", ""]
-        for b in profiled:
-            prof = b["profile"]
-            run = prof.get("run") or {}
-            head = (f"### {b['label']}: relay -> R2 {run.get('relay_r2', 0):.3f} s, horizon "
-                    f"{run.get('relay_horizon', 0):.3f} s, direct {run.get('direct', 0):.3f} s with the profiler attached")
-            out += [head, ""]
-            if "error" in prof:
-                out += [f"No profile: {prof['error']}.", ""]
-                continue
-            out += ["Samples per thread: " + ", ".join(f"{t} {n}" for t, n in prof["threads"].items()) + ".", "",
-                    "| main thread, innermost frame | samples |", "|---|---:|"]
-            out += [f"| `{r['where']}` | {r['samples']} |" for r in prof["self"][:8]]
-            out += ["", "| relayproxy function or anything it calls (main thread) | samples |", "|---|---:|"]
-            out += [f"| `{r['where']}` | {r['samples']} |" for r in prof["inclusive"][:10]]
-            out.append("")
+
+
+def profile_section(report: dict) -> list[str]:
+    profiled = [b for b in report["backlogs"] if b.get("profile")]
+    if not profiled:
+        return []
+    out = ["## Where the relay's switch time goes (py-spy)", "",
+           "One more failover per backlog, after the timed ones and not in the statistics: py-spy "
+           f"(`record --rate 1000 --threads --nonblocking`, no `--idle`: only samples where a thread is on a "
+           f"CPU) attached to the relay for {PROFILE_SECONDS} s from 0.5 s before `START SLAVE`. At 1,000 "
+           "samples a second, one sample is about 1 ms of CPU.", ""]
+    for b in profiled:
+        prof, run = b["profile"], b["profile"].get("run") or {}
+        out += [f"### {b['label']}: relay -> R2 {run.get('relay_r2', 0):.3f} s, horizon "
+                f"{run.get('relay_horizon', 0):.3f} s, direct {run.get('direct', 0):.3f} s with the profiler attached",
+                ""]
+        if "error" in prof:
+            out += [f"No profile: {prof['error']}.", ""]
+            continue
+        out += ["Samples per thread: " + ", ".join(f"{t} {n}" for t, n in prof["threads"].items()) + ".", ""]
+        for head, key, shown in (("main thread, innermost frame", "self", 8),
+                                 ("relayproxy function or anything it calls (main thread)", "inclusive", 10)):
+            out += [_row(head, "samples"), "|---|---:|", *(_row(f"`{r['where']}`", r["samples"])
+                                                          for r in prof[key][:shown]), ""]
+    return out
+
+
+def write_markdown(path: Path, report: dict) -> None:
+    body = [*summary_section(report), *details_sections(report), *profile_section(report)]
     if report.get("notes"):
-        out += [report["notes"].rstrip(), ""]
-    out += benchinfo.machine_section(report["machine"])
-    path.write_text("\n".join(out))
+        body += [report["notes"].rstrip(), ""]
+    path.write_text(results_document(
+        "Failover time: START SLAVE on the relay -> the new master's first transaction applied behind it",
+        __file__, [], report["machine"], body, runs=report["repeats"], command=report["command"],
+        what="each run is one failover per backlog (the master in force killed, the next candidate promoted), the "
+             "relay's pollers or D's started first in turn"))
 
 
 def write_plot(path: Path, report: dict) -> bool:
@@ -731,14 +693,12 @@ def write_plot(path: Path, report: dict) -> bool:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     styles = {"relay_r2": ("#c44e52", "o", "-"), "relay_r3": ("#dd8452", "s", "-"),
               "relay_horizon": ("#937860", "^", ":"), "direct": ("#4c72b0", "D", "--")}
-    for i, path_name in enumerate(PATHS):
-        color, marker, ls = styles[path_name]
-        med = [b[path_name]["median"] for b in rows]
-        lo = [b[path_name]["median"] - b[path_name]["min"] for b in rows]
-        hi = [b[path_name]["max"] - b[path_name]["median"] for b in rows]
-        offset = (i - 1.5) * 0.05
-        ax.errorbar([x + offset for x in xs], med, yerr=[lo, hi], color=color, marker=marker, ls=ls, capsize=3,
-                    label=PATH_LABELS[path_name])
+    for i, name in enumerate(PATHS):
+        color, marker, ls = styles[name]
+        med = [b[name]["median"] for b in rows]
+        errors = [[b[name]["median"] - b[name]["min"] for b in rows], [b[name]["max"] - b[name]["median"] for b in rows]]
+        ax.errorbar([x + (i - 1.5) * 0.05 for x in xs], med, yerr=errors, color=color, marker=marker, ls=ls,
+                    capsize=3, label=PATH_LABELS[name])
     ax.set_xlim(-0.5, len(rows) - 0.5)
     ax.axhline(GOAL_SECONDS, color="gray", lw=0.8, ls="--")
     ax.text(xs[-1], GOAL_SECONDS, " goal 1 s", va="bottom", ha="right", fontsize=8, color="gray")
@@ -755,8 +715,7 @@ def write_plot(path: Path, report: dict) -> bool:
     return True
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-
+# -- command line --------------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -793,38 +752,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    out_md = args.out
-    out_png = out_md.with_suffix(".png")
     if args.render is not None:
         report = json.loads(args.render.read_text())
-        if args.notes:
-            report["notes"] = args.notes.read_text()
-        out_md.parent.mkdir(parents=True, exist_ok=True)
-        write_markdown(out_md, report)
-        write_plot(out_png, report)
-        log(f"wrote {out_md} from {args.render}")
-        return 0
-    from relayproxy.log import configure_logging
+    else:
+        from relayproxy.log import configure_logging
 
-    configure_logging(fmt="json", level="warning")
-    began = time.monotonic()
-    report: dict = {"command": benchinfo.command_line(__file__, argv), "repeats": args.repeats, "backlogs": []}
-    parent = args.workdir
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    for size in args.sizes:
-        report["backlogs"].append(measure_backlog(size, args.repeats, parent, args))
-    report["run_seconds"] = round(time.monotonic() - began, 1)
-    report["machine"] = benchinfo.machine_info(server=True)
+        configure_logging(fmt="json", level="warning")
+        began = time.monotonic()
+        report = {"command": benchinfo.command_line(__file__, argv), "repeats": args.repeats, "backlogs": []}
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+        for size in args.sizes:
+            report["backlogs"].append(measure_backlog(size, args.repeats, args.workdir, args))
+        report["run_seconds"] = round(time.monotonic() - began, 1)
+        report["machine"] = benchinfo.machine_info(server=True)
     if args.notes:
         report["notes"] = args.notes.read_text()
-    out_md.parent.mkdir(parents=True, exist_ok=True)
-    if args.save_json:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.save_json and args.render is None:
         args.save_json.write_text(json.dumps(report, indent=1))
-    write_markdown(out_md, report)
-    plotted = write_plot(out_png, report)
-    log(f"wrote {out_md}" + (f" and {out_png}" if plotted else " (no plot: matplotlib missing)")
-        + f"; the run took {report['run_seconds']:.0f} s")
+    write_markdown(args.out, report)
+    plotted = write_plot(args.out.with_suffix(".png"), report)
+    log(f"wrote {args.out}" + (f" and {args.out.with_suffix('.png')}" if plotted else " (no plot: matplotlib missing)")
+        + (f" from {args.render}" if args.render else f"; the run took {report['run_seconds']:.0f} s"))
     return 0
 
 
