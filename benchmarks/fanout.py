@@ -1,54 +1,40 @@
 """Fan-out: N replicas streaming a live OLTP load through relayproxy, against the same N on the master itself.
 
-One MariaDB master (``relayproxy.lab.sandbox``, row format, CRC32) receives a steady OLTP-shaped write load for
-``--seconds`` (a writer *process*, so that its commit timestamps do not wait for the clients' GIL): at ``--rate``
-transactions a second it alternates an autocommit single-row INSERT with ``START TRANSACTION; INSERT; UPDATE;
-COMMIT`` (~150-byte events, as in ``relay_catchup.py``), and records ``time.monotonic()`` right after each COMMIT
-returns, keyed by the transaction's GTID sequence number (``@@last_gtid``).
+One MariaDB master (``relayproxy.lab.sandbox``, row format, CRC32) takes a paced load for ``--seconds`` from a writer
+*process* (its commit timestamps do not wait for the clients' GIL): at ``--rate`` trx/s it alternates an autocommit
+INSERT with ``START TRANSACTION; INSERT; UPDATE; COMMIT`` (~150-byte events, as in ``relay_catchup.py``) and records
+``time.monotonic()`` right after each COMMIT, by GTID sequence number (``@@last_gtid``). The load runs twice: phase
+``relay``, ``--replicas`` clients dump from ``relayproxy run --listen --config relay.toml`` (default settings:
+sync-mode transaction, CRC verified) replicating from the master; phase ``direct``, the relay stopped, the same
+clients dump from the master (MariaDB's own dump threads: the ratio base).
 
-The same load is run twice, one phase after the other:
-
-* ``relay``: ``relayproxy run --listen ... --config relay.toml`` (subprocess, default settings: sync-mode
-  transaction, CRC verified) replicating from the master; ``--replicas`` dump clients connect to the relay;
-* ``direct``: the relay stopped, the same number of clients connect to the master (MariaDB's own dump threads:
-  the ratio base).
-
-Every client is an in-process asyncio ``UpstreamConnection`` (all in one event loop) set up as a MariaDB replica
-would be (``SET @master_binlog_checksum=@@global.binlog_checksum``, ``SET @mariadb_slave_capability=4``,
-COM_REGISTER_SLAVE with its own server id, COM_BINLOG_DUMP asking for ANNOTATE_ROWS) from the master's end
-position at the start of the phase. It checks every event's position (``log_pos - event_size`` is where the last
-one ended, across ROTATEs) and notes, for every XID it receives, the time it arrived; lag = arrival - commit time
-of that GTID. After the writer stops, every client must reach the master's final position (checked; clients that
-did not are reported and the script exits 1).
-
-Reported per phase: lag p50/p90/p99/max over every (client, transaction) pair and the worst client's p99;
-aggregate delivered events/s and MB/s (summed over clients, over the phase from the first write to the last
-client's convergence); the drain time (last commit -> last client converged); CPU seconds (user+sys from
-/proc/<pid>/stat) of the relay, of mariadbd and of this process (the clients: when it nears 100 % of a core the
-clients, not the server, bound the numbers); relay peak RSS (VmHWM). Ratios are relay / direct.
+Every client is an in-process asyncio ``UpstreamConnection`` in one event loop, logged in as a MariaDB replica
+(``@master_binlog_checksum``, ``@mariadb_slave_capability=4``, COM_REGISTER_SLAVE with its own server id,
+COM_BINLOG_DUMP asking for ANNOTATE_ROWS) from the master's end position. It checks every event's position
+(``log_pos - event_size`` is where the last one ended, across ROTATEs) and notes when each XID arrived: lag = arrival -
+commit time. Every client must reach the master's final position (otherwise the script exits 1). Reported per
+phase: lag p50/p90/p99/max over every (client, transaction) pair and the worst client's p99; delivered events/s and
+MB/s summed over the clients, from the first write to the last client's convergence; the drain time (last commit ->
+last client converged); CPU (/proc/<pid>/stat) of the relay, of mariadbd and of this process (near 100 % of a core,
+the clients, not the server, bound the numbers); the relay's VmHWM. Absolute numbers on a shared 2-core machine are
+noise; the ratios relay / direct of one run are the result.
 
     .venv/bin/python benchmarks/fanout.py                  # 100 clients, 2 x 40 s, writes benchmarks/results/
     .venv/bin/python benchmarks/fanout.py --quick --json   # 5 clients, 2 x 5 s, prints JSON, writes nothing
 
-Absolute numbers on a shared 2-core machine are noise (master, relay, writer and 100 clients share two cores);
-the ratios between the two phases of one run are the result.
-
-``--real``: real external clients (results in ``fanout_real.md``, or ``fanout_real_baseline.md`` with
-``--baseline``). ``--binlog-clients`` (50) ``mariadb-binlog --read-from-remote-server --raw --stop-never``
-processes, each writing its own directory (``--result-file`` prefix, ``--start-position`` at the master's end),
-and ``--real-replicas`` (3) MariaDB replicas (sandboxes, ``CHANGE MASTER TO`` file/position at the end) follow
-the relay (phase ``relay``; ``--relay-option KEY=VALUE`` passes options to ``relayproxy run``) or the master
-(phase ``direct``), ``--repeats`` (3) times with the order alternating (relay-direct, direct-relay, ...), for
-the loads ``oltp`` (the writer above, 300 trx/s) and ``bulk`` (one 8 KB BLOB row a transaction, 25 trx/s).
-Per phase: an idle window (``--idle-seconds``, clients connected, no load) gives a CPU baseline; then the load
-until everyone has the master's last byte. CPU (baseline subtracted) of the relay's process tree (walked through
-/proc/<pid>/task/*/children), of mariadbd, and of the master's ``Binlog Dump`` threads alone (thread ids from
-``performance_schema.threads.THREAD_OS_ID``, on-CPU time from /proc/<pid>/task/<tid>/schedstat); bytes
-delivered (output files + replicas' relay logs); CPU per MB and relay / dump-thread ratios per repeat (median
-and range); lag of ``--sample-clients`` mariadb-binlog clients (a tail parser finds each XID) and of every
-replica (``SELECT MAX(id)`` every 10 ms); relay RSS and VmHWM. ``--ceiling`` (default on) runs a bulk rate
-ladder on both targets: the highest rate whose lag stays bounded and the MB/s delivered there. ``--sweep``
-adds 1, 10, 50, 100, 300, 1000 clients (beyond 100: asyncio dump clients in a helper process).
+``--real``: real external clients (``fanout_real.md``, ``fanout_real_baseline.md`` with ``--baseline``):
+``--binlog-clients`` (50) ``mariadb-binlog --read-from-remote-server --raw --stop-never`` processes and
+``--real-replicas`` (3) MariaDB replicas (``CHANGE MASTER TO`` file/position) follow the relay (``--relay-option
+KEY=VALUE``: options of ``relayproxy run``) or the master from its end, ``--repeats`` (3) times in alternating order,
+for the loads ``oltp`` (300 trx/s) and ``bulk`` (one 8 KB BLOB row a transaction, 25 trx/s). Per phase an idle window
+(``--idle-seconds``, clients connected, no load) gives a CPU baseline, then the load runs until everyone has the
+master's last byte. Measured: CPU (baseline subtracted) of the relay's process tree, of mariadbd and of the master's
+``Binlog Dump`` threads alone (ids from ``performance_schema.threads.THREAD_OS_ID``, on-CPU time from
+/proc/<pid>/task/<tid>/schedstat); bytes delivered (output files + replicas' relay logs); CPU per MB and the relay /
+dump threads ratio per repeat (median and range); lag of ``--sample-clients`` mariadb-binlog clients (a tail parser
+finds each XID) and of every replica (``SELECT MAX(id)`` every 10 ms); relay RSS and VmHWM. ``--ceiling`` (default
+on): a rate ladder on both targets, the highest rate whose lag stays bounded and the MB/s delivered there.
+``--sweep``: 1, 10, 50, 100, 300, 1000 clients (beyond 100: asyncio dump clients in a helper process).
 
     .venv/bin/python benchmarks/fanout.py --real                       # ~12 min, writes fanout_real.md/.png
     .venv/bin/python benchmarks/fanout.py --real --sweep --loads oltp --repeats 1 --no-ceiling
@@ -56,8 +42,7 @@ adds 1, 10, 50, 100, 300, 1000 clients (beyond 100: asyncio dump clients in a he
     .venv/bin/python benchmarks/fanout.py --real --relay-option sender_processes=2
 
 This file is the command line; the in-process benchmark is ``fanout_inprocess.py``, the ``--real`` one
-``fanout_real.py``, what they share (the relay as they run it, the master's settings) ``fanout_common.py``, and
-the CPU and memory readings ``relayproxy.lab.procstat``.
+``fanout_real.py``, what they share ``fanout_common.py``.
 """
 
 from __future__ import annotations
@@ -94,12 +79,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.real:
         return args  # finish_real_args sets the real mode's defaults
-    if args.replicas is None:
-        args.replicas = 5 if args.quick else 100
-    if args.seconds is None:
-        args.seconds = 5.0 if args.quick else 40.0
-    if args.rate is None:
-        args.rate = 100.0 if args.quick else 200.0
+    for name, quick, full in (("replicas", 5, 100), ("seconds", 5.0, 40.0), ("rate", 100.0, 200.0)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     return args
 
 

@@ -28,7 +28,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from benchmarks import benchinfo  # noqa: E402
 from benchmarks.common import RESULTS_DIR  # noqa: E402
-from benchmarks.fanout_common import REPL_PASSWORD, REPL_USER, Relay, master_end  # noqa: E402
+from benchmarks.fanout_common import REPL_PASSWORD, REPL_USER, Relay, master_end, md_row  # noqa: E402
 from benchmarks.fanout_real import REAL_MASTER_CONFIG, IdleClients  # noqa: E402
 from relayproxy.lab.procstat import machine_busy, tree_cpu  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
@@ -56,17 +56,19 @@ def drain(port: int, clients: int, settle: float = 1.5, timeout: float = 300.0,
     """Start `clients` dump clients (2 processes) at the first file; (bytes they received, seconds to the last byte,
     clients that failed). ``discard``: the clients drop what they receive in the kernel (recv MSG_TRUNC). Every
     client logs in and registers first; then all ask for their dumps together, and the time runs from then."""
-    halves = [IdleClients(port, ("master-bin.000001", 4), clients // 2, first_id=20000, discard=discard, hold=True),
-              IdleClients(port, ("master-bin.000001", 4), clients - clients // 2, first_id=30000, discard=discard,
-                          hold=True)]
-    server0, clients0, machine0 = tree_cpu(server_pid), [tree_cpu(h.proc.pid) for h in halves], machine_busy()
+    halves = [IdleClients(port, ("master-bin.000001", 4), n, first_id=first_id, discard=discard, hold=True)
+              for n, first_id in ((clients // 2, 20000), (clients - clients // 2, 30000))]
+
+    def sample() -> tuple:
+        return tree_cpu(server_pid), [tree_cpu(h.proc.pid) for h in halves], machine_busy()
+
+    (server0, clients0, machine0) = sample()
     began = time.monotonic()
     for h in halves:
         h.go()
     for h in halves:
         h.wait_started()
     last, last_change, total = -1, time.monotonic(), 0
-    sample = lambda: (tree_cpu(server_pid), [tree_cpu(h.proc.pid) for h in halves], machine_busy())  # noqa: E731
     at_last = sample()
     while time.monotonic() - began < timeout:
         total = sum(h.received() for h in halves)
@@ -96,17 +98,17 @@ def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, in
         if target == "direct":
             port, pid = master.port, master.pid
         else:
-            senders = target.split("-")[1]
             where = work / f"{target}-{index}"
             where.mkdir(parents=True, exist_ok=True)
-            relay = Relay(where, master, options=[("sender_processes", senders)]).start()
+            relay = Relay(where, master, options=[("sender_processes", target.split("-")[1])]).start()
             relay.wait_at(master_end(master), timeout=300, poll=0.02)
             port, pid = relay.listen_port, relay.pid
             time.sleep(0.5)
         d = drain(port, clients, discard=discard, server_pid=pid)
-        got, seconds, cpu = d["bytes"], d["seconds"], d["server_cpu_s"]
-        return {"target": target, **d, "mb_per_s": got / 1e6 / seconds,
-                "relay_cpu_s": cpu if target != "direct" else None, "server_cpu_s_per_mb": (cpu / (got / 1e6)) if cpu else None}
+        got, cpu = d["bytes"], d["server_cpu_s"]
+        return {"target": target, **d, "mb_per_s": got / 1e6 / d["seconds"],
+                "relay_cpu_s": cpu if target != "direct" else None,
+                "server_cpu_s_per_mb": (cpu / (got / 1e6)) if cpu else None}
     finally:
         if relay is not None:
             relay.stop()
@@ -134,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         make_backlog(master, args.backlog_mb)
         print(f"backlog: {master_end(master)}", flush=True)
         for r in range(args.repeats):
-            order = targets[r % len(targets):] + targets[: r % len(targets)]
-            for target in order:
+            for target in targets[r % len(targets):] + targets[: r % len(targets)]:
                 result = run_target(target, master, work, args.clients, r, discard=args.clients_read == "discard")
                 result["repeat"] = r
                 runs.append(result)
@@ -155,9 +156,9 @@ def write_results(args, argv, targets, runs) -> None:
     lines += benchinfo.header_block(Path(__file__), argv, machine, runs=args.repeats,
                                     what="the targets' order rotated between repeats")
     lines += ["", __doc__.split("\n\n")[1].replace("\n", " "), "",
-              f"{args.clients} clients ({args.clients_read} reads), backlog {args.backlog_mb} MB of rows (MariaDB's ROW "
-              "binlog of multi-row INSERTs of 8 KB BLOBs, 100 rows a statement: 8 KB row events, and each statement's "
-              "text, about 1 MB, as an ANNOTATE_ROWS event that these clients do not ask for); "
+              f"{args.clients} clients ({args.clients_read} reads), backlog {args.backlog_mb} MB of rows (MariaDB's "
+              "ROW binlog of multi-row INSERTs of 8 KB BLOBs, 100 rows a statement: 8 KB row events, and each "
+              "statement's text, about 1 MB, as an ANNOTATE_ROWS event that these clients do not ask for); "
               "**the clients, the master and the relay share the machine's 2 cores**. Server CPU is the relay's "
               "processes' or, for `direct`, the master's whole `mariadbd`; cores are CPU seconds over the drain's "
               "seconds (the machine's: all processes and the kernel, out of 2).", "",
@@ -166,33 +167,30 @@ def write_results(args, argv, targets, runs) -> None:
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
     by = {t: [r for r in runs if r["target"] == t] for t in targets}
 
-    def cores(rows: list[dict], key: str) -> str:
-        values = [r[key] / r["seconds"] for r in rows if r.get(key) is not None]
-        return benchinfo.fmt_median_range(values, "{:.2f}") if values else "-"
+    def spread(values: list[float], fmt: str, unit: str = "") -> str:
+        return benchinfo.fmt_median_range(values, fmt, unit) if values else "-"
 
-    for t in targets:
-        rates = [r["mb_per_s"] for r in by[t]]
-        cpu = [r["server_cpu_s_per_mb"] for r in by[t] if r["server_cpu_s_per_mb"]]
-        vs_direct = [r["mb_per_s"] / d["mb_per_s"] for r in by[t] for d in by.get("direct", []) if d["repeat"] == r["repeat"]]
-        vs_r0 = [r["mb_per_s"] / d["mb_per_s"] for r in by[t] for d in by.get("relay-0", []) if d["repeat"] == r["repeat"]]
-        lines.append(f"| {t} | {benchinfo.fmt_median_range(rates, '{:.1f}')} | "
-                     f"{benchinfo.fmt_median_range(cpu, '{:.4f}') if cpu else '-'} | "
-                     f"{cores(by[t], 'server_cpu_s')} | {cores(by[t], 'clients_cpu_s')} | "
-                     f"{cores(by[t], 'machine_busy_s')} | "
-                     f"{benchinfo.fmt_median_range(vs_direct, '{:.2f}', 'x') if vs_direct else '-'} | "
-                     f"{benchinfo.fmt_median_range(vs_r0, '{:.2f}', 'x') if vs_r0 else '-'} |")
+    def versus(rows: list[dict], base: str) -> str:  # MB/s over the base target's of the same repeat
+        return spread([r["mb_per_s"] / b["mb_per_s"] for r in rows for b in by.get(base, [])
+                       if b["repeat"] == r["repeat"]], "{:.2f}", "x")
+
+    for t, rows in by.items():
+        cores = [spread([r[key] / r["seconds"] for r in rows if r.get(key) is not None], "{:.2f}")
+                 for key in ("server_cpu_s", "clients_cpu_s", "machine_busy_s")]
+        lines.append(md_row(t, spread([r["mb_per_s"] for r in rows], "{:.1f}"),
+                            spread([r["server_cpu_s_per_mb"] for r in rows if r["server_cpu_s_per_mb"]], "{:.4f}"),
+                            *cores, versus(rows, "direct"), versus(rows, "relay-0")))
     lines += ["", "Runs (every client of a run receives the whole backlog; MB is what all of them received):", "",
               "| repeat | target | MB | seconds | MB/s | server CPU s | clients CPU s | machine busy CPU s | "
               "client errors |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         cpu = f"{r['server_cpu_s']:.2f}" if r["server_cpu_s"] is not None else "-"
-        lines.append(f"| {r['repeat']} | {r['target']} | {r['bytes'] / 1e6:.0f} | {r['seconds']:.2f} | "
-                     f"{r['mb_per_s']:.1f} | {cpu} | {r['clients_cpu_s']:.2f} | {r['machine_busy_s']:.2f} | "
-                     f"{r['errors']} |")
+        lines.append(md_row(r["repeat"], r["target"], f"{r['bytes'] / 1e6:.0f}", f"{r['seconds']:.2f}",
+                            f"{r['mb_per_s']:.1f}", cpu, f"{r['clients_cpu_s']:.2f}", f"{r['machine_busy_s']:.2f}",
+                            r["errors"]))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "fanout_ceiling.md").write_text("\n".join(lines) + "\n")
-    medians = {t: statistics.median([r["mb_per_s"] for r in by[t]]) for t in targets if by[t]}
-    print(medians)
+    print({t: statistics.median([r["mb_per_s"] for r in by[t]]) for t in targets if by[t]})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The fan-out benchmarks' shared pieces (benchmarks/fanout.py runs them): the master's settings, the replica
-account, the relay as they run it (``relayproxy run --listen`` through ``relayproxy.lab.relayprocess``), the log line
-and small helpers. CPU and memory readings come from ``relayproxy.lab.procstat``."""
+account, the relay as they run it (``relayproxy run --listen`` through ``relayproxy.lab.relayprocess``), a dump
+client's login, the paced writer, the log line and a markdown row."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import multiprocessing
 import time
 from pathlib import Path
 
-from benchmarks import benchinfo
 from benchmarks.common import logger
 from relayproxy.lab.relayprocess import RelayProcess, py_spy_record
-from relayproxy.lab.sandbox import MariaDBSandbox
+from relayproxy.lab.relayprocess import master_status as master_end  # noqa: F401 (the master's (file, position))
+from relayproxy.upstream.connection import UpstreamConnection
 
 REPL_USER, REPL_PASSWORD = "repl", "replpw"
 OLTP_PAD = 200  # as relay_catchup.py: ~150-byte events on average
@@ -31,17 +31,13 @@ password = "{REPL_PASSWORD}"
 plugin = "mysql_native_password"
 """
 
-
 log = logger("fanout")
 
 
-def master_end(master: MariaDBSandbox) -> tuple[str, int]:
-    row = master.execute("SHOW MASTER STATUS")[0]
-    return row[0], int(row[1])
-
-
-def machine_info() -> dict:
-    return benchinfo.machine_info(server=True)
+# candidate for benchmarks/common.py
+def md_row(*cells) -> str:
+    """One row of a markdown table ("| a | b |"; an empty cell is "|  |")."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 class Relay(RelayProcess):
@@ -54,9 +50,7 @@ class Relay(RelayProcess):
                  extra: list[str] | None = None) -> None:
         config = work / "relay.toml"
         config.write_text(users_toml)
-        flags: list[str] = []
-        for key, value in options or ():  # --relay-option key=value: any option of `relayproxy run`, as a flag
-            flags += ["--" + key.replace("_", "-"), value]
+        flags = [arg for key, value in options or () for arg in ("--" + key.replace("_", "-"), value)]
         super().__init__(
             work / "relay", master.port, user=REPL_USER, password=REPL_PASSWORD, gtid_mode=None,
             heartbeat_period=None, reconnect_max_delay=None, listen=True, config=config, extra=[*flags, *(extra or [])],
@@ -70,6 +64,17 @@ class Relay(RelayProcess):
 
     def stop(self, timeout: float = 60.0) -> int | None:
         return super().stop(timeout)
+
+
+async def replica_login(port: int, server_id: int, *, connect_timeout: float = 60.0) -> UpstreamConnection:
+    """A dump client logged in as a MariaDB replica logs in (the master's checksum, MariaDB capability 4,
+    COM_REGISTER_SLAVE with ``server_id``), ready for its COM_BINLOG_DUMP."""
+    conn = await UpstreamConnection.connect("127.0.0.1", port, REPL_USER, REPL_PASSWORD, ssl_mode="disabled",
+                                            connect_timeout=connect_timeout)
+    await conn.query("SET @master_binlog_checksum=@@global.binlog_checksum")
+    await conn.query("SET @mariadb_slave_capability=4")
+    await conn.register_slave(server_id)
+    return conn
 
 
 # -- the paced OLTP writer (fanout_inprocess, fanout_real, archive_lag) ------------------------------------------
@@ -158,7 +163,6 @@ class Writers:
         for parent in self.parents:
             if parent.recv() != "ready":
                 raise RuntimeError("writer did not start")
-        self.pid = self.procs[0].pid
 
     def go(self) -> None:
         for parent in self.parents:

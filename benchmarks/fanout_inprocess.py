@@ -19,23 +19,12 @@ from pathlib import Path
 
 from benchmarks import benchinfo
 from benchmarks.common import RESULTS_DIR, percentile, save_figure
-from benchmarks.fanout_common import (
-    BINLOG_SEND_ANNOTATE_ROWS_EVENT,
-    LOADS,
-    MASTER_CONFIG,
-    REPL_PASSWORD,
-    REPL_USER,
-    Relay,
-    Writers,
-    log,
-    machine_info,
-    master_end,
-)
+from benchmarks.fanout_common import (BINLOG_SEND_ANNOTATE_ROWS_EVENT, LOADS, MASTER_CONFIG, REPL_PASSWORD,
+                                      REPL_USER, Relay, Writers, log, master_end, md_row, replica_login)
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.events import HEADER
 from relayproxy.lab.procstat import cpu_seconds, vm_kb
 from relayproxy.lab.sandbox import MariaDBSandbox
-from relayproxy.upstream.connection import UpstreamConnection
 from relayproxy.wire.packets import parse_err
 
 PHASES = ("relay", "direct")
@@ -44,44 +33,29 @@ _gtid_unpack_from = struct.Struct("<QIB").unpack_from
 _u64_unpack_from = struct.Struct("<Q").unpack_from
 
 
-# ---------------------------------------------------------------------------------------------
-# The dump clients
 class DumpClient:
-    """One replica: connect, register, dump from (file, pos); check positions; note each XID's arrival."""
+    """One replica: log in, dump from (file, pos); check every event's position; note each XID's arrival."""
 
     def __init__(self, index: int, port: int, start: tuple[str, int]) -> None:
-        self.index = index
-        self.server_id = 1000 + index
-        self.port = port
+        self.index, self.port = index, port
         self.file, self.pos = start
-        self.events = 0
-        self.bytes = 0
+        self.events = self.bytes = 0
         self.arrivals: list[tuple[int, float]] = []  # (GTID seq_no, monotonic arrival) per XID
         self.errors: list[str] = []
-        self.conn: UpstreamConnection | None = None
+        self.conn = None
         self.ready = asyncio.Event()
         self.task: asyncio.Task | None = None
 
-    async def setup(self) -> None:
-        conn = await UpstreamConnection.connect("127.0.0.1", self.port, REPL_USER, REPL_PASSWORD, ssl_mode="disabled",
-                                                connect_timeout=60)
-        self.conn = conn
-        await conn.query("SET @master_binlog_checksum=@@global.binlog_checksum")
-        await conn.query("SET @mariadb_slave_capability=4")
-        await conn.register_slave(self.server_id)
-        await conn.binlog_dump(self.file, self.pos, self.server_id, flags=BINLOG_SEND_ANNOTATE_ROWS_EVENT)
-
     async def run(self) -> None:
         try:
-            await self.setup()
+            self.conn = await replica_login(self.port, 1000 + self.index)
+            await self.conn.binlog_dump(self.file, self.pos, 1000 + self.index, flags=BINLOG_SEND_ANNOTATE_ROWS_EVENT)
         except Exception as exc:  # noqa: BLE001 - reported, the others go on
             self.errors.append(f"setup: {exc!r}")
-            self.ready.set()
             return
-        self.ready.set()
-        conn = self.conn
-        monotonic = time.monotonic
-        arrivals = self.arrivals
+        finally:
+            self.ready.set()
+        conn, monotonic, arrivals = self.conn, time.monotonic, self.arrivals
         file, pos = self.file, self.pos
         seq = None
         events = nbytes = 0
@@ -115,15 +89,11 @@ class DumpClient:
                         seq = _gtid_unpack_from(p, 20)[0]
                     elif type_code == 16:  # XID: the transaction's end
                         arrivals.append((seq, now))
-                self.file, self.pos = file, pos
-                self.events, self.bytes = events, nbytes
-        except asyncio.CancelledError:
-            raise
+                self.file, self.pos, self.events, self.bytes = file, pos, events, nbytes
         except Exception as exc:  # noqa: BLE001 - reported
             self.errors.append(f"{file}:{pos}: {exc!r}")
         finally:
-            self.file, self.pos = file, pos
-            self.events, self.bytes = events, nbytes
+            self.file, self.pos, self.events, self.bytes = file, pos, events, nbytes
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -146,9 +116,8 @@ async def run_phase(name: str, master: MariaDBSandbox, port: int, n: int, rate: 
         relay.wait_at(start, poll=0.02)
     writer = Writers(master.port, "oltp", [(rate, seconds)], record="gtid")
     clients = [DumpClient(i, port, start) for i in range(n)]
-    relay_cpu0 = cpu_seconds(relay.pid) if relay else None
-    master_cpu0 = cpu_seconds(master.pid)
-    self_cpu0 = cpu_seconds(os.getpid())
+    pids = {"relay": relay.pid if relay else None, "master": master.pid, "client": os.getpid()}
+    cpu0 = {k: cpu_seconds(pid) if pid else None for k, pid in pids.items()}
     t_connect = time.monotonic()
     for c in clients:
         c.start()
@@ -164,17 +133,13 @@ async def run_phase(name: str, master: MariaDBSandbox, port: int, n: int, rate: 
     writer.go()
     w = await asyncio.get_running_loop().run_in_executor(None, writer.result)
     end = master_end(master)
-    # Wait until every client has everything up to the master's final position.
-    deadline = time.monotonic() + drain_timeout
-    while time.monotonic() < deadline:
-        if all((c.file, c.pos) == end or c.errors for c in clients):
-            break
+    deadline = time.monotonic() + drain_timeout  # until every client has everything up to the master's end
+    while time.monotonic() < deadline and not all((c.file, c.pos) == end or c.errors for c in clients):
         await asyncio.sleep(0.01)
     t_done = time.monotonic()
-    relay_cpu1 = cpu_seconds(relay.pid) if relay else None
-    master_cpu1 = cpu_seconds(master.pid)
-    self_cpu1 = cpu_seconds(os.getpid())
-    relay_mem = {"VmHWM": vm_kb(relay.pid, "VmHWM"), "VmRSS": vm_kb(relay.pid, "VmRSS")} if relay else {}
+    cpu1 = {k: cpu_seconds(pid) if pid else None for k, pid in pids.items()}
+    relay_mem = ({"relay_vmhwm_kb": vm_kb(relay.pid, "VmHWM"), "relay_rss_end_kb": vm_kb(relay.pid, "VmRSS")}
+                 if relay else {})
     for c in clients:
         await c.stop()
     not_converged = [{"client": c.index, "at": [c.file, c.pos], "errors": c.errors}
@@ -185,23 +150,19 @@ async def run_phase(name: str, master: MariaDBSandbox, port: int, n: int, rate: 
     per_client_p99: list[float] = []
     missing = 0
     for c in clients:
-        mine = [(t - commit_at[s]) for s, t in c.arrivals if s in commit_at]
+        mine = sorted(t - commit_at[s] for s, t in c.arrivals if s in commit_at)
         missing += len(commit_at) - len(mine)
-        mine.sort()
         if mine:
             per_client_p99.append(percentile(mine, 99))
         lags.extend(mine)
     lags.sort()
-    t_first = w["t0"]
-    wall = t_done - t_first
+    wall = t_done - w["t0"]
     events = sum(c.events for c in clients)
     nbytes = sum(c.bytes for c in clients)
     last_commit = max(t for _, t in w["commits"]) if w["commits"] else w["t_end"]
+    used = {k: cpu1[k] - cpu0[k] if cpu0[k] is not None and cpu1[k] else None for k in pids}
     phase = {
-        "target": name,
-        "clients": n,
-        "start": list(start),
-        "end": list(end),
+        "target": name, "clients": n, "start": list(start), "end": list(end),
         "transactions": len(w["commits"]),
         "writer_rate": round(len(w["commits"]) / (w["t_end"] - w["t0"]), 1),
         "connect_seconds": round(connect_seconds, 3),
@@ -209,36 +170,37 @@ async def run_phase(name: str, master: MariaDBSandbox, port: int, n: int, rate: 
         "drain_seconds": round(t_done - last_commit, 3),
         "lag_samples": len(lags),
         "lag_missing": missing,
-        "lag_ms": {k: round(percentile(lags, q) * 1000, 2) for k, q in
-                   (("p50", 50), ("p90", 90), ("p99", 99))} | {"max": round(lags[-1] * 1000, 2) if lags else None,
-                                                              "mean": round(statistics.fmean(lags) * 1000, 2)
-                                                              if lags else None},
+        "lag_ms": {k: round(percentile(lags, q) * 1000, 2) for k, q in (("p50", 50), ("p90", 90), ("p99", 99))}
+        | {"max": round(lags[-1] * 1000, 2) if lags else None,
+           "mean": round(statistics.fmean(lags) * 1000, 2) if lags else None},
         "worst_client_p99_ms": round(max(per_client_p99) * 1000, 2) if per_client_p99 else None,
         "events": events,
         "bytes": nbytes,
         "events_per_s": round(events / wall),
         "mb_per_s": round(nbytes / 1e6 / wall, 3),
-        "client_cpu_seconds": round(self_cpu1 - self_cpu0, 2),
-        "client_cpu_pct": round(100 * (self_cpu1 - self_cpu0) / wall, 1),
-        "master_cpu_seconds": round(master_cpu1 - master_cpu0, 2) if master_cpu0 is not None and master_cpu1 else None,
-        "master_cpu_pct": round(100 * (master_cpu1 - master_cpu0) / wall, 1)
-        if master_cpu0 is not None and master_cpu1 else None,
+        "client_cpu_seconds": round(used["client"], 2),
+        "client_cpu_pct": round(100 * used["client"] / wall, 1),
+        "master_cpu_seconds": round(used["master"], 2) if used["master"] is not None else None,
+        "master_cpu_pct": round(100 * used["master"] / wall, 1) if used["master"] is not None else None,
         "not_converged": not_converged,
         "converged": len(clients) - len(not_converged),
         "lag_cdf_ms": [round(percentile(lags, q) * 1000, 3) for q in range(0, 101)] if lags else [],
     }
     if relay is not None:
         phase |= {
-            "relay_cpu_seconds": round(relay_cpu1 - relay_cpu0, 2),
-            "relay_cpu_pct": round(100 * (relay_cpu1 - relay_cpu0) / wall, 1),
-            "relay_vmhwm_kb": relay_mem.get("VmHWM"),
-            "relay_rss_end_kb": relay_mem.get("VmRSS"),
+            "relay_cpu_seconds": round(cpu1["relay"] - cpu0["relay"], 2),
+            "relay_cpu_pct": round(100 * (cpu1["relay"] - cpu0["relay"]) / wall, 1),
+            **relay_mem,
             "relay_rss_connected_kb": rss_connected,
         }
     log(f"{name}: {len(w['commits'])} trx at {phase['writer_rate']} trx/s; lag p50 {phase['lag_ms']['p50']} ms "
         f"p99 {phase['lag_ms']['p99']} ms max {phase['lag_ms']['max']} ms; {phase['events_per_s']:,} ev/s "
         f"{phase['mb_per_s']} MB/s; converged {phase['converged']}/{n}; client CPU {phase['client_cpu_pct']} %")
     return phase
+
+
+IDLE_LEAVES = ("select (selectors", "epoll", "_run_once (asyncio", "run_forever", "wait (threading",
+               "_worker (concurrent")
 
 
 def summarize_py_spy(raw: Path, top: int = 15) -> dict:
@@ -255,17 +217,19 @@ def summarize_py_spy(raw: Path, top: int = 15) -> dict:
         if not frames:
             continue
         leaf = frames[-1]
-        if any(s in leaf for s in ("select (selectors", "epoll", "_run_once (asyncio", "run_forever", "wait (threading",
-                                   "_worker (concurrent")) and "send" not in leaf:
-            if "select" in leaf or "wait" in leaf or "_worker" in leaf:
-                idle += k
-                continue
+        if (any(s in leaf for s in IDLE_LEAVES) and "send" not in leaf
+                and ("select" in leaf or "wait" in leaf or "_worker" in leaf)):
+            idle += k
+            continue
         total += k
         self_counts[_short(leaf)] = self_counts.get(_short(leaf), 0) + k
         for f in {_short(f) for f in frames}:
             incl[f] = incl.get(f, 0) + k
-    rank = lambda d: [{"function": f, "share": round(v / total, 4)} for f, v in  # noqa: E731
-                      sorted(d.items(), key=lambda kv: -kv[1])[:top]]
+
+    def rank(counts: dict[str, int]) -> list[dict]:
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return [{"function": f, "share": round(v / total, 4)} for f, v in ranked]
+
     return {"busy_samples": total, "idle_samples": idle, "self": rank(self_counts), "inclusive": rank(incl)}
 
 
@@ -276,75 +240,68 @@ def _short(frame: str) -> str:
     return f"{name} ({Path(where.rsplit(':', 1)[0]).name})" if where else name
 
 
-# ---------------------------------------------------------------------------------------------
 def ratios(report: dict) -> dict:
     r, d = report["phases"].get("relay"), report["phases"].get("direct")
     if not r or not d:
         return {}
     out = {f"lag_{k}": (round(r["lag_ms"][k] / d["lag_ms"][k], 3) if d["lag_ms"][k] else None)
            for k in ("p50", "p90", "p99", "max")}
-    out["events_per_s"] = round(r["events_per_s"] / d["events_per_s"], 3) if d["events_per_s"] else None
-    out["mb_per_s"] = round(r["mb_per_s"] / d["mb_per_s"], 3) if d["mb_per_s"] else None
-    out["drain_seconds"] = round(r["drain_seconds"] / d["drain_seconds"], 3) if d["drain_seconds"] else None
+    for key in ("events_per_s", "mb_per_s", "drain_seconds"):
+        out[key] = round(r[key] / d[key], 3) if d[key] else None
     return out
 
 
+INTRO = (
+    "{n} in-process dump clients (asyncio `UpstreamConnection`s in one event loop) follow a MariaDB master that "
+    "takes {rate:g} transactions/s for {seconds:g} s (alternating autocommit INSERT and INSERT+UPDATE transactions, "
+    "~150-byte row events, ANNOTATE_ROWS asked for). Phase `relay`: the clients dump from `relayproxy run --listen` "
+    "(default settings: sync-mode transaction, CRC32 verified), which replicates from the master. Phase `direct`: "
+    "relay stopped, the same clients dump from the master itself (the ratio base). Each phase starts its clients at "
+    "the master's end position and ends when every client has received up to the master's final position. Lag = "
+    "arrival of a transaction's XID at a client - the moment the writer's COMMIT returned (writer in its own "
+    "process; `time.monotonic()` in both), over every (client, transaction) pair. Throughput is what all clients "
+    "together received over the phase (first write to last client converged): with a fixed write rate it is the "
+    "load times N, not a saturation figure; the drain time (last commit -> every client has it) shows headroom."
+)
+ROWS_BEFORE_LAG = (("clients converged", "converged", "{:,}"), ("transactions written", "transactions", "{:,}"),
+                   ("writer rate achieved (trx/s)", "writer_rate", "{}"))
+ROWS_AFTER_LAG = (  # (label, phase key, format, the ratio shown)
+    ("worst client's p99 lag (ms)", "worst_client_p99_ms", "{:.1f}"),
+    ("events delivered / s (all clients)", "events_per_s", "{:,}", "events_per_s"),
+    ("MB/s delivered (all clients)", "mb_per_s", "{:.2f}", "mb_per_s"),
+    ("drain: last commit -> all clients have it (s)", "drain_seconds", "{:.3f}", "drain_seconds"),
+    ("clients connect + dump start (s)", "connect_seconds", "{:.2f}"),
+    ("relay CPU (s user+sys)", "relay_cpu_seconds", "{:.2f}"),
+    ("relay CPU (% of one core)", "relay_cpu_pct", "{:.1f}"),
+    ("relay peak RSS VmHWM (MB)", "relay_vmhwm_mb", "{:.1f}"),
+    ("relay RSS with clients connected, before load (MB)", "relay_rss_connected_mb", "{:.1f}"),
+    ("mariadbd CPU (% of one core)", "master_cpu_pct", "{:.1f}"),
+    ("benchmark process (clients) CPU (% of one core)", "client_cpu_pct", "{:.1f}"),
+)
+
+
 def write_markdown(path: Path, report: dict, notes: str | None) -> None:
-    ph = report["phases"]
-    rt = report["ratios"]
-    n = report["replicas"]
-    out = [
-        "# Fan-out: N replicas of a live OLTP load through relayproxy vs. directly on the master",
-        "",
-        "Command:",
-        "",
-        f"    {report['command']}",
-        "",
-        f"{n} in-process dump clients (asyncio `UpstreamConnection`s in one event loop) follow a MariaDB master that "
-        f"takes {report['rate']:g} transactions/s for {report['seconds']:g} s (alternating autocommit INSERT and "
-        "INSERT+UPDATE transactions, ~150-byte row events, ANNOTATE_ROWS asked for). Phase `relay`: the clients "
-        "dump from `relayproxy run --listen` (default settings: sync-mode transaction, CRC32 verified), which "
-        "replicates from the master. Phase `direct`: relay stopped, the same clients dump from the master itself "
-        "(the ratio base). Each phase starts its clients at the master's end position and ends when every client "
-        "has received up to the master's final position. Lag = arrival of a transaction's XID at a client - "
-        "the moment the writer's COMMIT returned (writer in its own process; `time.monotonic()` in both), over "
-        "every (client, transaction) pair. Throughput is what all clients together received over the phase "
-        "(first write to last client converged): with a fixed write rate it is the load times N, not a "
-        "saturation figure; the drain time (last commit -> every client has it) shows headroom.",
-        "",
-        "**Absolute numbers on a shared 2-core machine are noise** (master, relay, writer and all clients share "
-        "two cores, and other benchmarks may run); the relay/direct ratios of one run are the result.",
-        "",
-        "| | relay | direct (master) | relay / direct |",
-        "|---|---:|---:|---:|",
-    ]
+    ph, rt = report["phases"], report["ratios"]
+    out = ["# Fan-out: N replicas of a live OLTP load through relayproxy vs. directly on the master", "",
+           "Command:", "", f"    {report['command']}", "",
+           INTRO.format(n=report["replicas"], rate=report["rate"], seconds=report["seconds"]), "",
+           "**Absolute numbers on a shared 2-core machine are noise** (master, relay, writer and all clients share "
+           "two cores, and other benchmarks may run); the relay/direct ratios of one run are the result.", "",
+           "| | relay | direct (master) | relay / direct |", "|---|---:|---:|---:|"]
 
-    def row(label, key, fmt="{}", ratio=None):
-        vals = [ph[p].get(key) if p in ph else None for p in PHASES]
-        cells = [fmt.format(v) if v is not None else "-" for v in vals]
-        out.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio if ratio is not None else ''} |")
+    def rows(spec) -> None:
+        for label, key, fmt, *ratio in spec:
+            vals = [ph[p].get(key) if p in ph else None for p in PHASES]
+            shown = rt.get(ratio[0]) if ratio else None
+            out.append(md_row(label, *(fmt.format(v) if v is not None else "-" for v in vals),
+                              shown if shown is not None else ""))
 
-    def lagrow(label, k):
-        vals = [ph[p]["lag_ms"][k] if p in ph else None for p in PHASES]
-        out.append(f"| {label} | {vals[0]:.1f} | {vals[1]:.1f} | {rt.get('lag_' + k, '-')} |"
-                   if None not in vals else f"| {label} | {vals[0]} | {vals[1]} | |")
-
-    row("clients converged", "converged", "{:,}")
-    row("transactions written", "transactions", "{:,}")
-    row("writer rate achieved (trx/s)", "writer_rate")
+    rows(ROWS_BEFORE_LAG)
     for k in ("p50", "p90", "p99", "max"):
-        lagrow(f"lag {k} (ms)", k)
-    row("worst client's p99 lag (ms)", "worst_client_p99_ms", "{:.1f}")
-    row("events delivered / s (all clients)", "events_per_s", "{:,}", rt.get("events_per_s"))
-    row("MB/s delivered (all clients)", "mb_per_s", "{:.2f}", rt.get("mb_per_s"))
-    row("drain: last commit -> all clients have it (s)", "drain_seconds", "{:.3f}", rt.get("drain_seconds"))
-    row("clients connect + dump start (s)", "connect_seconds", "{:.2f}")
-    row("relay CPU (s user+sys)", "relay_cpu_seconds", "{:.2f}")
-    row("relay CPU (% of one core)", "relay_cpu_pct", "{:.1f}")
-    row("relay peak RSS VmHWM (MB)", "relay_vmhwm_mb", "{:.1f}")
-    row("relay RSS with clients connected, before load (MB)", "relay_rss_connected_mb", "{:.1f}")
-    row("mariadbd CPU (% of one core)", "master_cpu_pct", "{:.1f}")
-    row("benchmark process (clients) CPU (% of one core)", "client_cpu_pct", "{:.1f}")
+        vals = [ph[p]["lag_ms"][k] if p in ph else None for p in PHASES]
+        out.append(f"| lag {k} (ms) | {vals[0]:.1f} | {vals[1]:.1f} | {rt.get('lag_' + k, '-')} |"
+                   if None not in vals else f"| lag {k} (ms) | {vals[0]} | {vals[1]} | |")
+    rows(ROWS_AFTER_LAG)
     out.append("")
     bad = {p: ph[p]["not_converged"] for p in ph if ph[p]["not_converged"]}
     if bad:
@@ -361,8 +318,7 @@ def write_markdown(path: Path, report: dict, notes: str | None) -> None:
         out.append("")
     if notes:
         out += [notes.rstrip(), ""]
-    out += ["![lag percentiles](fanout.png)", ""]
-    out += benchinfo.machine_section(report["machine"])
+    out += ["![lag percentiles](fanout.png)", "", *benchinfo.machine_section(report["machine"])]
     path.write_text("\n".join(out))
 
 
@@ -373,20 +329,19 @@ def write_plot(path: Path, report: dict) -> bool:
     ph = report["phases"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     keys = ["p50", "p90", "p99", "max"]
-    colors = {"relay": "#c44e52", "direct": "#4c72b0"}
-    labels = {"relay": "through relayproxy", "direct": "direct from mariadbd"}
+    style = {"relay": ("#c44e52", "through relayproxy"), "direct": ("#4c72b0", "direct from mariadbd")}
     width = 0.38
     for j, p in enumerate(PHASES):
         if p not in ph:
             continue
+        color, label = style[p]
         vals = [ph[p]["lag_ms"][k] for k in keys]
-        xs = [i + (j - 0.5) * width for i in range(len(keys))]
-        bars = ax1.bar(xs, vals, width, color=colors[p], label=labels[p])
+        bars = ax1.bar([i + (j - 0.5) * width for i in range(len(keys))], vals, width, color=color, label=label)
         for b, v in zip(bars, vals):
             ax1.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
         cdf = ph[p]["lag_cdf_ms"]
         if cdf:
-            ax2.plot(cdf, list(range(len(cdf))), color=colors[p], label=labels[p])
+            ax2.plot(cdf, list(range(len(cdf))), color=color, label=label)
     ax1.set_xticks(range(len(keys)), keys)
     ax1.set_yscale("log")
     ax1.set_ylabel("lag, ms (log)")
@@ -405,22 +360,22 @@ def write_plot(path: Path, report: dict) -> bool:
 async def measure(args, master: MariaDBSandbox, work: Path, phases: list[str]) -> dict:
     report: dict = {"phases": {}}
     for name in phases:
-        if name == "relay":
-            spy = work / "py-spy.txt" if args.py_spy else None
-            relay = Relay(work, master, spy).start()
-            try:
-                report["phases"]["relay"] = await run_phase("relay", master, relay.listen_port, args.replicas,
-                                                            args.rate, args.seconds, relay, args.drain_timeout)
-            finally:
-                relay.stop()
-            if spy is not None:
-                try:
-                    report["profile"] = summarize_py_spy(spy)
-                except OSError as exc:
-                    report["profile"] = {"error": str(exc)}
-        else:
+        if name == "direct":
             report["phases"]["direct"] = await run_phase("direct", master, master.port, args.replicas, args.rate,
                                                          args.seconds, None, args.drain_timeout)
+            continue
+        spy = work / "py-spy.txt" if args.py_spy else None
+        relay = Relay(work, master, spy).start()
+        try:
+            report["phases"]["relay"] = await run_phase("relay", master, relay.listen_port, args.replicas,
+                                                        args.rate, args.seconds, relay, args.drain_timeout)
+        finally:
+            relay.stop()
+        if spy is not None:
+            try:
+                report["profile"] = summarize_py_spy(spy)
+            except OSError as exc:
+                report["profile"] = {"error": str(exc)}
     for p in report["phases"].values():
         for k in ("relay_vmhwm_kb", "relay_rss_connected_kb"):
             if p.get(k):
@@ -428,13 +383,16 @@ async def measure(args, master: MariaDBSandbox, work: Path, phases: list[str]) -
     return report
 
 
+def write_results(out_dir: Path, report: dict, args) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_markdown(out_dir / "fanout.md", report, args.notes.read_text() if args.notes else None)
+    write_plot(out_dir / "fanout.png", report)
+
+
 def main(args, argv: list[str]) -> int:
     """The in-process benchmark for benchmarks/fanout.py's parsed arguments; the exit status."""
     if args.render is not None:
-        report = json.loads(args.render.read_text())
-        out_dir = args.output_dir or RESULTS_DIR
-        write_markdown(out_dir / "fanout.md", report, args.notes.read_text() if args.notes else None)
-        write_plot(out_dir / "fanout.png", report)
+        write_results(args.output_dir or RESULTS_DIR, json.loads(args.render.read_text()), args)
         return 0
     from relayproxy.log import configure_logging
 
@@ -461,15 +419,13 @@ def main(args, argv: list[str]) -> int:
     report = {"quick": args.quick, "replicas": args.replicas, "seconds": args.seconds, "rate": args.rate, **body}
     report["ratios"] = ratios(report)
     report["all_converged"] = all(not p["not_converged"] for p in report["phases"].values())
-    report["machine"] = machine_info()
+    report["machine"] = benchinfo.machine_info(server=True)
     report["command"] = ".venv/bin/python benchmarks/fanout.py" + ("".join(" " + shlex.quote(a) for a in argv))
     if args.save_json is not None:
         args.save_json.write_text(json.dumps(report, indent=1))
     out_dir = args.output_dir if args.output_dir is not None else (None if args.quick else RESULTS_DIR)
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_markdown(out_dir / "fanout.md", report, args.notes.read_text() if args.notes else None)
-        write_plot(out_dir / "fanout.png", report)
+        write_results(out_dir, report, args)
         log(f"wrote {out_dir / 'fanout.md'}")
     if args.json:
         json.dump(report, sys.stdout, indent=1)
@@ -484,4 +440,3 @@ def main(args, argv: list[str]) -> int:
             + json.dumps({k: p["not_converged"] for k, p in report["phases"].items() if p["not_converged"]})[:2000])
         return 1
     return 0
-
