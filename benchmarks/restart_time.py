@@ -41,14 +41,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks.benchinfo import fmt_median_range, median_range, run_alternating  # noqa: E402
-from benchmarks.common import (  # noqa: E402
-    RESULTS_DIR,
-    machine_info,
-    pyplot,
-    results_document,
-    save_figure,
-    write_results,
-)
+from benchmarks.common import RESULTS_DIR, machine_info, pyplot, results_document, save_figure  # noqa: E402
+from benchmarks.common import write_results  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.lab.relayprocess import RelayProcess, free_port  # noqa: E402
 from relayproxy.relay import RelayStore  # noqa: E402
@@ -120,21 +114,18 @@ def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | No
     return gno
 
 
-def timed(fn, repeat: int = 3, before=None) -> list[float]:
-    out = []
-    for _ in range(repeat):
-        if before is not None:
-            before()
-        began = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - began)
-    return out
-
-
 def with_without(fn, runs: int, drop, restore=None) -> dict:
-    """``fn`` timed ``runs`` times with the start aids (``restore`` before each, if given), then ``runs`` times
-    with ``drop`` before each."""
-    return {"with": timed(fn, runs, restore), "without": timed(fn, runs, drop)}
+    """Seconds of ``fn``, ``runs`` times with the start aids (``restore`` before each, if given), then ``runs``
+    times with ``drop`` before each."""
+    out: dict[str, list[float]] = {"with": [], "without": []}
+    for variant, before in (("with", restore), ("without", drop)):
+        for _ in range(runs):
+            if before is not None:
+                before()
+            began = time.perf_counter()
+            fn()
+            out[variant].append(time.perf_counter() - began)
+    return out
 
 
 def drop_start_aids(relay: Path, names: list[str], checkpoint: bool = True) -> None:
