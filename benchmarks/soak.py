@@ -1,6 +1,6 @@
 """Chaos soak: a live MariaDB topology through relayproxy under load and random faults, then fuzzing, then checksums.
 
-Topology (every server a ``relayproxy.lab.sandbox`` mariadbd, GTIDs on as MariaDB always has them, binlog_format ROW,
+Every server is a ``relayproxy.lab.sandbox`` mariadbd (GTIDs on as MariaDB always has them, binlog_format ROW,
 ``max_binlog_size`` 1 MB so that files rotate often)::
 
     load threads --> master --+--> direct replica (MASTER_USE_GTID=slave_pos: the control)
@@ -9,35 +9,28 @@ Topology (every server a ``relayproxy.lab.sandbox`` mariadbd, GTIDs on as MariaD
                                                                           +--> replica 2 (file/position, USE_GTID=no)
                                                                           +--> ... (--replicas-through-relay)
 
-Load (two threads, ``--rate`` transactions a second in all): autocommit inserts, multi-statement transactions
-(BEGIN; INSERT/UPDATE/DELETE ...; COMMIT), an occasional big transaction (a few MB), DDL on scratch tables
-(CREATE / ALTER / DROP), on tables with primary keys.
+The load (two threads, ``--rate`` transactions a second in all, tables with primary keys): autocommit inserts,
+multi-statement transactions, an occasional big transaction (a few MB), DDL on scratch tables. For ``--minutes`` a
+seeded chaos loop injects one fault at a time, in shuffled rounds of every kind (``FAULT_WEIGHTS``): kill -9 or
+SIGTERM of the relay, then a restart; the upstream link cut, paused for seconds, or one byte of it corrupted (the
+relay must notice, by CRC or framing, and reconnect); STOP / START SLAVE, kill -9 or a clean restart of a replica
+(kill -9 only of crash-safe ones: GTID mode, relay_log_recovery=ON, gtid_slave_pos in InnoDB); PURGE BINARY LOGS
+on the relay (never past a file a replica still needs; half of them first tried while a stalled replica reads the
+oldest file, which the relay must refuse with 1378, deleting nothing) and on the master; kill -9 of the control.
+After each fault the relay's horizon must reach the master's position and every replica's gtid_slave_pos its GTID
+(both read after the fault) within ``--converge-timeout`` seconds, or the fault is a failure, with details.
 
-For ``--minutes`` a seeded chaos loop injects one fault at a time, in shuffled rounds of every kind: kill -9 and
-restart the relay; SIGTERM and restart it; cut the upstream link (drop_connections); corrupt one byte of the
-upstream stream (the relay must notice: CRC or framing, and reconnect); pause the link for a few seconds; STOP /
-START SLAVE on a replica; kill -9 and restart a replica (crash-safe ones: GTID mode, relay_log_recovery=ON,
-gtid_slave_pos in InnoDB); clean restart of a replica (the file/position one too); PURGE BINARY LOGS on the relay
-(SQL port, an admin account; never past a file a replica still needs; half of them first tried while a stalled
-replica reads the oldest file, which the relay must refuse with 1378 and delete nothing: counted as the expected
-answer); PURGE on the master; kill -9 of the direct replica (the control). After each fault the topology must converge: the relay's horizon reaches the
-master's position (read after the fault) and every replica's gtid_slave_pos its GTID, within
-``--converge-timeout`` seconds; a fault that does not converge is a failure, with details.
-
-Invariants checked while it runs: the relay's advertised horizon never moves backwards, across restarts too (every
-value it advertises is durable); closed relay files equal the master's byte for byte (checked after every fault,
-and every file up to the horizon at the end, purged files excepted).
-
-After the chaos: stop the load, converge, compare row counts and CHECKSUM TABLE of every table on the master, the
-direct replica and every relay replica. Then fuzz (``relayproxy/lab/fuzz.py``): the binlog parser (mutated events of
-this run's own master binlogs and of the corpus) and the live relay's MySQL port (while a light load runs and the
-replicas keep replicating through the relay: their gtid_slave_pos must advance during fuzzing, the relay process
-must survive, its open file descriptors return to what they were). Then converge and compare every table again.
+Checked while it runs: the relay's advertised horizon never moves backwards, across restarts too; closed relay
+files equal the master's byte for byte (after every fault, and every file up to the horizon at the end, purged ones
+excepted). After the chaos, the load stopped and the topology converged, the row counts and CHECKSUM TABLE of every
+table on every server. Then the fuzzers of ``relayproxy/lab/fuzz.py``: the binlog parser (mutated events of this
+run's master binlogs and of the corpus) and the live relay's MySQL port, while a light load replicates through it
+(the replicas' gtid_slave_pos must advance, the relay survive with its open fds back where they were); then every
+table again. Exit status 0 when every fault was survived, every invariant held, every table matched and the fuzzers
+found nothing.
 
     .venv/bin/python benchmarks/soak.py --minutes 10 --seed 1 --fuzz-inputs 100000 --output benchmarks/results/soak.md
-    .venv/bin/python benchmarks/soak.py --minutes 0.75 --fuzz-inputs 3000 --json     # what tests/benchmarks/test_soak.py runs
-
-Exit status 0 when every fault survived, every invariant held, every table matched and the fuzzers found nothing.
+    .venv/bin/python benchmarks/soak.py --minutes 0.75 --fuzz-inputs 3000 --json  # as tests/benchmarks/test_soak.py
 """
 
 from __future__ import annotations
@@ -63,21 +56,17 @@ from pathlib import Path
 if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
     import _bootstrap  # noqa: F401
 
-from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import REPO_ROOT, logger  # noqa: E402
-from benchmarks import fanout_common  # noqa: E402  (its Relay: `relayproxy run --listen`, with a replica account)
-from relayproxy.lab import fuzz  # noqa: E402
-from relayproxy.lab.procstat import fd_count  # noqa: E402
 import pymysql  # noqa: E402
 
+from benchmarks import fanout_common  # noqa: E402  (its Relay: `relayproxy run --listen`, with a replica account)
+from benchmarks.common import REPO_ROOT, header_block, logger, machine_info, machine_section  # noqa: E402
+from benchmarks.common import write_results  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
-from relayproxy.lab.faultproxy import (
-    SERVER_TO_CLIENT,
-    FaultProxyError,
-    ThreadedFaultProxy,
-)
-from relayproxy.lab.sandbox import MariaDBSandbox
+from relayproxy.lab import fuzz  # noqa: E402
+from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, FaultProxyError, ThreadedFaultProxy  # noqa: E402
+from relayproxy.lab.procstat import fd_count  # noqa: E402
+from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
 REPL_USER, REPL_PASSWORD = fanout_common.REPL_USER, fanout_common.REPL_PASSWORD
@@ -90,37 +79,23 @@ plugin = "mysql_native_password"
 admin = true
 """
 SCHEMA = "soak"
-MASTER_CONFIG = {
-    "max_binlog_size": "1M",
-    "sync_binlog": 0,
-    "innodb_flush_log_at_trx_commit": 2,
-    "innodb_buffer_pool_size": "64M",
-    "max_connections": 500,
-}
+MASTER_CONFIG = {"max_binlog_size": "1M", "sync_binlog": 0, "innodb_flush_log_at_trx_commit": 2,
+                 "innodb_buffer_pool_size": "64M", "max_connections": 500}
 # Crash-safe replicas: relay logs are thrown away and fetched again from gtid_slave_pos (InnoDB) after a crash.
-REPLICA_CONFIG = {
-    "relay_log_recovery": "ON",
-    "innodb_flush_log_at_trx_commit": 1,
-    "slave_net_timeout": 10,
-    "innodb_buffer_pool_size": "32M",
-}
+REPLICA_CONFIG = {"relay_log_recovery": "ON", "innodb_flush_log_at_trx_commit": 1, "slave_net_timeout": 10,
+                  "innodb_buffer_pool_size": "32M"}
 # Fault kinds and their weight in each shuffled round.
 FAULT_WEIGHTS = {
-    "relay kill -9": 3,
-    "relay SIGTERM": 2,
-    "upstream cut": 3,
-    "upstream corrupt byte": 3,
-    "upstream pause": 2,
-    "replica STOP/START SLAVE": 2,
-    "replica kill -9": 2,
-    "replica clean restart": 1,
-    "relay PURGE": 2,
-    "master PURGE": 1,
+    "relay kill -9": 3, "relay SIGTERM": 2,
+    "upstream cut": 3, "upstream corrupt byte": 3, "upstream pause": 2,
+    "replica STOP/START SLAVE": 2, "replica kill -9": 2, "replica clean restart": 1,
+    "relay PURGE": 2, "master PURGE": 1,
     "direct replica kill -9": 1,
 }
+REPLICA_FAULTS = ("replica STOP/START SLAVE", "replica kill -9", "replica clean restart", "direct replica kill -9")
 KEEP_FILES = 3  # PURGE keeps at least the newest this many files
 STALLED_DUMP_SERVER_ID = 999_999  # the replica that stalls in the oldest relay file before some PURGEs
-
+LOAD_THREADS, BIG_MB, BIG_EVERY = 2, 3.0, 25.0  # the load's threads; a big transaction's MB, every ~this many s
 
 log = logger("soak")
 
@@ -132,6 +107,12 @@ def file_key(name: str) -> int:
 
 def position_key(file: str | None, pos: int | None) -> tuple[int, int]:
     return (file_key(file), int(pos)) if file else (-1, -1)
+
+
+def horizon(status: dict) -> tuple[tuple[int, int], str]:
+    """The horizon a relay's /status advertises: its sort key and "file:position"."""
+    file, pos = status["master_log_file"], status["read_master_log_pos"]
+    return position_key(file, pos), f"{file}:{pos}"
 
 
 def gtid_seq(text: str | None) -> dict[int, int]:
@@ -150,33 +131,60 @@ def gtid_at_least(have: str | None, want: str | None) -> bool:
     return all(h.get(d, -1) >= s for d, s in gtid_seq(want).items())
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The relay: the fan-out benchmarks' `relayproxy run --listen` (benchmarks/fanout_common.py), pointed at the fault
-# proxy, resuming by MariaDB GTID, with an admin account for PURGE beside the replicas' one.
-class SoakRelay(fanout_common.Relay):
-    def __init__(self, work: Path, upstream) -> None:
-        super().__init__(work, upstream, users_toml=fanout_common.USERS_TOML + ADMIN_TOML,  # `upstream`: the proxy
-                         extra=["--gtid-mode", "mariadb", "--heartbeat-period", "0.5", "--reconnect-max-delay", "0.5"])
-        self.incarnations = 0
+# -- the relay and the replicas ----------------------------------------------------------------------------------
 
-    def start(self, timeout: float = 60.0) -> "SoakRelay":
-        super().start(timeout)
-        self.incarnations += 1
-        return self
+class SoakRelay(fanout_common.Relay):
+    """The fan-out benchmarks' `relayproxy run --listen` (benchmarks/fanout_common.py) pointed at the fault proxy
+    (``upstream``), resuming by MariaDB GTID, with an admin account for PURGE beside the replicas' one."""
+
+    def __init__(self, work: Path, upstream) -> None:
+        super().__init__(work, upstream, users_toml=fanout_common.USERS_TOML + ADMIN_TOML,
+                         extra=["--gtid-mode", "mariadb", "--heartbeat-period", "0.5", "--reconnect-max-delay", "0.5"])
+
+    @property
+    def current_pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     def sql(self, statement: str, timeout: float = 10.0):
-        conn = pymysql.connect(host="127.0.0.1", port=self.listen_port, user=ADMIN_USER, password=ADMIN_PASSWORD,
-                               connect_timeout=timeout, read_timeout=timeout)
+        with pymysql.connect(host="127.0.0.1", port=self.listen_port, user=ADMIN_USER, password=ADMIN_PASSWORD,
+                             connect_timeout=timeout, read_timeout=timeout) as conn, conn.cursor() as cur:
+            cur.execute(statement)
+            return cur.fetchall()
+
+    def binlogs(self) -> list[str]:
+        return [row[0] for row in self.sql("SHOW BINARY LOGS")]
+
+    def log_size(self) -> int:
         try:
-            with conn.cursor() as cur:
-                cur.execute(statement)
-                return cur.fetchall()
-        finally:
-            conn.close()
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def log_entries(self, offset: int = 0):
+        """Its JSON log entries from byte ``offset`` on (lines that are not JSON are skipped)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                lines = f.read().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict):
+                    yield entry
+
+    def upstream_ends(self, offset: int) -> tuple[dict, str | None]:
+        """How its upstream connections ended since ``offset`` of its log: {kind: count}, the first message."""
+        kinds: collections.Counter = collections.Counter()
+        first = None
+        for entry in self.log_entries(offset):
+            if entry.get("event") == "upstream connection ended":
+                kinds[str(entry.get("kind"))] += 1
+                first = first or str(entry.get("error"))
+        return dict(kinds), first
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Replicas
 @dataclass
 class Replica:
     name: str
@@ -202,21 +210,17 @@ class Replica:
         self.sandbox.execute("START SLAVE")
 
     def status(self) -> dict:
-        conn = self.sandbox.connect(read_timeout=10)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SHOW SLAVE STATUS")
-                row = cur.fetchone()
-                status = dict(zip([d[0] for d in cur.description], row)) if row else {}
-                cur.execute("SELECT @@gtid_slave_pos")
-                status["gtid_slave_pos"] = cur.fetchone()[0]
+        with self.sandbox.connect(read_timeout=10) as conn, conn.cursor() as cur:
+            cur.execute("SHOW SLAVE STATUS")
+            row = cur.fetchone()
+            status = dict(zip([d[0] for d in cur.description], row)) if row else {}
+            cur.execute("SELECT @@gtid_slave_pos")
+            status["gtid_slave_pos"] = cur.fetchone()[0]
             return status
-        finally:
-            conn.close()
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Load
+# -- the load ----------------------------------------------------------------------------------------------------
+
 @dataclass
 class LoadStats:
     transactions: collections.Counter = field(default_factory=collections.Counter)
@@ -231,16 +235,12 @@ class LoadStats:
 
 
 class Load:
-    """Mixed write load on the master, in `threads` threads, about `rate` transactions a second in all."""
+    """Mixed write load on the master, in ``LOAD_THREADS`` threads, about ``rate`` transactions a second in all."""
 
-    def __init__(self, master: MariaDBSandbox, seed: int, rate: float, threads: int = 2,
-                 big_mb: float = 3.0, big_every: float = 25.0) -> None:
+    def __init__(self, master: MariaDBSandbox, seed: int, rate: float) -> None:
         self.master = master
         self.seed = seed
         self.rate = rate
-        self.threads_n = threads
-        self.big_mb = big_mb
-        self.big_every = big_every
         self.stats = LoadStats()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -268,7 +268,7 @@ class Load:
         self._stop.clear()
         self._started = time.monotonic()
         self._threads = [threading.Thread(target=self._run, args=(i,), name=f"load-{i}", daemon=True)
-                         for i in range(self.threads_n)]
+                         for i in range(LOAD_THREADS)]
         for t in self._threads:
             t.start()
         return self
@@ -283,10 +283,9 @@ class Load:
 
     def _run(self, index: int) -> None:
         rng = random.Random(f"{self.seed}/load/{index}/{self.starts}")
-        interval = self.threads_n / self.rate
+        interval = LOAD_THREADS / self.rate
         conn = None
-        next_at = time.monotonic()
-        last_big = time.monotonic()
+        next_at = last_big = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
             if now < next_at:
@@ -297,7 +296,7 @@ class Load:
                 if conn is None:
                     conn = self.master.connect(database=SCHEMA, read_timeout=120)
                 cur = conn.cursor()
-                if index == 0 and now - last_big > self.big_every * rng.uniform(0.5, 1.5):
+                if index == 0 and now - last_big > BIG_EVERY * rng.uniform(0.5, 1.5):
                     kind, rows = self._big(cur, rng)
                     last_big = time.monotonic()
                 else:
@@ -393,7 +392,7 @@ class Load:
         return "DDL (DROP)", 0
 
     def _big(self, cur, rng: random.Random) -> tuple[str, int]:
-        rows = max(1, int(self.big_mb * 1e6 / 2000))
+        rows = max(1, int(BIG_MB * 1e6 / 2000))
         tag = rng.randrange(1 << 30)
         cur.execute("BEGIN")
         n = cur.execute(f"INSERT INTO blobs (tag, data) SELECT {tag}, REPEAT(CHAR(65 + seq % 26), 2000) "
@@ -404,8 +403,8 @@ class Load:
         return "big transaction", n
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Invariants
+# -- the invariants ----------------------------------------------------------------------------------------------
+
 class HorizonMonitor:
     """Polls the relay's /status: its advertised horizon must never move backwards, across restarts included."""
 
@@ -429,31 +428,26 @@ class HorizonMonitor:
         self._stop.set()
         self._thread.join(10)
 
-    def observe(self) -> dict | None:
-        relay = self.relay
-        pid = relay.proc.pid if relay.proc is not None else None
+    def observe(self) -> None:
+        pid = self.relay.current_pid
         if pid is None:
-            return None
+            return
         try:
-            status = relay.status()
+            status = self.relay.status()
         except OSError:
-            return None
-        if (relay.proc.pid if relay.proc is not None else None) != pid:
-            return None  # restarted under us: cannot tell which process answered
-        key = position_key(status["master_log_file"], status["read_master_log_pos"])
+            return
+        if self.relay.current_pid != pid:
+            return  # restarted under us: cannot tell which process answered
+        key, text = horizon(status)
         self.checks += 1
         if pid != self._last_pid:
             if self._last_pid is not None:
                 self.restarts_seen += 1
             self._last_pid = pid
         if key < self.best:
-            self.violations.append(
-                f"horizon moved back from {self.best_text} to {status['master_log_file']}:"
-                f"{status['read_master_log_pos']} (relay pid {pid})")
+            self.violations.append(f"horizon moved back from {self.best_text} to {text} (relay pid {pid})")
         elif key > self.best:
-            self.best = key
-            self.best_text = f"{status['master_log_file']}:{status['read_master_log_pos']}"
-        return status
+            self.best, self.best_text = key, text
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
@@ -482,32 +476,32 @@ class FileChecker:
         self.mismatches: list[str] = []
         self.skipped_purged: set[str] = set()
 
-    def relay_files(self) -> list[str]:
-        try:
-            return (self.relay_dir / "relayproxy.index").read_text().split()
-        except OSError:
-            return []
+    def figures(self) -> dict:
+        return {"file_checks": self.checks, "file_bytes_compared": self.bytes_compared,
+                "file_mismatches": self.mismatches}
 
     def check(self, up_to: tuple[str, int] | None = None) -> None:
-        """Closed files not yet verified; with `up_to` (the horizon at rest), the active file up to it as well."""
-        names = self.relay_files()
+        """Closed files not yet verified; with ``up_to`` (the horizon at rest), the active file up to it as well."""
+        try:
+            names = (self.relay_dir / "relayproxy.index").read_text().split()
+        except OSError:
+            return
         if not names:
             return
-        closed = names[:-1]
-        for name in closed + ([names[-1]] if up_to is not None else []):
-            if name in self.verified and name != names[-1]:
+        active = names[-1]
+        for name in names[:-1] + ([active] if up_to is not None else []):
+            if name in self.verified and name != active:
                 continue
-            master_path = self.master.binlog_dir / name
             try:
                 mine = (self.relay_dir / name).read_bytes()
             except FileNotFoundError:
                 continue  # purged on the relay meanwhile
             try:
-                theirs = master_path.read_bytes()
+                theirs = (self.master.binlog_dir / name).read_bytes()
             except FileNotFoundError:
                 self.skipped_purged.add(name)
                 continue
-            if name == names[-1] and up_to is not None:
+            if name == active and up_to is not None:
                 if up_to[0] != name:
                     self.mismatches.append(f"relay's newest file is {name} but the horizon is {up_to}")
                     continue
@@ -521,8 +515,8 @@ class FileChecker:
             self.verified.add(name)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The soak
+# -- the soak ----------------------------------------------------------------------------------------------------
+
 @dataclass
 class Fault:
     number: int
@@ -535,6 +529,10 @@ class Fault:
     failure: str | None = None
     relay_said: dict = field(default_factory=dict)  # "upstream connection ended" kinds the relay logged after it
     relay_error: str | None = None  # the first of those messages
+
+
+def convergence(ok: bool, seconds: float, detail: str) -> dict:
+    return {"ok": ok, "seconds": round(seconds, 1), "detail": detail}
 
 
 class Soak:
@@ -553,6 +551,9 @@ class Soak:
         self.binlog_sizes: dict[str, int] = {}
         self.report: dict = {"seed": args.seed}
 
+    def replicas_via(self, source: str) -> list[Replica]:
+        return [r for r in self.replicas if r.via == source]
+
     # -- set-up ------------------------------------------------------------------------------------------------
     def setup(self) -> None:
         a = self.args
@@ -561,7 +562,8 @@ class Soak:
         for i in range(a.replicas_through_relay):
             specs.append((f"relay replica {i + 1}", "relay", "no" if i % 2 == 1 else "slave_pos"))
         for i, (name, via, use_gtid) in enumerate(specs):
-            box = MariaDBSandbox(self.work / f"replica{i}", server_id=11 + i, log_bin=False, extra_config=REPLICA_CONFIG)
+            box = MariaDBSandbox(self.work / f"replica{i}", server_id=11 + i, log_bin=False,
+                                 extra_config=REPLICA_CONFIG)
             self.replicas.append(Replica(name, box, via, use_gtid))
         log(f"starting the master and {len(self.replicas)} replicas in {self.work}")
         with ThreadPoolExecutor(len(self.replicas) + 1) as pool:
@@ -608,11 +610,9 @@ class Soak:
 
     def converge(self, timeout: float, exact: bool = False) -> tuple[bool, float, str]:
         """Wait until the relay's horizon and every replica's gtid_slave_pos reach the master's current position
-        (read now; with `exact`, re-read at every poll and required equal: the load is stopped)."""
+        (read now; with ``exact``, read again at every poll and required equal: the load is stopped)."""
         began = time.monotonic()
         want_file, want_pos, want_gtid = self.master_position()
-        deadline = began + timeout
-        detail = ""
         while True:
             if exact:
                 want_file, want_pos, want_gtid = self.master_position()
@@ -624,11 +624,10 @@ class Soak:
             if relay_status is None:
                 problems.append("relay not answering")
             else:
-                have = position_key(relay_status["master_log_file"], relay_status["read_master_log_pos"])
-                want = position_key(want_file, want_pos)
+                (have, text), want = horizon(relay_status), position_key(want_file, want_pos)
                 if have < want or (exact and have != want):
-                    problems.append(f"relay at {relay_status['master_log_file']}:{relay_status['read_master_log_pos']}"
-                                    f" < {want_file}:{want_pos} (last_io_error {relay_status.get('last_io_error')})")
+                    problems.append(f"relay at {text} < {want_file}:{want_pos} "
+                                    f"(last_io_error {relay_status.get('last_io_error')})")
             for r in self.replicas:
                 try:
                     st = r.status()
@@ -644,9 +643,8 @@ class Soak:
                                     f"Last_IO_Error {st.get('Last_IO_Error')!r}")
             if not problems:
                 return True, time.monotonic() - began, ""
-            detail = "; ".join(problems)
-            if time.monotonic() > deadline:
-                return False, time.monotonic() - began, detail
+            if time.monotonic() > began + timeout:
+                return False, time.monotonic() - began, "; ".join(problems)
             time.sleep(0.2)
 
     # -- faults ------------------------------------------------------------------------------------------------
@@ -658,8 +656,13 @@ class Soak:
             yield from round_
 
     def inject(self, fault: Fault) -> None:
-        rng = self.rng
-        kind = fault.kind
+        """Inject one fault: ``fault.injected`` says whether it could be, ``fault.detail`` what it did."""
+        rng, kind = self.rng, fault.kind
+        special = {"upstream corrupt byte": self._corrupt, "relay PURGE": self._relay_purge,
+                   "master PURGE": self._master_purge, **dict.fromkeys(REPLICA_FAULTS, self._replica_fault)}
+        if kind in special:
+            special[kind](fault)
+            return
         if kind == "relay kill -9":
             down = rng.uniform(0, 2)
             self.relay.kill9()
@@ -673,25 +676,12 @@ class Soak:
             reset = rng.random() < 0.5
             n = self.proxy.drop_connections(reset=reset)
             fault.detail = f"{n} connection(s) dropped{' with RST' if reset else ''}"
-        elif kind == "upstream corrupt byte":
-            self._corrupt(fault)
-            return
         elif kind == "upstream pause":
             seconds = rng.uniform(1, 6)
             self.proxy.pause()
             time.sleep(seconds)
             self.proxy.resume()
             fault.detail = f"paused {seconds:.1f}s"
-        elif kind in ("replica STOP/START SLAVE", "replica kill -9", "replica clean restart",
-                      "direct replica kill -9"):
-            self._replica_fault(fault)
-            return
-        elif kind == "relay PURGE":
-            self._relay_purge(fault)
-            return
-        elif kind == "master PURGE":
-            self._master_purge(fault)
-            return
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
         fault.injected = True
@@ -721,43 +711,37 @@ class Soak:
                         + ("" if info.corruptions else " (not reached: the connection ended first)"))
 
     def _replica_fault(self, fault: Fault) -> None:
-        rng = self.rng
         kind = fault.kind
         if kind == "direct replica kill -9":
-            candidates = [r for r in self.replicas if r.via == "master"]
+            candidates = self.replicas_via("master")
         elif kind == "replica kill -9":
-            candidates = [r for r in self.replicas if r.via == "relay" and r.crash_safe]
+            candidates = [r for r in self.replicas_via("relay") if r.crash_safe]
         else:
-            candidates = [r for r in self.replicas if r.via == "relay"]
+            candidates = self.replicas_via("relay")
         if not candidates:
             fault.detail = "no replica of that kind"
             return
-        r = rng.choice(candidates)
+        r = self.rng.choice(candidates)
         fault.target = r.name
         if kind == "replica STOP/START SLAVE":
             r.sandbox.execute("STOP SLAVE")
-            time.sleep(rng.uniform(0.2, 3))
-            r.start_slave()
+            time.sleep(self.rng.uniform(0.2, 3))
         elif kind in ("replica kill -9", "direct replica kill -9"):
             r.sandbox.kill()
-            time.sleep(rng.uniform(0, 2))
+            time.sleep(self.rng.uniform(0, 2))
             r.sandbox.start()
-            r.start_slave()
         else:
             r.sandbox.stop()
             r.sandbox.start()
-            r.start_slave()
+        r.start_slave()
         r.restarts += 1
         fault.injected = True
 
     def _oldest_needed_by(self, replicas: list[Replica]) -> str | None:
         """The oldest master file any of these replicas still needs: where its SQL thread is (after a crash it
         fetches again from there)."""
-        needed = []
-        for r in replicas:
-            st = r.status()
-            if st.get("Relay_Master_Log_File"):
-                needed.append(st["Relay_Master_Log_File"])
+        statuses = map(Replica.status, replicas)
+        needed = [st["Relay_Master_Log_File"] for st in statuses if st.get("Relay_Master_Log_File")]
         return min(needed, key=file_key) if needed else None
 
     def _purge_target(self, files: list[str], oldest_needed: str | None) -> str | None:
@@ -769,14 +753,14 @@ class Soak:
         return target if file_key(target) > file_key(files[0]) else None
 
     def _relay_purge(self, fault: Fault) -> None:
-        files = [row[0] for row in self.relay.sql("SHOW BINARY LOGS")]
-        target = self._purge_target(files, self._oldest_needed_by([r for r in self.replicas if r.via == "relay"]))
+        files = self.relay.binlogs()
+        target = self._purge_target(files, self._oldest_needed_by(self.replicas_via("relay")))
         fault.injected = True
+        outcomes = self.report.setdefault("relay_purges", collections.Counter())
         if target is None:
             fault.detail = f"nothing old enough to purge ({len(files)} files)"
-            self.report.setdefault("relay_purges", collections.Counter())["nothing to purge"] += 1
+            outcomes["nothing to purge"] += 1
             return
-        outcomes = self.report.setdefault("relay_purges", collections.Counter())
         notes = []
         if self.rng.random() < 0.5:
             # First with a stalled replica reading the oldest file: the relay must refuse, and delete nothing.
@@ -793,7 +777,7 @@ class Soak:
                         raise
                     outcomes["refused while a stalled dump read a doomed file (1378)"] += 1
                     notes.append("refused while a stalled dump read the oldest file (1378)")
-                    now = {row[0] for row in self.relay.sql("SHOW BINARY LOGS")}
+                    now = set(self.relay.binlogs())
                     gone = [name for name in files if name not in now]  # (new files may have come: the load runs)
                     if gone:
                         raise AssertionError(f"PURGE was refused but files were deleted: {gone}")
@@ -803,21 +787,19 @@ class Soak:
         try:
             self.relay.sql(f"PURGE BINARY LOGS TO '{target}'")
         except pymysql.err.MySQLError as exc:
-            code = exc.args[0] if exc.args else None
-            if code == 1378:
-                fault.detail = "; ".join(notes + [f"refused: {exc.args[1][:160]}"])
-                outcomes["refused: a replica reads the file (1378)"] += 1
-                return
-            raise
-        after = [row[0] for row in self.relay.sql("SHOW BINARY LOGS")]
+            if not exc.args or exc.args[0] != 1378:
+                raise
+            fault.detail = "; ".join(notes + [f"refused: {exc.args[1][:160]}"])
+            outcomes["refused: a replica reads the file (1378)"] += 1
+            return
+        after = self.relay.binlogs()
         purged = sum(1 for name in files if name not in after)  # (files the load added meanwhile are not purges)
         fault.detail = "; ".join(notes + [f"TO '{target}': {purged} file(s) purged, {len(after)} left"])
         outcomes["purged"] += 1
-        self.report.setdefault("relay_files_purged", 0)
-        self.report["relay_files_purged"] += purged
+        self.report["relay_files_purged"] = self.report.get("relay_files_purged", 0) + purged
 
     def _wait_for_dump(self, server_id: int, present: bool, timeout: float = 10.0) -> None:
-        """Until the relay's /status lists (or no longer lists) a dump of `server_id`."""
+        """Until the relay's /status lists (or no longer lists) a dump of ``server_id``."""
         deadline = time.monotonic() + timeout
         while True:
             listed = any(rep.get("server_id") == server_id and rep.get("file")
@@ -834,7 +816,7 @@ class Soak:
         files = [row[0] for row in self.master.execute("SHOW BINARY LOGS")]
         status = self.relay.status()
         needed = [status["master_log_file"]] if status.get("master_log_file") else []
-        direct = self._oldest_needed_by([r for r in self.replicas if r.via == "master"])
+        direct = self._oldest_needed_by(self.replicas_via("master"))
         needed += [direct] if direct else []
         oldest = min(needed, key=file_key) if needed else None
         # One more file of margin: a GTID lookup may start from the file before the one holding the position.
@@ -846,10 +828,9 @@ class Soak:
             fault.detail = f"nothing old enough to purge ({len(files)} files)"
             return
         self.master.execute(f"PURGE BINARY LOGS TO '{target}'")
-        after = [row[0] for row in self.master.execute("SHOW BINARY LOGS")]
-        fault.detail = f"TO '{target}': {len(files) - len(after)} file(s) purged"
-        self.report.setdefault("master_files_purged", 0)
-        self.report["master_files_purged"] += len(files) - len(after)
+        purged = len(files) - len(self.master.execute("SHOW BINARY LOGS"))
+        fault.detail = f"TO '{target}': {purged} file(s) purged"
+        self.report["master_files_purged"] = self.report.get("master_files_purged", 0) + purged
 
     def chaos(self) -> None:
         a = self.args
@@ -859,7 +840,7 @@ class Soak:
         while time.monotonic() < end:
             number += 1
             fault = Fault(number, next(kinds))
-            log_offset = relay_log_size(self.relay)
+            log_offset = self.relay.log_size()
             try:
                 self.inject(fault)
             except Exception as exc:  # noqa: BLE001 - an injection that breaks is a failure to report
@@ -871,10 +852,10 @@ class Soak:
             ok, seconds, detail = self.converge(timeout=a.converge_timeout)
             fault.converge_s = round(seconds, 2)
             fault.survived = ok
-            fault.relay_said, fault.relay_error = upstream_errors_logged(self.relay, log_offset)
+            fault.relay_said, fault.relay_error = self.relay.upstream_ends(log_offset)
             if not ok:
-                fault.failure = f"did not converge within {a.converge_timeout}s: {detail}\nrelay log:\n" + \
-                                self.relay.log_tail(15)
+                fault.failure = (f"did not converge within {a.converge_timeout}s: {detail}\nrelay log:\n"
+                                 + self.relay.log_tail(15))
             self.faults.append(fault)
             self.files.check()
             self.note_binlog_sizes()
@@ -885,16 +866,18 @@ class Soak:
             time.sleep(self.rng.uniform(a.gap_min, a.gap_max))
 
     # -- comparison --------------------------------------------------------------------------------------------
-    def compare_tables(self) -> dict:
-        servers = [("master", self.master)] + [(r.name, r.sandbox) for r in self.replicas]
-        tables = sorted(row[0] for row in self.master.execute(
+    @staticmethod
+    def tables_of(box: MariaDBSandbox) -> list[str]:
+        return sorted(row[0] for row in box.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_type = 'BASE TABLE'",
             (SCHEMA,)))
+
+    def compare_tables(self) -> dict:
+        servers = [("master", self.master)] + [(r.name, r.sandbox) for r in self.replicas]
+        tables = self.tables_of(self.master)
         result = {"tables": [], "all_match": True, "table_sets_match": True}
         for name, box in servers[1:]:
-            theirs = sorted(row[0] for row in box.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
-                "AND table_type = 'BASE TABLE'", (SCHEMA,)))
+            theirs = self.tables_of(box)
             if theirs != tables:
                 result["table_sets_match"] = result["all_match"] = False
                 result.setdefault("table_set_differences", {})[name] = {"master": tables, name: theirs}
@@ -907,8 +890,7 @@ class Soak:
                 except pymysql.err.MySQLError as exc:
                     count, checksum = None, f"error: {exc}"
                 row["servers"][name] = {"rows": count, "checksum": checksum}
-            values = {(v["rows"], v["checksum"]) for v in row["servers"].values()}
-            row["match"] = len(values) == 1
+            row["match"] = len({(v["rows"], v["checksum"]) for v in row["servers"].values()}) == 1
             result["all_match"] &= row["match"]
             result["tables"].append(row)
         return result
@@ -916,24 +898,22 @@ class Soak:
     # -- fuzzing -----------------------------------------------------------------------------------------------
     def fuzz_parser(self) -> dict:
         a = self.args
-        paths = [p for p in sorted(self.master.binlog_dir.glob("master-bin.[0-9]*"))]
+        paths = sorted(self.master.binlog_dir.glob("master-bin.[0-9]*"))
         corpus = Path(os.environ.get("RELAYPROXY_CORPUS") or DEFAULT_CORPUS)
         if (corpus / "manifest.json").is_file():
             paths += fuzz.corpus_binlog_paths(corpus)
         samples = fuzz.load_binlog_samples(paths)
         log(f"binlog parser fuzz: {a.fuzz_inputs} inputs from {len(samples)} files")
-        report = fuzz.fuzz_binlog_parser(samples, a.fuzz_inputs, a.seed, progress=log)
-        out = report.as_dict()
+        out = fuzz.fuzz_binlog_parser(samples, a.fuzz_inputs, a.seed, progress=log).as_dict()
         out["master_files"] = sum(1 for s in samples if s.name.startswith(str(self.master.binlog_dir)))
         return out
 
     def fuzz_port(self) -> dict:
         a = self.args
-        relay_replicas = [r for r in self.replicas if r.via == "relay"]
+        relay_replicas = self.replicas_via("relay")
         pid = self.relay.proc.pid
         fds_before = fd_count(pid)
-        files = [row[0] for row in self.relay.sql("SHOW BINARY LOGS")]
-        target = fuzz.LiveTarget("127.0.0.1", self.relay.listen_port, REPL_USER, REPL_PASSWORD, files)
+        target = fuzz.LiveTarget("127.0.0.1", self.relay.listen_port, REPL_USER, REPL_PASSWORD, self.relay.binlogs())
         progress_samples: dict[str, list[str]] = {r.name: [] for r in relay_replicas}
         stop = threading.Event()
 
@@ -962,14 +942,13 @@ class Soak:
         out["load_during_fuzz_transactions"] = load_stats.total
         out["relay_pid_before"] = pid
         out["relay_alive_after"] = self.relay.alive and self.relay.proc.pid == pid
-        out["replica_gtid_advances"] = {
-            name: sum(1 for x, y in zip(seq, seq[1:]) if gtid_seq(y) != gtid_seq(x)) for name, seq in progress_samples.items()
-        }
+        out["replica_gtid_advances"] = {name: sum(1 for x, y in zip(seq, seq[1:]) if gtid_seq(y) != gtid_seq(x))
+                                        for name, seq in progress_samples.items()}
         out["replica_gtid_samples"] = {name: len(seq) for name, seq in progress_samples.items()}
         # Open descriptors back to where they were (connections drain asynchronously: give them a moment).
         deadline = time.monotonic() + 30
         fds_after = fd_count(pid)
-        while fds_after is not None and fds_before is not None and fds_after > fds_before and time.monotonic() < deadline:
+        while None not in (fds_before, fds_after) and fds_after > fds_before and time.monotonic() < deadline:
             time.sleep(0.5)
             fds_after = fd_count(pid)
         out["relay_fds_before"] = fds_before
@@ -985,7 +964,7 @@ class Soak:
         chaos_began = time.monotonic()
         self.chaos()
         chaos_s = time.monotonic() - chaos_began
-        load_stats = self.load.stop()
+        load = self.load.stop()
         ok, seconds, detail = self.converge(timeout=a.converge_timeout * 2, exact=True)
         self.note_binlog_sizes()
         final_file, final_pos, final_gtid = self.master_position()
@@ -999,21 +978,19 @@ class Soak:
             "replicas": [{"name": x.name, "via": x.via, "use_gtid": x.use_gtid, "restarts": x.restarts}
                          for x in self.replicas],
             "load": {
-                "seconds": round(load_stats.seconds, 1), "transactions": load_stats.total,
-                "transactions_per_s": round(load_stats.total / load_stats.seconds, 1) if load_stats.seconds else 0,
-                "by_kind": dict(load_stats.transactions), "rows": load_stats.rows, "deadlocks_retried":
-                load_stats.deadlocks, "errors": load_stats.errors[:10], "error_count": len(load_stats.errors),
+                "seconds": round(load.seconds, 1), "transactions": load.total,
+                "transactions_per_s": round(load.total / load.seconds, 1) if load.seconds else 0,
+                "by_kind": dict(load.transactions), "rows": load.rows, "deadlocks_retried": load.deadlocks,
+                "errors": load.errors[:10], "error_count": len(load.errors),
                 "binlog_bytes": sum(self.binlog_sizes.values()), "binlog_files": len(self.binlog_sizes),
                 "files_rotated": max(0, len(self.binlog_sizes) - 1), "final_position": f"{final_file}:{final_pos}",
                 "final_gtid": final_gtid,
             },
             "faults": [f.__dict__ for f in self.faults],
-            "final_convergence": {"ok": ok, "seconds": round(seconds, 1), "detail": detail},
+            "final_convergence": convergence(ok, seconds, detail),
             "invariants": {
                 "horizon_checks": self.monitor.checks, "horizon_violations": self.monitor.violations,
-                "relay_restarts_seen": self.monitor.restarts_seen,
-                "file_checks": self.files.checks, "file_bytes_compared": self.files.bytes_compared,
-                "file_mismatches": self.files.mismatches,
+                "relay_restarts_seen": self.monitor.restarts_seen, **self.files.figures(),
                 "files_not_compared_purged_on_master": sorted(self.files.skipped_purged, key=file_key),
             },
             "tables_after_chaos": tables_after_chaos,
@@ -1022,19 +999,16 @@ class Soak:
             r["fuzz_parser"] = self.fuzz_parser()
             r["fuzz_port"] = self.fuzz_port()
             ok2, seconds2, detail2 = self.converge(timeout=a.converge_timeout * 2, exact=True)
-            r["convergence_after_fuzz"] = {"ok": ok2, "seconds": round(seconds2, 1), "detail": detail2}
+            r["convergence_after_fuzz"] = convergence(ok2, seconds2, detail2)
             self.files.check(up_to=self.master_position()[:2] if ok2 else None)
-            r["invariants"]["file_checks"] = self.files.checks
-            r["invariants"]["file_bytes_compared"] = self.files.bytes_compared
-            r["invariants"]["file_mismatches"] = self.files.mismatches
+            r["invariants"].update(self.files.figures())
             r["tables_final"] = self.compare_tables()
         self.monitor.stop()
-        r["invariants"]["horizon_checks"] = self.monitor.checks
-        r["invariants"]["horizon_violations"] = self.monitor.violations
+        r["invariants"]["horizon_checks"] = self.monitor.checks  # (the violations: the monitor's own list)
         r["relay_purges"] = dict(r.get("relay_purges") or {})
         levels: collections.Counter = collections.Counter()
         error_events: collections.Counter = collections.Counter()
-        for entry in relay_log_entries(self.relay):
+        for entry in self.relay.log_entries():
             levels[str(entry.get("level"))] += 1
             if entry.get("level") in ("error", "critical"):
                 error_events[str(entry.get("event"))] += 1
@@ -1044,59 +1018,15 @@ class Soak:
         return r
 
 
-def relay_log_size(relay: SoakRelay) -> int:
-    try:
-        return relay.log_path.stat().st_size
-    except OSError:
-        return 0
-
-
-def relay_log_entries(relay: SoakRelay, offset: int = 0):
-    """The relay's JSON log entries from byte `offset` on (lines that are not JSON are skipped)."""
-    try:
-        with open(relay.log_path, "rb") as f:
-            f.seek(offset)
-            lines = f.read().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            entry = json.loads(line)
-            if isinstance(entry, dict):
-                yield entry
-
-
-def upstream_errors_logged(relay: SoakRelay, offset: int) -> tuple[dict, str | None]:
-    """How the relay's upstream connections ended since `offset` of its log: {kind: count}, first message."""
-    kinds: collections.Counter = collections.Counter()
-    first = None
-    for entry in relay_log_entries(relay, offset):
-        if entry.get("event") == "upstream connection ended":
-            kinds[str(entry.get("kind"))] += 1
-            first = first or str(entry.get("error"))
-    return dict(kinds), first
-
-
-def fault_summary(faults: list[dict]) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    for f in faults:
-        s = out.setdefault(f["kind"], {"attempted": 0, "injected": 0, "survived": 0, "converge_s": []})
-        s["attempted"] += 1
-        s["injected"] += bool(f["injected"])
-        s["survived"] += bool(f["survived"])
-        if f["converge_s"] is not None:
-            s["converge_s"].append(f["converge_s"])
-    return out
-
-
 def verdict(r: dict) -> dict:
     """Every check of the run, named, and whether the whole run passed."""
     faults = r.get("faults", [])
+    inv = r["invariants"]
     checks = {
         "every fault survived": bool(faults) and all(f["survived"] for f in faults),
         "final convergence": r["final_convergence"]["ok"],
-        "horizon never moved back": not r["invariants"]["horizon_violations"],
-        "relay files equal the master's": not r["invariants"]["file_mismatches"] and r["invariants"]["file_checks"] > 0,
+        "horizon never moved back": not inv["horizon_violations"],
+        "relay files equal the master's": not inv["file_mismatches"] and inv["file_checks"] > 0,
         "every table matches after the chaos": r["tables_after_chaos"]["all_match"],
         "every corruption that reached the relay was detected": all(
             f["relay_said"] for f in faults if f["kind"] == "upstream corrupt byte" and f["injected"]),
@@ -1114,204 +1044,29 @@ def verdict(r: dict) -> dict:
     return {"checks": checks, "passed": all(checks.values())}
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The results file
-def write_markdown(path: Path, r: dict, argv: list[str], machine: dict) -> None:
-    L: list[str] = []
-    add = L.append
-    add("# Chaos soak and fuzzing")
-    add("")
-    for line in benchinfo.header_block(
-            __file__, argv, machine, runs=1,
-            what=(f"one seeded chaos run (seed {r['seed']}, {r['chaos_seconds'] / 60:.1f} minutes of chaos): a soak "
-                  "is not repeated, and its checks are pass/fail against a direct replica of the same master in the "
-                  "same run, not timings against a peer")):
-        add(line)
-    add("The design: the docstring of `benchmarks/soak.py`.")
-    add("")
-    add(f"**Verdict: {'PASSED' if r['verdict']['passed'] else 'FAILED'}**: seed {r['seed']}, "
-        f"{r['chaos_seconds'] / 60:.1f} minutes of chaos, {len(r['faults'])} faults, "
-        f"wall time {r['wall_seconds'] / 60:.1f} minutes.")
-    add("")
-    add("| check | result |")
-    add("|---|---|")
-    for name, ok in r["verdict"]["checks"].items():
-        add(f"| {name} | {'yes' if ok else '**NO**'} |")
-    add("")
-    add("## Machine")
-    add("")
-    for k, v in machine.items():
-        add(f"- {k}: {v}")
-    add("")
-    add("## Topology")
-    add("")
-    add("MariaDB master (binlog_format ROW, GTIDs, max_binlog_size 1 MB) → fault proxy → `relayproxy run --listen` "
-        "(`--gtid-mode mariadb`, default sync mode) → replicas; plus one replica directly on the master as the "
-        "control. Replicas: relay_log_recovery=ON, gtid_slave_pos in InnoDB, MASTER_CONNECT_RETRY=1.")
-    add("")
-    add("| replica | source | MASTER_USE_GTID | restarts during the run |")
-    add("|---|---|---|---|")
-    for x in r["replicas"]:
-        add(f"| {x['name']} | {x['via']} | {x['use_gtid']} | {x['restarts']} |")
-    add("")
-    ld = r["load"]
-    add("## Load held")
-    add("")
-    add(f"- {ld['transactions']:,} transactions in {ld['seconds']:.0f} s of chaos ({ld['transactions_per_s']} "
-        f"transactions/s), {ld['rows']:,} rows written; deadlocks retried: {ld['deadlocks_retried']}; "
-        f"load errors: {ld['error_count']}")
-    add("- by kind: " + ", ".join(f"{k} {v:,}" for k, v in sorted(ld["by_kind"].items())))
-    add(f"- master binlog: {ld['binlog_bytes'] / 1e6:.1f} MB in {ld['binlog_files']} files "
-        f"({ld['files_rotated']} rotations), final position {ld['final_position']}, GTID {ld['final_gtid']}")
-    add(f"- files purged: {r.get('relay_files_purged', 0)} on the relay, {r.get('master_files_purged', 0)} on the "
-        f"master; relay PURGE outcomes: {r['relay_purges'] or 'none'}")
-    add("")
-    add("## Faults injected and survived")
-    add("")
-    add("Survived = afterwards the relay's horizon reached the master's position and every replica's gtid_slave_pos "
-        "reached the master's GTID (positions read right after the fault) within the convergence timeout.")
-    add("")
-    add("| fault | attempted | injected | survived | convergence median / max (s) |")
-    add("|---|---|---|---|---|")
-    summary = fault_summary(r["faults"])
-    for kind in FAULT_WEIGHTS:
-        s = summary.get(kind)
-        if not s:
-            continue
-        times = s["converge_s"]
-        t = f"{statistics.median(times):.1f} / {max(times):.1f}" if times else "-"
-        add(f"| {kind} | {s['attempted']} | {s['injected']} | {s['survived']} | {t} |")
-    tot = {k: sum(s[k] for s in summary.values()) for k in ("attempted", "injected", "survived")}
-    add(f"| **all** | **{tot['attempted']}** | **{tot['injected']}** | **{tot['survived']}** | |")
-    add("")
-    add("How the relay's upstream connection ended after each kind of fault (the `upstream connection ended` "
-        "entries of its log between the fault and the convergence, by kind):")
-    add("")
-    add("| fault | faults followed by a logged upstream end | kinds logged | first message (digits as N) |")
-    add("|---|---|---|---|")
-    for kind in FAULT_WEIGHTS:
-        mine = [f for f in r["faults"] if f["kind"] == kind and f["injected"]]
-        said = [f for f in mine if f["relay_said"]]
-        if not said:
-            continue
-        kinds: collections.Counter = collections.Counter()
-        for f in said:
-            kinds.update(f["relay_said"])
-        add(f"| {kind} | {len(said)} of {len(mine)} | " + ", ".join(f"{k} ({v})" for k, v in kinds.most_common())
-            + f" | {_error_class(said[0]['relay_error'] or '')} |")
-    add("")
-    levels = r.get("relay_log", {})
-    if levels:
-        add(f"Relay log over the whole run: {levels['entries']:,} entries, by level: {levels['levels']}; "
-            f"error-level events: {levels['error_events'] or 'none'}.")
-        add("")
-    failed = [f for f in r["faults"] if not f["survived"]]
-    for f in failed:
-        add(f"**Fault {f['number']} ({f['kind']}, {f['target']}) not survived**: ")
-        add("")
-        add("```")
-        add(str(f["failure"])[:3000])
-        add("```")
-        add("")
-    add("## Invariants checked during the run")
-    add("")
-    inv = r["invariants"]
-    add(f"- relay horizon never moved backwards: {inv['horizon_checks']:,} /status samples across "
-        f"{inv['relay_restarts_seen']} relay restarts, {len(inv['horizon_violations'])} violations")
-    add(f"- relay files equal the master's byte for byte (FDE in-use flag masked): {inv['file_checks']} file "
-        f"comparisons, {inv['file_bytes_compared'] / 1e6:.1f} MB, {len(inv['file_mismatches'])} mismatches"
-        + (f"; not comparable (purged on the master first): {len(inv['files_not_compared_purged_on_master'])}"
-           if inv["files_not_compared_purged_on_master"] else ""))
-    for v in inv["horizon_violations"][:5] + inv["file_mismatches"][:5]:
-        add(f"  - {v}")
-    fc = r["final_convergence"]
-    add(f"- after the chaos, load stopped: converged exactly (relay horizon = master position, every gtid_slave_pos "
-        f"= gtid_binlog_pos) in {fc['seconds']} s: {'yes' if fc['ok'] else 'NO: ' + fc['detail']}")
-    add("")
-    for key, title in (("tables_after_chaos", "Data compared after the chaos"),
-                       ("tables_final", "Data compared at the end (after fuzzing)")):
-        if key not in r:
-            continue
-        t = r[key]
-        add(f"## {title}")
-        add("")
-        names = list(t["tables"][0]["servers"]) if t["tables"] else []
-        add("| table | " + " | ".join(f"{n}: rows / checksum" for n in names) + " | match |")
-        add("|---|" + "---|" * (len(names) + 1))
-        for row in t["tables"]:
-            add(f"| {row['table']} | " + " | ".join(f"{v['rows']} / {v['checksum']}" for v in row["servers"].values())
-                + f" | {'yes' if row['match'] else '**NO**'} |")
-        add("")
-        add(f"Same set of tables on every server: {'yes' if t['table_sets_match'] else 'NO'}.")
-        add("")
-    if "fuzz_parser" in r:
-        p = r["fuzz_parser"]
-        add("## Fuzzing the binlog parser")
-        add("")
-        add(f"{p['inputs']:,} inputs in {p['seconds']} s ({p['inputs_per_s']:,}/s), mutated from {p['events']:,} real "
-            f"events of {p['files']} files ({p['master_files']} of them this run's master binlogs, the rest the "
-            f"corpus): {p['crashes']} crashes, {p['hangs']} hangs (cap 2 s an input; slowest {p['slowest_input_ms']} "
-            f"ms).")
-        add("")
-        add("| target | inputs |")
-        add("|---|---|")
-        for k, v in p["by_target"].items():
-            add(f"| {k} | {v:,} |")
-        add("")
-        add("| outcome | count |")
-        add("|---|---|")
-        for k, v in sorted(p["outcomes"].items()):
-            add(f"| {k} | {v:,} |")
-        add("")
-        d = r["fuzz_port"]
-        add("## Fuzzing the relay's MySQL port (live relay of this run)")
-        add("")
-        add(f"{d['inputs']:,} inputs in {d['seconds']} s ({d['inputs_per_s']:,}/s) over {d['connections']:,} TCP "
-            f"connections ({d['logins']:,} logged in), {r['args']['fuzz_workers']} at a time, while a light load "
-            f"({d['load_during_fuzz_transactions']:,} transactions) replicated through the relay.")
-        add("")
-        add(f"- failures (no answer within the deadline, a close inside a packet, an internal error): {d['failures']}")
-        add(f"- ERR packets returned: {d['errors_returned']:,}; connections closed by the relay: "
-            f"{d['connections_closed_by_server']:,}")
-        closes = {k.removeprefix("closed by the relay after "): v for k, v in d["replies"].items()
-                  if k.startswith("closed by the relay after ")}
-        if closes:
-            add("- logged-in connections the relay closed, by the input and answer just before the close: "
-                + ", ".join(f"{k} ({v:,})" for k, v in sorted(closes.items(), key=lambda kv: -kv[1])))
-        add(f"- connections closed right after a successful answer: {d['closed_after_success']}"
-            + (f" (e.g. `{d['closed_after_success_examples'][0][:150]}`)" if d["closed_after_success"] else ""))
-        add(f"- relay process alive afterwards, same pid: {'yes' if d['relay_alive_after'] else 'NO'}; open fds "
-            f"before {d['relay_fds_before']}, after {d['relay_fds_after']}")
-        add("- replicas through the relay kept replicating during the fuzzing (gtid_slave_pos changes seen, one "
-            "sample every 0.25 s): " + ", ".join(f"{k} {v}" for k, v in d["replica_gtid_advances"].items()))
-        add("")
-        add("| input kind | count |")
-        add("|---|---|")
-        for k, v in sorted(d["kinds"].items(), key=lambda kv: -kv[1]):
-            add(f"| {k} | {v:,} |")
-        add("")
-        add("| ERR code | count | first message | the input that got it |")
-        add("|---|---|---|---|")
-        examples = {str(k): v for k, v in d.get("error_examples", {}).items()}
-        for code, count in d["error_codes"].items():
-            message, what = examples.get(str(code), ("", ""))
-            add(f"| {code} | {count:,} | {_cell(message)} | {_cell(what[:100])} |")
-        add("")
-        for f in d["failure_details"]:
-            add(f"- failure: `{f['input'][:200]}`: {f['detail'][:300]}")
-        cf = r["convergence_after_fuzz"]
-        add(f"After fuzzing, load stopped: converged exactly in {cf['seconds']} s: {'yes' if cf['ok'] else 'NO'}.")
-        add("")
-    add("## Fault log")
-    add("")
-    add("| # | fault | target | detail | survived | converged in (s) |")
-    add("|---|---|---|---|---|---|")
-    for f in r["faults"]:
-        add(f"| {f['number']} | {f['kind']} | {f['target']} | {f['detail'][:110].replace('|', '/')} | "
-            f"{'yes' if f['survived'] else '**NO**'} | {f['converge_s']} |")
-    add("")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(L))
+# -- the results file --------------------------------------------------------------------------------------------
+
+def fault_summary(faults: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for f in faults:
+        s = out.setdefault(f["kind"], {"attempted": 0, "injected": 0, "survived": 0, "converge_s": []})
+        s["attempted"] += 1
+        s["injected"] += bool(f["injected"])
+        s["survived"] += bool(f["survived"])
+        if f["converge_s"] is not None:
+            s["converge_s"].append(f["converge_s"])
+    return out
+
+
+def _table(header: list[str], rows) -> list[str]:
+    """A markdown table, then a blank line; a row is a list of cells or a line already written."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += [row if isinstance(row, str) else "| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _yes(ok, no: str = "**NO**") -> str:
+    return "yes" if ok else no
 
 
 def _cell(text: str) -> str:
@@ -1324,9 +1079,153 @@ def _error_class(text: str) -> str:
     return re.sub(r"\d+", "N", text)[:110]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+def markdown(r: dict, argv: list[str], machine: dict) -> str:
+    minutes = r["chaos_seconds"] / 60
+    what = (f"one seeded chaos run (seed {r['seed']}, {minutes:.1f} minutes of chaos): a soak is not repeated, and "
+            "its checks are pass/fail against a direct replica of the same master in the same run, not timings "
+            "against a peer")
+    L = [
+        "# Chaos soak and fuzzing", "", *header_block(__file__, argv, machine, runs=1, what=what),
+        "The design: the docstring of `benchmarks/soak.py`.", "",
+        f"**Verdict: {'PASSED' if r['verdict']['passed'] else 'FAILED'}**: seed {r['seed']}, {minutes:.1f} minutes "
+        f"of chaos, {len(r['faults'])} faults, wall time {r['wall_seconds'] / 60:.1f} minutes.", "",
+        *_table(["check", "result"], [[name, _yes(ok)] for name, ok in r["verdict"]["checks"].items()]),
+        *machine_section(machine),
+        "## Topology", "",
+        "MariaDB master (binlog_format ROW, GTIDs, max_binlog_size 1 MB) → fault proxy → `relayproxy run --listen` "
+        "(`--gtid-mode mariadb`, default sync mode) → replicas; plus one replica directly on the master as the "
+        "control. Replicas: relay_log_recovery=ON, gtid_slave_pos in InnoDB, MASTER_CONNECT_RETRY=1.", "",
+        *_table(["replica", "source", "MASTER_USE_GTID", "restarts during the run"],
+                [[x["name"], x["via"], x["use_gtid"], x["restarts"]] for x in r["replicas"]]),
+    ]
+    ld = r["load"]
+    L += [
+        "## Load held", "",
+        f"- {ld['transactions']:,} transactions in {ld['seconds']:.0f} s of chaos ({ld['transactions_per_s']} "
+        f"transactions/s), {ld['rows']:,} rows written; deadlocks retried: {ld['deadlocks_retried']}; "
+        f"load errors: {ld['error_count']}",
+        "- by kind: " + ", ".join(f"{k} {v:,}" for k, v in sorted(ld["by_kind"].items())),
+        f"- master binlog: {ld['binlog_bytes'] / 1e6:.1f} MB in {ld['binlog_files']} files "
+        f"({ld['files_rotated']} rotations), final position {ld['final_position']}, GTID {ld['final_gtid']}",
+        f"- files purged: {r.get('relay_files_purged', 0)} on the relay, {r.get('master_files_purged', 0)} on the "
+        f"master; relay PURGE outcomes: {r['relay_purges'] or 'none'}", "",
+        "## Faults injected and survived", "",
+        "Survived = afterwards the relay's horizon reached the master's position and every replica's gtid_slave_pos "
+        "reached the master's GTID (positions read right after the fault) within the convergence timeout.", "",
+    ]
+    summary = fault_summary(r["faults"])
+    rows: list = []
+    for kind in (k for k in FAULT_WEIGHTS if k in summary):
+        s, times = summary[kind], summary[kind]["converge_s"]
+        rows.append([kind, s["attempted"], s["injected"], s["survived"],
+                     f"{statistics.median(times):.1f} / {max(times):.1f}" if times else "-"])
+    tot = {k: sum(s[k] for s in summary.values()) for k in ("attempted", "injected", "survived")}
+    rows.append(f"| **all** | **{tot['attempted']}** | **{tot['injected']}** | **{tot['survived']}** | |")
+    L += _table(["fault", "attempted", "injected", "survived", "convergence median / max (s)"], rows)
+    L += ["How the relay's upstream connection ended after each kind of fault (the `upstream connection ended` "
+          "entries of its log between the fault and the convergence, by kind):", ""]
+    rows = []
+    for kind in FAULT_WEIGHTS:
+        mine = [f for f in r["faults"] if f["kind"] == kind and f["injected"]]
+        said = [f for f in mine if f["relay_said"]]
+        kinds: collections.Counter = collections.Counter()
+        for f in said:
+            kinds.update(f["relay_said"])
+        if said:
+            rows.append([kind, f"{len(said)} of {len(mine)}", ", ".join(f"{k} ({v})" for k, v in kinds.most_common()),
+                         _error_class(said[0]["relay_error"] or "")])
+    L += _table(["fault", "faults followed by a logged upstream end", "kinds logged", "first message (digits as N)"],
+                rows)
+    levels = r.get("relay_log", {})
+    if levels:
+        L += [f"Relay log over the whole run: {levels['entries']:,} entries, by level: {levels['levels']}; "
+              f"error-level events: {levels['error_events'] or 'none'}.", ""]
+    for f in r["faults"]:
+        if not f["survived"]:
+            L += [f"**Fault {f['number']} ({f['kind']}, {f['target']}) not survived**: ", "",
+                  "```", str(f["failure"])[:3000], "```", ""]
+    inv, fc = r["invariants"], r["final_convergence"]
+    not_compared = inv["files_not_compared_purged_on_master"]
+    L += [
+        "## Invariants checked during the run", "",
+        f"- relay horizon never moved backwards: {inv['horizon_checks']:,} /status samples across "
+        f"{inv['relay_restarts_seen']} relay restarts, {len(inv['horizon_violations'])} violations",
+        f"- relay files equal the master's byte for byte (FDE in-use flag masked): {inv['file_checks']} file "
+        f"comparisons, {inv['file_bytes_compared'] / 1e6:.1f} MB, {len(inv['file_mismatches'])} mismatches"
+        + (f"; not comparable (purged on the master first): {len(not_compared)}" if not_compared else ""),
+        *(f"  - {v}" for v in inv["horizon_violations"][:5] + inv["file_mismatches"][:5]),
+        f"- after the chaos, load stopped: converged exactly (relay horizon = master position, every gtid_slave_pos "
+        f"= gtid_binlog_pos) in {fc['seconds']} s: {_yes(fc['ok'], 'NO: ' + fc['detail'])}", "",
+    ]
+    for key, title in (("tables_after_chaos", "Data compared after the chaos"),
+                       ("tables_final", "Data compared at the end (after fuzzing)")):
+        if key in r:
+            t = r[key]
+            names = list(t["tables"][0]["servers"]) if t["tables"] else []
+            L += [f"## {title}", "",
+                  *_table(["table", *(f"{n}: rows / checksum" for n in names), "match"],
+                          [[row["table"], *(f"{v['rows']} / {v['checksum']}" for v in row["servers"].values()),
+                            _yes(row["match"])] for row in t["tables"]]),
+                  f"Same set of tables on every server: {_yes(t['table_sets_match'], 'NO')}.", ""]
+    if "fuzz_parser" in r:
+        L += fuzz_markdown(r)
+    L += ["## Fault log", "",
+          *_table(["#", "fault", "target", "detail", "survived", "converged in (s)"],
+                  [[f["number"], f["kind"], f["target"], f["detail"][:110].replace("|", "/"), _yes(f["survived"]),
+                    f["converge_s"]] for f in r["faults"]])]
+    return "\n".join(L)
+
+
+def fuzz_markdown(r: dict) -> list[str]:
+    """The results of the two fuzzers (markdown lines)."""
+    p, d = r["fuzz_parser"], r["fuzz_port"]
+    L = [
+        "## Fuzzing the binlog parser", "",
+        f"{p['inputs']:,} inputs in {p['seconds']} s ({p['inputs_per_s']:,}/s), mutated from {p['events']:,} real "
+        f"events of {p['files']} files ({p['master_files']} of them this run's master binlogs, the rest the "
+        f"corpus): {p['crashes']} crashes, {p['hangs']} hangs (cap 2 s an input; slowest {p['slowest_input_ms']} "
+        f"ms).", "",
+        *_table(["target", "inputs"], [[k, f"{v:,}"] for k, v in p["by_target"].items()]),
+        *_table(["outcome", "count"], [[k, f"{v:,}"] for k, v in sorted(p["outcomes"].items())]),
+        "## Fuzzing the relay's MySQL port (live relay of this run)", "",
+        f"{d['inputs']:,} inputs in {d['seconds']} s ({d['inputs_per_s']:,}/s) over {d['connections']:,} TCP "
+        f"connections ({d['logins']:,} logged in), {r['args']['fuzz_workers']} at a time, while a light load "
+        f"({d['load_during_fuzz_transactions']:,} transactions) replicated through the relay.", "",
+        f"- failures (no answer within the deadline, a close inside a packet, an internal error): {d['failures']}",
+        f"- ERR packets returned: {d['errors_returned']:,}; connections closed by the relay: "
+        f"{d['connections_closed_by_server']:,}",
+    ]
+    prefix = "closed by the relay after "
+    closes = {k.removeprefix(prefix): v for k, v in d["replies"].items() if k.startswith(prefix)}
+    if closes:
+        L.append("- logged-in connections the relay closed, by the input and answer just before the close: "
+                 + ", ".join(f"{k} ({v:,})" for k, v in sorted(closes.items(), key=lambda kv: -kv[1])))
+    examples = {str(k): v for k, v in d.get("error_examples", {}).items()}
+    errors = []
+    for code, count in d["error_codes"].items():
+        message, what = examples.get(str(code), ("", ""))
+        errors.append([code, f"{count:,}", _cell(message), _cell(what[:100])])
+    L += [
+        f"- connections closed right after a successful answer: {d['closed_after_success']}"
+        + (f" (e.g. `{d['closed_after_success_examples'][0][:150]}`)" if d["closed_after_success"] else ""),
+        f"- relay process alive afterwards, same pid: {_yes(d['relay_alive_after'], 'NO')}; open fds "
+        f"before {d['relay_fds_before']}, after {d['relay_fds_after']}",
+        "- replicas through the relay kept replicating during the fuzzing (gtid_slave_pos changes seen, one "
+        "sample every 0.25 s): " + ", ".join(f"{k} {v}" for k, v in d["replica_gtid_advances"].items()), "",
+        *_table(["input kind", "count"], [[k, f"{v:,}"] for k, v in sorted(d["kinds"].items(), key=lambda kv: -kv[1])]),
+        *_table(["ERR code", "count", "first message", "the input that got it"], errors),
+        *(f"- failure: `{f['input'][:200]}`: {f['detail'][:300]}" for f in d["failure_details"]),
+        f"After fuzzing, load stopped: converged exactly in {r['convergence_after_fuzz']['seconds']} s: "
+        f"{_yes(r['convergence_after_fuzz']['ok'], 'NO')}.", "",
+    ]
+    return L
+
+
+# -- the command -------------------------------------------------------------------------------------------------
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=10.0, help="minutes of chaos (default 10)")
     p.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: random, printed)")
     p.add_argument("--replicas-through-relay", type=int, default=2,
@@ -1372,10 +1271,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    report["machine"] = benchinfo.machine_info(server=True)
+    report["machine"] = machine_info(server=True)
     if args.output:
-        write_markdown(args.output, report, argv, report["machine"])
-        log(f"wrote {args.output}")
+        write_results(args.output, markdown(report, argv, report["machine"]), log)
     if args.report_json:
         args.report_json.write_text(json.dumps(report, default=str, indent=1))
     if args.json:
