@@ -1,26 +1,16 @@
 """Closed relay files compressed and encrypted (relay/closed_files.py): ratio, CPU cost, and the dump's read speed.
 
-Two data sets, in one run:
-
-* ``corpus`` -- the real binlogs of the shared corpus (``$RELAYPROXY_CORPUS`` or --corpus), read where they are;
-* ``oltp``   -- the binlogs of a local mariadbd master after ``benchmarks/workloads.py``'s OLTP shape
-  (small transactions, row format), ``--oltp-scale`` times the default count.
-
-For every storage form (zstd at levels 1, 3 and 9; AES-256-GCM alone; zstd 3 + AES-256-GCM) and each data set:
-
-* ratio        -- logical bytes / stored bytes (frames of 1 MiB, header, table and trailer included);
-* convert CPU  -- ``time.process_time`` of ``conversion.write_framed`` (compress and/or encrypt, write, fsync),
-                  in CPU seconds per logical GB; and the CPU of the verification read-back (``logical_crc``);
-* dump read    -- the dump sender's read path: ``downstream/dump/files.RelayFile.read`` of ``READ_CHUNK`` pieces
-                  from the start to the end of every file, on an asyncio loop (reads that decode a frame go to a
-                  worker thread, as in a dump), in logical MB/s and as a ratio to the plain file in the same run;
-* mid-file start -- opening a file and reading 64 KB at a random offset (a replica starting mid-file), in
-                  microseconds, against the plain file.
-
-Every measurement runs ``--repeat`` times, the forms taking turns (round robin), and the median is reported.
-The files written go to a temporary directory; the corpus is never copied. Writes
-``benchmarks/results/compression.md`` and ``compression.png`` unless ``--quick`` (corpus only, one repeat, JSON
-on stdout, nothing written).
+Two data sets, in one run: ``corpus``, the real binlogs of the shared corpus (``$RELAYPROXY_CORPUS`` or --corpus),
+read where they are (never copied); ``oltp``, a local mariadbd master's binlogs after ``benchmarks/workloads.py``'s
+OLTP shape (small transactions, row format) at ``--oltp-scale``. For every storage form (``FORMS``) and data set:
+the ratio (logical / stored bytes, frames of 1 MiB, header, table and trailer included); the convert CPU
+(``time.process_time`` of ``conversion.write_framed``: compress and/or encrypt, write, fsync) and that of the
+verification read-back (``logical_crc``), per logical GB; the dump read (``RelayFile.read`` of ``READ_CHUNK`` pieces
+over every file on an asyncio loop, frames decoded in a worker thread as in a dump) in logical MB/s; the mid-file
+start (open a file, read 64 KB at a random offset: a replica starting mid-file) in microseconds; both against the
+plain files of the same round. ``--repeat`` rounds, the forms in turns, medians reported. Writes
+``benchmarks/results/compression.md`` and ``compression.png`` unless ``--quick`` (corpus only, one repeat, nothing
+written).
 
     .venv/bin/python benchmarks/compression.py
     .venv/bin/python benchmarks/compression.py --quick --json
@@ -78,7 +68,6 @@ def corpus_files(root: Path) -> list[Path]:
 
 def oltp_files(workdir: Path, scale: float) -> tuple[list[Path], object]:
     from benchmarks import workloads
-
     from relayproxy.lab.sandbox import MariaDBSandbox
 
     master = MariaDBSandbox(workdir / "master", extra_config={"max_binlog_size": 16 << 20})
@@ -88,15 +77,12 @@ def oltp_files(workdir: Path, scale: float) -> tuple[list[Path], object]:
     workloads.oltp(master, scale, random.Random(7))
     master.execute("FLUSH BINARY LOGS")
     log(f"oltp load: {time.monotonic() - began:.1f} s")
-    files = [p for p in master.binlog_files()][:-1]  # closed files only
-    return files, master
+    return master.binlog_files()[:-1], master  # closed files only
 
 
 def convert_all(files: list[Path], out: Path, opts: CV.StorageOptions) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    logical = stored = 0
-    cpu_write = cpu_verify = 0.0
-    produced = []
+    res = {"logical": 0, "stored": 0, "cpu_write": 0.0, "cpu_verify": 0.0, "produced": []}
     for i, src in enumerate(files):
         name = f"f.{i:06d}"
         dst = out / (name + CF.SUFFIX)
@@ -105,14 +91,12 @@ def convert_all(files: list[Path], out: Path, opts: CV.StorageOptions) -> dict:
         CV.write_framed(src, dst, name, opts)
         t1 = time.process_time()
         CV.logical_crc(dst, name=name, keyring=opts.keyring)
-        t2 = time.process_time()
-        cpu_write += t1 - t0
-        cpu_verify += t2 - t1
-        logical += src.stat().st_size
-        stored += dst.stat().st_size
-        produced.append((name, dst))
-    return {"logical": logical, "stored": stored, "cpu_write": cpu_write, "cpu_verify": cpu_verify,
-            "produced": produced}
+        res["cpu_write"] += t1 - t0
+        res["cpu_verify"] += time.process_time() - t1
+        res["logical"] += src.stat().st_size
+        res["stored"] += dst.stat().st_size
+        res["produced"].append((name, dst.with_name(name)))  # the relay-file path: the reader finds name.rpz
+    return res
 
 
 async def dump_read(paths: list[tuple[str, Path]]) -> tuple[int, float]:
@@ -125,8 +109,7 @@ async def dump_read(paths: list[tuple[str, Path]]) -> tuple[int, float]:
             size = rf.size()
             pos = 0
             while pos < size:
-                data = await rf.read(pos, min(READ_CHUNK, size - pos))
-                pos += len(data)
+                pos += len(await rf.read(pos, min(READ_CHUNK, size - pos)))
             total += size
         finally:
             rf.close()
@@ -157,59 +140,39 @@ def plain_paths(files: list[Path], out: Path) -> list[tuple[str, Path]]:
     return paths
 
 
-def framed_paths(produced: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
-    """The relay-file path of each framed file (``dir/name``: the reader finds ``name.rpz``)."""
-    return [(name, dst.with_name(name)) for name, dst in produced]
-
-
 def measure(label: str, files: list[Path], workdir: Path, repeat: int) -> dict:
-    log(f"{label}: {len(files)} files, {sum(p.stat().st_size for p in files) / 1e6:.1f} MB")
-    rows: dict[str, dict] = {}
-    samples: dict[str, dict[str, list[float]]] = {f: {"read": [], "mid": [], "cpu_write": [], "cpu_verify": []}
-                                                 for f in ["plain", *FORMS]}
+    logical = sum(p.stat().st_size for p in files)
+    log(f"{label}: {len(files)} files, {logical / 1e6:.1f} MB")
+    samples = {f: {"read": [], "mid": [], "cpu_write": [], "cpu_verify": []} for f in ["plain", *FORMS]}
     plain = plain_paths(files, workdir / "plain")
     converted = {}
-    orders = benchinfo.alternating_orders(repeat, ["plain", *FORMS])
-    for r in range(repeat):
-        order = orders[r]  # the forms in turns, the order reversed every other round
-        for form in (f for f in order if f != "plain"):
-            opts = FORMS[form]
+    for r, order in enumerate(benchinfo.alternating_orders(repeat, ["plain", *FORMS])):
+        for form in (f for f in order if f != "plain"):  # the forms in turns, the order reversed every other round
             d = workdir / form.replace(" ", "_").replace("+", "and")
             CF.configure(d, keyring=RING)
-            res = convert_all(files, d, opts)
-            converted[form] = res
-            samples[form]["cpu_write"].append(res["cpu_write"])
-            samples[form]["cpu_verify"].append(res["cpu_verify"])
+            converted[form] = convert_all(files, d, FORMS[form])
+            for key in ("cpu_write", "cpu_verify"):
+                samples[form][key].append(converted[form][key])
         for form in order:
-            paths = plain if form == "plain" else framed_paths(converted[form]["produced"])
+            paths = plain if form == "plain" else converted[form]["produced"]
             total, secs = asyncio.run(dump_read(paths))
             samples[form]["read"].append(total / secs / 1e6)
             samples[form]["mid"].append(mid_start(paths, random.Random(r)))
         log(f"{label}: round {r + 1}/{repeat} done")
-    logical = sum(p.stat().st_size for p in files)
-    plain_read = statistics.median(samples["plain"]["read"])
-    plain_mid = statistics.median(samples["plain"]["mid"])
-    rows["plain"] = {"ratio": 1.0, "stored_mb": logical / 1e6, "cpu_write_s_per_gb": 0.0, "cpu_verify_s_per_gb": 0.0,
-                     "read_mb_s": plain_read, "read_vs_plain": 1.0, "mid_start_us": plain_mid, "mid_vs_plain": 1.0}
+    plain_s = samples["plain"]
+    rows = {"plain": {"ratio": 1.0, "stored_mb": logical / 1e6, "cpu_write_s_per_gb": 0.0, "cpu_verify_s_per_gb": 0.0,
+                      "read_mb_s": statistics.median(plain_s["read"]), "read_vs_plain": 1.0,
+                      "mid_start_us": statistics.median(plain_s["mid"]), "mid_vs_plain": 1.0}}
     for form in FORMS:
-        s = samples[form]
-        res = converted[form]
-        read = statistics.median(s["read"])
-        mid = statistics.median(s["mid"])
-        read_ratios = [a / b for a, b in zip(s["read"], samples["plain"]["read"])]  # per round, same round's plain
-        mid_ratios = [a / b for a, b in zip(s["mid"], samples["plain"]["mid"])]
-        rows[form] = {
-            "ratio": res["logical"] / res["stored"],
-            "stored_mb": res["stored"] / 1e6,
-            "cpu_write_s_per_gb": statistics.median(s["cpu_write"]) / (logical / 1e9),
-            "cpu_verify_s_per_gb": statistics.median(s["cpu_verify"]) / (logical / 1e9),
-            "read_mb_s": read,
-            "read_vs_plain": statistics.median(read_ratios),
-            "read_vs_plain_range": [min(read_ratios), max(read_ratios)],
-            "mid_start_us": mid,
-            "mid_vs_plain": statistics.median(mid_ratios),
-            "mid_vs_plain_range": [min(mid_ratios), max(mid_ratios)],
-        }
+        s, res = samples[form], converted[form]
+        row = rows[form] = {"ratio": res["logical"] / res["stored"], "stored_mb": res["stored"] / 1e6,
+                            **{f"{key}_s_per_gb": statistics.median(s[key]) / (logical / 1e9)
+                               for key in ("cpu_write", "cpu_verify")}}
+        for key, figure in (("read", "read_mb_s"), ("mid", "mid_start_us")):
+            ratios = [a / b for a, b in zip(s[key], plain_s[key])]  # per round, against the same round's plain
+            row[figure] = statistics.median(s[key])
+            row[f"{key}_vs_plain"] = statistics.median(ratios)
+            row[f"{key}_vs_plain_range"] = [min(ratios), max(ratios)]
     return {"files": len(files), "logical_mb": logical / 1e6, "forms": rows}
 
 
@@ -217,15 +180,62 @@ def table(result: dict) -> list[str]:
     out = ["| form | ratio (logical/stored) | stored MB | convert CPU s/GB | verify CPU s/GB | dump read MB/s | "
            "read vs plain | mid-file start µs | vs plain |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def versus(r: dict, key: str, fmt: str) -> str:
+        span = r.get(f"{key}_vs_plain_range")  # none for the plain files
+        tail = f" ({fmt.format(span[0])}-{fmt.format(span[1])})" if span else ""
+        return fmt.format(r[f"{key}_vs_plain"]) + "x" + tail
+
     for form, r in result["forms"].items():
-        rr = r.get("read_vs_plain_range")
-        mr = r.get("mid_vs_plain_range")
-        read = f"{r['read_vs_plain']:.2f}x" + (f" ({rr[0]:.2f}-{rr[1]:.2f})" if rr else "")
-        mid = f"{r['mid_vs_plain']:.1f}x" + (f" ({mr[0]:.1f}-{mr[1]:.1f})" if mr else "")
         out.append(f"| {form} | {r['ratio']:.2f} | {r['stored_mb']:.1f} | {r['cpu_write_s_per_gb']:.1f} | "
-                   f"{r['cpu_verify_s_per_gb']:.1f} | {r['read_mb_s']:.0f} | {read} | "
-                   f"{r['mid_start_us']:.0f} | {mid} |")
+                   f"{r['cpu_verify_s_per_gb']:.1f} | {r['read_mb_s']:.0f} | {versus(r, 'read', '{:.2f}')} | "
+                   f"{r['mid_start_us']:.0f} | {versus(r, 'mid', '{:.1f}')} |")
     return out
+
+
+def render(results: dict, argv: list[str], machine: dict, repeat: int, oltp_scale: float) -> str:
+    lines = ["# Closed relay files: compression and encryption", "",
+             *benchinfo.header_block(__file__, argv, machine, runs=repeat,
+                                     what="here the contestants are the plain files and each storage form; the "
+                                          "tables give medians, the vs-plain columns the range (min-max) of the "
+                                          "per-round ratios in brackets"),
+             "Frames of 1 MiB (`closed_files.DEFAULT_FRAME_SIZE`). Ratio = logical / stored bytes. CPU is "
+             "`time.process_time` per logical GB (convert = compress/encrypt + write + fsync; verify = the read-back "
+             "every conversion does before its rename). Dump read = `RelayFile.read` of `READ_CHUNK` pieces over "
+             "every file (frames decoded in a worker thread), logical MB/s; mid-file start = open + 64 KB read at a "
+             f"random offset. Medians of {repeat} rounds, forms in turns (order reversed every other round); ratios "
+             "against the plain files of the same round.", ""]
+    for label, res in results.items():
+        what = ("the shared corpus of real binlogs (read in place)" if label == "corpus" else
+                "a local mariadbd master's binlogs after the OLTP workload (workloads.py oltp, scale "
+                f"{oltp_scale})")
+        lines += [f"## {label}: {what}", "", f"{res['files']} files, {res['logical_mb']:.1f} MB logical.", "",
+                  *table(res), ""]
+    lines += ["## Reading these figures", "",
+              "The stored sizes (ratios) are exact and repeat from run to run. CPU and read-throughput figures come "
+              "from a shared machine (load average below) and moved by up to 2x between runs of this script; compare "
+              "forms within one run (the `vs plain` columns), not across runs. The corpus is 96 small files (68 KB on "
+              "average) read in a few milliseconds a round, so its throughput and mid-file columns are mostly noise "
+              "(see their ranges); the OLTP files (12 MB each) give the stable throughput figures. A replica reads a "
+              "relay file once per dump, so a dump of converted files is bounded by the decode rate above (hundreds "
+              "of MB/s), and a dump starting mid-file pays one frame decode (about 1-2 ms) once.", "",
+              *benchinfo.machine_section(machine)]
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    plt = benchinfo.pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, forms, title in ((axes[0], "ratio", list(FORMS), "compression ratio (logical / stored)"),
+                                  (axes[1], "read_vs_plain", ["plain", *FORMS], "dump read throughput vs plain")):
+        for i, (label, res) in enumerate(results.items()):
+            ax.bar([x + i * 0.4 for x in range(len(forms))], [res["forms"][f][key] for f in forms], 0.4, label=label)
+        ax.set_xticks(range(len(forms)), forms, rotation=20, fontsize=8)
+        ax.set_title(title)
+        ax.legend()
+    save_figure(fig, path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,48 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = benchinfo.machine_info(server=True)
-    lines = ["# Closed relay files: compression and encryption", "",
-             *benchinfo.header_block(__file__, sys.argv[1:] if argv is None else argv, machine, runs=repeat,
-                                     what="here the contestants are the plain files and each storage form; the "
-                                          "tables give medians, the vs-plain columns the range (min-max) of the "
-                                          "per-round ratios in brackets"),
-             "Frames of 1 MiB (`closed_files.DEFAULT_FRAME_SIZE`). Ratio = logical / stored bytes. CPU is "
-             "`time.process_time` per logical GB (convert = compress/encrypt + write + fsync; verify = the read-back "
-             "every conversion does before its rename). Dump read = `RelayFile.read` of `READ_CHUNK` pieces over "
-             "every file (frames decoded in a worker thread), logical MB/s; mid-file start = open + 64 KB read at a "
-             f"random offset. Medians of {repeat} rounds, forms in turns (order reversed every other round); ratios "
-             "against the plain files of the same round.", ""]
-    for label, res in results.items():
-        what = ("the shared corpus of real binlogs (read in place)" if label == "corpus" else
-                f"a local mariadbd master's binlogs after the OLTP workload (workloads.py oltp, scale {args.oltp_scale})")
-        lines += [f"## {label}: {what}", "", f"{res['files']} files, {res['logical_mb']:.1f} MB logical.", "",
-                  *table(res), ""]
-    lines += ["## Reading these figures", "",
-              "The stored sizes (ratios) are exact and repeat from run to run. CPU and read-throughput figures come "
-              "from a shared machine (load average below) and moved by up to 2x between runs of this script; compare "
-              "forms within one run (the `vs plain` columns), not across runs. The corpus is 96 small files (68 KB on "
-              "average) read in a few milliseconds a round, so its throughput and mid-file columns are mostly noise "
-              "(see their ranges); the OLTP files (12 MB each) give the stable throughput figures. A replica reads a relay file once per "
-              "dump, so a dump of converted files is bounded by the decode rate above (hundreds of MB/s), and a dump "
-              "starting mid-file pays one frame decode (about 1-2 ms) once.", ""]
-    lines += benchinfo.machine_section(machine)
-    (out_dir / "compression.md").write_text("\n".join(lines))
-    plt = benchinfo.pyplot()
-    if plt is not None:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        forms = list(FORMS)
-        for i, (label, res) in enumerate(results.items()):
-            axes[0].bar([x + i * 0.4 for x in range(len(forms))], [res["forms"][f]["ratio"] for f in forms], 0.4,
-                        label=label)
-            axes[1].bar([x + i * 0.4 for x in range(len(forms) + 1)],
-                        [res["forms"][f]["read_vs_plain"] for f in ["plain", *forms]], 0.4, label=label)
-        axes[0].set_xticks(range(len(forms)), forms, rotation=20, fontsize=8)
-        axes[0].set_title("compression ratio (logical / stored)")
-        axes[1].set_xticks(range(len(forms) + 1), ["plain", *forms], rotation=20, fontsize=8)
-        axes[1].set_title("dump read throughput vs plain")
-        for ax in axes:
-            ax.legend()
-        save_figure(fig, out_dir / "compression.png", dpi=100)
+    argv = sys.argv[1:] if argv is None else argv
+    (out_dir / "compression.md").write_text(render(results, argv, machine, repeat, args.oltp_scale))
+    plot(results, out_dir / "compression.png")
     log(f"wrote {out_dir / 'compression.md'}")
     return 0
 
