@@ -1,18 +1,17 @@
 """How long a hostile or merely large statement holds the relay's event loop (invariant 7), before and after the
 SQL layer ran in slices.
 
-For each statement shape (the defect's 1,000,008-byte ``SELECT 1+1+...+1`` from a monitoring account, and the
-largest statements of other shapes within the limits) the relay's own ``downstream.sql.execute`` answers it on a
-uvloop event loop in this process, while a probe task on the same loop notes each turn it gets: the time to the
-answer, the longest wall-clock gap between two turns of the probe (the stall every replica and /status would
-see), and the most CPU time (``time.thread_time``, which a busy machine's preemption does not inflate) between two
-turns. Start-up objects are frozen out of the cyclic collector first, as ``relayproxy run`` does.
-
-``--before DIR`` also measures a checkout of an earlier commit (``git worktree add DIR <commit>`` or ``git archive
-<commit> | tar -x -C DIR``; ``--before-commit`` names it), each in its own process, and writes both to
-``benchmarks/results/sql_stall.md``.
+Each statement of ``SHAPES`` (the defect's 1,000,008-byte ``SELECT 1+1+...+1`` from a monitoring account, and the
+largest of other shapes within the limits) is answered by the relay's own ``downstream.sql.execute`` on a uvloop
+loop in this process while a probe task on the same loop notes each turn it gets: the time to the answer, the
+longest wall-clock gap between two turns (the stall every replica and /status would see), and the most
+``time.thread_time`` between two turns (which preemption does not inflate). Start-up objects are frozen out of the
+cyclic collector first, as ``relayproxy run`` does. ``--before DIR`` also measures a checkout of an earlier commit
+(``git worktree add DIR <commit>``; ``--before-commit`` names it), each in its own process.
 
     .venv/bin/python benchmarks/sql_stall.py [--runs 3] [--before DIR --before-commit COMMIT]
+
+Writes benchmarks/results/sql_stall.md.
 """
 
 from __future__ import annotations
@@ -115,19 +114,18 @@ def measure(runs: int) -> list[dict]:
     return out
 
 
-def summary(values: list[float], scale: float, digits: int) -> str:
-    m, lo, hi = statistics.median(values) * scale, min(values) * scale, max(values) * scale
-    return f"{m:,.{digits}f} [{lo:,.{digits}f}-{hi:,.{digits}f}]"
-
-
 def table(rows: list[dict]) -> list[str]:
+    """Per statement: the median [min-max] of its runs' figures."""
     lines = ["| statement | bytes | answer | seconds to answer | longest stall, ms (wall) | most CPU in one turn, ms "
              "| loop turns meanwhile |", "|---|---|---|---|---|---|---|"]
     for row in rows:
-        s = row["samples"]
-        lines.append(f"| {row['shape']} | {row['bytes']:,} | {s[0]['answer']} | "
-                     f"{summary([x['seconds'] for x in s], 1, 3)} | {summary([x['stall'] for x in s], 1000, 1)} | "
-                     f"{summary([x['cpu'] for x in s], 1000, 1)} | {statistics.median([x['turns'] for x in s]):,.0f} |")
+        cells = [row["shape"], f"{row['bytes']:,}", row["samples"][0]["answer"]]
+        for key, scale, digits in (("seconds", 1, 3), ("stall", 1000, 1), ("cpu", 1000, 1)):
+            values = [x[key] for x in row["samples"]]
+            m, lo, hi = (v * scale for v in (statistics.median(values), min(values), max(values)))
+            cells.append(f"{m:,.{digits}f} [{lo:,.{digits}f}-{hi:,.{digits}f}]")
+        cells.append(f"{statistics.median([x['turns'] for x in row['samples']]):,.0f}")
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines
 
 
@@ -155,10 +153,10 @@ def main(argv: list[str]) -> int:
     after = run_in(REPO, args.runs)
     before = run_in(args.before, args.runs) if args.before else None
     machine = machine_info()
+    commit = machine["relayproxy commit"]
     lines = ["# SQL statements and the event loop: time to answer and the longest stall", "",
              "Produced by (from the repository root):", "", "```", command_line(__file__, argv), "```", "",
-             f"- commit: {machine['relayproxy commit'].split()[0]}; tree: "
-             f"{'dirty' if '+' in machine['relayproxy commit'] else 'clean'} ({machine['relayproxy commit']})",
+             f"- commit: {commit.split()[0]}; tree: {'dirty' if '+' in commit else 'clean'} ({commit})",
              f"- repeats: {args.runs} runs of each statement; figures are the median with the range [min-max]", "",
              "Each statement is answered by `downstream.sql.execute` on a uvloop event loop while a probe task on "
              "the same loop notes every turn it gets. *Longest stall* is the longest wall-clock gap between two turns "
@@ -167,8 +165,8 @@ def main(argv: list[str]) -> int:
     if before is not None:
         lines += [f"## Before: commit {args.before_commit} (the whole statement in one turn of the loop)", "",
                   *table(before), ""]
-    lines += [f"## After: commit {machine['relayproxy commit'].split()[0]} (the statement in slices, bounded as its "
-              "limits are crossed)", "", *table(after), "", *machine_section(machine)]
+    lines += [f"## After: commit {commit.split()[0]} (the statement in slices, bounded as its limits are crossed)", "",
+              *table(after), "", *machine_section(machine)]
     RESULTS.write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
