@@ -2,11 +2,10 @@
 against the binlog it archives, and what the PUT requests come to; with a relay that does not archive as the peer
 (ingest lag, relay CPU), in the same run. The results file describes the set-up and every column.
 
-Configurations, each run ``--repeats`` times, their order alternated between repeats (benchinfo): ``default
-interval`` (``archive_interval`` not set, 1 s), ``interval 0.25 s`` and ``no archive`` (the peer). The bytes over
-the wire are counted by a ThreadedFaultProxy in front of moto (HTTP headers and botocore's retries included). For
-each of ``--stall-seconds`` (default 5 and 35: shorter and longer than the relay's S3 read timeout of 30 s), one
-more run at the default interval with moto stopped (SIGSTOP) that long in the middle of the load.
+Configurations, each run ``--repeats`` times in alternated order: ``default interval`` (``archive_interval`` not
+set, 1 s), ``interval 0.25 s`` and ``no archive`` (the peer). A ThreadedFaultProxy in front of moto counts the bytes
+over the wire. For each of ``--stall-seconds`` (default 5 and 35: either side of the relay's S3 read timeout of
+30 s), one more run at the default interval with moto SIGSTOPped that long in the middle of the load.
 
     .venv/bin/python benchmarks/archive_lag.py [--rate 1000] [--seconds 60] [--repeats 3] [--stall-seconds 5,35]
 
@@ -45,12 +44,8 @@ GOAL_BYTES_RATIO = 1.1
 PRICE_PUT_PER_1000 = 0.005
 PRICE_GET_PER_1000 = 0.0004
 PRICE_GB_MONTH = 0.023
-CONFIGS = {  # name: archive_interval (None: not set, the default), or False: no archive
-    "default interval": None,
-    "interval 0.25 s": 0.25,
-    "no archive": False,
-}
-DEFAULT_INTERVAL = 1.0  # relayproxy's archive_interval default (docs/archive.md)
+# name: archive_interval (None: not set, the default of 1 s in docs/archive.md), or False: no archive
+CONFIGS = {"default interval": None, "interval 0.25 s": 0.25, "no archive": False}
 
 
 log = logger("archive_lag")
@@ -79,7 +74,7 @@ class Sampler(threading.Thread):
         while not self._halt.is_set():
             try:
                 cur.execute("SHOW MASTER STATUS")
-                mf, mp_ = cur.fetchone()[:2]
+                master_file, master_pos = cur.fetchone()[:2]
                 t = time.monotonic()
                 s = self.relay.status()
             except Exception:  # noqa: BLE001 - a missed sample is counted, not fatal
@@ -88,7 +83,7 @@ class Sampler(threading.Thread):
                 a = s.get("archive") or {}
                 h = a.get("horizon") or {}
                 self.samples.append({
-                    "t": t, "master": (mf, int(mp_)),
+                    "t": t, "master": (master_file, int(master_pos)),
                     "store": (s.get("master_log_file"), s.get("read_master_log_pos")),
                     "archive": (h.get("file"), h.get("position")) if a else None,
                     "lag_s": a.get("lag_seconds"), "lag_b": a.get("lag_bytes"), "state": a.get("state"),
@@ -96,9 +91,8 @@ class Sampler(threading.Thread):
                     "parts": a.get("parts_uploaded"), "errors": a.get("errors"),
                 })
             nxt += self.period
-            delay = nxt - time.monotonic()
-            if delay > 0:
-                self._halt.wait(delay)
+            if nxt > time.monotonic():
+                self._halt.wait(nxt - time.monotonic())
             else:
                 nxt = time.monotonic()
         db.close()
@@ -393,23 +387,20 @@ def render(report: dict, argv: list[str]) -> str:
               f"${PRICE_PUT_PER_1000} per 1,000 requests, GET ${PRICE_GET_PER_1000} per 1,000, storage "
               f"${PRICE_GB_MONTH} per GB-month; check the current ones for your region and class. Per GB of binlog "
               f"at {args['rate']:g} trx/s of this load (the PUT count per GB falls as the rate rises: the uploader "
-              "puts per interval, not per byte); per month of this load without a break (30 days).", ""]
-    lines += ["| configuration | binlog GB/month | PUT/GB | PUT $/GB | storage $/GB-month | PUTs/month | "
+              "puts per interval, not per byte); per month of this load without a break (30 days).", "",
+              "| configuration | binlog GB/month | PUT/GB | PUT $/GB | storage $/GB-month | PUTs/month | "
               "PUT $/month | storage added $/month (each month's binlog, kept) | restore GET $/GB |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, rs in measured:
-        gb_s = med([r["binlog_bytes"] / r["seconds"] for r in rs]) / 1e9
-        gb_month = gb_s * 86400 * 30
+        gb_month = med([r["binlog_bytes"] / r["seconds"] for r in rs]) / 1e9 * 86400 * 30
         per_gb = med(column(rs, "puts_per_gb"))
-        per_min = med(column(rs, "puts_per_min_load"))
-        puts_month = per_min * 60 * 24 * 30
+        puts_month = med(column(rs, "puts_per_min_load")) * 60 * 24 * 30
         bucket_ratio = med(column(rs, "bucket_ratio"))
         parts_per_gb = med([r["bucket_parts"] / (r["binlog_bytes"] / 1e9) for r in rs])
-        lines.append(
-            f"| {name} | {gb_month:,.0f} | {per_gb:,.0f} | {per_gb * PRICE_PUT_PER_1000 / 1000:.3f} | "
-            f"{bucket_ratio * PRICE_GB_MONTH:.4f} | {puts_month:,.0f} | "
-            f"{puts_month * PRICE_PUT_PER_1000 / 1000:,.2f} | "
-            f"{gb_month * bucket_ratio * PRICE_GB_MONTH:,.2f} | {parts_per_gb * PRICE_GET_PER_1000 / 1000:.4f} |")
+        lines.append(f"| {name} | {gb_month:,.0f} | {per_gb:,.0f} | {per_gb * PRICE_PUT_PER_1000 / 1000:.3f} | "
+                     f"{bucket_ratio * PRICE_GB_MONTH:.4f} | {puts_month:,.0f} | "
+                     f"{puts_month * PRICE_PUT_PER_1000 / 1000:,.2f} | {gb_month * bucket_ratio * PRICE_GB_MONTH:,.2f}"
+                     f" | {parts_per_gb * PRICE_GET_PER_1000 / 1000:.4f} |")
     lines += ["", "restore GET $/GB: one GET per part object (what `relayproxy restore` reads), from the parts per GB "
               "this run left in the bucket; list requests and the manifests are a few per file on top.", ""]
     stalls = report.get("stalls") or []
@@ -457,13 +448,12 @@ def plot(report: dict, path: Path) -> None:
     colours = {"default interval": "tab:blue", "interval 0.25 s": "tab:orange"}
     seen = set()
     for r in runs:
-        xs = [x for x, s, _ in r["series"] if s is not None]
+        points = [(x, s, b / 1e3) for x, s, b in r["series"] if s is not None]
         label = r["config"] if r["config"] not in seen else None
         seen.add(r["config"])
-        axes[0].plot(xs, [s for _, s, _ in r["series"] if s is not None], lw=0.6, color=colours.get(r["config"]),
-                     label=label, alpha=0.8)
-        axes[1].plot(xs, [b / 1e3 for _, s, b in r["series"] if s is not None], lw=0.6,
-                     color=colours.get(r["config"]), label=label, alpha=0.8)
+        for ax, column in ((axes[0], 1), (axes[1], 2)):
+            ax.plot([p[0] for p in points], [p[column] for p in points], lw=0.6, color=colours.get(r["config"]),
+                    label=label, alpha=0.8)
     axes[0].axhline(GOAL_LAG_S, ls=":", color="red", label="goal 2 s")
     axes[0].set_ylabel("archive lag (s)")
     axes[1].set_ylabel("archive lag (KB)")
@@ -471,9 +461,9 @@ def plot(report: dict, path: Path) -> None:
                       f"({report['machine']['relayproxy commit'].split(' + ')[0]})", fontsize=9)
     axes[0].legend(fontsize=7, loc="upper right")
     for k, st in enumerate(stalls):
-        xs = [x for x, s, _ in st["series"] if s is not None]
+        points = [(x, s) for x, s, _ in st["series"] if s is not None]
         colour = ("tab:green", "tab:purple", "tab:brown")[k % 3]
-        axes[2].plot(xs, [s for _, s, _ in st["series"] if s is not None], lw=0.8, color=colour,
+        axes[2].plot([x for x, _ in points], [s for _, s in points], lw=0.8, color=colour,
                      label=f"bucket stopped {st['stall_seconds']:g} s")
         axes[2].axvspan(*st["stall"], color=colour, alpha=0.15)
     if stalls:
@@ -527,31 +517,31 @@ def main(argv: list[str] | None = None) -> int:
         master.execute(LOADS["oltp"])
         ctx = {"args": args, "master": master, "moto": moto, "relay_parent": relay_parent}
 
-        def run_one(order, k):
+        def one(name: str, stall: float = 0.0) -> dict:
             nonlocal index
+            index += 1
+            return one_run(ctx, name, index, stall)
+
+        def run_one(order, k):
             for position, name in enumerate(order, 1):
-                index += 1
                 log(f"repeat {k + 1}: {name}")
-                r = one_run(ctx, name, index)
-                r["repeat"], r["position"] = k + 1, position
+                r = one(name)
+                r["repeat"], r["position"] = k + 1, f"{position} of {len(names)}"
                 report["runs"].append(r)
+                cpu = f"CPU {r['relay_cpu_ms_per_trx']:.3f} ms/trx"
                 if r["interval"] is not False:
                     log(f"  {r['rate']:.0f} trx/s, {r['binlog_bytes'] / 1e6:.1f} MB: lag max {r['lag_max']:.3f} s "
                         f"(age {r['age_max']:.2f} s), put/binlog {r['put_ratio']:.4f}, wire {r['wire_ratio']:.4f}, "
-                        f"{r['puts_per_min_load']:.0f} PUT/min, CPU {r['relay_cpu_ms_per_trx']:.3f} ms/trx")
+                        f"{r['puts_per_min_load']:.0f} PUT/min, {cpu}")
                 else:
-                    log(f"  {r['rate']:.0f} trx/s, CPU {r['relay_cpu_ms_per_trx']:.3f} ms/trx, ingest max "
-                        f"{r['ingest_lag_max'] / 1e3:.1f} KB")
+                    log(f"  {r['rate']:.0f} trx/s, {cpu}, ingest max {r['ingest_lag_max'] / 1e3:.1f} KB")
             return {}
 
         benchinfo.run_alternating(args.repeats, names, run_one)
-        for r in report["runs"]:
-            r["position"] = f"{r['position']} of {len(names)}"
         report["stalls"] = []
         for stall in [float(x) for x in str(args.stall_seconds).split(",") if x.strip() and float(x) > 0]:
-            index += 1
             log(f"stall run: the bucket stopped for {stall:g} s")
-            r = one_run(ctx, "default interval", index, stall=stall)
+            r = one("default interval", stall)
             r["repeat"], r["position"] = "stall", "-"
             r["config"], r["stall_seconds"] = f"default interval, bucket stopped {stall:g} s", stall
             report["stalls"].append(r)
