@@ -64,6 +64,7 @@ from benchmarks.common import write_results  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
 from relayproxy.lab import fuzz  # noqa: E402
+from relayproxy.lab.failover import covers, gtid_seqs  # noqa: E402  (GTID positions: {domain: seq_no})
 from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, FaultProxyError, ThreadedFaultProxy  # noqa: E402
 from relayproxy.lab.procstat import fd_count  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
@@ -113,22 +114,6 @@ def horizon(status: dict) -> tuple[tuple[int, int], str]:
     """The horizon a relay's /status advertises: its sort key and "file:position"."""
     file, pos = status["master_log_file"], status["read_master_log_pos"]
     return position_key(file, pos), f"{file}:{pos}"
-
-
-def gtid_seq(text: str | None) -> dict[int, int]:
-    """'0-1-57,1-2-3' -> {domain: seq_no}."""
-    out: dict[int, int] = {}
-    for part in (text or "").replace("\n", "").split(","):
-        part = part.strip()
-        if part:
-            domain, _server, seq = part.split("-")
-            out[int(domain)] = int(seq)
-    return out
-
-
-def gtid_at_least(have: str | None, want: str | None) -> bool:
-    h = gtid_seq(have)
-    return all(h.get(d, -1) >= s for d, s in gtid_seq(want).items())
 
 
 # -- the relay and the replicas ----------------------------------------------------------------------------------
@@ -636,8 +621,8 @@ class Soak:
                     continue
                 if st.get("Last_SQL_Error"):
                     return False, time.monotonic() - began, f"{r.name}: SQL thread error: {st['Last_SQL_Error']}"
-                if not gtid_at_least(st["gtid_slave_pos"], want_gtid) or (
-                        exact and gtid_seq(st["gtid_slave_pos"]) != gtid_seq(want_gtid)):
+                if not covers(st["gtid_slave_pos"], want_gtid) or (
+                        exact and gtid_seqs(st["gtid_slave_pos"]) != gtid_seqs(want_gtid)):
                     problems.append(f"{r.name}: gtid_slave_pos {st['gtid_slave_pos']} < {want_gtid}, IO "
                                     f"{st.get('Slave_IO_Running')} SQL {st.get('Slave_SQL_Running')}, "
                                     f"Last_IO_Error {st.get('Last_IO_Error')!r}")
@@ -942,7 +927,7 @@ class Soak:
         out["load_during_fuzz_transactions"] = load_stats.total
         out["relay_pid_before"] = pid
         out["relay_alive_after"] = self.relay.alive and self.relay.proc.pid == pid
-        out["replica_gtid_advances"] = {name: sum(1 for x, y in zip(seq, seq[1:]) if gtid_seq(y) != gtid_seq(x))
+        out["replica_gtid_advances"] = {name: sum(1 for x, y in zip(seq, seq[1:]) if gtid_seqs(y) != gtid_seqs(x))
                                         for name, seq in progress_samples.items()}
         out["replica_gtid_samples"] = {name: len(seq) for name, seq in progress_samples.items()}
         # Open descriptors back to where they were (connections drain asynchronously: give them a moment).
