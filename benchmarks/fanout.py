@@ -69,7 +69,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=None, help="transactions/s the writer aims at (default 200; "
                    "--quick 100)")
     p.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset of: relay, direct")
-    p.add_argument("--py-spy", action="store_true", help="run the relay under py-spy record and summarize it")
     p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds the clients may take to converge")
     p.add_argument("--output-dir", type=Path, default=None, help=f"where results go (default {RESULTS_DIR}); "
                    "--quick writes nothing unless this is given")

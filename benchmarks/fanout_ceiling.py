@@ -107,7 +107,6 @@ def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, in
         d = drain(port, clients, discard=discard, server_pid=pid)
         got, cpu = d["bytes"], d["server_cpu_s"]
         return {"target": target, **d, "mb_per_s": got / 1e6 / d["seconds"],
-                "relay_cpu_s": cpu if target != "direct" else None,
                 "server_cpu_s_per_mb": (cpu / (got / 1e6)) if cpu else None}
     finally:
         if relay is not None:

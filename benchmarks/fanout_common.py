@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import logger
-from relayproxy.lab.relayprocess import RelayProcess, py_spy_record
+from relayproxy.lab.relayprocess import RelayProcess
 from relayproxy.lab.relayprocess import master_status as master_end  # noqa: F401 (the master's (file, position))
 from relayproxy.upstream.connection import UpstreamConnection
 
@@ -43,11 +43,10 @@ def md_row(*cells) -> str:
 class Relay(RelayProcess):
     """`relayproxy run --listen` as the fan-out benchmarks run it: the relay's own defaults (no test timings),
     replicas served on ``listen_port`` with the account of ``users_toml`` (``--config``), ``options`` (the
-    ``--relay-option KEY=VALUE`` pairs) as flags, optionally under py-spy record (100 Hz), in its own session."""
+    ``--relay-option KEY=VALUE`` pairs) as flags, in its own session."""
 
-    def __init__(self, work: Path, master, py_spy_output: Path | None = None,
-                 options: list[tuple[str, str]] | None = None, *, users_toml: str = USERS_TOML,
-                 extra: list[str] | None = None) -> None:
+    def __init__(self, work: Path, master, options: list[tuple[str, str]] | None = None, *,
+                 users_toml: str = USERS_TOML, extra: list[str] | None = None) -> None:
         config = work / "relay.toml"
         config.write_text(users_toml)
         flags = [arg for key, value in options or () for arg in ("--" + key.replace("_", "-"), value)]
@@ -55,7 +54,6 @@ class Relay(RelayProcess):
             work / "relay", master.port, user=REPL_USER, password=REPL_PASSWORD, gtid_mode=None,
             heartbeat_period=None, reconnect_max_delay=None, listen=True, config=config, extra=[*flags, *(extra or [])],
             log_path=work / "relay.log", new_session=True, error=RuntimeError,
-            wrapper=py_spy_record(py_spy_output, 100) if py_spy_output is not None else None,
         )
 
     def start(self, timeout: float = 60.0) -> "Relay":

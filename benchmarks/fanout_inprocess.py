@@ -199,47 +199,6 @@ async def run_phase(name: str, master: MariaDBSandbox, port: int, n: int, rate: 
     return phase
 
 
-IDLE_LEAVES = ("select (selectors", "epoll", "_run_once (asyncio", "run_forever", "wait (threading",
-               "_worker (concurrent")
-
-
-def summarize_py_spy(raw: Path, top: int = 15) -> dict:
-    """Self and inclusive shares of the relay's non-idle samples from a py-spy raw (collapsed) file."""
-    self_counts: dict[str, int] = {}
-    incl: dict[str, int] = {}
-    total = idle = 0
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        k = int(count)
-        frames = [f for f in stack.split(";") if not f.startswith(("thread ", "process "))]
-        if not frames:
-            continue
-        leaf = frames[-1]
-        if (any(s in leaf for s in IDLE_LEAVES) and "send" not in leaf
-                and ("select" in leaf or "wait" in leaf or "_worker" in leaf)):
-            idle += k
-            continue
-        total += k
-        self_counts[_short(leaf)] = self_counts.get(_short(leaf), 0) + k
-        for f in {_short(f) for f in frames}:
-            incl[f] = incl.get(f, 0) + k
-
-    def rank(counts: dict[str, int]) -> list[dict]:
-        ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
-        return [{"function": f, "share": round(v / total, 4)} for f, v in ranked]
-
-    return {"busy_samples": total, "idle_samples": idle, "self": rank(self_counts), "inclusive": rank(incl)}
-
-
-def _short(frame: str) -> str:
-    # "func (path/to/module.py:123)" -> "func (module.py)"
-    name, _, where = frame.partition(" (")
-    where = where.rstrip(")")
-    return f"{name} ({Path(where.rsplit(':', 1)[0]).name})" if where else name
-
-
 def ratios(report: dict) -> dict:
     r, d = report["phases"].get("relay"), report["phases"].get("direct")
     if not r or not d:
@@ -309,13 +268,6 @@ def write_markdown(path: Path, report: dict, notes: str | None) -> None:
                 json.dumps(bad, indent=1)[:4000], "```", ""]
     else:
         out += ["Every client of both phases reached the master's final position with continuous positions.", ""]
-    prof = report.get("profile")
-    if prof and "self" in prof:
-        out += [f"## Where the relay's CPU goes (py-spy, relay phase, {prof['busy_samples']:,} busy samples)", "",
-                "| function (self) | share | | function (inclusive) | share |", "|---|---:|---|---|---:|"]
-        for a, b in zip(prof["self"], prof["inclusive"]):
-            out.append(f"| `{a['function']}` | {a['share']:.1%} | | `{b['function']}` | {b['share']:.1%} |")
-        out.append("")
     if notes:
         out += [notes.rstrip(), ""]
     out += ["![lag percentiles](fanout.png)", "", *benchinfo.machine_section(report["machine"])]
@@ -364,18 +316,12 @@ async def measure(args, master: MariaDBSandbox, work: Path, phases: list[str]) -
             report["phases"]["direct"] = await run_phase("direct", master, master.port, args.replicas, args.rate,
                                                          args.seconds, None, args.drain_timeout)
             continue
-        spy = work / "py-spy.txt" if args.py_spy else None
-        relay = Relay(work, master, spy).start()
+        relay = Relay(work, master).start()
         try:
             report["phases"]["relay"] = await run_phase("relay", master, relay.listen_port, args.replicas,
                                                         args.rate, args.seconds, relay, args.drain_timeout)
         finally:
             relay.stop()
-        if spy is not None:
-            try:
-                report["profile"] = summarize_py_spy(spy)
-            except OSError as exc:
-                report["profile"] = {"error": str(exc)}
     for p in report["phases"].values():
         for k in ("relay_vmhwm_kb", "relay_rss_connected_kb"):
             if p.get(k):

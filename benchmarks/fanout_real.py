@@ -302,7 +302,6 @@ class IdleClients:
                                 daemon=True)
         self.proc.start()
         child.close()
-        self.n = n
         self.ready = self.parent.recv()
 
     def go(self) -> None:
