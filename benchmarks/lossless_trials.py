@@ -1,12 +1,10 @@
 """Lossless promotion, randomized: a semi-sync master killed under load, `relayproxy promote` through the relay vs
 promoting the lagging direct replica as it is, side by side in every trial.
 
-Each trial is one run of ``relayproxy.lab.lossless.Trial`` (its docstring has the whole topology and the
-kinds): a semi-sync master killed with SIGKILL at a random moment under four writer threads; acknowledged commits
-missing on the master `relayproxy promote` made (must be 0), rows applied twice, partial transactions and errant
-GTIDs (0 each), against the loss of promoting the direct candidate as it was; and kill -> writable. Every
-``--fallback-every``-th trial lets the master fall back to async: the loss of the commits after that is the
-documented hole, counted apart. The results file says the rest.
+Each trial is one ``relayproxy.lab.lossless.Trial`` (its docstring has the topology and the kinds): acknowledged
+commits missing on the master `relayproxy promote` made (must be 0), rows applied twice, partial transactions and
+errant GTIDs (0 each), against the loss of promoting the direct candidate as it was; and kill -> writable. Every
+``--fallback-every``-th trial lets the master fall back to async: the documented hole, counted apart.
 
     .venv/bin/python benchmarks/lossless_trials.py                      # 200 trials, seed 1
     .venv/bin/python benchmarks/lossless_trials.py --trials 12 --seed 7 --out /tmp/lt/lossless_trials.md
@@ -45,7 +43,6 @@ from relayproxy.lab.lossless import (  # noqa: E402
 from relayproxy.lab.sandbox import TEMPLATE_ENV  # noqa: E402
 
 
-
 log = logger("lossless_trials")
 
 
@@ -53,8 +50,8 @@ def run_trials(count: int, seed: int, *, fallback_every: int, workdir: Path, kee
                progress=log) -> list[dict]:
     """Run the trials; one dict per trial (TrialResult.as_dict, or the error that stopped it)."""
     rows = []
-    for i, (trial_seed, kind) in enumerate(zip(trial_seeds(seed, count), trial_kinds(count,
-                                                                                      fallback_every=fallback_every))):
+    kinds = trial_kinds(count, fallback_every=fallback_every)
+    for i, (trial_seed, kind) in enumerate(zip(trial_seeds(seed, count), kinds)):
         spec = TrialSpec.draw(trial_seed, kind)
         trial_dir = workdir / f"trial{i + 1:03d}-{trial_seed}"
         try:
@@ -82,7 +79,8 @@ SUMMED = (
     ("unacked_lost", lambda r: r["unacked_lost"]), ("direct_unacked_lost", lambda r: r.get("direct_unacked_lost", 0)),
     ("unacked_trials", lambda r: r["unacked_lost"] > 0), ("fell_back", lambda r: bool(r["fell_back"])),
     ("promote_killed", lambda r: any(p.get("killed") for p in r["promote_runs"])),
-    ("promote_reruns", lambda r: len(r["promote_runs"]) - 1), ("candidate_ahead", lambda r: bool(r["candidate_ahead"])),
+    ("promote_reruns", lambda r: len(r["promote_runs"]) - 1),
+    ("candidate_ahead", lambda r: bool(r["candidate_ahead"])),
     ("candidate_extra", lambda r: bool(r.get("candidate_extra"))),
     ("replica_checked", lambda r: r["replica_caught_up"] is not None),
     ("replica_ok", lambda r: r["replica_caught_up"] is True), ("trial_seconds", lambda r: r["total_seconds"]),
@@ -151,16 +149,14 @@ def write_markdown(path: Path, report: dict) -> None:
         __file__, [], report["machine"], runs=1, command=report["command"],
         what=(f"{len(rows)} randomized trials (seed {report['seed']}), each its own topology, the two promotions "
               "side by side in every trial"))
-    total_acked = sum(s["acked"] for s in lossless)
-    lost = sum(s["lost"] + s["duplicate_rows"] + s["partial"] + s["errant"] for s in lossless)
+    t = {key: sum(s[key] for s in lossless) for key in ("lost", "acked", "trials", "duplicate_rows", "errant",
+                                                         "relay_dropped", "direct_lost", "direct_trials")}
     out += [
-        f"**Through the relay: {sum(s['lost'] for s in lossless)} acknowledged commits lost of {total_acked:,} "
-        f"in {sum(s['trials'] for s in lossless)} trials of the lossless kinds, "
-        f"{sum(s['duplicate_rows'] for s in lossless)} rows applied twice, {sum(s['errant'] for s in lossless)} "
-        f"errant GTIDs, {sum(s['relay_dropped'] for s in lossless)} relays holding a GTID the promoted master "
-        f"lacked, {len(bad)} trial(s) not OK.** Promoting the lagging direct candidate as it was would have lost "
-        f"{sum(s['direct_lost'] for s in lossless):,} acknowledged commits, in "
-        f"{sum(s['direct_trials'] for s in lossless)} of those trials.",
+        f"**Through the relay: {t['lost']} acknowledged commits lost of {t['acked']:,} in {t['trials']} trials of "
+        f"the lossless kinds, {t['duplicate_rows']} rows applied twice, {t['errant']} errant GTIDs, "
+        f"{t['relay_dropped']} relays holding a GTID the promoted master lacked, {len(bad)} trial(s) not OK.** "
+        f"Promoting the lagging direct candidate as it was would have lost {t['direct_lost']:,} acknowledged "
+        f"commits, in {t['direct_trials']} of those trials.",
         "",
         "An acknowledged commit is a transaction whose COMMIT returned on the semi-sync master "
         f"(`rpl_semi_sync_master_wait_point=AFTER_SYNC`, `rpl_semi_sync_master_timeout={LONG_TIMEOUT_MS}` ms: "
@@ -207,8 +203,7 @@ def write_markdown(path: Path, report: dict) -> None:
             "ms and the relays' links were paused during the load (a stalled or partitioned relay): the master "
             f"waited {SHORT_TIMEOUT_MS} ms, switched to asynchronous replication (`Rpl_semi_sync_master_status` OFF in "
             f"{fb['fell_back']} of the {fb['trials'] - fb['errors']} run to the end) and went on returning COMMITs no "
-            "relay had acknowledged. Those are counted "
-            "apart and are not a promise the relay makes:", "",
+            "relay had acknowledged. Those are counted apart and are not a promise the relay makes:", "",
             "| | trials | commits | lost via relay | lost promoting the candidate as-is |", "|---|---:|---:|---:|---:|",
             f"| returned before the pause (acknowledged) | {fb['trials']} | {fb['acked']:,} | {fb['lost']} "
             f"| {fb['direct_lost']:,} |",
@@ -258,16 +253,14 @@ def write_markdown(path: Path, report: dict) -> None:
             event = (f"paused at {s['pause_at']:.2f} s; fell back {'yes' if r['fell_back'] else 'no'}; unacked "
                      f"{r['unacked_returned']}, lost {r['unacked_lost']}")
         exits = ",".join("k" if p.get("killed") else str(p.get("exit_code")) for p in r["promote_runs"])
+        head = (f"| {r['index']} | {s['seed']} | {s['kind']} | {s['relays']} | {s['candidate_delay']:.3f} "
+                f"| {'yes' if s['replica'] else 'no'} | {s['load_seconds']:.2f} | {s['big_chance']} | ")
         if r["error"]:
-            out.append(f"| {r['index']} | {s['seed']} | {s['kind']} | {s['relays']} | {s['candidate_delay']:.3f} | "
-                       f"{'yes' if s['replica'] else 'no'} | {s['load_seconds']:.2f} | {s['big_chance']} | "
-                       f"not run to the end: {r['error'][:200]!r} | | | | | | {exits} | {event} | |")
-            continue
-        out.append(
-            f"| {r['index']} | {s['seed']} | {s['kind']} | {s['relays']} | {s['candidate_delay']:.3f} "
-            f"| {'yes' if s['replica'] else 'no'} | {s['load_seconds']:.2f} | {s['big_chance']} | {r['acked']} "
-            f"| {r['in_flight']} | {r['lost']} | {r['direct_lost']} | {'yes' if r['candidate_ahead'] else ''} "
-            f"| {r['kill_to_writable']:.2f} | {exits} | {event} | {r['total_seconds']:.1f} |")
+            out.append(f"{head}not run to the end: {r['error'][:200]!r} | | | | | | {exits} | {event} | |")
+        else:
+            out.append(f"{head}{r['acked']} | {r['in_flight']} | {r['lost']} | {r['direct_lost']} "
+                       f"| {'yes' if r['candidate_ahead'] else ''} | {r['kill_to_writable']:.2f} | {exits} | {event} "
+                       f"| {r['total_seconds']:.1f} |")
     trial_seconds = [r["total_seconds"] for r in rows if r["error"] is None]
     out += ["",
             f"Whole run: {report['run_seconds']:.0f} s for {len(rows)} trials (a trial, set-up to tear-down: median "
@@ -297,27 +290,25 @@ def write_plot(path: Path, report: dict) -> bool:
         return False
     colors = {"master": "#4c72b0", "relay-kill": "#dd8452", "promote-kill": "#55a868", "fallback": "#c44e52"}
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5.5))
-    for kind in KINDS:
-        mine = [r for r in rows if r["spec"]["kind"] == kind]
-        if not mine:
-            continue
-        left.scatter([r["spec"]["candidate_delay"] * 1000 for r in mine], [r["direct_lost"] for r in mine], s=14,
-                     color=colors[kind], marker="o", alpha=0.7, label=f"{kind}: promoting the candidate as-is")
-        left.scatter([r["spec"]["candidate_delay"] * 1000 for r in mine], [r["lost"] for r in mine], s=18,
-                     color=colors[kind], marker="x", label=f"{kind}: via the relay (acknowledged)")
-    fb = [r for r in rows if r["spec"]["kind"] == "fallback"]
-    if fb:
-        left.scatter([r["spec"]["candidate_delay"] * 1000 for r in fb], [r["unacked_lost"] for r in fb], s=22,
-                     facecolors="none", edgecolors=colors["fallback"], marker="s",
-                     label="fallback: unacknowledged lost via the relay (the hole)")
+    by_kind = {kind: [r for r in rows if r["spec"]["kind"] == kind] for kind in KINDS}
+    by_kind = {kind: mine for kind, mine in by_kind.items() if mine}
+
+    def scatter(mine: list[dict], key: str, **style) -> None:
+        left.scatter([r["spec"]["candidate_delay"] * 1000 for r in mine], [r[key] for r in mine], **style)
+
+    for kind, mine in by_kind.items():
+        scatter(mine, "direct_lost", s=14, color=colors[kind], marker="o", alpha=0.7,
+                label=f"{kind}: promoting the candidate as-is")
+        scatter(mine, "lost", s=18, color=colors[kind], marker="x", label=f"{kind}: via the relay (acknowledged)")
+    if "fallback" in by_kind:
+        scatter(by_kind["fallback"], "unacked_lost", s=22, facecolors="none", edgecolors=colors["fallback"],
+                marker="s", label="fallback: unacknowledged lost via the relay (the hole)")
     left.set_yscale("symlog", linthresh=1)
-    left.set_xlabel("candidate link delay per chunk, ms")
-    left.set_ylabel("commits lost in the trial (symlog)")
+    left.set(xlabel="candidate link delay per chunk, ms", ylabel="commits lost in the trial (symlog)")
     left.set_title("Loss per trial", fontsize=9)
     left.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
-    kinds = [k for k in KINDS if any(r["spec"]["kind"] == k for r in rows)]
-    data = [[r["kill_to_writable"] for r in rows if r["spec"]["kind"] == k] for k in kinds]
-    right.boxplot(data, whis=(5, 95), showfliers=True)
+    kinds = list(by_kind)
+    right.boxplot([[r["kill_to_writable"] for r in mine] for mine in by_kind.values()], whis=(5, 95), showfliers=True)
     right.set_xticks(range(1, len(kinds) + 1), kinds, fontsize=8)
     right.set_ylabel("seconds, master killed -> candidate writable")
     right.set_title("kill -> writable (box: quartiles, whiskers: p5-p95)", fontsize=9)
