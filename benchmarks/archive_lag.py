@@ -116,14 +116,11 @@ def analyse(samples: list[dict], sizes: dict[str, int], t0: float, t1: float, t_
             archive: bool) -> dict:
     """Figures from the samples: lags during the load [t0, t1], the model of the naive uploader."""
     g = byte_offsets(sizes)
-
     load = [s for s in samples if t0 <= s["t"] <= t1]
-    out: dict = {"samples": len(load)}
     ingest = [max(0, g(s["master"]) - g(s["store"])) for s in load]
-    out["ingest_lag_p99"] = percentile(ingest, 99)
-    out["ingest_lag_max"] = max(ingest, default=0)
-    series = [(round(s["t"] - t0, 3), s["lag_s"], s["lag_b"]) for s in samples if s["t"] >= t0 - 1]
-    out["series"] = series
+    out: dict = {"samples": len(load), "ingest_lag_p99": percentile(ingest, 99),
+                 "ingest_lag_max": max(ingest, default=0),
+                 "series": [(round(s["t"] - t0, 3), s["lag_s"], s["lag_b"]) for s in samples if s["t"] >= t0 - 1]}
     if not archive:
         return out
     lag_s = [float(s["lag_s"]) for s in load if s["lag_s"] is not None]
