@@ -1,14 +1,12 @@
 """Per-event parse cost over recorded binlog streams, in Spark: relayproxy's parsers vs python-mysql-replication.
 
-Every event of every binlog file under ``--input`` (any Hadoop-filesystem path; ``LABEL=PATH`` names its stream) and
-of every relay archive given with ``--archive`` (``s3://``, ``s3a://`` read as ``s3://``, or ``file://``, read and
-checked by relayproxy's own archive reader) is timed on its own with three parsers: ``boundary`` (header unpack +
-``TransactionBoundaryParser.feed``), ``view`` (``view_event`` + the fields its consumer reads) and
-``pymysqlreplication`` (``ReferenceDecoder.decode``, row values lazy). Job 1 cuts each file into self-contained
-splits with relayproxy's ``BinlogScanner``; job 2 times every event (best of ``--repeats`` batches of k calls, the
-loop's own cost subtracted), ``--runs`` times with the parsers' order alternated; between the runs the driver runs
-``parse_cost.py``'s walks over the same local files. What is measured, counted and compared is
-``benchmarks/parsing.py``'s; docs/spark.md describes the method, the outputs and cluster use.
+Every event of the binlog files under ``--input`` (Hadoop-filesystem paths, ``LABEL=PATH`` naming the stream) and of
+the relay archives given with ``--archive`` (read and checked by relayproxy's own archive reader) is timed on its own
+with three parsers, ``boundary``, ``view`` and ``pymysqlreplication``: job 1 cuts each file into self-contained splits
+with ``BinlogScanner``, job 2 times every event (best of ``--repeats`` batches, the loop's own cost subtracted)
+``--runs`` times with the parsers' order alternated; between the runs the driver runs ``parse_cost.py``'s walks over
+the same local files. What is measured, counted and compared is ``benchmarks/parsing.py``'s; docs/spark.md describes
+the method, the outputs and cluster use.
 
     .venv/bin/python benchmarks/workloads.py          # record the default dataset first
     .venv/bin/python benchmarks/spark_parse_cost.py   # recorded streams + corpus, local[*]
@@ -20,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import gc
+import io
 import json
+import operator
 import os
 import shutil
 import statistics
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,10 +235,8 @@ def list_archive(spec: ArchiveSpec, *, endpoint: str | None = None, region: str 
     files left out (all of them read when ``include_open``). SystemExit naming the object when the URL holds no
     relayproxy archive or its parts do not chain."""
     from relayproxy.relay.archive import FILES_PREFIX, ArchiveError, bucket_files
-    from relayproxy.relay.remote import ArchiveReadError, read_archive_marker
     from relayproxy.relay.objectstore import ObjectStoreError, open_object_store
-
-    import urllib.parse
+    from relayproxy.relay.remote import ArchiveReadError, read_archive_marker
 
     where = f"spark_parse_cost: --archive {spec.url}"
     if spec.url.startswith("file://") and not Path(urllib.parse.unquote(spec.url[len("file://"):])).is_dir():
@@ -250,24 +250,16 @@ def list_archive(spec: ArchiveSpec, *, endpoint: str | None = None, region: str 
         listed = bucket_files(o.key for o in store.list(FILES_PREFIX))
     except (ArchiveError, ObjectStoreError, ValueError) as exc:  # parts that do not chain; the store refused
         raise SystemExit(f"{where}: {exc}") from None
-    files, left_out = [], []
-    for name in sorted(listed, key=_file_order):
-        have = listed[name]
-        if not have.sealed and not include_open:
-            left_out.append(name)
-            continue
-        files.append(ArchivedFile(spec.url, endpoint, region, name, spec.stream, have.sealed, have.parts))
-    return files, left_out
+    names = sorted(listed, key=_file_order)
+    left_out = [name for name in names if not listed[name].sealed and not include_open]
+    return [ArchivedFile(spec.url, endpoint, region, name, spec.stream, listed[name].sealed, listed[name].parts)
+            for name in names if name not in left_out], left_out
 
 
 def read_archived_file(entry: ArchivedFile, store, keyring=None, scratch: Path | None = None) -> bytes:
-    """The master's bytes of one archived relay file, fetched part by part in order by relayproxy's own reader
-    (``relay/remote.py``: ``read_manifest``, ``download_parts``, framed parts decoded by ``decode_part``): every part
-    checked against its SHA-256 and size (its object metadata, and the manifest's for a sealed file), a sealed file's
-    whole bytes against the manifest's SHA-256 and size. ``remote.ArchiveReadError`` naming the object key otherwise
-    (missing, corrupt, undecodable)."""
-    import io
-
+    """The master's bytes of one archived relay file, read by relayproxy's own reader (``remote.download_parts``):
+    every part checked against its SHA-256 and size, a sealed file's whole bytes against its manifest's.
+    ``remote.ArchiveReadError`` naming the object key otherwise (missing, corrupt, undecodable)."""
     from relayproxy.relay.remote import ArchiveReadError, download_parts, manifest_key, part_key, read_manifest
 
     name = entry.name
@@ -303,14 +295,11 @@ def plan_archived(entries, keyring, split_bytes: int, split_events: int):
     from relayproxy.relay.objectstore import open_object_store
     from relayproxy.relay.remote import ArchiveReadError
 
-    stores = {}
     with tempfile.TemporaryDirectory(prefix="spark-parse-cost-archive-") as scratch:
         for entry in entries:
-            where = (entry.url, entry.endpoint, entry.region)
-            if where not in stores:
-                stores[where] = open_object_store(entry.url, endpoint=entry.endpoint, region=entry.region)
+            store = open_object_store(entry.url, endpoint=entry.endpoint, region=entry.region)
             try:
-                data = read_archived_file(entry, stores[where], keyring, Path(scratch))
+                data = read_archived_file(entry, store, keyring, Path(scratch))
             except ArchiveReadError as exc:
                 yield ArchiveFault(entry.path, exc.key or entry.path, str(exc))
                 continue
@@ -423,8 +412,7 @@ class Calibration:
 
     def summary(self) -> dict:
         def describe(values: list[int]) -> dict:
-            v = sorted(values)
-            return {f"p{q}": percentile(v, q, method=RANK) for q in (5, 50, 95)}
+            return {f"p{q}": percentile(values, q, method=RANK) for q in (5, 50, 95)}
 
         return {"clock": describe(self.clock_ns),
                 **{kind: {str(k): {**describe(raw), "ref": refs[k]} for k, raw in table.items()}
@@ -988,27 +976,21 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 
 def method_error(calibrations: list[dict]) -> dict:
     """The timing method's own error, over every measuring task."""
-    def across(path: list[str]) -> list[float]:
-        values = []
-        for cal in calibrations:
-            node = cal
-            for key in path:
-                node = node[key]
-            values.append(node)
-        return values
+    def across(*path: str) -> list[float]:
+        return [functools.reduce(operator.getitem, path, cal) for cal in calibrations]
 
     recheck = {name: sorted(v for cal in calibrations for v in cal["recheck"][name]) for name in PARSERS}
     ks = sorted(int(k) for k in calibrations[0]["empty"])
     return {
         "tasks": len(calibrations),
-        "clock_p50": statistics.median(across(["clock", "p50"])),
-        "clock_p5": min(across(["clock", "p5"])),
-        "clock_p95": max(across(["clock", "p95"])),
+        "clock_p50": statistics.median(across("clock", "p50")),
+        "clock_p5": min(across("clock", "p5")),
+        "clock_p95": max(across("clock", "p95")),
         "baseline": {
-            kind: {k: {"p50": statistics.median(across([kind, str(k), "p50"])),
-                       "ref": statistics.median(across([kind, str(k), "ref"])),
-                       "spread": statistics.median([a - b for a, b in zip(across([kind, str(k), "p95"]),
-                                                                           across([kind, str(k), "p5"]))])}
+            kind: {k: {"p50": statistics.median(across(kind, str(k), "p50")),
+                       "ref": statistics.median(across(kind, str(k), "ref")),
+                       "spread": statistics.median([a - b for a, b in zip(across(kind, str(k), "p95"),
+                                                                           across(kind, str(k), "p5"))])}
                    for k in ks}
             for kind in ("empty", "rollback")
         },
@@ -1080,12 +1062,10 @@ def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, d
         "|---:|---|" + "---:|" * len(subsets),
     ]
     for run, info in enumerate(report["runs"]):
-        cells = []
-        for label, _keep in subsets:
-            t = per_subset[label].get(run)
-            value = ratio(t["library_dec"], t["boundary_dec"]) if t else None
-            cells.append("-" if value is None else f"{value:,.1f}x")
-        lines.append(f"| {run + 1} | {info['order']} | " + " | ".join(cells) + " |")
+        values = [ratio(t["library_dec"], t["boundary_dec"]) if (t := per_subset[label].get(run)) else None
+                  for label, _keep in subsets]
+        lines.append(f"| {run + 1} | {info['order']} | "
+                     + " | ".join("-" if v is None else f"{v:,.1f}x" for v in values) + " |")
     lines += ["", "The blob events (each event's median over the runs):", "",
               "| stream | event type | events | mean bytes | largest | library ms (sum) | share of the library's "
               "time, all events | library / boundary |",
@@ -1198,11 +1178,9 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "| stream | events | decoded by the library | library / boundary | library / view | view / boundary |",
         "|---|---:|---:|---:|---:|---:|",
-    ]
-    lines += [f"| {r['stream']} | {r['events']:,} | {r['decoded_events']:,} | {_x(r['library_dec'], r['boundary_dec'])}"
-              f" | {_x(r['library_dec'], r['view_dec'])} | {_x(r['view_all'], r['boundary_all'], 2)} |"
-              for r in report["ratios"] + [ra]]
-    lines += [
+        *(f"| {r['stream']} | {r['events']:,} | {r['decoded_events']:,} | {_x(r['library_dec'], r['boundary_dec'])}"
+          f" | {_x(r['library_dec'], r['view_dec'])} | {_x(r['view_all'], r['boundary_all'], 2)} |"
+          for r in report["ratios"] + [ra]),
         "",
         "The library ratios are over the events the library decodes (sums of ns over the same events, i.e. ratios "
         "of means); view / boundary is over all events.",
@@ -1215,14 +1193,10 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "| stream | parser | events | mean ns | p50 ns | p90 ns | p99 ns | events/s | MB/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    lines += [f"| {r['stream']} | {r['parser']} | {r['events']:,} | {_fmt(r['mean_ns'])} | {_fmt(r['p50_ns'])} | "
-              f"{_fmt(r['p90_ns'])} | {_fmt(r['p99_ns'])} | {_fmt(1e9 / r['mean_ns'] if r['mean_ns'] else None)} | "
-              f"{_fmt(r['bytes'] / r['total_ns'] * 1e3 if r['total_ns'] else None, 1)} |"
-              for r in report["by_stream"] + [dict(o, stream="**all**") for o in report["overall"]]]
-    by_type = per_parser(report["by_type"], "event_type")
-    ordered = sorted(by_type.items(), key=lambda kv: -kv[1]["boundary"]["events"])
-    lines += [
+        *(f"| {r['stream']} | {r['parser']} | {r['events']:,} | {_fmt(r['mean_ns'])} | {_fmt(r['p50_ns'])} | "
+          f"{_fmt(r['p90_ns'])} | {_fmt(r['p99_ns'])} | {_fmt(1e9 / r['mean_ns'] if r['mean_ns'] else None)} | "
+          f"{_fmt(r['bytes'] / r['total_ns'] * 1e3 if r['total_ns'] else None, 1)} |"
+          for r in report["by_stream"] + [dict(o, stream="**all**") for o in report["overall"]]),
         "",
         "## Cost per event type (all streams)",
         "",
@@ -1230,7 +1204,8 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "library / boundary |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, per in ordered:
+    by_type = per_parser(report["by_type"], "event_type")
+    for name, per in sorted(by_type.items(), key=lambda kv: -kv[1]["boundary"]["events"]):
         b, lib = per["boundary"], per.get("pymysqlreplication")
         lines.append(f"| {name} | {b['events']:,} | {_fmt(b['bytes'] / b['events'])} | {_mean_p99(b)} | "
                      f"{_mean_p99(per.get('view') or {})} | "
@@ -1244,19 +1219,12 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "## python-mysql-replication coverage",
         "",
-    ]
-    outcomes = report["coverage"]
-    not_decoded = {t: o for t, o in outcomes.items() if set(o) - {"decoded"}}
-    lines.append(
         f"python-mysql-replication {LIBRARY_VERSION} (`relayproxy.lab.reference.ReferenceDecoder`, row values left "
-        "lazy) "
-        "decoded every event of the other types. Events it has no decoder for (`not_decoded`) or raises on (`error`) "
-        "are timed but left out of its rows and ratios:"
-    )
-    lines.append("")
-    for t, o in sorted(not_decoded.items()):
-        lines.append(f"- {t}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(o.items())))
-    lines += [
+        "lazy) decoded every event of the other types. Events it has no decoder for (`not_decoded`) or raises on "
+        "(`error`) are timed but left out of its rows and ratios:",
+        "",
+        *(f"- {t}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(o.items()))
+          for t, o in sorted(report["coverage"].items()) if set(o) - {"decoded"}),
         "",
         f"relayproxy's views rejected {report['view_rejected']:,} event(s) (timed and counted all the same).",
         "",
@@ -1280,24 +1248,17 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "| k | empty loop (view, library) | rollback loop (boundary) | boundary's spread per call |",
         "|---:|---:|---:|---:|",
-    ]
-    for k, e in err["baseline"]["empty"].items():
-        r = err["baseline"]["rollback"][k]
-        lines.append(f"| {k} | {e['ref']:.0f} / {e['p50']:.0f} / {e['spread']:.0f} | "
-                     f"{r['ref']:.0f} / {r['p50']:.0f} / {r['spread']:.0f} | {r['spread'] / k:.1f} |")
-    lines += [
+        *(f"| {k} | {e['ref']:.0f} / {e['p50']:.0f} / {e['spread']:.0f} | "
+          f"{r['ref']:.0f} / {r['p50']:.0f} / {r['spread']:.0f} | {r['spread'] / k:.1f} |"
+          for (k, e), r in zip(err["baseline"]["empty"].items(), err["baseline"]["rollback"].values())),
         "",
         f"- repeatability: every {args.recheck_every}-th event was measured twice (best of {args.repeats} batches "
         "each); relative difference |a-b|/mean of the two results:",
         "",
         "| parser | events rechecked | median | p90 |",
         "|---|---:|---:|---:|",
-    ]
-    for name in PARSERS:
-        rc = err["recheck"][name]
-        lines.append(f"| {name} | {rc['n']:,} | {_fmt(rc['p50'] and rc['p50'] * 100, 1)}% | "
-                     f"{_fmt(rc['p90'] and rc['p90'] * 100, 1)}% |")
-    lines += [
+        *(f"| {name} | {rc['n']:,} | {_fmt(rc['p50'] and rc['p50'] * 100, 1)}% | "
+          f"{_fmt(rc['p90'] and rc['p90'] * 100, 1)}% |" for name, rc in err["recheck"].items()),
         "",
         "A batch runs the same event k times in a row, so caches are warm: these are the costs of the parser's code "
         "on an event that was just received, not of fetching it from memory.",
