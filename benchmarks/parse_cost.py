@@ -154,12 +154,9 @@ def render_markdown(measures, results, info, argv, corpus, files, lib_stats, rej
         "|---|---:|---:|---:|---:|---:|",
     ]
     for m in measures:
-        lo, hi = m.spread
-        ns = m.ns_per_event
-        lines.append(
-            f"| {m.label} | {ns:,.0f} | [{lo:,.0f} - {hi:,.0f}] | {1e9 / ns:,.0f} | "
-            f"{m.nbytes / (ns * m.events) * 1e3:,.1f} | {ns / boundary.ns_per_event:.2f} |"
-        )
+        ns, (lo, hi) = m.ns_per_event, m.spread
+        lines.append(f"| {m.label} | {ns:,.0f} | [{lo:,.0f} - {hi:,.0f}] | {1e9 / ns:,.0f} | "
+                     f"{m.nbytes / (ns * m.events) * 1e3:,.1f} | {ns / boundary.ns_per_event:.2f} |")
     lines += [
         "",
         "**Ratio pymysqlreplication / boundary (batch `feed_buffer`): "
@@ -182,8 +179,6 @@ def render_markdown(measures, results, info, argv, corpus, files, lib_stats, rej
         "Absolute numbers come from a shared 2-core machine and are noise from run to run; the ratio "
         "between rows of the same run is what counts.",
         "",
-    ]
-    lines += [
         "Notes on the rows:",
         "",
         "- *header walk* is the floor: the loop and one `HEADER.unpack_from` per event, nothing else.",
@@ -203,17 +198,17 @@ def render_markdown(measures, results, info, argv, corpus, files, lib_stats, rej
         "",
         "Machine:",
         "",
+        *(f"- {k}: {v}" for k, v in info.items()),
+        "", "## Profile of the boundary hot path", "",
+        *_profile_analysis(by_key, files),
+        "", spy_text, "",
+        "cProfile (3 walks of the corpus, sorted by own time; cProfile's per-call overhead inflates "
+        "small functions, so read it for shares, not for absolute time):", "", "```", profile_text, "```", "",
+        "cProfile of the batch path (`feed_buffer`, the headline row; 3 walks): its loops run inside "
+        "`_batch_mysql` / `_batch_mariadb`, so their own time is the per-event loop; the calls below them are "
+        "what leaves the inline cases (FORMAT_DESCRIPTION parsing, rare transitions, the group-end callback):",
+        "", "```", batch_profile_text, "```", "",
     ]
-    lines += [f"- {k}: {v}" for k, v in info.items()]
-    lines += ["", "## Profile of the boundary hot path", ""]
-    lines += _profile_analysis(by_key, files)
-    lines += ["", spy_text, ""]
-    lines += ["cProfile (3 walks of the corpus, sorted by own time; cProfile's per-call overhead inflates "
-              "small functions, so read it for shares, not for absolute time):", "", "```", profile_text, "```", ""]
-    lines += ["cProfile of the batch path (`feed_buffer`, the headline row; 3 walks): its loops run inside "
-              "`_batch_mysql` / `_batch_mariadb`, so their own time is the per-event loop; the calls below them are "
-              "what leaves the inline cases (FORMAT_DESCRIPTION parsing, rare transitions, the group-end callback):",
-              "", "```", batch_profile_text, "```", ""]
     return "\n".join(lines)
 
 
@@ -223,17 +218,15 @@ def _profile_analysis(by_key, files: list[CorpusFile]) -> list[str]:
     boundary = by_key["boundary"].ns_per_event
     crc = by_key["boundary_crc"].ns_per_event
     per_file = _per_file_cost_ns(files)
-    feed = boundary - walk - per_file
+    parts = [("loop + `HEADER.unpack_from` (header walk)", walk),
+             ("per file: parser creation, `FormatDescription.parse` + `set_format` per FDE", per_file),
+             ("`feed` per event (call, type dispatch, state transition, QUERY/GTID peeks)", boundary - walk - per_file)]
     return [
         "Cost split by ablation (medians of this run; the per-file row is timed separately):",
         "",
         "| part | ns/event | share of boundary |",
         "|---|---:|---:|",
-        f"| loop + `HEADER.unpack_from` (header walk) | {walk:,.0f} | {walk / boundary:.0%} |",
-        f"| per file: parser creation, `FormatDescription.parse` + `set_format` per FDE | {per_file:,.0f} "
-        f"| {per_file / boundary:.0%} |",
-        f"| `feed` per event (call, type dispatch, state transition, QUERY/GTID peeks) | {feed:,.0f} "
-        f"| {feed / boundary:.0%} |",
+        *(f"| {part} | {ns:,.0f} | {ns / boundary:.0%} |" for part, ns in parts),
         f"| CRC32 verification on top (not part of boundary) | {crc - boundary:,.0f} | - |",
     ]
 
