@@ -210,13 +210,12 @@ def walk_boundary(files: list[CorpusFile]) -> int:
 def walk_boundary_batch(files: list[CorpusFile]) -> int:
     """The parser's batch fast path: TransactionBoundaryParser.feed_buffer over each file image,
     with a group-end callback (what recovery and the Spark job run)."""
-    count = 0
     def on_end(end: int, gtid) -> None:
         return None
 
+    count = 0
     for cf in files:
-        parser = TransactionBoundaryParser()
-        parser.feed_buffer(cf.data, 4, len(cf.data), on_end)
+        TransactionBoundaryParser().feed_buffer(cf.data, 4, len(cf.data), on_end)
         count += len(cf.events)
     return count
 
