@@ -1043,6 +1043,7 @@ def fault_summary(faults: list[dict]) -> dict[str, dict]:
     return out
 
 
+# candidate for benchmarks/common.py (fanout_common's md_row renders one such row)
 def _table(header: list[str], rows) -> list[str]:
     """A markdown table, then a blank line; a row is a list of cells or a line already written."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
