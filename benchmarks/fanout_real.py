@@ -327,6 +327,8 @@ class IdleClients:
 
 # --- lag and bytes watchers (threads in this process) ---
 class _Watcher(threading.Thread):
+    """A daemon thread that runs until ``stop()``."""
+
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self._halt = threading.Event()
@@ -445,8 +447,9 @@ class BytesSampler(_Watcher):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            total = sum(c.size() for c in self.clients) + sum(r.relay_log_bytes() for r in self.replicas)
-            self.samples.append((time.monotonic(), total))
+            t = time.monotonic()  # the time of a sample is taken before its reading
+            held = sum(c.size() for c in self.clients) + sum(r.relay_log_bytes() for r in self.replicas)
+            self.samples.append((t, held))
             self._halt.wait(self.interval)
 
 
@@ -581,7 +584,8 @@ class RealBench:
             for watcher in (sampler, tail, *([poller] if poller else [])):
                 watcher.stop()
             after = _held(clients, replicas, idle)
-            idle_result, idle = (idle.stop() if idle else None), None
+            idle_result = idle.stop() if idle else None
+            idle = None  # stopped
         finally:
             for c in clients:
                 c.stop()
