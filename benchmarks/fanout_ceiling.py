@@ -62,7 +62,7 @@ def drain(port: int, clients: int, settle: float = 1.5, timeout: float = 300.0,
     def sample() -> tuple:
         return tree_cpu(server_pid), [tree_cpu(h.proc.pid) for h in halves], machine_busy()
 
-    (server0, clients0, machine0) = sample()
+    server0, clients0, machine0 = sample()
     began = time.monotonic()
     for h in halves:
         h.go()
