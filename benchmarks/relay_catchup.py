@@ -517,7 +517,7 @@ def summarise_py_spy(text: str, seconds: float, top: int) -> dict:
     # The main thread is the one whose samples run the relay's code or its event loop.
     mains: Counter[str] = Counter()
     for frames, count, thread in stacks:
-        if any("relayproxy/cli.py" in f or "runpy" in f for f in frames):
+        if any("relayproxy/commands/cli.py" in f or "runpy" in f for f in frames):
             mains[thread] += count
     main_thread = max(mains or threads, key=(mains or threads).get)
     fsync = others = idle = startup = work = 0
@@ -531,7 +531,7 @@ def summarise_py_spy(text: str, seconds: float, top: int) -> dict:
                 fsync += count
             continue
         func, path, lineno = _frame_parts(frames[-1] if frames else "?")
-        if not any(("relayproxy/run.py" in f and not f.startswith("run (")) or "uvloop" in f or "runners.py" in f
+        if not any(("relayproxy/commands/run.py" in f and not f.startswith("run (")) or "uvloop" in f or "runners.py" in f
                    for f in frames):
             startup += count  # interpreter start-up, imports, argument parsing, the stop
         elif func.rsplit(".", 1)[-1] in _IDLE_LEAVES and any(m in path for m in _IDLE_PATHS):
