@@ -144,7 +144,7 @@ def analyse(samples: list[dict], sizes: dict[str, int], t0: float, t1: float, t_
     out["age_p99"] = percentile(ages, 99)
     out["age_max"] = max(ages, default=0.0)
     in_load = [s for s in load if s["objects"] is not None]
-    minutes = (in_load[-1]["t"] - in_load[0]["t"]) / 60 if len(in_load) > 1 else float("nan")
+    minutes = (in_load[-1]["t"] - in_load[0]["t"]) / 60 if len(in_load) > 1 else 0.0  # 0: too few samples
     out["puts_per_min_load"] = (in_load[-1]["objects"] - in_load[0]["objects"]) / minutes if minutes else float("nan")
     out["parts_per_min_load"] = (in_load[-1]["parts"] - in_load[0]["parts"]) / minutes if minutes else float("nan")
     # Modelled: every second, the whole open file put again; a file put once more, whole, when it is closed.
