@@ -22,6 +22,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import statistics
 import sys
@@ -142,7 +143,11 @@ def one_repeat(master: MariaDBSandbox, relay: RelayProcess, relay_port: int, rat
     master.execute("INSERT INTO bench.t VALUES (%s, %s)", (last_id.value + 1, "end"))  # wakes a reader at the end
     last_id.value += 1
     for name, (p, q, _) in readers.items():
-        results[name] = q.get(timeout=120)
+        try:
+            results[name] = q.get(timeout=120)
+        except queue.Empty:
+            raise RuntimeError(f"the {name} reader did not see row {last_id.value} within 120 s (alive: "
+                               f"{p.is_alive()}); the relay's log:\n{relay.log_tail(60)}") from None
         p.join(30)
     relay_cpu = tree_cpu(relay.proc.pid) - relay_cpu0
     out = {"transactions": len(committed), "rate": len(committed) / seconds,
