@@ -1,7 +1,7 @@
 """What one relay hop adds to a client's commit-to-arrival latency, against the master direct, in the same run.
 
 Per repeat: a writer process commits autocommit INSERTs at ``--rate`` trx/s and notes when each COMMIT returned; two
-python-mysql-replication readers (a process each, from the same file/position), one on ``relayproxy run``
+python-mysql-replication readers (a process each, from the same MariaDB GTID position), one on ``relayproxy run``
 (per-transaction durability), one on the master, note when each row event arrived (CLOCK_MONOTONIC: one clock for
 every process). Each repeat runs every ``--variant`` of the relay in turn (alternating orders): ``default`` (the
 fdatasync in the fsync thread), ``sync_on_loop`` (on the event loop's thread) and ``sync_on_loop_indexer_thread``
@@ -36,7 +36,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 from benchmarks.benchinfo import command_line, machine_info, machine_section, pyplot  # noqa: E402
 from benchmarks.benchinfo import alternating_orders  # noqa: E402
 from benchmarks.common import RESULTS_DIR, hop_buckets, hop_share, percentile, save_figure, write_results  # noqa: E402
-from relayproxy.lab.harness import RelayProcess, master_status, prepare_master  # noqa: E402
+from relayproxy.lab.harness import RelayProcess, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import tree_cpu  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
@@ -87,15 +87,17 @@ def writer(port: int, rate: float, seconds: float, first_id: int, out) -> None:
     out.put(done)
 
 
-def reader(port: int, server_id: int, file: str, pos: int, marker: int, last_id, ready, out) -> None:
+def reader(port: int, server_id: int, gtid_pos: str, marker: int, last_id, ready, out) -> None:
     """Arrival times of bench.t's row events until ``last_id``; mp queue gets {id: time}. ``ready`` is set once the
-    row ``marker`` (inserted after the readers were started) has arrived: the reader is connected and streaming."""
+    row ``marker`` (inserted after the readers were started) has arrived: the reader is connected and streaming.
+    It starts at the MariaDB GTID position ``gtid_pos`` (python-mysql-replication's MariaDB dump ignores a file and
+    position and would read the whole history, at every reconnect too)."""
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.row_event import WriteRowsEvent
 
     settings = {"host": "127.0.0.1", "port": port, "user": "repl", "password": "replpw"}
-    stream = BinLogStreamReader(connection_settings=settings, server_id=server_id, resume_stream=True,
-                                log_file=file, log_pos=pos, blocking=True, only_events=[WriteRowsEvent],
+    stream = BinLogStreamReader(connection_settings=settings, server_id=server_id, auto_position=gtid_pos,
+                                blocking=True, only_events=[WriteRowsEvent],
                                 only_tables=["t"], only_schemas=["bench"], is_mariadb=True)
     seen: dict[int, float] = {}
     try:
@@ -117,14 +119,14 @@ def one_repeat(master: MariaDBSandbox, relay: RelayProcess, relay_port: int, rat
                first_id: int, server_ids: tuple[int, int]) -> dict:
     ctx = mp.get_context("spawn")
     relay.wait_caught_up(master)
-    file, pos = master_status(master)
+    gtid_pos = master.execute("SELECT @@gtid_binlog_pos")[0][0]
     last_id = ctx.Value("q", 0)
     results = {}
     readers = {}
     marker = first_id - 5  # a row no repeat writes otherwise
     for name, port, sid in (("relay", relay_port, server_ids[0]), ("direct", master.port, server_ids[1])):
         ready, q = ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=reader, args=(port, sid, file, pos, marker, last_id, ready, q), daemon=True)
+        p = ctx.Process(target=reader, args=(port, sid, gtid_pos, marker, last_id, ready, q), daemon=True)
         p.start()
         readers[name] = (p, q, ready)
     master.execute("INSERT INTO bench.t VALUES (%s, %s)", (marker, "ready"))
@@ -191,7 +193,7 @@ def render(report: dict, argv: list[str]) -> str:
         "# Hop latency: commit-to-arrival through the relay against the master direct, same run", "",
         "Command:", "", f"    {command_line(__file__, argv)}", "",
         f"Per run: {report['seconds']:g} s of autocommit INSERTs at {report['rate']:g} trx/s (one writer "
-        "process); two python-mysql-replication readers (one process each, file/position, `is_mariadb`), one on "
+        "process); two python-mysql-replication readers (one process each, from the master's GTID position), one on "
         "the relay and one on the master, both streaming (each has received a marker row) and idle at the master's "
         "end before the load. Latency = "
         "when a reader had the row event - when its COMMIT returned (CLOCK_MONOTONIC). The relay: "
