@@ -1123,6 +1123,8 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--baseline", action="store_true", help="write fanout_real_baseline.md/.png instead of "
                    "fanout_real.md/.png")
     g.add_argument("--keep", action="store_true", help="keep the work directory")
+    g.add_argument("--stem", default=None, help="the results files' name without .md/.png (default fanout_real, "
+                   "fanout_real_baseline with --baseline)")
 
 
 REAL_DEFAULTS = (  # option: (--quick, otherwise)
@@ -1177,7 +1179,7 @@ def real_main(args, argv: list[str], script: str | Path) -> int:
     out_dir = args.output_dir if args.output_dir is not None else (None if args.quick else RESULTS_DIR)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        stem = "fanout_real_baseline" if args.baseline else "fanout_real"
+        stem = args.stem or ("fanout_real_baseline" if args.baseline else "fanout_real")
         write_real_markdown(out_dir / f"{stem}.md", report, args.notes.read_text() if args.notes else None,
                             f"{stem}.png")
         write_real_plot(out_dir / f"{stem}.png", report)
