@@ -490,6 +490,15 @@ def format_status(status: dict[str, Any]) -> str:
                 f"{_size(cache.get('max_bytes'))}, {cache.get('fetches')} fetches, {cache.get('hits')} hits"
                 + (f"; last error: {cache['last_error']}" if cache.get("last_error") else "")
             )
+    txindex = status.get("txindex")
+    if txindex:  # relayproxy run's transaction indexer (relay/txindex.py, relay/txindex_child.py)
+        where = (f"child pid {txindex.get('child_pid')}, {txindex.get('child_starts')} started"
+                 if txindex.get("mode") == "child" else "thread")
+        lines.append(
+            f"Transaction index:      {where}; {txindex.get('passes')} passes, {txindex.get('files_finished')} files "
+            f"finished, {txindex.get('errors')} errors"
+            + (f"; last error: {txindex['last_error']}" if txindex.get("last_error") else "")
+        )
     replicas = [r for r in status.get("replicas") or [] if r.get("file") is not None]
     lines.append(f"Replicas:               {len(replicas)}")
     for r in replicas:

@@ -575,3 +575,10 @@ def test_the_transaction_indexer_health_reaches_status_and_metrics(tmp_path):
     assert value(fams, "relayproxy_txindex_errors", "relayproxy_txindex_errors_total") == 0
     assert "relayproxy_txindex_child_starts" not in fams  # a thread: no child
     assert "txindex" not in bare
+    text = format_status(doc)
+    assert f"Transaction index:      thread; {health['passes']} passes, 0 files finished, 0 errors" in text
+    child = {**doc, "txindex": {"mode": "child", "child_pid": 42, "child_starts": 2, "passes": 9, "files_finished": 1,
+                                "errors": 1, "last_error": "the transaction indexer (pid 41) exited"}}
+    assert ("Transaction index:      child pid 42, 2 started; 9 passes, 1 files finished, 1 errors; last error: the "
+            "transaction indexer (pid 41) exited") in format_status(child)
+    assert "Transaction index" not in format_status(bare)
