@@ -432,7 +432,7 @@ _WRAPPERS = ("<module> (relayproxy/commands/cli.py)", "main (relayproxy/commands
 def summarise_py_spy(raw: Path, top: int = 12) -> dict:
     """Samples per thread; the main thread's hottest functions (self) and relayproxy functions (inclusive)."""
     if py_spy_exe() is None:
-        return {"error": "py-spy is not installed (`.venv/bin/pip install py-spy`)"}
+        return {"error": "py-spy is not installed (`.venv/bin/pip install -e '.[profile]'`)"}
     if not raw.exists() or not raw.stat().st_size:
         return {"error": "py-spy wrote nothing (not allowed to attach? see ptrace_scope)"}
     threads: Counter[str] = Counter()

@@ -11,7 +11,7 @@ server side saturates first: 2 processes; each logs in and starts its dumps with
 copying it to the client. They still share the machine's cores with the servers, which the cores columns show.
 Targets run in an order that is rotated between repeats; the figures are medians with the range.
 
-    .venv/bin/python benchmarks/fanout_ceiling.py [--clients 24] [--backlog-mb 60] [--repeats 3]
+    .venv/bin/python benchmarks/fanout_ceiling.py [--clients 16] [--backlog-mb 60] [--repeats 3]
 """
 
 from __future__ import annotations
