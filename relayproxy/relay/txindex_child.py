@@ -118,7 +118,7 @@ class TxIndexProcess:
                 proc.stdin.write(json.dumps(message).encode() + b"\n")
                 proc.stdin.flush()
             except (BrokenPipeError, OSError, ValueError):
-                continue  # the child is gone: noticed above
+                pass  # the child is going: noticed at the next turn, after the wait (no spinning on a dead pipe)
             if self._wake.wait(self.poll_seconds):
                 self._wake.clear()
         self._close_child()
