@@ -3,11 +3,12 @@
 Times in one process, per event, ``benchmarks/parsing.py``'s walks over the corpus's file images (in memory): the
 header walk alone (the floor), the boundary parser's batch path (``feed_buffer``) and per-event API (``feed``), the
 same plus CRC32, relayproxy's typed views, and python-mysql-replication's decoders (``ReferenceDecoder``, row values
-lazy, and with rows materialised as a CDC consumer does). Warm-up first, then the measurements take turns ``--repeat``
-times (round robin); a sample repeats its walk for at least ``--min-sample`` s with GC off; the median counts. A full
+lazy, and with rows materialised as a CDC consumer does). Warm-up first, then the measurements take turns 9 times
+(round robin) in each of 3 runs; a sample repeats its walk for at least 0.25 s with GC off; the median counts. A full
 run also profiles the boundary walk (ablation rows, py-spy when installed, cProfile) and writes
-``benchmarks/results/parse_cost.md`` and ``.png``; ``--quick`` leaves out the rows-materialised and per-flavour rows
-and the profiles, and writes nothing.
+``benchmarks/results/parse_cost.md`` and ``.png`` (to ``--output-dir``); ``--quick`` (1 run, 3 samples of 0.02 s)
+leaves out the rows-materialised and per-flavour rows and the profiles, and writes nothing. The corpus:
+$RELAYPROXY_CORPUS, else ../shared/corpus/binlogs beside the checkout.
 
     .venv/bin/python benchmarks/parse_cost.py            # full run, writes benchmarks/results/
     .venv/bin/python benchmarks/parse_cost.py --quick --json   # fast, prints JSON, writes nothing
@@ -23,6 +24,7 @@ import cProfile
 import gc
 import io
 import json
+import os
 import pstats
 import shutil
 import subprocess
@@ -85,9 +87,10 @@ def py_spy_boundary(corpus: Path, seconds: float = 6.0, top: int = 14) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "boundary.txt"
         cmd = [exe, "record", "--rate", "400", "--format", "raw", "--output", str(raw), "--",
-               sys.executable, str(Path(__file__).resolve()), "--corpus", str(corpus), "--spin-boundary", str(seconds)]
+               sys.executable, str(Path(__file__).resolve()), "--spin-boundary", str(seconds)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120,
+                                  env={**os.environ, "RELAYPROXY_CORPUS": str(corpus)})
         except (OSError, subprocess.SubprocessError) as exc:
             return f"py-spy could not run: {exc}"
         if proc.returncode != 0 or not raw.is_file():
@@ -284,26 +287,15 @@ def write_chart(measures, results, path: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--corpus", help="corpus folder (default $RELAYPROXY_CORPUS or <repo>/../shared/corpus/binlogs)")
     ap.add_argument("--quick", action="store_true", help="fast run (few short samples, no profile); writes nothing")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout")
-    ap.add_argument("--repeat", type=int, help="samples per measurement and run (default 9, --quick 3)")
-    ap.add_argument("--runs", type=int, help=f"runs, measurement order reversed every other run (default "
-                    f"{benchinfo.MIN_RUNS}, --quick 1); headlines are the median and range of the runs")
-    ap.add_argument("--min-sample", type=float, help="seconds a sample lasts at least (default 0.25, --quick 0.02)")
-    ap.add_argument("--no-write", action="store_true", help="do not write benchmarks/results/ (implied by --quick)")
     ap.add_argument("--output-dir", default=str(RESULTS_DIR), help="where parse_cost.md / .png go")
-    ap.add_argument("--no-py-spy", action="store_true", help="skip the py-spy sampled profile of a full run")
     ap.add_argument("--spin-boundary", type=float, metavar="SECONDS", help=argparse.SUPPRESS)  # py-spy's child
     args = ap.parse_args(argv)
-    repeat = args.repeat or (3 if args.quick else 9)
-    min_sample = args.min_sample if args.min_sample is not None else (0.02 if args.quick else 0.25)
-    runs = args.runs or (1 if args.quick else benchinfo.MIN_RUNS)
-    if repeat < 1 or runs < 1:
-        ap.error("--repeat and --runs must be at least 1")
-    write = not (args.quick or args.no_write)
+    repeat, min_sample, runs = (3, 0.02, 1) if args.quick else (9, 0.25, benchinfo.MIN_RUNS)
+    write = not args.quick
 
-    corpus = corpus_path(args.corpus)
+    corpus = corpus_path()
     files = load_corpus(corpus)
     if args.spin_boundary is not None:
         spin_boundary(files, args.spin_boundary)
@@ -361,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = Path(args.output_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         lib_stats.row_errors = rows_stats.row_errors
-        spy_text = "py-spy skipped (--no-py-spy)." if args.no_py_spy else py_spy_boundary(corpus)
+        spy_text = py_spy_boundary(corpus)
         info = benchinfo.machine_info(**{"python-mysql-replication": LIBRARY_VERSION})
         text = render_markdown(measures, results, info, argv, corpus, files, lib_stats, rejected,
                                profile_boundary(files), profile_boundary(files, walk=walk_boundary_batch), spy_text,

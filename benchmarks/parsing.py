@@ -90,10 +90,8 @@ class CorpusFile:
         return sum(size for _, size, _ in self.events)
 
 
-def corpus_path(cli_value: str | None) -> Path:
-    """``--corpus``, else $RELAYPROXY_CORPUS, else the shared corpus beside the checkout."""
-    if cli_value:
-        return Path(cli_value)
+def corpus_path() -> Path:
+    """$RELAYPROXY_CORPUS, else the shared corpus beside the checkout."""
     configured = os.environ.get("RELAYPROXY_CORPUS")
     return Path(configured) if configured else DEFAULT_CORPUS
 
@@ -102,7 +100,7 @@ def load_corpus(root: Path) -> list[CorpusFile]:
     """Every file of manifest.json in memory, with the offsets of its complete events."""
     manifest_path = root / "manifest.json"
     if not manifest_path.is_file():
-        raise SystemExit(f"parse_cost: no corpus at {root} (manifest.json missing); set RELAYPROXY_CORPUS or --corpus")
+        raise SystemExit(f"parse_cost: no corpus at {root} (manifest.json missing); set RELAYPROXY_CORPUS")
     return [load_binlog(entry["file"], (root / entry["file"]).read_bytes())
             for entry in json.loads(manifest_path.read_text())]
 

@@ -1457,7 +1457,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.inputs is None and args.archives:
             inputs = []
         elif args.inputs is None:
-            specs = [InputSpec(str(DEFAULT_DATASET), None), InputSpec(str(corpus_path(None)), "corpus")]
+            specs = [InputSpec(str(DEFAULT_DATASET), None), InputSpec(str(corpus_path()), "corpus")]
             inputs = resolve_inputs(spark, specs, required=False)
             if not any(p == str(DEFAULT_DATASET) for p, _l, _r in inputs):
                 log(f"no recorded dataset at {DEFAULT_DATASET}: record it with `.venv/bin/python "
