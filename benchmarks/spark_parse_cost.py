@@ -652,7 +652,7 @@ def start_spark(args, workdir: Path):
     if master:
         builder = builder.master(master)
     if not under_spark_submit():  # JVM options only matter when this script starts the JVM
-        builder = (builder.config("spark.driver.memory", args.driver_memory)
+        builder = (builder.config("spark.driver.memory", "4g")
                    .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}"))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -1395,7 +1395,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--walk-repeat", type=int, default=3, help="samples per walk and run (default 3)")
     add("--walk-min-sample", type=float, default=0.25, help="seconds a walk sample lasts at least (default 0.25)")
     add("--ui", action="store_true", help="turn Spark's web UI on (off by default)")
-    add("--driver-memory", default="4g", help="spark.driver.memory when this script starts Spark (4g)")
     args = ap.parse_args(argv)
     for name in ("split_bytes", "split_events", "batch_ns", "max_batch", "repeats", "runs", "blob_bytes",
                  "walk_repeat"):
