@@ -60,7 +60,6 @@ RESULTS_DIR = REPO_ROOT / "benchmarks" / "results" / "spark_parse_cost"
 PARSERS = ("boundary", "view", "pymysqlreplication")
 SUMMARY_COLUMNS = ["stream", "server_version", "event_type", "parser", "events", "bytes", "mean_ns", "p50_ns",
                    "p90_ns", "p99_ns", "flavour", "events_per_s", "mb_per_s", "total_ns"]
-BINLOG_MAGIC = C.BINLOG_MAGIC
 SCAN_CHUNK = 1 << 20
 GC_EVERY = 20_000
 CALIBRATION_SAMPLES = 500
@@ -98,7 +97,6 @@ class Split:
     stream: str
     number: int
     start: int  # file offset of data[0]
-    end: int
     events: int
     fde: bytes | None  # the FORMAT_DESCRIPTION in force at start (None: the split begins with it)
     data: bytes = field(repr=False)
@@ -125,7 +123,7 @@ def stream_of(path: str, roots: list[tuple[str, str | None]]) -> str:
 
 def plan_file(path: str, stream: str, data: bytes, split_bytes: int, split_events: int) -> tuple[FileInfo, list[Split]]:
     """Scan one file image with the relay's scanner and cut it where its boundary parser is outside any group."""
-    info = FileInfo(path, stream, len(data), data[:4] == BINLOG_MAGIC)
+    info = FileInfo(path, stream, len(data), data[:4] == C.BINLOG_MAGIC)
     if not info.binlog:
         return info, []
     cuts: list[tuple[int, int, bytes | None, int]] = []
@@ -156,7 +154,7 @@ def plan_file(path: str, stream: str, data: bytes, split_bytes: int, split_event
     info.server_version = result.server_version
     if result.error or result.crc_errors:
         info.error = result.error or f"{result.crc_errors} CRC32 mismatch(es)"
-    splits = [Split(path, stream, n, s, e, count, fde, bytes(view[s:e])) for n, (s, e, fde, count) in enumerate(cuts)]
+    splits = [Split(path, stream, n, s, count, fde, bytes(view[s:e])) for n, (s, e, fde, count) in enumerate(cuts)]
     return info, splits
 
 
@@ -217,10 +215,8 @@ class ArchivedFile:
 
 @dataclass
 class ArchiveFault:
-    """An archived file that cannot be read back whole and verified: the job stops, naming the object."""
+    """An archived file that cannot be read back whole and verified: the job stops, its message naming the object."""
 
-    path: str
-    key: str
     message: str
 
 
@@ -244,7 +240,7 @@ def list_archive(spec: ArchiveSpec, *, endpoint: str | None = None, region: str 
     try:
         store = open_object_store(spec.url, endpoint=endpoint, region=region)
         try:
-            marker = read_archive_marker(store)
+            read_archive_marker(store)  # the check that the URL holds a relayproxy archive
         except ArchiveReadError as exc:
             raise SystemExit(f"{where}: {exc}") from None
         listed = bucket_files(o.key for o in store.list(FILES_PREFIX))
@@ -301,7 +297,7 @@ def plan_archived(entries, keyring, split_bytes: int, split_events: int):
             try:
                 data = read_archived_file(entry, store, keyring, Path(scratch))
             except ArchiveReadError as exc:
-                yield ArchiveFault(entry.path, exc.key or entry.path, str(exc))
+                yield ArchiveFault(str(exc))
                 continue
             info, splits = plan_file(entry.path, entry.stream, data, split_bytes, split_events)
             del data
