@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import io
 import json
 import os
@@ -42,7 +41,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
 import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 from benchmarks.common import save_figure  # noqa: E402
 from parsing import (CorpusFile, LibraryStats, core_measures, corpus_path, files_totals,  # noqa: E402
-                     load_corpus, make_walk_library, make_walk_views, measure, run_in_order, walk_boundary,
+                     load_corpus, make_walk_library, make_walk_views, measure, run_in_order, timed, walk_boundary,
                      walk_boundary_batch, walk_boundary_crc, walk_figures)
 
 from relayproxy.binlog import constants as C  # noqa: E402
@@ -237,20 +236,15 @@ def _profile_analysis(by_key, files: list[CorpusFile]) -> list[str]:
 def _per_file_cost_ns(files: list[CorpusFile], rounds: int = 20) -> float:
     """Fixed costs the boundary walk pays per file and per FDE, spread over the corpus's events."""
     fdes = [(cf.data, pos, size) for cf in files for pos, size, t in cf.events if t == _FDE]
-    events = sum(len(cf.events) for cf in files)
-    gc.disable()
-    try:
-        t0 = time.perf_counter_ns()
-        for _ in range(rounds):
-            for _cf in files:
-                TransactionBoundaryParser()
-            parser = TransactionBoundaryParser()
-            for data, pos, size in fdes:
-                parser.set_format(FormatDescription.parse(data, pos, size))
-        elapsed = time.perf_counter_ns() - t0
-    finally:
-        gc.enable()
-    return elapsed / rounds / events
+
+    def per_file(files: list[CorpusFile]) -> None:
+        for _cf in files:
+            TransactionBoundaryParser()
+        parser = TransactionBoundaryParser()
+        for data, pos, size in fdes:
+            parser.set_format(FormatDescription.parse(data, pos, size))
+
+    return timed(per_file, files, rounds)[0] / rounds / files_totals(files)[0]
 
 
 def write_chart(measures, results, path: Path) -> bool:

@@ -335,7 +335,8 @@ def core_measures(files: list[CorpusFile], prefix: str = "", stats: LibraryStats
     ]
 
 
-def _timed(walk, files, inner: int) -> tuple[int, int]:
+def timed(walk, files, inner: int) -> tuple[int, int]:
+    """(ns, what the last walk returned) of ``inner`` walks over ``files`` in a row, GC off (collected first)."""
     gc.collect()
     gc.disable()
     try:
@@ -352,13 +353,13 @@ def run_measures(measures: list[Measure], repeat: int, min_sample_s: float) -> N
     """Warm-up, then ``repeat`` samples of each measure in turn (round robin); a sample lasts >= ``min_sample_s``."""
     # Warm-up and calibration: one walk each, which also fixes how many walks make one sample.
     for m in measures:
-        elapsed, n = _timed(m.walk, m.files, 1)
+        elapsed, n = timed(m.walk, m.files, 1)
         if n != m.events:
             raise AssertionError(f"{m.key}: walked {n} events, expected {m.events}")
         m.inner = max(1, int(min_sample_s * 1e9 / max(elapsed, 1)) + 1) if elapsed < min_sample_s * 1e9 else 1
     for _ in range(repeat):
         for m in measures:
-            elapsed, _ = _timed(m.walk, m.files, m.inner)
+            elapsed, _ = timed(m.walk, m.files, m.inner)
             m.samples_ns.append(elapsed)
 
 
