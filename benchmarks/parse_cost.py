@@ -40,7 +40,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
 
 import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
 from benchmarks.common import save_figure  # noqa: E402
-from parsing import (CorpusFile, LibraryStats, core_measures, corpus_path, files_totals,  # noqa: E402
+from parsing import (CONTESTANTS, CorpusFile, LibraryStats, core_measures, corpus_path, files_totals,  # noqa: E402
                      load_corpus, make_walk_library, make_walk_views, measure, run_in_order, timed, walk_boundary,
                      walk_boundary_batch, walk_boundary_crc, walk_figures)
 
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         del figures["floor_ns"]  # (the header walk has its own row)
         return figures
 
-    per_run = benchinfo.run_alternating(runs, ["relayproxy", "pymysqlreplication"], one_run)
+    per_run = benchinfo.run_alternating(runs, CONTESTANTS, one_run)
     ns = {m.key: m.ns_per_event for m in measures}
     ratios = [r["ratio"] for r in per_run]
     results = {

@@ -50,6 +50,8 @@ VIEW_FIELDS: dict[int, tuple[str, ...]] = {
 }
 HEADER_FIELDS = ("log_pos", "event_size")
 
+# The two sides of every run, in the order of even runs (odd runs reverse it: benchinfo.alternating_orders).
+CONTESTANTS = ("relayproxy", "pymysqlreplication")
 # What python-mysql-replication made of one event.
 DECODED, NOT_DECODED, ERROR = "decoded", "not_decoded", "error"
 
@@ -364,12 +366,12 @@ def run_measures(measures: list[Measure], repeat: int, min_sample_s: float) -> N
 
 
 def run_in_order(measures: list[Measure], order, repeat: int, min_sample_s: float) -> dict[str, float]:
-    """One run: relayproxy's measures and the library's, in ``order`` ("relayproxy" first or not); returns each
+    """One run: relayproxy's measures and the library's, in ``order`` (``CONTESTANTS`` or reversed); returns each
     measure's ns per event over this run's samples alone."""
     before = {m.key: len(m.samples_ns) for m in measures}
     relay = [m for m in measures if not m.peer]
     peers = [m for m in measures if m.peer]
-    run_measures(relay + peers if order[0] == "relayproxy" else peers + relay, repeat, min_sample_s)
+    run_measures(relay + peers if order[0] == CONTESTANTS[0] else peers + relay, repeat, min_sample_s)
     return {m.key: statistics.median(m.samples_ns[before[m.key]:]) / (m.inner * m.events) for m in measures}
 
 

@@ -43,9 +43,9 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
 
 import benchinfo  # noqa: E402
 from benchmarks.common import logger, percentile, results_document, save_figure  # noqa: E402  (shipped: ship_code)
-from parsing import (DECODED, HEADER_FIELDS, VIEW_FIELDS, add_sums, carries_crc, core_measures,  # noqa: E402
-                     corpus_path, decode_events, files_totals, load_binlog, outcome_of, ratio, run_in_order,
-                     scan_events, walk_figures)  # (what is measured, counted and compared: shared with parse_cost.py)
+from parsing import (CONTESTANTS, DECODED, HEADER_FIELDS, VIEW_FIELDS, add_sums, carries_crc,  # noqa: E402
+                     core_measures, corpus_path, decode_events, files_totals, load_binlog, outcome_of, ratio,
+                     run_in_order, scan_events, walk_figures)  # (what is measured and compared: parse_cost.py's too)
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
@@ -539,21 +539,9 @@ EVENT_SCHEMA_FIELDS = [
 ]
 # ``event_runs``: one row per event and run; ``events`` holds one row per event, each parser's ns the median of its runs
 RUN_SCHEMA_FIELDS = [("run", "int"), *EVENT_SCHEMA_FIELDS]
-RUN_NAMES = ("relayproxy", "pymysqlreplication")
 FILES_SCHEMA_FIELDS = [("path", "string"), ("stream", "string"), ("bytes", "long"), ("binlog", "boolean"),
                        ("events", "long"), ("splits", "long"), ("server_version", "string"), ("error", "string")]
 FILE_COUNTS_COLUMNS = ["stream", "path", "event_type", "parser", "events", "bytes"]
-
-
-@dataclass
-class InputSpec:
-    path: str
-    label: str | None
-
-    @classmethod
-    def parse(cls, text: str) -> "InputSpec":
-        label, path = split_label(text, "--input", "path")
-        return cls(path, label)
 
 
 def split_label(text: str, option: str, what: str) -> tuple[str | None, str]:
@@ -677,30 +665,30 @@ def ship_code(sc, workdir: Path) -> None:
         sc.addPyFile(str(BENCH_DIR / name))
 
 
-def resolve_inputs(spark, specs: list[InputSpec], *, required: bool) -> list[tuple[str, str | None, str]]:
-    """(path as given, label, qualified root) of each input that matches something; a missing one is an error
-    when ``required``, otherwise it is reported and left out."""
+def resolve_inputs(spark, specs: list[tuple[str, str | None]], *, required: bool) -> list[tuple[str, str | None, str]]:
+    """(path as given, label, qualified root) of each input ((path, label)) that matches something; a missing one is
+    an error when ``required``, otherwise it is reported and left out."""
     jvm = spark._jvm
     conf = spark._jsc.hadoopConfiguration()
     found = []
-    for spec in specs:
-        hpath = jvm.org.apache.hadoop.fs.Path(spec.path)
+    for path, label in specs:
+        hpath = jvm.org.apache.hadoop.fs.Path(path)
         fs = hpath.getFileSystem(conf)
         matches = fs.globStatus(hpath)
         if matches is None or len(matches) == 0:
             if required:
-                raise SystemExit(f"spark_parse_cost: --input {spec.path!r} matches no file or folder")
-            log(f"input {spec.path} does not exist: left out")
+                raise SystemExit(f"spark_parse_cost: --input {path!r} matches no file or folder")
+            log(f"input {path} does not exist: left out")
             continue
-        glob_at = min([i for i, ch in enumerate(spec.path) if ch in "*?[{"] or [len(spec.path)])
-        if glob_at < len(spec.path):
-            root_text = spec.path[:glob_at].rsplit("/", 1)[0] or "/"
+        glob_at = min([i for i, ch in enumerate(path) if ch in "*?[{"] or [len(path)])
+        if glob_at < len(path):
+            root_text = path[:glob_at].rsplit("/", 1)[0] or "/"
             root = fs.makeQualified(jvm.org.apache.hadoop.fs.Path(root_text)).toString()
         else:
             status = matches[0]
             root_path = status.getPath() if status.isDirectory() else status.getPath().getParent()
             root = fs.makeQualified(root_path).toString()
-        found.append((spec.path, spec.label, root))
+        found.append((path, label, root))
     return found
 
 
@@ -768,9 +756,9 @@ def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile
     walk_sets = load_walk_sets(binlogs) if args.walks and not archived else None
     calibrations: list[dict] = []
     runs: list[dict] = []
-    for run, order in enumerate(benchinfo.alternating_orders(args.runs, RUN_NAMES)):
+    for run, order in enumerate(benchinfo.alternating_orders(args.runs, CONTESTANTS)):
         timing = TimingConfig(args.batch_ns, args.max_batch, args.repeats, args.recheck_every,
-                              library_first=order[0] != RUN_NAMES[0])
+                              library_first=order[0] != CONTESTANTS[0])
         progress.set_phase(f"job 2, run {run + 1} of {args.runs} ({' then '.join(order)}): measure "
                            f"{total_events:,} events x {len(PARSERS)} parsers")
         sc.setJobDescription(f"measure per-event parse cost, run {run + 1}")
@@ -1392,19 +1380,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--walk-min-sample", type=float, default=0.25, help="seconds a walk sample lasts at least (default 0.25)")
     add("--ui", action="store_true", help="turn Spark's web UI on (off by default)")
     args = ap.parse_args(argv)
-    for name in ("split_bytes", "split_events", "batch_ns", "max_batch", "repeats", "runs", "blob_bytes",
-                 "walk_repeat"):
-        if getattr(args, name) < 1:
+    for name in ("split_bytes", "split_events", "partitions", "batch_ns", "max_batch", "repeats", "runs",
+                 "blob_bytes", "walk_repeat"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # (--partitions: None, Spark's default)
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.partitions is not None and args.partitions < 1:
-        ap.error("--partitions must be at least 1")
     if args.recheck_every < 0:
         ap.error("--recheck-every must be 0 or more")
     args.publish = args.output is None
     args.output = args.output or str(DEFAULT_OUTPUT)
     args.parquet_output = (args.parquet_output or str(Path(args.output).resolve() / "parquet")).rstrip("/")
     try:
-        args.inputs = [InputSpec.parse(text) for text in args.input] if args.input else None
+        args.inputs = [split_label(text, "--input", "path")[::-1] for text in args.input] if args.input else None
         args.archives = [ArchiveSpec.parse(text) for text in args.archive or ()]
     except ValueError as exc:
         ap.error(str(exc))
@@ -1452,7 +1438,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.inputs is None and args.archives:
             inputs = []
         elif args.inputs is None:
-            specs = [InputSpec(str(DEFAULT_DATASET), None), InputSpec(str(corpus_path()), "corpus")]
+            specs = [(str(DEFAULT_DATASET), None), (str(corpus_path()), "corpus")]
             inputs = resolve_inputs(spark, specs, required=False)
             if not any(p == str(DEFAULT_DATASET) for p, _l, _r in inputs):
                 log(f"no recorded dataset at {DEFAULT_DATASET}: record it with `.venv/bin/python "
