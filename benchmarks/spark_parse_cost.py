@@ -811,29 +811,22 @@ def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile
                        'pymysqlreplication', IF(pymysqlreplication_outcome = 'decoded', pymysqlreplication_ns, NULL))
                    AS (parser, ns)
           FROM events)
-        SELECT stream, server_version, event_type, parser, flavour, grouping_id() AS level,
-               count(*) AS events, sum(size) AS bytes, avg(ns) AS mean_ns, {percentiles} AS p, sum(ns) AS total_ns
-        FROM long WHERE ns IS NOT NULL
-        GROUP BY stream, server_version, event_type, parser, flavour
-          GROUPING SETS ((stream, server_version, event_type, parser, flavour), (stream, parser), (parser),
-                         (event_type, parser))""").cache()
-    summary_df = levels.where("level = 0").select(
-        "stream", "server_version", "event_type", "parser", "events", "bytes", "mean_ns",
-        F.col("p")[0].alias("p50_ns"), F.col("p")[1].alias("p90_ns"), F.col("p")[2].alias("p99_ns"), "flavour",
-        (F.lit(1e9) / F.col("mean_ns")).alias("events_per_s"),
-        (F.col("bytes") / F.col("total_ns") * F.lit(1e3)).alias("mb_per_s"), "total_ns",
-    ).orderBy("stream", "server_version", "event_type", "parser")
+        SELECT *, p[0] AS p50_ns, p[1] AS p90_ns, p[2] AS p99_ns, 1e9 / mean_ns AS events_per_s,
+               bytes / total_ns * 1e3 AS mb_per_s
+        FROM (SELECT stream, server_version, event_type, parser, flavour, grouping_id() AS level, count(*) AS events,
+                     sum(size) AS bytes, avg(ns) AS mean_ns, {percentiles} AS p, sum(ns) AS total_ns
+              FROM long WHERE ns IS NOT NULL
+              GROUP BY stream, server_version, event_type, parser, flavour
+                GROUPING SETS ((stream, server_version, event_type, parser, flavour), (stream, parser), (parser),
+                               (event_type, parser)))""").drop("p").cache()
+    summary_df = levels.where("level = 0").select(*SUMMARY_COLUMNS) \
+        .orderBy("stream", "server_version", "event_type", "parser")
     summary_df.coalesce(1).write.mode("overwrite").parquet(f"{args.parquet_output}/summary")
     rows = [r.asDict() for r in levels.collect()]
-    for r in rows:
-        r["p50_ns"], r["p90_ns"], r["p99_ns"] = r.pop("p")
     levels.unpersist()
     # grouping_id(): one bit per GROUP BY column left out of the set, the first column (stream) the highest bit
     by_level = {level: [r for r in rows if r["level"] == level] for level in (0, 0b01101, 0b11101, 0b11001)}
     summary_rows = sorted(by_level[0], key=lambda r: (r["stream"], r["server_version"], r["event_type"], r["parser"]))
-    for r in summary_rows:
-        r["events_per_s"] = 1e9 / r["mean_ns"] if r["mean_ns"] else None
-        r["mb_per_s"] = r["bytes"] / r["total_ns"] * 1e3 if r["total_ns"] else None
     by_stream = sorted(by_level[0b01101], key=lambda r: (r["stream"], r["parser"]))
     overall = sorted(by_level[0b11101], key=lambda r: r["parser"])
     by_type = by_level[0b11001]
@@ -1178,8 +1171,7 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "| stream | parser | events | mean ns | p50 ns | p90 ns | p99 ns | events/s | MB/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         *(f"| {r['stream']} | {r['parser']} | {r['events']:,} | {_fmt(r['mean_ns'])} | {_fmt(r['p50_ns'])} | "
-          f"{_fmt(r['p90_ns'])} | {_fmt(r['p99_ns'])} | {_fmt(1e9 / r['mean_ns'] if r['mean_ns'] else None)} | "
-          f"{_fmt(r['bytes'] / r['total_ns'] * 1e3 if r['total_ns'] else None, 1)} |"
+          f"{_fmt(r['p90_ns'])} | {_fmt(r['p99_ns'])} | {_fmt(r['events_per_s'])} | {_fmt(r['mb_per_s'], 1)} |"
           for r in report["by_stream"] + [dict(o, stream="**all**") for o in report["overall"]]),
         "",
         "## Cost per event type (all streams)",
