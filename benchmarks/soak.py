@@ -7,9 +7,8 @@ Every server is a ``relayproxy.lab.sandbox`` mariadbd (GTIDs on as MariaDB alway
                               |
                               +--> fault proxy --> relayproxy run --listen --> replica 1 (MASTER_USE_GTID=slave_pos)
                                                                           +--> replica 2 (file/position, USE_GTID=no)
-                                                                          +--> ... (--replicas-through-relay)
 
-The load (two threads, ``--rate`` transactions a second in all, tables with primary keys): autocommit inserts,
+The load (two threads, ``RATE`` transactions a second in all, tables with primary keys): autocommit inserts,
 multi-statement transactions, an occasional big transaction (a few MB), DDL on scratch tables. For ``--minutes`` a
 seeded chaos loop injects one fault at a time, in shuffled rounds of every kind (``FAULT_WEIGHTS``): kill -9 or
 SIGTERM of the relay, then a restart; the upstream link cut, paused for seconds, or one byte of it corrupted (the
@@ -18,7 +17,7 @@ relay must notice, by CRC or framing, and reconnect); STOP / START SLAVE, kill -
 on the relay (never past a file a replica still needs; half of them first tried while a stalled replica reads the
 oldest file, which the relay must refuse with 1378, deleting nothing) and on the master; kill -9 of the control.
 After each fault the relay's horizon must reach the master's position and every replica's gtid_slave_pos its GTID
-(both read after the fault) within ``--converge-timeout`` seconds, or the fault is a failure, with details.
+(both read after the fault) within ``CONVERGE_TIMEOUT`` seconds, or the fault is a failure, with details.
 
 Checked while it runs: the relay's advertised horizon never moves backwards, across restarts too; closed relay
 files equal the master's byte for byte (after every fault, and every file up to the horizon at the end, purged ones
@@ -39,7 +38,6 @@ import argparse
 import collections
 import contextlib
 import json
-import os
 import random
 import re
 import shutil
@@ -59,17 +57,16 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import fanout_common  # noqa: E402  (its Relay: `relayproxy run --listen`, with a replica account)
-from benchmarks.common import REPO_ROOT, header_block, logger, machine_info, machine_section  # noqa: E402
-from benchmarks.common import write_results  # noqa: E402
-from relayproxy.binlog import constants as C  # noqa: E402
+from benchmarks.common import header_block, logger, machine_info, machine_section, write_results  # noqa: E402
+from benchmarks.relay_bench import clear_in_use, corpus_dir, json_log  # noqa: E402
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
 from relayproxy.lab import fuzz  # noqa: E402
 from relayproxy.lab.failover import covers, gtid_seqs  # noqa: E402  (GTID positions: {domain: seq_no})
 from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, FaultProxyError, ThreadedFaultProxy  # noqa: E402
+from relayproxy.lab.harness import run_every_step  # noqa: E402
 from relayproxy.lab.procstat import fd_count  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
-DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
 REPL_USER, REPL_PASSWORD = fanout_common.REPL_USER, fanout_common.REPL_PASSWORD
 ADMIN_USER, ADMIN_PASSWORD = "soakadmin", "soakadminpw"  # may PURGE the relay's files; the fuzzer never uses it
 ADMIN_TOML = f"""
@@ -97,6 +94,10 @@ REPLICA_FAULTS = ("replica STOP/START SLAVE", "replica kill -9", "replica clean 
 KEEP_FILES = 3  # PURGE keeps at least the newest this many files
 STALLED_DUMP_SERVER_ID = 999_999  # the replica that stalls in the oldest relay file before some PURGEs
 LOAD_THREADS, BIG_MB, BIG_EVERY = 2, 3.0, 25.0  # the load's threads; a big transaction's MB, every ~this many s
+RATE, FUZZ_LOAD_RATE = 120.0, 20.0  # the load's transactions a second in all: during the chaos, during the port fuzz
+CONVERGE_TIMEOUT = 120.0  # seconds a fault may take to converge
+GAP_MIN, GAP_MAX = 1.0, 4.0  # seconds between faults
+FUZZ_WORKERS = 6  # parallel connections of the port fuzzer
 
 log = logger("soak")
 
@@ -145,25 +146,11 @@ class SoakRelay(fanout_common.Relay):
         except OSError:
             return 0
 
-    def log_entries(self, offset: int = 0):
-        """Its JSON log entries from byte ``offset`` on (lines that are not JSON are skipped)."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(offset)
-                lines = f.read().splitlines()
-        except OSError:
-            return
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    yield entry
-
     def upstream_ends(self, offset: int) -> tuple[dict, str | None]:
         """How its upstream connections ended since ``offset`` of its log: {kind: count}, the first message."""
         kinds: collections.Counter = collections.Counter()
         first = None
-        for entry in self.log_entries(offset):
+        for entry in json_log(self.log_path, offset):
             if entry.get("event") == "upstream connection ended":
                 kinds[str(entry.get("kind"))] += 1
                 first = first or str(entry.get("error"))
@@ -440,15 +427,6 @@ class HorizonMonitor:
                 self.observe()
 
 
-def masked(data: bytes) -> bytes:
-    """A binlog file's bytes with LOG_EVENT_BINLOG_IN_USE_F of its FDE cleared (the master clears it on send)."""
-    if len(data) > 4 + 19:
-        buf = bytearray(data)
-        buf[4 + 17] &= ~C.LOG_EVENT_BINLOG_IN_USE_F & 0xFF
-        return bytes(buf)
-    return data
-
-
 class FileChecker:
     """Relay files against the master's, byte for byte; each closed file once, the active one up to a position."""
 
@@ -493,7 +471,7 @@ class FileChecker:
                 theirs = theirs[:up_to[1]]  # the relay's file ends exactly at its horizon
             self.checks += 1
             self.bytes_compared += len(theirs)
-            if masked(mine) != masked(theirs):
+            if clear_in_use(mine) != clear_in_use(theirs):
                 first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
                 self.mismatches.append(f"{name}: relay {len(mine)} bytes, master {len(theirs)} bytes, "
                                        f"first difference at offset {first}")
@@ -543,9 +521,8 @@ class Soak:
     def setup(self) -> None:
         a = self.args
         self.master = MariaDBSandbox(self.work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
-        specs = [("direct replica", "master", "slave_pos")]
-        for i in range(a.replicas_through_relay):
-            specs.append((f"relay replica {i + 1}", "relay", "no" if i % 2 == 1 else "slave_pos"))
+        specs = [("direct replica", "master", "slave_pos"), ("relay replica 1", "relay", "slave_pos"),
+                 ("relay replica 2", "relay", "no")]
         for i, (name, via, use_gtid) in enumerate(specs):
             box = MariaDBSandbox(self.work / f"replica{i}", server_id=11 + i, log_bin=False,
                                  extra_config=REPLICA_CONFIG)
@@ -562,26 +539,23 @@ class Soak:
             r.port_of_source = self.master.port if r.via == "master" else self.relay.listen_port
             r.change_master()
             r.start_slave()
-        self.load = Load(self.master, a.seed, a.rate)
+        self.load = Load(self.master, a.seed, RATE)
         self.monitor = HorizonMonitor(self.relay).start()
         self.load.start()
-        ok, seconds, detail = self.converge(timeout=a.converge_timeout)
+        ok, seconds, detail = self.converge(timeout=CONVERGE_TIMEOUT)
         if not ok:
             raise RuntimeError(f"the topology did not converge after set-up: {detail}")
         log(f"topology up and converged in {seconds:.1f}s: relay {self.relay.listen_port}, proxy {self.proxy.port}, "
             f"master {self.master.port}")
 
     def teardown(self) -> None:
-        for step in (lambda: self.load and self.load._threads and self.load.stop(),
-                     lambda: self.monitor and self.monitor.stop(),
-                     lambda: self.relay and self.relay.stop(),
-                     lambda: self.proxy and self.proxy.stop(),
-                     *[(lambda r=r: r.sandbox.stop()) for r in self.replicas],
-                     lambda: self.master and self.master.stop()):
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 - keep tearing down the rest
-                log(f"teardown: {type(exc).__name__}: {exc}")
+        for problem in run_every_step([lambda: self.load and self.load._threads and self.load.stop(),
+                                       lambda: self.monitor and self.monitor.stop(),
+                                       lambda: self.relay and self.relay.stop(),
+                                       lambda: self.proxy and self.proxy.stop(),
+                                       *[(lambda r=r: r.sandbox.stop()) for r in self.replicas],
+                                       lambda: self.master and self.master.stop()]):
+            log(f"teardown: {problem}")
 
     # -- observation -------------------------------------------------------------------------------------------
     def master_position(self) -> tuple[str, int, str]:
@@ -834,12 +808,12 @@ class Soak:
                 self.faults.append(fault)
                 log(f"fault {number} {fault.kind}: INJECTION FAILED {exc}")
                 break
-            ok, seconds, detail = self.converge(timeout=a.converge_timeout)
+            ok, seconds, detail = self.converge(timeout=CONVERGE_TIMEOUT)
             fault.converge_s = round(seconds, 2)
             fault.survived = ok
             fault.relay_said, fault.relay_error = self.relay.upstream_ends(log_offset)
             if not ok:
-                fault.failure = (f"did not converge within {a.converge_timeout}s: {detail}\nrelay log:\n"
+                fault.failure = (f"did not converge within {CONVERGE_TIMEOUT}s: {detail}\nrelay log:\n"
                                  + self.relay.log_tail(15))
             self.faults.append(fault)
             self.files.check()
@@ -848,7 +822,7 @@ class Soak:
                 f"survived={ok} in {seconds:5.1f}s {fault.detail[:90]}")
             if not ok:
                 break  # the topology is broken: later faults would say nothing more
-            time.sleep(self.rng.uniform(a.gap_min, a.gap_max))
+            time.sleep(self.rng.uniform(GAP_MIN, GAP_MAX))
 
     # -- comparison --------------------------------------------------------------------------------------------
     @staticmethod
@@ -884,7 +858,7 @@ class Soak:
     def fuzz_parser(self) -> dict:
         a = self.args
         paths = sorted(self.master.binlog_dir.glob("master-bin.[0-9]*"))
-        corpus = Path(os.environ.get("RELAYPROXY_CORPUS") or DEFAULT_CORPUS)
+        corpus = corpus_dir()
         if (corpus / "manifest.json").is_file():
             paths += fuzz.corpus_binlog_paths(corpus)
         samples = fuzz.load_binlog_samples(paths)
@@ -912,12 +886,12 @@ class Soak:
                 sample()
 
         watcher = threading.Thread(target=watch, name="fuzz-watch", daemon=True)
-        self.load = Load(self.master, a.seed + 1, a.fuzz_load_rate).start()
+        self.load = Load(self.master, a.seed + 1, FUZZ_LOAD_RATE).start()
         sample()
         watcher.start()
         log(f"downstream fuzz: {a.fuzz_inputs} inputs against the live relay (pid {pid}, {fds_before} fds)")
         try:
-            report = fuzz.fuzz_downstream(target, a.fuzz_inputs, a.seed, workers=a.fuzz_workers, progress=log)
+            report = fuzz.fuzz_downstream(target, a.fuzz_inputs, a.seed, workers=FUZZ_WORKERS, progress=log)
         finally:
             stop.set()
             watcher.join(10)
@@ -950,7 +924,7 @@ class Soak:
         self.chaos()
         chaos_s = time.monotonic() - chaos_began
         load = self.load.stop()
-        ok, seconds, detail = self.converge(timeout=a.converge_timeout * 2, exact=True)
+        ok, seconds, detail = self.converge(timeout=CONVERGE_TIMEOUT * 2, exact=True)
         self.note_binlog_sizes()
         final_file, final_pos, final_gtid = self.master_position()
         self.monitor.observe()
@@ -983,7 +957,7 @@ class Soak:
         if a.fuzz_inputs > 0 and ok:
             r["fuzz_parser"] = self.fuzz_parser()
             r["fuzz_port"] = self.fuzz_port()
-            ok2, seconds2, detail2 = self.converge(timeout=a.converge_timeout * 2, exact=True)
+            ok2, seconds2, detail2 = self.converge(timeout=CONVERGE_TIMEOUT * 2, exact=True)
             r["convergence_after_fuzz"] = convergence(ok2, seconds2, detail2)
             self.files.check(up_to=self.master_position()[:2] if ok2 else None)
             r["invariants"].update(self.files.figures())
@@ -993,7 +967,7 @@ class Soak:
         r["relay_purges"] = dict(r.get("relay_purges") or {})
         levels: collections.Counter = collections.Counter()
         error_events: collections.Counter = collections.Counter()
-        for entry in self.relay.log_entries():
+        for entry in json_log(self.relay.log_path):
             levels[str(entry.get("level"))] += 1
             if entry.get("level") in ("error", "critical"):
                 error_events[str(entry.get("event"))] += 1
@@ -1175,7 +1149,7 @@ def fuzz_markdown(r: dict) -> list[str]:
         *_table(["outcome", "count"], [[k, f"{v:,}"] for k, v in sorted(p["outcomes"].items())]),
         "## Fuzzing the relay's MySQL port (live relay of this run)", "",
         f"{d['inputs']:,} inputs in {d['seconds']} s ({d['inputs_per_s']:,}/s) over {d['connections']:,} TCP "
-        f"connections ({d['logins']:,} logged in), {r['args']['fuzz_workers']} at a time, while a light load "
+        f"connections ({d['logins']:,} logged in), {FUZZ_WORKERS} at a time, while a light load "
         f"({d['load_during_fuzz_transactions']:,} transactions) replicated through the relay.", "",
         f"- failures (no answer within the deadline, a close inside a packet, an internal error): {d['failures']}",
         f"- ERR packets returned: {d['errors_returned']:,}; connections closed by the relay: "
@@ -1216,25 +1190,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--min-faults", type=int, default=0, help="go on past --minutes until this many faults were "
                    "injected (the seeded schedule then gives the same faults however slow the machine)")
     p.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: random, printed)")
-    p.add_argument("--replicas-through-relay", type=int, default=2,
-                   help="MariaDB replicas through the relay; odd-numbered ones (2nd, 4th, ...) use file/position")
     p.add_argument("--fuzz-inputs", type=int, default=100_000, help="inputs for each fuzzer (0: no fuzzing)")
-    p.add_argument("--fuzz-workers", type=int, default=6, help="parallel connections of the port fuzzer")
-    p.add_argument("--rate", type=float, default=120.0, help="load: transactions a second (two threads)")
-    p.add_argument("--fuzz-load-rate", type=float, default=20.0, help="load while the port fuzzer runs")
-    p.add_argument("--converge-timeout", type=float, default=120.0, help="seconds a fault may take to converge")
-    p.add_argument("--gap-min", type=float, default=1.0, help="seconds between faults, at least")
-    p.add_argument("--gap-max", type=float, default=4.0, help="seconds between faults, at most")
     p.add_argument("--output", type=Path, default=None, help="write the markdown results here")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    p.add_argument("--report-json", type=Path, default=None, help="also write the report as JSON to this file")
     p.add_argument("--workdir", type=Path, default=None, help="where the servers live (default: a temp dir)")
-    p.add_argument("--keep", action="store_true", help="keep the work directory afterwards")
     args = p.parse_args(argv)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
-    if args.replicas_through_relay < 1:
-        p.error("--replicas-through-relay must be at least 1")
     if args.minutes <= 0:
         p.error("--minutes must be positive")
     return args
@@ -1252,18 +1214,14 @@ def main(argv: list[str] | None = None) -> int:
         report = soak.run()
     except BaseException:
         log(f"soak aborted; servers' files kept in {work}")
-        args.keep = True
         raise
     finally:
         soak.teardown()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report["machine"] = machine_info(server=True)
     if args.output:
         write_results(args.output, markdown(report, argv, report["machine"]), log)
-    if args.report_json:
-        args.report_json.write_text(json.dumps(report, default=str, indent=1))
     if args.json:
         print(json.dumps(report, default=str))
     passed = report["verdict"]["passed"]
