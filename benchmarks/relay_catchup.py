@@ -1,12 +1,12 @@
 """Catch-up throughput and memory: relayproxy against the MariaDB replica IO thread and mariadb-binlog.
 
 A real MariaDB master (``relayproxy.lab.sandbox``) holds a backlog in two shapes, one after the other (``RESET
-MASTER`` in between): ``oltp`` (``--backlog-mb``, 100 MB), a stored procedure alternating an autocommit single-row
-INSERT with ``START TRANSACTION; INSERT; UPDATE; COMMIT`` (about 150 bytes an event, row format, ANNOTATE_ROWS on),
-and ``bulk`` (``--bulk-backlog-mb``, 300 MB, so that a catch-up lasts long enough to time), ``INSERT ... SELECT FROM
-seq_1_to_10000`` transactions of 8 KB row events. In turns (round robin, ``--repeat`` times, the median reported)
-each reader catches up from nothing to the master's end position: the replica IO thread (``START SLAVE IO_THREAD``
-until ``Read_Master_Log_Pos`` is at the end; its replica runs log_slave_updates, so it asks for ANNOTATE_ROWS and
+MASTER`` in between): ``oltp`` (100 MB), a stored procedure alternating an autocommit single-row INSERT with
+``START TRANSACTION; INSERT; UPDATE; COMMIT`` (about 150 bytes an event, row format, ANNOTATE_ROWS on), and
+``bulk`` (300 MB, so that a catch-up lasts long enough to time), ``INSERT ... SELECT FROM seq_1_to_10000``
+transactions of 8 KB row events. In turns (round robin, ``--repeat`` times, the median reported) each reader
+catches up from nothing to the master's end position: the replica IO thread (``START SLAVE IO_THREAD`` until
+``Read_Master_Log_Pos`` is at the end; its replica runs log_slave_updates, so it asks for ANNOTATE_ROWS and
 receives the same bytes as the others: the ratio base), the same on a replica without log_slave_updates (fewer
 bytes: an extra row), ``mariadb-binlog --read-from-remote-server --raw --to-last-log`` under ``/usr/bin/time`` for
 its peak RSS, and ``relayproxy run`` from an empty relay directory with ``--sync-mode transaction`` (the default)
@@ -52,14 +52,18 @@ import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
 from benchmarks.common import REPO_ROOT, RESULTS_DIR, add_report_options, logger, save_figure  # noqa: E402
+from benchmarks.relay_bench import clear_in_use, frame_parts, json_log, py_spy_exe, py_spy_stacks  # noqa: E402
+from benchmarks.relay_bench import report_of, short_path  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.events import HEADER  # noqa: E402
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
+from relayproxy.lab.harness import run_every_step  # noqa: E402
 from relayproxy.lab.procstat import proc_status_kb  # noqa: E402
 from relayproxy.lab.relayprocess import RelayProcess, master_status, py_spy_record  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox, find_binary  # noqa: E402
 
 POLL = 0.01  # seconds between status polls, the same for every reader
+TIMEOUT = 600.0  # seconds any one catch-up may take
 REPL_USER, REPL_PASSWORD = "repl", "replpw"
 OLTP_PAD = 200  # characters of the VARCHAR each OLTP row carries: ~150-byte events on average
 BULK_ROWS = 10_000  # rows per bulk transaction
@@ -83,8 +87,9 @@ MASTER_CONFIG = {"sync_binlog": 0, "innodb_flush_log_at_trx_commit": 0, "innodb_
 REPLICA_CONFIG = {"log_slave_updates": 1, "replicate_annotate_row_events": 1, "innodb_buffer_pool_size": "64M",
                   "max_allowed_packet": "1G"}
 REPLICA_LEAN_CONFIG = {"innodb_buffer_pool_size": "64M", "max_allowed_packet": "1G"}
-# What --quick changes: option -> (quick default, full default).
-DEFAULTS = {"repeat": (1, 5), "backlog_mb": (10.0, 100.0), "bulk_backlog_mb": (10.0, 300.0), "big_trx_mb": (16, 1024)}
+# What --quick changes: option -> (quick default, full default); the backlogs' MB per shape.
+DEFAULTS = {"repeat": (1, 5), "big_trx_mb": (16, 1024)}
+BACKLOG_MB = {"oltp": (10.0, 100.0), "bulk": (10.0, 300.0)}
 
 log = logger("relay_catchup")
 
@@ -219,7 +224,7 @@ class Sample:
     extra: dict = field(default_factory=dict)
 
 
-def run_io_thread(replica: MariaDBSandbox, master: MariaDBSandbox, backlog: Backlog, timeout: float) -> Sample:
+def run_io_thread(replica: MariaDBSandbox, master: MariaDBSandbox, backlog: Backlog) -> Sample:
     replica.execute("STOP SLAVE")
     replica.execute("RESET SLAVE ALL")  # deletes its relay logs: every run starts empty
     replica.execute(render_change_master(ChangeMaster.for_server(
@@ -240,8 +245,8 @@ def run_io_thread(replica: MariaDBSandbox, master: MariaDBSandbox, backlog: Back
                 break
             if row["Last_IO_Errno"]:
                 raise ReaderError(f"IO thread error {row['Last_IO_Errno']}: {row['Last_IO_Error']}")
-            if time.perf_counter() - t0 > timeout:
-                raise ReaderError(f"IO thread did not catch up within {timeout}s: {row['Master_Log_File']}:"
+            if time.perf_counter() - t0 > TIMEOUT:
+                raise ReaderError(f"IO thread did not catch up within {TIMEOUT}s: {row['Master_Log_File']}:"
                                   f"{row['Read_Master_Log_Pos']} of {end_file}:{end_pos}")
             time.sleep(POLL)
         cur.execute("STOP SLAVE IO_THREAD")
@@ -252,7 +257,7 @@ def run_io_thread(replica: MariaDBSandbox, master: MariaDBSandbox, backlog: Back
     return Sample(seconds, None, {"relay_log_space": relay_space})
 
 
-def run_mariadb_binlog(master: MariaDBSandbox, backlog: Backlog, workdir: Path, timeout: float) -> Sample:
+def run_mariadb_binlog(master: MariaDBSandbox, backlog: Backlog, workdir: Path) -> Sample:
     import resource
 
     out = Path(tempfile.mkdtemp(prefix="mbl-", dir=workdir))
@@ -267,7 +272,7 @@ def run_mariadb_binlog(master: MariaDBSandbox, backlog: Backlog, workdir: Path, 
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env={**os.environ, "MYSQL_PWD": REPL_PASSWORD}, capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=TIMEOUT)
         seconds = time.perf_counter() - t0
         if proc.returncode != 0:
             raise ReaderError(f"mariadb-binlog exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
@@ -297,7 +302,7 @@ class Relay(RelayProcess):
             wrapper=py_spy_record(py_spy_output, 250) if py_spy_output is not None else None,
         )
 
-    def wait_end(self, end: tuple[str, int], timeout: float) -> tuple[float, dict]:
+    def wait_end(self, end: tuple[str, int]) -> tuple[float, dict]:
         """Poll /status until the horizon is at `end`; returns (perf_counter at that moment, status)."""
 
         def at_end(status: dict) -> bool:
@@ -307,29 +312,21 @@ class Relay(RelayProcess):
                 raise ReaderError(f"relay reports an error: {status['last_io_error']}\n{self.log_tail()}")
             return False
 
-        status = self.wait_for(at_end, timeout, f"the horizon at {end}")
+        status = self.wait_for(at_end, TIMEOUT, f"the horizon at {end}")
         return time.perf_counter(), status
 
     def logged_start(self) -> float | None:
         """perf_counter() value of the "http api listening" log line, right after which serve() starts the upstream
         session. (The first /status answer is no start mark: a relay busy with a backlog answers late.)"""
         offset = time.time() - time.perf_counter()
-        try:
-            with open(self.log_path, "rb") as f:
-                for raw in f:
-                    try:
-                        entry = json.loads(raw)
-                    except ValueError:
-                        continue
-                    if entry.get("event") == "http api listening":
-                        stamp = datetime.datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00"))
-                        return stamp.timestamp() - offset
-        except OSError:
-            pass
+        for entry in json_log(self.log_path):
+            if entry.get("event") == "http api listening":
+                stamp = datetime.datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00"))
+                return stamp.timestamp() - offset
         return None
 
 
-def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode: str, timeout: float, *,
+def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode: str, *,
               src_root: Path = REPO_ROOT, verify: bool = True, keep_digests: bool = False,
               py_spy_output: Path | None = None) -> Sample:
     relay_dir = Path(tempfile.mkdtemp(prefix=f"relay-{sync_mode}-", dir=workdir)) / "relay"
@@ -337,7 +334,7 @@ def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode
     relay = Relay(relay_dir, master, sync_mode=sync_mode, src_root=src_root, py_spy_output=py_spy_output)
     try:
         relay.start(60.0)
-        t_done, status = relay.wait_end(backlog.end, timeout)
+        t_done, status = relay.wait_end(backlog.end)
         mem = proc_status_kb(relay.pid)
     finally:
         relay.stop(60.0)
@@ -383,40 +380,36 @@ def compare_with_master(relay_dir: Path, master: MariaDBSandbox, end: tuple[str,
 def _masked_digest(path: Path, limit: int | None) -> tuple[str, int]:
     h = hashlib.sha256()
     total = 0
-    flags_at = 4 + 17
     with open(path, "rb") as f:
         while True:
             want = 8 << 20 if limit is None else min(8 << 20, limit - total)
             chunk = f.read(want) if want > 0 else b""
             if not chunk:
                 break
-            if total == 0 and len(chunk) > flags_at:
-                chunk = bytearray(chunk)
-                chunk[flags_at] &= ~C.LOG_EVENT_BINLOG_IN_USE_F & 0xFF
-            h.update(chunk)
+            h.update(clear_in_use(chunk) if total == 0 else chunk)
             total += len(chunk)
     return h.hexdigest(), total
 
 
 # -- measuring -------------------------------------------------------------------------------------------------
 
-def measure_shape(backlog: Backlog, master, replicas: dict, workdir: Path, repeat: int, timeout: float,
-                  readers: tuple[str, ...], extra_src: dict[str, Path]) -> dict[str, list[Sample]]:
+def measure_shape(backlog: Backlog, master, replicas: dict, workdir: Path, repeat: int, readers: tuple[str, ...],
+                  extra_src: dict[str, Path]) -> dict[str, list[Sample]]:
     results: dict[str, list[Sample]] = {name: [] for name in (*readers, *extra_src)}
     order = list(results)
     # Warm-up (untimed): the binlog in the page cache, the master's dump path warm, for every reader alike.
-    run_mariadb_binlog(master, backlog, workdir, timeout)
+    run_mariadb_binlog(master, backlog, workdir)
     for rep in range(repeat):
         for name in order[rep % len(order):] + order[: rep % len(order)]:
             if name in replicas:
-                sample = run_io_thread(replicas[name], master, backlog, timeout)
+                sample = run_io_thread(replicas[name], master, backlog)
             elif name == "mariadb_binlog":
-                sample = run_mariadb_binlog(master, backlog, workdir, timeout)
+                sample = run_mariadb_binlog(master, backlog, workdir)
             elif name in ("relay_transaction", "relay_batch"):
-                sample = run_relay(master, backlog, workdir, name.split("_", 1)[1], timeout,
+                sample = run_relay(master, backlog, workdir, name.split("_", 1)[1],
                                    keep_digests=(rep == 0 and name == "relay_transaction"))
             else:
-                sample = run_relay(master, backlog, workdir, "transaction", timeout, src_root=extra_src[name])
+                sample = run_relay(master, backlog, workdir, "transaction", src_root=extra_src[name])
             results[name].append(sample)
             log(f"{backlog.shape} #{rep + 1} {name}: {sample.seconds:.3f} s"
                 + (f", peak RSS {sample.peak_rss_kb / 1024:.1f} MB" if sample.peak_rss_kb else ""))
@@ -463,13 +456,12 @@ def shape_report(backlog: Backlog, results: dict[str, list[Sample]]) -> dict:
 
 # -- the py-spy profile ----------------------------------------------------------------------------------------
 
-def py_spy_profile(master, backlog: Backlog, workdir: Path, timeout: float, top: int = 18) -> dict:
+def py_spy_profile(master, backlog: Backlog, workdir: Path, top: int = 18) -> dict:
     """Run one catch-up under py-spy and summarise the samples."""
-    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(exe).exists():
+    if py_spy_exe() is None:
         return {"error": "py-spy is not installed (`.venv/bin/pip install py-spy`)"}
     raw = workdir / "pyspy.txt"
-    sample = run_relay(master, backlog, workdir, "transaction", timeout, verify=False, py_spy_output=raw)
+    sample = run_relay(master, backlog, workdir, "transaction", verify=False, py_spy_output=raw)
     for _ in range(100):
         if raw.exists() and raw.stat().st_size:
             break
@@ -477,19 +469,6 @@ def py_spy_profile(master, backlog: Backlog, workdir: Path, timeout: float, top:
     if not raw.exists():
         return {"error": "py-spy wrote no output"}
     return summarise_py_spy(raw.read_text(), sample.seconds, top)
-
-
-def _frame_parts(frame: str) -> tuple[str, str, str]:
-    func, _, where = frame.partition(" (")
-    path, _, lineno = where.rstrip(")").rpartition(":")
-    return func, path, lineno
-
-
-def _short(path: str) -> str:
-    for marker in (str(REPO_ROOT) + "/", "site-packages/", "/lib/python3"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    return path
 
 
 _IDLE_LEAVES = ("run", "run_until_complete", "run_forever", "_run_once", "select", "poll", "wait", "_worker", "get")
@@ -500,23 +479,14 @@ def summarise_py_spy(text: str, seconds: float, top: int) -> dict:
     """The main thread's samples split into idle (a leaf where the thread waits: the event loop, whose uvloop
     caller is the leaf as uvloop is C, a selector, a worker waiting), start-up and catch-up work, with its top
     functions and lines; the other threads' samples, those inside SyncTicket.make_durable counted as fsync."""
-    threads: Counter[str] = Counter()
-    stacks: list[tuple[list[str], int, str]] = []
-    for line in text.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not count_text.isdigit():
-            continue
-        frames = stack.split(";")
-        thread = frames[0] if frames and frames[0].startswith(("thread (", "process ")) else "?"
-        if thread != "?":
-            frames = frames[1:]
-        threads[thread] += int(count_text)
-        stacks.append((frames, int(count_text), thread))
+    stacks = py_spy_stacks(text)
     if not stacks:
         return {"error": "no samples"}
     # The main thread is the one whose samples run the relay's code or its event loop.
+    threads: Counter[str] = Counter()
     mains: Counter[str] = Counter()
-    for frames, count, thread in stacks:
+    for thread, frames, count in stacks:
+        threads[thread] += count
         if any("relayproxy/commands/cli.py" in f or "runpy" in f for f in frames):
             mains[thread] += count
     main_thread = max(mains or threads, key=(mains or threads).get)
@@ -524,13 +494,13 @@ def summarise_py_spy(text: str, seconds: float, top: int) -> dict:
     by_func: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     by_line: Counter[str] = Counter()
-    for frames, count, thread in stacks:
+    for thread, frames, count in stacks:
         if thread != main_thread:
             others += count
             if any("make_durable" in f for f in frames):
                 fsync += count
             continue
-        func, path, lineno = _frame_parts(frames[-1] if frames else "?")
+        func, path, lineno = frame_parts(frames[-1] if frames else "?")
         if not any(("relayproxy/commands/run.py" in f and not f.startswith("run (")) or "uvloop" in f or "runners.py" in f
                    for f in frames):
             startup += count  # interpreter start-up, imports, argument parsing, the stop
@@ -538,15 +508,15 @@ def summarise_py_spy(text: str, seconds: float, top: int) -> dict:
             idle += count  # waiting in the event loop: for the socket or for the fsync thread
         else:
             work += count
-            by_func[f"{func} ({_short(path)})"] += count
+            by_func[f"{func} ({short_path(path)})"] += count
             by_line[f"{path}:{lineno}"] += count
-            for key in dict.fromkeys(f"{f} ({_short(p)})" for f, p, _ in map(_frame_parts, frames)):
+            for key in dict.fromkeys(f"{f} ({short_path(p)})" for f, p, _ in map(frame_parts, frames)):
                 inclusive[key] += count
     total = idle + startup + work
     lines = []
     for key, count in by_line.most_common(top):
         path, _, lineno = key.rpartition(":")
-        lines.append({"where": f"{_short(path)}:{lineno}", "share": count / work if work else 0,
+        lines.append({"where": f"{short_path(path)}:{lineno}", "share": count / work if work else 0,
                       "source": _source_line(path, int(lineno)) if lineno.isdigit() else ""})
     # Inclusive shares: the relay's own functions below the session loop (the wrappers above it are ~100%).
     incl = [(k, v) for k, v in inclusive.items() if v < 0.97 * work and "(<frozen" not in k]
@@ -574,7 +544,7 @@ def _source_line(path: str, lineno: int) -> str:
 
 # -- large transaction: memory stays flat ----------------------------------------------------------------------
 
-def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict:
+def big_transaction_test(master, workdir: Path, mb: int) -> dict:
     master.execute("RESET MASTER")
     master.execute("DROP TABLE IF EXISTS bench.big")
     master.execute("CREATE TABLE bench.big (id INT PRIMARY KEY, b LONGBLOB NOT NULL) ENGINE=InnoDB")
@@ -584,7 +554,7 @@ def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict
     rows = max(1, mb // BIG_ROW_MB)
     try:
         relay.start(60.0)
-        relay.wait_end(master_status(master), timeout)
+        relay.wait_end(master_status(master))
         time.sleep(0.2)
         before = proc_status_kb(relay.pid)
         try:
@@ -620,7 +590,7 @@ def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict
         if error:
             raise error[0]
         # Follow the relay while it takes the transaction in, sampling its RSS.
-        deadline = time.perf_counter() + timeout
+        deadline = time.perf_counter() + TIMEOUT
         while True:
             sample_rss()
             st = relay.status()
@@ -631,7 +601,7 @@ def big_transaction_test(master, workdir: Path, mb: int, timeout: float) -> dict
             if st.get("last_io_error"):
                 raise ReaderError(f"relay error during the big transaction: {st['last_io_error']}")
             if time.perf_counter() > deadline:
-                raise ReaderError(f"relay did not take in the big transaction within {timeout}s: {st}")
+                raise ReaderError(f"relay did not take in the big transaction within {TIMEOUT}s: {st}")
             time.sleep(0.05)
         t_done = time.perf_counter()
         peak = proc_status_kb(relay.pid)
@@ -772,7 +742,7 @@ def profile_markdown(prof: dict, shape: str) -> list[str]:
     return [*out, ""]
 
 
-def write_markdown(path: Path, report: dict, argv: list[str], notes: str | None = None) -> None:
+def write_markdown(path: Path, report: dict, argv: list[str]) -> None:
     out = ["# Relay catch-up: relayproxy vs the MariaDB replica IO thread and mariadb-binlog", "",
            "Produced by (from the repository root):", "", "```",
            report.get("command") or benchinfo.command_line(__file__, argv), "```", "",
@@ -788,8 +758,8 @@ def write_markdown(path: Path, report: dict, argv: list[str], notes: str | None 
         out += big_trx_markdown(report["big_trx"])
     for shape, prof in (report.get("profile") or {}).items():
         out += profile_markdown(prof, shape)
-    if notes:
-        out += [notes.rstrip(), ""]
+    if report.get("notes"):
+        out += [report["notes"].rstrip(), ""]
     path.write_text("\n".join(out + benchinfo.machine_section(report["machine"])))
 
 
@@ -860,9 +830,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "no profile, writes nothing")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout")
     p.add_argument("--repeat", type=int, default=None, help="runs per reader and shape (default 5; --quick 1)")
-    p.add_argument("--backlog-mb", type=float, default=None, help="OLTP backlog size (default 100; --quick 10)")
-    p.add_argument("--bulk-backlog-mb", type=float, default=None, help="bulk backlog size (default 300, so that "
-                   "its catch-up lasts long enough to time; --quick 10)")
     p.add_argument("--big-trx-mb", type=int, default=None, help="size of the large transaction (default 1024; "
                    "--quick 16; 0 skips the test)")
     p.add_argument("--shapes", default="oltp,bulk", help="comma-separated: oltp, bulk")
@@ -875,8 +842,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--output-dir", type=Path, default=None, help=f"where results go (default {RESULTS_DIR}); "
                    "--quick writes nothing unless this is given")
     p.add_argument("--workdir", type=Path, default=None, help="parent of the temporary directory (default $TMPDIR)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds any one catch-up may take")
-    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = p.parse_args(argv)
     for name, (quick, full) in DEFAULTS.items():
         if getattr(args, name) is None:
@@ -898,9 +863,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def write_outputs(out_dir: Path, report: dict, argv: list[str], notes: Path | None) -> None:
+def write_outputs(out_dir: Path, report: dict, argv: list[str]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_markdown(out_dir / "relay_catchup.md", report, argv, notes.read_text() if notes else None)
+    write_markdown(out_dir / "relay_catchup.md", report, argv)
     write_plot(out_dir / "relay_catchup.png", report)
     log(f"wrote {out_dir / 'relay_catchup.md'}")
 
@@ -912,26 +877,14 @@ def _loadavg() -> str:
         return "unknown"
 
 
-def _json_safe(report: dict) -> dict:
-    return json.loads(json.dumps(report, default=str))
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    if args.render is not None:
-        write_outputs(args.output_dir or RESULTS_DIR, json.loads(args.render.read_text()), argv, args.notes)
-        return 0
-    from relayproxy.log import configure_logging
-
-    configure_logging(fmt="json", level="warning")  # stdout stays clean for --json
+def measure(args: argparse.Namespace, argv: list[str]) -> dict:
     work = Path(tempfile.mkdtemp(prefix="rp-catchup-", dir=args.workdir))
     master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
     replica = MariaDBSandbox(work / "replica", server_id=2, log_bin_name="replica-bin", extra_config=REPLICA_CONFIG)
     lean = MariaDBSandbox(work / "replica-lean", server_id=3, log_bin=False, extra_config=REPLICA_LEAN_CONFIG)
     replicas = {"io_thread": replica, "io_thread_no_annotate": lean}
-    report: dict = {"quick": args.quick, "repeat": args.repeat, "backlog_mb": args.backlog_mb, "shapes": {},
-                    "loadavg_before": _loadavg()}
+    report: dict = {"quick": args.quick, "repeat": args.repeat, "backlog_mb": BACKLOG_MB["oltp"][not args.quick],
+                    "shapes": {}, "loadavg_before": _loadavg()}
     try:
         log(f"starting master and replica sandboxes in {work}")
         for server in (master, replica, lean):
@@ -939,46 +892,46 @@ def main(argv: list[str] | None = None) -> int:
         master.create_user(REPL_USER, REPL_PASSWORD)
         master.execute("CREATE DATABASE IF NOT EXISTS bench")
         for shape in args.shapes:
-            mb = args.backlog_mb if shape == "oltp" else args.bulk_backlog_mb
+            mb = BACKLOG_MB[shape][not args.quick]
             log(f"generating the {shape} backlog (~{mb:g} MB)")
             backlog = (generate_oltp if shape == "oltp" else generate_bulk)(master, int(mb * 1e6))
             log(f"{shape}: {backlog.bytes / 1e6:.1f} MB, {backlog.events:,} events, {backlog.avg_event:.0f} B/event, "
                 f"{backlog.transactions:,} transactions in {backlog.generate_seconds:.1f} s")
-            results = measure_shape(backlog, master, replicas, work, args.repeat, args.timeout, args.readers,
-                                    args.extra_src)
+            results = measure_shape(backlog, master, replicas, work, args.repeat, args.readers, args.extra_src)
             report["shapes"][shape] = shape_report(backlog, results)
             if not args.quick and not args.no_profile:
                 log(f"profiling relayproxy's {shape} catch-up with py-spy")
-                report.setdefault("profile", {})[shape] = py_spy_profile(master, backlog, work, args.timeout)
+                report.setdefault("profile", {})[shape] = py_spy_profile(master, backlog, work)
         if args.big_trx_mb:
             log(f"large transaction: {args.big_trx_mb} MB")
-            b = report["big_trx"] = big_transaction_test(master, work, args.big_trx_mb, args.timeout)
+            b = report["big_trx"] = big_transaction_test(master, work, args.big_trx_mb)
             log(f"big trx: RSS before {_mb(b['rss_before_kb'])}, peak {_mb(b['peak_rss_kb'])}, "
                 f"identical {b['identical']}")
     finally:
-        for server in (lean, replica, master):
-            try:
-                server.stop()
-            except Exception as exc:  # noqa: BLE001 - keep cleaning up
-                log(f"could not stop {server!r}: {exc}")
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        for problem in run_every_step([lean.stop, replica.stop, master.stop]):
+            log(f"could not stop a server: {problem}")
+        shutil.rmtree(work, ignore_errors=True)
     report["loadavg_after"] = _loadavg()
     report["machine"] = benchinfo.machine_info(server=True)
     report["machine"]["load average (1, 5, 15 min) before / after"] = (
         f"{report['loadavg_before']} / {report['loadavg_after']} (other work on the machine shifts the ratios too)"
     )
     report["command"] = benchinfo.command_line(__file__, argv)
-    if args.save_json is not None:
-        args.save_json.write_text(json.dumps(_json_safe(report), indent=1))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    report = report_of(args, lambda: measure(args, argv))
+    if args.render is not None:
+        write_outputs(args.output_dir or RESULTS_DIR, report, argv)
+        return 0
     out_dir = args.output_dir if args.output_dir is not None else (None if args.quick else RESULTS_DIR)
     if out_dir is not None:
-        write_outputs(out_dir, report, argv, args.notes)
+        write_outputs(out_dir, report, argv)
     if args.json:
-        json.dump(_json_safe(report), sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        print(json.dumps(report, default=str, indent=1))
     else:
         print_summary(report)
     return 0
