@@ -13,7 +13,7 @@ backlog)::
 
 The backlog is written through M1 first: ``INSERT ... SELECT`` of 8,000-byte rows from the sequence engine (one ~8 KB
 WRITE_ROWS event per row, ~8 MB transactions) until M1's binlog, and so the relay's files, hold the size asked for,
-then every server takes it in (within ``--gen-timeout``). The backlog table is BLACKHOLE on every server (the same
+then every server takes it in (within ``GEN_TIMEOUT`` seconds). The backlog table is BLACKHOLE on every server (the same
 binlog bytes as InnoDB, but 7 servers take in 1 GB each in about a minute on 2 cores); the marker table is InnoDB.
 
 Repeat k (``--repeats``) is one failover: the master in force (M1, then C(k-1)) killed with SIGKILL, Ck promoted as an
@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -57,8 +56,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import REPO_ROOT, RESULTS_DIR, add_report_options, logger, results_document  # noqa: E402
-from benchmarks.common import save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, add_report_options, logger, results_document, save_figure  # noqa: E402
+from benchmarks.relay_bench import frame_parts, py_spy_exe, py_spy_stacks, report_of, short_path  # noqa: E402
 from relayproxy.lab.failover import (  # noqa: E402
     ADMIN_PASSWORD,
     ADMIN_USER,
@@ -94,6 +93,8 @@ PATH_LABELS = {
 }
 PATHS = tuple(PATH_LABELS)
 PROFILE_SECONDS = 3
+GEN_TIMEOUT = 420.0  # seconds generating a backlog and everyone taking it in may take
+SWITCH_TIMEOUT = 60.0  # seconds one switch may take
 
 log = logger("failover_time")
 
@@ -407,11 +408,6 @@ class Poller(threading.Thread):
 
 # -- the profiled switch -------------------------------------------------------------------------------------------
 
-def py_spy_exe() -> str | None:
-    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    return exe if Path(exe).exists() else None
-
-
 def start_py_spy(pid: int, output: Path) -> subprocess.Popen | None:
     """py-spy attached to the relay for PROFILE_SECONDS (CPU samples only: idle threads are not sampled)."""
     exe = py_spy_exe()
@@ -438,58 +434,49 @@ def summarise_py_spy(raw: Path, top: int = 12) -> dict:
     threads: Counter[str] = Counter()
     selfs: Counter[str] = Counter()
     incl: Counter[str] = Counter()
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        frames = stack.split(";")
-        thread = frames[0] if frames and frames[0].startswith(("thread (", "process ")) else "?"
-        frames = [f for f in frames if not f.startswith(("thread (", "process "))]
-        threads[thread] += int(count)
+    for thread, frames, count in py_spy_stacks(raw.read_text()):
+        threads[thread] += count
         if thread != "?" and "MainThread" not in thread:
             continue  # worker threads: counted per thread only
         if frames:
-            selfs[_short_frame(frames[-1])] += int(count)
+            selfs[_short_frame(frames[-1])] += count
         for key in dict.fromkeys(_short_frame(f, with_line=False) for f in frames if "relayproxy/" in f):
             if not key.startswith(_WRAPPERS):
-                incl[key] += int(count)
+                incl[key] += count
     rank = lambda d: [{"where": k, "samples": v} for k, v in d.most_common(top)]  # noqa: E731
     return {"samples": sum(threads.values()), "rate": 1000, "threads": dict(threads), "self": rank(selfs),
             "inclusive": rank(incl)}
 
 
 def _short_frame(frame: str, with_line: bool = True) -> str:
-    func, _, where = frame.partition(" (")
-    path, _, line = where.rstrip(")").rpartition(":")
-    for marker in (str(REPO_ROOT) + "/", "site-packages/", "/lib/python3.11/"):
-        if marker in path:
-            path = path.split(marker, 1)[1]
-            break
+    func, path, line = frame_parts(frame)
+    path = short_path(path)
     return f"{func} ({path}:{line})" if with_line else f"{func} ({path})"
 
 
 # -- one backlog size ----------------------------------------------------------------------------------------------
 
-def measure_backlog(size: int, repeats: int, parent: Path, args) -> dict:
+def measure_backlog(size: int, repeats: int, parent: Path, flush: bool) -> dict:
+    """``repeats`` failovers, then the profiled one, at a relay backlog of ``size`` bytes (``flush``: the replicas'
+    relay logs flushed first, ``Topology.flush_replica_relay_logs``)."""
     label = size_label(size)
     workdir = Path(tempfile.mkdtemp(prefix=f"ft-{label.replace(' ', '')}-", dir=parent))
-    topo = Topology(workdir, repeats + (1 if args.profile else 0))
-    profile = None
+    topo = Topology(workdir, repeats + 1)
     began = time.monotonic()
     try:
         log(f"backlog {label}: starting {len(topo.servers())} servers and the relay in {workdir}")
         topo.start()
         setup = time.monotonic() - began
         log(f"backlog {label}: generating ({size / 1e6:,.0f} MB through M1)")
-        backlog = topo.generate(size, args.gen_timeout)
+        backlog = topo.generate(size, GEN_TIMEOUT)
         log(f"backlog {label}: relay holds {backlog['relay_disk_bytes'] / 1e6:,.1f} MB in "
             f"{backlog['relay_files']} file(s); written in {backlog['write_seconds']:.1f} s, everyone had it "
             f"{backlog['catchup_seconds']:.1f} s later")
-        if not args.keep_replica_relay_logs:
+        if flush:
             topo.flush_replica_relay_logs()
 
         def one_failover(order, index):
-            run = topo.failover(index + 1, order[0] == "relay", args.timeout)
+            run = topo.failover(index + 1, order[0] == "relay", SWITCH_TIMEOUT)
             log(f"backlog {label} #{index + 1} ({' then '.join(order)}): relay->R2 {run['relay_r2']:.3f} s, "
                 f"relay->R3 {run['relay_r3']:.3f} s, horizon {run['relay_horizon']:.3f} s, "
                 f"direct {run['direct']:.3f} s")
@@ -498,28 +485,26 @@ def measure_backlog(size: int, repeats: int, parent: Path, args) -> dict:
         # Relay first in odd repeats, D first in even ones ("order": "relay then direct" / "direct then relay").
         runs = benchinfo.run_alternating(repeats, ["relay", "direct"], one_failover)
         mem = proc_status_kb(topo.relay.proc.pid)
-        if args.profile:
-            raw = workdir / "py-spy.txt"
-            run = topo.failover(repeats + 1, True, args.timeout, profile=raw)
-            profile = {"run": run, **summarise_py_spy(raw)}
-            log(f"backlog {label}: profiled switch (py-spy attached, not in the statistics): relay->R2 "
-                f"{run['relay_r2']:.3f} s, horizon {run['relay_horizon']:.3f} s; {profile.get('samples')} samples")
+        raw = workdir / "py-spy.txt"
+        run = topo.failover(repeats + 1, True, SWITCH_TIMEOUT, profile=raw)
+        profile = {"run": run, **summarise_py_spy(raw)}
+        log(f"backlog {label}: profiled switch (py-spy attached, not in the statistics): relay->R2 "
+            f"{run['relay_r2']:.3f} s, horizon {run['relay_horizon']:.3f} s; {profile.get('samples')} samples")
         markers = {name: [int(r[0]) for r in s.execute(f"SELECT id FROM {SCHEMA}.marker WHERE id >= 1000 ORDER BY id")]
                    for name, s in (("R2", topo.r2), ("R3", topo.r3), ("D", topo.d))}
-        want = [1000 + k for k in range(1, repeats + 1 + (1 if args.profile else 0))]
+        want = [1000 + k for k in range(1, repeats + 2)]
         if any(got != want for got in markers.values()):
             raise BenchError(f"markers differ from {want}: {markers}")
         relay_files = {p.name: (p.stat().st_size, p.stat().st_blocks * 512)
                        for p in sorted(topo.relay.relay_dir.glob(f"{BASENAME}.*")) if p.suffix[1:].isdigit()}
     finally:
         topo.close()
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
     out = {"backlog": size, "label": label, "generation": backlog, "runs": runs,
            "setup_seconds": round(setup, 1), "seconds_total": round(time.monotonic() - began, 1),
            "relay_rss_kb": mem.get("VmRSS"), "relay_hwm_kb": mem.get("VmHWM"), "markers": markers,
            "relay_files": relay_files, "profile": profile,
-           "replica_relay_logs_flushed": not args.keep_replica_relay_logs}
+           "replica_relay_logs_flushed": flush}
     for path in PATHS:
         values = [r[path] for r in runs]
         med, lo, hi = benchinfo.median_range(values)
@@ -726,17 +711,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="markdown results; the plot goes beside it with the suffix .png")
     add_report_options(p)
     p.add_argument("--workdir", type=Path, default=None, help="parent of the temporary directories (default $TMPDIR)")
-    p.add_argument("--gen-timeout", type=float, default=420.0, help="seconds generating a backlog and everyone "
-                   "taking it in may take (default 420)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds one switch may take (default 60)")
-    p.add_argument("--keep", action="store_true", help="keep the servers' directories")
     p.add_argument("--keep-replica-relay-logs", action="store_true", help="do not FLUSH RELAY LOGS on R2, R3 and D "
                    "before the switches: R2 and R3 then purge the relay log that held the backlog inside the timed "
                    "window (D's CHANGE MASTER purges its own before it)")
-    p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiled failover: by "
-                   "default one more failover per backlog (one more candidate), not in the statistics, runs with "
-                   f"py-spy attached to the relay for {PROFILE_SECONDS} s from just before START SLAVE, and its "
-                   "hottest functions go into the results (without py-spy the results say so)")
     args = p.parse_args(argv)
     try:
         args.sizes = [parse_size(s) for s in args.backlogs.split(",") if s.strip()]
@@ -749,28 +726,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def measure(args: argparse.Namespace, argv: list[str]) -> dict:
+    began = time.monotonic()
+    report = {"command": benchinfo.command_line(__file__, argv), "repeats": args.repeats, "backlogs": []}
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    for size in args.sizes:
+        report["backlogs"].append(measure_backlog(size, args.repeats, args.workdir, not args.keep_replica_relay_logs))
+    report["run_seconds"] = round(time.monotonic() - began, 1)
+    report["machine"] = benchinfo.machine_info(server=True)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.render is not None:
-        report = json.loads(args.render.read_text())
-    else:
-        from relayproxy.log import configure_logging
-
-        configure_logging(fmt="json", level="warning")
-        began = time.monotonic()
-        report = {"command": benchinfo.command_line(__file__, argv), "repeats": args.repeats, "backlogs": []}
-        if args.workdir is not None:
-            args.workdir.mkdir(parents=True, exist_ok=True)
-        for size in args.sizes:
-            report["backlogs"].append(measure_backlog(size, args.repeats, args.workdir, args))
-        report["run_seconds"] = round(time.monotonic() - began, 1)
-        report["machine"] = benchinfo.machine_info(server=True)
-    if args.notes:
-        report["notes"] = args.notes.read_text()
+    report = report_of(args, lambda: measure(args, argv))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    if args.save_json and args.render is None:
-        args.save_json.write_text(json.dumps(report, indent=1))
     write_markdown(args.out, report)
     plotted = write_plot(args.out.with_suffix(".png"), report)
     log(f"wrote {args.out}" + (f" and {args.out.with_suffix('.png')}" if plotted else " (no plot: matplotlib missing)")
