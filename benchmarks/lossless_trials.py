@@ -30,6 +30,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from benchmarks import benchinfo  # noqa: E402
 from benchmarks.common import RESULTS_DIR, add_report_options, logger, percentile, save_figure  # noqa: E402
+from benchmarks.relay_bench import report_of  # noqa: E402
 from relayproxy.lab.lossless import (  # noqa: E402
     KINDS,
     LONG_TIMEOUT_MS,
@@ -46,8 +47,7 @@ from relayproxy.lab.sandbox import TEMPLATE_ENV  # noqa: E402
 log = logger("lossless_trials")
 
 
-def run_trials(count: int, seed: int, *, fallback_every: int, workdir: Path, keep: bool = False,
-               progress=log) -> list[dict]:
+def run_trials(count: int, seed: int, *, fallback_every: int, workdir: Path, progress=log) -> list[dict]:
     """Run the trials; one dict per trial (TrialResult.as_dict, or the error that stopped it)."""
     rows = []
     kinds = trial_kinds(count, fallback_every=fallback_every)
@@ -55,7 +55,7 @@ def run_trials(count: int, seed: int, *, fallback_every: int, workdir: Path, kee
         spec = TrialSpec.draw(trial_seed, kind)
         trial_dir = workdir / f"trial{i + 1:03d}-{trial_seed}"
         try:
-            result = run_trial(trial_dir, spec, keep=keep)
+            result = run_trial(trial_dir, spec)
         except Exception as exc:  # noqa: BLE001 - recorded; a finding for promote, or for the lab
             result = TrialResult(spec, error=f"{type(exc).__name__}: {exc}"[:6000])
             progress(f"trial {i + 1}/{count} (seed {trial_seed}, {kind}) FAILED TO RUN; kept {trial_dir}: "
@@ -329,43 +329,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_report_options(p, saved="every trial")
     p.add_argument("--workdir", type=Path, default=None, help="parent of the trials' directories (default $TMPDIR); "
                    "a trial that is not OK keeps its directory there")
-    p.add_argument("--keep", action="store_true", help="keep every trial's directory")
     args = p.parse_args(argv)
     if args.trials < 1:
         p.error("--trials must be at least 1")
     return args
 
 
+def measure(args: argparse.Namespace, argv: list[str]) -> dict:
+    began = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="lossless-", dir=args.workdir))
+    made_templates = TEMPLATE_ENV not in os.environ
+    if made_templates:  # one mariadb-install-db per option set, copied for every server (as the tests do)
+        os.environ[TEMPLATE_ENV] = str(workdir / "datadir-templates")
+    try:
+        trials = run_trials(args.trials, args.seed, fallback_every=args.fallback_every, workdir=workdir)
+    finally:
+        if made_templates:
+            shutil.rmtree(workdir / "datadir-templates", ignore_errors=True)
+    report = {"command": benchinfo.command_line(__file__, argv), "seed": args.seed, "trials": trials,
+              "run_seconds": round(time.monotonic() - began, 1), "machine": benchinfo.machine_info(server=True)}
+    if not any(p.name.startswith("trial") for p in workdir.iterdir()):
+        shutil.rmtree(workdir, ignore_errors=True)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     out_md, out_png = args.out, args.out.with_suffix(".png")
-    if args.render is not None:
-        report = json.loads(args.render.read_text())
-    else:
-        from relayproxy.log import configure_logging
-
-        configure_logging(fmt="json", level="warning")
-        began = time.monotonic()
-        workdir = Path(tempfile.mkdtemp(prefix="lossless-", dir=args.workdir))
-        made_templates = TEMPLATE_ENV not in os.environ
-        if made_templates:  # one mariadb-install-db per option set, copied for every server (as the tests do)
-            os.environ[TEMPLATE_ENV] = str(workdir / "datadir-templates")
-        try:
-            trials = run_trials(args.trials, args.seed, fallback_every=args.fallback_every, workdir=workdir,
-                                keep=args.keep)
-        finally:
-            if made_templates:
-                shutil.rmtree(workdir / "datadir-templates", ignore_errors=True)
-        report = {"command": benchinfo.command_line(__file__, argv), "seed": args.seed, "trials": trials,
-                  "run_seconds": round(time.monotonic() - began, 1), "machine": benchinfo.machine_info(server=True)}
-        if not any(p.name.startswith("trial") for p in workdir.iterdir()):
-            shutil.rmtree(workdir, ignore_errors=True)
-        if args.save_json:
-            args.save_json.parent.mkdir(parents=True, exist_ok=True)
-            args.save_json.write_text(json.dumps(report, indent=1))
-    if args.notes:
-        report["notes"] = args.notes.read_text()
+    report = report_of(args, lambda: measure(args, argv))
     out_md.parent.mkdir(parents=True, exist_ok=True)
     write_markdown(out_md, report)
     plotted = write_plot(out_png, report)
