@@ -16,7 +16,7 @@ The files are MySQL binlogs written here: GTID transactions of one ~64 KB row ev
 newest file of 1 MB. The page cache is warm: the figures are the relay's own work, not the disk's. A directory is
 written only when the disk has room for it and 2 GiB more.
 
-    .venv/bin/python benchmarks/restart_time.py [--newest 10,100,1000] [--closed-gb 1,10] [--runs 3]
+    .venv/bin/python benchmarks/restart_time.py [--newest 10,100,1000] [--closed 1000,10000] [--runs 3]
         [--serve] [--dir /path]
 """
 
@@ -55,7 +55,6 @@ from tests.support.fakemaster import FakeMySQLMaster  # noqa: E402
 
 SID = bytes(range(16))
 ROW = 64 << 10
-RESULTS = RESULTS_DIR
 FILE_MB = 100  # closed files of the total-size series
 NEWEST_MB = 1  # the newest file of the total-size series
 # mariadb-binlog refuses a server whose version starts with 8 ("unrecognized MariaDB version"); it reads MySQL 5.x
@@ -76,7 +75,7 @@ def require_space(where: Path, needed: int, what: str) -> None:
     if free < needed + SPARE_BYTES:
         raise SystemExit(
             f"restart_time: {what} needs {needed / 1e9:.1f} GB plus {SPARE_BYTES / 1e9:.1f} GB spare in {where}, "
-            f"but only {free / 1e9:.1f} GB is free: free space, pass --dir on a larger disk, or lower --closed-gb"
+            f"but only {free / 1e9:.1f} GB is free: free space, pass --dir on a larger disk, or lower --closed"
         )
 
 
@@ -86,10 +85,9 @@ def _event(type_code: int, body: bytes, end: int) -> bytes:
     return raw + struct.pack("<I", zlib.crc32(raw))
 
 
-def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | None,
-                 server_version: str = "8.0.36") -> int:
+def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | None) -> int:
     """A binlog of about ``megabytes`` MB at ``path``; returns the next GNO."""
-    head = E.binlog_file(E.previous_gtids(), server_version=server_version)
+    head = E.binlog_file(E.previous_gtids(), server_version=FILE_VERSION)
     gno = first_gno
     payload = bytes(ROW)
     with open(path, "wb") as f:
@@ -136,14 +134,14 @@ def drop_start_aids(relay: Path, names: list[str], checkpoint: bool = True) -> N
         FI.remove(relay, name)
 
 
-def newest_rows(base: Path, sizes: list[int], runs: int = 3, process: bool = True) -> list[dict]:
+def newest_rows(base: Path, sizes: list[int], runs: int) -> list[dict]:
     rows = []
     for mb in sizes:
         relay = base / f"newest-{mb}"
         require_space(base, mb << 20, f"a newest file of {mb} MB")
         relay.mkdir()
         name = "binlog.000001"
-        write_binlog(relay / name, mb, 1, None, FILE_VERSION)
+        write_binlog(relay / name, mb, 1, None)
         DU.write_index(relay, [name])
         os.sync()  # the file just written reaches the disk now, not behind the measured starts' fsyncs
         store = RelayStore.open(relay)  # one full scan, then a clean stop: the checkpoint at the horizon
@@ -158,10 +156,9 @@ def newest_rows(base: Path, sizes: list[int], runs: int = 3, process: bool = Tru
         rows.append({"what": "newest file", "mb": size / 1e6,
                      **with_without(lambda: RelayStore.open(relay).close(), runs,
                                     lambda: checkpoint.unlink(missing_ok=True), restore_checkpoint)})
-        if process:
-            restore_checkpoint()
-            rows += process_rows(relay, [name], base / "work", runs, False, what="run: newest file", mb=size / 1e6,
-                                 start_position=last_group_offset(relay / name))
+        restore_checkpoint()
+        rows += process_rows(relay, [name], base / "work", runs, False, what="run: newest file", mb=size / 1e6,
+                             start_position=last_group_offset(relay / name))
         shutil.rmtree(relay)
     return rows
 
@@ -193,8 +190,8 @@ def make_closed_dir(base: Path, total_mb: int) -> tuple[Path, list[str]]:
     names = [f"binlog.{i:06d}" for i in range(1, n + 2)]
     gno = 1
     for i, name in enumerate(names[:-1]):
-        gno = write_binlog(relay / name, FILE_MB, gno, names[i + 1], FILE_VERSION)
-    write_binlog(relay / names[-1], NEWEST_MB, gno, None, FILE_VERSION)
+        gno = write_binlog(relay / name, FILE_MB, gno, names[i + 1])
+    write_binlog(relay / names[-1], NEWEST_MB, gno, None)
     DU.write_index(relay, names)
     store = RelayStore.open(relay)
     FileCatalog(store).purged()  # builds and writes the indexes
@@ -458,34 +455,29 @@ def plot(rows: list[dict]) -> None:
         ax.set_ylabel("seconds")
         ax.set_title(what if step is None else f"relayproxy {what}:\nspawn to newest file served", fontsize=10)
         ax.legend(fontsize=8)
-    save_figure(fig, RESULTS / "restart_time.png", dpi=100)
+    save_figure(fig, RESULTS_DIR / "restart_time.png", dpi=100)
 
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--newest", default="10,100,1000", help="newest-file sizes, MB")
-    ap.add_argument("--closed-gb", default="1,10", help="total sizes of closed files, GB (100 MB files)")
-    ap.add_argument("--closed", default=None, help="total sizes of closed files in MB instead (small trials)")
+    ap.add_argument("--closed", default="1000,10000", help="total sizes of closed files, MB (100 MB files; "
+                    "default 1 and 10 GB)")
     ap.add_argument("--runs", type=int, default=3, help="runs of every measurement (median and range)")
-    ap.add_argument("--no-process", action="store_true", help="skip the relayproxy run process measurements")
     ap.add_argument("--serve", action="store_true", help="also relayproxy serve, one run a size (it scans all)")
     ap.add_argument("--dir", default=None, help="where to write the relay directories (default: a temp dir)")
     ap.add_argument("--no-write", action="store_true", help="print the results, do not write benchmarks/results")
     args = ap.parse_args(argv)
-    if args.closed is not None:
-        totals = [int(x) for x in args.closed.split(",") if x]
-    else:
-        totals = [int(round(float(x) * 1000)) for x in args.closed_gb.split(",") if x]
+    totals = [int(x) for x in args.closed.split(",") if x]
     base = Path(tempfile.mkdtemp(prefix="restart-time-", dir=args.dir))
     rows: list[dict] = []
     try:
-        rows += newest_rows(base, [int(x) for x in args.newest.split(",") if x], args.runs, not args.no_process)
+        rows += newest_rows(base, [int(x) for x in args.newest.split(",") if x], args.runs)
         for total in totals:
             relay, names = make_closed_dir(base, total)
             try:
                 rows += closed_rows(relay, names, args.runs)
-                if not args.no_process:
-                    rows += process_rows(relay, names, base / "work", args.runs, args.serve)
+                rows += process_rows(relay, names, base / "work", args.runs, args.serve)
             finally:
                 shutil.rmtree(relay, ignore_errors=True)
     finally:
@@ -493,7 +485,7 @@ def main(argv: list[str]) -> None:
     rows.sort(key=lambda r: ORDER.index(r["what"]))
     text = render(rows, argv, args.runs)
     if not args.no_write:
-        write_results(RESULTS / "restart_time.md", text + "\n")
+        write_results(RESULTS_DIR / "restart_time.md", text + "\n")
         plot(rows)
     print(text)
 
