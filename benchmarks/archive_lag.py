@@ -2,12 +2,12 @@
 against the binlog it archives, and what the PUT requests come to; with a relay that does not archive as the peer
 (ingest lag, relay CPU), in the same run. The results file describes the set-up and every column.
 
-Configurations, each run ``--repeats`` times in alternated order: ``default interval`` (``archive_interval`` not
-set, 1 s), ``interval 0.25 s`` and ``no archive`` (the peer). A ThreadedFaultProxy in front of moto counts the bytes
-over the wire. For each of ``--stall-seconds`` (default 5 and 35: either side of the relay's S3 read timeout of
-30 s), one more run at the default interval with moto SIGSTOPped that long in the middle of the load.
+Configurations, each run ``SETTINGS["repeats"]`` times in alternated order: ``default interval``
+(``archive_interval`` not set, 1 s), ``interval 0.25 s`` and ``no archive`` (the peer). A ThreadedFaultProxy in
+front of moto counts the bytes over the wire. For each of ``STALL_SECONDS`` (5 and 35: either side of the relay's S3
+read timeout of 30 s), one more run at the default interval with moto SIGSTOPped that long in the middle of the load.
 
-    .venv/bin/python benchmarks/archive_lag.py [--rate 1000] [--seconds 60] [--repeats 3] [--stall-seconds 5,35]
+    .venv/bin/python benchmarks/archive_lag.py
 
 Writes benchmarks/results/archive_lag.md (and .png when matplotlib is installed).
 """
@@ -15,7 +15,6 @@ Writes benchmarks/results/archive_lag.md (and .png when matplotlib is installed)
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
@@ -46,6 +45,11 @@ PRICE_GET_PER_1000 = 0.0004
 PRICE_GB_MONTH = 0.023
 # name: archive_interval (None: not set, the default of 1 s in docs/archive.md), or False: no archive
 CONFIGS = {"default interval": None, "interval 0.25 s": 0.25, "no archive": False}
+# The run: OLTP at ``rate`` trx/s for ``seconds`` a run from ``writers`` processes, /status sampled every ``sample``
+# s, the master's files of ``max_binlog_size``, its datadir in ``servers_dir`` (the relays' in /tmp).
+SETTINGS = {"rate": 1000.0, "seconds": 60.0, "repeats": 3, "writers": 2, "sample": 0.1, "max_binlog_size": "8M",
+            "servers_dir": "/dev/shm"}
+STALL_SECONDS = (5.0, 35.0)  # one more run for each, the bucket stopped that long
 
 
 log = logger("archive_lag")
@@ -168,8 +172,8 @@ def analyse(samples: list[dict], sizes: dict[str, int], t0: float, t1: float, t_
 
 
 def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
-    args, master, moto = ctx["args"], ctx["master"], ctx["moto"]
-    interval = CONFIGS[name] if name in CONFIGS else None
+    master, moto = ctx["master"], ctx["moto"]
+    interval = CONFIGS[name]
     archive = interval is not False
     slug = re.sub(r"[^a-z0-9]+", "-", name).strip("-")
     prefix = f"runs/{index:02d}-{slug}"
@@ -189,15 +193,15 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
         if archive:
             relay.wait_for(lambda s: s["archive"]["state"] == "ok" and s["archive"]["lag_bytes"] == 0, 60,
                            "the archive caught up before the load")
-        writers = Writers(master.port, "oltp", [(args.rate, args.seconds)], writers=args.writers)
-        sampler = Sampler(relay, master, args.sample)
+        writers = Writers(master.port, "oltp", [(SETTINGS["rate"], SETTINGS["seconds"])], writers=SETTINGS["writers"])
+        sampler = Sampler(relay, master, SETTINGS["sample"])
         sampler.start()
         time.sleep(1.0)
         cpu0 = cpu_seconds(relay.pid)
         writers.go()
         stalled = None
         if stall:
-            time.sleep(args.seconds / 2 - stall / 2)
+            time.sleep(SETTINGS["seconds"] / 2 - stall / 2)
             stalled = [time.monotonic()]
             moto.pause()
             time.sleep(stall)
@@ -473,36 +477,17 @@ def plot(report: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rate", type=float, default=1000.0)
-    p.add_argument("--seconds", type=float, default=60.0)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--writers", type=int, default=2)
-    p.add_argument("--sample", type=float, default=0.1, help="seconds between samples of /status")
-    p.add_argument("--max-binlog-size", default="8M")
-    p.add_argument("--stall-seconds", default="5,35",
-                   help="comma-separated: one run with the bucket stopped that long for each (0 or '': none); the "
-                        "relay's S3 read timeout is 30 s, so a longer stop makes botocore retry")
-    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
-    p.add_argument("--servers-dir", default="/dev/shm")
-    p.add_argument("--relay-dir-parent", default=None, help="where the relay directories go (default: /tmp)")
-    p.add_argument("--output", type=Path, default=RESULTS)
-    p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
-    args = p.parse_args(argv)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    if unknown := [n for n in names if n not in CONFIGS]:
-        p.error(f"unknown configuration {unknown[0]!r}")
-
-    report: dict = {"args": vars(args) | {"output": str(args.output), "json": str(args.json)},
-                    "uptime_start": uptime(), "runs": []}
-    work = Path(tempfile.mkdtemp(prefix="archlag-", dir=args.servers_dir))
-    relay_parent = Path(tempfile.mkdtemp(prefix="archlag-relay-", dir=args.relay_dir_parent))
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
+    names = list(CONFIGS)
+    report: dict = {"args": dict(SETTINGS), "uptime_start": uptime(), "runs": []}
+    work = Path(tempfile.mkdtemp(prefix="archlag-", dir=SETTINGS["servers_dir"]))
+    relay_parent = Path(tempfile.mkdtemp(prefix="archlag-relay-"))
     fs = subprocess.run(["df", "--output=fstype", str(relay_parent)], capture_output=True, text=True).stdout.split()
     report["relay_fs"] = f"{relay_parent.parent} ({fs[-1] if fs else '?'})"
     master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW",
                             extra_config={"sync_binlog": 0, "innodb_flush_log_at_trx_commit": 2,
                                           "innodb_buffer_pool_size": "128M",
-                                          "max_binlog_size": args.max_binlog_size})
+                                          "max_binlog_size": SETTINGS["max_binlog_size"]})
     moto = MotoServer(work)
     index = 0
     try:
@@ -512,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare_master(master)
         master.execute("CREATE DATABASE bench")
         master.execute(LOADS["oltp"])
-        ctx = {"args": args, "master": master, "moto": moto, "relay_parent": relay_parent}
+        ctx = {"master": master, "moto": moto, "relay_parent": relay_parent}
 
         def one(name: str, stall: float = 0.0) -> dict:
             nonlocal index
@@ -534,9 +519,9 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"  {r['rate']:.0f} trx/s, {cpu}, ingest max {r['ingest_lag_max'] / 1e3:.1f} KB")
             return {}
 
-        benchinfo.run_alternating(args.repeats, names, run_one)
+        benchinfo.run_alternating(SETTINGS["repeats"], names, run_one)
         report["stalls"] = []
-        for stall in [float(x) for x in str(args.stall_seconds).split(",") if x.strip() and float(x) > 0]:
+        for stall in STALL_SECONDS:
             log(f"stall run: the bucket stopped for {stall:g} s")
             r = one("default interval", stall)
             r["repeat"], r["position"] = "stall", "-"
@@ -551,11 +536,9 @@ def main(argv: list[str] | None = None) -> int:
         moto.stop()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(relay_parent, ignore_errors=True)
-    write_results(args.output, render(report, argv) + "\n")
-    plot(report, args.output.with_suffix(".png"))
-    if args.json:
-        args.json.write_text(json.dumps(report, default=str))
-    print(f"wrote {args.output}")
+    write_results(RESULTS, render(report, argv) + "\n")
+    plot(report, RESULTS.with_suffix(".png"))
+    print(f"wrote {RESULTS}")
     return 0
 
 
