@@ -1,8 +1,8 @@
 """Closed relay files compressed and encrypted (relay/closed_files.py): ratio, CPU cost, and the dump's read speed.
 
-Two data sets, in one run: ``corpus``, the real binlogs of the shared corpus (``$RELAYPROXY_CORPUS`` or --corpus),
-read where they are (never copied); ``oltp``, a local mariadbd master's binlogs after ``benchmarks/workloads.py``'s
-OLTP shape (small transactions, row format) at ``--oltp-scale``. For every storage form (``FORMS``) and data set:
+Two data sets, in one run: ``corpus``, the real binlogs of the shared corpus (``$RELAYPROXY_CORPUS``), read where
+they are (never copied); ``oltp``, a local mariadbd master's binlogs after ``benchmarks/workloads.py``'s OLTP shape
+(small transactions, row format) at scale ``OLTP_SCALE``. For every storage form (``FORMS``) and data set:
 the ratio (logical / stored bytes, frames of 1 MiB, header, table and trailer included); the convert CPU
 (``time.process_time`` of ``conversion.write_framed``: compress and/or encrypt, write, fsync) and that of the
 verification read-back (``logical_crc``), per logical GB; the dump read (``RelayFile.read`` of ``READ_CHUNK`` pieces
@@ -33,14 +33,15 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import REPO_ROOT, RESULTS_DIR, logger, save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, logger, save_figure  # noqa: E402
+from benchmarks.relay_bench import corpus_dir  # noqa: E402
 
 from relayproxy.downstream.dump.files import RelayFile  # noqa: E402
 from relayproxy.downstream.dump.sender import READ_CHUNK  # noqa: E402
 from relayproxy.relay import closed_files as CF  # noqa: E402
 from relayproxy.relay import conversion as CV  # noqa: E402
 
-DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
+OLTP_SCALE = 8.0  # workloads.py's oltp shape at this scale
 RING = CF.Keyring.parse("1:" + os.urandom(32).hex(), "benchmark key")
 FORMS = {
     "zstd 1": CV.StorageOptions(compress="zstd", level=1),
@@ -62,7 +63,7 @@ def corpus_files(root: Path) -> list[Path]:
                 if f.read(4) == b"\xfebin":
                     files.append(p)
     if not files:
-        raise SystemExit(f"compression: no binlog files under {root}; set RELAYPROXY_CORPUS or --corpus")
+        raise SystemExit(f"compression: no binlog files under {root}; set RELAYPROXY_CORPUS")
     return files
 
 
@@ -193,7 +194,7 @@ def table(result: dict) -> list[str]:
     return out
 
 
-def render(results: dict, argv: list[str], machine: dict, repeat: int, oltp_scale: float) -> str:
+def render(results: dict, argv: list[str], machine: dict, repeat: int) -> str:
     lines = ["# Closed relay files: compression and encryption", "",
              *benchinfo.header_block(__file__, argv, machine, runs=repeat,
                                      what="here the contestants are the plain files and each storage form; the "
@@ -208,7 +209,7 @@ def render(results: dict, argv: list[str], machine: dict, repeat: int, oltp_scal
     for label, res in results.items():
         what = ("the shared corpus of real binlogs (read in place)" if label == "corpus" else
                 "a local mariadbd master's binlogs after the OLTP workload (workloads.py oltp, scale "
-                f"{oltp_scale})")
+                f"{OLTP_SCALE})")
         lines += [f"## {label}: {what}", "", f"{res['files']} files, {res['logical_mb']:.1f} MB logical.", "",
                   *table(res), ""]
     lines += ["## Reading these figures", "",
@@ -240,14 +241,12 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--corpus", help="corpus folder (default $RELAYPROXY_CORPUS or <repo>/../shared/corpus/binlogs)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--oltp-scale", type=float, default=8.0)
     ap.add_argument("--quick", action="store_true", help="corpus only, one repeat, nothing written")
     ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     ap.add_argument("--output-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
-    root = Path(args.corpus or os.environ.get("RELAYPROXY_CORPUS") or DEFAULT_CORPUS)
+    root = corpus_dir()
     repeat = 1 if args.quick else args.repeat
     results = {}
     master = None
@@ -256,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         results["corpus"] = measure("corpus", corpus_files(root), tmp / "corpus", repeat)
         if not args.quick:
             try:
-                files, master = oltp_files(tmp / "oltp", args.oltp_scale)
+                files, master = oltp_files(tmp / "oltp", OLTP_SCALE)
                 results["oltp"] = measure("oltp", files, tmp / "oltp-forms", repeat)
             finally:
                 if master is not None:
@@ -269,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = benchinfo.machine_info(server=True)
     argv = sys.argv[1:] if argv is None else argv
-    (out_dir / "compression.md").write_text(render(results, argv, machine, repeat, args.oltp_scale))
+    (out_dir / "compression.md").write_text(render(results, argv, machine, repeat))
     plot(results, out_dir / "compression.png")
     log(f"wrote {out_dir / 'compression.md'}")
     return 0
