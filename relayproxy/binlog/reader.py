@@ -21,9 +21,22 @@ from .events import HEADER, BinlogFormatError, FormatDescription
 from .gtid import GtidSet, MariaBinlogState, MariaGtid
 
 _header_unpack_from = HEADER.unpack_from
+_CRC32_RESIDUE = 0x2144DF1C  # CRC-32 of any bytes followed by their own CRC-32 (little-endian)
 
 _GTID_SET_EVENTS = frozenset({C.PREVIOUS_GTIDS_LOG_EVENT, C.MARIA_GTID_LIST_EVENT})
 _GTID_EVENTS = frozenset({C.GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT, C.MARIA_GTID_EVENT})
+_FIRST_LOOK = frozenset({C.FORMAT_DESCRIPTION_EVENT, C.MARIA_START_ENCRYPTION_EVENT})  # _event's _first_look
+_RESULT_MASK = B.RESULT_MASK
+_FLAG_ERROR = B.FLAG_ERROR
+_FLAG_ABANDONED = B.FLAG_ABANDONED
+_EVENT_OUTSIDE = B.EVENT_OUTSIDE
+_GROUP_START = B.GROUP_START
+_GROUP_END = B.GROUP_END
+_ROTATE = C.ROTATE_EVENT
+_HEADER_LEN = C.HEADER_LEN
+_MAY_CUT = frozenset({C.GTID_LOG_EVENT, C.ANONYMOUS_GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT, C.MARIA_GTID_EVENT,
+                      C.INCIDENT_EVENT})
+_ARTIFICIAL = C.LOG_EVENT_ARTIFICIAL_F
 
 DEFAULT_CHUNK = 1 << 20
 DEFAULT_MAX_EVENT_IN_MEMORY = 16 << 20
@@ -65,6 +78,7 @@ class ScannedGroup:
     gtid: object  # boundary-parser form: (sid16, gno) / (sid16, tag, gno) / (domain, server, seq) / None
     complete: bool
     abandoned: bool = False  # cut off by a later GTID or incident inside the file
+    end_timestamp: int = 0  # header timestamp of the group's last event scanned (the one closing a complete group)
 
 
 @dataclass
@@ -132,15 +146,20 @@ class BinlogScanner:
         track_gtids: bool = True,
         on_event: Callable[[ScannedEvent], None] | None = None,
         on_group: Callable[[ScannedGroup], None] | None = None,
+        on_event_types: frozenset[int] | None = None,
         max_event_in_memory: int = DEFAULT_MAX_EVENT_IN_MEMORY,
         path: str | None = None,
     ):
+        """``on_event`` is called for every event, or only for those of ``on_event_types`` when given (a caller that
+        reads a few types saves building the others' ScannedEvent and copying their bytes)."""
         self.result = ScanResult(path=path)
         self.parser = B.TransactionBoundaryParser(flavour)
         self._verify = verify_checksums
         self._track_gtids = track_gtids
         self._on_event = on_event
         self._on_group = on_group
+        self._on_event_types = on_event_types
+        self._last_timestamp = 0
         self._max_in_memory = max(max_event_in_memory, EVENT_HEAD_KEPT)
         self._buf = bytearray()
         self._buf_offset = 0  # file offset of self._buf[0]
@@ -251,45 +270,70 @@ class BinlogScanner:
             self.result.good_end = 4
         pos = 0
         n = len(buf)
-        while n - pos >= C.HEADER_LEN and not self._stopped:
+        view = memoryview(buf)
+        try:
+            pos = self._drain_events(buf, view, n)
+        finally:
+            view.release()  # before ``del buf[:pos]``: a bytearray with a view held cannot be resized
+        if pos < 0:
+            self._stream_from(buf, ~pos, n)
+        elif pos and not self._stopped:
+            del buf[:pos]
+            self._buf_offset += pos
+
+    def _drain_events(self, buf, view, n: int) -> int:
+        """The events wholly in ``buf[:n]`` (``view`` is a memoryview of it); returns where the next one begins, or
+        ``~pos`` for an event at ``pos`` larger than ``max_event_in_memory`` (``_stream_from`` takes it)."""
+        pos = 0
+        event = self._event
+        while n - pos >= _HEADER_LEN and not self._stopped:
             header = _header_unpack_from(buf, pos)
             size = header[3]
             offset = self._buf_offset + pos
-            min_size = C.HEADER_LEN + (self._checksum_len if self._fde is not None else 0)
+            min_size = _HEADER_LEN + (self._checksum_len if self._fde is not None else 0)
             if size < min_size:
                 self._fail(offset, f"impossible event size {size} (type {header[1]}): shorter than {min_size}")
-                return
+                return pos
             if size > self._max_in_memory:
-                # Stream it: keep the head, CRC the rest as it arrives.
-                available = n - pos
-                take = min(available, size)
-                self._stream = {
-                    "offset": offset,
-                    "header": header,
-                    "size": size,
-                    "head": bytes(buf[pos : pos + min(take, EVENT_HEAD_KEPT)]),
-                    "crc": _crc32(memoryview(buf)[pos : pos + min(take, size - self._checksum_len)]),
-                    "seen": take,
-                    "tail": bytes(buf[pos + max(size - self._checksum_len, 0) : pos + take])
-                    if take > size - self._checksum_len
-                    else b"",
-                }
-                rest = bytes(buf[pos + take :])
-                buf.clear()
-                self._buf_offset = offset + take
-                if take == size:
-                    self._finish_stream()
-                    if rest:
-                        self._buf += rest
-                        self._drain()
-                return
+                return ~pos
             if n - pos < size:
                 break
-            self._event(header, buf, pos, offset, streamed=False, crc_ok=self._check_crc(buf, pos, size))
+            if self._checksum_len and self._verify:
+                # The CRC-32 of an event followed by its own stored CRC-32 is a constant: one pass, no tail slicing.
+                crc_ok = _crc32(view[pos : pos + size]) == _CRC32_RESIDUE
+            else:
+                crc_ok = None
+            event(header, buf, pos, offset, False, crc_ok)
             pos += size
-        if pos and not self._stopped:
-            del buf[:pos]
-            self._buf_offset += pos
+        return pos
+
+    def _stream_from(self, buf, pos: int, n: int) -> None:
+        """The event at ``buf[pos]`` is larger than ``max_event_in_memory``: keep its head, CRC the rest as it
+        arrives (``_feed_stream``)."""
+        header = _header_unpack_from(buf, pos)
+        size = header[3]
+        offset = self._buf_offset + pos
+        available = n - pos
+        take = min(available, size)
+        self._stream = {
+            "offset": offset,
+            "header": header,
+            "size": size,
+            "head": bytes(buf[pos : pos + min(take, EVENT_HEAD_KEPT)]),
+            "crc": _crc32(memoryview(buf)[pos : pos + min(take, size - self._checksum_len)]),
+            "seen": take,
+            "tail": bytes(buf[pos + max(size - self._checksum_len, 0) : pos + take])
+            if take > size - self._checksum_len
+            else b"",
+        }
+        rest = bytes(buf[pos + take :])
+        buf.clear()
+        self._buf_offset = offset + take
+        if take == size:
+            self._finish_stream()
+            if rest:
+                self._buf += rest
+                self._drain()
 
     def _feed_stream(self, data: memoryview):
         s = self._stream
@@ -318,42 +362,13 @@ class BinlogScanner:
         head = s["head"]
         self._event(s["header"], head, 0, s["offset"], streamed=True, crc_ok=crc_ok)
 
-    def _check_crc(self, buf, pos: int, size: int) -> bool | None:
-        if not self._checksum_len or not self._verify:
-            return None
-        end = pos + size
-        return _crc32(memoryview(buf)[pos : end - 4]) == int.from_bytes(buf[end - 4 : end], "little")
-
-    def _event(self, header, buf, pos: int, offset: int, *, streamed: bool, crc_ok: bool | None) -> None:
+    def _event(self, header, buf, pos: int, offset: int, streamed: bool, crc_ok: bool | None) -> None:
         r = self.result
         timestamp, type_code, server_id, size, log_pos, flags = header
-        if type_code == C.FORMAT_DESCRIPTION_EVENT:
-            try:
-                fde = FormatDescription.parse(buf, pos, size)
-            except ChecksumError as exc:
-                r.crc_errors += 1
-                # Not str(exc): its offset is into the scanner's buffer, which depends on how the bytes were fed.
-                self._fail(offset, f"FORMAT_DESCRIPTION_EVENT: CRC32 mismatch: stored 0x{exc.stored:08x}, "
-                                   f"computed 0x{exc.computed:08x}")
+        if type_code in _FIRST_LOOK or self._fde is None:
+            crc_ok = self._first_look(type_code, flags, buf, pos, offset, size, crc_ok)
+            if self._stopped:
                 return
-            except BinlogFormatError as exc:
-                self._fail(offset, str(exc).removeprefix(f"at offset {pos}: "))
-                return
-            if self._fde is None:
-                r.fde = fde
-            self._fde = fde
-            self._checksum_len = fde.checksum_len
-            self.parser.set_format(fde)
-            crc_ok = True if fde.checksum_alg == C.CHECKSUM_CRC32 else None
-        elif self._fde is None:
-            self._fail(offset, f"first event is {C.event_name(type_code)}, not FORMAT_DESCRIPTION_EVENT")
-            return
-        elif type_code == C.MARIA_START_ENCRYPTION_EVENT and not flags & C.LOG_EVENT_IGNORABLE_F:
-            # A MariaDB server's own file with encrypt_binlog=ON: every later event is encrypted. (A replica's or
-            # a relay's copy has it flagged ignorable and plain events after it.)
-            self._fail(offset, "the rest of the file is encrypted (MariaDB encrypt_binlog=ON, START_ENCRYPTION_EVENT "
-                               "here): give the server's key file (--binlog-key-file)")
-            return
         r.events += 1
         r.bytes += size
         counts = r.counts_by_type
@@ -365,44 +380,84 @@ class BinlogScanner:
                 stored = int.from_bytes(bytes(buf[pos + size - 4 : pos + size]), "little") if not streamed else None
                 detail = f" (stored 0x{stored:08x})" if stored is not None else ""
                 r.error = f"at offset {offset}: CRC32 mismatch in {C.event_name(type_code)} event of {size} bytes{detail}"
-        was_inside = self.parser.in_group
-        open_gtid = self.parser.gtid if was_inside else None
-        result = self.parser.feed(type_code, flags, buf, pos, size)
-        kind = result & B.RESULT_MASK
-        if result & B.FLAG_ERROR:
+        parser = self.parser
+        was_inside = parser.state != 0  # parser.in_group: state 0 is NONE under both flavours' rules
+        # Only a GTID or an INCIDENT cuts an open group off (FLAG_ABANDONED); a GTID overwrites the parser's GTID.
+        open_gtid = parser.gtid if was_inside and type_code in _MAY_CUT else None
+        result = parser.feed(type_code, flags, buf, pos, size)
+        kind = result & _RESULT_MASK
+        if result & _FLAG_ERROR:
             r.boundary_errors += 1
-            r.warnings.append(f"at offset {offset}: {self.parser.error}")
-        if result & B.FLAG_ABANDONED and was_inside:
-            self._emit_group(offset, complete=False, abandoned=True, gtid=open_gtid)
-        if kind == B.GROUP_START or (kind == B.GROUP_END and not was_inside) or (
-            result & B.FLAG_ABANDONED and kind != B.EVENT_OUTSIDE
-        ):
+            r.warnings.append(f"at offset {offset}: {parser.error}")
+        if result & _FLAG_ABANDONED:
+            if was_inside:
+                if type_code not in _MAY_CUT:  # (never seen) the GTID is still the cut group's
+                    open_gtid = parser.gtid
+                self._emit_group(offset, complete=False, abandoned=True, gtid=open_gtid)
+            if kind != _EVENT_OUTSIDE:
+                self._group_start = offset
+                self._group_events = 0
+        elif kind == _GROUP_START or (kind == _GROUP_END and not was_inside):
             self._group_start = offset
             self._group_events = 0
-        if kind != B.EVENT_OUTSIDE:
+        if kind != _EVENT_OUTSIDE:
             self._group_events += 1
-        if self._track_gtids:
+        if self._track_gtids and (type_code in _GTID_SET_EVENTS or r.gtids_after is None):
             self._track_file_gtids(type_code, buf, pos, offset, size)
-        if type_code == C.ROTATE_EVENT and not (flags & C.LOG_EVENT_ARTIFICIAL_F):
+        if type_code == _ROTATE and not flags & _ARTIFICIAL:
             self._note_rotate(buf, pos, size)
-        if self._on_event is not None:
+        self._last_timestamp = timestamp
+        if self._on_event is not None and (self._on_event_types is None or type_code in self._on_event_types):
             data = bytes(buf[pos : pos + size]) if not streamed else bytes(buf)
             self._on_event(
                 ScannedEvent(offset, timestamp, type_code, server_id, size, log_pos, flags, data, streamed, crc_ok, result)
             )
         end = offset + size
         self._last_end = end
-        if kind == B.GROUP_END:
+        if kind == _GROUP_END:
             self._emit_group(end, complete=True)
-        if (kind == B.GROUP_END or kind == B.EVENT_OUTSIDE) and r.crc_errors == 0 and r.error is None:
+        if (kind == _GROUP_END or kind == _EVENT_OUTSIDE) and r.crc_errors == 0 and r.error is None:
             r.good_end = end
             r.good_end_type = type_code
+
+    def _first_look(self, type_code: int, flags: int, buf, pos: int, offset: int, size: int,
+                    crc_ok: bool | None) -> bool | None:
+        """A FORMAT_DESCRIPTION (adopted), an event before the first one, a START_ENCRYPTION: stops the scan
+        (``_fail``) or returns the event's ``crc_ok``."""
+        if type_code == C.FORMAT_DESCRIPTION_EVENT:
+            r = self.result
+            try:
+                fde = FormatDescription.parse(buf, pos, size)
+            except ChecksumError as exc:
+                r.crc_errors += 1
+                # Not str(exc): its offset is into the scanner's buffer, which depends on how the bytes were fed.
+                self._fail(offset, f"FORMAT_DESCRIPTION_EVENT: CRC32 mismatch: stored 0x{exc.stored:08x}, "
+                                   f"computed 0x{exc.computed:08x}")
+                return crc_ok
+            except BinlogFormatError as exc:
+                self._fail(offset, str(exc).removeprefix(f"at offset {pos}: "))
+                return crc_ok
+            if self._fde is None:
+                r.fde = fde
+            self._fde = fde
+            self._checksum_len = fde.checksum_len
+            self.parser.set_format(fde)
+            return True if fde.checksum_alg == C.CHECKSUM_CRC32 else None
+        if self._fde is None:
+            self._fail(offset, f"first event is {C.event_name(type_code)}, not FORMAT_DESCRIPTION_EVENT")
+        elif type_code == C.MARIA_START_ENCRYPTION_EVENT and not flags & C.LOG_EVENT_IGNORABLE_F:
+            # A MariaDB server's own file with encrypt_binlog=ON: every later event is encrypted. (A replica's or
+            # a relay's copy has it flagged ignorable and plain events after it.)
+            self._fail(offset, "the rest of the file is encrypted (MariaDB encrypt_binlog=ON, START_ENCRYPTION_EVENT "
+                               "here): give the server's key file (--binlog-key-file)")
+        return crc_ok
 
     def _emit_group(self, end: int, *, complete: bool, abandoned: bool = False, gtid=None) -> None:
         r = self.result
         if gtid is None:
             gtid = self.parser.gtid
-        group = ScannedGroup(self._group_start, end, self._group_events, gtid, complete, abandoned)
+        group = ScannedGroup(self._group_start, end, self._group_events, gtid, complete, abandoned,
+                             self._last_timestamp)
         if complete:
             r.groups_complete += 1
             if self._track_gtids and gtid is not None and r.gtids_after is not None:

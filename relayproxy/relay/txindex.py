@@ -656,6 +656,12 @@ class TransactionCollector:
     """Fed a BinlogScanner's events and groups (``on_event`` / ``on_group``), it calls ``emit(Record)`` for each
     complete group, in file order."""
 
+    # The events it reads; the scanner hands it no others (a commit time without an immediate_commit_timestamp is
+    # the group's closing event's, which the group carries).
+    EVENT_TYPES = frozenset({C.FORMAT_DESCRIPTION_EVENT, C.GTID_LOG_EVENT, C.ANONYMOUS_GTID_LOG_EVENT,
+                             C.GTID_TAGGED_LOG_EVENT, C.MARIA_GTID_EVENT, C.TABLE_MAP_EVENT, C.QUERY_EVENT,
+                             C.TRANSACTION_PAYLOAD_EVENT})
+
     def __init__(self, emit: Callable[[Record], None], tables: TableDictionary, fde: FormatDescription | None = None):
         self.emit = emit
         self.tables = tables
@@ -665,9 +671,9 @@ class TransactionCollector:
     def _reset(self) -> None:
         self._ict: int | None = None
         self._names: list[str] = []
-        self._last_ts = 0
 
     def on_event(self, ev: ScannedEvent) -> None:
+        """One event of ``EVENT_TYPES`` (the scanner calls it for no other)."""
         t = ev.type_code
         if t == C.FORMAT_DESCRIPTION_EVENT:
             try:
@@ -675,14 +681,11 @@ class TransactionCollector:
             except Exception:  # noqa: BLE001 - the scanner reports a bad FDE
                 pass
             return
-        self._last_ts = ev.timestamp
         if t in (C.GTID_LOG_EVENT, C.ANONYMOUS_GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT):
             self._reset()
-            self._last_ts = ev.timestamp
             self._ict = self._commit_timestamp(ev.data)
         elif t == C.MARIA_GTID_EVENT:
             self._reset()
-            self._last_ts = ev.timestamp
         elif t == C.TABLE_MAP_EVENT:
             self._table_map(ev.data, self.fde)
         elif t == C.QUERY_EVENT:
@@ -696,7 +699,7 @@ class TransactionCollector:
             if self._ict:
                 us, coarse = self._ict, False
             else:
-                us, coarse = self._last_ts * 1_000_000, True
+                us, coarse = group.end_timestamp * 1_000_000, True  # the closing event's header timestamp
             ids = []
             for n in self._names:
                 i = self.tables.id(n)
@@ -899,10 +902,12 @@ def _scanner_for(collector: TransactionCollector, name: str, *,
                  resume: tuple[int, FormatDescription] | None = None) -> BinlogScanner:
     """A scanner of relay file ``name`` feeding ``collector``: from the file's start, or resumed at a boundary
     ``(offset, FORMAT_DESCRIPTION)``."""
+    # track_gtids off: the index takes each group's GTID; the file's GTID set is not needed.
     if resume is None:
-        return BinlogScanner(on_event=collector.on_event, on_group=collector.on_group,
-                             max_event_in_memory=_MAX_EVENT_IN_MEMORY, path=name)
+        return BinlogScanner(on_event=collector.on_event, on_group=collector.on_group, track_gtids=False,
+                             on_event_types=collector.EVENT_TYPES, max_event_in_memory=_MAX_EVENT_IN_MEMORY, path=name)
     return BinlogScanner.resume(resume[0], resume[1], on_event=collector.on_event, on_group=collector.on_group,
+                                track_gtids=False, on_event_types=collector.EVENT_TYPES,
                                 max_event_in_memory=_MAX_EVENT_IN_MEMORY, path=name)
 
 
@@ -1438,9 +1443,11 @@ class TxIndexer:
             if self._stop.is_set():
                 raise _Stopped()
             try:
-                finish_closed(self.relay_dir, name, stop_event=self._stop)
+                wrote = finish_closed(self.relay_dir, name, stop_event=self._stop)
             except FileNotFoundError:
                 continue
+            if wrote:  # a file the store closed before this indexer followed it, finished here all the same
+                self.finished.append(name)
             self._done.add(name)
 
     def close(self) -> None:

@@ -239,3 +239,28 @@ def test_feed_buffer_batch_path_equals_per_event_feeding(corpus_dir, manifest, s
         assert last_boundary == result.good_end or (result.partial_tail and last_boundary < len(data))
         if result.boundary_errors == 0:
             assert ends == [(g.end, g.gtid) for g in groups if g.complete], entry["file"]
+
+
+def test_event_type_filter_and_group_end_timestamps(corpus_dir, manifest, scans):
+    """``on_event_types`` hands over exactly the full scan's events of those types and changes nothing else; every
+    group carries the header timestamp of its last event (the txindex's coarse commit time)."""
+    from relayproxy.binlog.reader import BinlogScanner
+
+    wanted = frozenset({C.GTID_LOG_EVENT, C.MARIA_GTID_EVENT, C.TABLE_MAP_EVENT, C.QUERY_EVENT})
+    for entry in manifest:
+        result, events, groups = scans[entry["file"]]
+        by_end = {ev.end: ev for ev in events}
+        for g in groups:
+            if g.complete:
+                assert g.end_timestamp == by_end[g.end].timestamp, (entry["file"], g)
+        got_events: list[ScannedEvent] = []
+        got_groups: list[ScannedGroup] = []
+        scanner = BinlogScanner(on_event=got_events.append, on_group=got_groups.append, on_event_types=wanted)
+        data = (corpus_dir / entry["file"]).read_bytes()
+        for k in range(0, len(data), 4096):  # chunked, as the indexer feeds
+            scanner.feed(data[k:k + 4096])
+        filtered = scanner.finish()
+        assert got_events == [ev for ev in events if ev.type_code in wanted], entry["file"]
+        assert got_groups == groups, entry["file"]
+        assert (filtered.good_end, filtered.error, filtered.events, filtered.crc_errors) == (
+            result.good_end, result.error, result.events, result.crc_errors), entry["file"]

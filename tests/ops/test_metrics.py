@@ -576,7 +576,8 @@ def test_the_transaction_indexer_health_reaches_status_and_metrics(tmp_path):
     assert "relayproxy_txindex_child_starts" not in fams  # a thread: no child
     assert "txindex" not in bare
     text = format_status(doc)
-    assert f"Transaction index:      thread; {health['passes']} passes, 0 files finished, 0 errors" in text
+    # 1 file finished: the closed file, whose index the indexer built
+    assert f"Transaction index:      thread; {health['passes']} passes, 1 files finished, 0 errors" in text
     child = {**doc, "txindex": {"mode": "child", "child_pid": 42, "child_starts": 2, "passes": 9, "files_finished": 1,
                                 "errors": 1, "last_error": "the transaction indexer (pid 41) exited"}}
     assert ("Transaction index:      child pid 42, 2 started; 9 passes, 1 files finished, 1 errors; last error: the "
