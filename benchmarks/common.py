@@ -19,7 +19,7 @@ from benchmarks.benchinfo import REPO_ROOT, command_line, header_block, machine_
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"  # where every results file is written by default
 
 __all__ = ["PERCENTILE_METHODS", "REPO_ROOT", "RESULTS_DIR", "command_line", "header_block", "logger", "machine_info", "machine_section",
-           "percentile", "pyplot", "hop_buckets", "hop_share", "results_document", "save_figure", "write_results", "add_report_options"]
+           "percentile", "pyplot", "hop_buckets", "hop_share", "md_row", "results_document", "save_figure", "write_results", "add_report_options"]
 
 
 def logger(name: str | None, *, clock: bool = True) -> Callable[[str], None]:
@@ -81,6 +81,11 @@ def results_document(title: str, script: str | Path, argv: list[str], machine: d
     if lines[-1] != "":
         lines.append("")
     return "\n".join([*lines, *machine_section(machine)])
+
+
+def md_row(*cells) -> str:
+    """One row of a markdown table ("| a | b |"; an empty cell is "|  |")."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def write_results(path: Path, text: str, log: Callable[[str], None] | None = None) -> Path:

@@ -27,9 +27,9 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR  # noqa: E402
-from benchmarks.fanout_common import REPL_PASSWORD, REPL_USER, Relay, master_end, md_row  # noqa: E402
-from benchmarks.fanout_real import REAL_MASTER_CONFIG, IdleClients  # noqa: E402
+from benchmarks.common import RESULTS_DIR, md_row  # noqa: E402
+from benchmarks.fanout_common import (MASTER_CONFIG, REPL_PASSWORD, REPL_USER, IdleClients, Relay,  # noqa: E402
+                                      master_end)
 from relayproxy.lab.procstat import machine_busy, tree_cpu  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
     work = Path(tempfile.mkdtemp(prefix="rp-ceiling-"))
-    master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=REAL_MASTER_CONFIG)
+    master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
     master.start()
     runs: list[dict] = []
     try:

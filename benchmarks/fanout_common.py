@@ -1,10 +1,15 @@
-"""The fan-out benchmarks' shared pieces (benchmarks/fanout.py runs them): the master's settings, the replica
-account, the relay as they run it (``relayproxy run --listen`` through ``relayproxy.lab.relayprocess``), a dump
-client's login, the paced writer, the log line and a markdown row."""
+"""The fan-out benchmarks' shared pieces (benchmarks/fanout.py, fanout_ceiling.py; soak.py and archive_lag.py use
+some): the master's settings, the replica account, the relay as they run it (``relayproxy run --listen`` through
+``relayproxy.lab.relayprocess``), a dump client's login, cheap asyncio dump clients in a helper process and the paced
+writer."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
+import os
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -15,14 +20,14 @@ from relayproxy.upstream.connection import UpstreamConnection
 
 REPL_USER, REPL_PASSWORD = "repl", "replpw"
 OLTP_PAD = 200  # as relay_catchup.py: ~150-byte events on average
-BINLOG_SEND_ANNOTATE_ROWS_EVENT = 2  # COM_BINLOG_DUMP flag: what a MariaDB replica with log_slave_updates asks
-MASTER_CONFIG = {
+MASTER_CONFIG = {  # performance_schema: the master's dump threads' OS thread ids (fanout.py)
     "sync_binlog": 0,
     "innodb_flush_log_at_trx_commit": 0,
     "innodb_buffer_pool_size": "256M",
     "innodb_doublewrite": 0,
-    "max_connections": 1000,
+    "max_connections": 2000,
     "rpl_semi_sync_master_enabled": 0,
+    "performance_schema": "ON",
 }
 USERS_TOML = f"""
 [[users]]
@@ -32,12 +37,6 @@ plugin = "mysql_native_password"
 """
 
 log = logger("fanout")
-
-
-# candidate for benchmarks/common.py
-def md_row(*cells) -> str:
-    """One row of a markdown table ("| a | b |"; an empty cell is "|  |")."""
-    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 class Relay(RelayProcess):
@@ -75,18 +74,154 @@ async def replica_login(port: int, server_id: int, *, connect_timeout: float = 6
     return conn
 
 
-# -- the paced OLTP writer (fanout_inprocess, fanout_real, archive_lag) ------------------------------------------
+# -- cheap dump clients in a helper process (fanout.py's sweep, fanout_ceiling.py) ---------------------------------
+
+def _discard_loop(fd: int, counter: list[int], stop: threading.Event) -> None:
+    """Receive and drop a dump's bytes with recv(MSG_TRUNC): for TCP the kernel frees them without copying them
+    to this process, so the client costs almost nothing besides the server's own send."""
+    sock = socket.socket(fileno=fd)
+    sock.settimeout(0.2)
+    buf = bytearray(1 << 20)
+    try:
+        while not stop.is_set():
+            try:
+                got = sock.recv_into(buf, len(buf), socket.MSG_TRUNC)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if got == 0:
+                break
+            counter[0] += got
+    finally:
+        sock.close()
+
+
+class _CountingProtocol(asyncio.Protocol):
+    def __init__(self, got: dict, lost: asyncio.Future) -> None:
+        self.got, self.lost = got, lost
+
+    def data_received(self, data: bytes) -> None:
+        self.got["bytes"] += len(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(exc or ConnectionError("connection closed"))
+
+
+def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, conn, discard: bool = False,
+                      hold: bool = False) -> None:
+    """n cheap dump clients in one asyncio loop: log in, dump from start, count what arrives and drop it. By
+    default a protocol that parses nothing counts the bytes, so that hundreds of these cost little CPU (the relay
+    still frames and sends every event to each); ``discard``: a thread per socket reads with recv(MSG_TRUNC)
+    (``_discard_loop``), which does not even copy the bytes, the cheapest client there is. ``hold``: every client
+    logs in and registers, then waits for "go" before it asks for its dump, so that the clients of several
+    processes start their dumps together (``IdleClients.go``)."""
+    asyncio.run(_idle_clients(port, start, n, first_id, conn, discard, hold))
+
+
+async def _idle_clients(port, start, n, first_id, conn, discard, hold) -> None:
+    loop = asyncio.get_running_loop()
+    got: dict = {"bytes": 0, "errors": []}
+    conns, counters, threads, registered, ready = [], [], [], [], []
+    stop = threading.Event()
+    sem = asyncio.Semaphore(50)
+    go = asyncio.Event()
+    if not hold:
+        go.set()
+
+    async def one(i: int) -> None:
+        try:
+            async with sem:
+                c = await replica_login(port, first_id + i, connect_timeout=120)
+                conns.append(c)
+            registered.append(i)
+            await go.wait()
+            await c.binlog_dump(start[0], start[1], first_id + i)
+        except Exception as exc:  # noqa: BLE001 - reported
+            got["errors"].append(f"{i}: {exc!r}")
+            return
+        ready.append(i)
+        transport = c._protocol.transport
+        if discard:
+            transport.pause_reading()
+            counters.append(counter := [0])
+            fd = os.dup(transport.get_extra_info("socket").fileno())
+            threads.append(threading.Thread(target=_discard_loop, args=(fd, counter, stop), daemon=True))
+            threads[-1].start()
+            return
+        lost = loop.create_future()
+        transport.set_protocol(_CountingProtocol(got, lost))
+        exc = await lost
+        got["errors"].append(f"{i} reading: {exc!r}")
+
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    if hold:
+        while len(registered) + len(got["errors"]) < n:
+            await asyncio.sleep(0.01)
+        conn.send({"registered": len(registered)})
+        await loop.run_in_executor(None, conn.recv)  # "go"
+        go.set()
+    while len(ready) + len(got["errors"]) < n:
+        await asyncio.sleep(0.002 if hold else 0.05)
+    conn.send({"ready": len(ready), "errors": got["errors"][:5]})
+    while await loop.run_in_executor(None, conn.recv) == "count":
+        conn.send(got["bytes"] + sum(c[0] for c in counters))
+    stop.set()
+    for thread in threads:
+        thread.join(2)
+    got["bytes"] += sum(c[0] for c in counters)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for c in conns:
+        c.abort()
+    conn.send({"bytes": got["bytes"], "errors": got["errors"][:5], "error_count": len(got["errors"])})
+
+
+class IdleClients:
+    """``idle_clients_main`` in a spawned process; ``hold``: the clients log in and register, then wait for
+    ``go()`` to ask for their dumps. Server ids from ``first_id`` on: two groups of clients need distinct ones (a
+    server ends an older dump of the same id)."""
+
+    def __init__(self, port: int, start: tuple[str, int], n: int, first_id: int = 20000, discard: bool = False,
+                 hold: bool = False) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=idle_clients_main, args=(port, start, n, first_id, child, discard, hold),
+                                daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = self.parent.recv()
+
+    def go(self) -> None:
+        """Held clients ask for their dumps now (``wait_started`` then waits until every one has)."""
+        self.parent.send("go")
+
+    def wait_started(self) -> None:
+        self.ready = self.parent.recv()
+
+    def received(self) -> int:
+        """Bytes all these clients have received so far."""
+        self.parent.send("count")
+        return self.parent.recv()
+
+    def stop(self) -> dict:
+        self.parent.send("stop")
+        got = self.parent.recv() if self.parent.poll(60) else {"error": "no answer"}
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+        return got
+
+
+# -- the paced OLTP writer (fanout.py, archive_lag.py) --------------------------------------------------------
 
 LOADS = {  # the writer's loads: the table each one writes to
     "oltp": "CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
             "c VARCHAR(255) NOT NULL) ENGINE=InnoDB",
     "bulk": "CREATE TABLE bench.bulk (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, "
             "b BLOB NOT NULL) ENGINE=InnoDB",
-}
-RECORDS = {  # what the writer asks after each commit, and how it records the answer (with the commit time)
-    None: None,
-    "gtid": "SELECT @@last_gtid",
-    "gtid+row": "SELECT @@last_gtid, LAST_INSERT_ID()",
 }
 
 
@@ -104,17 +239,16 @@ def _one_transaction(cur, load: str, i: int, pad_a: str, pad_b: str) -> None:
         cur.execute("COMMIT")
 
 
-def writer_main(port: int, load: str, schedule: list[tuple[float, float]], record: str | None, conn) -> None:
+def writer_main(port: int, load: str, schedule: list[tuple[float, float]], record: bool, conn) -> None:
     """One writer process: after "go" on ``conn``, ``load`` transactions on the master at each (rate, seconds) of
     ``schedule`` (falling behind, it keeps the rate and does not burst); sends back t0, t_end, the count and, when
-    ``record``, each commit as (gtid seq_no, commit time) or (gtid seq_no, row id, commit time)."""
+    ``record``, each commit as (gtid seq_no, row id, commit time)."""
     import pymysql
 
     db = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", autocommit=True, database="bench")
     cur = db.cursor()
     pad_a = ("oltp-autocommit-" * 20)[:OLTP_PAD]
     pad_b = ("oltp-multi-stmt-" * 20)[:OLTP_PAD]
-    query = RECORDS[record]
     commits: list[tuple] = []
     conn.send("ready")
     conn.recv()  # go
@@ -128,12 +262,11 @@ def writer_main(port: int, load: str, schedule: list[tuple[float, float]], recor
             elif now - next_at > 0.1:
                 next_at = now  # fell behind (a busy machine): keep the rate, do not burst to catch up
             _one_transaction(cur, load, i, pad_a, pad_b)
-            if query is not None:
+            if record:
                 t_commit = time.monotonic()
-                cur.execute(query)
-                row = cur.fetchone()
-                seq = int(row[0].rsplit("-", 1)[1])
-                commits.append((seq, t_commit) if len(row) == 1 else (seq, int(row[1]), t_commit))
+                cur.execute("SELECT @@last_gtid, LAST_INSERT_ID()")
+                gtid, row_id = cur.fetchone()
+                commits.append((int(gtid.rsplit("-", 1)[1]), int(row_id), t_commit))
             i += 1
             next_at += interval
         step_start = end
@@ -147,7 +280,7 @@ class Writers:
     their commits) sharing the schedule's rate; ``go()`` starts them, ``result()`` merges what they did."""
 
     def __init__(self, port: int, load: str, schedule: list[tuple[float, float]], *, writers: int = 1,
-                 record: str | None = None) -> None:
+                 record: bool = False) -> None:
         ctx = multiprocessing.get_context("spawn")
         share = [(rate / writers, seconds) for rate, seconds in schedule]
         self.parents, self.procs = [], []

@@ -1,5 +1,5 @@
-"""Smoke test of benchmarks/fanout.py: a --quick run (5 clients through the relay and on the master) completes,
-reports sane numbers and every client converges. Timings are never asserted."""
+"""Smoke test of benchmarks/fanout.py: a --quick run (2 mariadb-binlog clients and 1 MariaDB replica through the
+relay and on the master) completes, reports sane numbers and every client converges. Timings are never asserted."""
 
 from __future__ import annotations
 
@@ -15,51 +15,19 @@ pytestmark = pytest.mark.server
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_fanout_quick_json(tmp_path: Path) -> None:
+def test_fanout_real_clients_quick(tmp_path: Path) -> None:
+    """2 mariadb-binlog processes and 1 MariaDB replica, through the relay and on the master: every byte arrives,
+    lag is measured for every transaction on the sampled clients and the replica, the report has its CPU, bytes
+    and ratio fields; --quick writes no results file. ``--real`` (which the results files quote) is accepted."""
+    saved = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "fanout.py"), "--quick", "--json", "--seconds", "3",
-         "--workdir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
-    assert report["all_converged"] is True
-    assert set(report["phases"]) == {"relay", "direct"}
-    for name, phase in report["phases"].items():
-        assert phase["clients"] == 5
-        assert phase["converged"] == 5, (name, phase["not_converged"])
-        assert phase["not_converged"] == []
-        assert phase["transactions"] > 0
-        # every client saw every transaction's XID
-        assert phase["lag_samples"] == phase["clients"] * phase["transactions"], name
-        assert phase["lag_missing"] == 0
-        for key in ("p50", "p90", "p99", "max"):
-            assert isinstance(phase["lag_ms"][key], (int, float)), (name, key)
-        assert phase["lag_ms"]["p50"] <= phase["lag_ms"]["p99"] <= phase["lag_ms"]["max"]
-        assert phase["events"] > 0 and phase["bytes"] > phase["events"] * 19
-        assert phase["events_per_s"] > 0 and phase["mb_per_s"] > 0
-        assert phase["end"] != phase["start"]
-    relay = report["phases"]["relay"]
-    assert relay["relay_cpu_seconds"] > 0
-    assert relay["relay_vmhwm_kb"] > 1000
-    for key in ("lag_p50", "lag_p99", "events_per_s", "mb_per_s"):
-        assert key in report["ratios"]
-    assert report["ratios"]["events_per_s"] > 0
-    assert "fanout.py" in report["command"] and report["machine"]["cores"]
-
-
-def test_fanout_real_clients_quick_json(tmp_path: Path) -> None:
-    """--real: 2 mariadb-binlog processes and 1 MariaDB replica, through the relay and on the master: every byte
-    arrives, lag is measured for every transaction on the sampled clients and the replica, the report has its
-    CPU, bytes and ratio fields."""
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "fanout.py"), "--real", "--quick", "--json", "--loads", "oltp",
-         "--binlog-clients", "2", "--real-replicas", "1", "--seconds", "3", "--idle-seconds", "1",
-         "--oltp-rate", "100", "--workdir", str(tmp_path)],
+        [sys.executable, str(REPO / "benchmarks" / "fanout.py"), "--real", "--quick", "--loads", "oltp",
+         "--binlog-clients", "2", "--real-replicas", "1", "--oltp-rate", "100", "--save-json", str(saved)],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
+    assert "fanout_real.md" not in proc.stderr  # --quick writes no results file
+    report = json.loads(saved.read_text())
     assert report["mode"] == "real"
     body = report["loads"]["oltp"]
     assert len(body["repeats"]) == 1
