@@ -11,7 +11,7 @@ server side saturates first: 2 processes; each logs in and starts its dumps with
 copying it to the client. They still share the machine's cores with the servers, which the cores columns show.
 Targets run in an order that is rotated between repeats; the figures are medians with the range.
 
-    .venv/bin/python benchmarks/fanout_ceiling.py [--clients 16] [--backlog-mb 60] [--repeats 3]
+    .venv/bin/python benchmarks/fanout_ceiling.py [--backlog-mb 60] [--repeats 3] [--output-dir DIR]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from relayproxy.lab.procstat import machine_busy, tree_cpu  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
 TARGETS = ("direct", "relay-0", "relay-1", "relay-2")
+CLIENTS = 16  # dump clients, in 2 processes, that drop what they receive in the kernel (recv MSG_TRUNC)
 
 
 def make_backlog(master: MariaDBSandbox, mb: int) -> None:
@@ -51,12 +52,11 @@ def make_backlog(master: MariaDBSandbox, mb: int) -> None:
         conn.close()
 
 
-def drain(port: int, clients: int, settle: float = 1.5, timeout: float = 300.0,
-          discard: bool = False, server_pid: int | None = None) -> dict:
-    """Start `clients` dump clients (2 processes) at the first file; (bytes they received, seconds to the last byte,
-    clients that failed). ``discard``: the clients drop what they receive in the kernel (recv MSG_TRUNC). Every
-    client logs in and registers first; then all ask for their dumps together, and the time runs from then."""
-    halves = [IdleClients(port, ("master-bin.000001", 4), n, first_id=first_id, discard=discard, hold=True)
+def drain(port: int, clients: int, server_pid: int | None, settle: float = 1.5, timeout: float = 300.0) -> dict:
+    """Start `clients` dump clients (2 processes) at the first file, which drop what they receive in the kernel
+    (recv MSG_TRUNC); (bytes they received, seconds to the last byte, clients that failed, CPU). Every client logs
+    in and registers first; then all ask for their dumps together, and the time runs from then."""
+    halves = [IdleClients(port, ("master-bin.000001", 4), n, first_id=first_id, discard=True, hold=True)
               for n, first_id in ((clients // 2, 20000), (clients - clients // 2, 30000))]
 
     def sample() -> tuple:
@@ -91,8 +91,7 @@ def drain(port: int, clients: int, settle: float = 1.5, timeout: float = 300.0,
             "machine_busy_s": machine1[0] - machine0[0], "machine_s": machine1[1] - machine0[1]}
 
 
-def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, index: int,
-               discard: bool = False) -> dict:
+def run_target(target: str, master: MariaDBSandbox, work: Path, index: int) -> dict:
     relay = None
     try:
         if target == "direct":
@@ -104,7 +103,7 @@ def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, in
             relay.wait_at(master_end(master), timeout=300, poll=0.02)
             port, pid = relay.listen_port, relay.pid
             time.sleep(0.5)
-        d = drain(port, clients, discard=discard, server_pid=pid)
+        d = drain(port, CLIENTS, pid)
         got, cpu = d["bytes"], d["server_cpu_s"]
         return {"target": target, **d, "mb_per_s": got / 1e6 / d["seconds"],
                 "server_cpu_s_per_mb": (cpu / (got / 1e6)) if cpu else None}
@@ -115,17 +114,10 @@ def run_target(target: str, master: MariaDBSandbox, work: Path, clients: int, in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--backlog-mb", type=int, default=60)
+    p.add_argument("--backlog-mb", type=int, default=60, help="MB of 8 KB rows the master holds")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--targets", default=",".join(TARGETS))
-    p.add_argument("--clients-read", choices=("python", "discard"), default="discard",
-                   help="python: asyncio clients that receive every byte into the process; discard: recv(MSG_TRUNC), "
-                        "the kernel drops the bytes without copying them, so the clients leave the cores to the "
-                        "servers (default)")
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
-    targets = [t for t in args.targets.split(",") if t]
     work = Path(tempfile.mkdtemp(prefix="rp-ceiling-"))
     master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
     master.start()
@@ -135,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         make_backlog(master, args.backlog_mb)
         print(f"backlog: {master_end(master)}", flush=True)
         for r in range(args.repeats):
-            for target in targets[r % len(targets):] + targets[: r % len(targets)]:
-                result = run_target(target, master, work, args.clients, r, discard=args.clients_read == "discard")
+            for target in TARGETS[r % len(TARGETS):] + TARGETS[: r % len(TARGETS)]:
+                result = run_target(target, master, work, r)
                 result["repeat"] = r
                 runs.append(result)
                 print(f"repeat {r} {target}: {result['mb_per_s']:.1f} MB/s ({result['bytes'] / 1e6:.0f} MB in "
@@ -145,17 +137,17 @@ def main(argv: list[str] | None = None) -> int:
                       f"{result['errors']}", flush=True)
     finally:
         master.stop()
-    write_results(args, argv if argv is not None else sys.argv[1:], targets, runs)
+    write_results(args, argv if argv is not None else sys.argv[1:], runs)
     return 0
 
 
-def write_results(args, argv, targets, runs) -> None:
+def write_results(args, argv, runs) -> None:
     machine = benchinfo.machine_info(server=True)
     lines = ["# Fan-out egress ceiling: relay with 0, 1, 2 sender processes vs the master's dump threads", ""]
     lines += benchinfo.header_block(Path(__file__), argv, machine, runs=args.repeats,
                                     what="the targets' order rotated between repeats")
     lines += ["", __doc__.split("\n\n")[1].replace("\n", " "), "",
-              f"{args.clients} clients ({args.clients_read} reads), backlog {args.backlog_mb} MB of rows (MariaDB's "
+              f"{CLIENTS} clients (discard reads), backlog {args.backlog_mb} MB of rows (MariaDB's "
               "ROW binlog of multi-row INSERTs of 8 KB BLOBs, 100 rows a statement: 8 KB row events, and each "
               "statement's text, about 1 MB, as an ANNOTATE_ROWS event that these clients do not ask for); "
               "**the clients, the master and the relay share the machine's 2 cores**. Server CPU is the relay's "
@@ -164,7 +156,7 @@ def write_results(args, argv, targets, runs) -> None:
               "| target | aggregate MB/s received | server CPU s per MB | cores: server | cores: clients | "
               "cores: machine busy | vs direct (per repeat) | vs relay-0 (per repeat) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    by = {t: [r for r in runs if r["target"] == t] for t in targets}
+    by = {t: [r for r in runs if r["target"] == t] for t in TARGETS}
 
     def spread(values: list[float], fmt: str, unit: str = "") -> str:
         return benchinfo.fmt_median_range(values, fmt, unit) if values else "-"
@@ -189,7 +181,7 @@ def write_results(args, argv, targets, runs) -> None:
                             r["errors"]))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "fanout_ceiling.md").write_text("\n".join(lines) + "\n")
-    print({t: statistics.median([r["mb_per_s"] for r in by[t]]) for t in targets if by[t]})
+    print({t: statistics.median([r["mb_per_s"] for r in by[t]]) for t in TARGETS if by[t]})
 
 
 if __name__ == "__main__":
