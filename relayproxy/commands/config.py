@@ -43,6 +43,15 @@ def _bool(value: Any) -> bool:
     raise ValueError(f"expected a boolean, got {value!r}")
 
 
+def _bool_or_auto(value: Any) -> bool | str:
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        return _bool(value)
+    except ValueError:
+        raise ValueError(f"expected a boolean or auto, got {value!r}") from None
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def convert(value: Any) -> str:
         text = str(value).strip().lower()
@@ -201,8 +210,9 @@ OPTIONS: tuple[Option, ...] = (
            "transaction: fsync every batch of complete transactions before advancing; batch: defer fsyncs"),
     Option("sync_max_transactions", int, 100, "batch mode: fsync after this many transactions"),
     Option("sync_max_delay", _positive_float, 0.01, "batch mode: fsync at most this many seconds after a commit"),
-    Option("sync_on_loop", _bool, False,
-           "run each fdatasync on the event loop (lower semi-sync commit latency; the loop waits for the disk)"),
+    Option("sync_on_loop", _bool_or_auto, "auto",
+           "run each fdatasync on the event loop (lower semi-sync commit latency; the loop waits for the disk); "
+           "auto: while the recent fdatasyncs average under 2 ms"),
     Option("txindex_in_child", _bool, True,
            "build the transaction index in a child process (its parsing then never delays the event loop)"),
     Option("semi_sync", _bool, True, "register as a semi-sync replica when the master has semi-sync enabled"),

@@ -25,28 +25,38 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-__all__ = ["ON_LOOP_BACKOFF", "ON_LOOP_SLOW", "SyncDriver", "horizon_covers"]
+__all__ = ["ON_LOOP_AUTO_MAX", "ON_LOOP_BACKOFF", "ON_LOOP_SLOW", "SyncDriver", "horizon_covers"]
 
 ON_LOOP_SLOW = 0.02  # seconds: an fdatasync on the loop this long held every client of the loop as long
 ON_LOOP_BACKOFF = 60.0  # seconds the syncs go to the fsync thread after such a one
+# on_loop "auto": the syncs run on the loop while the moving average of the recent fdatasyncs (either way) stays
+# under this, and in the fsync thread otherwise; FSYNC_AVERAGE_WEIGHT is the newest sync's weight in the average.
+ON_LOOP_AUTO_MAX = 0.002
+FSYNC_AVERAGE_WEIGHT = 0.1
 
 
 class SyncDriver:
     """One sync in flight at a time for a store written from the event loop. ``on_advance`` is called each time a
     published sync moved the horizon. The store is passed to each call: the session may reopen it between rounds.
     ``hop``, when given, hears when each sync begins and when its end is published (relay/hoptimes.py).
-    ``on_loop``: run the fdatasync on the loop's thread (``sync_on_loop``), as long as they stay fast."""
+    ``on_loop``: run the fdatasync on the loop's thread (``sync_on_loop``), as long as they stay fast; ``"auto"``:
+    on the loop while the recent fdatasyncs average under ``ON_LOOP_AUTO_MAX``, in the fsync thread otherwise."""
 
     def __init__(self, on_advance: Callable[[], None] | None = None, hop: HopTimes | None = None, *,
-                 on_loop: bool = False) -> None:
+                 on_loop: bool | str = False) -> None:
         self.on_advance = on_advance
         self.hop = hop
         # sync_on_loop: the fdatasync runs on the event loop's own thread, saving the two thread hand-offs of the
         # fsync thread (hoptimes' fsync_handoff) while the loop waits for the disk. One that took longer than
         # ON_LOOP_SLOW sends the next syncs to the fsync thread for ON_LOOP_BACKOFF seconds.
+        if on_loop not in (True, False, "auto"):
+            raise ValueError(f"on_loop is True, False or 'auto', not {on_loop!r}")
         self.on_loop = on_loop
         self.on_loop_paused_until = 0.0
         self.on_loop_pauses = 0
+        self.fsync_average: float | None = None  # moving average of the fdatasyncs published (seconds)
+        self.syncs_on_loop = 0  # syncs run on the loop's thread, and in the fsync thread or the pool (tests, metrics)
+        self.syncs_off_loop = 0
         self._flight: tuple[SyncTicket, asyncio.Future] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._native: fsyncer.NativeFsync | None = None  # the fsync thread, started at the first native sync
@@ -114,7 +124,8 @@ class SyncDriver:
         ticket = store.begin_sync()
         if self.hop is not None:
             self.hop.sync_began(time.monotonic())
-        if self.on_loop and ticket.checkpoint is None and time.monotonic() >= self.on_loop_paused_until:
+        if self._sync_here() and ticket.checkpoint is None and time.monotonic() >= self.on_loop_paused_until:
+            self.syncs_on_loop += 1
             future = asyncio.get_running_loop().create_future()
             try:
                 ticket.make_durable()  # the fdatasync on this thread: no hand-off to the fsync thread and back
@@ -127,6 +138,7 @@ class SyncDriver:
                             seconds=round(ticket.fsync_seconds, 4), backoff_seconds=ON_LOOP_BACKOFF)
             future.set_result(None)
             return ticket, future
+        self.syncs_off_loop += 1
         if ticket.checkpoint is None:
             native = self._native_fsync()
             future = asyncio.get_running_loop().create_future()
@@ -136,6 +148,13 @@ class SyncDriver:
         future = asyncio.wrap_future(ticket.submit(self._executor()))
         future.add_done_callback(_retrieved)
         return ticket, future
+
+    def _sync_here(self) -> bool:
+        """Whether the next sync runs on the loop's thread (before the slow-sync backoff, which ``_start`` checks)."""
+        if self.on_loop == "auto":
+            average = self.fsync_average
+            return average is None or average < ON_LOOP_AUTO_MAX
+        return bool(self.on_loop)
 
     def _native_fsync(self) -> fsyncer.NativeFsync:
         native = self._native
@@ -178,6 +197,10 @@ class SyncDriver:
         if ticket.error is not None:
             raise ticket.error
         advanced = store.complete_sync(ticket)
+        if ticket.fsync_seconds:
+            average = self.fsync_average
+            self.fsync_average = ticket.fsync_seconds if average is None else (
+                average + FSYNC_AVERAGE_WEIGHT * (ticket.fsync_seconds - average))
         if self.hop is not None:  # when the horizon moved for it: now, or when a store operation published it
             self.hop.sync_published(store.horizon.snapshot().at or time.monotonic(), ticket.fsync_seconds)
         if advanced and self.on_advance is not None:

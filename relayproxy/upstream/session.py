@@ -136,7 +136,7 @@ class UpstreamSession:
         self._store_failing = False
         # The fsync pipeline's loop half (relay/sync_driver.py): one sync in flight, run in the fsync thread.
         self.hop = hop or HopTimes()  # where each transaction's time goes (relay/hoptimes.py)
-        self.sync_driver = SyncDriver(self._store_writes_again, self.hop, on_loop=getattr(cfg, "sync_on_loop", False))
+        self.sync_driver = SyncDriver(self._store_writes_again, self.hop, on_loop=getattr(cfg, "sync_on_loop", "auto"))
 
     # -- lifecycle -------------------------------------------------------------------------------
     def gate_acks(self, gate: Callable[[str, int], Awaitable[bool]] | None) -> None:
