@@ -3,9 +3,9 @@
 Per repeat: a writer process commits autocommit INSERTs at ``--rate`` trx/s and notes when each COMMIT returned; two
 python-mysql-replication readers (a process each, from the same MariaDB GTID position), one on ``relayproxy run``
 (per-transaction durability), one on the master, note when each row event arrived (CLOCK_MONOTONIC: one clock for
-every process). Each repeat runs every ``--variant`` of the relay in turn (alternating orders): ``default`` (the
-fdatasync in the fsync thread), ``sync_on_loop`` (on the event loop's thread) and ``sync_on_loop_indexer_thread``
-(with the transaction indexer in a thread of the relay, not its child). Per run, the relay's own
+every process). Each repeat runs every ``--variant`` of the relay in turn (alternating orders): ``default``
+(``sync_on_loop = auto``: the fdatasync on the event loop's thread while the disk's syncs are fast),
+``fsync_thread`` (always in the fsync thread, the default before 69bff39) and ``sync_on_loop`` (always on the loop). Per run, the relay's own
 ``relayproxy_hop_seconds`` (relay/hoptimes.py, scraped from /metrics before and after) says where its time went.
 Beside it: the disk's own fdatasync latency on the relay directory's file system, the physical floor of a
 per-transaction durable hop; and the relay's CPU per transaction (its child processes included). The results file
@@ -43,8 +43,7 @@ from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 RESULTS = RESULTS_DIR / "hop_latency.md"
 PAYLOAD = "x" * 100
 GOAL_MS = 0.5  # issue 35: the hop's p99 within 0.5 ms of the direct path's
-VARIANTS = {"default": [], "sync_on_loop": ["--sync-on-loop", "true"],
-            "sync_on_loop_indexer_thread": ["--sync-on-loop", "true", "--txindex-in-child", "false"]}
+VARIANTS = {"default": [], "fsync_thread": ["--sync-on-loop", "false"], "sync_on_loop": ["--sync-on-loop", "true"]}
 
 
 def fdatasync_probe(directory: Path, seconds: float) -> list[float]:
