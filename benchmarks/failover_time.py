@@ -56,7 +56,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, add_report_options, logger, results_document, save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, add_report_options, logger, md_row, results_document  # noqa: E402
+from benchmarks.common import save_figure  # noqa: E402
 from benchmarks.relay_bench import frame_parts, py_spy_exe, py_spy_stacks, report_of, short_path  # noqa: E402
 from relayproxy.lab.failover import (  # noqa: E402
     ADMIN_PASSWORD,
@@ -527,10 +528,6 @@ def _mr(d: dict) -> str:
     return benchinfo.fmt_median_range(d["samples"], "{:.3f}")
 
 
-def _row(*cells) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
 def summary_section(report: dict) -> list[str]:
     rows = report["backlogs"]
     out = [
@@ -552,11 +549,11 @@ def summary_section(report: dict) -> list[str]:
     ]
     for b in rows:
         g = b["generation"]
-        out.append(_row(b["label"], f"{_size(g['relay_disk_bytes'])} in {g['relay_files']}", _mr(b["relay_r2"]),
-                        _mr(b["relay_r3"]), _mr(b["direct"]), f"{b['ratio_r2']:.2f}", f"{b['ratio_r3']:.2f}",
-                        _mr(b["relay_horizon"]),
-                        f"{(b['relay_rss_kb'] or 0) / 1024:,.0f} / {(b['relay_hwm_kb'] or 0) / 1024:,.0f} MB",
-                        f"{g['write_seconds']:.1f} s + {g['catchup_seconds']:.1f} s"))
+        out.append(md_row(b["label"], f"{_size(g['relay_disk_bytes'])} in {g['relay_files']}", _mr(b["relay_r2"]),
+                          _mr(b["relay_r3"]), _mr(b["direct"]), f"{b['ratio_r2']:.2f}", f"{b['ratio_r3']:.2f}",
+                          _mr(b["relay_horizon"]),
+                          f"{(b['relay_rss_kb'] or 0) / 1024:,.0f} / {(b['relay_hwm_kb'] or 0) / 1024:,.0f} MB",
+                          f"{g['write_seconds']:.1f} s + {g['catchup_seconds']:.1f} s"))
     worst = max(max(b["relay_r2"]["max"], b["relay_r3"]["max"]) for b in rows)
     first, last = rows[0], rows[-1]
     grow, grow_direct = last["relay_r2"]["median"], last["direct"]["median"]
@@ -594,10 +591,10 @@ def details_sections(report: dict) -> list[str]:
     for b in rows:
         for r in b["runs"]:
             f, p = r["new_master_file_before_marker"]
-            out.append(_row(b["label"], r["repeat"], r["order"], f"{f} at {_size(p)}",
-                            *(f"{r[key]:.3f}" for key in ("relay_r2", "relay_r3", "relay_horizon", "direct")),
-                            f"{r['relay_r2'] / r['direct']:.2f}", f"{r['relay_start_slave_returned']:.3f}",
-                            f"{r['direct_start_slave_returned']:.3f}"))
+            out.append(md_row(b["label"], r["repeat"], r["order"], f"{f} at {_size(p)}",
+                              *(f"{r[key]:.3f}" for key in ("relay_r2", "relay_r3", "relay_horizon", "direct")),
+                              f"{r['relay_r2'] / r['direct']:.2f}", f"{r['relay_start_slave_returned']:.3f}",
+                              f"{r['direct_start_slave_returned']:.3f}"))
     out += [
         "",
         "*new master's binlog before the marker*: where the marker starts in the promoted candidate's binlog. A "
@@ -613,9 +610,9 @@ def details_sections(report: dict) -> list[str]:
     for b in rows:
         g = b["generation"]
         files = ", ".join(f"{n}: {_size(s)} / {_size(a)}" for n, (s, a) in b["relay_files"].items())
-        out.append(_row(b["label"], f"{g['transactions']:,}", _size(g["m1_binlog_bytes"]), files,
-                        f"{b['setup_seconds']:.1f} s", f"{g['write_seconds']:.1f} s", f"{g['catchup_seconds']:.1f} s",
-                        f"{b['seconds_total']:.0f} s"))
+        out.append(md_row(b["label"], f"{g['transactions']:,}", _size(g["m1_binlog_bytes"]), files,
+                          f"{b['setup_seconds']:.1f} s", f"{g['write_seconds']:.1f} s", f"{g['catchup_seconds']:.1f} s",
+                          f"{b['seconds_total']:.0f} s"))
     return out + [
         "",
         f"Whole run: {report['run_seconds']:.0f} s. Relay files are listed after the switches: the first epoch's "
@@ -653,8 +650,8 @@ def profile_section(report: dict) -> list[str]:
         out += ["Samples per thread: " + ", ".join(f"{t} {n}" for t, n in prof["threads"].items()) + ".", ""]
         for head, key, shown in (("main thread, innermost frame", "self", 8),
                                  ("relayproxy function or anything it calls (main thread)", "inclusive", 10)):
-            out += [_row(head, "samples"), "|---|---:|", *(_row(f"`{r['where']}`", r["samples"])
-                                                          for r in prof[key][:shown]), ""]
+            out += [md_row(head, "samples"), "|---|---:|", *(md_row(f"`{r['where']}`", r["samples"])
+                                                            for r in prof[key][:shown]), ""]
     return out
 
 

@@ -57,7 +57,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import fanout_common  # noqa: E402  (its Relay: `relayproxy run --listen`, with a replica account)
-from benchmarks.common import header_block, logger, machine_info, machine_section, write_results  # noqa: E402
+from benchmarks.common import header_block, logger, machine_info, machine_section, md_row, write_results  # noqa: E402
 from benchmarks.relay_bench import clear_in_use, corpus_dir, json_log  # noqa: E402
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
 from relayproxy.lab import fuzz  # noqa: E402
@@ -1017,12 +1017,10 @@ def fault_summary(faults: list[dict]) -> dict[str, dict]:
     return out
 
 
-# candidate for benchmarks/common.py (fanout_common's md_row renders one such row)
 def _table(header: list[str], rows) -> list[str]:
     """A markdown table, then a blank line; a row is a list of cells or a line already written."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += [row if isinstance(row, str) else "| " + " | ".join(map(str, row)) + " |" for row in rows]
-    return [*lines, ""]
+    return [md_row(*header), "|" + "---|" * len(header),
+            *(row if isinstance(row, str) else md_row(*row) for row in rows), ""]
 
 
 def _yes(ok, no: str = "**NO**") -> str:
