@@ -1,10 +1,11 @@
 """What the semi-sync acker costs every commit on the master: relayproxy against MariaDB replicas, in one run.
 
 One MariaDB master with ``rpl_semi_sync_master_wait_point=AFTER_SYNC``: a commit returns only once one semi-sync
-replica has acknowledged it. The acker is, in turn, (a) ``relayproxy run`` (it ACKs after the fdatasync that makes
-the transaction durable), (b) a MariaDB replica with ``sync_relay_log=1`` (durable before its ACK, as the relay
-is), (c) a MariaDB replica with its defaults (it ACKs what it has written, not synced); and the relay once more with
-``sync_on_loop`` (its fdatasync on the event loop's thread). One at a time is the master's semi-sync replica (the
+replica has acknowledged it. The acker is, in turn, (a) ``relayproxy run`` with its defaults (it ACKs after the
+fdatasync that makes the transaction durable; ``sync_on_loop = auto``), (b) a MariaDB replica with
+``sync_relay_log=1`` (durable before its ACK, as the relay is), (c) a MariaDB replica with its defaults (it ACKs
+what it has written, not synced); and the relay once more with ``sync_on_loop = false`` (its fdatasync always in
+the fsync thread, the default before 69bff39). One at a time is the master's semi-sync replica (the
 two replicas replicate throughout, asynchronously while another acker is measured).
 ``--writers`` processes (one connection each) commit autocommit INSERTs as fast as they can for
 ``--seconds``; each commit's latency is timed in the writer. A run whose master fell back to asynchronous
@@ -39,8 +40,8 @@ from relayproxy.relay.hoptimes import STAGES  # noqa: E402
 
 RESULTS = RESULTS_DIR / "semisync_commit.md"
 ACKERS = {
-    "relay": "relayproxy run (ACK after fdatasync)",
-    "relay_on_loop": "relayproxy run, sync_on_loop = true",
+    "relay": "relayproxy run, defaults (sync_on_loop = auto)",
+    "relay_fsync_thread": "relayproxy run, sync_on_loop = false",
     "replica_sync": "MariaDB replica, sync_relay_log=1",
     "replica": "MariaDB replica, defaults",
 }
@@ -98,7 +99,7 @@ class Ackers:
 
     def attach(self, name: str) -> None:
         if name.startswith("relay"):  # one relay directory: each start resumes from its horizon
-            extra = ["--sync-on-loop", "true"] if name == "relay_on_loop" else []
+            extra = ["--sync-on-loop", "false"] if name == "relay_fsync_thread" else []
             self.relay = RelayProcess(self.acker_dir / "relay", self.master.port, log_level="warning",
                                       extra=extra).start()
             self.relay.wait_caught_up(self.master)

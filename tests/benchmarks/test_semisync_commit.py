@@ -43,10 +43,10 @@ def test_the_report_takes_ratios_within_each_repeat_and_leaves_invalid_runs_out(
     assert bench.ratios(report, 1, "replica") == [2.0, 1.1]
     assert bench.ratios(report, 4, "replica_sync") == []  # its only run fell back to async
     text = bench.render(report, report["argv"])
-    relay = "| relayproxy run (ACK after fdatasync) "
+    relay = "| relayproxy run, defaults (sync_on_loop = auto) "
     assert relay + "| 1 | 0.71x (range 0.50x - 0.92x, 2 runs) | 1.55x (range 1.10x - 2.00x, 2 runs) | MISSED |" in text
     assert relay + "| 4 | - | - | not measured (no valid pair) |" in text
-    assert "| relayproxy run, sync_on_loop = true | 1 | - | - | not measured (no valid pair) |" in text
+    assert "| relayproxy run, sync_on_loop = false | 1 | - | - | not measured (no valid pair) |" in text
     assert "| MariaDB replica, sync_relay_log=1 | 4 | - | - | - | - | 0 of 1 |" in text
     assert relay + "| 1 | fsync | 1000 | 0.100 | 0.100 | 0.500 |" in text
     assert "- commit: abc1234" in text
