@@ -6,9 +6,8 @@ of a busy master). For each target -- `direct` (the master's own dump threads), 
 whole backlog as fast as they can; the result is the aggregate MB/s they received (bytes / time from the moment
 they asked to the last byte) and, over that window, the CPU of the server (the relay's processes, or the master's
 `mariadbd`), of the clients' processes and of the whole machine. The clients are deliberately cheap so that the
-server side saturates first: 2 processes; each logs in and starts its dumps with asyncio, then (by default,
-`--clients-read discard`) a thread per socket reads with recv(MSG_TRUNC), with which Linux drops TCP data without
-copying it to the client. They still share the machine's cores with the servers, which the cores columns show.
+server side saturates first: 2 processes; each logs in and starts its dumps with asyncio, then a thread per socket
+reads with recv(MSG_TRUNC), with which Linux drops TCP data without copying it to the client. They still share the machine's cores with the servers, which the cores columns show.
 Targets run in an order that is rotated between repeats; the figures are medians with the range.
 
     .venv/bin/python benchmarks/fanout_ceiling.py [--backlog-mb 60] [--repeats 3] [--output-dir DIR]
