@@ -335,8 +335,10 @@ def test_semi_sync_master_gets_acks_for_durable_transactions(tmp_path, mysql80):
 
 
 def test_semi_sync_ack_waits_for_the_relays_fsync(tmp_path, mysql80, monkeypatch):
-    """Fault injection: the relay's fsync (run in the fsync thread: relay/fsyncer.py) is held on an Event. While it is held the master receives no ACK for the new transaction; once it completes, the
-    ACK arrives for exactly that transaction, and it was not there when the fsync returned."""
+    """Fault injection: the relay's fsync (run in the fsync thread: relay/fsyncer.py, ``sync_on_loop = false``; a
+    sync on the loop cannot be held without holding the loop) is held on an Event. While it is held the master
+    receives no ACK for the new transaction; once it completes, the ACK arrives for exactly that transaction, and it
+    was not there when the fsync returned."""
     from relayproxy.relay.sync import SyncTicket
 
     image = mysql80
@@ -384,7 +386,7 @@ def test_semi_sync_ack_waits_for_the_relays_fsync(tmp_path, mysql80, monkeypatch
 
     async def scenario():
         async with FakeMySQLMaster([(NAME, image[: ends[10]])], semi_sync=True) as master:
-            async with running_relay(master, tmp_path / "relay") as info:
+            async with running_relay(master, tmp_path / "relay", sync_on_loop="false") as info:
                 try:
                     await wait_for(lambda: master.connections and master.connections[0].acks
                                    and master.connections[0].acks[-1] == (NAME, ends[10]), what="the ACK of group 11")
@@ -409,6 +411,41 @@ def test_semi_sync_ack_waits_for_the_relays_fsync(tmp_path, mysql80, monkeypatch
     assert horizon_during == (NAME, ends[10])
     assert held["acks_when_durable"] == before, "an ACK reached the master before the fsync completed"
     assert after == before + [(NAME, ends[11])], after[len(before):]
+
+
+def test_semi_sync_ack_follows_the_fsync_on_the_loop(tmp_path, mysql80, monkeypatch):
+    """``sync_on_loop`` (what ``auto`` picks on a fast disk): the fdatasync runs on the event loop, and the master
+    gets the ACK of a transaction only after the sync that covers it has returned."""
+    from relayproxy.relay.sync import SyncTicket
+
+    image = mysql80
+    ends = group_ends(image)
+    original = SyncTicket.make_durable
+    box: dict = {}
+    durable: list = []  # (file, position, the master's ACKs when that sync returned)
+
+    def noting(ticket):
+        original(ticket)
+        if "conn" in box:
+            durable.append((ticket.file, ticket.position, list(box["conn"].acks)))
+
+    monkeypatch.setattr(SyncTicket, "make_durable", noting)
+
+    async def scenario():
+        async with FakeMySQLMaster([(NAME, image[: ends[10]])], semi_sync=True) as master:
+            async with running_relay(master, tmp_path / "relay", sync_on_loop="true") as info:
+                await wait_for(lambda: master.connections and master.connections[0].acks
+                               and master.connections[0].acks[-1] == (NAME, ends[10]), what="the ACK of group 11")
+                conn = box["conn"] = master.connections[0]
+                master.append(image[ends[10] : ends[11]])  # one more transaction, flagged for an ACK
+                await wait_for(lambda: conn.acks[-1] == (NAME, ends[11]), what="the ACK of group 12")
+                return list(conn.acks), info["session"].sync_driver.syncs_on_loop
+
+    acks, on_loop = asyncio.run(scenario())
+    covering = [d for d in durable if d[0] == NAME and d[1] >= ends[11]]
+    assert covering, durable
+    assert (NAME, ends[11]) not in covering[0][2], "the ACK reached the master before its fsync returned"
+    assert acks[-1] == (NAME, ends[11]) and on_loop >= 1
 
 
 def test_caching_sha2_fast_path_and_a_wrong_password(tmp_path, mysql80):

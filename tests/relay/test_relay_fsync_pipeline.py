@@ -329,7 +329,7 @@ def test_relay_keeps_receiving_while_the_fsync_is_held_and_rotates_after_it(tmp_
 
     async def scenario():
         async with FakeMySQLMaster([(NAME, image[: ends[10]])], semi_sync=True) as master:
-            async with running_relay(master, tmp_path / "relay") as info:
+            async with running_relay(master, tmp_path / "relay", sync_on_loop="false") as info:
                 store = info["session"].store
                 await wait_for(lambda: store.horizon.snapshot().coordinates == (NAME, ends[10]), WAIT, "group 11")
                 conn = master.connections[0]
