@@ -390,7 +390,7 @@ def test_disconnect_or_stop_while_the_fsync_is_held(tmp_path, mysql80, monkeypat
 
     async def scenario():
         async with FakeMySQLMaster([(NAME, image[: ends[10]])]) as master:
-            async with running_relay(master, tmp_path / "relay") as info:
+            async with running_relay(master, tmp_path / "relay", sync_on_loop="false") as info:
                 session = info["session"]
                 store = session.store
                 await wait_for(lambda: store.horizon.snapshot().coordinates == (NAME, ends[10]), WAIT, "group 11")
