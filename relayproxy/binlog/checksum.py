@@ -43,6 +43,7 @@ class ChecksumError(ValueError):
 # must not cost a pass over them (the event loop would stall for ~0.3 s per GB).
 
 _POLY = 0xEDB88320  # the reflected CRC-32 polynomial zlib uses
+CRC32_RESIDUE = 0x2144DF1C  # zlib.crc32 of any bytes followed by their own CRC-32 (little-endian)
 
 
 def _zero_byte_matrix() -> list[int]:

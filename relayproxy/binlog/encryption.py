@@ -36,6 +36,7 @@ import zlib
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from . import constants as C
+from .checksum import CRC32_RESIDUE as _CRC32_RESIDUE
 
 BINLOG_KEY_ID = 1  # ENCRYPTION_KEY_SYSTEM_DATA: the key id every MariaDB binlog is encrypted with
 NONCE_LEN = 12
@@ -47,7 +48,6 @@ _EVENT_LEN_AT = 9
 _LOG_POS_AT = 13
 _FLAGS_AT = 17
 _IGNORABLE = C.LOG_EVENT_IGNORABLE_F
-_CRC32_RESIDUE = 0x2144DF1C  # CRC-32 of data followed by its own CRC-32
 
 
 class BinlogKeyError(Exception):

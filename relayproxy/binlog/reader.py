@@ -15,13 +15,13 @@ from typing import Callable
 
 from . import boundary as B
 from . import constants as C
+from .checksum import CRC32_RESIDUE as _CRC32_RESIDUE
 from .checksum import ChecksumError
 from .checksum import crc32 as _crc32
 from .events import HEADER, BinlogFormatError, FormatDescription
 from .gtid import GtidSet, MariaBinlogState, MariaGtid
 
 _header_unpack_from = HEADER.unpack_from
-_CRC32_RESIDUE = 0x2144DF1C  # CRC-32 of any bytes followed by their own CRC-32 (little-endian)
 
 _GTID_SET_EVENTS = frozenset({C.PREVIOUS_GTIDS_LOG_EVENT, C.MARIA_GTID_LIST_EVENT})
 _GTID_EVENTS = frozenset({C.GTID_LOG_EVENT, C.GTID_TAGGED_LOG_EVENT, C.MARIA_GTID_EVENT})

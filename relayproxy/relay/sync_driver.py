@@ -55,7 +55,7 @@ class SyncDriver:
         self.on_loop_paused_until = 0.0
         self.on_loop_pauses = 0
         self.fsync_average: float | None = None  # moving average of the fdatasyncs published (seconds)
-        self.syncs_on_loop = 0  # syncs run on the loop's thread, and in the fsync thread or the pool (tests, metrics)
+        self.syncs_on_loop = 0  # syncs run on the loop's thread, and in the fsync thread or the pool (tests)
         self.syncs_off_loop = 0
         self._flight: tuple[SyncTicket, asyncio.Future] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None

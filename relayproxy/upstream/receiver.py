@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from ..binlog import boundary as B
 from ..binlog import constants as C
+from ..binlog.checksum import CRC32_RESIDUE as _CRC32_RESIDUE
 from ..binlog.checksum import ChecksumError
 from ..binlog.checksum import crc32 as _crc32
 from ..binlog.events import HEADER, BinlogFormatError, FormatDescription
@@ -542,7 +543,6 @@ def _unwrap_offset(log_pos: int, size: int, running: int) -> int:
 
 # CRC-32 of any data followed by its own little-endian CRC-32: checking this residue over the whole
 # event equals comparing the trailer with the CRC of the rest, without slicing the event.
-_CRC32_RESIDUE = 0x2144DF1C
 _COPY_BELOW = 4096  # smaller payloads are copied out (one object); larger ones are viewed, not copied
 _ARTIFICIAL = C.LOG_EVENT_ARTIFICIAL_F
 _FLAG_ERROR = B.FLAG_ERROR
