@@ -222,6 +222,19 @@ def _fsync(s: dict[str, Any], stats: FsyncStats | None) -> Iterator:
         buckets=stats.cumulative_buckets(), sum_value=stats.sum_seconds,
     )
     yield _counter("relayproxy_fsync_bytes", "Relay bytes made durable by fdatasync", stats.bytes)
+    driver = s.get("sync_driver")
+    if driver is None:
+        return
+    yield from _gauge("relayproxy_fsync_on_loop", "1 when the next fdatasync runs on the event loop's thread, 0 in "
+                      "the fsync thread (sync_on_loop; auto follows the average, a slow one pauses it)",
+                      int(driver["on_loop_now"]))
+    yield _counter("relayproxy_fsyncs_on_loop", "fdatasyncs run on the event loop's thread", driver["syncs_on_loop"])
+    yield _counter("relayproxy_fsyncs_off_loop", "fdatasyncs run in the fsync thread (or with a checkpoint, the pool)",
+                   driver["syncs_off_loop"])
+    yield _counter("relayproxy_fsync_on_loop_pauses", "Slow fdatasyncs on the loop that sent the next ones to the "
+                   "fsync thread for a while", driver["on_loop_pauses"])
+    yield from _gauge("relayproxy_fsync_average_seconds", "Moving average of the recent fdatasyncs (what auto reads)",
+                      driver["fsync_average_seconds"])
 
 
 def _hop(hop: HopTimes | None) -> Iterator:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..relay.master_info import MasterIdentity, MasterInfo
     from ..relay.reader import StoreReader
     from ..relay.retention import RetentionTask
+    from ..relay.sync_driver import SyncDriver
     from ..upstream.receiver import RelayReceiver
     from ..upstream.session import UpstreamStatus
     from .metrics import FsyncStats
@@ -56,7 +57,7 @@ class NoUpstream:
 class StatusSources:
     """Everything ``relay_status`` reads, built by the command that wires the relay (``run``, ``serve``) at the
     time of asking (the session can reopen its store and change masters). A part the relay does not run is None:
-    no listener (``downstream``), no sender processes, no FsyncStats or HopTimes, no closed-file storage, archive or
+    no listener (``downstream``), no sender processes, no FsyncStats, HopTimes or SyncDriver, no closed-file storage, archive or
     retention task."""
 
     store: StoreReader  # relay/reader.py: the relay's own files (run) or a served directory (serve)
@@ -65,6 +66,7 @@ class StatusSources:
     senders: SenderPool | None = None
     fsync: FsyncStats | None = None
     hop: HopTimes | None = None  # the hop's stage histograms (relay/hoptimes.py)
+    sync: SyncDriver | None = None  # where the fdatasyncs run (relay/sync_driver.py)
     storage: StorageTask | None = None  # closed files converted / archived (relay/conversion.py)
     archive: ArchiveUploader | None = None  # with archive_url (relay/archive.py; no credentials in it)
     retention: RetentionTask | None = None  # with a retention_* limit (relay/retention.py)
@@ -241,6 +243,8 @@ def _add_parts(doc: dict[str, Any], sources: StatusSources, horizon, names: list
         doc.update(sources.fsync.summary())
     if sources.hop is not None:
         doc["hop"] = sources.hop.summary()
+    if sources.sync is not None:
+        doc["sync_driver"] = sources.sync.describe()
     if sources.storage is not None:  # key ids only, never keys
         doc["storage"] = {"form": sources.storage.opts.describe(), **sources.storage.stats.as_dict()}
     if sources.archive is not None:

@@ -68,6 +68,20 @@ class SyncDriver:
         flight = self._flight
         return None if flight is None else flight[1]
 
+    def describe(self) -> dict[str, object]:
+        """Where the syncs run (``sync_on_loop``): the setting, whether the next one runs on the loop's thread (auto
+        follows the recent fdatasyncs; a slow one pauses it), the counts each way, the pauses and the average that
+        auto reads (GET /status, /metrics; docs/metrics.md)."""
+        average = self.fsync_average
+        return {
+            "setting": self.on_loop if isinstance(self.on_loop, str) else str(self.on_loop).lower(),
+            "on_loop_now": self._sync_here() and time.monotonic() >= self.on_loop_paused_until,
+            "syncs_on_loop": self.syncs_on_loop,
+            "syncs_off_loop": self.syncs_off_loop,
+            "on_loop_pauses": self.on_loop_pauses,
+            "fsync_average_seconds": None if average is None else round(average, 6),
+        }
+
     def step(self, store: RelayStore) -> None:
         """Publish the sync in flight once it has ended, and start the next when the store's policy asks for one
         (it runs in the fsync thread while the loop goes on). A failed fsync raises its OSError."""

@@ -469,6 +469,12 @@ def test_metrics_of_a_real_chain_follow_the_master_the_replica_and_a_lost_upstre
     assert value(fams, "relayproxy_replicas_connected") == 1
     assert value(fams, "relayproxy_fsync_seconds", "relayproxy_fsync_seconds_count") > 0
     assert value(fams, "relayproxy_fsync_bytes", "relayproxy_fsync_bytes_total") > 0
+    # Where the syncs ran (sync_on_loop = auto): every one counted on one side, the average what auto reads.
+    syncs = value(fams, "relayproxy_fsync_seconds", "relayproxy_fsync_seconds_count")
+    on_loop = value(fams, "relayproxy_fsyncs_on_loop", "relayproxy_fsyncs_on_loop_total")
+    off_loop = value(fams, "relayproxy_fsyncs_off_loop", "relayproxy_fsyncs_off_loop_total")
+    assert on_loop + off_loop >= syncs > 0 and value(fams, "relayproxy_fsync_on_loop") in (0, 1)
+    assert value(fams, "relayproxy_fsync_average_seconds") > 0
     assert value(fams, "relayproxy_transactions_received", "relayproxy_transactions_received_total") > 0
     assert value(fams, "relayproxy_reconnects", "relayproxy_reconnects_total") == 0
     assert value(fams, "relayproxy_replica_events_sent", "relayproxy_replica_events_sent_total", server_id="3") > 0
@@ -557,6 +563,42 @@ def test_the_hop_stages_reach_status_metrics_and_the_status_text(tmp_path):
     assert value(fams, "relayproxy_hop_seconds", "relayproxy_hop_seconds_bucket", stage="send", le="0.0001") == 3
     line = next(x for x in format_status(doc).splitlines() if x.startswith("Hop"))
     assert "receive 0.20 ms" in line and "durable 1.60 ms" in line and "send 0.10 ms" in line and "ack" not in line
+
+
+def test_where_the_syncs_run_reaches_status_and_metrics(tmp_path):
+    """relay/sync_driver.py's counts: /status `sync_driver` and the relayproxy_fsync_on_loop family; auto's side
+    follows the average it reads, and a slow sync's pause sends the next ones off the loop whatever the average."""
+    from relayproxy.relay.sync_driver import ON_LOOP_AUTO_MAX, SyncDriver
+
+    store = two_file_store(tmp_path)
+    driver = SyncDriver(on_loop="auto")
+    driver.syncs_on_loop, driver.syncs_off_loop, driver.fsync_average = 7, 2, ON_LOOP_AUTO_MAX / 2
+    stats = FsyncStats()
+    try:
+        doc = relay_status(fake_cfg(store.relay_dir), StatusSources(store, fake_upstream(), fsync=stats, sync=driver))
+        fams = families(generate_latest(build_registry(lambda: doc, stats, process=False)).decode())
+        assert doc["sync_driver"] == {"setting": "auto", "on_loop_now": True, "syncs_on_loop": 7,
+                                      "syncs_off_loop": 2, "on_loop_pauses": 0,
+                                      "fsync_average_seconds": ON_LOOP_AUTO_MAX / 2}
+        assert value(fams, "relayproxy_fsync_on_loop") == 1
+        assert value(fams, "relayproxy_fsyncs_on_loop", "relayproxy_fsyncs_on_loop_total") == 7
+        assert value(fams, "relayproxy_fsyncs_off_loop", "relayproxy_fsyncs_off_loop_total") == 2
+        assert value(fams, "relayproxy_fsync_average_seconds") == ON_LOOP_AUTO_MAX / 2
+        driver.fsync_average = ON_LOOP_AUTO_MAX * 2  # a slower disk: auto moves the syncs to the fsync thread
+        assert driver.describe()["on_loop_now"] is False
+        driver.fsync_average, driver.on_loop_pauses = 0.0001, 1
+        driver.on_loop_paused_until = time.monotonic() + 60  # after a slow one on the loop
+        doc = relay_status(fake_cfg(store.relay_dir), StatusSources(store, fake_upstream(), fsync=stats, sync=driver))
+        fams = families(generate_latest(build_registry(lambda: doc, stats, process=False)).decode())
+        assert value(fams, "relayproxy_fsync_on_loop") == 0
+        assert value(fams, "relayproxy_fsync_on_loop_pauses", "relayproxy_fsync_on_loop_pauses_total") == 1
+        assert SyncDriver(on_loop=True).describe()["setting"] == "true"
+        # Without a sync driver (SHOW REPLICA STATUS, serve) the family is left out, not guessed.
+        doc = relay_status(fake_cfg(store.relay_dir), StatusSources(store, fake_upstream(), fsync=stats))
+        fams = families(generate_latest(build_registry(lambda: doc, stats, process=False)).decode())
+        assert "sync_driver" not in doc and "relayproxy_fsync_on_loop" not in fams
+    finally:
+        store.close()
 
 
 def test_the_transaction_indexer_health_reaches_status_and_metrics(tmp_path):
