@@ -44,6 +44,7 @@ from ..relay.catalog import FileCatalog
 from ..relay.epochs import Epochs, EpochsError, gtid_text, parse_gtid_text, read_epochs
 from ..relay.errors import RelayStoreError
 from ..relay.horizon import Horizon
+from ..relay.hoptimes import HopTimes
 from .context import ConnectionState, DownstreamContext, DumpProgress, DumpRequest
 from .dump import serve_dump
 from .transport import ClientConnectionLost, ClientDumpChannel, ClientProtocol
@@ -317,12 +318,25 @@ class SenderPool:
                 handed = worker.dumps.get(conn_id)
                 if handed is not None:
                     _apply_progress(handed.progress, fields)
+            self._merge_send_stage(worker, message.get("send"))
         elif kind == "ended":
             handed = worker.dumps.get(message["conn_id"])
             if handed is not None:
                 _apply_progress(handed.progress, message.get("progress") or {})
                 if not handed.ended.done():
                     handed.ended.set_result(message.get("error"))
+
+    def _merge_send_stage(self, worker: _Worker, taken) -> None:
+        """The hop's send stage as the worker's dumps measured it since its last report (``Histogram.take``),
+        added to the relay's own: one histogram whichever process wrote to the replica."""
+        hop = self.ctx.hop
+        if taken is None or hop is None:
+            return
+        try:
+            hop.stages["send"].merge(*taken)
+        except (TypeError, ValueError) as exc:
+            log.warning("a sender process reported a send stage that does not fit; left out", slot=worker.slot,
+                        error=str(exc))
 
     def _on_worker_gone(self, worker: _Worker) -> None:
         for handed in list(worker.dumps.values()):
@@ -365,7 +379,8 @@ class SenderPool:
         store = ctx.store
         snap = store.horizon.snapshot()
         return {
-            "horizon": (snap.file, snap.position, gtid_text(snap.gtids)),
+            # With the advance's time.monotonic() (one clock for every process): the worker's send stage.
+            "horizon": (snap.file, snap.position, gtid_text(snap.gtids), snap.at),
             "files": tuple(store.files()),
             "current_file": store.current_file,
             "flavour": ctx.flavour,
@@ -469,11 +484,11 @@ class FollowerStore:
             except EpochsError as exc:
                 log.error("cannot read the relay's epochs in a sender process", error=str(exc))
         if "horizon" in state:
-            file, position, text = state["horizon"]
+            file, position, text, at = state["horizon"]
             current = self.horizon.snapshot()
             if (file, position) != (current.file, current.position) or text != gtid_text(current.gtids):
                 try:
-                    self.horizon.advance(file, position, parse_gtid_text(text), copy=False)
+                    self.horizon.advance(file, position, parse_gtid_text(text), copy=False, at=at or None)
                 except ValueError:
                     # The relay reopened its store (the horizon went back): start a new horizon; senders
                     # waiting on the old one look again at their next heartbeat or recheck.
@@ -516,7 +531,9 @@ class Worker:
                  net_read_timeout: float):
         self.store = FollowerStore(relay_dir)
         self.view = FollowerView(self.store)
-        self.ctx = DownstreamContext(self.view, status_document=dict)
+        # The dumps here time the hop's send stage from the relay process's advance; report() sends it there.
+        self.hop = HopTimes()
+        self.ctx = DownstreamContext(self.view, status_document=dict, hop=self.hop)
         self.slot = slot
         self.write_timeout = write_timeout
         self.net_read_timeout = net_read_timeout
@@ -598,9 +615,10 @@ class Worker:
             await asyncio.sleep(_PROGRESS_EVERY)
             dumps = {conn_id: _progress_fields(conn.dump) for conn_id, (conn, _t) in self.dumps.items()
                      if conn is not None and conn.dump is not None}
-            if dumps:
+            send = self.hop.stages["send"].take()
+            if dumps or send is not None:
                 with contextlib.suppress(ConnectionError, ValueError):
-                    self.control.send({"t": "progress", "dumps": dumps})
+                    self.control.send({"t": "progress", "dumps": dumps, "send": send})
 
     async def run(self) -> None:
         reporter = asyncio.get_running_loop().create_task(self.report())

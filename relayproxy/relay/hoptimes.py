@@ -68,6 +68,29 @@ class Histogram:
             if seconds > self.max_seconds:
                 self.max_seconds = seconds
 
+    def take(self) -> tuple[list[int], float, float] | None:
+        """What was observed since the last take, as (per-bucket counts, sum, maximum), and start again from
+        zero; None when nothing was. A sender process sends its send stage to the relay process this way."""
+        with self._lock:
+            if not self.count:
+                return None
+            taken = (self._counts, self.sum_seconds, self.max_seconds)
+            self._counts = [0] * (len(self.buckets) + 1)
+            self.count, self.sum_seconds, self.max_seconds = 0, 0.0, 0.0
+        return taken
+
+    def merge(self, counts: list[int], sum_seconds: float, max_seconds: float) -> None:
+        """Add what another histogram with the same buckets took (``take``). Counts of another shape, or negative
+        ones, raise ValueError and change nothing."""
+        if len(counts) != len(self._counts) or any(not isinstance(n, int) or n < 0 for n in counts):
+            raise ValueError(f"histogram counts do not fit {len(self.buckets)} buckets and +Inf: {counts!r}")
+        with self._lock:
+            for i, n in enumerate(counts):
+                self._counts[i] += n
+            self.count += sum(counts)
+            self.sum_seconds += float(sum_seconds)
+            self.max_seconds = max(self.max_seconds, float(max_seconds))
+
     def cumulative_buckets(self) -> list[tuple[str, int]]:
         """``[(le, count <= le), ..., ("+Inf", count)]`` as Prometheus exposes them."""
         with self._lock:

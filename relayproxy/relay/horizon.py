@@ -75,8 +75,10 @@ class Horizon:
     def seq(self) -> int:
         return self._snapshot.seq
 
-    def advance(self, file: str, position: int, gtids, *, copy: bool = True) -> HorizonSnapshot:
-        """Publish a new durable position. Only the relay store calls this, after fsync.
+    def advance(self, file: str, position: int, gtids, *, copy: bool = True,
+                at: float | None = None) -> HorizonSnapshot:
+        """Publish a new durable position. Only the relay store calls this, after fsync (and a sender process,
+        with the relay process's own ``at``: its time.monotonic() of the advance, the same clock in every process).
 
         ``gtids`` is copied (unless ``copy=False``: the caller hands over a private copy), so the
         caller may keep mutating its own set. Moving backwards inside one file is a bug in the
@@ -89,7 +91,7 @@ class Horizon:
                 raise ValueError(
                     f"horizon cannot move backwards in {file}: {current.position} -> {position}"
                 )
-            new = HorizonSnapshot(file, position, snapshot_gtids, current.seq + 1, time.monotonic())
+            new = HorizonSnapshot(file, position, snapshot_gtids, current.seq + 1, time.monotonic() if at is None else at)
             self._snapshot = new
             waiters, self._waiters = self._waiters, {}
         if waiters:

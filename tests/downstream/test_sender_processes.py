@@ -23,6 +23,7 @@ from relayproxy.binlog import constants as C
 from relayproxy.binlog.gtid import GtidSet
 from relayproxy.downstream.server import DownstreamServer
 from relayproxy.downstream.workers import SenderPool
+from relayproxy.relay.hoptimes import HopTimes
 from relayproxy.upstream.connection import UpstreamConnection
 from relayproxy.wire.accounts import DownstreamUser
 from relayproxy.wire.packets import BINLOG_DUMP_NON_BLOCK, BINLOG_SEND_ANNOTATE_ROWS_EVENT
@@ -185,6 +186,7 @@ def test_a_sender_process_sends_nothing_past_the_horizon_and_follows_it(tmp_path
     durable = store.horizon.snapshot().position
     feeder.feed_events(events[half:])  # written, not yet synced: past the horizon
     ctx = make_ctx(store, semi_sync=False, version="8.0.29")
+    ctx.hop = HopTimes()  # the relay's own hop stages: the worker's send stage reaches them
 
     async def scenario():
         async with _serving(ctx, 1) as (port, pool):
@@ -193,15 +195,23 @@ def test_a_sender_process_sends_nothing_past_the_horizon_and_follows_it(tmp_path
             follow = asyncio.create_task(_collect(port, setup, _file_dump("binlog.000004", 4, flags=0),
                                                   until_eof=False, packets=len(events) + 1))
             await asyncio.sleep(0.5)
+            advanced = time.monotonic()
             store.sync()  # now the rest is durable: the waiting worker dump must get it
             rest = await follow
-            return first, rest, pool.handed_total
+            waited = time.monotonic() - advanced
+            deadline = time.monotonic() + 10
+            while not ctx.hop.stages["send"].count and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)  # the worker reports every half second
+            return first, rest, pool.handed_total, waited
 
     try:
-        first, rest, handed = asyncio.run(asyncio.wait_for(scenario(), 60))
+        first, rest, handed, waited = asyncio.run(asyncio.wait_for(scenario(), 60))
     finally:
         store.close()
     assert handed == 2
+    # The woken dump's send stage, timed in the worker from the relay process's advance (one monotonic clock).
+    send = ctx.hop.stages["send"]
+    assert send.count == 1 and 0.0 < send.max_seconds <= waited
     ends = [int.from_bytes(p[1 + 13 : 1 + 17], "little") for p in first[:-1]]
     assert first[-1][0] == 0xFE and max(ends) == durable, "a worker sent bytes past the durable horizon"
     assert int.from_bytes(rest[-1][1 + 13 : 1 + 17], "little") == len(image)

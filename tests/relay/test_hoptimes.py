@@ -46,6 +46,32 @@ def test_the_quantile_bound_is_at_least_the_true_quantile_and_within_its_bucket(
     assert Histogram().quantile_bound(0.5) is None
 
 
+@given(st.lists(st.lists(st.floats(min_value=0.0, max_value=3.0), max_size=30), min_size=1, max_size=6))
+def test_takes_merged_elsewhere_give_the_histogram_of_every_observation(reports):
+    """A sender process's send stage (take, sent to the relay process, merged there): the merged histogram is the
+    one that would have seen every observation itself, however the reports split them."""
+    worker, merged, whole = Histogram(), Histogram(), Histogram()
+    for report in reports:
+        for v in report:
+            worker.observe(v)
+            whole.observe(v)
+        taken = worker.take()
+        assert (taken is None) == (not report) and worker.count == 0
+        if taken is not None:
+            merged.merge(*taken)
+    assert merged.cumulative_buckets() == whole.cumulative_buckets() and merged.count == whole.count
+    assert merged.max_seconds == whole.max_seconds and merged.sum_seconds == pytest.approx(whole.sum_seconds)
+
+
+def test_a_merge_of_another_shape_is_refused_and_changes_nothing():
+    h = Histogram((0.001, 0.01))
+    h.observe(0.002)
+    for bad in ([1, 2], [1, 2, 3, 4], [1, -1, 0], [1.5, 0, 0]):
+        with pytest.raises(ValueError, match="do not fit 2 buckets"):
+            h.merge(bad, 1.0, 1.0)
+    assert h.cumulative_buckets() == [("0.001", 0), ("0.01", 1), ("+Inf", 1)] and h.count == 1
+
+
 def test_observations_from_several_threads_are_all_counted():
     h = Histogram()
 
