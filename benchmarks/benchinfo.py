@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
@@ -53,14 +54,11 @@ def commit_info(root: Path = REPO_ROOT, dirty: list[str] | None = None) -> str:
 def machine_info(*, server: bool = False, **extra: str) -> dict[str, str]:
     """CPU, cores, kernel, Python, date, ``commit_info`` and the tree, the local mariadbd version when ``server``,
     any ``extra`` entries and the load average."""
-    cpu = "unknown"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
+        cpuinfo = []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown")
     try:
         dirty = dirty_code_files()
         commit = commit_info(dirty=dirty)
@@ -87,10 +85,8 @@ def machine_info(*, server: bool = False, **extra: str) -> dict[str, str]:
         except Exception:  # noqa: BLE001 - informational only
             info["mariadbd"] = "unknown"
     info.update(extra)
-    try:
+    with contextlib.suppress(OSError):
         info["load average (1, 5, 15 min) at the end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        pass
     return info
 
 
