@@ -132,8 +132,10 @@ def hop_share(before: dict, after: dict) -> dict[str, dict]:
 
 def save_figure(fig: Any, path: Path, *, dpi: int = 110) -> Path:
     """Lay out ``fig``, write it to ``path`` and close it (pyplot keeps every open figure otherwise)."""
+    plt = pyplot()
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)  # a figure means matplotlib is there
+    if plt is not None:
+        plt.close(fig)
     return path
 
