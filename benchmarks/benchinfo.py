@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
@@ -13,18 +14,17 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _git(*args: str, root: Path = REPO_ROOT) -> str:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+def _git(*args: str, root: Path = REPO_ROOT, check: bool = False) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                          check=check).stdout
 
 
-# What a result depends on: the package, the benchmark scripts, the build/test configuration. Results files
-# (benchmarks/results/**) and findings notes (*_notes.md) are what a run writes, not what it measures.
+# What a result depends on; results files and *_notes.md are what a run writes, not what it measures.
 CODE_PATHSPECS = ("relayproxy", "benchmarks", "setup.cfg", "pyproject.toml")
 SHOWN_DIRTY = 8  # at most this many dirty code files named in the results header
 
 
 def is_code(path: str) -> bool:
-    """Whether a repository-relative path is code a benchmark result depends on."""
     parts = path.split("/")
     if parts[0] == "relayproxy":
         return "__pycache__" not in parts and not path.endswith("_notes.md")
@@ -34,55 +34,34 @@ def is_code(path: str) -> bool:
 
 
 def dirty_code_files(root: Path = REPO_ROOT) -> list[str]:
-    """Code files (``is_code``) with uncommitted changes, staged or not, untracked ones included, sorted."""
-    out = subprocess.run(
-        ["git", "-C", str(root), "status", "--porcelain", "-z", "--untracked-files=all", "--", *CODE_PATHSPECS],
-        capture_output=True, text=True, timeout=10, check=True,  # not a repository: an error, never "clean"
-    ).stdout
-    entries = out.split("\0")
-    paths: set[str] = set()
-    i = 0
-    while i < len(entries):
-        entry = entries[i]
-        i += 1
-        if len(entry) < 4:
-            continue
-        status, path = entry[:2], entry[3:]
-        paths.add(path)
-        if "R" in status or "C" in status:  # a rename or copy: the next entry is the source path
-            if i < len(entries) and entries[i]:
-                paths.add(entries[i])
-            i += 1
-    return sorted(p for p in paths if is_code(p))
+    """Code files (``is_code``) with uncommitted changes, staged or not, untracked ones included, sorted (a rename
+    is both paths). Not a repository: an error, never "clean"."""
+    out = _git("status", "--porcelain", "-z", "--no-renames", "--untracked-files=all", "--", *CODE_PATHSPECS,
+               root=root, check=True)
+    return sorted({entry[3:] for entry in out.split("\0") if len(entry) > 3 and is_code(entry[3:])})
 
 
-def commit_info(root: Path = REPO_ROOT) -> str:
-    """The short commit, plus the code files with uncommitted changes when there are any (results files and
-    notes never make a tree dirty)."""
-    commit = _git("rev-parse", "--short", "HEAD", root=root) or "no commit yet"
-    dirty = dirty_code_files(root)
+def commit_info(root: Path = REPO_ROOT, dirty: list[str] | None = None) -> str:
+    """The short commit, plus the code files with uncommitted changes (``dirty_code_files``) when there are any."""
+    commit = _git("rev-parse", "--short", "HEAD", root=root).strip() or "no commit yet"
+    dirty = dirty_code_files(root) if dirty is None else dirty
     if dirty:
-        shown = ", ".join(dirty[:SHOWN_DIRTY])
         more = f" and {len(dirty) - SHOWN_DIRTY} more" if len(dirty) > SHOWN_DIRTY else ""
-        commit += f" + uncommitted changes to code: {shown}{more}"
+        commit += f" + uncommitted changes to code: {', '.join(dirty[:SHOWN_DIRTY])}{more}"
     return commit
 
 
 def machine_info(*, server: bool = False, **extra: str) -> dict[str, str]:
-    """CPU, cores, kernel, Python, relayproxy commit (``commit_info``: marked, with the file names, when code has
-    uncommitted changes; results files never mark it), the local mariadbd version when ``server``, the load
-    average, and any ``extra`` entries."""
-    cpu = "unknown"
+    """CPU, cores, kernel, Python, date, ``commit_info`` and the tree, the local mariadbd version when ``server``,
+    any ``extra`` entries and the load average."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
+        cpuinfo = []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown")
     try:
-        commit = commit_info()
         dirty = dirty_code_files()
+        commit = commit_info(dirty=dirty)
         tree = (f"dirty (uncommitted changes to code: {', '.join(dirty[:SHOWN_DIRTY])})" if dirty
                 else "clean (no uncommitted code changes)")
     except (OSError, subprocess.SubprocessError):
@@ -106,28 +85,19 @@ def machine_info(*, server: bool = False, **extra: str) -> dict[str, str]:
         except Exception:  # noqa: BLE001 - informational only
             info["mariadbd"] = "unknown"
     info.update(extra)
-    try:
+    with contextlib.suppress(OSError):
         info["load average (1, 5, 15 min) at the end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        pass
     return info
 
 
 def command_line(script: str | os.PathLike, argv: list[str]) -> str:
     """The command that produced a result, relative to the repository root where possible."""
-
-    def rel(path: Path) -> str:
-        try:
-            return str(path.relative_to(REPO_ROOT))
-        except ValueError:
-            return str(path)
-
-    return shlex.join([rel(Path(sys.executable)), rel(Path(script).resolve()), *argv])
+    paths = (Path(sys.executable), Path(script).resolve())
+    return shlex.join([str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p) for p in paths] + argv)
 
 
 def pyplot():
-    """matplotlib's pyplot on the non-interactive Agg backend, or None when matplotlib is not installed (the
-    benchmarks then write their tables without plots)."""
+    """matplotlib's pyplot on the Agg backend, or None when matplotlib is not installed (then no plots)."""
     try:
         import matplotlib
 
@@ -149,21 +119,15 @@ MIN_RUNS = 3  # every headline figure is the median of at least this many runs
 
 
 def alternating_orders(runs: int, names: list[str] | tuple[str, ...]) -> list[list[str]]:
-    """The order of the contestants in each run: as given in even runs, reversed in odd ones, so that neither the
-    relay nor its peer always runs first (warm caches, a neighbour's load, thermal state)."""
+    """The contestants' order in each run: as given in even runs, reversed in odd ones (no one always runs first)."""
     names = list(names)
     return [names if i % 2 == 0 else names[::-1] for i in range(runs)]
 
 
 def run_alternating(runs: int, names, run_one) -> list[dict]:
-    """Call ``run_one(order, run_index)`` ``runs`` times with ``alternating_orders``; returns what each call returned
-    (a dict of figures), each with ``"order"`` (the names joined by " then ") added."""
-    out = []
-    for i, order in enumerate(alternating_orders(runs, names)):
-        result = dict(run_one(order, i))
-        result["order"] = " then ".join(order)
-        out.append(result)
-    return out
+    """``run_one(order, run_index)``'s dicts for ``alternating_orders``, each with ``"order"`` ("a then b") added."""
+    orders = alternating_orders(runs, names)
+    return [{**run_one(order, i), "order": " then ".join(order)} for i, order in enumerate(orders)]
 
 
 def median_range(values) -> tuple[float, float, float]:
@@ -184,9 +148,7 @@ def fmt_median_range(values, fmt: str = "{:.1f}", unit: str = "") -> str:
 
 
 def verdict(values, target: float, *, higher_is_better: bool = True) -> str:
-    """Whether the median meets ``target``: "met", "MISSED", or either with "within noise" when the runs' range
-    straddles the target (the run-to-run spread is larger than the margin, so another run could say the
-    opposite)."""
+    """Whether the median meets ``target``: "met" or "MISSED", plus "within noise" when the range straddles it."""
     med, lo, hi = median_range(values)
     met = med >= target if higher_is_better else med <= target
     straddles = lo < target <= hi if higher_is_better else lo <= target < hi
@@ -196,10 +158,8 @@ def verdict(values, target: float, *, higher_is_better: bool = True) -> str:
 
 def header_block(script, argv: list[str], machine: dict[str, str], *, runs: int, what: str = "",
                  command: str | None = None) -> list[str]:
-    """The block every results file starts with (markdown lines): the exact command, the commit and whether the
-    code was clean, the machine in one line, and how many runs with the order alternated. ``command`` replaces the
-    command line built from ``script`` and ``argv`` (a report rendered again from saved figures names the command
-    that measured them)."""
+    """The block every results file starts with (markdown lines): the command (``command``, else built from
+    ``script`` and ``argv``), the commit and tree, the machine in one line, the repeats."""
     commit = machine.get("relayproxy commit", "unknown")
     if runs == 1:  # said as it is: one run has no median, no range and no alternation
         repeats = f"- repeats: a single run{'; ' + what if what else ''}: no median or range, the figures are that run's"

@@ -1,8 +1,5 @@
-"""What every benchmark script shares: the log line, one percentile, the results file's skeleton and the plot.
-
-The skeleton is benchinfo's: the command that produced the file, its ``- commit:``/``- tree:`` line and the machine
-in one line at the top (``header_block``), the "## Machine" section at the end (``machine_section``).
-"""
+"""What every benchmark script shares: the log line, one percentile, the results file's skeleton (benchinfo's
+``header_block`` and ``machine_section``) and the plot."""
 
 from __future__ import annotations
 
@@ -14,25 +11,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.benchinfo import REPO_ROOT, command_line, header_block, machine_info, machine_section, pyplot
+from benchmarks.benchinfo import REPO_ROOT, command_line, machine_info, pyplot  # noqa: F401  (re-exported)
+from benchmarks.benchinfo import header_block, machine_section
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"  # where every results file is written by default
 
-__all__ = ["PERCENTILE_METHODS", "REPO_ROOT", "RESULTS_DIR", "command_line", "header_block", "logger", "machine_info", "machine_section",
-           "percentile", "pyplot", "hop_buckets", "hop_share", "md_row", "results_document", "save_figure", "write_results", "add_report_options"]
-
 
 def logger(name: str | None, *, clock: bool = True) -> Callable[[str], None]:
-    """A ``log(message)`` for a benchmark: "[name HH:MM:SS] message" on stderr, flushed ("[name] message" without
-    ``clock``; the bare message when ``name`` is None)."""
+    """A ``log(message)``: "[name HH:MM:SS] message" on stderr ("[name] message" without ``clock``, the bare message
+    when ``name`` is None)."""
 
     def log(message: str) -> None:
-        if name is None:
-            prefix = ""
-        elif clock:
-            prefix = f"[{name} {time.strftime('%H:%M:%S')}] "
-        else:
-            prefix = f"[{name}] "
+        prefix = "" if name is None else f"[{name} {time.strftime('%H:%M:%S')}] " if clock else f"[{name}] "
         print(prefix + message, file=sys.stderr, flush=True)
 
     return log
@@ -44,18 +34,10 @@ PERCENTILE_METHODS = ("rounded-index", "nearest-rank", "exclusive-rank")
 
 
 def percentile(values: Iterable[float], q: float, *, method: str = "rounded-index") -> float:
-    """The ``q``-th percentile (``q`` from 0 to 100) of ``values``, always one of the values (no interpolation);
-    NaN when there are none. ``method`` says which value, for the n values sorted, counted from 0:
-
-    - ``"rounded-index"`` (the default; the fan-out, hop-latency and archive-lag figures): the value at index
-      ``round(q / 100 * (n - 1))`` (Python's round: halves go to the even index);
-    - ``"nearest-rank"`` (the lossless trials): the value at index ``ceil(q / 100 * n) - 1`` (at least 0), the
-      smallest value with at least q % of the values at or below it;
-    - ``"exclusive-rank"`` (the txindex lookups): the value at index ``floor(q / 100 * n)`` (at most n - 1), the
-      smallest value with more than q % of the values at or below it.
-
-    The three are kept because each results file's figures were computed with its own; they agree on large
-    samples and differ by at most one rank."""
+    """The ``q``-th percentile (0-100) of ``values``, always one of them (NaN when there are none); the index into
+    the n sorted values: ``round(q / 100 * (n - 1))`` for "rounded-index" (halves to even), ``ceil(q / 100 * n) - 1``
+    for "nearest-rank", ``floor(q / 100 * n)`` for "exclusive-rank". Each results file keeps the rule it was
+    computed with; they differ by at most one rank."""
     ordered = sorted(values)
     n = len(ordered)
     if not n:
@@ -75,8 +57,7 @@ def percentile(values: Iterable[float], q: float, *, method: str = "rounded-inde
 
 def results_document(title: str, script: str | Path, argv: list[str], machine: dict[str, str], body: list[str], *,
                      runs: int = 1, what: str = "", command: str | None = None) -> str:
-    """A results file's markdown: ``# title``, the header (command, commit and tree, machine, repeats), ``body``
-    (markdown lines), then the "## Machine" section."""
+    """A results file's markdown: ``# title``, ``header_block``, ``body`` (markdown lines), ``machine_section``."""
     lines = [f"# {title}", "", *header_block(script, argv, machine, runs=runs, what=what, command=command), *body]
     if lines[-1] != "":
         lines.append("")
@@ -84,7 +65,7 @@ def results_document(title: str, script: str | Path, argv: list[str], machine: d
 
 
 def md_row(*cells) -> str:
-    """One row of a markdown table ("| a | b |"; an empty cell is "|  |")."""
+    """One row of a markdown table ("| a | b |")."""
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
@@ -98,8 +79,7 @@ def write_results(path: Path, text: str, log: Callable[[str], None] | None = Non
 
 
 def add_report_options(parser: argparse.ArgumentParser, *, saved: str = "the whole report") -> None:
-    """``--save-json`` (``saved`` written as JSON too), ``--notes`` (hand-written markdown appended to the results)
-    and ``--render`` (measure nothing: the results written again from a saved report)."""
+    """``--save-json``, ``--notes`` and ``--render`` (see ``relay_bench.report_of``)."""
     parser.add_argument("--save-json", type=Path, default=None, help=f"also write {saved} as JSON here")
     parser.add_argument("--notes", type=Path, default=None, help="markdown appended to the results (written by hand: "
                         "findings and proposals written after looking at the run)")
@@ -111,8 +91,7 @@ def add_report_options(parser: argparse.ArgumentParser, *, saved: str = "the who
 # -- the relay's hop stages (relay/hoptimes.py) -----------------------------------------------------------------
 
 def hop_buckets(http_port: int) -> dict[str, dict]:
-    """A relay's relayproxy_hop_seconds now (its /metrics on ``http_port``): per stage its cumulative buckets
-    (le -> count), sum and count."""
+    """A relay's relayproxy_hop_seconds from /metrics: per stage its cumulative buckets (le -> count), sum, count."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from relayproxy.relay.hoptimes import STAGES

@@ -1,16 +1,9 @@
 """Closed relay files compressed and encrypted (relay/closed_files.py): ratio, CPU cost, and the dump's read speed.
 
-Two data sets, in one run: ``corpus``, the real binlogs of the shared corpus (``$RELAYPROXY_CORPUS``), read where
-they are (never copied); ``oltp``, a local mariadbd master's binlogs after ``benchmarks/workloads.py``'s OLTP shape
-(small transactions, row format) at scale ``OLTP_SCALE``. For every storage form (``FORMS``) and data set:
-the ratio (logical / stored bytes, frames of 1 MiB, header, table and trailer included); the convert CPU
-(``time.process_time`` of ``conversion.write_framed``: compress and/or encrypt, write, fsync) and that of the
-verification read-back (``logical_crc``), per logical GB; the dump read (``RelayFile.read`` of ``READ_CHUNK`` pieces
-over every file on an asyncio loop, frames decoded in a worker thread as in a dump) in logical MB/s; the mid-file
-start (open a file, read 64 KB at a random offset: a replica starting mid-file) in microseconds; both against the
-plain files of the same round. ``--repeat`` rounds, the forms in turns, medians reported. Writes
-``benchmarks/results/compression.md`` and ``compression.png`` unless ``--quick`` (corpus only, one repeat, nothing
-written).
+Two data sets: ``corpus``, the shared corpus's real binlogs (``$RELAYPROXY_CORPUS``, read in place), and ``oltp``, a
+local mariadbd master's binlogs after ``benchmarks/workloads.py``'s OLTP shape at scale ``OLTP_SCALE``; every
+storage form of ``FORMS`` against the plain files of the same round (the results file says how each figure is
+taken). ``--quick``: corpus only, one repeat, nothing written.
 
     .venv/bin/python benchmarks/compression.py
     .venv/bin/python benchmarks/compression.py --quick --json
@@ -20,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -32,8 +26,8 @@ from pathlib import Path
 if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
     import _bootstrap  # noqa: F401
 
-from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, logger, save_figure  # noqa: E402
+from benchmarks.benchinfo import alternating_orders, header_block, machine_info, machine_section  # noqa: E402
+from benchmarks.common import RESULTS_DIR, logger, pyplot, save_figure, write_results  # noqa: E402
 from benchmarks.relay_bench import corpus_dir  # noqa: E402
 
 from relayproxy.downstream.dump.files import RelayFile  # noqa: E402
@@ -50,8 +44,6 @@ FORMS = {
     "AES-GCM": CV.StorageOptions(encrypt=True, keyring=RING),
     "zstd 3 + AES-GCM": CV.StorageOptions(compress="zstd", level=3, encrypt=True, keyring=RING),
 }
-
-
 log = logger(None)
 
 
@@ -67,18 +59,22 @@ def corpus_files(root: Path) -> list[Path]:
     return files
 
 
-def oltp_files(workdir: Path, scale: float) -> tuple[list[Path], object]:
+@contextlib.contextmanager
+def oltp_files(workdir: Path, scale: float):
     from benchmarks import workloads
     from relayproxy.lab.sandbox import MariaDBSandbox
 
     master = MariaDBSandbox(workdir / "master", extra_config={"max_binlog_size": 16 << 20})
-    master.start()
-    master.execute("CREATE DATABASE w")
-    began = time.monotonic()
-    workloads.oltp(master, scale, random.Random(7))
-    master.execute("FLUSH BINARY LOGS")
-    log(f"oltp load: {time.monotonic() - began:.1f} s")
-    return master.binlog_files()[:-1], master  # closed files only
+    try:
+        master.start()
+        master.execute("CREATE DATABASE w")
+        began = time.monotonic()
+        workloads.oltp(master, scale, random.Random(7))
+        master.execute("FLUSH BINARY LOGS")
+        log(f"oltp load: {time.monotonic() - began:.1f} s")
+        yield master.binlog_files()[:-1]
+    finally:
+        master.stop()
 
 
 def convert_all(files: list[Path], out: Path, opts: CV.StorageOptions) -> dict:
@@ -147,7 +143,7 @@ def measure(label: str, files: list[Path], workdir: Path, repeat: int) -> dict:
     samples = {f: {"read": [], "mid": [], "cpu_write": [], "cpu_verify": []} for f in ["plain", *FORMS]}
     plain = plain_paths(files, workdir / "plain")
     converted = {}
-    for r, order in enumerate(benchinfo.alternating_orders(repeat, ["plain", *FORMS])):
+    for r, order in enumerate(alternating_orders(repeat, ["plain", *FORMS])):
         for form in (f for f in order if f != "plain"):  # the forms in turns, the order reversed every other round
             d = workdir / form.replace(" ", "_").replace("+", "and")
             CF.configure(d, keyring=RING)
@@ -196,7 +192,7 @@ def table(result: dict) -> list[str]:
 
 def render(results: dict, argv: list[str], machine: dict, repeat: int) -> str:
     lines = ["# Closed relay files: compression and encryption", "",
-             *benchinfo.header_block(__file__, argv, machine, runs=repeat,
+             *header_block(__file__, argv, machine, runs=repeat,
                                      what="here the contestants are the plain files and each storage form; the "
                                           "tables give medians, the vs-plain columns the range (min-max) of the "
                                           "per-round ratios in brackets"),
@@ -220,12 +216,12 @@ def render(results: dict, argv: list[str], machine: dict, repeat: int) -> str:
               "(see their ranges); the OLTP files (12 MB each) give the stable throughput figures. A replica reads a "
               "relay file once per dump, so a dump of converted files is bounded by the decode rate above (hundreds "
               "of MB/s), and a dump starting mid-file pays one frame decode (about 1-2 ms) once.", "",
-              *benchinfo.machine_section(machine)]
+              *machine_section(machine)]
     return "\n".join(lines)
 
 
 def plot(results: dict, path: Path) -> None:
-    plt = benchinfo.pyplot()
+    plt = pyplot()
     if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -249,28 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     root = corpus_dir()
     repeat = 1 if args.quick else args.repeat
     results = {}
-    master = None
     with tempfile.TemporaryDirectory(prefix="relayproxy-compression-") as tmp:
         tmp = Path(tmp)
         results["corpus"] = measure("corpus", corpus_files(root), tmp / "corpus", repeat)
         if not args.quick:
-            try:
-                files, master = oltp_files(tmp / "oltp", OLTP_SCALE)
+            with oltp_files(tmp / "oltp", OLTP_SCALE) as files:
                 results["oltp"] = measure("oltp", files, tmp / "oltp-forms", repeat)
-            finally:
-                if master is not None:
-                    master.stop()
     if args.json:
         print(json.dumps(results))
     if args.quick:
         return 0
     out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    machine = benchinfo.machine_info(server=True)
-    argv = sys.argv[1:] if argv is None else argv
-    (out_dir / "compression.md").write_text(render(results, argv, machine, repeat))
+    text = render(results, sys.argv[1:] if argv is None else argv, machine_info(server=True), repeat)
+    write_results(out_dir / "compression.md", text, log)
     plot(results, out_dir / "compression.png")
-    log(f"wrote {out_dir / 'compression.md'}")
     return 0
 
 

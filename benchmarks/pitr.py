@@ -2,22 +2,21 @@
 use (``mariadb-binlog --start-position ... --stop-datetime ... | mariadb``) and with ``relayproxy pitr
 --before-time``: time, exactness, and what a kill -9 halfway does to each.
 
-A MariaDB master (ROW) with the relay following it by GTID; a schema and a little data, then a real
-``mariadb-backup`` (``--backup`` + ``--prepare``); then ``pitr_lab.MixedLoad`` from 4 writers (inserts, transfers,
-updates, deletes, a 64-256 KB blob every 50th transaction, a marker row in every transaction) until the binlog has
-``--gb`` GB after the backup's position. The stop T is the busiest second 85-95 % into the backlog; what should be
-applied is every transaction whose commit event ``mariadb-binlog`` shows before T (counted from its own output, not
-relayproxy's). Each repeat restores the backup into a fresh instance (not timed) and times the replay alone, the two
-methods taking turns going first: the pipe (``TZ=UTC mariadb-binlog --start-position=P --stop-datetime=T <files> |
-mariadb``, P from the backup's binlog info, as MariaDB's docs describe) and ``relayproxy pitr --before-time T
---from-backup DIR --parallel N`` against the relay.
+A MariaDB master (ROW) with the relay following it by GTID; a little data, a real ``mariadb-backup`` (``--backup`` +
+``--prepare``), then ``pitr_lab.MixedLoad`` from 4 writers (inserts, transfers, updates, deletes, a 64-256 KB blob
+every 50th transaction, a marker row in each) until the binlog has ``--gb`` GB after the backup's position. The stop
+T is the busiest second 85-95 % into the backlog; what should be applied is every transaction whose commit event
+``mariadb-binlog`` shows before T. Each repeat restores the backup into a fresh instance (not timed) and times the
+replay alone, the methods taking turns going first: ``TZ=UTC mariadb-binlog --start-position=P --stop-datetime=T
+<files> | mariadb`` (P from the backup's binlog info, as MariaDB's docs describe) and ``relayproxy pitr --before-time
+T --from-backup DIR --parallel N`` against the relay.
 
-Exactness: the target's marker rows after the replay minus the backup's, against the expected count (``+k``: k
-transactions past T, ``-k``: k short), and whether CHECKSUM TABLE of every table equals the reference's (the backup
-replicated straight from the master with START SLAVE UNTIL the last transaction before T). The kill test runs each
-method on a fresh restore, SIGKILLs its process group when about half the backlog is applied, runs the very same
-command again and reports the outcome and exactness. Instances use the sandbox defaults (32 MB buffer pool) with
-innodb_flush_log_at_trx_commit=1, sync_binlog=0; on a 2-core machine the ratios are the result, not the times.
+Exactness: the marker rows added against the expected count (``+k``: k transactions past T, ``-k``: k short), and
+whether CHECKSUM TABLE of every table equals the reference's (the backup replicated from the master with START SLAVE
+UNTIL the last transaction before T). The kill test SIGKILLs each method's process group on a fresh restore when
+about half the backlog is applied, runs the same command again and reports the outcome and exactness. Instances use
+the sandbox defaults (32 MB buffer pool), innodb_flush_log_at_trx_commit=1, sync_binlog=0; on 2 cores the ratios
+are the result, not the times.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ if not __package__:
     import _bootstrap  # noqa: F401
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -34,23 +34,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks import benchinfo
-from benchmarks.common import logger, save_figure
+from benchmarks.benchinfo import fmt_median_range, machine_info, median_range, run_alternating, verdict
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, logger, pyplot, results_document, save_figure, write_results
 from relayproxy.commands.pitr_plan import read_backup_info
 from relayproxy.lab import pitr_lab as L
 from relayproxy.lab.backup import restore_backup, take_backup
 from relayproxy.lab.harness import RelayProcess, prepare_master
 from relayproxy.lab.sandbox import MariaDBSandbox, find_binary
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GOAL_RATIO = 0.5
 ADMIN, ADMIN_PW = "ops", "opspw"
 TARGET_CONFIG = {"innodb_flush_log_at_trx_commit": 1, "sync_binlog": 0}
-
-
 log = logger("pitr")
 
 
@@ -66,10 +64,8 @@ class Bench:
         if self.relay is not None:
             self.relay.stop()
         for s in reversed(self.servers):
-            try:
+            with contextlib.suppress(Exception):
                 s.stop()
-            except Exception:  # noqa: BLE001
-                pass
 
     def setup(self) -> dict:
         began = time.monotonic()
@@ -102,10 +98,8 @@ class Bench:
         self.committed = L.commit_times(self.files)
         gtids = [c.gtid for c in self.committed]
         after = self.committed[gtids.index(str(info.gtid)) + 1:] if str(info.gtid) in gtids else self.committed
-        counts: dict[int, int] = {}  # the busiest second 85-95 % into the backlog
-        for c in after[int(len(after) * 0.85):int(len(after) * 0.95)]:
-            counts[c.commit_second] = counts.get(c.commit_second, 0) + 1
-        self.second = max(counts, key=lambda s: (counts[s], -s))
+        counts = Counter(c.commit_second for c in after[int(len(after) * 0.85):int(len(after) * 0.95)])
+        self.second = max(counts, key=lambda s: (counts[s], -s))  # the busiest second 85-95 % into the backlog
         self.expected_last = L.last_before(self.committed, self.second * 1_000_000)
         self.expected = sum(1 for c in after if c.commit_second < self.second)
         self.when = datetime.fromtimestamp(self.second, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
@@ -168,7 +162,7 @@ class Bench:
                        "--relay-password-file", str(w / "ops.pw"), "--repl-user", "repl",
                        "--repl-password-file", str(w / "repl.pw"), "--before-time", self.when + "Z",
                        "--from-backup", str(self.backup), "--parallel", str(self.args.parallel), "--quiet", "--json"]
-            cwd = benchinfo.REPO_ROOT
+            cwd = REPO_ROOT
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True, cwd=cwd)
 
@@ -180,15 +174,19 @@ class Bench:
         self.drop(target)
         return result
 
+    def run(self, method: str, target: MariaDBSandbox) -> tuple[int, str]:
+        """The method run to its end: its exit code and the end of its stderr."""
+        proc = self.start(method, target)
+        _, err = proc.communicate(timeout=7200)
+        return proc.returncode, err.strip()[-300:]
+
     def timed(self, method: str) -> dict:
         target = self.restore(method)
         t0 = time.perf_counter()
-        proc = self.start(method, target)
-        _, err = proc.communicate(timeout=7200)
+        code, err = self.run(method, target)
         seconds = time.perf_counter() - t0
-        result = self.exactness(target, {"method": method, "seconds": round(seconds, 3), "exit": proc.returncode,
-                                         "error": err.strip()[-300:]})
-        log(f"{method}: {seconds:.1f} s, exit {proc.returncode}, off by {result['off_by']}, "
+        result = self.exactness(target, {"method": method, "seconds": round(seconds, 3), "exit": code, "error": err})
+        log(f"{method}: {seconds:.1f} s, exit {code}, off by {result['off_by']}, "
             f"equal to the reference: {result['equal_to_reference']}")
         return result
 
@@ -203,12 +201,11 @@ class Bench:
             first_alive = False  # it finished first (a tiny backlog): the second run then finds the work done
         proc.wait(30)
         mid = self.markers(target) - self.backup_markers
-        again = self.start(method, target)
-        _, err = again.communicate(timeout=7200)
+        code, err = self.run(method, target)
         result = self.exactness(target, {"method": method, "killed_after_s": round(after, 1),
                                          "killed_while_running": first_alive, "applied_at_kill": mid,
-                                         "rerun_exit": again.returncode, "rerun_error": err.strip()[-300:]})
-        log(f"{method} killed at {after:.1f} s ({mid} applied), run again: exit {again.returncode}, off by "
+                                         "rerun_exit": code, "rerun_error": err})
+        log(f"{method} killed at {after:.1f} s ({mid} applied), run again: exit {code}, off by "
             f"{result['off_by']}, equal: {result['equal_to_reference']}")
         return result
 
@@ -219,21 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gb", type=float, default=1.0, help="backlog after the backup, GB of binlog (default 1)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--parallel", type=int, default=4, help="pitr --parallel (the target's slave_parallel_threads)")
-    ap.add_argument("--no-kill", action="store_true", help="skip the kill -9 runs")
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--output", type=Path, default=RESULTS / "pitr.md")
+    ap.add_argument("--output", type=Path, default=RESULTS_DIR / "pitr.md")
     ap.add_argument("--no-write", action="store_true", help="print the report instead of writing results files")
     args = ap.parse_args(argv)
-    machine = benchinfo.machine_info(server=True)
+    machine = machine_info(server=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pitr-bench-"))
     bench = Bench(workdir, args)
     began = time.monotonic()
     try:
         backlog = bench.setup()
-        runs = benchinfo.run_alternating(args.repeats, ["pitr", "pipe"],
-                                         lambda order, i: {m: bench.timed(m) for m in order})
-        kills = [] if args.no_kill else [
-            bench.killed(m, benchinfo.median_range([r[m]["seconds"] for r in runs])[0] / 2) for m in ("pipe", "pitr")]
+        runs = run_alternating(args.repeats, ["pitr", "pipe"], lambda order, i: {m: bench.timed(m) for m in order})
+        kills = [bench.killed(m, median_range([r[m]["seconds"] for r in runs])[0] / 2) for m in ("pipe", "pitr")]
     finally:
         bench.close()
         if args.workdir is None:
@@ -245,11 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_write:
         print(text)
         return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    args.output.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    write_results(args.output.with_suffix(".json"), json.dumps(report, indent=1, default=str) + "\n")
     plot(report, args.output.with_suffix(".png"))
-    log(f"wrote {args.output}")
+    write_results(args.output, text, log)
     return 0
 
 
@@ -262,10 +254,7 @@ def render(report: dict) -> str:
     seconds = {m: [r[m]["seconds"] for r in runs] for m in ("pitr", "pipe")}
     ratios = [p / q for p, q in zip(seconds["pitr"], seconds["pipe"])]
     exact = {m: all(r[m]["off_by"] == 0 and r[m]["equal_to_reference"] for r in runs) for m in ("pitr", "pipe")}
-    out = ["# PITR: `relayproxy pitr` against the `mariadb-binlog | mariadb` pipe, same backlog, same backup", "",
-           *benchinfo.header_block(__file__, report["argv"], report["machine"], runs=len(runs),
-                                   what="each run restores the backup twice (not timed) and replays with each method"),
-           f"Backlog after the backup: {b['transactions']:,} transactions, {b['bytes'] / (1 << 20):,.0f} MB of binlog "
+    out = [f"Backlog after the backup: {b['transactions']:,} transactions, {b['bytes'] / (1 << 20):,.0f} MB of binlog "
            f"(ROW, mixed sizes, 4 writers; generated in {b['generate_seconds']} s). Stop: before {b['stop']} UTC, a "
            f"second holding {b['stop_second_commits']} commits; what should be applied: {b['expected']:,} "
            f"transactions, the last {b['expected_last']} (from mariadb-binlog's own output). pitr ran with "
@@ -279,10 +268,10 @@ def render(report: dict) -> str:
                    f"{q['off_by']:+d} | {yes(p['equal_to_reference'])} | {yes(q['equal_to_reference'])} | "
                    f"{q['exit']} |")
     out += ["",
-            f"- pitr: {benchinfo.fmt_median_range(seconds['pitr'], '{:.1f}', ' s')}; pipe: "
-            f"{benchinfo.fmt_median_range(seconds['pipe'], '{:.1f}', ' s')}.",
-            f"- **pitr / pipe: {benchinfo.fmt_median_range(ratios, '{:.2f}', 'x')}**; goal at most {GOAL_RATIO}x: "
-            f"**{benchinfo.verdict(ratios, GOAL_RATIO, higher_is_better=False)}**.",
+            f"- pitr: {fmt_median_range(seconds['pitr'], '{:.1f}', ' s')}; pipe: "
+            f"{fmt_median_range(seconds['pipe'], '{:.1f}', ' s')}.",
+            f"- **pitr / pipe: {fmt_median_range(ratios, '{:.2f}', 'x')}**; goal at most {GOAL_RATIO}x: "
+            f"**{verdict(ratios, GOAL_RATIO, higher_is_better=False)}**.",
             f"- exact in every run: pitr **{yes(exact['pitr'])}**, pipe **{yes(exact['pipe'], 'no')}** "
             "(*off by*: transactions applied past the stop (+) or short of it (-), counted by marker rows).", ""]
     if report["kills"]:
@@ -295,12 +284,14 @@ def render(report: dict) -> str:
             out.append(f"| {k['method']} | {when} | {k['applied_at_kill']:,} | {k['rerun_exit']} | "
                        f"{k['off_by']:+d} | {yes(k['equal_to_reference'])} | {said} |")
         out.append("")
-    out += [f"Whole run: {report['run_seconds']} s.", "", *benchinfo.machine_section(report["machine"])]
-    return "\n".join(out)
+    out.append(f"Whole run: {report['run_seconds']} s.")
+    return results_document("PITR: `relayproxy pitr` against the `mariadb-binlog | mariadb` pipe, same backlog, same "
+                            "backup", __file__, report["argv"], report["machine"], out, runs=len(runs),
+                            what="each run restores the backup twice (not timed) and replays with each method")
 
 
 def plot(report: dict, path: Path) -> None:
-    plt = benchinfo.pyplot()
+    plt = pyplot()
     if plt is None:
         return
     runs = report["runs"]

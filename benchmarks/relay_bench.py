@@ -1,7 +1,5 @@
-"""What the relay benchmarks share beyond benchmarks/common.py: the corpus folder (soak, compression), a relay's JSON
-log (soak, relay_catchup), binlog bytes with the FDE's in-use flag cleared (soak, relay_catchup), py-spy's raw
-stacks (relay_catchup, failover_time), and a report measured or read back from its JSON (relay_catchup,
-failover_time, lossless_trials)."""
+"""What the relay benchmarks share beyond benchmarks/common.py: the corpus folder, a relay's JSON log, binlog bytes
+with the FDE's in-use flag cleared, py-spy's raw stacks, and a report measured or read back from its JSON."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ from relayproxy.binlog import constants as C
 
 
 def corpus_dir() -> Path:
-    """The shared corpus of real binlogs: ``$RELAYPROXY_CORPUS``, else ``../shared/corpus/binlogs`` beside the
-    repository."""
+    """The shared corpus of real binlogs: ``$RELAYPROXY_CORPUS``, else ``../shared/corpus/binlogs``."""
     return Path(os.environ.get("RELAYPROXY_CORPUS") or REPO_ROOT.parent / "shared" / "corpus" / "binlogs")
 
 
@@ -39,8 +36,8 @@ def json_log(path: Path, offset: int = 0) -> Iterator[dict]:
 
 
 def clear_in_use(data: bytes) -> bytes:
-    """A binlog file's bytes (or its first chunk) with LOG_EVENT_BINLOG_IN_USE_F in its FDE cleared: the master
-    clears it in the FDE it sends for its active file, so it is the one byte a relay's copy may differ in."""
+    """A binlog file's bytes (or first chunk) with the FDE's LOG_EVENT_BINLOG_IN_USE_F cleared: the one byte a
+    relay's copy of the master's active file may differ in."""
     if len(data) <= 4 + 19:
         return data
     buf = bytearray(data)
@@ -57,8 +54,8 @@ def py_spy_exe() -> str | None:
 
 
 def py_spy_stacks(text: str) -> list[tuple[str, list[str], int]]:
-    """py-spy's ``--format raw --threads`` output: for each stack its thread ("?" when unnamed), its frames
-    (outermost first) and its sample count."""
+    """py-spy's ``--format raw --threads`` output: per stack its thread ("?" if unnamed), frames (outermost first),
+    sample count."""
     out = []
     for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -89,9 +86,8 @@ def short_path(path: str) -> str:
 # -- the report: measured, or read back ------------------------------------------------------------------------
 
 def report_of(args, measure: Callable[[], dict]) -> dict:
-    """The report of a run (``common.add_report_options``): with ``--render``, the one ``--save-json`` saved; else
-    ``measure()``'s (the relay code's logging in JSON at warning level: stdout stays clean), saved to
-    ``--save-json`` when given. ``--notes`` (markdown written by hand) goes in as ``report["notes"]``."""
+    """The run's report (``common.add_report_options``): with ``--render`` the saved one, else ``measure()``'s (JSON
+    logging at warning level: stdout stays clean), saved to ``--save-json``; ``--notes`` goes in as "notes"."""
     if args.render is not None:
         report = json.loads(args.render.read_text())
     else:

@@ -1,17 +1,12 @@
 """How long a hostile or merely large statement holds the relay's event loop (invariant 7), before and after the
 SQL layer ran in slices.
 
-Each statement of ``SHAPES`` (the defect's 1,000,008-byte ``SELECT 1+1+...+1`` from a monitoring account, and the
-largest of other shapes within the limits) is answered by the relay's own ``downstream.sql.execute`` on a uvloop
-loop in this process while a probe task on the same loop notes each turn it gets: the time to the answer, the
-longest wall-clock gap between two turns (the stall every replica and /status would see), and the most
-``time.thread_time`` between two turns (which preemption does not inflate). Start-up objects are frozen out of the
-cyclic collector first, as ``relayproxy run`` does. ``--before DIR`` also measures a checkout of an earlier commit
-(``git worktree add DIR <commit>``; ``--before-commit`` names it), each in its own process.
+Each statement of ``SHAPES`` is answered by the relay's own ``downstream.sql.execute`` on a uvloop loop in this
+process (start-up objects frozen out of the cyclic collector, as ``relayproxy run`` does) while a probe task on the
+same loop notes each turn it gets. ``--before DIR`` also measures a checkout of an earlier commit (``git worktree
+add DIR <commit>``; ``--before-commit`` names it), each in its own process. Writes benchmarks/results/sql_stall.md.
 
     .venv/bin/python benchmarks/sql_stall.py [--runs 3] [--before DIR --before-commit COMMIT]
-
-Writes benchmarks/results/sql_stall.md.
 """
 
 from __future__ import annotations
@@ -24,9 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-RESULTS = HERE / "results" / "sql_stall.md"
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results" / "sql_stall.md"
 MIB = 1 << 20
 
 SHAPES = [  # (name, statement)
@@ -57,8 +51,7 @@ def measure(runs: int) -> list[dict]:
     from relayproxy.upstream.session import UpstreamStatus
 
     try:
-        import uvloop
-        run = uvloop.run
+        from uvloop import run
     except ImportError:
         run = asyncio.run
     relay_dir = Path(tempfile.mkdtemp(prefix="sql-stall-"))

@@ -1,11 +1,9 @@
 """The transaction index (relay/txindex.py): its size against the binlog it describes, and its lookups at scale.
 
-1. Size: OLTP binlog files from the project's event generators (``tests/support/txgen.py``; zeroed row images
-   change nothing the index stores), indexed by the relay's own ``txindex.build_bytes``.
-2. Lookups at ``--transactions`` (10 million): sidecars synthesised with the block encoder over sparse relay files
-   (only the bytes the identity checks read are written), then ``TransactionIndex`` asked GTID -> transaction,
-   time -> first transaction at or after it, and one-day table queries; each lookup timed alone, random targets,
-   after one warm-up query that loads the per-file summaries (timed separately).
+Size: OLTP binlog files from ``tests/support/txgen.py`` indexed by ``txindex.build_bytes``. Lookups at
+``--transactions``: sidecars synthesised with the block encoder over sparse relay files, then ``TransactionIndex``
+asked GTID -> transaction, time -> first transaction at or after it, and one-day table queries, each lookup timed
+alone at a random target after one (separately timed) warm-up query.
 
     python benchmarks/txindex.py                   # writes benchmarks/results/txindex.md
     python benchmarks/txindex.py --transactions 20000 --oltp-transactions 2000 --lookups 50 --no-write --json
@@ -25,8 +23,7 @@ from pathlib import Path
 if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
     import _bootstrap  # noqa: F401
 
-from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, percentile, results_document  # noqa: E402
+from benchmarks.common import RESULTS_DIR, machine_info, percentile, results_document, write_results  # noqa: E402
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.relay import txindex as T  # noqa: E402
@@ -71,7 +68,7 @@ def synthesise(tmp: Path, total: int, files: int, seed: int = 3) -> dict:
     us = 1_700_000_000_000_000
     gno = 0
     names = []
-    facts = {"first_us": us, "gtids": [], "times": []}
+    first_us = us
     for k in range(files):
         name = f"binlog.{k + 1:06d}"
         names.append(name)
@@ -97,17 +94,14 @@ def synthesise(tmp: Path, total: int, files: int, seed: int = 3) -> dict:
                 pos += size
                 if builder.out and len(builder.out) > 1 << 20:
                     chunks.append(builder.take())
-                if rnd.random() < 1e-3:
-                    facts["gtids"].append(f"{SID}:{gno}")
-                    facts["times"].append(us)
+                rnd.random()  # a draw the recorded runs made (for samples nothing read): the same files
             os.ftruncate(fd, pos)  # sparse: the identity checks read only the FDE and a few tail bytes
             builder.footer(pos, os.pread(fd, T.TAIL_CHECK, pos - T.TAIL_CHECK))
             chunks.append(builder.take())
         finally:
             os.close(fd)
         T.sidecar_path(d, name).write_bytes(b"".join(chunks))
-    facts.update(dir=d, names=names, last_us=us, total=gno)
-    return facts
+    return {"dir": d, "names": names, "first_us": first_us, "last_us": us, "total": gno}
 
 
 def measure_lookups(tmp: Path, total: int, files: int, lookups: int) -> dict:
@@ -189,7 +183,7 @@ def report(args, argv, size: dict, scale: dict) -> str:
     lines += ["", "A table query decodes only the blocks whose header lists the table and overlaps the window: a "
               "rare table skips nearly every block, a table in about one transaction of a thousand is in nearly "
               "every block and pays a decode per block of the day.", ""]
-    return results_document("Transaction index: size and lookups", __file__, argv, benchinfo.machine_info(), lines,
+    return results_document("Transaction index: size and lookups", __file__, argv, machine_info(), lines,
                             what="sizes are exact; each lookup figure is a percentile over the lookups of "
                             "that single run")
 
@@ -211,9 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"size": size, "scale": scale}))
     if not args.no_write:
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "txindex.md").write_text(report(args, argv, size, scale))
+        write_results(Path(args.output_dir) / "txindex.md", report(args, argv, size, scale))
     return 0
 
 

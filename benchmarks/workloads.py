@@ -1,13 +1,9 @@
 """Recorded binlog streams of named workload shapes: a real mariadbd master, relayed by relayproxy into a dataset.
 
-Per shape: ``RESET MASTER`` on one local master (row format, CRC32), then ``relayproxy run`` into
-``<dataset>/<shape>/`` (its log in ``<dataset>/<shape>.log``) while the shape's workload runs, stopped once its
-horizon is the master's end: the relay's files, byte for byte the master's, are the recording. ``manifest.json``
-says per shape what was driven, the files, events by type and bytes. The shapes are ``SHAPES`` below (``--scale``
-multiplies every count; 1.0 is the default dataset of about 200,000 events): small OLTP transactions, multi-row
-INSERTs of 1,000 rows, LONGBLOB rows of 64 KB to 1 MB and of 17-24 MB (events over 16 MB: more than one wire packet)
-with one UPDATE of a large row, DDL of every kind, XA (two-phase, rollback after prepare, one-phase), four GTID
-domains interleaved (one connection each), and statement-based binlogs (INTVAR, RAND, USER_VAR events).
+Per shape (``SHAPES``): ``RESET MASTER`` on one local master (row format, CRC32), then ``relayproxy run`` into
+``<dataset>/<shape>/`` (its log in ``<dataset>/<shape>.log``) while the workload runs, stopped once its horizon is
+the master's end: the relay's files, byte for byte the master's, are the recording. ``manifest.json`` says per shape
+what was driven, the files, events by type and bytes. ``--scale`` multiplies every count (1.0: about 200,000 events).
 
     .venv/bin/python benchmarks/workloads.py                          # every shape, default dataset
     .venv/bin/python benchmarks/workloads.py --shapes oltp,xa --scale 0.05 --output /tmp/streams
@@ -39,8 +35,6 @@ DEFAULT_DATASET = REPO_ROOT / "benchmarks" / "data" / "streams"
 MAX_BINLOG_SIZE = 32 << 20  # several files per stream, and files larger than the Spark job's default split
 BLOB_OVER_16MB = (17 << 20, 24 << 20)
 CATCH_UP_TIMEOUT = 300.0
-
-
 log = logger("workloads")
 
 
@@ -69,9 +63,8 @@ def _batched(conn, statements: list[str], per_round_trip: int = 50) -> None:
 
 
 def _drive(master: MariaDBSandbox, statements: list[str], per_round_trip: int = 50, *session: str) -> None:
-    conn = _connect(master, *session)
-    _batched(conn, statements, per_round_trip)
-    conn.close()
+    with _connect(master, *session) as conn:
+        _batched(conn, statements, per_round_trip)
 
 
 def _pad(rng: random.Random, low: int, high: int) -> str:
@@ -99,7 +92,7 @@ def oltp(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
 def bulk(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
     statements, rows = scaled(150, scale), 1000
     master.execute("CREATE TABLE w.bulk (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(200) NOT NULL)")
-    _drive(master, [f"INSERT INTO w.bulk (id, k, c) VALUES "
+    _drive(master, ["INSERT INTO w.bulk (id, k, c) VALUES "
                     + ",".join(f"({s * rows + r}, {r}, '{_pad(rng, 60, 140)}')" for r in range(rows))
                     for s in range(statements)], 1)
     return {"statements": statements, "rows_per_statement": rows}
@@ -108,11 +101,10 @@ def bulk(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
 def blobs(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
     huge, medium = scaled(3, scale), scaled(40, scale)
     master.execute("CREATE TABLE w.blobs (id INT PRIMARY KEY, note VARCHAR(40), b LONGBLOB NOT NULL)")
-    conn = _connect(master)
     total = medium + huge
     huge_at = set(range(0, total, max(1, total // huge))[:huge])  # spread through the stream
     sizes = []
-    with conn.cursor() as cur:
+    with _connect(master) as conn, conn.cursor() as cur:
         for i in range(total):
             size = rng.randint(*BLOB_OVER_16MB) if i in huge_at else rng.randint(64 << 10, 1 << 20)
             cur.execute("INSERT INTO w.blobs (id, note, b) VALUES (%s, %s, %s)",
@@ -120,7 +112,6 @@ def blobs(master: MariaDBSandbox, scale: float, rng: random.Random) -> dict:
             sizes.append(size)
         big_id = next(i for i, s in enumerate(sizes) if s >= 16 << 20)
         cur.execute("UPDATE w.blobs SET b = CONCAT(b, 'x') WHERE id = %s", (big_id,))  # before + after image
-    conn.close()
     return {"rows": len(sizes), "rows_over_16mb": sum(s >= 16 << 20 for s in sizes), "largest_blob": max(sizes)}
 
 
@@ -299,31 +290,21 @@ def record(dataset: Path, shapes: list[str], scale: float, seed: int = 6, workdi
     return manifest
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--output", default=str(DEFAULT_DATASET),
+    ap.add_argument("--output", type=Path, default=DEFAULT_DATASET,
                     help=f"dataset folder (default {DEFAULT_DATASET.relative_to(REPO_ROOT)})")
-    ap.add_argument("--shapes", default=",".join(SHAPES),
-                    help=f"comma-separated subset of: {', '.join(SHAPES)} (default all)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated subset of: {', '.join(SHAPES)}")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every workload's size (default 1.0)")
     ap.add_argument("--seed", type=int, default=6, help="random seed of the workloads (default 6)")
     args = ap.parse_args(argv)
-    args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [s for s in args.shape_list if s not in SHAPES]
-    if unknown or not args.shape_list:
-        ap.error(f"--shapes: unknown shape(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(SHAPES)}")
-    if not 0 < args.scale <= 100:
-        ap.error(f"--scale must be in (0, 100], got {args.scale}")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    if not shapes or not set(shapes) <= set(SHAPES) or not 0 < args.scale <= 100:
+        ap.error(f"--shapes: a subset of {', '.join(SHAPES)}; --scale in (0, 100]")
     began = time.monotonic()
-    manifest = record(Path(args.output), args.shape_list, args.scale, args.seed)
-    total = sum(manifest["shapes"][s]["events"] for s in args.shape_list)
-    log(f"recorded {len(args.shape_list)} shape(s), {total:,} events, in {time.monotonic() - began:.0f} s "
-        f"into {args.output}")
+    manifest = record(args.output, shapes, args.scale, args.seed)
+    total = sum(manifest["shapes"][s]["events"] for s in shapes)
+    log(f"recorded {len(shapes)} shape(s), {total:,} events, in {time.monotonic() - began:.0f} s into {args.output}")
     return 0
 
 
