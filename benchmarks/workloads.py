@@ -299,8 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=6, help="random seed of the workloads (default 6)")
     args = ap.parse_args(argv)
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    if not shapes or not set(shapes) <= set(SHAPES) or not 0 < args.scale <= 100:
-        ap.error(f"--shapes: a subset of {', '.join(SHAPES)}; --scale in (0, 100]")
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown or not shapes:
+        ap.error(f"--shapes: unknown shape(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(SHAPES)}")
+    if not 0 < args.scale <= 100:
+        ap.error(f"--scale must be in (0, 100], got {args.scale}")
     began = time.monotonic()
     manifest = record(args.output, shapes, args.scale, args.seed)
     total = sum(manifest["shapes"][s]["events"] for s in shapes)
