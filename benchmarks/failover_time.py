@@ -2,37 +2,25 @@
 transaction, at relay backlogs of 0, 100 MB and 1 GB of relay files, against a plain MariaDB replica repointed the
 same way in the same run.
 
-For each backlog size a topology of real servers is built from ``relayproxy.lab``'s building blocks, without the
-fault proxies of ``FailoverLab`` (nothing is held mid-transaction here, and a Python proxy would slow a 1 GB
-backlog)::
+For each backlog size a topology of real servers (``relayproxy.lab``'s building blocks, no fault proxies)::
 
     M1 ─┬─ relayproxy run --listen ─┬─ R2  by GTID     (MASTER_USE_GTID=slave_pos)
         │   (a real process)        └─ R3  by file/pos (MASTER_LOG_FILE=<relay's first file>, MASTER_USE_GTID=no)
         ├─ D   "R2'": a plain MariaDB replica of M1 by GTID, no binlog (as R2): the peer, the ratio base
         └─ C1 .. Cn  candidates (binlog basename mysql-bin, log_slave_updates, read_only), one per repeat
 
-The backlog is written through M1 first: ``INSERT ... SELECT`` of 8,000-byte rows from the sequence engine (one ~8 KB
-WRITE_ROWS event per row, ~8 MB transactions) until M1's binlog, and so the relay's files, hold the size asked for,
-then every server takes it in (within ``GEN_TIMEOUT`` seconds). The backlog table is BLACKHOLE on every server (the same
-binlog bytes as InnoDB, but 7 servers take in 1 GB each in about a minute on 2 cores); the marker table is InnoDB.
-
-Repeat k (``--repeats``) is one failover: the master in force (M1, then C(k-1)) killed with SIGKILL, Ck promoted as an
-HA tool does, the other candidates repointed to it, the relay (on its SQL port) and D given ``STOP SLAVE; CHANGE
-MASTER TO ... MASTER_USE_GTID=slave_pos`` (all untimed), one marker row with a known id written on Ck, ``sync``; then,
-in turns (``benchinfo.run_alternating``), ``START SLAVE`` on an open admin session of the relay, timed until the
-marker row is visible on R2 and on R3 (``SELECT ... WHERE id = <marker>`` every 5 ms on an open connection) and until
-the relay's ``GET /status`` ``retrieved_gtid_set`` holds its GTID (durable in the relay's files), one poller thread
-each; and ``START SLAVE`` on D, timed the same way until the row is visible on D. Reported: median and range over
-the repeats, the relay/direct ratio of the medians (R2, by GTID, is the like-for-like one) and of each failover, the
-relay's RSS, and where the marker starts in the new master's binlog (a MariaDB master finds a GTID by reading its
-binlog file from the start: both paths pay that).
+The backlog: 8,000-byte rows (~8 MB transactions) written on M1 until its binlog holds the size asked for, into a
+BLACKHOLE table (the same binlog bytes as InnoDB, no table data). Repeat k (``--repeats``) is one failover: the
+master in force killed, Ck promoted and the relay and D repointed as an HA tool does, a marker row written on Ck
+(all untimed); then, in turns, ``START SLAVE`` on the relay, timed until the marker is visible on R2 and R3 and in
+the relay's ``GET /status``, and on D, timed until it is visible on D (one poller each, every 5 ms on an open
+connection; ``Topology.failover``). Reported: the median and range over the repeats, and the relay/direct ratios.
 
     .venv/bin/python benchmarks/failover_time.py                          # 0, 100M, 1G x 3 repeats
     .venv/bin/python benchmarks/failover_time.py --backlogs 0 --repeats 1 --out /tmp/ft/failover_time.md
 
-Sizes are decimal (1G = 1,000,000,000: below max_binlog_size, so a 1 GB backlog stays one binlog file, as on a
-default-configured master). Absolute times on a shared 2-core machine are noise; the relay/direct ratios of one run
-and the ranges are the result. Timings are never asserted in tests.
+Sizes are decimal (1G = 1,000,000,000: below max_binlog_size, so a 1 GB backlog stays one binlog file). Absolute
+times on a shared 2-core machine are noise; the relay/direct ratios of one run and the ranges are the result.
 """
 
 from __future__ import annotations
@@ -45,7 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -56,8 +43,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, add_report_options, logger, md_row, results_document  # noqa: E402
-from benchmarks.common import save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, add_report_options, logger, md_row, pyplot, results_document  # noqa: E402
+from benchmarks.common import save_figure, write_results  # noqa: E402
 from benchmarks.relay_bench import frame_parts, py_spy_exe, py_spy_stacks, report_of, short_path  # noqa: E402
 from relayproxy.lab.failover import (  # noqa: E402
     ADMIN_PASSWORD,
@@ -108,9 +95,8 @@ def parse_size(text: str) -> int:
     """'0', '100M', '1G', '250k', '1500000' -> bytes (decimal multiples)."""
     t = text.strip().upper().removesuffix("B")
     mult = {"K": 10**3, "M": 10**6, "G": 10**9}.get(t[-1:], 1)
-    number = t[:-1] if t[-1:] in "KMG" and t[-1:] else t
     try:
-        value = int(float(number) * mult)
+        value = int(float(t[:-1] if mult > 1 else t) * mult)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 0, 100M, 1G)") from None
     if value < 0:
@@ -130,6 +116,19 @@ def size_label(n: int) -> str:
 def _connect(server: MariaDBSandbox) -> pymysql.connections.Connection:
     return pymysql.connect(host=server.host, port=server.port, user="root", password="", autocommit=True,
                            connect_timeout=10, read_timeout=120)
+
+
+def first_seen(probe, t0: float, timeout: float) -> float:
+    """Seconds from ``t0`` until ``probe()`` is true, probed every POLL seconds (a probe error: not yet)."""
+    error = None
+    while time.perf_counter() - t0 < timeout:
+        try:
+            if probe():
+                return round(time.perf_counter() - t0, 4)
+        except (pymysql.MySQLError, OSError, KeyError, ValueError) as exc:
+            error = exc
+        time.sleep(POLL)
+    raise BenchError(f"not seen within {timeout:.0f} s (last probe error: {error!r})")
 
 
 # -- the topology ----------------------------------------------------------------------------------------------------
@@ -214,14 +213,14 @@ class Topology:
                               f" MB of {state.get('Relay_Master_Log_File')})")
         return behind
 
-    def wait_all(self, timeout: float, progress: float | None = None, downstream: bool = True) -> float:
-        """Until every server and the relay hold the master's GTIDs; returns the seconds it took."""
+    def wait_all(self, timeout: float, progress: bool = False, downstream: bool = True) -> float:
+        """Until every server and the relay hold the master's GTIDs (``progress``: logged every 5 s); the seconds."""
         began = last_print = time.monotonic()
         while behind := self.lagging(downstream):
             now = time.monotonic()
             if now - began > timeout:
                 raise BenchError(f"not caught up after {timeout:.0f} s: {behind}")
-            if progress is not None and now - last_print >= progress:
+            if progress and now - last_print >= 5:
                 log(f"  taking in the backlog, {now - began:.0f} s: behind: {', '.join(behind)}")
                 last_print = now
             time.sleep(0.1)
@@ -253,7 +252,7 @@ class Topology:
         written = time.monotonic() - began
         log(f"  M1 wrote {(self.binlog_bytes() - start_bytes) / 1e6:,.1f} MB in {trx} transactions in {written:.1f} s; "
             "waiting for the relay, its replicas, D and the candidates")
-        catchup = self.wait_all(timeout=max(timeout - written, 10), progress=5)
+        catchup = self.wait_all(timeout=max(timeout - written, 10), progress=True)
         status = self.relay.status()
         return {"target_bytes": target, "transactions": trx, "rows": rows, "m1_binlog_bytes": self.binlog_bytes(),
                 "m1_files": [(p.name, p.stat().st_size) for p in self.m1.binlog_files()],
@@ -262,10 +261,9 @@ class Topology:
                 "total_seconds": round(time.monotonic() - began, 2)}
 
     def flush_replica_relay_logs(self) -> None:
-        """FLUSH RELAY LOGS on R2, R3 and D (untimed), until each SQL thread has purged the file that held the
-        backlog: else R2 and R3 delete it inside the timed window (their IO thread starts a new relay log at the
-        relay's epoch ROTATE, and the SQL thread then purges the old one), while D's CHANGE MASTER to a new host
-        deletes its relay logs before START SLAVE, outside the window."""
+        """FLUSH RELAY LOGS on R2, R3 and D (untimed) until each SQL thread has purged the file that held the
+        backlog: else R2 and R3 delete it inside the timed window (at the relay's epoch ROTATE), while D's CHANGE
+        MASTER deletes its relay logs before START SLAVE."""
         deadline = time.monotonic() + 60
         for attempt in range(1, 1000):
             for replica in (self.r2, self.r3, self.d):
@@ -295,18 +293,15 @@ class Topology:
             repoint_replica(cand, new.port)
         wait_until(f"candidates {[c.basedir.name for c in self.cands[k:]]} to follow {new.basedir.name}",
                    lambda: all(covers(slave_pos(c), binlog_pos(new)) for c in self.cands[k:]))
-
         admin = pymysql.connect(host="127.0.0.1", port=self.relay_port, user=ADMIN_USER, password=ADMIN_PASSWORD,
                                 connect_timeout=10, read_timeout=120)
-        d_conn = _connect(self.d)
-        probes: dict[str, pymysql.connections.Connection] = {}
+        conns = [admin, _connect(self.d)]
         try:
-            admin_cur, d_cur = admin.cursor(), d_conn.cursor()
+            admin_cur, d_cur = admin.cursor(), conns[1].cursor()
             admin_cur.execute("STOP SLAVE")
             admin_cur.execute(change_master_sql(new.port))
             d_cur.execute("STOP SLAVE")
             d_cur.execute(change_master_sql(new.port, connect_retry=1, heartbeat_period=1))
-
             # The marker: the new master's first transaction.
             marker_id = 1000 + k
             join_file, join_pos = master_status(new)
@@ -318,51 +313,47 @@ class Topology:
                 time.sleep(0.01)
             os.sync()  # no writeback of the backlog left to compete with the timed part
             time.sleep(0.2)
-
-            probes = {name: _connect(server) for name, server in (("r2", self.r2), ("r3", self.r3), ("d", self.d))}
-            sql = f"SELECT 1 FROM {SCHEMA}.marker WHERE id = {marker_id}"
-
-            def row_probe(conn):
-                def probe() -> bool:
-                    with conn.cursor() as c:
-                        c.execute(sql)
-                        return c.fetchone() is not None
-                return probe
-
-            def horizon_probe() -> bool:
-                return covers(self.relay.status()["retrieved_gtid_set"], marker_gtid)
-
             result = {"repeat": k, "old_master": old.basedir.name, "new_master": new.basedir.name,
                       "order": "relay, direct" if relay_first else "direct, relay", "marker_id": marker_id,
                       "marker_gtid": marker_gtid, "new_master_file_before_marker": [join_file, join_pos],
                       "new_master_end": [end_file, end_pos]}
 
-            def timed_start(cursor, returned: str, pollers: dict[str, Poller]) -> None:
-                """START SLAVE on `cursor`, the pollers started just before it: seconds until each sees the marker."""
-                t0 = time.perf_counter()
-                for p in pollers.values():
-                    p.begin(t0)
-                cursor.execute("START SLAVE")
-                result[returned] = round(time.perf_counter() - t0, 4)
-                for key, p in pollers.items():
-                    result[key] = p.result(timeout)
+            def row_probe(replica: MariaDBSandbox):
+                conns.append(conn := _connect(replica))
+
+                def probe() -> bool:
+                    with conn.cursor() as c:
+                        c.execute(f"SELECT 1 FROM {SCHEMA}.marker WHERE id = {marker_id}")
+                        return c.fetchone() is not None
+                return probe
+
+            relay_probes = {"relay_r2": row_probe(self.r2), "relay_r3": row_probe(self.r3),
+                            "relay_horizon": lambda: covers(self.relay.status()["retrieved_gtid_set"], marker_gtid)}
+            direct_probes = {"direct": row_probe(self.d)}
+
+            def timed_start(cursor, returned: str, probes: dict) -> None:
+                """START SLAVE on `cursor`, a poller per probe started just before it: seconds until each sees it."""
+                with concurrent.futures.ThreadPoolExecutor(len(probes)) as pool:
+                    t0 = time.perf_counter()
+                    polls = {key: pool.submit(first_seen, probe, t0, timeout) for key, probe in probes.items()}
+                    cursor.execute("START SLAVE")
+                    result[returned] = round(time.perf_counter() - t0, 4)
+                    result.update((key, f.result()) for key, f in polls.items())
 
             def run_relay() -> None:
                 spy = start_py_spy(self.relay.proc.pid, profile) if profile is not None else None
-                timed_start(admin_cur, "relay_start_slave_returned",
-                            {"relay_r2": Poller(row_probe(probes["r2"])), "relay_r3": Poller(row_probe(probes["r3"])),
-                             "relay_horizon": Poller(horizon_probe)})
+                timed_start(admin_cur, "relay_start_slave_returned", relay_probes)
                 if spy is not None:
                     spy.wait(60)
 
             def run_direct() -> None:
-                timed_start(d_cur, "direct_start_slave_returned", {"direct": Poller(row_probe(probes["d"]))})
+                timed_start(d_cur, "direct_start_slave_returned", direct_probes)
 
             for step in ((run_relay, run_direct) if relay_first else (run_direct, run_relay)):
                 step()
                 time.sleep(0.2)
         finally:
-            for conn in (admin, d_conn, *probes.values()):
+            for conn in conns:
                 with contextlib.suppress(Exception):
                     conn.close()
         status = self.relay.status()
@@ -371,40 +362,6 @@ class Topology:
         result["relay_files_after"] = status["relay_files"]
         result["relay_disk_bytes_after"] = status["relay_disk_bytes"]
         return result
-
-
-class Poller(threading.Thread):
-    """Runs `probe` every POLL seconds from begin(t0); `seconds` = first success - t0 (probe errors: not yet)."""
-
-    def __init__(self, probe):
-        super().__init__(daemon=True)
-        self.probe = probe
-        self.t0 = 0.0
-        self.seconds: float | None = None
-        self.error: BaseException | None = None
-        self._halt = threading.Event()
-
-    def begin(self, t0: float) -> None:
-        self.t0 = t0
-        self.start()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            try:
-                if self.probe():
-                    self.seconds = time.perf_counter() - self.t0
-                    return
-            except (pymysql.MySQLError, OSError, KeyError, ValueError) as exc:
-                self.error = exc
-            time.sleep(POLL)
-
-    def result(self, timeout: float) -> float:
-        self.join(timeout)
-        if self.seconds is None:
-            self._halt.set()
-            self.join(5)
-            raise BenchError(f"not seen within {timeout:.0f} s (last probe error: {self.error!r})")
-        return round(self.seconds, 4)
 
 
 # -- the profiled switch -------------------------------------------------------------------------------------------
@@ -524,7 +481,6 @@ def _size(n: int) -> str:
 
 
 def _mr(d: dict) -> str:
-    """Median and range of a path's runs (``benchinfo.fmt_median_range``)."""
     return benchinfo.fmt_median_range(d["samples"], "{:.3f}")
 
 
@@ -659,7 +615,7 @@ def write_markdown(path: Path, report: dict) -> None:
     body = [*summary_section(report), *details_sections(report), *profile_section(report)]
     if report.get("notes"):
         body += [report["notes"].rstrip(), ""]
-    path.write_text(results_document(
+    write_results(path, results_document(
         "Failover time: START SLAVE on the relay -> the new master's first transaction applied behind it",
         __file__, [], report["machine"], body, runs=report["repeats"], command=report["command"],
         what="each run is one failover per backlog (the master in force killed, the next candidate promoted), the "
@@ -667,7 +623,7 @@ def write_markdown(path: Path, report: dict) -> None:
 
 
 def write_plot(path: Path, report: dict) -> bool:
-    plt = benchinfo.pyplot()
+    plt = pyplot()
     if plt is None:
         return False
     rows = report["backlogs"]
@@ -725,11 +681,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def measure(args: argparse.Namespace, argv: list[str]) -> dict:
     began = time.monotonic()
-    report = {"command": benchinfo.command_line(__file__, argv), "repeats": args.repeats, "backlogs": []}
+    report = {"command": benchinfo.command_line(__file__, argv), "repeats": args.repeats}
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
-    for size in args.sizes:
-        report["backlogs"].append(measure_backlog(size, args.repeats, args.workdir, not args.keep_replica_relay_logs))
+    report["backlogs"] = [measure_backlog(s, args.repeats, args.workdir, not args.keep_replica_relay_logs)
+                          for s in args.sizes]
     report["run_seconds"] = round(time.monotonic() - began, 1)
     report["machine"] = benchinfo.machine_info(server=True)
     return report
@@ -739,7 +695,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     report = report_of(args, lambda: measure(args, argv))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_markdown(args.out, report)
     plotted = write_plot(args.out.with_suffix(".png"), report)
     log(f"wrote {args.out}" + (f" and {args.out.with_suffix('.png')}" if plotted else " (no plot: matplotlib missing)")

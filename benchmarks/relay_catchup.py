@@ -1,45 +1,39 @@
 """Catch-up throughput and memory: relayproxy against the MariaDB replica IO thread and mariadb-binlog.
 
-A real MariaDB master (``relayproxy.lab.sandbox``) holds a backlog in two shapes, one after the other (``RESET
-MASTER`` in between): ``oltp`` (100 MB), a stored procedure alternating an autocommit single-row INSERT with
-``START TRANSACTION; INSERT; UPDATE; COMMIT`` (about 150 bytes an event, row format, ANNOTATE_ROWS on), and
-``bulk`` (300 MB, so that a catch-up lasts long enough to time), ``INSERT ... SELECT FROM seq_1_to_10000``
-transactions of 8 KB row events. In turns (round robin, ``--repeat`` times, the median reported) each reader
-catches up from nothing to the master's end position: the replica IO thread (``START SLAVE IO_THREAD`` until
-``Read_Master_Log_Pos`` is at the end; its replica runs log_slave_updates, so it asks for ANNOTATE_ROWS and
-receives the same bytes as the others: the ratio base), the same on a replica without log_slave_updates (fewer
-bytes: an extra row), ``mariadb-binlog --read-from-remote-server --raw --to-last-log`` under ``/usr/bin/time`` for
-its peak RSS, and ``relayproxy run`` from an empty relay directory with ``--sync-mode transaction`` (the default)
-and ``batch``, CRC32 verified, timed from its "http api listening" log line until ``GET /status`` shows the end
-(peak RSS: VmHWM just before the stop; its files then compared byte for byte with the master's); ``--extra-relay``
-adds another checkout's tree. Every reader is polled every 10 ms; before every run the master's leftover dump
-threads are killed (a new dump from the same server_id otherwise waits ~100 ms for its zombie) and ``sync`` runs.
-
-A full run then profiles one relay catch-up of each backlog under ``py-spy record`` (idle samples kept, so waiting
-shows), and last replicates one ``--big-trx-mb`` MB transaction (4 MB row events) through a running relay whose RSS
-is sampled throughout (VmHWM reset through ``/proc/<pid>/clear_refs`` before it).
+A real MariaDB master holds a backlog in two shapes, one after the other (``RESET MASTER`` in between): ``oltp``
+(100 MB; a procedure alternating an autocommit INSERT with ``START TRANSACTION; INSERT; UPDATE; COMMIT``, ~150
+bytes an event) and ``bulk`` (300 MB of ``INSERT ... SELECT FROM seq_1_to_10000`` transactions, 8 KB row events).
+In turns (round robin, ``--repeat`` times, the median reported) each reader catches up from nothing to the master's
+end position: the replica IO thread (log_slave_updates, so it receives the same bytes as the others: the ratio
+base), the same without log_slave_updates, ``mariadb-binlog --raw`` under ``/usr/bin/time`` (peak RSS), and
+``relayproxy run`` with ``--sync-mode transaction`` and ``batch``, timed from its "http api listening" log line until
+``GET /status`` shows the end, its files then compared with the master's; ``--extra-relay`` adds another checkout's
+tree. Every reader is polled every 10 ms, and ``settle`` runs before each. A full run then profiles one relay
+catch-up per shape under ``py-spy record --idle``, and last replicates one ``--big-trx-mb`` MB transaction through a
+running relay whose RSS is sampled throughout.
 
     .venv/bin/python benchmarks/relay_catchup.py                 # full run, writes benchmarks/results/
     .venv/bin/python benchmarks/relay_catchup.py --quick --json  # ~10 MB smoke run, prints JSON, writes nothing
 
 Absolute times on a shared 2-core machine are noise; the ratios between readers of the same run are the result.
-The target (issue): relayproxy at least as fast as the MariaDB IO thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import hashlib
 import json
+import linecache
 import mmap
 import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -50,8 +44,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 import pymysql  # noqa: E402
 
-from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import REPO_ROOT, RESULTS_DIR, add_report_options, logger, save_figure  # noqa: E402
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, add_report_options, command_line, logger  # noqa: E402
+from benchmarks.common import machine_info, machine_section, md_row, pyplot, save_figure, write_results  # noqa: E402
 from benchmarks.relay_bench import clear_in_use, frame_parts, json_log, py_spy_exe, py_spy_stacks  # noqa: E402
 from benchmarks.relay_bench import report_of, short_path  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
@@ -81,15 +75,12 @@ SHAPE_LABELS = {"oltp": "OLTP-shaped (small transactions)", "bulk": "bulk rows (
 MASTER_CONFIG = {"sync_binlog": 0, "innodb_flush_log_at_trx_commit": 0, "innodb_buffer_pool_size": "256M",
                  "innodb_log_file_size": "512M", "innodb_doublewrite": 0, "max_allowed_packet": "1G",
                  "rpl_semi_sync_master_enabled": 0}
-# log_slave_updates makes the IO thread ask for ANNOTATE_ROWS events, as the relay and mariadb-binlog do: all three
-# receive the same bytes. Defaults otherwise (sync_relay_log=10000). The lean replica, as often configured, has no
-# binlog: its IO thread does not ask for ANNOTATE_ROWS, so the master leaves them out (an extra row).
+# log_slave_updates makes the IO thread ask for ANNOTATE_ROWS events, as the relay and mariadb-binlog do. The lean
+# replica, as often configured, has no binlog: the master leaves ANNOTATE_ROWS out for it (footnote 2).
 REPLICA_CONFIG = {"log_slave_updates": 1, "replicate_annotate_row_events": 1, "innodb_buffer_pool_size": "64M",
                   "max_allowed_packet": "1G"}
 REPLICA_LEAN_CONFIG = {"innodb_buffer_pool_size": "64M", "max_allowed_packet": "1G"}
-# What --quick changes: option -> (quick default, full default); the backlogs' MB per shape.
-DEFAULTS = {"repeat": (1, 5), "big_trx_mb": (16, 1024)}
-BACKLOG_MB = {"oltp": (10.0, 100.0), "bulk": (10.0, 300.0)}
+BACKLOG_MB = {"oltp": (10.0, 100.0), "bulk": (10.0, 300.0)}  # (--quick, full run)
 
 log = logger("relay_catchup")
 
@@ -99,9 +90,8 @@ class ReaderError(RuntimeError):
 
 
 def settle(master: MariaDBSandbox, timeout: float = 10.0) -> None:
-    """Untimed, before every run: kill the master's leftover Binlog Dump threads and wait until they are gone (a
-    new dump from the same server_id first has the idle one killed, ~100 ms measured), then write back dirty pages
-    (``sync``), so a run does not pay for the previous run's writes."""
+    """Untimed, before every run: kill the master's leftover Binlog Dump threads (a new dump from the same
+    server_id otherwise waits ~100 ms for the idle one to be killed), then ``sync`` the previous run's writes."""
     deadline = time.monotonic() + timeout
     while rows := master.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'"):
         for (thread_id,) in rows:
@@ -122,60 +112,46 @@ class Backlog:
     shape: str
     files: list[tuple[str, int]]  # (name, size) of every master binlog file
     end: tuple[str, int]  # master's SHOW MASTER STATUS after the load
-    events: int
-    transactions: int
+    counts_by_type: dict[int, int]
     generate_seconds: float
-    counts_by_type: dict[int, int] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
         return sum(size for _, size in self.files)
 
     @property
-    def avg_event(self) -> float:
-        return self.bytes / self.events if self.events else 0.0
+    def events(self) -> int:
+        return sum(self.counts_by_type.values())
 
     def summary(self) -> dict:
         return {"bytes": self.bytes, "mb": round(self.bytes / 1e6, 2), "events": self.events,
-                "transactions": self.transactions, "avg_event_bytes": round(self.avg_event, 1),
+                "transactions": self.counts_by_type.get(C.MARIA_GTID_EVENT, 0),  # a GTID event is a transaction
+                "avg_event_bytes": round(self.bytes / self.events if self.events else 0.0, 1),
                 "files": [name for name, _ in self.files], "end": list(self.end),
                 "generate_seconds": round(self.generate_seconds, 2),
                 "counts_by_type": {C.event_name(t): n for t, n in sorted(self.counts_by_type.items())}}
 
 
 def describe_backlog(master: MariaDBSandbox, shape: str, seconds: float) -> Backlog:
-    """The master's binlog files now, their events counted by type from the headers (mmap: works for 1 GB files);
-    a GTID event is a transaction."""
+    """The master's binlog files now, their events counted by type from the headers (mmap: works for 1 GB files)."""
     end = master_status(master)
     files = [(p.name, p.stat().st_size) for p in master.binlog_files()]
     counts: Counter[int] = Counter()
     for name, size in files:
-        with open(master.binlog_dir / name, "rb") as f:
-            if size <= 4:
-                continue
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                pos = 4
-                while pos + 19 <= size:
-                    _ts, type_code, _sid, ev_size, _lp, _fl = HEADER.unpack_from(mm, pos)
-                    if ev_size < 19:
-                        raise RuntimeError(f"{name}: impossible event size {ev_size} at {pos}")
-                    counts[type_code] += 1
-                    pos += ev_size
-    return Backlog(shape, files, end, sum(counts.values()), counts[C.MARIA_GTID_EVENT], seconds, dict(counts))
+        if size <= 4:
+            continue
+        with open(master.binlog_dir / name, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            pos = 4
+            while pos + 19 <= size:
+                _ts, type_code, _sid, ev_size, _lp, _fl = HEADER.unpack_from(mm, pos)
+                if ev_size < 19:
+                    raise RuntimeError(f"{name}: impossible event size {ev_size} at {pos}")
+                counts[type_code] += 1
+                pos += ev_size
+    return Backlog(shape, files, end, dict(counts), seconds)
 
 
-def binlog_bytes(master: MariaDBSandbox) -> int:
-    return sum(p.stat().st_size for p in master.binlog_files())
-
-
-def generate_oltp(master: MariaDBSandbox, target_bytes: int) -> Backlog:
-    """Small transactions, ~150-byte events: CALL a procedure in chunks until the binlog is big enough."""
-    pad_a, pad_b = (("oltp-autocommit-" * 20)[:OLTP_PAD], ("oltp-multi-stmt-" * 20)[:OLTP_PAD])
-    for sql in ("DROP TABLE IF EXISTS bench.oltp", "DROP PROCEDURE IF EXISTS bench.load_oltp",
-                "CREATE TABLE bench.oltp (id INT AUTO_INCREMENT PRIMARY KEY, k INT NOT NULL, c VARCHAR(255) NOT NULL) "
-                "ENGINE=InnoDB"):
-        master.execute(sql)
-    master.execute(f"""CREATE PROCEDURE bench.load_oltp(IN n INT)
+OLTP_PROCEDURE = """CREATE PROCEDURE bench.load_oltp(IN n INT)
 BEGIN
   DECLARE i INT DEFAULT 0;
   WHILE i < n DO
@@ -186,33 +162,36 @@ BEGIN
     COMMIT;
     SET i = i + 1;
   END WHILE;
-END""")
-    master.execute("RESET MASTER")  # each shape's backlog is all the master holds
-    began = time.monotonic()
-    iterations, chunk = 0, 2000
-    while True:
-        master.execute("CALL bench.load_oltp(%s)", (chunk,))
-        iterations += chunk
-        done = binlog_bytes(master)
-        if done >= target_bytes:
-            break
-        chunk = max(100, min(50_000, int((target_bytes - done) / (done / iterations)) + 1))
-    return describe_backlog(master, "oltp", time.monotonic() - began)
+END"""
 
 
-def generate_bulk(master: MariaDBSandbox, target_bytes: int) -> Backlog:
-    """Large row events: INSERT ... SELECT of 10,000 rows per transaction from the sequence engine."""
-    master.execute("DROP TABLE IF EXISTS bench.bulk")
-    master.execute("CREATE TABLE bench.bulk (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(255) NOT NULL) "
-                   "ENGINE=InnoDB")
-    master.execute("RESET MASTER")
+def generate(master: MariaDBSandbox, shape: str, target_bytes: int) -> Backlog:
+    """Load the master until its binlog (reset first: the shape's backlog is all it holds) has ``target_bytes``:
+    ``oltp`` CALLs the procedure in chunks, ``bulk`` INSERT ... SELECTs 10,000 rows a transaction."""
+    auto = "AUTO_INCREMENT " if shape == "oltp" else ""
+    setup = [f"DROP TABLE IF EXISTS bench.{shape}",
+             f"CREATE TABLE bench.{shape} (id INT {auto}PRIMARY KEY, k INT NOT NULL, c VARCHAR(255) NOT NULL) "
+             "ENGINE=InnoDB"]
+    if shape == "oltp":
+        setup[1:1] = ["DROP PROCEDURE IF EXISTS bench.load_oltp"]
+        setup.append(OLTP_PROCEDURE.format(pad_a=("oltp-autocommit-" * 20)[:OLTP_PAD],
+                                           pad_b=("oltp-multi-stmt-" * 20)[:OLTP_PAD]))
+    for sql in [*setup, "RESET MASTER"]:
+        master.execute(sql)
     began = time.monotonic()
-    offset = 0
-    while binlog_bytes(master) < target_bytes:
-        master.execute(f"INSERT INTO bench.bulk (id, k, c) SELECT seq + {offset}, seq, REPEAT(CHAR(97 + seq % 26), "
-                       f"{OLTP_PAD}) FROM bench.seq_1_to_{BULK_ROWS}")
-        offset += BULK_ROWS
-    return describe_backlog(master, "bulk", time.monotonic() - began)
+    done = rows = 0
+    chunk = 2000
+    while done < target_bytes:
+        if shape == "oltp":
+            master.execute("CALL bench.load_oltp(%s)", (chunk,))
+            rows += chunk
+        else:
+            master.execute(f"INSERT INTO bench.bulk (id, k, c) SELECT seq + {rows}, seq, REPEAT(CHAR(97 + seq % 26), "
+                           f"{OLTP_PAD}) FROM bench.seq_1_to_{BULK_ROWS}")
+            rows += BULK_ROWS
+        done = sum(p.stat().st_size for p in master.binlog_files())
+        chunk = max(100, min(50_000, int((target_bytes - done) / (done / rows)) + 1))
+    return describe_backlog(master, shape, time.monotonic() - began)
 
 
 # -- the readers: each returns a Sample ------------------------------------------------------------------------
@@ -231,9 +210,8 @@ def run_io_thread(replica: MariaDBSandbox, master: MariaDBSandbox, backlog: Back
         "mariadb", host="127.0.0.1", port=master.port, user=REPL_USER, password=REPL_PASSWORD,
         log_file=backlog.files[0][0], log_pos=4, gtid=False)))
     settle(master)
-    conn = replica.connect(cursorclass=pymysql.cursors.DictCursor)
     end_file, end_pos = backlog.end
-    try:
+    with replica.connect(cursorclass=pymysql.cursors.DictCursor) as conn:
         cur = conn.cursor()
         t0 = time.perf_counter()
         cur.execute("START SLAVE IO_THREAD")
@@ -251,15 +229,10 @@ def run_io_thread(replica: MariaDBSandbox, master: MariaDBSandbox, backlog: Back
             time.sleep(POLL)
         cur.execute("STOP SLAVE IO_THREAD")
         cur.execute("SHOW SLAVE STATUS")
-        relay_space = int(cur.fetchone()["Relay_Log_Space"])
-    finally:
-        conn.close()
-    return Sample(seconds, None, {"relay_log_space": relay_space})
+        return Sample(seconds, None, {"relay_log_space": int(cur.fetchone()["Relay_Log_Space"])})
 
 
 def run_mariadb_binlog(master: MariaDBSandbox, backlog: Backlog, workdir: Path) -> Sample:
-    import resource
-
     out = Path(tempfile.mkdtemp(prefix="mbl-", dir=workdir))
     timefile = out / "time.txt"
     cmd = [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server", "--raw", "--to-last-log",
@@ -269,7 +242,6 @@ def run_mariadb_binlog(master: MariaDBSandbox, backlog: Backlog, workdir: Path) 
         cmd = ["/usr/bin/time", "-f", "%M", "-o", str(timefile), *cmd]
     settle(master)
     try:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env={**os.environ, "MYSQL_PWD": REPL_PASSWORD}, capture_output=True, text=True,
                               timeout=TIMEOUT)
@@ -280,7 +252,7 @@ def run_mariadb_binlog(master: MariaDBSandbox, backlog: Backlog, workdir: Path) 
             rss, how = int(timefile.read_text().split()[-1]), "/usr/bin/time"
         else:
             rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            how = "getrusage(RUSAGE_CHILDREN) (a maximum over every child so far)" if rss > before else "unknown"
+            how = "getrusage(RUSAGE_CHILDREN) (a maximum over every child so far)"
         got = {p.name: p.stat().st_size for p in out.iterdir() if p.name != "time.txt"}
         if got != dict(backlog.files):
             raise ReaderError(f"mariadb-binlog wrote {got}, the master has {dict(backlog.files)}")
@@ -302,18 +274,21 @@ class Relay(RelayProcess):
             wrapper=py_spy_record(py_spy_output, 250) if py_spy_output is not None else None,
         )
 
-    def wait_end(self, end: tuple[str, int]) -> tuple[float, dict]:
-        """Poll /status until the horizon is at `end`; returns (perf_counter at that moment, status)."""
+    def wait_end(self, end, sample=None, poll: float | None = None) -> dict:
+        """Poll /status until the horizon is at ``end`` (a callable: the master's position, read again each
+        poll), calling ``sample()`` before each poll; the relay reporting an error raises."""
 
         def at_end(status: dict) -> bool:
-            if (status.get("master_log_file"), status.get("read_master_log_pos")) == (end[0], end[1]):
+            if sample is not None:
+                sample()
+            want = end() if callable(end) else tuple(end)
+            if (status.get("master_log_file"), status.get("read_master_log_pos")) == want:
                 return True
             if status.get("last_io_error"):
                 raise ReaderError(f"relay reports an error: {status['last_io_error']}\n{self.log_tail()}")
             return False
 
-        status = self.wait_for(at_end, TIMEOUT, f"the horizon at {end}")
-        return time.perf_counter(), status
+        return self.wait_for(at_end, TIMEOUT, f"the horizon at {end}", poll=poll)
 
     def logged_start(self) -> float | None:
         """perf_counter() value of the "http api listening" log line, right after which serve() starts the upstream
@@ -334,17 +309,15 @@ def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode
     relay = Relay(relay_dir, master, sync_mode=sync_mode, src_root=src_root, py_spy_output=py_spy_output)
     try:
         relay.start(60.0)
-        t_done, status = relay.wait_end(backlog.end)
+        status = relay.wait_end(backlog.end)
+        t_done = time.perf_counter()
         mem = proc_status_kb(relay.pid)
     finally:
         relay.stop(60.0)
     t_start = relay.logged_start() or relay.t_up
-    extra = {
-        "startup_seconds": round(t_start - relay.t_spawn, 3),
-        "events_received": status.get("events_received"),
-        "fsyncs": status.get("fsyncs"),  # fdatasyncs of relay data until the horizon reached the end
-        "fsync_seconds": status.get("fsync_seconds_sum"),  # the time they took (in the fsync thread)
-    }
+    extra = {"startup_seconds": round(t_start - relay.t_spawn, 3), "events_received": status.get("events_received"),
+             "fsyncs": status.get("fsyncs"),  # fdatasyncs of relay data until the horizon reached the end
+             "fsync_seconds": status.get("fsync_seconds_sum")}  # the time they took (in the fsync thread)
     try:
         if verify:
             identical, digests, detail = compare_with_master(relay_dir, master, backlog.end)
@@ -361,8 +334,7 @@ def run_relay(master: MariaDBSandbox, backlog: Backlog, workdir: Path, sync_mode
 
 def compare_with_master(relay_dir: Path, master: MariaDBSandbox, end: tuple[str, int]):
     """Stream-compare every relay file with the master's (the active one up to `end`): (identical, digests, detail).
-    Only LOG_EVENT_BINLOG_IN_USE_F in the FDE's flags may differ (the master clears it in the FDE it sends for its
-    active file): the digests (sha256 of each side) mask it."""
+    The digests (sha256) mask LOG_EVENT_BINLOG_IN_USE_F in the FDE, the one byte that may differ."""
     names = (relay_dir / "relayproxy.index").read_text().split()
     master_names = [p.name for p in master.binlog_files()]
     if names != master_names[: len(names)] or names[-1] != end[0]:
@@ -378,14 +350,9 @@ def compare_with_master(relay_dir: Path, master: MariaDBSandbox, end: tuple[str,
 
 
 def _masked_digest(path: Path, limit: int | None) -> tuple[str, int]:
-    h = hashlib.sha256()
-    total = 0
+    h, total = hashlib.sha256(), 0
     with open(path, "rb") as f:
-        while True:
-            want = 8 << 20 if limit is None else min(8 << 20, limit - total)
-            chunk = f.read(want) if want > 0 else b""
-            if not chunk:
-                break
+        while chunk := f.read(8 << 20 if limit is None else max(0, min(8 << 20, limit - total))):
             h.update(clear_in_use(chunk) if total == 0 else chunk)
             total += len(chunk)
     return h.hexdigest(), total
@@ -497,8 +464,7 @@ def summarise_py_spy(text: str, seconds: float, top: int) -> dict:
     for thread, frames, count in stacks:
         if thread != main_thread:
             others += count
-            if any("make_durable" in f for f in frames):
-                fsync += count
+            fsync += count if any("make_durable" in f for f in frames) else 0
             continue
         func, path, lineno = frame_parts(frames[-1] if frames else "?")
         if not any(("relayproxy/commands/run.py" in f and not f.startswith("run (")) or "uvloop" in f or "runners.py" in f
@@ -516,8 +482,8 @@ def summarise_py_spy(text: str, seconds: float, top: int) -> dict:
     lines = []
     for key, count in by_line.most_common(top):
         path, _, lineno = key.rpartition(":")
-        lines.append({"where": f"{short_path(path)}:{lineno}", "share": count / work if work else 0,
-                      "source": _source_line(path, int(lineno)) if lineno.isdigit() else ""})
+        source = linecache.getline(path, int(lineno)).strip().replace("|", "\\|") if lineno.isdigit() else ""
+        lines.append({"where": f"{short_path(path)}:{lineno}", "share": count / work if work else 0, "source": source})
     # Inclusive shares: the relay's own functions below the session loop (the wrappers above it are ~100%).
     incl = [(k, v) for k, v in inclusive.items() if v < 0.97 * work and "(<frozen" not in k]
     return {
@@ -531,27 +497,30 @@ def summarise_py_spy(text: str, seconds: float, top: int) -> dict:
     }
 
 
-def _source_line(path: str, lineno: int) -> str:
-    for candidate in (Path(path), REPO_ROOT / path):
-        try:
-            lines = candidate.read_text().splitlines()
-        except OSError:
-            continue
-        if 0 < lineno <= len(lines):
-            return lines[lineno - 1].strip().replace("|", "\\|")
-    return ""
-
-
 # -- large transaction: memory stays flat ----------------------------------------------------------------------
 
 def big_transaction_test(master, workdir: Path, mb: int) -> dict:
-    master.execute("RESET MASTER")
-    master.execute("DROP TABLE IF EXISTS bench.big")
-    master.execute("CREATE TABLE bench.big (id INT PRIMARY KEY, b LONGBLOB NOT NULL) ENGINE=InnoDB")
+    """One ``mb`` MB transaction of ``BIG_ROW_MB`` MB rows through a caught-up relay, its RSS sampled every 50 ms
+    (VmHWM reset through /proc/<pid>/clear_refs before it)."""
+    for sql in ("RESET MASTER", "DROP TABLE IF EXISTS bench.big",
+                "CREATE TABLE bench.big (id INT PRIMARY KEY, b LONGBLOB NOT NULL) ENGINE=InnoDB"):
+        master.execute(sql)
     relay_dir = Path(tempfile.mkdtemp(prefix="relay-big-", dir=workdir)) / "relay"
     relay = Relay(relay_dir, master)
     samples: list[tuple[float, int]] = []
     rows = max(1, mb // BIG_ROW_MB)
+
+    def load() -> None:
+        with master.connect(autocommit=False) as conn:
+            cur = conn.cursor()
+            cur.execute("BEGIN")
+            for i in range(rows):
+                cur.execute("INSERT INTO bench.big (id, b) VALUES (%s, REPEAT('x', %s))", (i, BIG_ROW_MB << 20))
+            cur.execute("COMMIT")
+
+    def sample_rss() -> None:
+        samples.append((time.perf_counter() - t0, proc_status_kb(relay.pid).get("VmRSS", 0)))
+
     try:
         relay.start(60.0)
         relay.wait_end(master_status(master))
@@ -563,46 +532,16 @@ def big_transaction_test(master, workdir: Path, mb: int) -> dict:
         except OSError:
             cleared = False
         after_clear = proc_status_kb(relay.pid)
-        error: list[BaseException] = []
-        committed = threading.Event()
-
-        def load() -> None:
-            try:
-                with master.connect(autocommit=False) as conn:
-                    cur = conn.cursor()
-                    cur.execute("BEGIN")
-                    for i in range(rows):
-                        cur.execute("INSERT INTO bench.big (id, b) VALUES (%s, REPEAT('x', %s))", (i, BIG_ROW_MB << 20))
-                    cur.execute("COMMIT")
-            except BaseException as exc:  # reported by the main thread
-                error.append(exc)
-            finally:
-                committed.set()
-
-        def sample_rss() -> None:
-            samples.append((time.perf_counter() - t0, proc_status_kb(relay.pid).get("VmRSS", 0)))
-
         t0 = time.perf_counter()
-        threading.Thread(target=load, daemon=True).start()
-        while not committed.wait(0.05):
-            sample_rss()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            loading = pool.submit(load)
+            while not concurrent.futures.wait([loading], 0.05).done:
+                sample_rss()
+            loading.result()
         t_commit = time.perf_counter()
-        if error:
-            raise error[0]
-        # Follow the relay while it takes the transaction in, sampling its RSS.
-        deadline = time.perf_counter() + TIMEOUT
-        while True:
-            sample_rss()
-            st = relay.status()
-            # Re-read the master's end: it rotates right after the COMMIT when the file passed max_binlog_size.
-            end = master_status(master)
-            if (st.get("master_log_file"), st.get("read_master_log_pos")) == end:
-                break
-            if st.get("last_io_error"):
-                raise ReaderError(f"relay error during the big transaction: {st['last_io_error']}")
-            if time.perf_counter() > deadline:
-                raise ReaderError(f"relay did not take in the big transaction within {TIMEOUT}s: {st}")
-            time.sleep(0.05)
+        # The master's end read again at each poll: it rotates right after the COMMIT past max_binlog_size.
+        status = relay.wait_end(lambda: master_status(master), sample=sample_rss, poll=0.05)
+        end = (status["master_log_file"], status["read_master_log_pos"])
         t_done = time.perf_counter()
         peak = proc_status_kb(relay.pid)
     finally:
@@ -646,10 +585,10 @@ def shape_markdown(shape: str, data: dict) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in readers.items():
-        rss = "n/c (1)" if name.startswith("io_thread") else _mb(r["peak_rss_kb"])
-        out.append(f"| {READER_LABELS.get(name, name)} | {r['seconds']:.3f} | [{min(r['samples']):.3f} - "
-                   f"{max(r['samples']):.3f}] | {r['mb_per_s']:,.1f} | {r['events_per_s']:,} | "
-                   f"{r['ratio_vs_io_thread']:.2f} | {rss} |")
+        out.append(md_row(READER_LABELS.get(name, name), f"{r['seconds']:.3f}",
+                          f"[{min(r['samples']):.3f} - {max(r['samples']):.3f}]", f"{r['mb_per_s']:,.1f}",
+                          f"{r['events_per_s']:,}", f"{r['ratio_vs_io_thread']:.2f}",
+                          "n/c (1)" if name.startswith("io_thread") else _mb(r["peak_rss_kb"])))
     ratio = (readers.get("relay_transaction") or {}).get("ratio_vs_io_thread")
     if ratio:
         out += ["", f"**Target (relayproxy, default configuration, at least as fast as the IO thread): "
@@ -705,12 +644,12 @@ def big_trx_markdown(big: dict) -> list[str]:
         "",
         "| relay process | RSS |",
         "|---|---:|",
-        f"| RSS before the transaction | {_mb(big['rss_before_kb'])} |",
-        f"| peak RSS (VmHWM) before it, start-up and catch-up of the empty binlog | {_mb(big['hwm_before_kb'])} |",
-        f"| peak RSS (VmHWM, reset before the transaction{'' if big['hwm_reset'] else ': reset FAILED'}) while it "
-        f"streams through | {_mb(big['peak_rss_kb'])} |",
-        f"| growth of the peak over the RSS before | {_mb(big['peak_growth_kb'])} |",
-        f"| RSS at the end | {_mb(big['rss_end_kb'])} |",
+        md_row("RSS before the transaction", _mb(big["rss_before_kb"])),
+        md_row("peak RSS (VmHWM) before it, start-up and catch-up of the empty binlog", _mb(big["hwm_before_kb"])),
+        md_row(f"peak RSS (VmHWM, reset before the transaction{'' if big['hwm_reset'] else ': reset FAILED'}) while "
+               "it streams through", _mb(big["peak_rss_kb"])),
+        md_row("growth of the peak over the RSS before", _mb(big["peak_growth_kb"])),
+        md_row("RSS at the end", _mb(big["rss_end_kb"])),
         "",
         f"The master took {big['commit_seconds']:.1f} s to run and commit it; the relay had it durable "
         f"{big['relay_after_commit_seconds']:.1f} s after the COMMIT returned. Relay file byte-identical to the "
@@ -736,16 +675,16 @@ def profile_markdown(prof: dict, shape: str) -> list[str]:
     for title, key in (("Innermost frame (self time):", "self"),
                        ("Inclusive (the function or anything it calls):", "inclusive")):
         out += ["", title, "", "| function | share |", "|---|---:|"]
-        out += [f"| `{r['function']}` | {r['share']:.1%} |" for r in prof[key]]
+        out += [md_row(f"`{r['function']}`", f"{r['share']:.1%}") for r in prof[key]]
     out += ["", "Hottest source lines:", "", "| share | line | source |", "|---:|---|---|"]
-    out += [f"| {r['share']:.1%} | `{r['where']}` | `{r['source']}` |" for r in prof["lines"]]
+    out += [md_row(f"{r['share']:.1%}", f"`{r['where']}`", f"`{r['source']}`") for r in prof["lines"]]
     return [*out, ""]
 
 
 def write_markdown(path: Path, report: dict, argv: list[str]) -> None:
     out = ["# Relay catch-up: relayproxy vs the MariaDB replica IO thread and mariadb-binlog", "",
-           "Produced by (from the repository root):", "", "```",
-           report.get("command") or benchinfo.command_line(__file__, argv), "```", "",
+           "Produced by (from the repository root):", "", "```", report.get("command") or command_line(__file__, argv),
+           "```", "",
            f"Each reader catches up from nothing to the master's end position; median of {report['repeat']} runs per "
            "row, the readers taking turns (round robin, after one untimed warm-up read), `sync` before every run, "
            f"status polled every {POLL * 1000:.0f} ms for every reader. **Ratio = time / IO thread time of the same "
@@ -760,17 +699,17 @@ def write_markdown(path: Path, report: dict, argv: list[str]) -> None:
         out += profile_markdown(prof, shape)
     if report.get("notes"):
         out += [report["notes"].rstrip(), ""]
-    path.write_text("\n".join(out + benchinfo.machine_section(report["machine"])))
+    write_results(path, "\n".join(out + machine_section(report["machine"])), log)
 
 
 COLORS = {"io_thread": "#4c72b0", "io_thread_no_annotate": "#8da0cb", "mariadb_binlog": "#55a868",
           "relay_transaction": "#c44e52", "relay_batch": "#dd8452"}
 
 
-def write_plot(path: Path, report: dict) -> bool:
-    plt = benchinfo.pyplot()
+def write_plot(path: Path, report: dict) -> None:
+    plt = pyplot()
     if plt is None:
-        return False
+        return
     shapes, big = list(report["shapes"]), report.get("big_trx")
     ncols = len(shapes) + (1 if big else 0)
     fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 4.2))
@@ -806,7 +745,6 @@ def write_plot(path: Path, report: dict) -> bool:
         ax.set_ylabel("RSS (MB)")
         ax.legend(fontsize=7)
     save_figure(fig, path, dpi=110)
-    return True
 
 
 def print_summary(report: dict) -> None:
@@ -816,8 +754,7 @@ def print_summary(report: dict) -> None:
         for name, r in data["readers"].items():
             print(f"  {name:20s} {r['seconds']:8.3f} s {r['mb_per_s']:8.1f} MB/s {r['events_per_s']:>10,} ev/s "
                   f"x{r['ratio_vs_io_thread']:.2f}  rss {_mb(r['peak_rss_kb'])}")
-    big = report.get("big_trx")
-    if big:
+    if big := report.get("big_trx"):
         print(f"big trx {big['binlog_bytes'] / 1e6:.0f} MB: RSS before {_mb(big['rss_before_kb'])}, peak "
               f"{_mb(big['peak_rss_kb'])}, identical {big['identical']}")
 
@@ -843,38 +780,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "--quick writes nothing unless this is given")
     p.add_argument("--workdir", type=Path, default=None, help="parent of the temporary directory (default $TMPDIR)")
     args = p.parse_args(argv)
-    for name, (quick, full) in DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
+    args.repeat = (1 if args.quick else 5) if args.repeat is None else args.repeat
+    args.big_trx_mb = (16 if args.quick else 1024) if args.big_trx_mb is None else args.big_trx_mb
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     args.readers = tuple(r.strip() for r in args.readers.split(",") if r.strip())
-    for kind, names, known in (("shape", args.shapes, SHAPE_LABELS), ("reader", args.readers, READERS)):
-        for name in names:
-            if name not in known:
-                raise SystemExit(f"unknown {kind} {name!r}")
+    for name in {*args.shapes, *args.readers} - {*SHAPE_LABELS, *READERS}:
+        p.error(f"unknown shape or reader {name!r}")
     args.extra_src = {}
     for item in args.extra_relay:
         label, _, src = item.partition("=")
         if not src or not (Path(src) / "relayproxy" / "commands" / "cli.py").is_file():
-            raise SystemExit(f"--extra-relay {item!r}: expected LABEL=DIR with DIR/relayproxy/commands/cli.py")
+            p.error(f"--extra-relay {item!r}: expected LABEL=DIR with DIR/relayproxy/commands/cli.py")
         args.extra_src[label] = Path(src).resolve()
     return args
 
 
-def write_outputs(out_dir: Path, report: dict, argv: list[str]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_markdown(out_dir / "relay_catchup.md", report, argv)
-    write_plot(out_dir / "relay_catchup.png", report)
-    log(f"wrote {out_dir / 'relay_catchup.md'}")
-
-
 def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def measure(args: argparse.Namespace, argv: list[str]) -> dict:
@@ -882,7 +806,6 @@ def measure(args: argparse.Namespace, argv: list[str]) -> dict:
     master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
     replica = MariaDBSandbox(work / "replica", server_id=2, log_bin_name="replica-bin", extra_config=REPLICA_CONFIG)
     lean = MariaDBSandbox(work / "replica-lean", server_id=3, log_bin=False, extra_config=REPLICA_LEAN_CONFIG)
-    replicas = {"io_thread": replica, "io_thread_no_annotate": lean}
     report: dict = {"quick": args.quick, "repeat": args.repeat, "backlog_mb": BACKLOG_MB["oltp"][not args.quick],
                     "shapes": {}, "loadavg_before": _loadavg()}
     try:
@@ -892,12 +815,12 @@ def measure(args: argparse.Namespace, argv: list[str]) -> dict:
         master.create_user(REPL_USER, REPL_PASSWORD)
         master.execute("CREATE DATABASE IF NOT EXISTS bench")
         for shape in args.shapes:
-            mb = BACKLOG_MB[shape][not args.quick]
-            log(f"generating the {shape} backlog (~{mb:g} MB)")
-            backlog = (generate_oltp if shape == "oltp" else generate_bulk)(master, int(mb * 1e6))
-            log(f"{shape}: {backlog.bytes / 1e6:.1f} MB, {backlog.events:,} events, {backlog.avg_event:.0f} B/event, "
-                f"{backlog.transactions:,} transactions in {backlog.generate_seconds:.1f} s")
-            results = measure_shape(backlog, master, replicas, work, args.repeat, args.readers, args.extra_src)
+            log(f"generating the {shape} backlog (~{BACKLOG_MB[shape][not args.quick]:g} MB)")
+            backlog = generate(master, shape, int(BACKLOG_MB[shape][not args.quick] * 1e6))
+            log(f"{shape}: {backlog.bytes / 1e6:.1f} MB, {backlog.events:,} events, "
+                f"{backlog.summary()['transactions']:,} transactions in {backlog.generate_seconds:.1f} s")
+            results = measure_shape(backlog, master, {"io_thread": replica, "io_thread_no_annotate": lean}, work,
+                                    args.repeat, args.readers, args.extra_src)
             report["shapes"][shape] = shape_report(backlog, results)
             if not args.quick and not args.no_profile:
                 log(f"profiling relayproxy's {shape} catch-up with py-spy")
@@ -912,11 +835,11 @@ def measure(args: argparse.Namespace, argv: list[str]) -> dict:
             log(f"could not stop a server: {problem}")
         shutil.rmtree(work, ignore_errors=True)
     report["loadavg_after"] = _loadavg()
-    report["machine"] = benchinfo.machine_info(server=True)
+    report["machine"] = machine_info(server=True)
     report["machine"]["load average (1, 5, 15 min) before / after"] = (
         f"{report['loadavg_before']} / {report['loadavg_after']} (other work on the machine shifts the ratios too)"
     )
-    report["command"] = benchinfo.command_line(__file__, argv)
+    report["command"] = command_line(__file__, argv)
     return report
 
 
@@ -924,15 +847,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     report = report_of(args, lambda: measure(args, argv))
-    if args.render is not None:
-        write_outputs(args.output_dir or RESULTS_DIR, report, argv)
-        return 0
-    out_dir = args.output_dir if args.output_dir is not None else (None if args.quick else RESULTS_DIR)
+    out_dir = args.output_dir or (None if args.quick and args.render is None else RESULTS_DIR)
     if out_dir is not None:
-        write_outputs(out_dir, report, argv)
-    if args.json:
+        write_markdown(out_dir / "relay_catchup.md", report, argv)
+        write_plot(out_dir / "relay_catchup.png", report)
+    if args.render is None and args.json:
         print(json.dumps(report, default=str, indent=1))
-    else:
+    elif args.render is None:
         print_summary(report)
     return 0
 
