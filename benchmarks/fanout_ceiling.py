@@ -52,9 +52,8 @@ def make_backlog(master: MariaDBSandbox, mb: int) -> None:
 
 
 def drain(port: int, clients: int, server_pid: int | None, settle: float = 1.5, timeout: float = 300.0) -> dict:
-    """Start `clients` dump clients (2 processes) at the first file, which drop what they receive in the kernel
-    (recv MSG_TRUNC); (bytes they received, seconds to the last byte, clients that failed, CPU). Every client logs
-    in and registers first; then all ask for their dumps together, and the time runs from then."""
+    """`clients` discarding dump clients (2 processes) log in and register, then all dump the backlog at once:
+    bytes received, seconds from then to the last byte, clients that failed, CPU up to the last byte."""
     halves = [IdleClients(port, ("master-bin.000001", 4), n, first_id=first_id, discard=True, hold=True)
               for n, first_id in ((clients // 2, 20000), (clients - clients // 2, 30000))]
 
@@ -74,16 +73,12 @@ def drain(port: int, clients: int, server_pid: int | None, settle: float = 1.5, 
         now = time.monotonic()
         if total != last:
             last, last_change = total, now
-            at_last = sample()  # CPU up to the last byte: the settle wait after it is not counted
+            at_last = sample()
         elif now - last_change >= settle:
             break
         time.sleep(0.02)
     server1, clients1, machine1 = at_last
-    errors = 0
-    for h in halves:
-        errors += len(h.ready.get("errors") or []) if isinstance(h.ready, dict) else 0
-        end = h.stop()
-        errors += int(end.get("error_count") or 0) if isinstance(end, dict) else 0
+    errors = sum(len(h.ready.get("errors") or []) + int(h.stop().get("error_count") or 0) for h in halves)
     return {"bytes": total, "seconds": last_change - began, "errors": errors,
             "server_cpu_s": (server1 - server0) if server0 is not None and server1 is not None else None,
             "clients_cpu_s": sum(b - a for a, b in zip(clients0, clients1) if a is not None and b is not None),
