@@ -42,7 +42,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, add_report_options, md_row, percentile, save_figure  # noqa: E402
+from benchmarks.common import (RESULTS_DIR, add_report_options, md_row, percentile, save_figure,  # noqa: E402
+                               write_results)
 from benchmarks.fanout_common import (LOADS, MASTER_CONFIG, REPL_PASSWORD, REPL_USER, IdleClients,  # noqa: E402
                                       Relay, Writers, log, master_end)
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
@@ -876,7 +877,7 @@ def _sweep_section(sw: dict) -> list[str]:
     return out + [""]
 
 
-def write_markdown(path: Path, report: dict, notes: str | None, png_name: str) -> None:
+def render_markdown(report: dict, notes: str | None, png_name: str) -> str:
     out = ["# Fan-out to real clients: relayproxy vs. MariaDB's own dump threads", "", "Command:", "",
            f"    {report['command']}", "", *_intro(report["args"])]
     for load, body in report["loads"].items():
@@ -888,7 +889,7 @@ def write_markdown(path: Path, report: dict, notes: str | None, png_name: str) -
     if notes:
         out += [notes.rstrip(), ""]
     out += [f"![CPU per MB and lag]({png_name})", "", *benchinfo.machine_section(report["machine"])]
-    path.write_text("\n".join(out))
+    return "\n".join(out)
 
 
 def write_plot(path: Path, report: dict) -> bool:
@@ -1002,11 +1003,10 @@ def main(argv: list[str] | None = None) -> int:
         args.save_json.write_text(json.dumps(report, indent=1))
     out_dir = args.output_dir if args.output_dir is not None else (None if args.quick else RESULTS_DIR)
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
         stem = args.stem or ("fanout_real_baseline" if args.baseline else "fanout_real")
-        write_markdown(out_dir / f"{stem}.md", report, args.notes.read_text() if args.notes else None, f"{stem}.png")
+        text = render_markdown(report, args.notes.read_text() if args.notes else None, f"{stem}.png")
+        write_results(out_dir / f"{stem}.md", text, log)
         write_plot(out_dir / f"{stem}.png", report)
-        log(f"wrote {out_dir / (stem + '.md')}")
     for load, body in report.get("loads", {}).items():
         rt = body["summary"]["ratios"]
         print(f"{load}: relay CPU/MB / dump threads CPU/MB = {fmt_spread(rt['relay_vs_dump_threads'])}; "

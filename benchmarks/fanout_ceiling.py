@@ -26,7 +26,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, md_row  # noqa: E402
+from benchmarks.common import RESULTS_DIR, md_row, write_results  # noqa: E402
 from benchmarks.fanout_common import (MASTER_CONFIG, REPL_PASSWORD, REPL_USER, IdleClients, Relay,  # noqa: E402
                                       master_end)
 from relayproxy.lab.procstat import machine_busy, tree_cpu  # noqa: E402
@@ -131,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{result['errors']}", flush=True)
     finally:
         master.stop()
-    write_results(args, argv if argv is not None else sys.argv[1:], runs)
+    write_markdown(args, argv if argv is not None else sys.argv[1:], runs)
     return 0
 
 
-def write_results(args, argv, runs) -> None:
+def write_markdown(args, argv, runs) -> None:
     machine = benchinfo.machine_info(server=True)
     lines = ["# Fan-out egress ceiling: relay with 0, 1, 2 sender processes vs the master's dump threads", ""]
     lines += benchinfo.header_block(Path(__file__), argv, machine, runs=args.repeats,
@@ -173,8 +173,7 @@ def write_results(args, argv, runs) -> None:
         lines.append(md_row(r["repeat"], r["target"], f"{r['bytes'] / 1e6:.0f}", f"{r['seconds']:.2f}",
                             f"{r['mb_per_s']:.1f}", cpu, f"{r['clients_cpu_s']:.2f}", f"{r['machine_busy_s']:.2f}",
                             r["errors"]))
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "fanout_ceiling.md").write_text("\n".join(lines) + "\n")
+    write_results(args.output_dir / "fanout_ceiling.md", "\n".join(lines) + "\n")
     print({t: statistics.median([r["mb_per_s"] for r in by[t]]) for t in TARGETS if by[t]})
 
 
