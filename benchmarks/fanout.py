@@ -378,7 +378,7 @@ class RealBench:
             "mariadbd": tree_cpu(self.master.pid),
             "dump_threads": threads_cpu(self.master.pid, dump_tids),
             "replicas": pids_cpu([r.server.pid for r in self.replicas if r.server.pid]),
-            "binlog_clients": pids_cpu([c.proc.pid for c in clients if c.proc is not None]),
+            "binlog_clients": pids_cpu([c.proc.pid for c in clients]),
             "bench": tree_cpu(os.getpid()),
         }
 
@@ -430,8 +430,7 @@ class RealBench:
             k = max(1, min(args.sample_clients, n_stream))
             sampled = sorted({round(i * (n_stream - 1) / max(1, k - 1)) for i in range(k)}) if n_stream else []
             tail = TailLag({i: clients[i].out_dir for i in sampled}, args.tail_interval)
-            table = "bench.bulk" if load == "bulk" else "bench.oltp"
-            poller = ReplicaPoller(replicas, table, REPLICA_POLL_INTERVAL) if replicas else None
+            poller = ReplicaPoller(replicas, f"bench.{load}", REPLICA_POLL_INTERVAL) if replicas else None
             sampler = BytesSampler(clients, replicas)
             watchers = [tail, *([poller] if poller else []), sampler]
             status0, before = _relay_counters(relay), _held(clients, replicas, idle)
@@ -719,12 +718,10 @@ def run(args) -> dict:
                 ph = bench.phase(target, load, args.binlog_clients, schedule=sched, idle_seconds=2.0, drain=False)
                 steps = ceiling_steps(ph, CEILING_STEP_SECONDS, CEILING_MAX_LAG)
                 kept = list(itertools.takewhile(lambda st: st["kept_up"], steps))
-                ce["targets"][target] = {
-                    "steps": steps, "highest_kept_up": kept[-1] if kept else None,
-                    "relay_cpu_pct": round(100 * ph["cpu_seconds"]["relay"]["load"] / ph["window_seconds"], 1)
-                    if ph["cpu_seconds"]["relay"] else None,
-                    "mariadbd_cpu_pct": round(100 * ph["cpu_seconds"]["mariadbd"]["load"] / ph["window_seconds"], 1),
-                }
+                pct = {k: round(100 * c["load"] / ph["window_seconds"], 1) if (c := ph["cpu_seconds"][k]) else None
+                       for k in ("relay", "mariadbd")}
+                ce["targets"][target] = {"steps": steps, "highest_kept_up": kept[-1] if kept else None,
+                                         "relay_cpu_pct": pct["relay"], "mariadbd_cpu_pct": pct["mariadbd"]}
         if args.sweep:
             report["sweep"] = {"load": "oltp", "rate": SWEEP_RATE, "seconds": SWEEP_SECONDS, "points": []}
             orders = benchinfo.alternating_orders(len(SWEEP_COUNTS), TARGETS)
