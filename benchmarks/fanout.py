@@ -1,32 +1,19 @@
 """Fan-out to real clients: mariadb-binlog processes and MariaDB replicas following relayproxy, against the master.
 
-One MariaDB master (``relayproxy.lab.sandbox``, row format, CRC32, performance_schema on) takes a paced load from
-``--writers`` (1) writer processes, which record each COMMIT's return time by GTID and row id. ``--binlog-clients``
-(50) ``mariadb-binlog --read-from-remote-server --raw --stop-never`` processes and ``--real-replicas`` (3) MariaDB
-replicas (``CHANGE MASTER TO`` file/position) follow, from the master's end, either the relay (phase ``relay``:
-``relayproxy run --listen``; ``--relay-option KEY=VALUE``, repeatable, its options) or the master itself (phase
-``direct``), ``--repeats`` (3) times in alternating order, for each of ``--loads``: ``oltp`` (``--oltp-rate``, 300
-trx/s; ~150-byte events) and ``bulk`` (one 8 KB BLOB row a transaction, 25 trx/s). Per phase an idle window (10 s,
-clients connected, no load) gives a CPU baseline, then the load runs for 20 s and until everyone has the master's
-last byte. Measured: CPU (baseline subtracted) of the relay's process tree, of mariadbd and of the master's
-``Binlog Dump`` threads alone (ids from ``performance_schema.threads.THREAD_OS_ID``, on-CPU time from
-/proc/<pid>/task/<tid>/schedstat); bytes delivered (output files + replicas' relay logs); CPU per MB and the relay /
-dump threads ratio per repeat (median and range); lag of ``--sample-clients`` (4) mariadb-binlog clients (a tail
-parser polling every ``--tail-interval`` s finds each XID) and of every replica (``SELECT MAX(id)`` every 10 ms);
-relay RSS and VmHWM. Unless ``--no-ceiling``: a rate ladder on both targets, the highest rate whose lag stays
-bounded and the MB/s delivered there. ``--sweep``: 1, 10, 50, 100, 300, 1000 clients (beyond 100: asyncio dump
-clients in a helper process). ``--servers-dir`` / ``--clients-dir``: the servers' data directories / the clients'
-output off the relay's filesystem. Absolute numbers on a shared 2-core machine are noise; the ratios relay / direct
-of one run are the result.
+A MariaDB master takes a paced load (``--loads``: ``oltp`` at ``--oltp-rate``, ``bulk`` 8 KB rows at 25 trx/s) from
+``--writers`` processes that record each COMMIT's time. ``--binlog-clients`` ``mariadb-binlog --stop-never`` processes
+and ``--real-replicas`` MariaDB replicas follow either the relay (phase ``relay``, ``--relay-option KEY=VALUE``) or the
+master (phase ``direct``), ``--repeats`` times in alternating order. Per phase: CPU over the load less an idle
+baseline (the relay's tree, mariadbd, the master's dump threads alone), bytes delivered, lag of ``--sample-clients``
+clients and of every replica, relay memory. Unless ``--no-ceiling``: a rate ladder per load and target. ``--sweep``:
+1 to 1000 clients. The ratios relay / direct of one run are the result, not the absolute numbers.
 
     .venv/bin/python benchmarks/fanout.py                       # ~12 min, writes fanout_real.md/.png
     .venv/bin/python benchmarks/fanout.py --sweep --loads '' --no-ceiling
     .venv/bin/python benchmarks/fanout.py --quick --save-json r.json   # 5 clients + 1 replica, writes nothing
     .venv/bin/python benchmarks/fanout.py --relay-option sender_processes=2 --stem NAME
 
-``--real`` is accepted and changes nothing: the results files quote their commands with it (it chose these clients
-over in-process ones, a mode that is gone). The shared pieces are in ``fanout_common.py``; CPU and memory readings
-in ``relayproxy.lab.procstat``.
+``--real`` changes nothing (the results files' commands have it). CPU and memory readings: relayproxy.lab.procstat.
 """
 
 from __future__ import annotations
@@ -55,7 +42,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, add_report_options, md_row, percentile, save_figure  # noqa: E402
+from benchmarks.common import (RESULTS_DIR, add_report_options, md_row, percentile, save_figure,  # noqa: E402
+                               write_results)
 from benchmarks.fanout_common import (LOADS, MASTER_CONFIG, REPL_PASSWORD, REPL_USER, IdleClients,  # noqa: E402
                                       Relay, Writers, log, master_end)
 from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
@@ -116,10 +104,8 @@ def lag_summary(lags: list[float]) -> dict:
 
 
 def dump_thread_ids(master: MariaDBSandbox, after_connection_id: int = 0) -> list[int]:
-    """OS thread ids of the master's binlog dump threads serving connections newer than after_connection_id
-    (performance_schema, which the benchmark turns on). Connection ids only grow, while OS threads are cached and
-    reused by later connections, and a gone client's dump thread lingers until it next writes: the connection id
-    is what tells this phase's dump threads from an earlier phase's."""
+    """OS thread ids of the master's binlog dump threads of connections newer than after_connection_id (OS threads
+    are reused and a gone client's dump thread lingers: the connection id tells this phase's from an earlier's)."""
     rows = master.execute("SELECT THREAD_OS_ID FROM performance_schema.threads "
                           "WHERE PROCESSLIST_COMMAND LIKE 'Binlog Dump%%' AND THREAD_OS_ID IS NOT NULL "
                           "AND PROCESSLIST_ID > %s", (after_connection_id,))
@@ -132,31 +118,25 @@ def last_connection_id(master: MariaDBSandbox) -> int:
 
 # --- clients ---
 class BinlogClient:
-    """`mariadb-binlog --read-from-remote-server --raw --stop-never` writing into its own directory."""
+    """`mariadb-binlog --read-from-remote-server --raw --stop-never` writing into its own directory, started."""
 
     def __init__(self, index: int, port: int, start: tuple[str, int], out_dir: Path) -> None:
         self.index, self.out_dir = index, out_dir
         self.err_path = out_dir.parent / f"{out_dir.name}.err"
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.cmd = [
+        cmd = [
             shutil.which("mariadb-binlog") or "mariadb-binlog", "--read-from-remote-server", "--raw", "--stop-never",
             "--host=127.0.0.1", f"--port={port}", f"--user={REPL_USER}", f"--password={REPL_PASSWORD}",
             f"--stop-never-slave-server-id={5000 + index}", f"--result-file={out_dir}/",
             f"--start-position={start[1]}", start[0],
         ]
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
         with open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
 
     def size(self) -> int:
         with contextlib.suppress(OSError), os.scandir(self.out_dir) as entries:
             return _bytes_in(entries)
         return 0
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def error_text(self) -> str:
         try:
@@ -165,13 +145,25 @@ class BinlogClient:
             return ""
 
     def stop(self) -> None:
-        if self.alive():
+        if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+def _wait_written(clients: list[BinlogClient], label: str, timeout: float = 120.0) -> None:
+    """Until every client has written its file's magic (a client that exits fails the phase)."""
+    deadline = time.monotonic() + timeout
+    while not all(c.size() > 4 for c in clients):
+        dead = [c for c in clients if c.proc.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{label}: mariadb-binlog {dead[0].index} exited: {dead[0].error_text()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{label}: mariadb-binlog clients did not start within {timeout:g} s")
+        time.sleep(0.05)
 
 
 class Replica:
@@ -386,7 +378,7 @@ class RealBench:
             "mariadbd": tree_cpu(self.master.pid),
             "dump_threads": threads_cpu(self.master.pid, dump_tids),
             "replicas": pids_cpu([r.server.pid for r in self.replicas if r.server.pid]),
-            "binlog_clients": pids_cpu([c.proc.pid for c in clients if c.proc is not None]),
+            "binlog_clients": pids_cpu([c.proc.pid for c in clients]),
             "bench": tree_cpu(os.getpid()),
         }
 
@@ -404,7 +396,6 @@ class RealBench:
         cdir = Path(args.clients_dir) / f"{self.work.name}-{label}" if args.clients_dir else pdir
         replicas = self.replicas if with_replicas else []
         schedule = schedule or [(args.rates[load], args.seconds)]
-        idle_seconds = args.idle_seconds if idle_seconds is None else idle_seconds
         relay = idle = None
         clients: list[BinlogClient] = []
         try:
@@ -417,19 +408,9 @@ class RealBench:
             start = master_end(master)
             writer = Writers(master.port, load, schedule, writers=args.writers, record=True)
             t_c = time.monotonic()
-            clients = [BinlogClient(i, port, start, cdir / f"c{i:04d}") for i in range(n_stream)]
-            for c in clients:
-                c.start()
-            deadline = time.monotonic() + 120
-            while True:
-                dead = [c for c in clients if not c.alive()]
-                if dead:
-                    raise RuntimeError(f"{label}: mariadb-binlog {dead[0].index} exited: {dead[0].error_text()}")
-                if all(c.size() > 4 for c in clients):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{label}: mariadb-binlog clients did not start within 120 s")
-                time.sleep(0.05)
+            for i in range(n_stream):
+                clients.append(BinlogClient(i, port, start, cdir / f"c{i:04d}"))
+            _wait_written(clients, label)
             for r in replicas:
                 r.point(port, start)
             if n_idle:
@@ -437,24 +418,22 @@ class RealBench:
                 if idle.ready.get("errors"):
                     log(f"{label}: idle clients: {idle.ready}")
             connect_seconds = time.monotonic() - t_c
-            expected = 1 if target == "relay" else n_stream + len(replicas) + n_idle
+            expected = 1 if relay else n_stream + len(replicas) + n_idle
             deadline = time.monotonic() + 30
             while len(tids := dump_thread_ids(master, floor)) < expected and time.monotonic() <= deadline:
                 time.sleep(0.1)
             time.sleep(1.0)
             rss_connected = tree_memory_kb(relay.proc.pid) if relay else None
             a = self.cpu_snapshot(relay, tids, clients)  # the idle baseline: clients connected, no load
-            time.sleep(idle_seconds)
+            time.sleep(args.idle_seconds if idle_seconds is None else idle_seconds)
             b = self.cpu_snapshot(relay, tids, clients)
             k = max(1, min(args.sample_clients, n_stream))
             sampled = sorted({round(i * (n_stream - 1) / max(1, k - 1)) for i in range(k)}) if n_stream else []
             tail = TailLag({i: clients[i].out_dir for i in sampled}, args.tail_interval)
-            table = "bench.bulk" if load == "bulk" else "bench.oltp"
-            poller = ReplicaPoller(replicas, table, REPLICA_POLL_INTERVAL) if replicas else None
+            poller = ReplicaPoller(replicas, f"bench.{load}", REPLICA_POLL_INTERVAL) if replicas else None
             sampler = BytesSampler(clients, replicas)
             watchers = [tail, *([poller] if poller else []), sampler]
-            status0 = _relay_counters(relay)
-            before = _held(clients, replicas, idle)
+            status0, before = _relay_counters(relay), _held(clients, replicas, idle)
             for watcher in watchers:
                 watcher.start()
             c0 = self.cpu_snapshot(relay, tids, clients)
@@ -467,20 +446,19 @@ class RealBench:
             want = end[1] - start[1] if end[0] == start[0] else None
             converged_at = None
             deadline = time.monotonic() + (DRAIN_TIMEOUT if drain else 3.0)
-            while time.monotonic() < deadline:
-                grown = [c.size() - s for c, s in zip(clients, before[0])]
-                if want is not None and all(g >= want for g in grown) and all(r.at(end) for r in replicas):
+            while converged_at is None and time.monotonic() < deadline:
+                if want is not None and all(c.size() - s >= want for c, s in zip(clients, before[0])) \
+                        and all(r.at(end) for r in replicas):
                     converged_at = time.monotonic()
-                    break
-                time.sleep(0.02)
+                else:
+                    time.sleep(0.02)
             d = self.cpu_snapshot(relay, tids, clients)
             mem = tree_memory_kb(relay.proc.pid) if relay else None
             status1 = _relay_counters(relay)
-            for watcher in (sampler, tail, *([poller] if poller else [])):
+            for watcher in watchers:
                 watcher.stop()
             after = _held(clients, replicas, idle)
-            idle_result = idle.stop() if idle else None
-            idle = None  # stopped
+            idle_result, idle = (idle.stop() if idle else None), None
         finally:
             for c in clients:
                 c.stop()
@@ -500,15 +478,14 @@ class RealBench:
         seq_at = {s: t for s, _, t in commits}
         per_client = {i: [t - seq_at[s] for s, t in arr if s in seq_at] for i, arr in tail.arrivals.items()}
         lags_replicas: list[float] = []
-        if poller:
-            id_at = sorted((i, t) for _, i, t in commits)
-            ids = [i for i, _ in id_at]
-            for seen in poller.seen.values():
-                prev = 0
-                for m, t in seen:
-                    lo, hi = bisect.bisect_right(ids, prev), bisect.bisect_right(ids, m)
-                    lags_replicas += [t - id_at[j][1] for j in range(lo, hi)]
-                    prev = m
+        id_at = sorted((i, t) for _, i, t in commits)
+        ids = [i for i, _ in id_at]
+        for seen in poller.seen.values() if poller else ():
+            prev = 0
+            for m, t in seen:
+                lags_replicas += [t - id_at[j][1] for j in range(bisect.bisect_right(ids, prev),
+                                                                 bisect.bisect_right(ids, m))]
+                prev = m
         window, idle_window = d["t"] - c0["t"], b["t"] - a["t"]
 
         def net(key):  # CPU over the load window, less the idle baseline's rate over as long
@@ -519,18 +496,16 @@ class RealBench:
             return {"load": round(used, 3), "idle_rate_pct": round(100 * (b[key] - a[key]) / idle_window, 2)
                     if a[key] is not None else None, "net": round(used - base, 3)}
 
-        cpu = {k: net(k) for k in CPU_PARTS}
-        client_bytes = sum(x - y for x, y in zip(after[0], before[0]))
-        replica_bytes = sum(x - y for x, y in zip(after[1], before[1]))
-        idle_bytes = after[2] - before[2]  # at the socket: 5 more bytes an event (header, OK byte), ~3 % at OLTP
-        delivered = client_bytes + replica_bytes + idle_bytes
-        mb = delivered / 1e6
-
         def counter(key):  # how much a /status counter grew over the load window
-            if not status0 or not status1 or status0.get(key) is None or status1.get(key) is None:
+            if not status0 or not status1 or status0[key] is None or status1[key] is None:
                 return None
             return status1[key] - status0[key]
 
+        cpu = {k: net(k) for k in CPU_PARTS}
+        client_bytes, replica_bytes = (sum(x - y for x, y in zip(after[n], before[n])) for n in (0, 1))
+        idle_bytes = after[2] - before[2]  # at the socket: 5 more bytes an event (header, OK byte), ~3 % at OLTP
+        delivered = client_bytes + replica_bytes + idle_bytes
+        mb = delivered / 1e6
         phase = {
             "label": label, "target": target, "load": load, "binlog_clients": n_stream,
             "replicas": len(replicas), "idle_clients": n_idle, "start": list(start), "end": list(end),
@@ -743,12 +718,10 @@ def run(args) -> dict:
                 ph = bench.phase(target, load, args.binlog_clients, schedule=sched, idle_seconds=2.0, drain=False)
                 steps = ceiling_steps(ph, CEILING_STEP_SECONDS, CEILING_MAX_LAG)
                 kept = list(itertools.takewhile(lambda st: st["kept_up"], steps))
-                ce["targets"][target] = {
-                    "steps": steps, "highest_kept_up": kept[-1] if kept else None,
-                    "relay_cpu_pct": round(100 * ph["cpu_seconds"]["relay"]["load"] / ph["window_seconds"], 1)
-                    if ph["cpu_seconds"]["relay"] else None,
-                    "mariadbd_cpu_pct": round(100 * ph["cpu_seconds"]["mariadbd"]["load"] / ph["window_seconds"], 1),
-                }
+                pct = {k: round(100 * c["load"] / ph["window_seconds"], 1) if (c := ph["cpu_seconds"][k]) else None
+                       for k in ("relay", "mariadbd")}
+                ce["targets"][target] = {"steps": steps, "highest_kept_up": kept[-1] if kept else None,
+                                         "relay_cpu_pct": pct["relay"], "mariadbd_cpu_pct": pct["mariadbd"]}
         if args.sweep:
             report["sweep"] = {"load": "oltp", "rate": SWEEP_RATE, "seconds": SWEEP_SECONDS, "points": []}
             orders = benchinfo.alternating_orders(len(SWEEP_COUNTS), TARGETS)
@@ -901,7 +874,7 @@ def _sweep_section(sw: dict) -> list[str]:
     return out + [""]
 
 
-def write_markdown(path: Path, report: dict, notes: str | None, png_name: str) -> None:
+def render_markdown(report: dict, notes: str | None, png_name: str) -> str:
     out = ["# Fan-out to real clients: relayproxy vs. MariaDB's own dump threads", "", "Command:", "",
            f"    {report['command']}", "", *_intro(report["args"])]
     for load, body in report["loads"].items():
@@ -913,7 +886,7 @@ def write_markdown(path: Path, report: dict, notes: str | None, png_name: str) -
     if notes:
         out += [notes.rstrip(), ""]
     out += [f"![CPU per MB and lag]({png_name})", "", *benchinfo.machine_section(report["machine"])]
-    path.write_text("\n".join(out))
+    return "\n".join(out)
 
 
 def write_plot(path: Path, report: dict) -> bool:
@@ -970,31 +943,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--loads", default="oltp,bulk", help="comma-separated: oltp, bulk")
     p.add_argument("--oltp-rate", type=float, default=DEFAULT_RATES["oltp"], help="OLTP trx/s (default 300)")
     p.add_argument("--repeats", type=int, default=None, help="repeats of relay+direct per load (default 3; --quick 1)")
-    p.add_argument("--writers", type=int, default=1, help="writer processes sharing the load's rate (one tops out "
-                   "near 600 trx/s on these machines)")
+    p.add_argument("--writers", type=int, default=1, help="writer processes sharing the rate (one: ~600 trx/s at most)")
     p.add_argument("--relay-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of `relayproxy run` for the relay phases (repeatable), e.g. sender_processes=2")
-    p.add_argument("--clients-dir", default=None, metavar="DIR",
-                   help="where the mariadb-binlog clients write what they receive (default: the work directory, on "
-                        "the relay's filesystem). On one machine their writes share the relay's disk, which no "
-                        "remote client does: on ext4 (data=ordered) the relay's fdatasync then waits for their "
-                        "writeback. /dev/shm keeps them off it")
-    p.add_argument("--servers-dir", default=None, metavar="DIR",
-                   help="where the master's and the MariaDB replicas' data directories live (default: the work "
-                        "directory, on the relay's filesystem). On a fleet they are other machines with their own "
-                        "disks; here their writeback (InnoDB, binlog, relay logs) shares the relay's disk and its "
-                        "fdatasync waits behind it. /dev/shm keeps them off it (the relay's directory stays on disk)")
+    p.add_argument("--clients-dir", default=None, metavar="DIR", help="where the mariadb-binlog clients write "
+                   "(default: the work directory, whose writeback the relay's fdatasync waits behind; e.g. /dev/shm)")
+    p.add_argument("--servers-dir", default=None, metavar="DIR", help="where the master's and the replicas' data "
+                   "directories live (default: the work directory, on the relay's disk; e.g. /dev/shm)")
     p.add_argument("--sample-clients", type=int, default=4, help="mariadb-binlog clients whose lag is measured")
     p.add_argument("--tail-interval", type=float, default=0.002, help="seconds between polls of the sampled files")
-    p.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="no egress ceiling (the rate ladder "
-                   "of each load on relay and direct; off with --quick too)")
+    p.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="no rate ladder (nor with --quick)")
     p.add_argument("--sweep", action="store_true", help="also the scale sweep (1..1000 clients; ~10 min more)")
-    p.add_argument("--baseline", action="store_true", help="write fanout_real_baseline.md/.png instead of "
-                   "fanout_real.md/.png")
-    p.add_argument("--stem", default=None, help="the results files' name without .md/.png (default fanout_real, "
-                   "fanout_real_baseline with --baseline)")
-    p.add_argument("--output-dir", type=Path, default=None, help=f"where results go (default {RESULTS_DIR}); "
-                   "--quick writes nothing unless this is given")
+    p.add_argument("--baseline", action="store_true", help="the results files are fanout_real_baseline.md/.png")
+    p.add_argument("--stem", default=None, help="the results files' name without .md/.png (default fanout_real)")
+    p.add_argument("--output-dir", type=Path, default=None, help=f"where results go (default {RESULTS_DIR}; none "
+                   "with --quick)")
     add_report_options(p, saved="the report")
     args = p.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
@@ -1037,11 +1000,10 @@ def main(argv: list[str] | None = None) -> int:
         args.save_json.write_text(json.dumps(report, indent=1))
     out_dir = args.output_dir if args.output_dir is not None else (None if args.quick else RESULTS_DIR)
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
         stem = args.stem or ("fanout_real_baseline" if args.baseline else "fanout_real")
-        write_markdown(out_dir / f"{stem}.md", report, args.notes.read_text() if args.notes else None, f"{stem}.png")
+        text = render_markdown(report, args.notes.read_text() if args.notes else None, f"{stem}.png")
+        write_results(out_dir / f"{stem}.md", text, log)
         write_plot(out_dir / f"{stem}.png", report)
-        log(f"wrote {out_dir / (stem + '.md')}")
     for load, body in report.get("loads", {}).items():
         rt = body["summary"]["ratios"]
         print(f"{load}: relay CPU/MB / dump threads CPU/MB = {fmt_spread(rt['relay_vs_dump_threads'])}; "

@@ -26,7 +26,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, md_row  # noqa: E402
+from benchmarks.common import RESULTS_DIR, md_row, write_results  # noqa: E402
 from benchmarks.fanout_common import (MASTER_CONFIG, REPL_PASSWORD, REPL_USER, IdleClients, Relay,  # noqa: E402
                                       master_end)
 from relayproxy.lab.procstat import machine_busy, tree_cpu  # noqa: E402
@@ -52,9 +52,8 @@ def make_backlog(master: MariaDBSandbox, mb: int) -> None:
 
 
 def drain(port: int, clients: int, server_pid: int | None, settle: float = 1.5, timeout: float = 300.0) -> dict:
-    """Start `clients` dump clients (2 processes) at the first file, which drop what they receive in the kernel
-    (recv MSG_TRUNC); (bytes they received, seconds to the last byte, clients that failed, CPU). Every client logs
-    in and registers first; then all ask for their dumps together, and the time runs from then."""
+    """`clients` discarding dump clients (2 processes) log in and register, then all dump the backlog at once:
+    bytes received, seconds from then to the last byte, clients that failed, CPU up to the last byte."""
     halves = [IdleClients(port, ("master-bin.000001", 4), n, first_id=first_id, discard=True, hold=True)
               for n, first_id in ((clients // 2, 20000), (clients - clients // 2, 30000))]
 
@@ -74,16 +73,12 @@ def drain(port: int, clients: int, server_pid: int | None, settle: float = 1.5, 
         now = time.monotonic()
         if total != last:
             last, last_change = total, now
-            at_last = sample()  # CPU up to the last byte: the settle wait after it is not counted
+            at_last = sample()
         elif now - last_change >= settle:
             break
         time.sleep(0.02)
     server1, clients1, machine1 = at_last
-    errors = 0
-    for h in halves:
-        errors += len(h.ready.get("errors") or []) if isinstance(h.ready, dict) else 0
-        end = h.stop()
-        errors += int(end.get("error_count") or 0) if isinstance(end, dict) else 0
+    errors = sum(len(h.ready.get("errors") or []) + int(h.stop().get("error_count") or 0) for h in halves)
     return {"bytes": total, "seconds": last_change - began, "errors": errors,
             "server_cpu_s": (server1 - server0) if server0 is not None and server1 is not None else None,
             "clients_cpu_s": sum(b - a for a, b in zip(clients0, clients1) if a is not None and b is not None),
@@ -136,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{result['errors']}", flush=True)
     finally:
         master.stop()
-    write_results(args, argv if argv is not None else sys.argv[1:], runs)
+    write_markdown(args, argv if argv is not None else sys.argv[1:], runs)
     return 0
 
 
-def write_results(args, argv, runs) -> None:
+def write_markdown(args, argv, runs) -> None:
     machine = benchinfo.machine_info(server=True)
     lines = ["# Fan-out egress ceiling: relay with 0, 1, 2 sender processes vs the master's dump threads", ""]
     lines += benchinfo.header_block(Path(__file__), argv, machine, runs=args.repeats,
@@ -178,8 +173,7 @@ def write_results(args, argv, runs) -> None:
         lines.append(md_row(r["repeat"], r["target"], f"{r['bytes'] / 1e6:.0f}", f"{r['seconds']:.2f}",
                             f"{r['mb_per_s']:.1f}", cpu, f"{r['clients_cpu_s']:.2f}", f"{r['machine_busy_s']:.2f}",
                             r["errors"]))
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "fanout_ceiling.md").write_text("\n".join(lines) + "\n")
+    write_results(args.output_dir / "fanout_ceiling.md", "\n".join(lines) + "\n")
     print({t: statistics.median([r["mb_per_s"] for r in by[t]]) for t in TARGETS if by[t]})
 
 

@@ -1,7 +1,6 @@
-"""The fan-out benchmarks' shared pieces (benchmarks/fanout.py, fanout_ceiling.py; soak.py and archive_lag.py use
-some): the master's settings, the replica account, the relay as they run it (``relayproxy run --listen`` through
-``relayproxy.lab.relayprocess``), a dump client's login, cheap asyncio dump clients in a helper process and the paced
-writer."""
+"""The fan-out benchmarks' shared pieces (fanout.py, fanout_ceiling.py; soak.py and archive_lag.py use some): the
+master's settings, the replica account, the relay (``relayproxy run --listen``), cheap dump clients in a helper process
+and the paced writer."""
 
 from __future__ import annotations
 
@@ -40,9 +39,8 @@ log = logger("fanout")
 
 
 class Relay(RelayProcess):
-    """`relayproxy run --listen` as the fan-out benchmarks run it: the relay's own defaults (no test timings),
-    replicas served on ``listen_port`` with the account of ``users_toml`` (``--config``), ``options`` (the
-    ``--relay-option KEY=VALUE`` pairs) as flags, in its own session."""
+    """`relayproxy run --listen` with the relay's own defaults, the account of ``users_toml`` (``--config``) and
+    ``options`` (``--relay-option KEY=VALUE`` pairs) as flags, in its own session."""
 
     def __init__(self, work: Path, master, options: list[tuple[str, str]] | None = None, *,
                  users_toml: str = USERS_TOML, extra: list[str] | None = None) -> None:
@@ -64,8 +62,7 @@ class Relay(RelayProcess):
 
 
 async def replica_login(port: int, server_id: int, *, connect_timeout: float = 60.0) -> UpstreamConnection:
-    """A dump client logged in as a MariaDB replica logs in (the master's checksum, MariaDB capability 4,
-    COM_REGISTER_SLAVE with ``server_id``), ready for its COM_BINLOG_DUMP."""
+    """A dump client logged in as a MariaDB replica (checksum, capability 4, COM_REGISTER_SLAVE), ready to dump."""
     conn = await UpstreamConnection.connect("127.0.0.1", port, REPL_USER, REPL_PASSWORD, ssl_mode="disabled",
                                             connect_timeout=connect_timeout)
     await conn.query("SET @master_binlog_checksum=@@global.binlog_checksum")
@@ -77,8 +74,7 @@ async def replica_login(port: int, server_id: int, *, connect_timeout: float = 6
 # -- cheap dump clients in a helper process (fanout.py's sweep, fanout_ceiling.py) ---------------------------------
 
 def _discard_loop(fd: int, counter: list[int], stop: threading.Event) -> None:
-    """Receive and drop a dump's bytes with recv(MSG_TRUNC): for TCP the kernel frees them without copying them
-    to this process, so the client costs almost nothing besides the server's own send."""
+    """Receive and drop a dump's bytes with recv(MSG_TRUNC): for TCP the kernel frees them without copying them."""
     sock = socket.socket(fileno=fd)
     sock.settimeout(0.2)
     buf = bytearray(1 << 20)
@@ -111,12 +107,9 @@ class _CountingProtocol(asyncio.Protocol):
 
 def idle_clients_main(port: int, start: tuple[str, int], n: int, first_id: int, conn, discard: bool = False,
                       hold: bool = False) -> None:
-    """n cheap dump clients in one asyncio loop: log in, dump from start, count what arrives and drop it. By
-    default a protocol that parses nothing counts the bytes, so that hundreds of these cost little CPU (the relay
-    still frames and sends every event to each); ``discard``: a thread per socket reads with recv(MSG_TRUNC)
-    (``_discard_loop``), which does not even copy the bytes, the cheapest client there is. ``hold``: every client
-    logs in and registers, then waits for "go" before it asks for its dump, so that the clients of several
-    processes start their dumps together (``IdleClients.go``)."""
+    """n cheap dump clients in one asyncio loop: log in, dump from start, count what arrives and drop it (a
+    protocol that parses nothing; ``discard``: a thread per socket reads with ``_discard_loop``, cheaper still).
+    ``hold``: the clients log in and register, then wait for "go" to ask for their dumps (``IdleClients.go``)."""
     asyncio.run(_idle_clients(port, start, n, first_id, conn, discard, hold))
 
 
@@ -127,8 +120,6 @@ async def _idle_clients(port, start, n, first_id, conn, discard, hold) -> None:
     stop = threading.Event()
     sem = asyncio.Semaphore(50)
     go = asyncio.Event()
-    if not hold:
-        go.set()
 
     async def one(i: int) -> None:
         try:
@@ -156,12 +147,12 @@ async def _idle_clients(port, start, n, first_id, conn, discard, hold) -> None:
         got["errors"].append(f"{i} reading: {exc!r}")
 
     tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    while hold and len(registered) + len(got["errors"]) < n:
+        await asyncio.sleep(0.01)
     if hold:
-        while len(registered) + len(got["errors"]) < n:
-            await asyncio.sleep(0.01)
         conn.send({"registered": len(registered)})
         await loop.run_in_executor(None, conn.recv)  # "go"
-        go.set()
+    go.set()
     while len(ready) + len(got["errors"]) < n:
         await asyncio.sleep(0.002 if hold else 0.05)
     conn.send({"ready": len(ready), "errors": got["errors"][:5]})
@@ -180,9 +171,8 @@ async def _idle_clients(port, start, n, first_id, conn, discard, hold) -> None:
 
 
 class IdleClients:
-    """``idle_clients_main`` in a spawned process; ``hold``: the clients log in and register, then wait for
-    ``go()`` to ask for their dumps. Server ids from ``first_id`` on: two groups of clients need distinct ones (a
-    server ends an older dump of the same id)."""
+    """``idle_clients_main`` in a spawned process. Server ids from ``first_id`` on: two groups of clients need
+    distinct ones (a server ends an older dump of the same id)."""
 
     def __init__(self, port: int, start: tuple[str, int], n: int, first_id: int = 20000, discard: bool = False,
                  hold: bool = False) -> None:
@@ -195,14 +185,13 @@ class IdleClients:
         self.ready = self.parent.recv()
 
     def go(self) -> None:
-        """Held clients ask for their dumps now (``wait_started`` then waits until every one has)."""
+        """Held clients ask for their dumps now (``wait_started`` waits until every one has)."""
         self.parent.send("go")
 
     def wait_started(self) -> None:
         self.ready = self.parent.recv()
 
     def received(self) -> int:
-        """Bytes all these clients have received so far."""
         self.parent.send("count")
         return self.parent.recv()
 
@@ -226,8 +215,7 @@ LOADS = {  # the writer's loads: the table each one writes to
 
 
 def _one_transaction(cur, load: str, i: int, pad_a: str, pad_b: str) -> None:
-    """Transaction ``i`` of the load: "oltp" alternates an autocommit insert and an insert + update transaction;
-    "bulk" is one ~8 KB row insert."""
+    """Transaction ``i``: "oltp" alternates an autocommit insert and an insert + update; "bulk" is one 8 KB row."""
     if load == "bulk":
         cur.execute("INSERT INTO bench.bulk (k, b) VALUES (%s, REPEAT(MD5(%s), 250))", (i, i))
     elif i % 2 == 0:
@@ -240,9 +228,8 @@ def _one_transaction(cur, load: str, i: int, pad_a: str, pad_b: str) -> None:
 
 
 def writer_main(port: int, load: str, schedule: list[tuple[float, float]], record: bool, conn) -> None:
-    """One writer process: after "go" on ``conn``, ``load`` transactions on the master at each (rate, seconds) of
-    ``schedule`` (falling behind, it keeps the rate and does not burst); sends back t0, t_end, the count and, when
-    ``record``, each commit as (gtid seq_no, row id, commit time)."""
+    """One writer process: after "go", ``load`` transactions at each (rate, seconds) of ``schedule`` (falling behind,
+    it does not burst); sends back t0, t_end, the count and, if ``record``, each (gtid seq_no, row id, commit time)."""
     import pymysql
 
     db = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", autocommit=True, database="bench")
@@ -276,8 +263,8 @@ def writer_main(port: int, load: str, schedule: list[tuple[float, float]], recor
 
 
 class Writers:
-    """The load: ``writers`` processes (one connection each, spawned, so the benchmark's own CPU use cannot delay
-    their commits) sharing the schedule's rate; ``go()`` starts them, ``result()`` merges what they did."""
+    """``writers`` spawned processes (one connection each) sharing the schedule's rate; ``go()`` starts them,
+    ``result()`` merges what they did."""
 
     def __init__(self, port: int, load: str, schedule: list[tuple[float, float]], *, writers: int = 1,
                  record: bool = False) -> None:
