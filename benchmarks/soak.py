@@ -1,7 +1,6 @@
 """Chaos soak: a live MariaDB topology through relayproxy under load and random faults, then fuzzing, then checksums.
 
-Every server is a ``relayproxy.lab.sandbox`` mariadbd (binlog_format ROW, GTIDs, ``max_binlog_size`` 1 MB so that
-files rotate often)::
+Every server is a ``relayproxy.lab.sandbox`` mariadbd (binlog_format ROW, GTIDs, ``max_binlog_size`` 1 MB)::
 
     load threads --> master --+--> direct replica (MASTER_USE_GTID=slave_pos: the control)
                               |
@@ -9,17 +8,13 @@ files rotate often)::
                                                                           +--> replica 2 (file/position, USE_GTID=no)
 
 Under a mixed load (``Load``), for ``--minutes`` a seeded loop injects one fault at a time, in shuffled rounds of
-every kind of ``FAULT_WEIGHTS``: kill -9 or SIGTERM of the relay; the upstream link cut, paused, or one byte of it
-corrupted (the relay must notice and reconnect); STOP / START SLAVE, kill -9 (crash-safe replicas only) or a clean
-restart of a replica; PURGE BINARY LOGS on the relay (never past a file a replica needs; half of them first tried
-while a stalled dump reads the oldest file, which the relay must refuse with 1378) and on the master; kill -9 of the
-control. After each fault the relay's horizon and every replica's gtid_slave_pos must reach the master's (read after
-the fault) within ``CONVERGE_TIMEOUT`` seconds.
-
-Checked throughout: the relay's horizon never moves back, across restarts too; its files equal the master's byte for
-byte. After the chaos, the load stopped: row counts and CHECKSUM TABLE of every table on every server. Then the
-fuzzers of ``relayproxy/lab/fuzz.py``, of the binlog parser and of the live relay's port while a light load
-replicates through it, and every table again. Exit status 0 when every check of ``verdict`` passed.
+every kind of ``FAULT_WEIGHTS`` (relay PURGE: never past a file a replica needs, half of them first while a stalled
+dump reads the oldest file, which the relay must refuse with 1378; replica kill -9: crash-safe replicas only). After
+each, the relay's horizon and every replica's gtid_slave_pos must reach the master's (read after the fault) within
+``CONVERGE_TIMEOUT`` s. Checked throughout: the relay's horizon never moves back, across restarts too; its files
+equal the master's byte for byte. After the chaos, the load stopped: row counts and CHECKSUM TABLE of every table
+on every server; then the fuzzers of ``relayproxy/lab/fuzz.py`` (the binlog parser; the live relay's port while a
+light load replicates through it) and every table again. Exit status 0 when every check of ``verdict`` passed.
 
     .venv/bin/python benchmarks/soak.py --minutes 10 --seed 1 --fuzz-inputs 100000 --output benchmarks/results/soak.md
     .venv/bin/python benchmarks/soak.py --minutes 0.75 --min-faults 12 --fuzz-inputs 3000 --json  # as its test
@@ -50,17 +45,19 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import fanout_common  # noqa: E402  (its Relay: `relayproxy run --listen`, with a replica account)
-from benchmarks.common import every, header_block, logger, machine_info, machine_section, md_row, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    every, header_block, logger, machine_info, machine_section, md_row, write_results)
 from benchmarks.relay_bench import clear_in_use, corpus_dir, json_log  # noqa: E402
 from relayproxy.lab import fuzz  # noqa: E402
-from relayproxy.lab.failover import binlog_pos, covers, first_difference, gtid_seqs  # noqa: E402
+from relayproxy.lab.failover import (  # noqa: E402  (ADMIN_USER: may PURGE the relay's files; the fuzzer never does)
+    ADMIN_PASSWORD, ADMIN_USER, binlog_pos, covers, first_difference, gtid_seqs, relay_sql, slave_pos)
 from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, FaultProxyError, ThreadedFaultProxy  # noqa: E402
-from relayproxy.lab.harness import FIRST_FILE, change_master, master_status, run_every_step  # noqa: E402
+from relayproxy.lab.harness import (  # noqa: E402
+    FIRST_FILE, change_master, master_status, replica_status, run_every_step)
 from relayproxy.lab.procstat import fd_count  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
 REPL_USER, REPL_PASSWORD = fanout_common.REPL_USER, fanout_common.REPL_PASSWORD
-ADMIN_USER, ADMIN_PASSWORD = "soakadmin", "soakadminpw"  # may PURGE the relay's files; the fuzzer never uses it
 ADMIN_TOML = f"""
 [[users]]
 name = "{ADMIN_USER}"
@@ -119,14 +116,8 @@ class SoakRelay(fanout_common.Relay):
         super().__init__(work, upstream, users_toml=fanout_common.USERS_TOML + ADMIN_TOML,
                          extra=["--gtid-mode", "mariadb", "--heartbeat-period", "0.5", "--reconnect-max-delay", "0.5"])
 
-    def sql(self, statement: str):
-        with pymysql.connect(host="127.0.0.1", port=self.listen_port, user=ADMIN_USER, password=ADMIN_PASSWORD,
-                             connect_timeout=10, read_timeout=10) as conn, conn.cursor() as cur:
-            cur.execute(statement)
-            return cur.fetchall()
-
     def binlogs(self) -> list[str]:
-        return [row[0] for row in self.sql("SHOW BINARY LOGS")]
+        return [row["Log_name"] for row in relay_sql(self.listen_port, "SHOW BINARY LOGS")]
 
     def upstream_ends(self, offset: int) -> tuple[dict, str | None]:
         """How its upstream connections ended since ``offset`` of its log: {kind: count}, the first message."""
@@ -153,13 +144,7 @@ class Replica:
         return self.use_gtid == "slave_pos"
 
     def status(self) -> dict:
-        with self.sandbox.connect(read_timeout=10) as conn, conn.cursor() as cur:
-            cur.execute("SHOW SLAVE STATUS")
-            row = cur.fetchone()
-            status = dict(zip([d[0] for d in cur.description], row)) if row else {}
-            cur.execute("SELECT @@gtid_slave_pos")
-            status["gtid_slave_pos"] = cur.fetchone()[0]
-            return status
+        return {**replica_status(self.sandbox), "gtid_slave_pos": slave_pos(self.sandbox)}
 
 
 # -- the load ----------------------------------------------------------------------------------------------------
@@ -237,27 +222,21 @@ class Load:
                 with self._lock:
                     self.transactions[kind] += 1
                     self.rows += rows
-            except pymysql.err.OperationalError as exc:
-                if exc.args and exc.args[0] == 1213:  # deadlock: InnoDB rolled it back, the load goes on
+            except Exception as exc:  # noqa: BLE001 - the master is never faulted: any error is reported
+                if isinstance(exc, pymysql.err.OperationalError) and exc.args and exc.args[0] == 1213:
                     with self._lock:
-                        self.deadlocks += 1
+                        self.deadlocks += 1  # InnoDB rolled it back, the load goes on
                     with contextlib.suppress(Exception):
                         conn.rollback()
                     continue
-                self._error(exc)
-                conn = None
-            except Exception as exc:  # noqa: BLE001 - the master is never faulted: any error is reported
-                self._error(exc)
+                with self._lock:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
                 with contextlib.suppress(Exception):
                     conn.close()
                 conn = None
+                time.sleep(0.5)
         if conn is not None:
             conn.close()
-
-    def _error(self, exc: BaseException) -> None:
-        with self._lock:
-            self.errors.append(f"{type(exc).__name__}: {exc}")
-        time.sleep(0.5)
 
     def _one(self, cur, rng: random.Random, index: int) -> tuple[str, int]:
         r = rng.random()
@@ -361,9 +340,9 @@ class HorizonMonitor:
             return  # restarted under us: cannot tell which process answered
         key, text = horizon(status)
         self.checks += 1
-        if proc.pid != self._last_pid:
-            self.restarts_seen += self._last_pid is not None
-            self._last_pid = proc.pid
+        if self._last_pid is not None and proc.pid != self._last_pid:
+            self.restarts_seen += 1
+        self._last_pid = proc.pid
         if key < self.best:
             self.violations.append(f"horizon moved back from {self.best_text} to {text} (relay pid {proc.pid})")
         elif key > self.best:
@@ -442,14 +421,8 @@ class Soak:
         self.args = args
         self.work = work
         self.rng = random.Random(args.seed)
-        self.master: MariaDBSandbox | None = None
-        self.proxy: ThreadedFaultProxy | None = None
-        self.relay: SoakRelay | None = None
         self.replicas: list[Replica] = []
-        self.load: Load | None = None
-        self.monitor: HorizonMonitor | None = None
-        self.stop_monitor = None
-        self.files: FileChecker | None = None
+        self.stops: list = []  # what teardown() stops, newest first
         self.faults: list[Fault] = []
         self.binlog_sizes: dict[str, int] = {}  # every master file seen, purged ones too
         self.relay_purges: collections.Counter = collections.Counter()  # relay PURGE outcomes
@@ -467,22 +440,28 @@ class Soak:
             box = MariaDBSandbox(self.work / f"replica{i}", server_id=11 + i, log_bin=False,
                                  extra_config=REPLICA_CONFIG)
             self.replicas.append(Replica(name, box, via, use_gtid))
+        servers = [self.master] + [r.sandbox for r in self.replicas]
+        self.stops += [box.stop for box in servers]
         log(f"starting the master and {len(self.replicas)} replicas in {self.work}")
-        with ThreadPoolExecutor(len(self.replicas) + 1) as pool:
-            list(pool.map(lambda s: s.start(), [self.master] + [r.sandbox for r in self.replicas]))
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(lambda s: s.start(), servers))
         self.master.create_user(REPL_USER, REPL_PASSWORD)
         Load.create_schema(self.master)
         self.proxy = ThreadedFaultProxy("127.0.0.1", self.master.port).start()
-        self.relay = SoakRelay(self.work, self.proxy).start()
+        self.stops.append(self.proxy.stop)
+        self.relay = SoakRelay(self.work, self.proxy)
+        self.stops.append(self.relay.stop)
+        self.relay.start()
         self.files = FileChecker(self.relay.relay_dir, self.master)
         for r in self.replicas:
             port = self.master.port if r.via == "master" else self.relay.listen_port
             change_master(r.sandbox, port, file=None if r.use_gtid == "slave_pos" else FIRST_FILE)
             r.sandbox.execute("START SLAVE")
-        self.load = Load(self.master, self.args.seed, RATE)
         self.monitor = HorizonMonitor(self.relay)
         self.stop_monitor = every(0.2, self.monitor.observe, "horizon-monitor")
-        self.load.start()
+        self.stops.append(self.stop_monitor)
+        self.load = Load(self.master, self.args.seed, RATE).start()
+        self.stops.append(lambda: self.load._threads and self.load.stop())  # (the load of the moment)
         ok, seconds, detail = self.converge(timeout=CONVERGE_TIMEOUT)
         if not ok:
             raise RuntimeError(f"the topology did not converge after set-up: {detail}")
@@ -490,12 +469,7 @@ class Soak:
             f"master {self.master.port}")
 
     def teardown(self) -> None:
-        for problem in run_every_step([lambda: self.load and self.load._threads and self.load.stop(),
-                                       lambda: self.stop_monitor and self.stop_monitor(),
-                                       lambda: self.relay and self.relay.stop(),
-                                       lambda: self.proxy and self.proxy.stop(),
-                                       *[(lambda r=r: r.sandbox.stop()) for r in self.replicas],
-                                       lambda: self.master and self.master.stop()]):
+        for problem in run_every_step(reversed(self.stops)):
             log(f"teardown: {problem}")
 
     # -- observation -------------------------------------------------------------------------------------------
@@ -655,7 +629,7 @@ class Soak:
     def _purge_relay(self, target: str) -> str | None:
         """PURGE BINARY LOGS TO ``target`` on the relay: None, or the message of its refusal (1378)."""
         try:
-            self.relay.sql(f"PURGE BINARY LOGS TO '{target}'")
+            relay_sql(self.relay.listen_port, f"PURGE BINARY LOGS TO '{target}'")
         except pymysql.err.MySQLError as exc:
             if not exc.args or exc.args[0] != 1378:
                 raise
@@ -987,28 +961,28 @@ def markdown(r: dict, argv: list[str], machine: dict) -> str:
         "Survived = afterwards the relay's horizon reached the master's position and every replica's gtid_slave_pos "
         "reached the master's GTID (positions read right after the fault) within the convergence timeout.", "",
     ]
+    by_kind = {kind: [f for f in faults if f["kind"] == kind] for kind in FAULT_WEIGHTS}
     rows: list = []
-    for kind in FAULT_WEIGHTS:
-        mine = [f for f in faults if f["kind"] == kind]
+    ends: list = []
+    for kind, mine in by_kind.items():
         times = [f["converge_s"] for f in mine if f["converge_s"] is not None]
+        injected = [f for f in mine if f["injected"]]
+        said = [f for f in injected if f["relay_said"]]
         if mine:
-            rows.append([kind, len(mine), sum(bool(f["injected"]) for f in mine), sum(bool(f["survived"]) for f in mine),
+            rows.append([kind, len(mine), len(injected), sum(bool(f["survived"]) for f in mine),
                          f"{statistics.median(times):.1f} / {max(times):.1f}" if times else "-"])
+        if said:
+            kinds = sum((collections.Counter(f["relay_said"]) for f in said), collections.Counter())
+            ends.append([kind, f"{len(said)} of {len(injected)}",
+                         ", ".join(f"{k} ({v})" for k, v in kinds.most_common()),
+                         re.sub(r"\d+", "N", said[0]["relay_error"] or "")[:110]])  # digits as N
     tot = [sum(row[i] for row in rows) for i in (1, 2, 3)]
     rows.append(f"| **all** | **{tot[0]}** | **{tot[1]}** | **{tot[2]}** | |")
-    L += _table(["fault", "attempted", "injected", "survived", "convergence median / max (s)"], rows)
-    L += ["How the relay's upstream connection ended after each kind of fault (the `upstream connection ended` "
-          "entries of its log between the fault and the convergence, by kind):", ""]
-    rows = []
-    for kind in FAULT_WEIGHTS:
-        mine = [f for f in faults if f["kind"] == kind and f["injected"]]
-        said = [f for f in mine if f["relay_said"]]
-        kinds = sum((collections.Counter(f["relay_said"]) for f in said), collections.Counter())
-        if said:
-            rows.append([kind, f"{len(said)} of {len(mine)}", ", ".join(f"{k} ({v})" for k, v in kinds.most_common()),
-                         re.sub(r"\d+", "N", said[0]["relay_error"] or "")[:110]])
-    L += _table(["fault", "faults followed by a logged upstream end", "kinds logged", "first message (digits as N)"],
-                rows)
+    L += [*_table(["fault", "attempted", "injected", "survived", "convergence median / max (s)"], rows),
+          "How the relay's upstream connection ended after each kind of fault (the `upstream connection ended` "
+          "entries of its log between the fault and the convergence, by kind):", "",
+          *_table(["fault", "faults followed by a logged upstream end", "kinds logged", "first message (digits as N)"],
+                  ends)]
     levels = r["relay_log"]
     L += [f"Relay log over the whole run: {levels['entries']:,} entries, by level: {levels['levels']}; "
           f"error-level events: {levels['error_events'] or 'none'}.", ""]
