@@ -139,3 +139,28 @@ def save_figure(fig: Any, path: Path, *, dpi: int = 110) -> Path:
         plt.close(fig)
     return path
 
+
+
+# -- a periodic sampler (B) --------------------------------------------------------------------------------------
+
+def every(period: float, sample: Callable[[], Any], name: str = "sampler") -> Callable[[], None]:
+    """Call ``sample()`` every ``period`` seconds in a daemon thread (an exception of it is a missed sample) until
+    the function returned is called (it waits for the thread to end; calling it again does nothing more)."""
+    import contextlib
+    import threading
+
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(period):
+            with contextlib.suppress(Exception):
+                sample()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+
+    def halt() -> None:
+        stop.set()
+        thread.join(10)
+
+    return halt

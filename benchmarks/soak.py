@@ -1,32 +1,20 @@
 """Chaos soak: a live MariaDB topology through relayproxy under load and random faults, then fuzzing, then checksums.
 
-Every server is a ``relayproxy.lab.sandbox`` mariadbd (GTIDs on as MariaDB always has them, binlog_format ROW,
-``max_binlog_size`` 1 MB so that files rotate often)::
+Every server is a ``relayproxy.lab.sandbox`` mariadbd (binlog_format ROW, GTIDs, ``max_binlog_size`` 1 MB)::
 
     load threads --> master --+--> direct replica (MASTER_USE_GTID=slave_pos: the control)
                               |
                               +--> fault proxy --> relayproxy run --listen --> replica 1 (MASTER_USE_GTID=slave_pos)
                                                                           +--> replica 2 (file/position, USE_GTID=no)
 
-The load (two threads, ``RATE`` transactions a second in all, tables with primary keys): autocommit inserts,
-multi-statement transactions, an occasional big transaction (a few MB), DDL on scratch tables. For ``--minutes`` a
-seeded chaos loop injects one fault at a time, in shuffled rounds of every kind (``FAULT_WEIGHTS``): kill -9 or
-SIGTERM of the relay, then a restart; the upstream link cut, paused for seconds, or one byte of it corrupted (the
-relay must notice, by CRC or framing, and reconnect); STOP / START SLAVE, kill -9 or a clean restart of a replica
-(kill -9 only of crash-safe ones: GTID mode, relay_log_recovery=ON, gtid_slave_pos in InnoDB); PURGE BINARY LOGS
-on the relay (never past a file a replica still needs; half of them first tried while a stalled replica reads the
-oldest file, which the relay must refuse with 1378, deleting nothing) and on the master; kill -9 of the control.
-After each fault the relay's horizon must reach the master's position and every replica's gtid_slave_pos its GTID
-(both read after the fault) within ``CONVERGE_TIMEOUT`` seconds, or the fault is a failure, with details.
-
-Checked while it runs: the relay's advertised horizon never moves backwards, across restarts too; closed relay
-files equal the master's byte for byte (after every fault, and every file up to the horizon at the end, purged ones
-excepted). After the chaos, the load stopped and the topology converged, the row counts and CHECKSUM TABLE of every
-table on every server. Then the fuzzers of ``relayproxy/lab/fuzz.py``: the binlog parser (mutated events of this
-run's master binlogs and of the corpus) and the live relay's MySQL port, while a light load replicates through it
-(the replicas' gtid_slave_pos must advance, the relay survive with its open fds back where they were); then every
-table again. Exit status 0 when every fault was survived, every invariant held, every table matched and the fuzzers
-found nothing.
+Under a mixed load (``Load``), for ``--minutes`` a seeded loop injects one fault at a time, in shuffled rounds of
+every kind of ``FAULT_WEIGHTS`` (relay PURGE: never past a file a replica needs, half of them first while a stalled
+dump reads the oldest file, which the relay must refuse with 1378; replica kill -9: crash-safe replicas only). After
+each, the relay's horizon and every replica's gtid_slave_pos must reach the master's (read after the fault) within
+``CONVERGE_TIMEOUT`` s. Checked throughout: the relay's horizon never moves back, across restarts too; its files
+equal the master's byte for byte. After the chaos, the load stopped: row counts and CHECKSUM TABLE of every table
+on every server; then the fuzzers of ``relayproxy/lab/fuzz.py`` (the binlog parser; the live relay's port while a
+light load replicates through it) and every table again. Exit status 0 when every check of ``verdict`` passed.
 
     .venv/bin/python benchmarks/soak.py --minutes 10 --seed 1 --fuzz-inputs 100000 --output benchmarks/results/soak.md
     .venv/bin/python benchmarks/soak.py --minutes 0.75 --min-faults 12 --fuzz-inputs 3000 --json  # as its test
@@ -57,18 +45,19 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 import pymysql  # noqa: E402
 
 from benchmarks import fanout_common  # noqa: E402  (its Relay: `relayproxy run --listen`, with a replica account)
-from benchmarks.common import header_block, logger, machine_info, machine_section, md_row, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    every, header_block, logger, machine_info, machine_section, md_row, write_results)
 from benchmarks.relay_bench import clear_in_use, corpus_dir, json_log  # noqa: E402
-from relayproxy.downstream.sql.replication_parser import ChangeMaster, render_change_master  # noqa: E402
 from relayproxy.lab import fuzz  # noqa: E402
-from relayproxy.lab.failover import covers, gtid_seqs  # noqa: E402  (GTID positions: {domain: seq_no})
+from relayproxy.lab.failover import (  # noqa: E402  (ADMIN_USER: may PURGE the relay's files; the fuzzer never does)
+    ADMIN_PASSWORD, ADMIN_USER, binlog_pos, covers, first_difference, gtid_seqs, relay_sql, slave_pos)
 from relayproxy.lab.faultproxy import SERVER_TO_CLIENT, FaultProxyError, ThreadedFaultProxy  # noqa: E402
-from relayproxy.lab.harness import run_every_step  # noqa: E402
+from relayproxy.lab.harness import (  # noqa: E402
+    FIRST_FILE, change_master, master_status, replica_status, run_every_step)
 from relayproxy.lab.procstat import fd_count  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 
 REPL_USER, REPL_PASSWORD = fanout_common.REPL_USER, fanout_common.REPL_PASSWORD
-ADMIN_USER, ADMIN_PASSWORD = "soakadmin", "soakadminpw"  # may PURGE the relay's files; the fuzzer never uses it
 ADMIN_TOML = f"""
 [[users]]
 name = "{ADMIN_USER}"
@@ -120,31 +109,15 @@ def horizon(status: dict) -> tuple[tuple[int, int], str]:
 # -- the relay and the replicas ----------------------------------------------------------------------------------
 
 class SoakRelay(fanout_common.Relay):
-    """The fan-out benchmarks' `relayproxy run --listen` (benchmarks/fanout_common.py) pointed at the fault proxy
-    (``upstream``), resuming by MariaDB GTID, with an admin account for PURGE beside the replicas' one."""
+    """The fan-out benchmarks' relay pointed at the fault proxy (``upstream``), resuming by MariaDB GTID, with an
+    admin account for PURGE beside the replicas' one."""
 
     def __init__(self, work: Path, upstream) -> None:
         super().__init__(work, upstream, users_toml=fanout_common.USERS_TOML + ADMIN_TOML,
                          extra=["--gtid-mode", "mariadb", "--heartbeat-period", "0.5", "--reconnect-max-delay", "0.5"])
 
-    @property
-    def current_pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def sql(self, statement: str, timeout: float = 10.0):
-        with pymysql.connect(host="127.0.0.1", port=self.listen_port, user=ADMIN_USER, password=ADMIN_PASSWORD,
-                             connect_timeout=timeout, read_timeout=timeout) as conn, conn.cursor() as cur:
-            cur.execute(statement)
-            return cur.fetchall()
-
     def binlogs(self) -> list[str]:
-        return [row[0] for row in self.sql("SHOW BINARY LOGS")]
-
-    def log_size(self) -> int:
-        try:
-            return self.log_path.stat().st_size
-        except OSError:
-            return 0
+        return [row["Log_name"] for row in relay_sql(self.listen_port, "SHOW BINARY LOGS")]
 
     def upstream_ends(self, offset: int) -> tuple[dict, str | None]:
         """How its upstream connections ended since ``offset`` of its log: {kind: count}, the first message."""
@@ -163,7 +136,6 @@ class Replica:
     sandbox: MariaDBSandbox
     via: str  # "relay" or "master"
     use_gtid: str  # "slave_pos" or "no"
-    port_of_source: int = 0
     restarts: int = 0
 
     @property
@@ -171,40 +143,11 @@ class Replica:
         # File/position replicas keep their position in relay-log.info, not transactionally with the data.
         return self.use_gtid == "slave_pos"
 
-    def change_master(self) -> None:
-        by_gtid = self.use_gtid == "slave_pos"
-        where = {} if by_gtid else {"log_file": "master-bin.000001", "log_pos": 4}
-        self.sandbox.execute(render_change_master(ChangeMaster.for_server(
-            "mariadb", host="127.0.0.1", port=self.port_of_source, user=REPL_USER, password=REPL_PASSWORD,
-            connect_retry=1, heartbeat_period=1, **where, gtid=by_gtid)))
-
-    def start_slave(self) -> None:
-        self.sandbox.execute("START SLAVE")
-
     def status(self) -> dict:
-        with self.sandbox.connect(read_timeout=10) as conn, conn.cursor() as cur:
-            cur.execute("SHOW SLAVE STATUS")
-            row = cur.fetchone()
-            status = dict(zip([d[0] for d in cur.description], row)) if row else {}
-            cur.execute("SELECT @@gtid_slave_pos")
-            status["gtid_slave_pos"] = cur.fetchone()[0]
-            return status
+        return {**replica_status(self.sandbox), "gtid_slave_pos": slave_pos(self.sandbox)}
 
 
 # -- the load ----------------------------------------------------------------------------------------------------
-
-@dataclass
-class LoadStats:
-    transactions: collections.Counter = field(default_factory=collections.Counter)
-    rows: int = 0
-    errors: list[str] = field(default_factory=list)
-    deadlocks: int = 0
-    seconds: float = 0.0
-
-    @property
-    def total(self) -> int:
-        return sum(self.transactions.values())
-
 
 class Load:
     """Mixed write load on the master, in ``LOAD_THREADS`` threads, about ``rate`` transactions a second in all."""
@@ -213,13 +156,18 @@ class Load:
         self.master = master
         self.seed = seed
         self.rate = rate
-        self.stats = LoadStats()
+        self.transactions: collections.Counter = collections.Counter()  # by kind
+        self.rows = self.deadlocks = 0
+        self.errors: list[str] = []
+        self.seconds = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._scratch = 0
-        self._started = 0.0
-        self.starts = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.transactions.values())
 
     @staticmethod
     def create_schema(master: MariaDBSandbox) -> None:
@@ -236,8 +184,6 @@ class Load:
                        "data MEDIUMTEXT NOT NULL) ENGINE=InnoDB")
 
     def start(self) -> "Load":
-        self.starts += 1
-        self._stop.clear()
         self._started = time.monotonic()
         self._threads = [threading.Thread(target=self._run, args=(i,), name=f"load-{i}", daemon=True)
                          for i in range(LOAD_THREADS)]
@@ -245,16 +191,16 @@ class Load:
             t.start()
         return self
 
-    def stop(self) -> LoadStats:
+    def stop(self) -> "Load":
         self._stop.set()
         for t in self._threads:
             t.join(120)
-        self.stats.seconds += time.monotonic() - self._started
+        self.seconds += time.monotonic() - self._started
         self._threads = []
-        return self.stats
+        return self
 
     def _run(self, index: int) -> None:
-        rng = random.Random(f"{self.seed}/load/{index}/{self.starts}")
+        rng = random.Random(f"{self.seed}/load/{index}/1")
         interval = LOAD_THREADS / self.rate
         conn = None
         next_at = last_big = time.monotonic()
@@ -274,29 +220,23 @@ class Load:
                 else:
                     kind, rows = self._one(cur, rng, index)
                 with self._lock:
-                    self.stats.transactions[kind] += 1
-                    self.stats.rows += rows
-            except pymysql.err.OperationalError as exc:
-                if exc.args and exc.args[0] == 1213:  # deadlock: InnoDB rolled it back, the load goes on
+                    self.transactions[kind] += 1
+                    self.rows += rows
+            except Exception as exc:  # noqa: BLE001 - the master is never faulted: any error is reported
+                if isinstance(exc, pymysql.err.OperationalError) and exc.args and exc.args[0] == 1213:
                     with self._lock:
-                        self.stats.deadlocks += 1
+                        self.deadlocks += 1  # InnoDB rolled it back, the load goes on
                     with contextlib.suppress(Exception):
                         conn.rollback()
                     continue
-                self._error(exc)
-                conn = None
-            except Exception as exc:  # noqa: BLE001 - the master is never faulted: any error is reported
-                self._error(exc)
+                with self._lock:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
                 with contextlib.suppress(Exception):
                     conn.close()
                 conn = None
+                time.sleep(0.5)
         if conn is not None:
             conn.close()
-
-    def _error(self, exc: BaseException) -> None:
-        with self._lock:
-            self.stats.errors.append(f"{type(exc).__name__}: {exc}")
-        time.sleep(0.5)
 
     def _one(self, cur, rng: random.Random, index: int) -> tuple[str, int]:
         r = rng.random()
@@ -311,7 +251,7 @@ class Load:
                 cur.execute("INSERT INTO ledger (account, amount, memo) VALUES (%s, %s, 'batch')",
                             (rng.randrange(1, 2001), rng.randrange(-500, 500)))
                 n += 1
-            n += cur.execute("DELETE FROM ledger WHERE id = %s", (rng.randrange(1, 1 + 5 * self.stats.total + 10),))
+            n += cur.execute("DELETE FROM ledger WHERE id = %s", (rng.randrange(1, 1 + 5 * self.total + 10),))
             cur.execute("COMMIT")
             return "multi-statement transaction", n
         if r < 0.45:
@@ -323,26 +263,26 @@ class Load:
             n = cur.execute("UPDATE accounts SET balance = balance + 1, version = version + 1 WHERE id = %s",
                             (rng.randrange(1, 2001),))
             return "autocommit update", n
-        if r < 0.965:
-            cur.execute("BEGIN")
-            n = 0
-            for _ in range(rng.randrange(2, 8)):
-                op = rng.random()
-                if op < 0.45:
-                    a, b = rng.randrange(1, 2001), rng.randrange(1, 2001)
-                    amount = rng.randrange(1, 50)
-                    n += cur.execute("UPDATE accounts SET balance = balance - %s, version = version + 1 WHERE id = %s",
-                                     (amount, a))
-                    n += cur.execute("UPDATE accounts SET balance = balance + %s, version = version + 1 WHERE id = %s",
-                                     (amount, b))
-                elif op < 0.8:
-                    n += cur.execute("INSERT INTO events (k, payload, at) VALUES (%s, %s, NOW(6))",
-                                     (rng.randrange(1 << 30), "t" * rng.randrange(10, 250)))
-                else:
-                    n += cur.execute("DELETE FROM events WHERE k < %s ORDER BY id LIMIT 2", (rng.randrange(1 << 24),))
-            cur.execute("COMMIT")
-            return "multi-statement transaction", n
-        return self._ddl(cur, rng)
+        if r >= 0.965:
+            return self._ddl(cur, rng)
+        cur.execute("BEGIN")
+        n = 0
+        for _ in range(rng.randrange(2, 8)):
+            op = rng.random()
+            if op < 0.45:
+                a, b = rng.randrange(1, 2001), rng.randrange(1, 2001)
+                amount = rng.randrange(1, 50)
+                n += cur.execute("UPDATE accounts SET balance = balance - %s, version = version + 1 WHERE id = %s",
+                                 (amount, a))
+                n += cur.execute("UPDATE accounts SET balance = balance + %s, version = version + 1 WHERE id = %s",
+                                 (amount, b))
+            elif op < 0.8:
+                n += cur.execute("INSERT INTO events (k, payload, at) VALUES (%s, %s, NOW(6))",
+                                 (rng.randrange(1 << 30), "t" * rng.randrange(10, 250)))
+            else:
+                n += cur.execute("DELETE FROM events WHERE k < %s ORDER BY id LIMIT 2", (rng.randrange(1 << 24),))
+        cur.execute("COMMIT")
+        return "multi-statement transaction", n
 
     def _ddl(self, cur, rng: random.Random) -> tuple[str, int]:
         cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
@@ -378,53 +318,35 @@ class Load:
 # -- the invariants ----------------------------------------------------------------------------------------------
 
 class HorizonMonitor:
-    """Polls the relay's /status: its advertised horizon must never move backwards, across restarts included."""
+    """The relay's advertised horizon (its /status) must never move backwards, across restarts included."""
 
-    def __init__(self, relay: SoakRelay, period: float = 0.2) -> None:
+    def __init__(self, relay: SoakRelay) -> None:
         self.relay = relay
-        self.period = period
-        self.checks = 0
+        self.checks = self.restarts_seen = 0
         self.violations: list[str] = []
         self.best: tuple[int, int] = (-1, -1)
         self.best_text = ""
-        self.restarts_seen = 0
         self._last_pid = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="horizon-monitor", daemon=True)
-
-    def start(self) -> "HorizonMonitor":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
     def observe(self) -> None:
-        pid = self.relay.current_pid
-        if pid is None:
+        proc = self.relay.proc
+        if proc is None:
             return
         try:
             status = self.relay.status()
         except OSError:
             return
-        if self.relay.current_pid != pid:
+        if self.relay.proc is not proc:
             return  # restarted under us: cannot tell which process answered
         key, text = horizon(status)
         self.checks += 1
-        if pid != self._last_pid:
-            if self._last_pid is not None:
-                self.restarts_seen += 1
-            self._last_pid = pid
+        if self._last_pid is not None and proc.pid != self._last_pid:
+            self.restarts_seen += 1
+        self._last_pid = proc.pid
         if key < self.best:
-            self.violations.append(f"horizon moved back from {self.best_text} to {text} (relay pid {pid})")
+            self.violations.append(f"horizon moved back from {self.best_text} to {text} (relay pid {proc.pid})")
         elif key > self.best:
             self.best, self.best_text = key, text
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            with contextlib.suppress(Exception):
-                self.observe()
 
 
 class FileChecker:
@@ -434,10 +356,9 @@ class FileChecker:
         self.relay_dir = relay_dir
         self.master = master
         self.verified: set[str] = set()
-        self.bytes_compared = 0
-        self.checks = 0
-        self.mismatches: list[str] = []
         self.skipped_purged: set[str] = set()
+        self.mismatches: list[str] = []
+        self.checks = self.bytes_compared = 0
 
     def figures(self) -> dict:
         return {"file_checks": self.checks, "file_bytes_compared": self.bytes_compared,
@@ -449,11 +370,9 @@ class FileChecker:
             names = (self.relay_dir / "relayproxy.index").read_text().split()
         except OSError:
             return
-        if not names:
-            return
-        active = names[-1]
-        for name in names[:-1] + ([active] if up_to is not None else []):
-            if name in self.verified and name != active:
+        active = names[-1:]
+        for name in names[:-1] + (active if up_to is not None else []):
+            if name in self.verified and name not in active:
                 continue
             try:
                 mine = (self.relay_dir / name).read_bytes()
@@ -464,17 +383,16 @@ class FileChecker:
             except FileNotFoundError:
                 self.skipped_purged.add(name)
                 continue
-            if name == active and up_to is not None:
+            if name in active and up_to is not None:
                 if up_to[0] != name:
                     self.mismatches.append(f"relay's newest file is {name} but the horizon is {up_to}")
                     continue
                 theirs = theirs[:up_to[1]]  # the relay's file ends exactly at its horizon
             self.checks += 1
             self.bytes_compared += len(theirs)
-            if clear_in_use(mine) != clear_in_use(theirs):
-                first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-                self.mismatches.append(f"{name}: relay {len(mine)} bytes, master {len(theirs)} bytes, "
-                                       f"first difference at offset {first}")
+            mine, theirs = clear_in_use(mine), clear_in_use(theirs)
+            if mine != theirs:
+                self.mismatches.append(f"{name}: relay and master: {first_difference(mine, theirs)}")
             self.verified.add(name)
 
 
@@ -503,23 +421,18 @@ class Soak:
         self.args = args
         self.work = work
         self.rng = random.Random(args.seed)
-        self.master: MariaDBSandbox | None = None
-        self.proxy: ThreadedFaultProxy | None = None
-        self.relay: SoakRelay | None = None
         self.replicas: list[Replica] = []
-        self.load: Load | None = None
-        self.monitor: HorizonMonitor | None = None
-        self.files: FileChecker | None = None
+        self.stops: list = []  # what teardown() stops, newest first
         self.faults: list[Fault] = []
-        self.binlog_sizes: dict[str, int] = {}
-        self.report: dict = {"seed": args.seed}
+        self.binlog_sizes: dict[str, int] = {}  # every master file seen, purged ones too
+        self.relay_purges: collections.Counter = collections.Counter()  # relay PURGE outcomes
+        self.purged = {"relay": 0, "master": 0}  # files purged
 
     def replicas_via(self, source: str) -> list[Replica]:
         return [r for r in self.replicas if r.via == source]
 
     # -- set-up ------------------------------------------------------------------------------------------------
     def setup(self) -> None:
-        a = self.args
         self.master = MariaDBSandbox(self.work / "master", server_id=1, binlog_format="ROW", extra_config=MASTER_CONFIG)
         specs = [("direct replica", "master", "slave_pos"), ("relay replica 1", "relay", "slave_pos"),
                  ("relay replica 2", "relay", "no")]
@@ -527,21 +440,28 @@ class Soak:
             box = MariaDBSandbox(self.work / f"replica{i}", server_id=11 + i, log_bin=False,
                                  extra_config=REPLICA_CONFIG)
             self.replicas.append(Replica(name, box, via, use_gtid))
+        servers = [self.master] + [r.sandbox for r in self.replicas]
+        self.stops += [box.stop for box in servers]
         log(f"starting the master and {len(self.replicas)} replicas in {self.work}")
-        with ThreadPoolExecutor(len(self.replicas) + 1) as pool:
-            list(pool.map(lambda s: s.start(), [self.master] + [r.sandbox for r in self.replicas]))
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(lambda s: s.start(), servers))
         self.master.create_user(REPL_USER, REPL_PASSWORD)
         Load.create_schema(self.master)
         self.proxy = ThreadedFaultProxy("127.0.0.1", self.master.port).start()
-        self.relay = SoakRelay(self.work, self.proxy).start()
+        self.stops.append(self.proxy.stop)
+        self.relay = SoakRelay(self.work, self.proxy)
+        self.stops.append(self.relay.stop)
+        self.relay.start()
         self.files = FileChecker(self.relay.relay_dir, self.master)
         for r in self.replicas:
-            r.port_of_source = self.master.port if r.via == "master" else self.relay.listen_port
-            r.change_master()
-            r.start_slave()
-        self.load = Load(self.master, a.seed, RATE)
-        self.monitor = HorizonMonitor(self.relay).start()
-        self.load.start()
+            port = self.master.port if r.via == "master" else self.relay.listen_port
+            change_master(r.sandbox, port, file=None if r.use_gtid == "slave_pos" else FIRST_FILE)
+            r.sandbox.execute("START SLAVE")
+        self.monitor = HorizonMonitor(self.relay)
+        self.stop_monitor = every(0.2, self.monitor.observe, "horizon-monitor")
+        self.stops.append(self.stop_monitor)
+        self.load = Load(self.master, self.args.seed, RATE).start()
+        self.stops.append(lambda: self.load._threads and self.load.stop())  # (the load of the moment)
         ok, seconds, detail = self.converge(timeout=CONVERGE_TIMEOUT)
         if not ok:
             raise RuntimeError(f"the topology did not converge after set-up: {detail}")
@@ -549,23 +469,18 @@ class Soak:
             f"master {self.master.port}")
 
     def teardown(self) -> None:
-        for problem in run_every_step([lambda: self.load and self.load._threads and self.load.stop(),
-                                       lambda: self.monitor and self.monitor.stop(),
-                                       lambda: self.relay and self.relay.stop(),
-                                       lambda: self.proxy and self.proxy.stop(),
-                                       *[(lambda r=r: r.sandbox.stop()) for r in self.replicas],
-                                       lambda: self.master and self.master.stop()]):
+        for problem in run_every_step(reversed(self.stops)):
             log(f"teardown: {problem}")
 
     # -- observation -------------------------------------------------------------------------------------------
     def master_position(self) -> tuple[str, int, str]:
-        row = self.master.execute("SHOW MASTER STATUS")[0]
-        gtid = self.master.execute("SELECT @@gtid_binlog_pos")[0][0]
-        return row[0], int(row[1]), gtid
+        return (*master_status(self.master), binlog_pos(self.master))
 
-    def note_binlog_sizes(self) -> None:
-        for name, size, *_ in self.master.execute("SHOW BINARY LOGS"):
-            self.binlog_sizes[name] = int(size)
+    def master_binlogs(self) -> list[str]:
+        """The master's files now; their sizes noted (``binlog_sizes``)."""
+        rows = self.master.execute("SHOW BINARY LOGS")
+        self.binlog_sizes.update((name, int(size)) for name, size, *_ in rows)
+        return [row[0] for row in rows]
 
     def converge(self, timeout: float, exact: bool = False) -> tuple[bool, float, str]:
         """Wait until the relay's horizon and every replica's gtid_slave_pos reach the master's current position
@@ -692,15 +607,15 @@ class Soak:
         else:
             r.sandbox.stop()
             r.sandbox.start()
-        r.start_slave()
+        r.sandbox.execute("START SLAVE")
         r.restarts += 1
         fault.injected = True
 
     def _oldest_needed_by(self, replicas: list[Replica]) -> str | None:
         """The oldest master file any of these replicas still needs: where its SQL thread is (after a crash it
         fetches again from there)."""
-        statuses = map(Replica.status, replicas)
-        needed = [st["Relay_Master_Log_File"] for st in statuses if st.get("Relay_Master_Log_File")]
+        needed = [st["Relay_Master_Log_File"] for st in map(Replica.status, replicas)
+                  if st.get("Relay_Master_Log_File")]
         return min(needed, key=file_key) if needed else None
 
     def _purge_target(self, files: list[str], oldest_needed: str | None) -> str | None:
@@ -711,11 +626,21 @@ class Soak:
             target = oldest_needed
         return target if file_key(target) > file_key(files[0]) else None
 
+    def _purge_relay(self, target: str) -> str | None:
+        """PURGE BINARY LOGS TO ``target`` on the relay: None, or the message of its refusal (1378)."""
+        try:
+            relay_sql(self.relay.listen_port, f"PURGE BINARY LOGS TO '{target}'")
+        except pymysql.err.MySQLError as exc:
+            if not exc.args or exc.args[0] != 1378:
+                raise
+            return exc.args[1]
+        return None
+
     def _relay_purge(self, fault: Fault) -> None:
         files = self.relay.binlogs()
         target = self._purge_target(files, self._oldest_needed_by(self.replicas_via("relay")))
         fault.injected = True
-        outcomes = self.report.setdefault("relay_purges", collections.Counter())
+        outcomes = self.relay_purges
         if target is None:
             fault.detail = f"nothing old enough to purge ({len(files)} files)"
             outcomes["nothing to purge"] += 1
@@ -726,14 +651,11 @@ class Soak:
             held = fuzz.stalled_dump(fuzz.LiveTarget("127.0.0.1", self.relay.listen_port, REPL_USER, REPL_PASSWORD,
                                                      files), files[0], STALLED_DUMP_SERVER_ID)
             try:
-                self._wait_for_dump(STALLED_DUMP_SERVER_ID, present=True)
-                try:
-                    self.relay.sql(f"PURGE BINARY LOGS TO '{target}'")
+                self._wait_for_dump(present=True)
+                if self._purge_relay(target) is None:
                     notes.append("a stalled dump had already left the doomed files: purged")
                     outcomes["purged (stalled dump already past)"] += 1
-                except pymysql.err.MySQLError as exc:
-                    if not exc.args or exc.args[0] != 1378:
-                        raise
+                else:
                     outcomes["refused while a stalled dump read a doomed file (1378)"] += 1
                     notes.append("refused while a stalled dump read the oldest file (1378)")
                     now = set(self.relay.binlogs())
@@ -742,37 +664,30 @@ class Soak:
                         raise AssertionError(f"PURGE was refused but files were deleted: {gone}")
             finally:
                 held.close(reset=True)
-            self._wait_for_dump(STALLED_DUMP_SERVER_ID, present=False)
-        try:
-            self.relay.sql(f"PURGE BINARY LOGS TO '{target}'")
-        except pymysql.err.MySQLError as exc:
-            if not exc.args or exc.args[0] != 1378:
-                raise
-            fault.detail = "; ".join(notes + [f"refused: {exc.args[1][:160]}"])
+            self._wait_for_dump(present=False)
+        refused = self._purge_relay(target)
+        if refused is not None:
+            fault.detail = "; ".join(notes + [f"refused: {refused[:160]}"])
             outcomes["refused: a replica reads the file (1378)"] += 1
             return
         after = self.relay.binlogs()
         purged = sum(1 for name in files if name not in after)  # (files the load added meanwhile are not purges)
         fault.detail = "; ".join(notes + [f"TO '{target}': {purged} file(s) purged, {len(after)} left"])
         outcomes["purged"] += 1
-        self.report["relay_files_purged"] = self.report.get("relay_files_purged", 0) + purged
+        self.purged["relay"] += purged
 
-    def _wait_for_dump(self, server_id: int, present: bool, timeout: float = 10.0) -> None:
-        """Until the relay's /status lists (or no longer lists) a dump of ``server_id``."""
+    def _wait_for_dump(self, present: bool, timeout: float = 10.0) -> None:
+        """Until the relay's /status lists (or no longer lists) the stalled dump."""
         deadline = time.monotonic() + timeout
-        while True:
-            listed = any(rep.get("server_id") == server_id and rep.get("file")
-                         for rep in self.relay.status().get("replicas", []))
-            if listed == present:
-                return
+        while any(rep.get("server_id") == STALLED_DUMP_SERVER_ID and rep.get("file")
+                  for rep in self.relay.status().get("replicas", [])) != present:
             if time.monotonic() > deadline:
                 raise AssertionError(f"the relay {'never listed' if present else 'still lists'} the dump of "
-                                     f"server_id {server_id} after {timeout}s")
+                                     f"server_id {STALLED_DUMP_SERVER_ID} after {timeout}s")
             time.sleep(0.05)
 
     def _master_purge(self, fault: Fault) -> None:
-        self.note_binlog_sizes()
-        files = [row[0] for row in self.master.execute("SHOW BINARY LOGS")]
+        files = self.master_binlogs()
         status = self.relay.status()
         needed = [status["master_log_file"]] if status.get("master_log_file") else []
         direct = self._oldest_needed_by(self.replicas_via("master"))
@@ -787,9 +702,9 @@ class Soak:
             fault.detail = f"nothing old enough to purge ({len(files)} files)"
             return
         self.master.execute(f"PURGE BINARY LOGS TO '{target}'")
-        purged = len(files) - len(self.master.execute("SHOW BINARY LOGS"))
+        purged = len(files) - len(self.master_binlogs())
         fault.detail = f"TO '{target}': {purged} file(s) purged"
-        self.report["master_files_purged"] = self.report.get("master_files_purged", 0) + purged
+        self.purged["master"] += purged
 
     def chaos(self) -> None:
         a = self.args
@@ -799,7 +714,7 @@ class Soak:
         while time.monotonic() < end or number < a.min_faults:  # --min-faults: on a slow machine too
             number += 1
             fault = Fault(number, next(kinds))
-            log_offset = self.relay.log_size()
+            log_offset = self.relay.log_path.stat().st_size
             try:
                 self.inject(fault)
             except Exception as exc:  # noqa: BLE001 - an injection that breaks is a failure to report
@@ -817,7 +732,7 @@ class Soak:
                                  + self.relay.log_tail(15))
             self.faults.append(fault)
             self.files.check()
-            self.note_binlog_sizes()
+            self.master_binlogs()
             log(f"fault {number:3d} {fault.kind:26s} {fault.target:16s} injected={fault.injected} "
                 f"survived={ok} in {seconds:5.1f}s {fault.detail[:90]}")
             if not ok:
@@ -825,24 +740,19 @@ class Soak:
             time.sleep(self.rng.uniform(GAP_MIN, GAP_MAX))
 
     # -- comparison --------------------------------------------------------------------------------------------
-    @staticmethod
-    def tables_of(box: MariaDBSandbox) -> list[str]:
-        return sorted(row[0] for row in box.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_type = 'BASE TABLE'",
-            (SCHEMA,)))
-
     def compare_tables(self) -> dict:
-        servers = [("master", self.master)] + [(r.name, r.sandbox) for r in self.replicas]
-        tables = self.tables_of(self.master)
+        servers = {"master": self.master, **{r.name: r.sandbox for r in self.replicas}}
+        tables = {name: sorted(row[0] for row in box.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_type = 'BASE TABLE'",
+            (SCHEMA,))) for name, box in servers.items()}
         result = {"tables": [], "all_match": True, "table_sets_match": True}
-        for name, box in servers[1:]:
-            theirs = self.tables_of(box)
-            if theirs != tables:
+        for name, theirs in tables.items():
+            if theirs != tables["master"]:
                 result["table_sets_match"] = result["all_match"] = False
-                result.setdefault("table_set_differences", {})[name] = {"master": tables, name: theirs}
-        for table in tables:
+                result.setdefault("table_set_differences", {})[name] = {"master": tables["master"], name: theirs}
+        for table in tables["master"]:
             row = {"table": table, "servers": {}}
-            for name, box in servers:
+            for name, box in servers.items():
                 try:
                     count = box.execute(f"SELECT COUNT(*) FROM {SCHEMA}.`{table}`")[0][0]
                     checksum = box.execute(f"CHECKSUM TABLE {SCHEMA}.`{table}`")[0][1]
@@ -873,37 +783,30 @@ class Soak:
         pid = self.relay.proc.pid
         fds_before = fd_count(pid)
         target = fuzz.LiveTarget("127.0.0.1", self.relay.listen_port, REPL_USER, REPL_PASSWORD, self.relay.binlogs())
-        progress_samples: dict[str, list[str]] = {r.name: [] for r in relay_replicas}
-        stop = threading.Event()
+        samples: dict[str, list[str]] = {r.name: [] for r in relay_replicas}
 
-        def sample() -> None:
+        def sample() -> None:  # the replicas through the relay keep replicating while the fuzzer runs
             for r in relay_replicas:
                 with contextlib.suppress(Exception):
-                    progress_samples[r.name].append(r.status()["gtid_slave_pos"])
+                    samples[r.name].append(r.status()["gtid_slave_pos"])
 
-        def watch() -> None:  # the replicas through the relay keep replicating while the fuzzer runs
-            while not stop.wait(0.25):
-                sample()
-
-        watcher = threading.Thread(target=watch, name="fuzz-watch", daemon=True)
         self.load = Load(self.master, a.seed + 1, FUZZ_LOAD_RATE).start()
         sample()
-        watcher.start()
+        stop_watch = every(0.25, sample, "fuzz-watch")
         log(f"downstream fuzz: {a.fuzz_inputs} inputs against the live relay (pid {pid}, {fds_before} fds)")
         try:
             report = fuzz.fuzz_downstream(target, a.fuzz_inputs, a.seed, workers=FUZZ_WORKERS, progress=log)
         finally:
-            stop.set()
-            watcher.join(10)
+            stop_watch()
             sample()
-            load_stats = self.load.stop()
+            self.load.stop()
         out = report.as_dict()
-        out["load_during_fuzz_transactions"] = load_stats.total
+        out["load_during_fuzz_transactions"] = self.load.total
         out["relay_pid_before"] = pid
         out["relay_alive_after"] = self.relay.alive and self.relay.proc.pid == pid
         out["replica_gtid_advances"] = {name: sum(1 for x, y in zip(seq, seq[1:]) if gtid_seqs(y) != gtid_seqs(x))
-                                        for name, seq in progress_samples.items()}
-        out["replica_gtid_samples"] = {name: len(seq) for name, seq in progress_samples.items()}
+                                        for name, seq in samples.items()}
+        out["replica_gtid_samples"] = {name: len(seq) for name, seq in samples.items()}
         # Open descriptors back to where they were (connections drain asynchronously: give them a moment).
         deadline = time.monotonic() + 30
         fds_after = fd_count(pid)
@@ -925,15 +828,14 @@ class Soak:
         chaos_s = time.monotonic() - chaos_began
         load = self.load.stop()
         ok, seconds, detail = self.converge(timeout=CONVERGE_TIMEOUT * 2, exact=True)
-        self.note_binlog_sizes()
+        self.master_binlogs()
         final_file, final_pos, final_gtid = self.master_position()
         self.monitor.observe()
         self.files.check(up_to=(final_file, final_pos) if ok else None)
         tables_after_chaos = self.compare_tables()
         log(f"after the chaos: converged={ok} in {seconds:.1f}s; tables match={tables_after_chaos['all_match']}")
-        r = self.report
-        r.update({
-            "minutes": a.minutes, "chaos_seconds": round(chaos_s, 1),
+        r = {
+            "seed": a.seed, "minutes": a.minutes, "chaos_seconds": round(chaos_s, 1),
             "replicas": [{"name": x.name, "via": x.via, "use_gtid": x.use_gtid, "restarts": x.restarts}
                          for x in self.replicas],
             "load": {
@@ -953,7 +855,7 @@ class Soak:
                 "files_not_compared_purged_on_master": sorted(self.files.skipped_purged, key=file_key),
             },
             "tables_after_chaos": tables_after_chaos,
-        })
+        }
         if a.fuzz_inputs > 0 and ok:
             r["fuzz_parser"] = self.fuzz_parser()
             r["fuzz_port"] = self.fuzz_port()
@@ -962,9 +864,10 @@ class Soak:
             self.files.check(up_to=self.master_position()[:2] if ok2 else None)
             r["invariants"].update(self.files.figures())
             r["tables_final"] = self.compare_tables()
-        self.monitor.stop()
+        self.stop_monitor()
         r["invariants"]["horizon_checks"] = self.monitor.checks  # (the violations: the monitor's own list)
-        r["relay_purges"] = dict(r.get("relay_purges") or {})
+        r["relay_purges"] = dict(self.relay_purges)
+        r["relay_files_purged"], r["master_files_purged"] = self.purged["relay"], self.purged["master"]
         levels: collections.Counter = collections.Counter()
         error_events: collections.Counter = collections.Counter()
         for entry in json_log(self.relay.log_path):
@@ -979,7 +882,7 @@ class Soak:
 
 def verdict(r: dict) -> dict:
     """Every check of the run, named, and whether the whole run passed."""
-    faults = r.get("faults", [])
+    faults = r["faults"]
     inv = r["invariants"]
     checks = {
         "every fault survived": bool(faults) and all(f["survived"] for f in faults),
@@ -1005,18 +908,6 @@ def verdict(r: dict) -> dict:
 
 # -- the results file --------------------------------------------------------------------------------------------
 
-def fault_summary(faults: list[dict]) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    for f in faults:
-        s = out.setdefault(f["kind"], {"attempted": 0, "injected": 0, "survived": 0, "converge_s": []})
-        s["attempted"] += 1
-        s["injected"] += bool(f["injected"])
-        s["survived"] += bool(f["survived"])
-        if f["converge_s"] is not None:
-            s["converge_s"].append(f["converge_s"])
-    return out
-
-
 def _table(header: list[str], rows) -> list[str]:
     """A markdown table, then a blank line; a row is a list of cells or a line already written."""
     return [md_row(*header), "|" + "---|" * len(header),
@@ -1032,9 +923,10 @@ def _cell(text: str) -> str:
     return "`" + text.replace("|", "/").replace("`", "'").replace("\n", " ") + "`" if text else ""
 
 
-def _error_class(text: str) -> str:
-    """A relay error message without its variable parts (offsets, positions, counts)."""
-    return re.sub(r"\d+", "N", text)[:110]
+def _counts(counts: dict, by_count: bool = False) -> list[list]:
+    """Rows of (name, count with thousands separators), sorted by name or by count (highest first)."""
+    items = sorted(counts.items(), key=lambda kv: -kv[1]) if by_count else sorted(counts.items())
+    return [[k, f"{v:,}"] for k, v in items]
 
 
 def markdown(r: dict, argv: list[str], machine: dict) -> str:
@@ -1042,11 +934,12 @@ def markdown(r: dict, argv: list[str], machine: dict) -> str:
     what = (f"one seeded chaos run (seed {r['seed']}, {minutes:.1f} minutes of chaos): a soak is not repeated, and "
             "its checks are pass/fail against a direct replica of the same master in the same run, not timings "
             "against a peer")
+    ld, faults = r["load"], r["faults"]
     L = [
         "# Chaos soak and fuzzing", "", *header_block(__file__, argv, machine, runs=1, what=what),
         "The design: the docstring of `benchmarks/soak.py`.", "",
         f"**Verdict: {'PASSED' if r['verdict']['passed'] else 'FAILED'}**: seed {r['seed']}, {minutes:.1f} minutes "
-        f"of chaos, {len(r['faults'])} faults, wall time {r['wall_seconds'] / 60:.1f} minutes.", "",
+        f"of chaos, {len(faults)} faults, wall time {r['wall_seconds'] / 60:.1f} minutes.", "",
         *_table(["check", "result"], [[name, _yes(ok)] for name, ok in r["verdict"]["checks"].items()]),
         *machine_section(machine),
         "## Topology", "",
@@ -1055,9 +948,6 @@ def markdown(r: dict, argv: list[str], machine: dict) -> str:
         "control. Replicas: relay_log_recovery=ON, gtid_slave_pos in InnoDB, MASTER_CONNECT_RETRY=1.", "",
         *_table(["replica", "source", "MASTER_USE_GTID", "restarts during the run"],
                 [[x["name"], x["via"], x["use_gtid"], x["restarts"]] for x in r["replicas"]]),
-    ]
-    ld = r["load"]
-    L += [
         "## Load held", "",
         f"- {ld['transactions']:,} transactions in {ld['seconds']:.0f} s of chaos ({ld['transactions_per_s']} "
         f"transactions/s), {ld['rows']:,} rows written; deadlocks retried: {ld['deadlocks_retried']}; "
@@ -1071,34 +961,32 @@ def markdown(r: dict, argv: list[str], machine: dict) -> str:
         "Survived = afterwards the relay's horizon reached the master's position and every replica's gtid_slave_pos "
         "reached the master's GTID (positions read right after the fault) within the convergence timeout.", "",
     ]
-    summary = fault_summary(r["faults"])
+    by_kind = {kind: [f for f in faults if f["kind"] == kind] for kind in FAULT_WEIGHTS}
     rows: list = []
-    for kind in (k for k in FAULT_WEIGHTS if k in summary):
-        s, times = summary[kind], summary[kind]["converge_s"]
-        rows.append([kind, s["attempted"], s["injected"], s["survived"],
-                     f"{statistics.median(times):.1f} / {max(times):.1f}" if times else "-"])
-    tot = {k: sum(s[k] for s in summary.values()) for k in ("attempted", "injected", "survived")}
-    rows.append(f"| **all** | **{tot['attempted']}** | **{tot['injected']}** | **{tot['survived']}** | |")
-    L += _table(["fault", "attempted", "injected", "survived", "convergence median / max (s)"], rows)
-    L += ["How the relay's upstream connection ended after each kind of fault (the `upstream connection ended` "
-          "entries of its log between the fault and the convergence, by kind):", ""]
-    rows = []
-    for kind in FAULT_WEIGHTS:
-        mine = [f for f in r["faults"] if f["kind"] == kind and f["injected"]]
-        said = [f for f in mine if f["relay_said"]]
-        kinds: collections.Counter = collections.Counter()
-        for f in said:
-            kinds.update(f["relay_said"])
+    ends: list = []
+    for kind, mine in by_kind.items():
+        times = [f["converge_s"] for f in mine if f["converge_s"] is not None]
+        injected = [f for f in mine if f["injected"]]
+        said = [f for f in injected if f["relay_said"]]
+        if mine:
+            rows.append([kind, len(mine), len(injected), sum(bool(f["survived"]) for f in mine),
+                         f"{statistics.median(times):.1f} / {max(times):.1f}" if times else "-"])
         if said:
-            rows.append([kind, f"{len(said)} of {len(mine)}", ", ".join(f"{k} ({v})" for k, v in kinds.most_common()),
-                         _error_class(said[0]["relay_error"] or "")])
-    L += _table(["fault", "faults followed by a logged upstream end", "kinds logged", "first message (digits as N)"],
-                rows)
-    levels = r.get("relay_log", {})
-    if levels:
-        L += [f"Relay log over the whole run: {levels['entries']:,} entries, by level: {levels['levels']}; "
-              f"error-level events: {levels['error_events'] or 'none'}.", ""]
-    for f in r["faults"]:
+            kinds = sum((collections.Counter(f["relay_said"]) for f in said), collections.Counter())
+            ends.append([kind, f"{len(said)} of {len(injected)}",
+                         ", ".join(f"{k} ({v})" for k, v in kinds.most_common()),
+                         re.sub(r"\d+", "N", said[0]["relay_error"] or "")[:110]])  # digits as N
+    tot = [sum(row[i] for row in rows) for i in (1, 2, 3)]
+    rows.append(f"| **all** | **{tot[0]}** | **{tot[1]}** | **{tot[2]}** | |")
+    L += [*_table(["fault", "attempted", "injected", "survived", "convergence median / max (s)"], rows),
+          "How the relay's upstream connection ended after each kind of fault (the `upstream connection ended` "
+          "entries of its log between the fault and the convergence, by kind):", "",
+          *_table(["fault", "faults followed by a logged upstream end", "kinds logged", "first message (digits as N)"],
+                  ends)]
+    levels = r["relay_log"]
+    L += [f"Relay log over the whole run: {levels['entries']:,} entries, by level: {levels['levels']}; "
+          f"error-level events: {levels['error_events'] or 'none'}.", ""]
+    for f in faults:
         if not f["survived"]:
             L += [f"**Fault {f['number']} ({f['kind']}, {f['target']}) not survived**: ", "",
                   "```", str(f["failure"])[:3000], "```", ""]
@@ -1130,7 +1018,7 @@ def markdown(r: dict, argv: list[str], machine: dict) -> str:
     L += ["## Fault log", "",
           *_table(["#", "fault", "target", "detail", "survived", "converged in (s)"],
                   [[f["number"], f["kind"], f["target"], f["detail"][:110].replace("|", "/"), _yes(f["survived"]),
-                    f["converge_s"]] for f in r["faults"]])]
+                    f["converge_s"]] for f in faults])]
     return "\n".join(L)
 
 
@@ -1144,7 +1032,7 @@ def fuzz_markdown(r: dict) -> list[str]:
         f"corpus): {p['crashes']} crashes, {p['hangs']} hangs (cap 2 s an input; slowest {p['slowest_input_ms']} "
         f"ms).", "",
         *_table(["target", "inputs"], [[k, f"{v:,}"] for k, v in p["by_target"].items()]),
-        *_table(["outcome", "count"], [[k, f"{v:,}"] for k, v in sorted(p["outcomes"].items())]),
+        *_table(["outcome", "count"], _counts(p["outcomes"])),
         "## Fuzzing the relay's MySQL port (live relay of this run)", "",
         f"{d['inputs']:,} inputs in {d['seconds']} s ({d['inputs_per_s']:,}/s) over {d['connections']:,} TCP "
         f"connections ({d['logins']:,} logged in), {FUZZ_WORKERS} at a time, while a light load "
@@ -1157,8 +1045,8 @@ def fuzz_markdown(r: dict) -> list[str]:
     closes = {k.removeprefix(prefix): v for k, v in d["replies"].items() if k.startswith(prefix)}
     if closes:
         L.append("- logged-in connections the relay closed, by the input and answer just before the close: "
-                 + ", ".join(f"{k} ({v:,})" for k, v in sorted(closes.items(), key=lambda kv: -kv[1])))
-    examples = {str(k): v for k, v in d.get("error_examples", {}).items()}
+                 + ", ".join(f"{k} ({v})" for k, v in _counts(closes, by_count=True)))
+    examples = {str(k): v for k, v in d["error_examples"].items()}
     errors = []
     for code, count in d["error_codes"].items():
         message, what = examples.get(str(code), ("", ""))
@@ -1170,7 +1058,7 @@ def fuzz_markdown(r: dict) -> list[str]:
         f"before {d['relay_fds_before']}, after {d['relay_fds_after']}",
         "- replicas through the relay kept replicating during the fuzzing (gtid_slave_pos changes seen, one "
         "sample every 0.25 s): " + ", ".join(f"{k} {v}" for k, v in d["replica_gtid_advances"].items()), "",
-        *_table(["input kind", "count"], [[k, f"{v:,}"] for k, v in sorted(d["kinds"].items(), key=lambda kv: -kv[1])]),
+        *_table(["input kind", "count"], _counts(d["kinds"], by_count=True)),
         *_table(["ERR code", "count", "first message", "the input that got it"], errors),
         *(f"- failure: `{f['input'][:200]}`: {f['detail'][:300]}" for f in d["failure_details"]),
         f"After fuzzing, load stopped: converged exactly in {r['convergence_after_fuzz']['seconds']} s: "
