@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from benchinfo import fmt_median_range
+
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.boundary import TransactionBoundaryParser
 from relayproxy.binlog.events import HEADER, BinlogFormatError, FormatDescription
@@ -408,3 +410,19 @@ def add_sums(rows, key: Callable[[dict], object]) -> dict:
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, or None when either is missing or zero."""
     return a / b if a and b else None
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    """A figure for the markdown: thousands separated, "-" when missing."""
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def fmt_x(a: float | None, b: float | None, digits: int = 1) -> str:
+    """The ratio a / b as "12.3x" ("-x" when either is missing or zero)."""
+    return f"{fmt(ratio(a, b), digits)}x"
+
+
+def fmt_runs(values, fmt: str = "{:.1f}", unit: str = "x") -> str:
+    """The runs' median and range ("40.5x (range 38.1x - 41.2x, 3 runs)") of the values not None; "-" if none."""
+    values = [v for v in values if v is not None]
+    return fmt_median_range(values, fmt, unit) if values else "-"
