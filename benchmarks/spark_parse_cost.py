@@ -537,37 +537,33 @@ def split_label(text: str, option: str, what: str) -> tuple[str | None, str]:
 class Progress(threading.Thread):
     """Prints the active stages' task counts to stderr (plain lines, at most every 2 s, only on change)."""
 
-    def __init__(self, sc, began: float, interval: float = 2.0):
+    def __init__(self, sc, began: float):
         super().__init__(daemon=True, name="spark-progress")
         self.tracker = sc.statusTracker()
         self.began = began
-        self.interval = interval
         self.phase = "starting"
-        self._stop_event = threading.Event()
-        self._last = ""
+        self.stopped = threading.Event()
+
+    def say(self, line: str) -> None:
+        log(f"{time.monotonic() - self.began:7.1f} s  {line}")
 
     def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
+        last = ""
+        while not self.stopped.wait(2.0):
             try:
-                parts = []
-                for stage_id in sorted(self.tracker.getActiveStageIds()):
-                    info = self.tracker.getStageInfo(stage_id)
-                    if info is not None:
-                        parts.append(f"stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks done, "
-                                     f"{info.numActiveTasks} running")
+                stages = [(i, self.tracker.getStageInfo(i)) for i in sorted(self.tracker.getActiveStageIds())]
             except Exception:  # noqa: BLE001 - the context is stopping
                 return
-            line = f"{self.phase}: " + ("; ".join(parts) if parts else "driver")
-            if line != self._last:
-                self._last = line
-                log(f"{time.monotonic() - self.began:7.1f} s  {line}")
+            line = f"{self.phase}: " + ("; ".join(f"stage {i}: {info.numCompletedTasks}/{info.numTasks} tasks done, "
+                                                  f"{info.numActiveTasks} running" for i, info in stages if info)
+                                        or "driver")
+            if line != last:
+                last = line
+                self.say(line)
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
-        log(f"{time.monotonic() - self.began:7.1f} s  -- {phase}")
-
-    def stop(self) -> None:
-        self._stop_event.set()
+        self.say(f"-- {phase}")
 
 
 _LOG4J2 = """# written by benchmarks/spark_parse_cost.py: errors only (the shell's log-level banner too)
@@ -816,7 +812,7 @@ def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile
         .withColumn("parser", F.lit("boundary"))
         .select(*FILE_COUNTS_COLUMNS)
     )
-    file_counts = sorted((r.asDict() for r in file_counts_df.collect()), key=lambda r: (r["path"], r["event_type"]))
+    file_counts = [r.asDict() for r in file_counts_df.orderBy("path", "event_type").collect()]
     spark.createDataFrame(file_counts, file_counts_df.schema).coalesce(1).write.mode("overwrite").parquet(
         f"{args.parquet_output}/file_counts")
 
@@ -1417,7 +1413,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{fmt_x(ra['library_dec'], ra['boundary_dec'])}, library/view {fmt_x(ra['library_dec'], ra['view_dec'])}; "
             f"wrote {out}")
     finally:
-        progress.stop()
+        progress.stopped.set()
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
