@@ -27,8 +27,7 @@ from relayproxy.binlog.boundary import TransactionBoundaryParser
 from relayproxy.binlog.events import HEADER, BinlogFormatError, FormatDescription
 from relayproxy.lab.reference import ReferenceDecodeError, ReferenceDecoder
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
+DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "binlogs"  # beside the checkout
 
 _unpack_from = HEADER.unpack_from
 _FDE = C.FORMAT_DESCRIPTION_EVENT
@@ -130,9 +129,8 @@ def files_totals(files: list[CorpusFile]) -> tuple[int, int]:
 def decode_events(decoder: ReferenceDecoder, data: bytes, events, checksummed, materialise_rows: bool = False
                   ) -> tuple[int, int, int, int, int]:
     """The library's decode of each event ((offset, size, type) in ``data``) from a copy of its bytes, as
-    ``BinLogStreamReader`` gets its packet: (events, decoded, not decoded -- no decoder for its type --, raised,
-    raised while materialising rows). An FDE it cannot read (e.g. "5.1.34sp1") is replaced by relayproxy's, so that
-    the events after it still decode. Inline: a call per event would be timed with the library."""
+    ``BinLogStreamReader`` gets its packet: (events, decoded, no decoder for its type, raised, raised on rows)."""
+    # An FDE it cannot read (e.g. "5.1.34sp1") is replaced by relayproxy's, so that the events after it decode.
     count = decoded = not_decoded = errors = row_errors = 0
     decode = decoder.decode
     for (pos, size, type_code), checksum in zip(events, checksummed):

@@ -121,11 +121,13 @@ def stream_of(path: str, roots: list[tuple[str, str | None]]) -> str:
     return path.rsplit("/", 2)[-2] if "/" in path else path
 
 
-def plan_file(path: str, stream: str, data: bytes, split_bytes: int, split_events: int) -> tuple[FileInfo, list[Split]]:
-    """Scan one file image with the relay's scanner and cut it where its boundary parser is outside any group."""
+def plan_file(path: str, stream: str, data: bytes, split_bytes: int, split_events: int):
+    """Scan one file image with the relay's scanner and cut it where its boundary parser is outside any group: yields
+    its FileInfo, then its Splits."""
     info = FileInfo(path, stream, len(data), data[:4] == C.BINLOG_MAGIC)
     if not info.binlog:
-        return info, []
+        yield info
+        return
     cuts: list[tuple[int, int, bytes | None, int]] = []
     state = {"start": 4, "start_count": 0, "start_fde": None, "fde": None, "count": 0, "end": 4}
 
@@ -154,15 +156,14 @@ def plan_file(path: str, stream: str, data: bytes, split_bytes: int, split_event
     info.server_version = result.server_version
     if result.error or result.crc_errors:
         info.error = result.error or f"{result.crc_errors} CRC32 mismatch(es)"
-    splits = [Split(path, stream, n, s, count, fde, bytes(view[s:e])) for n, (s, e, fde, count) in enumerate(cuts)]
-    return info, splits
+    yield info
+    for n, (s, e, fde, count) in enumerate(cuts):
+        yield Split(path, stream, n, s, count, fde, bytes(view[s:e]))
 
 
 def plan_rows(rows, roots, split_bytes: int, split_events: int):
     for row in rows:
-        info, splits = plan_file(row.path, stream_of(row.path, roots), bytes(row.content), split_bytes, split_events)
-        yield info
-        yield from splits
+        yield from plan_file(row.path, stream_of(row.path, roots), bytes(row.content), split_bytes, split_events)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,10 +294,7 @@ def plan_archived(entries, keyring, split_bytes: int, split_events: int):
             except ArchiveReadError as exc:
                 yield ArchiveFault(str(exc))
                 continue
-            info, splits = plan_file(entry.path, entry.stream, data, split_bytes, split_events)
-            del data
-            yield info
-            yield from splits
+            yield from plan_file(entry.path, entry.stream, data, split_bytes, split_events)
 
 
 def item_meta(item) -> dict:
