@@ -1,20 +1,17 @@
 """Per-event parse cost: relayproxy's boundary hot path against python-mysql-replication's full decode.
 
-Times in one process, per event, ``benchmarks/parsing.py``'s walks over the corpus's file images (in memory): the
-header walk alone (the floor), the boundary parser's batch path (``feed_buffer``) and per-event API (``feed``), the
-same plus CRC32, relayproxy's typed views, and python-mysql-replication's decoders (``ReferenceDecoder``, row values
-lazy, and with rows materialised as a CDC consumer does). Warm-up first, then the measurements take turns 9 times
-(round robin) in each of 3 runs; a sample repeats its walk for at least 0.25 s with GC off; the median counts. A full
-run also profiles the boundary walk (ablation rows, py-spy when installed, cProfile) and writes
-``benchmarks/results/parse_cost.md`` and ``.png`` (to ``--output-dir``); ``--quick`` (1 run, 3 samples of 0.02 s)
-leaves out the rows-materialised and per-flavour rows and the profiles, and writes nothing. The corpus:
-$RELAYPROXY_CORPUS, else ../shared/corpus/binlogs beside the checkout.
+Times ``benchmarks/parsing.py``'s walks over the corpus's file images in memory, per event: the header walk alone
+(the floor), the boundary parser's batch path (``feed_buffer``) and per-event API (``feed``), the same plus CRC32,
+relayproxy's typed views, and python-mysql-replication's decode (row values lazy, and materialised as a CDC
+consumer does). 3 runs of 9 round-robin samples of at least 0.25 s each, GC off, the median counting. A full run
+also profiles the boundary walk and writes ``parse_cost.md`` and ``.png`` to ``--output-dir``
+(benchmarks/results/); ``--quick`` (1 run, 3 samples of 0.02 s, no rows-materialised, per-flavour or profile rows)
+writes nothing. The corpus: $RELAYPROXY_CORPUS, else ../shared/corpus/binlogs beside the checkout.
 
     .venv/bin/python benchmarks/parse_cost.py            # full run, writes benchmarks/results/
     .venv/bin/python benchmarks/parse_cost.py --quick --json   # fast, prints JSON, writes nothing
 
-The targets: boundary parsing <= 500 ns/event; the batch path (``feed_buffer``) >= 60x cheaper than
-python-mysql-replication (it was 40x before the batch path).
+The targets: boundary parsing <= 500 ns/event; the batch path >= 60x cheaper than python-mysql-replication.
 """
 
 from __future__ import annotations
@@ -39,17 +36,16 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
 import benchinfo  # noqa: E402  (benchmarks/benchinfo.py: this script's folder is on sys.path)
-from benchmarks.common import save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, save_figure  # noqa: E402
 from parsing import (CONTESTANTS, CorpusFile, LibraryStats, core_measures, corpus_path, files_totals,  # noqa: E402
-                     load_corpus, make_walk_library, make_walk_views, measure, run_in_order, timed, walk_boundary,
-                     walk_boundary_batch, walk_boundary_crc, walk_figures)
+                     fmt_runs, load_corpus, make_walk_library, make_walk_views, measure, run_in_order, timed,
+                     walk_boundary, walk_boundary_batch, walk_boundary_crc, walk_figures)
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
 from relayproxy.binlog.events import FormatDescription  # noqa: E402
 from relayproxy.lab.reference import LIBRARY_VERSION  # noqa: E402
 
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 TARGET_NS = 500
 TARGET_RATIO = 60  # the batch path >= 60x cheaper than python-mysql-replication (was 40x)
 _FDE = C.FORMAT_DESCRIPTION_EVENT
@@ -142,6 +138,8 @@ def render_markdown(measures, results, info, argv, corpus, files, lib_stats, rej
     by_key = {m.key: m for m in measures}
     boundary = by_key["boundary"]
     per_run = results["runs"]
+    col = {key: [r[key] for r in per_run] for key in ("ratio", "ratio_feed", "boundary_ns", "boundary_feed_ns")}
+
     lines = [
         "# Parse cost per event: relayproxy boundary parsing vs python-mysql-replication",
         "",
@@ -161,22 +159,20 @@ def render_markdown(measures, results, info, argv, corpus, files, lib_stats, rej
                      f"{m.nbytes / (ns * m.events) * 1e3:,.1f} | {ns / boundary.ns_per_event:.2f} |")
     lines += [
         "",
-        "**Ratio pymysqlreplication / boundary (batch `feed_buffer`): "
-        f"{benchinfo.fmt_median_range([r['ratio'] for r in per_run], '{:.1f}', 'x')}** "
-        f"(target >= {TARGET_RATIO}x: {results['ratio_verdict']}). Boundary parsing, batch path: "
-        f"{benchinfo.fmt_median_range([r['boundary_ns'] for r in per_run], '{:.0f}', ' ns/event')} "
-        f"(target <= {TARGET_NS} ns: {results['boundary_ns_verdict']}).",
+        f"**Ratio pymysqlreplication / boundary (batch `feed_buffer`): {fmt_runs(col['ratio'])}** (target >= "
+        f"{TARGET_RATIO}x: {results['ratio_verdict']}). Boundary parsing, batch path: "
+        f"{fmt_runs(col['boundary_ns'], '{:.0f}', ' ns/event')} (target <= {TARGET_NS} ns: "
+        f"{results['boundary_ns_verdict']}).",
         "",
         "| run | order | ratio (batch) | ratio (per-event feed) | boundary batch ns/event | library ns/event |",
         "|---:|---|---:|---:|---:|---:|",
         *(f"| {i + 1} | {r['order']} | {r['ratio']:.1f}x | {r['ratio_feed']:.1f}x | {r['boundary_ns']:.0f} | "
           f"{r['library_ns']:,.0f} |" for i, r in enumerate(per_run)),
         "",
-        f"Per-event API (`feed` called once per event from Python, as the upstream receiver does for each "
-        f"packet): {benchinfo.fmt_median_range([r['boundary_feed_ns'] for r in per_run], '{:.0f}', ' ns/event')}, "
-        f"{benchinfo.fmt_median_range([r['ratio_feed'] for r in per_run], '{:.1f}', 'x')} cheaper than "
-        "pymysqlreplication. The batch path runs the event "
-        "loop inside the parser and saves the per-event call and the 6-field header tuple.",
+        "Per-event API (`feed` called once per event from Python, as the upstream receiver does for each packet): "
+        f"{fmt_runs(col['boundary_feed_ns'], '{:.0f}', ' ns/event')}, {fmt_runs(col['ratio_feed'])} cheaper than "
+        "pymysqlreplication. The batch path runs the event loop inside the parser and saves the per-event call and "
+        "the 6-field header tuple.",
         "",
         "Absolute numbers come from a shared 2-core machine and are noise from run to run; the ratio "
         "between rows of the same run is what counts.",
@@ -365,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in measures:
             print(f"{m.label:42s} {m.ns_per_event:12,.0f} ns/event {1e9 / m.ns_per_event:14,.0f} events/s")
         print(f"ratio pymysqlreplication / boundary: "
-              f"{benchinfo.fmt_median_range(ratios, '{:.1f}', 'x')}: {results['ratio_verdict']}")
+              f"{fmt_runs(ratios)}: {results['ratio_verdict']}")
         if write:
             print(f"wrote {Path(args.output_dir) / 'parse_cost.md'}")
     return 0

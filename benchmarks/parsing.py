@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from benchinfo import fmt_median_range
+
 from relayproxy.binlog import constants as C
 from relayproxy.binlog.boundary import TransactionBoundaryParser
 from relayproxy.binlog.events import HEADER, BinlogFormatError, FormatDescription
 from relayproxy.lab.reference import ReferenceDecodeError, ReferenceDecoder
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "corpus" / "binlogs"
+DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "binlogs"  # beside the checkout
 
 _unpack_from = HEADER.unpack_from
 _FDE = C.FORMAT_DESCRIPTION_EVENT
@@ -128,9 +129,8 @@ def files_totals(files: list[CorpusFile]) -> tuple[int, int]:
 def decode_events(decoder: ReferenceDecoder, data: bytes, events, checksummed, materialise_rows: bool = False
                   ) -> tuple[int, int, int, int, int]:
     """The library's decode of each event ((offset, size, type) in ``data``) from a copy of its bytes, as
-    ``BinLogStreamReader`` gets its packet: (events, decoded, not decoded -- no decoder for its type --, raised,
-    raised while materialising rows). An FDE it cannot read (e.g. "5.1.34sp1") is replaced by relayproxy's, so that
-    the events after it still decode. Inline: a call per event would be timed with the library."""
+    ``BinLogStreamReader`` gets its packet: (events, decoded, no decoder for its type, raised, raised on rows)."""
+    # An FDE it cannot read (e.g. "5.1.34sp1") is replaced by relayproxy's, so that the events after it decode.
     count = decoded = not_decoded = errors = row_errors = 0
     decode = decoder.decode
     for (pos, size, type_code), checksum in zip(events, checksummed):
@@ -408,3 +408,19 @@ def add_sums(rows, key: Callable[[dict], object]) -> dict:
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, or None when either is missing or zero."""
     return a / b if a and b else None
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    """A figure for the markdown: thousands separated, "-" when missing."""
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def fmt_x(a: float | None, b: float | None, digits: int = 1) -> str:
+    """The ratio a / b as "12.3x" ("-x" when either is missing or zero)."""
+    return f"{fmt(ratio(a, b), digits)}x"
+
+
+def fmt_runs(values, fmt: str = "{:.1f}", unit: str = "x") -> str:
+    """The runs' median and range ("40.5x (range 38.1x - 41.2x, 3 runs)") of the values not None; "-" if none."""
+    values = [v for v in values if v is not None]
+    return fmt_median_range(values, fmt, unit) if values else "-"

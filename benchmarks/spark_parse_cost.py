@@ -44,8 +44,8 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
 import benchinfo  # noqa: E402
 from benchmarks.common import logger, percentile, results_document, save_figure  # noqa: E402  (shipped: ship_code)
 from parsing import (CONTESTANTS, DECODED, HEADER_FIELDS, VIEW_FIELDS, add_sums, carries_crc,  # noqa: E402
-                     core_measures, corpus_path, decode_events, files_totals, load_binlog, outcome_of, ratio,
-                     run_in_order, scan_events, walk_figures)  # (what is measured and compared: parse_cost.py's too)
+                     core_measures, corpus_path, decode_events, files_totals, fmt, fmt_x, fmt_runs, load_binlog,
+                     outcome_of, ratio, run_in_order, scan_events, walk_figures)  # (parse_cost.py's too)
 
 from relayproxy.binlog import constants as C  # noqa: E402
 from relayproxy.binlog.boundary import TransactionBoundaryParser  # noqa: E402
@@ -121,11 +121,13 @@ def stream_of(path: str, roots: list[tuple[str, str | None]]) -> str:
     return path.rsplit("/", 2)[-2] if "/" in path else path
 
 
-def plan_file(path: str, stream: str, data: bytes, split_bytes: int, split_events: int) -> tuple[FileInfo, list[Split]]:
-    """Scan one file image with the relay's scanner and cut it where its boundary parser is outside any group."""
+def plan_file(path: str, stream: str, data: bytes, split_bytes: int, split_events: int):
+    """Scan one file image with the relay's scanner and cut it where its boundary parser is outside any group: yields
+    its FileInfo, then its Splits."""
     info = FileInfo(path, stream, len(data), data[:4] == C.BINLOG_MAGIC)
     if not info.binlog:
-        return info, []
+        yield info
+        return
     cuts: list[tuple[int, int, bytes | None, int]] = []
     state = {"start": 4, "start_count": 0, "start_fde": None, "fde": None, "count": 0, "end": 4}
 
@@ -154,15 +156,14 @@ def plan_file(path: str, stream: str, data: bytes, split_bytes: int, split_event
     info.server_version = result.server_version
     if result.error or result.crc_errors:
         info.error = result.error or f"{result.crc_errors} CRC32 mismatch(es)"
-    splits = [Split(path, stream, n, s, count, fde, bytes(view[s:e])) for n, (s, e, fde, count) in enumerate(cuts)]
-    return info, splits
+    yield info
+    for n, (s, e, fde, count) in enumerate(cuts):
+        yield Split(path, stream, n, s, count, fde, bytes(view[s:e]))
 
 
 def plan_rows(rows, roots, split_bytes: int, split_events: int):
     for row in rows:
-        info, splits = plan_file(row.path, stream_of(row.path, roots), bytes(row.content), split_bytes, split_events)
-        yield info
-        yield from splits
+        yield from plan_file(row.path, stream_of(row.path, roots), bytes(row.content), split_bytes, split_events)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,15 +187,12 @@ class ArchiveSpec:
         return cls(f"{scheme}://{tail.rstrip('/')}", label)
 
     @property
-    def stream(self) -> str:
-        """The stream its files belong to: the label, or the last component of the URL (one archive per relay)."""
+    def stream(self) -> str:  # the label, or the last component of the URL (one archive per relay)
         return self.label or self.url.rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
-class ArchivedFile:
-    """One relay file of an archive as the driver listed it: what one task reads."""
-
+class ArchivedFile:  # one relay file of an archive as the driver listed it: what one task reads
     url: str
     endpoint: str | None
     region: str | None
@@ -204,8 +202,7 @@ class ArchivedFile:
     parts: tuple[tuple[int, int], ...]
 
     @property
-    def path(self) -> str:
-        """How the reports name it: the archive's URL (never credentials) and the file's folder in it."""
+    def path(self) -> str:  # how the reports name it: the archive's URL (never credentials) and its folder in it
         return f"{self.url}/files/{self.name}"
 
     @property
@@ -215,9 +212,7 @@ class ArchivedFile:
 
 @dataclass
 class ArchiveFault:
-    """An archived file that cannot be read back whole and verified: the job stops, its message naming the object."""
-
-    message: str
+    message: str  # why an archived file cannot be read back whole and verified (the job stops, naming the object)
 
 
 def _file_order(name: str):
@@ -299,10 +294,7 @@ def plan_archived(entries, keyring, split_bytes: int, split_events: int):
             except ArchiveReadError as exc:
                 yield ArchiveFault(str(exc))
                 continue
-            info, splits = plan_file(entry.path, entry.stream, data, split_bytes, split_events)
-            del data
-            yield info
-            yield from splits
+            yield from plan_file(entry.path, entry.stream, data, split_bytes, split_events)
 
 
 def item_meta(item) -> dict:
@@ -373,47 +365,32 @@ def _time_library(decode, data: bytes, pos: int, end: int, checksum: bool, k: in
     return _clock() - t0
 
 
-@dataclass
-class Calibration:
-    """What a batch costs besides the parser, per k: the reference subtracted, the spreads reported."""
+def _best_of_median(values: list[int], r: int) -> int:
+    bests = sorted(min(values[i : i + r]) for i in range(0, len(values) - r + 1, r))
+    return bests[len(bests) // 2]
 
-    clock_ns: list[int]
-    empty: dict[int, list[int]]  # raw samples, in the order taken
-    rollback: dict[int, list[int]]
-    repeats: int
 
-    @classmethod
-    def measure(cls, ks: list[int], repeats: int, samples: int = CALIBRATION_SAMPLES) -> "Calibration":
-        parser = TransactionBoundaryParser()
-        parser.checkpoint()
-        for _ in range(50):  # warm the loops themselves
-            _time_empty(ks[-1])
-            _time_rollback_only(parser, ks[-1])
-        clock_ns = []
-        for _ in range(samples * 2):
-            t0 = _clock()
-            clock_ns.append(_clock() - t0)
-        empty = {k: [_time_empty(k) for _ in range(samples)] for k in ks}
-        rollback = {k: [_time_rollback_only(parser, k) for _ in range(samples)] for k in ks}
-        cal = cls(sorted(clock_ns), empty, rollback, repeats)
-        # What is subtracted from an event's best-of-r batch: the median of the best of r empty batches.
-        cal.empty_ref = {k: cal._best_of_median(v) for k, v in empty.items()}
-        cal.rollback_ref = {k: cal._best_of_median(v) for k, v in rollback.items()}
-        return cal
+def calibrate(ks: list[int], repeats: int, samples: int = CALIBRATION_SAMPLES) -> tuple[dict, dict]:
+    """What a batch costs besides the parser, per k: (the references subtracted, by "empty" / "rollback" and k; the
+    task's summary of them and of the clock pair). A reference is the median of the best of ``repeats`` batches."""
+    parser = TransactionBoundaryParser()
+    parser.checkpoint()
+    for _ in range(50):  # warm the loops themselves
+        _time_empty(ks[-1])
+        _time_rollback_only(parser, ks[-1])
+    clock_ns = []
+    for _ in range(samples * 2):
+        t0 = _clock()
+        clock_ns.append(_clock() - t0)
+    raw = {"empty": {k: [_time_empty(k) for _ in range(samples)] for k in ks},
+           "rollback": {k: [_time_rollback_only(parser, k) for _ in range(samples)] for k in ks}}
+    refs = {kind: {k: _best_of_median(v, repeats) for k, v in table.items()} for kind, table in raw.items()}
 
-    def _best_of_median(self, values: list[int]) -> float:
-        r = self.repeats
-        bests = sorted(min(values[i : i + r]) for i in range(0, len(values) - r + 1, r))
-        return bests[len(bests) // 2]
+    def describe(values: list[int]) -> dict:
+        return {f"p{q}": percentile(values, q, method=RANK) for q in (5, 50, 95)}
 
-    def summary(self) -> dict:
-        def describe(values: list[int]) -> dict:
-            return {f"p{q}": percentile(values, q, method=RANK) for q in (5, 50, 95)}
-
-        return {"clock": describe(self.clock_ns),
-                **{kind: {str(k): {**describe(raw), "ref": refs[k]} for k, raw in table.items()}
-                   for kind, table, refs in (("empty", self.empty, self.empty_ref),
-                                             ("rollback", self.rollback, self.rollback_ref))}}
+    return refs, {"clock": describe(clock_ns), **{kind: {str(k): {**describe(v), "ref": refs[kind][k]}
+                                                         for k, v in table.items()} for kind, table in raw.items()}}
 
 
 def batch_sizes(max_batch: int) -> list[int]:
@@ -440,7 +417,7 @@ def _best(time_k, k: int, repeats: int, baseline: dict[int, float]) -> float:
     return (min(time_k(k) for _ in range(repeats)) - baseline[k]) / k
 
 
-def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list[int], recheck: dict,
+def measure_split(split: Split, timing: TimingConfig, refs: dict, ks: list[int], recheck: dict,
                   counter: list[int]):
     """Time every event of one split with each parser; yields one row per event."""
     data = split.data
@@ -468,15 +445,15 @@ def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list
         def relay_parsers():
             parser.checkpoint()
             kb = choose_k(boundary_k(1), batch_ns, ks)
-            b_ns = _best(boundary_k, kb, repeats, cal.rollback_ref)
+            b_ns = _best(boundary_k, kb, repeats, refs["rollback"])
             estimate, ok = _time_view(data, pos, fde, fields, 1)
             kv = choose_k(estimate, batch_ns, ks)
-            return kb, b_ns, kv, _best(view_k, kv, repeats, cal.empty_ref), ok
+            return kb, b_ns, kv, _best(view_k, kv, repeats, refs["empty"]), ok
 
         def library():
             k = choose_k(library_k(1), batch_ns, ks)
             _n, decoded, not_decoded, _e, _r = decode_events(decoder, data, [(pos, size, type_code)], [checksum])
-            return k, _best(library_k, k, repeats, cal.empty_ref), outcome_of(decoded, not_decoded)
+            return k, _best(library_k, k, repeats, refs["empty"]), outcome_of(decoded, not_decoded)
 
         if timing.library_first:
             kl, library_ns, outcome = library()
@@ -490,8 +467,8 @@ def measure_split(split: Split, timing: TimingConfig, cal: Calibration, ks: list
         if timing.recheck_every and counter[0] % timing.recheck_every == 0:
             # The same measurement again: how far apart two timings of one event are is the method's error.
             # (the batch's rollback() goes back to the checkpoint taken before this event)
-            again = (_best(boundary_k, kb, repeats, cal.rollback_ref), _best(view_k, kv, repeats, cal.empty_ref),
-                     _best(library_k, kl, repeats, cal.empty_ref))
+            again = (_best(boundary_k, kb, repeats, refs["rollback"]), _best(view_k, kv, repeats, refs["empty"]),
+                     _best(library_k, kl, repeats, refs["empty"]))
             for name, first, second in zip(PARSERS, (boundary_ns, view_ns, library_ns), again):
                 mean = (first + second) / 2
                 if mean > 0:
@@ -514,16 +491,16 @@ def measure_partition(index: int, items, timing: TimingConfig, run: int = 0):
     gc.collect()
     gc.disable()
     try:
-        cal = Calibration.measure(ks, timing.repeats)
+        refs, cal = calibrate(ks, timing.repeats)
         recheck = {name: [] for name in PARSERS}
         counter = [0]
         began = time.monotonic()
         for _key, split in items:
-            for row in measure_split(split, timing, cal, ks, recheck, counter):
+            for row in measure_split(split, timing, refs, ks, recheck, counter):
                 yield ("event", (run, *row))
         yield ("calibration", (index, json.dumps({"partition": index, "run": run, "events": counter[0],
                                                    "seconds": time.monotonic() - began,
-                                                   "recheck": recheck, **cal.summary()})))
+                                                   "recheck": recheck, **cal})))
     finally:
         gc.enable()
 
@@ -558,37 +535,33 @@ def split_label(text: str, option: str, what: str) -> tuple[str | None, str]:
 class Progress(threading.Thread):
     """Prints the active stages' task counts to stderr (plain lines, at most every 2 s, only on change)."""
 
-    def __init__(self, sc, began: float, interval: float = 2.0):
+    def __init__(self, sc, began: float):
         super().__init__(daemon=True, name="spark-progress")
         self.tracker = sc.statusTracker()
         self.began = began
-        self.interval = interval
         self.phase = "starting"
-        self._stop_event = threading.Event()
-        self._last = ""
+        self.stopped = threading.Event()
+
+    def say(self, line: str) -> None:
+        log(f"{time.monotonic() - self.began:7.1f} s  {line}")
 
     def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
+        last = ""
+        while not self.stopped.wait(2.0):
             try:
-                parts = []
-                for stage_id in sorted(self.tracker.getActiveStageIds()):
-                    info = self.tracker.getStageInfo(stage_id)
-                    if info is not None:
-                        parts.append(f"stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks done, "
-                                     f"{info.numActiveTasks} running")
+                stages = [(i, self.tracker.getStageInfo(i)) for i in sorted(self.tracker.getActiveStageIds())]
             except Exception:  # noqa: BLE001 - the context is stopping
                 return
-            line = f"{self.phase}: " + ("; ".join(parts) if parts else "driver")
-            if line != self._last:
-                self._last = line
-                log(f"{time.monotonic() - self.began:7.1f} s  {line}")
+            line = f"{self.phase}: " + ("; ".join(f"stage {i}: {info.numCompletedTasks}/{info.numTasks} tasks done, "
+                                                  f"{info.numActiveTasks} running" for i, info in stages if info)
+                                        or "driver")
+            if line != last:
+                last = line
+                self.say(line)
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
-        log(f"{time.monotonic() - self.began:7.1f} s  -- {phase}")
-
-    def stop(self) -> None:
-        self._stop_event.set()
+        self.say(f"-- {phase}")
 
 
 _LOG4J2 = """# written by benchmarks/spark_parse_cost.py: errors only (the shell's log-level banner too)
@@ -837,7 +810,7 @@ def run_job(args, spark, inputs, progress: Progress, archived: list[ArchivedFile
         .withColumn("parser", F.lit("boundary"))
         .select(*FILE_COUNTS_COLUMNS)
     )
-    file_counts = sorted((r.asDict() for r in file_counts_df.collect()), key=lambda r: (r["path"], r["event_type"]))
+    file_counts = [r.asDict() for r in file_counts_df.orderBy("path", "event_type").collect()]
     spark.createDataFrame(file_counts, file_counts_df.schema).coalesce(1).write.mode("overwrite").parquet(
         f"{args.parquet_output}/file_counts")
 
@@ -947,10 +920,6 @@ def per_parser(rows: list[dict], key: str) -> dict[str, dict]:
     return out
 
 
-def _fmt(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def method_error(calibrations: list[dict]) -> dict:
     """The timing method's own error, over every measuring task."""
     def across(*path: str) -> list[float]:
@@ -976,18 +945,8 @@ def method_error(calibrations: list[dict]) -> dict:
     }
 
 
-def _x(a: float | None, b: float | None, digits: int = 1) -> str:
-    """The ratio a / b as "12.3x" ("-x" when either is missing or zero)."""
-    return f"{_fmt(ratio(a, b), digits)}x"
-
-
 def _mean_p99(row: dict) -> str:
-    return f"{_fmt(row.get('mean_ns'))} / {_fmt(row.get('p99_ns'))}"
-
-
-def _mr(values, fmt: str = "{:.1f}", unit: str = "x") -> str:
-    values = [v for v in values if v is not None]
-    return benchinfo.fmt_median_range(values, fmt, unit) if values else "-"
+    return f"{fmt(row.get('mean_ns'))} / {fmt(row.get('p99_ns'))}"
 
 
 def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, dict]]:
@@ -1015,7 +974,7 @@ def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, d
         "",
         f"A **blob event** here is any event of at least {args.blob_bytes:,} bytes ({args.blob_bytes / 1024:,.0f} KiB;"
         f" `--blob-bytes`), whatever its type: {blob_events:,} of {ra['events']:,} events "
-        f"({blob_events / ra['events'] * 100:.2f} %), which take {_mr(blob_share, '{:.0f}', ' %')} of "
+        f"({blob_events / ra['events'] * 100:.2f} %), which take {fmt_runs(blob_share, '{:.0f}', ' %')} of "
         "python-mysql-replication's time (which ones: the table after the next).",
         "",
         f"python-mysql-replication's CPU time over relayproxy's, over the same events (those the library decodes), "
@@ -1031,8 +990,8 @@ def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, d
         first = runs[min(runs)]
         bold = "**" if label in ("all events", blob_label) else ""
         lines.append(f"| {label} | {first['events']:,} | {first['decoded_events']:,} | "
-                     f"{bold}{_mr(ratios(label, 'library_dec', 'boundary_dec'))}{bold} | "
-                     f"{_mr(ratios(label, 'library_dec', 'view_dec'))} |")
+                     f"{bold}{fmt_runs(ratios(label, 'library_dec', 'boundary_dec'))}{bold} | "
+                     f"{fmt_runs(ratios(label, 'library_dec', 'view_dec'))} |")
     lines += [
         "",
         "| run | order | " + " | ".join(f"library / boundary, {label}" for label, _k in subsets) + " |",
@@ -1049,9 +1008,9 @@ def headline_lines(args, report: dict, ra: dict) -> tuple[list[str], dict[str, d
               "|---|---|---:|---:|---:|---:|---:|---:|"]
     lib_all = ra["library_dec"]
     for r in report["blob_rows"]:
-        lines.append(f"| {r['stream']} | {r['event_type']} | {r['events']:,} | {_fmt(r['bytes'] / r['events'])} | "
-                     f"{_fmt(r['max_bytes'])} | {_fmt((r['library_dec'] or 0) / 1e6, 1)} | "
-                     f"{_fmt((r['library_dec'] or 0) / lib_all * 100 if lib_all else None, 1)} % | "
+        lines.append(f"| {r['stream']} | {r['event_type']} | {r['events']:,} | {fmt(r['bytes'] / r['events'])} | "
+                     f"{fmt(r['max_bytes'])} | {fmt((r['library_dec'] or 0) / 1e6, 1)} | "
+                     f"{fmt((r['library_dec'] or 0) / lib_all * 100 if lib_all else None, 1)} % | "
                      + (f"{ratio(r['library_dec'], r['boundary_all']):,.0f}x |" if r["library_dec"]
                         else "not decoded |"))
     if not report["blob_rows"]:
@@ -1086,12 +1045,12 @@ def walk_lines(report: dict, per_subset: dict[str, dict]) -> list[str]:
         walks = [r["walks"][label] for r in runs]
         lines.append(
             f"| {label} ({walks[0]['events']:,}) | "
-            f"{_mr([t['boundary_dec'] / t['decoded_events'] for t in spark_runs], '{:,.0f}', '')} | "
-            f"{_mr([t['library_dec'] / t['decoded_events'] for t in spark_runs], '{:,.0f}', '')} | "
-            f"{_mr([ratio(t['library_dec'], t['boundary_dec']) for t in spark_runs])} | "
-            + "".join(f"{_mr([w[key] for w in walks], '{:,.0f}', '')} | "
+            f"{fmt_runs([t['boundary_dec'] / t['decoded_events'] for t in spark_runs], '{:,.0f}', '')} | "
+            f"{fmt_runs([t['library_dec'] / t['decoded_events'] for t in spark_runs], '{:,.0f}', '')} | "
+            f"{fmt_runs([ratio(t['library_dec'], t['boundary_dec']) for t in spark_runs])} | "
+            + "".join(f"{fmt_runs([w[key] for w in walks], '{:,.0f}', '')} | "
                       for key in ("floor_ns", "boundary_feed_ns", "boundary_ns", "library_ns"))
-            + f"{_mr([w['ratio_feed'] for w in walks])} | {_mr([w['ratio'] for w in walks])} |"
+            + f"{fmt_runs([w['ratio_feed'] for w in walks])} | {fmt_runs([w['ratio'] for w in walks])} |"
         )
     lines += [
         "",
@@ -1143,8 +1102,8 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "These are ratios of total CPU time over the same events, so the costliest events weigh most (python-mysql-"
         "replication's time grows with event size, relayproxy's barely does). For the typical event (each event's "
         "median over the runs), the ratio of medians: library / boundary "
-        f"{_x(p50('pymysqlreplication'), p50('boundary'))}, "
-        f"library / view {_x(p50('pymysqlreplication'), p50('view'))}.",
+        f"{fmt_x(p50('pymysqlreplication'), p50('boundary'))}, "
+        f"library / view {fmt_x(p50('pymysqlreplication'), p50('view'))}.",
         "",
         *walk_lines(report, per_subset),
         "Absolute numbers come from a shared 2-core machine on which other jobs were running; they are noisy from "
@@ -1155,8 +1114,8 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "| stream | events | decoded by the library | library / boundary | library / view | view / boundary |",
         "|---|---:|---:|---:|---:|---:|",
-        *(f"| {r['stream']} | {r['events']:,} | {r['decoded_events']:,} | {_x(r['library_dec'], r['boundary_dec'])}"
-          f" | {_x(r['library_dec'], r['view_dec'])} | {_x(r['view_all'], r['boundary_all'], 2)} |"
+        *(f"| {r['stream']} | {r['events']:,} | {r['decoded_events']:,} | {fmt_x(r['library_dec'], r['boundary_dec'])}"
+          f" | {fmt_x(r['library_dec'], r['view_dec'])} | {fmt_x(r['view_all'], r['boundary_all'], 2)} |"
           for r in report["ratios"] + [ra]),
         "",
         "The library ratios are over the events the library decodes (sums of ns over the same events, i.e. ratios "
@@ -1170,8 +1129,8 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "| stream | parser | events | mean ns | p50 ns | p90 ns | p99 ns | events/s | MB/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        *(f"| {r['stream']} | {r['parser']} | {r['events']:,} | {_fmt(r['mean_ns'])} | {_fmt(r['p50_ns'])} | "
-          f"{_fmt(r['p90_ns'])} | {_fmt(r['p99_ns'])} | {_fmt(r['events_per_s'])} | {_fmt(r['mb_per_s'], 1)} |"
+        *(f"| {r['stream']} | {r['parser']} | {r['events']:,} | {fmt(r['mean_ns'])} | {fmt(r['p50_ns'])} | "
+          f"{fmt(r['p90_ns'])} | {fmt(r['p99_ns'])} | {fmt(r['events_per_s'])} | {fmt(r['mb_per_s'], 1)} |"
           for r in report["by_stream"] + [dict(o, stream="**all**") for o in report["overall"]]),
         "",
         "## Cost per event type (all streams)",
@@ -1183,9 +1142,9 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
     by_type = per_parser(report["by_type"], "event_type")
     for name, per in sorted(by_type.items(), key=lambda kv: -kv[1]["boundary"]["events"]):
         b, lib = per["boundary"], per.get("pymysqlreplication")
-        lines.append(f"| {name} | {b['events']:,} | {_fmt(b['bytes'] / b['events'])} | {_mean_p99(b)} | "
+        lines.append(f"| {name} | {b['events']:,} | {fmt(b['bytes'] / b['events'])} | {_mean_p99(b)} | "
                      f"{_mean_p99(per.get('view') or {})} | "
-                     + (f"{_mean_p99(lib)} ({lib['events']:,} decoded) | {_x(lib['mean_ns'], b['mean_ns'])} |"
+                     + (f"{_mean_p99(lib)} ({lib['events']:,} decoded) | {fmt_x(lib['mean_ns'], b['mean_ns'])} |"
                         if lib else "not decoded | - |"))
     lines += [
         "",
@@ -1233,8 +1192,8 @@ def render_markdown(args, argv, report: dict, err: dict, seconds: float, spark_v
         "",
         "| parser | events rechecked | median | p90 |",
         "|---|---:|---:|---:|",
-        *(f"| {name} | {rc['n']:,} | {_fmt(rc['p50'] and rc['p50'] * 100, 1)}% | "
-          f"{_fmt(rc['p90'] and rc['p90'] * 100, 1)}% |" for name, rc in err["recheck"].items()),
+        *(f"| {name} | {rc['n']:,} | {fmt(rc['p50'] and rc['p50'] * 100, 1)}% | "
+          f"{fmt(rc['p90'] and rc['p90'] * 100, 1)}% |" for name, rc in err["recheck"].items()),
         "",
         "A batch runs the same event k times in a row, so caches are warm: these are the costs of the parser's code "
         "on an event that was just received, not of fetching it from memory.",
@@ -1334,23 +1293,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     add = ap.add_argument
     add("--input", action="append", metavar="[LABEL=]PATH",
-        help="Hadoop-filesystem path, folder or glob of binlog files (repeatable; default: the recorded dataset "
+        help="path, folder or glob of binlog files, any Hadoop filesystem (repeatable; default: "
              "benchmarks/data/streams and corpus=$RELAYPROXY_CORPUS or ../shared/corpus/binlogs)")
     add("--archive", action="append", metavar="[LABEL=]URL",
-        help="a relay's archive (s3://bucket/prefix, s3a:// read as s3://, or file:///path; repeatable): its sealed "
-             "files, one task each, every part checked; LABEL names their stream (default: the URL's last "
-             "component). With --archive and no --input, only the archives are read")
-    add("--archive-endpoint", metavar="URL", help="S3-compatible endpoint of the --archive buckets (credentials: "
-                                                  "the standard AWS chain on the driver and every executor)")
+        help="a relay's archive, s3://bucket/prefix (s3a:// too) or file:///path (repeatable): its sealed files")
+    add("--archive-endpoint", metavar="URL", help="S3-compatible endpoint of the --archive buckets")
     add("--archive-region", metavar="REGION", help="region of the --archive buckets")
-    add("--archive-open", action="store_true", help="also read each archive's unsealed files (the newest: its parts "
-                                                    "up to the archive horizon), each part checked")
+    add("--archive-open", action="store_true", help="also read each archive's unsealed files")
     add("--encryption-key-file", metavar="PATH", help="the relay's key file, for archives of encrypted parts")
     add("--master", help="Spark master (default local[*]; under spark-submit, spark-submit's)")
-    add("--parquet-output", help="where the Parquet tables go (default OUTPUT/parquet; on a cluster a shared "
-                                 "filesystem URI, e.g. hdfs:///tmp/parse_cost/parquet)")
-    add("--output", help=f"output folder (default {DEFAULT_OUTPUT.relative_to(REPO_ROOT)}; the default run also "
-                         f"copies summary.md and the plots to {RESULTS_DIR.relative_to(REPO_ROOT)})")
+    add("--parquet-output", help="where the Parquet tables go (default OUTPUT/parquet)")
+    add("--output", help=f"output folder (default {DEFAULT_OUTPUT.relative_to(REPO_ROOT)}, and then summary.md and "
+                         f"the plots are copied to {RESULTS_DIR.relative_to(REPO_ROOT)})")
     add("--split-bytes", type=int, default=8 << 20, help="cut files into splits of about this many bytes (8 MiB)")
     add("--split-events", type=int, default=20_000, help="... or this many events (default 20000)")
     add("--partitions", type=int, help="measuring tasks (default: 3 x Spark's default parallelism)")
@@ -1358,16 +1312,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--max-batch", type=int, default=64, help="largest batch k (default 64)")
     add("--repeats", type=int, default=3, help="batches per event and parser; the fastest counts (default 3)")
     add("--recheck-every", type=int, default=50, help="time every N-th event twice (0: never; default 50)")
-    add("--percentiles", choices=("exact", "approx"), default="exact",
-        help="exact (Spark SQL percentile) or approx (percentile_approx, accuracy 10000)")
+    add("--percentiles", choices=("exact", "approx"), default="exact", help="Spark SQL percentile or percentile_approx")
     add("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions (default 8)")
     add("--runs", type=int, default=benchinfo.MIN_RUNS,
-        help=f"measuring runs over every event, the parsers' order reversed every other run (default "
-             f"{benchinfo.MIN_RUNS}): headline ratios are the runs' median and range, the tables each event's median")
-    add("--blob-bytes", type=int, default=64 << 10,
-        help="events of at least this many bytes are blob events: the headline is given without them too (65536)")
-    add("--no-walks", dest="walks", action="store_false",
-        help="leave out parse_cost.py's walks over the same (local) files on the driver")
+        help=f"runs over every event, the parsers' order alternated (default {benchinfo.MIN_RUNS})")
+    add("--blob-bytes", type=int, default=64 << 10, help="the headline without events this large too (65536)")
+    add("--no-walks", dest="walks", action="store_false", help="leave out parse_cost.py's walks on the driver")
     add("--walk-repeat", type=int, default=3, help="samples per walk and run (default 3)")
     add("--walk-min-sample", type=float, default=0.25, help="seconds a walk sample lasts at least (default 0.25)")
     add("--ui", action="store_true", help="turn Spark's web UI on (off by default)")
@@ -1458,10 +1408,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"published summary.md and {len(plots)} plots to {RESULTS_DIR}")
         ra = report["ratios_all"]
         log(f"done in {seconds:.0f} s: {report['events']:,} events; library/boundary "
-            f"{_x(ra['library_dec'], ra['boundary_dec'])}, library/view {_x(ra['library_dec'], ra['view_dec'])}; "
+            f"{fmt_x(ra['library_dec'], ra['boundary_dec'])}, library/view {fmt_x(ra['library_dec'], ra['view_dec'])}; "
             f"wrote {out}")
     finally:
-        progress.stop()
+        progress.stopped.set()
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
