@@ -24,7 +24,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, add_report_options, logger, percentile, save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, add_report_options, logger, percentile, results_document  # noqa: E402
+from benchmarks.common import save_figure  # noqa: E402
 from benchmarks.relay_bench import report_of  # noqa: E402
 from relayproxy.lab.lossless import (  # noqa: E402
     KINDS,
@@ -138,14 +139,9 @@ def write_markdown(path: Path, report: dict) -> None:
     lossless = [s for s in summaries if s["kind"] != "fallback"]
     bad = [r for r in rows if r["spec"]["kind"] != "fallback" and not r["ok"]]
     bad_fallback = [r for r in rows if r["spec"]["kind"] == "fallback" and not r["ok"]]
-    out = ["# Lossless promotion: randomized trials, through the relay vs the direct candidate as it is", ""]
-    out += benchinfo.header_block(
-        __file__, [], report["machine"], runs=1, command=report["command"],
-        what=(f"{len(rows)} randomized trials (seed {report['seed']}), each its own topology, the two promotions "
-              "side by side in every trial"))
     t = {key: sum(s[key] for s in lossless) for key in ("lost", "acked", "trials", "duplicate_rows", "errant",
                                                          "relay_dropped", "direct_lost", "direct_trials")}
-    out += [
+    out = [
         f"**Through the relay: {t['lost']} acknowledged commits lost of {t['acked']:,} in {t['trials']} trials of "
         f"the lossless kinds, {t['duplicate_rows']} rows applied twice, {t['errant']} errant GTIDs, "
         f"{t['relay_dropped']} relays holding a GTID the promoted master lacked, {len(bad)} trial(s) not OK.** "
@@ -271,8 +267,11 @@ def write_markdown(path: Path, report: dict) -> None:
             "dropped without flushing and refuse connections.", ""]
     if report.get("notes"):
         out += [report["notes"].rstrip(), ""]
-    out += benchinfo.machine_section(report["machine"])
-    path.write_text("\n".join(out))
+    what = (f"{len(rows)} randomized trials (seed {report['seed']}), each its own topology, the two promotions side "
+            "by side in every trial")
+    path.write_text(results_document("Lossless promotion: randomized trials, through the relay vs the direct candidate"
+                                     " as it is", __file__, [], report["machine"], out, what=what,
+                                     command=report["command"]))
 
 
 def write_plot(path: Path, report: dict) -> bool:
