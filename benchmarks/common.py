@@ -160,3 +160,18 @@ def save_figure(fig: Any, path: Path, *, dpi: int = 110) -> Path:
         plt.close(fig)
     return path
 
+
+
+# -- the hop stages in a table (E) -------------------------------------------------------------------------------
+
+def stage_cells(rows: list[dict], keys: Iterable[str] = ("mean", "p50", "p99")) -> list[str]:
+    """Table cells of one hop stage over runs (``hop_share`` rows): per key the median over the runs that have it,
+    "-" when none does; a count whole, milliseconds to 3 places."""
+    import statistics
+
+    cells = []
+    for key in keys:
+        values = [row[key] for row in rows if row[key] is not None]
+        med = statistics.median(values) if values else None
+        cells.append("-" if med is None else f"{med:.0f}" if key == "count" else f"{med:.3f}")
+    return cells

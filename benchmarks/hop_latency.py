@@ -29,6 +29,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 from benchmarks.benchinfo import command_line, machine_info, machine_section, pyplot  # noqa: E402
 from benchmarks.benchinfo import alternating_orders  # noqa: E402
 from benchmarks.common import RESULTS_DIR, hop_buckets, hop_share, percentile, save_figure, write_results  # noqa: E402
+from benchmarks.common import stage_cells  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import tree_cpu  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
@@ -238,14 +239,8 @@ def stage_section(runs: dict[str, list[dict]]) -> list[str]:
         hops = [r["hop"] for r in reps if r.get("hop")]
         for stage, what in STAGES.items():
             rows = [h[stage] for h in hops if h[stage]["count"]]
-            if not rows:
-                continue
-
-            def med(key: str) -> str:
-                values = [row[key] for row in rows if row[key] is not None]
-                return f"{statistics.median(values):.3f}" if values else "-"
-
-            lines.append(f"| {variant} | {stage} | {what} | {med('mean')} | {med('p50')} | {med('p99')} |")
+            if rows:
+                lines.append(f"| {variant} | {stage} | {what} | {' | '.join(stage_cells(rows))} |")
     return lines
 
 

@@ -24,7 +24,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from benchmarks.benchinfo import alternating_orders, fmt_median_range, machine_info, median_range  # noqa: E402
 from benchmarks.common import RESULTS_DIR, logger, percentile, pyplot, results_document, save_figure  # noqa: E402
-from benchmarks.common import add_report_options, hop_buckets, hop_share, write_results  # noqa: E402
+from benchmarks.common import add_report_options, hop_buckets, hop_share, stage_cells, write_results  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, change_master, prepare_master, replica_status  # noqa: E402
 from relayproxy.lab.lossless import wait_quietly  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
@@ -238,8 +238,7 @@ def render(report: dict, argv: list[str]) -> str:
         for stage in STAGES:
             if stage == "send" or not runs:
                 continue
-            cells = [median_cell([run[stage][k] for run in runs if run[stage][k] is not None], k == "count")
-                     for k in ("count", "mean", "p50", "p99")]
+            cells = stage_cells([run[stage] for run in runs], ("count", "mean", "p50", "p99"))
             body.append(f"| {ACKERS[relay]} | {w} | {stage} | {' | '.join(cells)} |")
     return results_document("Semi-sync commit latency: relayproxy as the acker against MariaDB replicas", __file__,
                             argv, report["machine"], body, runs=report["repeats"],
@@ -259,13 +258,6 @@ def fmt_range(values: list[float]) -> str:
     med, lo, hi = median_range(values)
     digits = 0 if med >= 100 else 2
     return f"{med:.{digits}f} ({lo:.{digits}f} - {hi:.{digits}f})"
-
-
-def median_cell(values: list[float], whole: bool) -> str:
-    if not values:
-        return "-"
-    med = median_range(values)[0]
-    return f"{med:.0f}" if whole else f"{med:.3f}"
 
 
 def plot(report: dict, path: Path) -> None:
