@@ -87,9 +87,7 @@ class Sampler(threading.Thread):
                     "t": t, "master": (master_file, int(master_pos)),
                     "store": (s.get("master_log_file"), s.get("read_master_log_pos")),
                     "archive": (h.get("file"), h.get("position")) if a else None,
-                    "lag_s": a.get("lag_seconds"), "lag_b": a.get("lag_bytes"), "state": a.get("state"),
-                    "bytes": a.get("bytes_uploaded"), "objects": a.get("objects_uploaded"),
-                    "parts": a.get("parts_uploaded"), "errors": a.get("errors"),
+                    "lag_s": a.get("lag_seconds"), "lag_b": a.get("lag_bytes"), "objects": a.get("objects_uploaded"),
                 })
             nxt = max(nxt + self.period, time.monotonic())
             if self._halt.wait(nxt - time.monotonic()):

@@ -31,7 +31,7 @@ from pathlib import Path
 if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
     import _bootstrap  # noqa: F401
 
-from benchmarks.benchinfo import fmt_median_range, median_range, run_alternating  # noqa: E402
+from benchmarks.benchinfo import alternating_orders, fmt_median_range, median_range  # noqa: E402
 from benchmarks.common import RESULTS_DIR, machine_info, pyplot, results_document, save_figure  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
@@ -287,7 +287,7 @@ def process_rows(relay: Path, names: list[str], work: Path, runs: int, serve: bo
     try:
         relay_start("run", relay, names, work, master.port, start_position)  # its clean stop leaves the checkpoint
 
-        def one(order, _i):
+        def one(order):
             figures = {}
             for variant in order:
                 if variant == "without":
@@ -295,12 +295,11 @@ def process_rows(relay: Path, names: list[str], work: Path, runs: int, serve: bo
                 figures[variant] = relay_start("run", relay, names, work, master.port, start_position)
             return figures
 
-        results = run_alternating(runs, ["with", "without"], one)
+        results = [one(order) for order in alternating_orders(runs, ["with", "without"])]
     finally:
         master.close()
     rows = [{"what": what, "mb": size / 1e6 if mb is None else mb, "files": len(names) - 1,
-             "with": [r["with"] for r in results], "without": [r["without"] for r in results],
-             "orders": [r["order"] for r in results]}]
+             "with": [r["with"] for r in results], "without": [r["without"] for r in results]}]
     if serve:
         rows.append({"what": "serve: closed files", "mb": size / 1e6, "files": len(names) - 1,
                      "with": [relay_start("serve", relay, names, work, None)], "without": None})
