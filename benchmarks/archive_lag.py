@@ -1,20 +1,17 @@
 """How far the archive (docs/archive.md) trails the relay's horizon under a steady OLTP load, what it uploads
-against the binlog it archives, and what the PUT requests come to; with a relay that does not archive as the peer
-(ingest lag, relay CPU), in the same run. The results file describes the set-up and every column.
+against the binlog, and what the PUT requests cost; a relay that does not archive is the peer (ingest lag, CPU).
 
-Configurations, each run ``SETTINGS["repeats"]`` times in alternated order: ``default interval``
-(``archive_interval`` not set, 1 s), ``interval 0.25 s`` and ``no archive`` (the peer). A ThreadedFaultProxy in
-front of moto counts the bytes over the wire. For each of ``STALL_SECONDS`` (5 and 35: either side of the relay's S3
-read timeout of 30 s), one more run at the default interval with moto SIGSTOPped that long in the middle of the load.
+Each of ``CONFIGS`` run ``SETTINGS["repeats"]`` times in alternated order, moto behind a byte-counting
+ThreadedFaultProxy; then, for each of ``STALL_SECONDS`` (either side of the relay's S3 read timeout of 30 s), one
+more run with moto SIGSTOPped that long in the middle of the load. The results file describes every column.
 
     .venv/bin/python benchmarks/archive_lag.py
-
-Writes benchmarks/results/archive_lag.md (and .png when matplotlib is installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import shutil
 import subprocess
@@ -75,7 +72,7 @@ class Sampler(threading.Thread):
         db = pymysql.connect(host="127.0.0.1", port=self.master.port, user="root", autocommit=True)
         cur = db.cursor()
         nxt = time.monotonic()
-        while not self._halt.is_set():
+        while True:
             try:
                 cur.execute("SHOW MASTER STATUS")
                 master_file, master_pos = cur.fetchone()[:2]
@@ -90,15 +87,11 @@ class Sampler(threading.Thread):
                     "t": t, "master": (master_file, int(master_pos)),
                     "store": (s.get("master_log_file"), s.get("read_master_log_pos")),
                     "archive": (h.get("file"), h.get("position")) if a else None,
-                    "lag_s": a.get("lag_seconds"), "lag_b": a.get("lag_bytes"), "state": a.get("state"),
-                    "bytes": a.get("bytes_uploaded"), "objects": a.get("objects_uploaded"),
-                    "parts": a.get("parts_uploaded"), "errors": a.get("errors"),
+                    "lag_s": a.get("lag_seconds"), "lag_b": a.get("lag_bytes"), "objects": a.get("objects_uploaded"),
                 })
-            nxt += self.period
-            if nxt > time.monotonic():
-                self._halt.wait(nxt - time.monotonic())
-            else:
-                nxt = time.monotonic()
+            nxt = max(nxt + self.period, time.monotonic())
+            if self._halt.wait(nxt - time.monotonic()):
+                break
         db.close()
 
     def stop(self) -> list[dict]:
@@ -122,7 +115,7 @@ def analyse(samples: list[dict], sizes: dict[str, int], t0: float, t1: float, t_
     g = byte_offsets(sizes)
     load = [s for s in samples if t0 <= s["t"] <= t1]
     ingest = [max(0, g(s["master"]) - g(s["store"])) for s in load]
-    out: dict = {"samples": len(load), "ingest_lag_p99": percentile(ingest, 99),
+    out: dict = {"ingest_lag_p99": percentile(ingest, 99),
                  "ingest_lag_max": max(ingest, default=0),
                  "series": [(round(s["t"] - t0, 3), s["lag_s"], s["lag_b"]) for s in samples if s["t"] >= t0 - 1]}
     if not archive:
@@ -130,7 +123,7 @@ def analyse(samples: list[dict], sizes: dict[str, int], t0: float, t1: float, t_
     lag_s = [float(s["lag_s"]) for s in load if s["lag_s"] is not None]
     lag_b = [int(s["lag_b"]) for s in load if s["lag_b"] is not None]
     out.update(lag_p50=percentile(lag_s, 50), lag_p99=percentile(lag_s, 99), lag_max=max(lag_s, default=0.0),
-               lagb_p50=percentile(lag_b, 50), lagb_p99=percentile(lag_b, 99), lagb_max=max(lag_b, default=0))
+               lagb_p99=percentile(lag_b, 99), lagb_max=max(lag_b, default=0))
     # The age of the oldest durable byte not in the bucket, from the samples alone: at sample i the bucket holds
     # up to A_i; the newest earlier sample j whose store horizon S_j <= A_i says every byte past A_i became durable
     # after t_j: the age is below t_i - t_j (0 when S_i <= A_i).
@@ -145,12 +138,10 @@ def analyse(samples: list[dict], sizes: dict[str, int], t0: float, t1: float, t_
             age = s["t"] - samples[j]["t"] if g(samples[j]["store"]) <= a else s["t"] - samples[0]["t"]
         if t0 <= s["t"] <= t1:
             ages.append(age)
-    out["age_p99"] = percentile(ages, 99)
     out["age_max"] = max(ages, default=0.0)
     in_load = [s for s in load if s["objects"] is not None]
     minutes = (in_load[-1]["t"] - in_load[0]["t"]) / 60 if len(in_load) > 1 else 0.0  # 0: too few samples
     out["puts_per_min_load"] = (in_load[-1]["objects"] - in_load[0]["objects"]) / minutes if minutes else float("nan")
-    out["parts_per_min_load"] = (in_load[-1]["parts"] - in_load[0]["parts"]) / minutes if minutes else float("nan")
     # Modelled: every second, the whole open file put again; a file put once more, whole, when it is closed.
     naive_bytes = naive_puts = 0
     end = t_drained if t_drained is not None else samples[-1]["t"]
@@ -209,7 +200,6 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
             stalled.append(time.monotonic())
         w = writers.result()
         cpu1 = cpu_seconds(relay.pid)
-        t_end = time.monotonic()
         relay.wait_caught_up(master, 60)
         t_drained = None
         if archive:
@@ -229,7 +219,7 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
     sizes = {row[0]: int(row[1]) for row in master.execute("SHOW BINARY LOGS")}
     binlog = sum(sizes.values())
     run = {"config": name, "interval": interval, "trx": w["trx"], "seconds": w["t_end"] - w["t0"],
-           "rate": w["trx"] / (w["t_end"] - w["t0"]), "binlog_bytes": binlog, "binlog_files": len(sizes),
+           "rate": w["trx"] / (w["t_end"] - w["t0"]), "binlog_bytes": binlog,
            "relay_cpu_ms_per_trx": 1000 * (cpu1 - cpu0) / max(1, w["trx"]), "failed_samples": sampler.failed}
     run.update(analyse(samples, sizes, w["t0"], w["t_end"], t_drained, archive))
     if stalled:
@@ -245,22 +235,17 @@ def one_run(ctx: dict, name: str, index: int, stall: float = 0.0) -> dict:
         objects = moto.bucket_objects(prefix)
         reqs = moto.requests(log_mark, prefix)
         run.update(
-            drain_seconds=t_drained - w["t_end"] if t_drained else None,
-            drain_after_load_end=t_drained - t_end if t_drained else None,
             put_bytes=a["bytes_uploaded"], put_objects=a["objects_uploaded"], parts=a["parts_uploaded"],
             sealed=a["files_sealed"], errors=a["errors"],
             bucket_bytes=sum(size for _, size in objects), bucket_objects=len(objects),
             bucket_parts=sum(1 for key, _ in objects if "/part." in key),
-            bucket_part_bytes=sum(size for key, size in objects if "/part." in key),
-            wire_up=wire.client_to_server, wire_down=wire.server_to_client, connections=wire.accepted,
+            wire_up=wire.client_to_server, connections=wire.accepted,
             moto_requests=reqs, moto_puts=reqs.get("PUT", 0),
         )
         for ratio, key in (("put", "put_bytes"), ("bucket", "bucket_bytes"), ("wire", "wire_up"),
-                           ("part", "bucket_part_bytes"), ("naive", "naive_bytes")):
+                           ("naive", "naive_bytes")):
             run[f"{ratio}_ratio"] = run[key] / binlog
-        gb = binlog / 1e9
-        run["puts_per_gb"] = run["moto_puts"] / gb
-        run["relay_puts_per_gb"] = run["put_objects"] / gb
+        run["puts_per_gb"] = run["moto_puts"] / (binlog / 1e9)
     shutil.rmtree(relay_dir, ignore_errors=True)
     return run
 
@@ -489,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "innodb_buffer_pool_size": "128M",
                                           "max_binlog_size": SETTINGS["max_binlog_size"]})
     moto = MotoServer(work)
-    index = 0
+    index = itertools.count(1)  # of the runs: their relay directories and bucket prefixes
     try:
         moto.start()
         moto.create_bucket()
@@ -498,17 +483,11 @@ def main(argv: list[str] | None = None) -> int:
         master.execute("CREATE DATABASE bench")
         master.execute(LOADS["oltp"])
         ctx = {"master": master, "moto": moto, "relay_parent": relay_parent}
-
-        def one(name: str, stall: float = 0.0) -> dict:
-            nonlocal index
-            index += 1
-            return one_run(ctx, name, index, stall)
-
-        def run_one(order, k):
+        for k, order in enumerate(benchinfo.alternating_orders(SETTINGS["repeats"], names), 1):
             for position, name in enumerate(order, 1):
-                log(f"repeat {k + 1}: {name}")
-                r = one(name)
-                r["repeat"], r["position"] = k + 1, f"{position} of {len(names)}"
+                log(f"repeat {k}: {name}")
+                r = one_run(ctx, name, next(index))
+                r["repeat"], r["position"] = k, f"{position} of {len(names)}"
                 report["runs"].append(r)
                 cpu = f"CPU {r['relay_cpu_ms_per_trx']:.3f} ms/trx"
                 if r["interval"] is not False:
@@ -517,13 +496,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"{r['puts_per_min_load']:.0f} PUT/min, {cpu}")
                 else:
                     log(f"  {r['rate']:.0f} trx/s, {cpu}, ingest max {r['ingest_lag_max'] / 1e3:.1f} KB")
-            return {}
-
-        benchinfo.run_alternating(SETTINGS["repeats"], names, run_one)
         report["stalls"] = []
         for stall in STALL_SECONDS:
             log(f"stall run: the bucket stopped for {stall:g} s")
-            r = one("default interval", stall)
+            r = one_run(ctx, "default interval", next(index), stall)
             r["repeat"], r["position"] = "stall", "-"
             r["config"], r["stall_seconds"] = f"default interval, bucket stopped {stall:g} s", stall
             report["stalls"].append(r)
@@ -536,9 +512,8 @@ def main(argv: list[str] | None = None) -> int:
         moto.stop()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(relay_parent, ignore_errors=True)
-    write_results(RESULTS, render(report, argv) + "\n")
+    write_results(RESULTS, render(report, argv) + "\n", log)
     plot(report, RESULTS.with_suffix(".png"))
-    print(f"wrote {RESULTS}")
     return 0
 
 

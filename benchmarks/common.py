@@ -140,8 +140,7 @@ def save_figure(fig: Any, path: Path, *, dpi: int = 110) -> Path:
     return path
 
 
-
-# -- a periodic sampler (B) --------------------------------------------------------------------------------------
+# -- a periodic sampler --------------------------------------------------------------------------------------
 
 def every(period: float, sample: Callable[[], Any], name: str = "sampler") -> Callable[[], None]:
     """Call ``sample()`` every ``period`` seconds in a daemon thread (an exception of it is a missed sample) until
@@ -164,3 +163,18 @@ def every(period: float, sample: Callable[[], Any], name: str = "sampler") -> Ca
         thread.join(10)
 
     return halt
+
+
+# -- the hop stages in a table ---------------------------------------------------------------------------------
+
+def stage_cells(rows: list[dict], keys: Iterable[str] = ("mean", "p50", "p99")) -> list[str]:
+    """Table cells of one hop stage over runs (``hop_share`` rows): per key the median over the runs that have it,
+    "-" when none does; a count whole, milliseconds to 3 places."""
+    import statistics
+
+    cells = []
+    for key in keys:
+        values = [row[key] for row in rows if row[key] is not None]
+        med = statistics.median(values) if values else None
+        cells.append("-" if med is None else f"{med:.0f}" if key == "count" else f"{med:.3f}")
+    return cells

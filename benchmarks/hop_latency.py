@@ -1,19 +1,12 @@
 """What one relay hop adds to a client's commit-to-arrival latency, against the master direct, in the same run.
 
-Per repeat: a writer process commits autocommit INSERTs at ``--rate`` trx/s and notes when each COMMIT returned; two
-python-mysql-replication readers (a process each, from the same MariaDB GTID position), one on ``relayproxy run``
-(per-transaction durability), one on the master, note when each row event arrived (CLOCK_MONOTONIC: one clock for
-every process). Each repeat runs every ``--variant`` of the relay in turn (alternating orders): ``default``
-(``sync_on_loop = auto``: the fdatasync on the event loop's thread while the disk's syncs are fast),
-``fsync_thread`` (always in the fsync thread, the default before 69bff39) and ``sync_on_loop`` (always on the loop). Per run, the relay's own
-``relayproxy_hop_seconds`` (relay/hoptimes.py, scraped from /metrics before and after) says where its time went.
-Beside it: the disk's own fdatasync latency on the relay directory's file system, the physical floor of a
-per-transaction durable hop; and the relay's CPU per transaction (its child processes included). The results file
-says the rest.
+Per repeat, for each relay variant of ``VARIANTS`` in turn (alternating orders): a writer process commits
+autocommit INSERTs at ``--rate`` trx/s; two python-mysql-replication readers, one on ``relayproxy run`` and one on
+the master, note when each row arrived (CLOCK_MONOTONIC, one clock for every process). Beside it: the relay's
+``relayproxy_hop_seconds`` share of the run, its CPU per transaction, and the disk's own fdatasync latency (the
+floor of a per-transaction durable hop). The results file describes the set-up.
 
-    .venv/bin/python benchmarks/hop_latency.py [--rate 1000] [--seconds 20] [--repeats 5] [--variant default ...]
-
-Writes benchmarks/results/hop_latency.md (and .png when matplotlib is installed).
+    .venv/bin/python benchmarks/hop_latency.py [--rate 1000] [--seconds 20] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -36,6 +29,7 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 from benchmarks.benchinfo import command_line, machine_info, machine_section, pyplot  # noqa: E402
 from benchmarks.benchinfo import alternating_orders  # noqa: E402
 from benchmarks.common import RESULTS_DIR, hop_buckets, hop_share, percentile, save_figure, write_results  # noqa: E402
+from benchmarks.common import stage_cells  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, prepare_master  # noqa: E402
 from relayproxy.lab.procstat import tree_cpu  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
@@ -47,7 +41,7 @@ VARIANTS = {"default": [], "fsync_thread": ["--sync-on-loop", "false"], "sync_on
 
 
 def fdatasync_probe(directory: Path, seconds: float) -> list[float]:
-    """Seconds per fdatasync of a 300-byte append, on ``directory``'s file system."""
+    """Milliseconds per fdatasync of a 300-byte append, on ``directory``'s file system."""
     path = directory / "fdatasync.probe"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     out = []
@@ -57,7 +51,7 @@ def fdatasync_probe(directory: Path, seconds: float) -> list[float]:
             os.write(fd, b"x" * 300)
             t = time.perf_counter()
             os.fdatasync(fd)
-            out.append(time.perf_counter() - t)
+            out.append(1000 * (time.perf_counter() - t))
     finally:
         os.close(fd)
         path.unlink()
@@ -114,8 +108,8 @@ def reader(port: int, server_id: int, gtid_pos: str, marker: int, last_id, ready
     out.put(seen)
 
 
-def one_repeat(master: MariaDBSandbox, relay: RelayProcess, relay_port: int, rate: float, seconds: float,
-               first_id: int, server_ids: tuple[int, int]) -> dict:
+def one_repeat(master: MariaDBSandbox, relay: RelayProcess, rate: float, seconds: float, first_id: int,
+               server_ids: tuple[int, int]) -> dict:
     ctx = mp.get_context("spawn")
     relay.wait_caught_up(master)
     gtid_pos = master.execute("SELECT @@gtid_binlog_pos")[0][0]
@@ -123,7 +117,7 @@ def one_repeat(master: MariaDBSandbox, relay: RelayProcess, relay_port: int, rat
     results = {}
     readers = {}
     marker = first_id - 5  # a row no repeat writes otherwise
-    for name, port, sid in (("relay", relay_port, server_ids[0]), ("direct", master.port, server_ids[1])):
+    for name, port, sid in (("relay", relay.listen_port, server_ids[0]), ("direct", master.port, server_ids[1])):
         ready, q = ctx.Event(), ctx.Queue()
         p = ctx.Process(target=reader, args=(port, sid, gtid_pos, marker, last_id, ready, q), daemon=True)
         p.start()
@@ -157,12 +151,10 @@ def one_repeat(master: MariaDBSandbox, relay: RelayProcess, relay_port: int, rat
     start = min(committed.values())
     out["series"] = {}
     for name, seen in results.items():
-        lat = [1000 * (seen[i] - t) for i, t in committed.items() if i in seen]
-        out["series"][name] = [(round(t - start, 4), round(1000 * (seen[i] - t), 3)) for i, t in committed.items()
-                               if i in seen]
-        if missing := len(committed) - len(lat):
+        if missing := sum(i not in seen for i in committed):
             raise RuntimeError(f"{name}: {missing} transactions never arrived")
-        out[name] = summary_ms(lat)
+        out["series"][name] = [(round(t - start, 4), round(1000 * (seen[i] - t), 3)) for i, t in committed.items()]
+        out[name] = summary_ms([1000 * (seen[i] - t) for i, t in committed.items()])
     out["p99_added"] = out["relay"]["p99"] - out["direct"]["p99"]
     out["p50_added"] = out["relay"]["p50"] - out["direct"]["p50"]
     return out
@@ -179,11 +171,8 @@ def summarize(values: list[float]) -> str:
 
 
 def by_variant(report: dict) -> dict[str, list[dict]]:
-    """The repeats' runs per relay variant, in the order the variants were asked for."""
-    out: dict[str, list[dict]] = {v: [] for v in report.get("variants", ["default"])}
-    for r in report["repeats"]:
-        out.setdefault(r.get("variant", "default"), []).append(r)
-    return out
+    """The repeats' runs per relay variant."""
+    return {v: [r for r in report["repeats"] if r["variant"] == v] for v in report["variants"]}
 
 
 def render(report: dict, argv: list[str]) -> str:
@@ -207,7 +196,7 @@ def render(report: dict, argv: list[str]) -> str:
         "| p99 added | relay CPU ms/trx |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["repeats"]:
-        lines.append(f"| {r.get('repeat', '-')} | {r.get('variant', 'default')} | {r['transactions']} | "
+        lines.append(f"| {r['repeat']} | {r['variant']} | {r['transactions']} | "
                      f"{r['relay']['p50']:.2f} | {r['relay']['p99']:.2f} | "
                      f"{r['relay']['max']:.1f} | {r['direct']['p50']:.2f} | {r['direct']['p99']:.2f} | "
                      f"{r['direct']['max']:.1f} | {r['p99_added']:+.2f} | {r['relay_cpu_ms_per_trx']:.3f} |")
@@ -250,14 +239,8 @@ def stage_section(runs: dict[str, list[dict]]) -> list[str]:
         hops = [r["hop"] for r in reps if r.get("hop")]
         for stage, what in STAGES.items():
             rows = [h[stage] for h in hops if h[stage]["count"]]
-            if not rows:
-                continue
-
-            def med(key: str) -> str:
-                values = [row[key] for row in rows if row[key] is not None]
-                return f"{statistics.median(values):.3f}" if values else "-"
-
-            lines.append(f"| {variant} | {stage} | {what} | {med('mean')} | {med('p50')} | {med('p99')} |")
+            if rows:
+                lines.append(f"| {variant} | {stage} | {what} | {' | '.join(stage_cells(rows))} |")
     return lines
 
 
@@ -267,8 +250,8 @@ def plot(report: dict, path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for (variant, reps), marker in zip(by_variant(report).items(), "os^v"):
-        xs = [r.get("repeat", k) for k, r in enumerate(reps, 1)]
-        ax.plot(xs, [r["p99_added"] for r in reps], marker + "-", label=f"p99 added: relay ({variant}) - direct")
+        ax.plot([r["repeat"] for r in reps], [r["p99_added"] for r in reps], marker + "-",
+                label=f"p99 added: relay ({variant}) - direct")
     ax.axhline(GOAL_MS, linestyle=":", color="gray", label=f"goal: {GOAL_MS:g} ms")
     ax.set_xlabel("repeat")
     ax.set_ylabel("p99 added by the hop (ms)")
@@ -284,17 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--servers-dir", default="/dev/shm")
-    p.add_argument("--relay-dir-parent", default=None, help="where the relay directory goes (default: /tmp)")
-    p.add_argument("--variant", action="append", choices=list(VARIANTS), default=None,
-                   help="relay variant to run in each repeat (repeatable; default: all of them)")
-    p.add_argument("--relay-option", action="append", default=[], metavar="ARG",
-                   help="extra `relayproxy run` argument for every variant (repeatable)")
     p.add_argument("--output", type=Path, default=RESULTS)
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     args = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="hop-", dir=args.servers_dir))
-    relay_parent = Path(tempfile.mkdtemp(prefix="hop-relay-", dir=args.relay_dir_parent))
+    relay_parent = Path(tempfile.mkdtemp(prefix="hop-relay-"))
     master = MariaDBSandbox(work / "master", server_id=1, binlog_format="ROW",
                             extra_config={"sync_binlog": 0, "innodb_flush_log_at_trx_commit": 2,
                                           "binlog_row_metadata": "FULL"})
@@ -306,16 +284,16 @@ def main(argv: list[str] | None = None) -> int:
         master.execute("CREATE DATABASE bench")
         master.execute("CREATE TABLE bench.t (id BIGINT PRIMARY KEY, v VARCHAR(200)) ENGINE=InnoDB")
         fs = os.popen(f"df --output=fstype {relay_parent} | tail -1").read().strip()
-        variants = args.variant or list(VARIANTS)
+        variants = list(VARIANTS)
         report = {"rate": args.rate, "seconds": args.seconds, "servers_dir": args.servers_dir, "variants": variants,
                   "relay_fs": f"{relay_parent.parent} ({fs})", "repeats": [], "fdatasync": {}}
-        report["fdatasync"]["before the runs, 5 s"] = summary_ms([1000 * s for s in fdatasync_probe(relay_parent, 5)])
+        report["fdatasync"]["before the runs, 5 s"] = summary_ms(fdatasync_probe(relay_parent, 5))
         first_id, run_index = 1, 0
         for k, order in enumerate(alternating_orders(args.repeats, variants), 1):
             for variant in order:
                 relay = RelayProcess(relay_parent / variant, master.port, listen=True, users="repl:replpw",
-                                     extra=[*VARIANTS[variant], *args.relay_option]).start()
-                r = one_repeat(master, relay, relay.listen_port, args.rate, args.seconds, first_id,
+                                     extra=VARIANTS[variant]).start()
+                r = one_repeat(master, relay, args.rate, args.seconds, first_id,
                                (900 + 2 * run_index, 901 + 2 * run_index))
                 relay.stop()
                 relay = None
@@ -325,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                 report["repeats"].append(r)
                 print(f"repeat {k} {variant}: relay p99 {r['relay']['p99']:.2f} direct p99 {r['direct']['p99']:.2f} "
                       f"added {r['p99_added']:+.2f} ms; relay CPU {r['relay_cpu_ms_per_trx']:.3f} ms/trx", flush=True)
-        report["fdatasync"]["after the runs, 5 s"] = summary_ms([1000 * s for s in fdatasync_probe(relay_parent, 5)])
+        report["fdatasync"]["after the runs, 5 s"] = summary_ms(fdatasync_probe(relay_parent, 5))
         report["machine"] = machine_info(server=True)
     finally:
         if relay is not None:

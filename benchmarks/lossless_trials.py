@@ -1,16 +1,11 @@
 """Lossless promotion, randomized: a semi-sync master killed under load, `relayproxy promote` through the relay vs
-promoting the lagging direct replica as it is, side by side in every trial.
-
-Each trial is one ``relayproxy.lab.lossless.Trial`` (its docstring has the topology and the kinds): acknowledged
-commits missing on the master `relayproxy promote` made (must be 0), rows applied twice, partial transactions and
-errant GTIDs (0 each), against the loss of promoting the direct candidate as it was; and kill -> writable. Every
-``--fallback-every``-th trial lets the master fall back to async: the documented hole, counted apart.
+promoting the lagging direct replica as it is, side by side in every trial (``relayproxy.lab.lossless.Trial`` has
+the topology and the kinds). Every ``--fallback-every``-th trial lets the master fall back to async: the documented
+hole, counted apart. Exit code 1 when a trial of a lossless kind lost, duplicated or made errant anything, or could
+not be run to its end.
 
     .venv/bin/python benchmarks/lossless_trials.py                      # 200 trials, seed 1
     .venv/bin/python benchmarks/lossless_trials.py --trials 12 --seed 7 --out /tmp/lt/lossless_trials.md
-
-Writes benchmarks/results/lossless_trials.md (tables per kind, every trial listed) and a PNG beside it. Exit code 1
-when any trial of a lossless kind lost, duplicated or made errant anything, or could not be run to its end.
 """
 
 from __future__ import annotations
@@ -29,7 +24,8 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
     import _bootstrap  # noqa: F401
 
 from benchmarks import benchinfo  # noqa: E402
-from benchmarks.common import RESULTS_DIR, add_report_options, logger, percentile, save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, add_report_options, logger, percentile, results_document  # noqa: E402
+from benchmarks.common import save_figure  # noqa: E402
 from benchmarks.relay_bench import report_of  # noqa: E402
 from relayproxy.lab.lossless import (  # noqa: E402
     KINDS,
@@ -69,21 +65,19 @@ def run_trials(count: int, seed: int, *, fallback_every: int, workdir: Path, pro
     return rows
 
 
-# kind_summary's sums over the trials run to their end: (key, what of a trial is added up)
+# kind_summary's sums over the trials run to their end: of a trial's own counts, and of what else is added up
+COUNTED = ("acked", "acked_rows", "lost", "duplicate_rows", "partial", "direct_lost", "unacked_returned",
+           "unacked_lost")
 SUMMED = (
-    ("acked", lambda r: r["acked"]), ("acked_rows", lambda r: r["acked_rows"]), ("lost", lambda r: r["lost"]),
-    ("duplicate_rows", lambda r: r["duplicate_rows"]), ("partial", lambda r: r["partial"]),
     ("errant", lambda r: len(r["errant"])), ("relay_dropped", lambda r: len(r.get("relay_dropped", []))),
-    ("direct_lost", lambda r: r["direct_lost"]), ("direct_trials", lambda r: r["direct_lost"] > 0),
-    ("direct_lost_rows", lambda r: r["direct_lost_rows"]), ("unacked_returned", lambda r: r["unacked_returned"]),
-    ("unacked_lost", lambda r: r["unacked_lost"]), ("direct_unacked_lost", lambda r: r.get("direct_unacked_lost", 0)),
-    ("unacked_trials", lambda r: r["unacked_lost"] > 0), ("fell_back", lambda r: bool(r["fell_back"])),
+    ("direct_trials", lambda r: r["direct_lost"] > 0), ("unacked_trials", lambda r: r["unacked_lost"] > 0),
+    ("direct_unacked_lost", lambda r: r.get("direct_unacked_lost", 0)), ("fell_back", lambda r: bool(r["fell_back"])),
     ("promote_killed", lambda r: any(p.get("killed") for p in r["promote_runs"])),
     ("promote_reruns", lambda r: len(r["promote_runs"]) - 1),
     ("candidate_ahead", lambda r: bool(r["candidate_ahead"])),
     ("candidate_extra", lambda r: bool(r.get("candidate_extra"))),
     ("replica_checked", lambda r: r["replica_caught_up"] is not None),
-    ("replica_ok", lambda r: r["replica_caught_up"] is True), ("trial_seconds", lambda r: r["total_seconds"]),
+    ("replica_ok", lambda r: r["replica_caught_up"] is True),
 )
 
 
@@ -93,6 +87,7 @@ def kind_summary(rows: list[dict], kind: str) -> dict:
     times = [r["kill_to_writable"] for r in done]
     return {
         "kind": kind, "trials": len(mine), "errors": len(mine) - len(done),
+        **{key: sum(r[key] for r in done) for key in COUNTED},
         **{key: sum(of(r) for r in done) for key, of in SUMMED},
         "direct_max": max((r["direct_lost"] for r in done), default=0),
         "writable_median": benchinfo.median_range(times)[0] if times else None,
@@ -144,14 +139,9 @@ def write_markdown(path: Path, report: dict) -> None:
     lossless = [s for s in summaries if s["kind"] != "fallback"]
     bad = [r for r in rows if r["spec"]["kind"] != "fallback" and not r["ok"]]
     bad_fallback = [r for r in rows if r["spec"]["kind"] == "fallback" and not r["ok"]]
-    out = ["# Lossless promotion: randomized trials, through the relay vs the direct candidate as it is", ""]
-    out += benchinfo.header_block(
-        __file__, [], report["machine"], runs=1, command=report["command"],
-        what=(f"{len(rows)} randomized trials (seed {report['seed']}), each its own topology, the two promotions "
-              "side by side in every trial"))
     t = {key: sum(s[key] for s in lossless) for key in ("lost", "acked", "trials", "duplicate_rows", "errant",
                                                          "relay_dropped", "direct_lost", "direct_trials")}
-    out += [
+    out = [
         f"**Through the relay: {t['lost']} acknowledged commits lost of {t['acked']:,} in {t['trials']} trials of "
         f"the lossless kinds, {t['duplicate_rows']} rows applied twice, {t['errant']} errant GTIDs, "
         f"{t['relay_dropped']} relays holding a GTID the promoted master lacked, {len(bad)} trial(s) not OK.** "
@@ -277,8 +267,11 @@ def write_markdown(path: Path, report: dict) -> None:
             "dropped without flushing and refuse connections.", ""]
     if report.get("notes"):
         out += [report["notes"].rstrip(), ""]
-    out += benchinfo.machine_section(report["machine"])
-    path.write_text("\n".join(out))
+    what = (f"{len(rows)} randomized trials (seed {report['seed']}), each its own topology, the two promotions side "
+            "by side in every trial")
+    path.write_text(results_document("Lossless promotion: randomized trials, through the relay vs the direct candidate"
+                                     " as it is", __file__, [], report["machine"], out, what=what,
+                                     command=report["command"]))
 
 
 def write_plot(path: Path, report: dict) -> bool:

@@ -1,20 +1,12 @@
 """Restart time of a relay directory with and without the recovery checkpoint and the per-file indexes.
 
-Four measurements, each the median of 3 (``--runs``), with the checkpoint / indexes a clean stop leaves and with
-them removed: recovery alone (``RelayStore.open`` against the newest file's size: without the checkpoint, the full
-scan); the catalog at start (``FileCatalog.purged()``, gtid_purged, which needs the GTIDs inside every closed file,
-against their total size: without the indexes, every file scanned and its index written again); a start as the
-store sees it (``open`` + ``purged()`` + ``close``); and the whole restart as an operator sees it: ``relayproxy run
---listen`` spawned on the directory until a real ``mariadb-binlog --read-from-remote-server --raw`` has received
-the newest file (checked byte for byte) and a ``SELECT @@GLOBAL.gtid_purged`` (what a MySQL auto-position replica's
-dump start computes) is answered. Its master is the scripted MySQL 8 master of the tests
-(``tests/support/fakemaster.py``, in a thread) holding the relay's newest file: no MariaDB sandbox can serve MySQL
-binlogs, and with it the relay resumes from its horizon against matching bytes, as after a real restart. With
-``--serve``, once per size, also ``relayproxy serve`` (which scans every file by design).
-
-The files are MySQL binlogs written here: GTID transactions of one ~64 KB row event each, closed files of 100 MB, a
-newest file of 1 MB. The page cache is warm: the figures are the relay's own work, not the disk's. A directory is
-written only when the disk has room for it and 2 GiB more.
+Each the median of ``--runs``, with the checkpoint / indexes a clean stop leaves and with them removed: recovery
+alone (``RelayStore.open``: without the checkpoint, a full scan of the newest file), the catalog at start
+(``FileCatalog.purged()``: without the indexes, every closed file scanned), a start as the store sees it, and the
+whole restart as an operator sees it: ``relayproxy run --listen`` spawned until a real ``mariadb-binlog --raw`` has
+the newest file and ``SELECT @@GLOBAL.gtid_purged`` is answered (its master the scripted MySQL master of
+tests/support/fakemaster.py). The files are MySQL binlogs written here, in a warm page cache. The results file
+describes the set-up.
 
     .venv/bin/python benchmarks/restart_time.py [--newest 10,100,1000] [--closed 1000,10000] [--runs 3]
         [--serve] [--dir /path]
@@ -34,13 +26,12 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from pathlib import Path
 
 if not __package__:  # run as a file: the repository root on sys.path (benchmarks/__init__.py)
     import _bootstrap  # noqa: F401
 
-from benchmarks.benchinfo import fmt_median_range, median_range, run_alternating  # noqa: E402
+from benchmarks.benchinfo import alternating_orders, fmt_median_range, median_range  # noqa: E402
 from benchmarks.common import RESULTS_DIR, machine_info, pyplot, results_document, save_figure  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
 from relayproxy.binlog import constants as C  # noqa: E402
@@ -80,15 +71,14 @@ def require_space(where: Path, needed: int, what: str) -> None:
 
 
 def _event(type_code: int, body: bytes, end: int) -> bytes:
-    size = C.HEADER_LEN + len(body) + 4
-    raw = struct.pack("<IBIIIH", 1700000000, type_code, 1, size, end + size, 0) + body
-    return raw + struct.pack("<I", zlib.crc32(raw))
+    return E.event(type_code, body, log_pos=end + C.HEADER_LEN + len(body) + 4)
 
 
-def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | None) -> int:
-    """A binlog of about ``megabytes`` MB at ``path``; returns the next GNO."""
+def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | None) -> tuple[int, int]:
+    """A binlog of about ``megabytes`` MB at ``path``; returns the next GNO and the offset of the last GTID event."""
     head = E.binlog_file(E.previous_gtids(), server_version=FILE_VERSION)
     gno = first_gno
+    last_gtid = 0
     payload = bytes(ROW)
     with open(path, "wb") as f:
         f.write(head)
@@ -96,6 +86,7 @@ def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | No
         while end < megabytes << 20:
             chunk = bytearray()
             for _ in range(64):
+                last_gtid = end
                 for type_code, body in (
                     (C.GTID_LOG_EVENT, struct.pack("<B16sqBqq", 1, SID, gno, 2, 0, 1)),
                     (C.QUERY_EVENT, struct.pack("<IIBHH", 7, 0, 4, 0, 5) + bytes(5) + b"test\0BEGIN"),
@@ -109,7 +100,7 @@ def write_binlog(path: Path, megabytes: int, first_gno: int, next_name: str | No
             f.write(chunk)
         if next_name is not None:
             f.write(_event(C.ROTATE_EVENT, struct.pack("<Q", 4) + next_name.encode(), end))
-    return gno
+    return gno, last_gtid
 
 
 def with_without(fn, runs: int, drop, restore=None) -> dict:
@@ -141,7 +132,7 @@ def newest_rows(base: Path, sizes: list[int], runs: int) -> list[dict]:
         require_space(base, mb << 20, f"a newest file of {mb} MB")
         relay.mkdir()
         name = "binlog.000001"
-        write_binlog(relay / name, mb, 1, None)
+        _, last_gtid = write_binlog(relay / name, mb, 1, None)
         DU.write_index(relay, [name])
         os.sync()  # the file just written reaches the disk now, not behind the measured starts' fsyncs
         store = RelayStore.open(relay)  # one full scan, then a clean stop: the checkpoint at the horizon
@@ -158,26 +149,9 @@ def newest_rows(base: Path, sizes: list[int], runs: int) -> list[dict]:
                                     lambda: checkpoint.unlink(missing_ok=True), restore_checkpoint)})
         restore_checkpoint()
         rows += process_rows(relay, [name], base / "work", runs, False, what="run: newest file", mb=size / 1e6,
-                             start_position=last_group_offset(relay / name))
+                             start_position=last_gtid)
         shutil.rmtree(relay)
     return rows
-
-
-def last_group_offset(path: Path) -> int:
-    """Offset of the last GTID event of a file (its last transaction), found by walking the event headers."""
-    last = None
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        pos = 4
-        while pos + C.HEADER_LEN <= size:
-            f.seek(pos)
-            header = f.read(C.HEADER_LEN)
-            if header[4] == C.GTID_LOG_EVENT:
-                last = pos
-            pos += struct.unpack_from("<I", header, 9)[0]
-    if last is None:
-        raise RuntimeError(f"{path.name} holds no GTID transaction")
-    return last
 
 
 def make_closed_dir(base: Path, total_mb: int) -> tuple[Path, list[str]]:
@@ -190,7 +164,7 @@ def make_closed_dir(base: Path, total_mb: int) -> tuple[Path, list[str]]:
     names = [f"binlog.{i:06d}" for i in range(1, n + 2)]
     gno = 1
     for i, name in enumerate(names[:-1]):
-        gno = write_binlog(relay / name, FILE_MB, gno, names[i + 1])
+        gno, _ = write_binlog(relay / name, FILE_MB, gno, names[i + 1])
     write_binlog(relay / names[-1], NEWEST_MB, gno, None)
     DU.write_index(relay, names)
     store = RelayStore.open(relay)
@@ -313,7 +287,7 @@ def process_rows(relay: Path, names: list[str], work: Path, runs: int, serve: bo
     try:
         relay_start("run", relay, names, work, master.port, start_position)  # its clean stop leaves the checkpoint
 
-        def one(order, _i):
+        def one(order):
             figures = {}
             for variant in order:
                 if variant == "without":
@@ -321,12 +295,11 @@ def process_rows(relay: Path, names: list[str], work: Path, runs: int, serve: bo
                 figures[variant] = relay_start("run", relay, names, work, master.port, start_position)
             return figures
 
-        results = run_alternating(runs, ["with", "without"], one)
+        results = [one(order) for order in alternating_orders(runs, ["with", "without"])]
     finally:
         master.close()
     rows = [{"what": what, "mb": size / 1e6 if mb is None else mb, "files": len(names) - 1,
-             "with": [r["with"] for r in results], "without": [r["without"] for r in results],
-             "orders": [r["order"] for r in results]}]
+             "with": [r["with"] for r in results], "without": [r["without"] for r in results]}]
     if serve:
         rows.append({"what": "serve: closed files", "mb": size / 1e6, "files": len(names) - 1,
                      "with": [relay_start("serve", relay, names, work, None)], "without": None})

@@ -1,20 +1,11 @@
 """What the semi-sync acker costs every commit on the master: relayproxy against MariaDB replicas, in one run.
 
-One MariaDB master with ``rpl_semi_sync_master_wait_point=AFTER_SYNC``: a commit returns only once one semi-sync
-replica has acknowledged it. The acker is, in turn, (a) ``relayproxy run`` with its defaults (it ACKs after the
-fdatasync that makes the transaction durable; ``sync_on_loop = auto``), (b) a MariaDB replica with
-``sync_relay_log=1`` (durable before its ACK, as the relay is), (c) a MariaDB replica with its defaults (it ACKs
-what it has written, not synced); and the relay once more with ``sync_on_loop = false`` (its fdatasync always in
-the fsync thread, the default before 69bff39). One at a time is the master's semi-sync replica (the
-two replicas replicate throughout, asynchronously while another acker is measured).
-``--writers`` processes (one connection each) commit autocommit INSERTs as fast as they can for
-``--seconds``; each commit's latency is timed in the writer. A run whose master fell back to asynchronous
-replication (``Rpl_semi_sync_master_no_tx`` moved) is reported as invalid, not as a fast one. For the relay, the
-run's share of ``relayproxy_hop_seconds`` (relay/hoptimes.py) says where its time went.
+A MariaDB master with ``rpl_semi_sync_master_wait_point=AFTER_SYNC``; its one semi-sync replica is, in turn, each of
+``ACKERS`` (the others replicate asynchronously meanwhile). ``--writers`` processes commit autocommit INSERTs as fast
+as they can for ``--seconds``, each commit timed in the writer. A run whose master fell back to async is invalid.
+The results file describes the set-up.
 
     .venv/bin/python benchmarks/semisync_commit.py [--writers 1,4,16] [--seconds 10] [--repeats 3]
-
-Writes benchmarks/results/semisync_commit.md (and .png when matplotlib is installed).
 """
 
 from __future__ import annotations
@@ -33,8 +24,9 @@ if not __package__:  # run as a file: the repository root on sys.path (benchmark
 
 from benchmarks.benchinfo import alternating_orders, fmt_median_range, machine_info, median_range  # noqa: E402
 from benchmarks.common import RESULTS_DIR, logger, percentile, pyplot, results_document, save_figure  # noqa: E402
-from benchmarks.common import add_report_options, hop_buckets, hop_share, write_results  # noqa: E402
+from benchmarks.common import add_report_options, hop_buckets, hop_share, stage_cells, write_results  # noqa: E402
 from relayproxy.lab.harness import RelayProcess, change_master, prepare_master, replica_status  # noqa: E402
+from relayproxy.lab.lossless import wait_quietly  # noqa: E402
 from relayproxy.lab.sandbox import MariaDBSandbox  # noqa: E402
 from relayproxy.relay.hoptimes import STAGES  # noqa: E402
 
@@ -73,16 +65,15 @@ def status_vars(master) -> dict[str, str]:
 
 
 class Ackers:
-    """The three ackers on one master; ``attach(name)`` makes that one the master's only semi-sync replica."""
+    """The ackers on one master; ``attach(name)`` makes that one the master's only semi-sync replica."""
 
-    def __init__(self, master: MariaDBSandbox, work: Path, acker_dir: Path):
-        self.master, self.work, self.acker_dir = master, work, acker_dir
+    def __init__(self, master: MariaDBSandbox, acker_dir: Path):
+        self.master, self.acker_dir = master, acker_dir
         self.relay: RelayProcess | None = None
         self.replicas: dict[str, MariaDBSandbox] = {}
 
     def start_replicas(self) -> None:
-        """Both replicas, replicating from the start without semi-sync: they stay connected and caught up while the
-        others are measured (each config runs beside the same consumers), and ``attach`` turns one's semi-sync on."""
+        """Both replicas, replicating without semi-sync from the start: caught up beside every acker measured."""
         for k, name in enumerate(a for a in ACKERS if not a.startswith("relay")):
             config = {"rpl_semi_sync_slave_enabled": 0, **({"sync_relay_log": 1} if name == "replica_sync" else {})}
             replica = MariaDBSandbox(self.acker_dir / name, server_id=10 + k, log_bin=False,
@@ -97,6 +88,10 @@ class Ackers:
         replica.execute("STOP SLAVE IO_THREAD")  # the IO thread registers (or not) as semi-sync when it starts
         replica.execute("START SLAVE IO_THREAD")
 
+    def _clients(self, count: str, seconds: float) -> bool:
+        return bool(wait_quietly(lambda: status_vars(self.master).get("Rpl_semi_sync_master_clients") == count,
+                                 seconds))
+
     def attach(self, name: str) -> None:
         if name.startswith("relay"):  # one relay directory: each start resumes from its horizon
             extra = ["--sync-on-loop", "false"] if name == "relay_fsync_thread" else []
@@ -105,28 +100,20 @@ class Ackers:
             self.relay.wait_caught_up(self.master)
         else:
             self._semi_sync(name, True)
-        deadline = time.monotonic() + 300
-        while status_vars(self.master).get("Rpl_semi_sync_master_clients") != "1":
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not become the master's semi-sync replica within 300 s")
-            time.sleep(0.1)
+        if not self._clients("1", 300):
+            raise RuntimeError(f"{name} did not become the master's semi-sync replica within 300 s")
         if not name.startswith("relay"):  # caught up before the writers start: the run measures acks, not a backlog
             gtid = self.master.execute("SELECT @@gtid_binlog_pos")[0][0]
-            while replica_status(self.replicas[name]).get("Gtid_IO_Pos") != gtid:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{name} did not catch up with the master within 300 s")
-                time.sleep(0.1)
+            if not wait_quietly(lambda: replica_status(self.replicas[name]).get("Gtid_IO_Pos") == gtid, 300):
+                raise RuntimeError(f"{name} did not catch up with the master within 300 s")
 
     def detach(self, name: str) -> None:
         if name.startswith("relay"):
-            assert self.relay is not None
             self.relay.stop()
             self.relay = None
         else:
             self._semi_sync(name, False)
-        deadline = time.monotonic() + 30
-        while status_vars(self.master).get("Rpl_semi_sync_master_clients") != "0" and time.monotonic() < deadline:
-            time.sleep(0.1)
+        self._clients("0", 30)
 
     def close(self) -> None:
         if self.relay is not None:
@@ -151,15 +138,14 @@ def measure(master: MariaDBSandbox, ackers: Ackers, name: str, writers: int, sec
             if parent.recv() != "ready":
                 raise RuntimeError("a writer did not start")
         before = status_vars(master)
-        scrape = (lambda: hop_buckets(ackers.relay.http_port)) if ackers.relay is not None else None
-        hop_before = scrape() if scrape else None
+        hop_before = hop_buckets(ackers.relay.http_port) if ackers.relay is not None else None
         for parent in pipes:
             parent.send("go")
         latencies = [s for parent in pipes for s in parent.recv()]
         for proc in procs:
             proc.join(10)
         after = status_vars(master)
-        hop = hop_share(hop_before, scrape()) if scrape and hop_before else None
+        hop = hop_share(hop_before, hop_buckets(ackers.relay.http_port)) if hop_before else None
     finally:
         ackers.detach(name)
     fallback = int(after["Rpl_semi_sync_master_no_tx"]) - int(before["Rpl_semi_sync_master_no_tx"])
@@ -182,7 +168,7 @@ def run(args) -> dict:
         "rpl_semi_sync_master_enabled": 1, "rpl_semi_sync_master_wait_point": "AFTER_SYNC",
         "rpl_semi_sync_master_timeout": 10000, "rpl_semi_sync_master_wait_no_slave": "OFF",
         "sync_binlog": 1, "innodb_flush_log_at_trx_commit": 1})
-    ackers = Ackers(master, work, acker_dir)
+    ackers = Ackers(master, acker_dir)
     report = {"writers": args.writers, "seconds": args.seconds, "repeats": args.repeats, "rows": [],
               "servers_dir": args.servers_dir, "acker_dir": args.acker_dir}
     try:
@@ -252,8 +238,7 @@ def render(report: dict, argv: list[str]) -> str:
         for stage in STAGES:
             if stage == "send" or not runs:
                 continue
-            cells = [median_cell([run[stage][k] for run in runs if run[stage][k] is not None], k == "count")
-                     for k in ("count", "mean", "p50", "p99")]
+            cells = stage_cells([run[stage] for run in runs], ("count", "mean", "p50", "p99"))
             body.append(f"| {ACKERS[relay]} | {w} | {stage} | {' | '.join(cells)} |")
     return results_document("Semi-sync commit latency: relayproxy as the acker against MariaDB replicas", __file__,
                             argv, report["machine"], body, runs=report["repeats"],
@@ -261,16 +246,10 @@ def render(report: dict, argv: list[str]) -> str:
 
 
 def ratios(report: dict, writers: int, other: str, relay: str = "relay") -> list[float]:
-    out = []
-    for repeat in range(1, report["repeats"] + 1):
-        def p99(acker: str) -> float | None:
-            rows = [r for r in report["rows"] if r["acker"] == acker and r["writers"] == writers
-                    and r["repeat"] == repeat and r["valid"]]
-            return rows[0]["p99"] if rows else None
-        mine, theirs = p99(relay), p99(other)
-        if mine is not None and theirs:
-            out.append(mine / theirs)
-    return out
+    """The relay's p99 over ``other``'s, repeat by repeat (valid runs only)."""
+    p99 = {(r["acker"], r["repeat"]): r["p99"] for r in report["rows"] if r["writers"] == writers and r["valid"]}
+    return [p99[relay, k] / p99[other, k] for k in range(1, report["repeats"] + 1)
+            if p99.get((relay, k)) is not None and p99.get((other, k))]
 
 
 def fmt_range(values: list[float]) -> str:
@@ -279,13 +258,6 @@ def fmt_range(values: list[float]) -> str:
     med, lo, hi = median_range(values)
     digits = 0 if med >= 100 else 2
     return f"{med:.{digits}f} ({lo:.{digits}f} - {hi:.{digits}f})"
-
-
-def median_cell(values: list[float], whole: bool) -> str:
-    if not values:
-        return "-"
-    med = median_range(values)[0]
-    return f"{med:.0f}" if whole else f"{med:.3f}"
 
 
 def plot(report: dict, path: Path) -> None:
