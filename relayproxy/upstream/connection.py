@@ -175,20 +175,11 @@ class _PacketProtocol(asyncio.Protocol):
         """Every complete payload buffered, waiting for at least one; payloads that arrived before the connection
         broke are delivered first, the error after them."""
         while True:
-            payloads = self.decoder.payloads()
+            payloads = self.take()
             if payloads:
-                self.batch_arrived, self._arrived = self._arrived, None
-                if self.paused:
-                    self.paused = False
-                    if self.transport is not None and not self.transport.is_closing():
-                        self.transport.resume_reading()
                 return payloads
-            if self.error is not None:
-                raise self.error
-            if self._waiter is not None:
-                raise RuntimeError("another task is already waiting for packets on this connection")
             waiter = asyncio.get_running_loop().create_future()
-            self._waiter = waiter
+            self.wake_on_input(waiter)
             try:
                 if timeout is None:
                     await waiter
@@ -197,6 +188,37 @@ class _PacketProtocol(asyncio.Protocol):
                         await waiter
             finally:
                 self._waiter = None
+
+    def take(self) -> list[bytes]:
+        """``read_batch`` without the wait: every complete payload buffered now, none when it would wait; the
+        connection's error once nothing it received before breaking is left."""
+        payloads = self.decoder.payloads()
+        if payloads:
+            self.batch_arrived, self._arrived = self._arrived, None
+            if self.paused:
+                self.paused = False
+                if self.transport is not None and not self.transport.is_closing():
+                    self.transport.resume_reading()
+            return payloads
+        if self.error is not None:
+            raise self.error
+        return payloads
+
+    def wake_on_input(self, future: asyncio.Future[None]) -> None:
+        """Complete ``future`` (its result None) once a payload or the connection's error is there to take; the
+        caller clears it (``stop_waking``) when it stops waiting. One waiter at a time."""
+        if self._waiter is not None:
+            raise RuntimeError("another task is already waiting for packets on this connection")
+        self._waiter = future
+
+    def stop_waking(self, future: asyncio.Future[None]) -> None:
+        if self._waiter is future:
+            self._waiter = None
+
+
+def _wake(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _ssl_context(
@@ -583,6 +605,43 @@ class UpstreamConnection:
         if self._busy:
             raise MySQLError(CR_COMMANDS_OUT_OF_SYNC, "HY000", "Commands out of sync: a command is reading replies")
         return await self._protocol.read_batch(self.read_timeout)
+
+    def take_packets(self) -> list[bytes]:
+        """``read_packets`` without the wait: the payloads it would return now, or none when it would wait (then
+        ``wake_on_packets`` says when to take again). Raises as ``read_packets`` does, but never TimeoutError."""
+        if self._pending:
+            batch = list(self._pending)
+            self._pending.clear()
+            self._protocol.batch_arrived = None
+            return batch
+        if self._busy:
+            raise MySQLError(CR_COMMANDS_OUT_OF_SYNC, "HY000", "Commands out of sync: a command is reading replies")
+        return self._protocol.take()
+
+    def wake_on_packets(self, future: asyncio.Future[None]) -> None:
+        """Complete ``future`` once ``take_packets`` has something to return (payloads or the connection's error);
+        ``stop_waking(future)`` when no longer waiting. Cheaper than a task around ``read_packets`` per wait."""
+        self._protocol.wake_on_input(future)
+
+    def stop_waking(self, future: asyncio.Future[None]) -> None:
+        self._protocol.stop_waking(future)
+
+    async def wait_for_packets(self, other: asyncio.Future | None, timeout: float | None) -> None:
+        """Until ``take_packets`` has something to return, ``other`` ends (the relay's fsync out), or ``timeout``
+        seconds pass: one future the three complete and no task (the relay waits once or twice a transaction)."""
+        wake = asyncio.get_running_loop().create_future()
+        self.wake_on_packets(wake)
+        timer = asyncio.get_running_loop().call_later(timeout, _wake, wake) if timeout is not None else None
+        if other is not None:
+            other.add_done_callback(woken := lambda _f: _wake(wake))
+        try:
+            await wake
+        finally:
+            self.stop_waking(wake)
+            if timer is not None:
+                timer.cancel()
+            if other is not None:
+                other.remove_done_callback(woken)
 
     def write_packet(self, payload: bytes, seq: int) -> None:
         """Send a raw packet on the dump connection, e.g. a semi-sync ACK (0xEF + position + file name, seq 0).

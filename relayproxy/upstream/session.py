@@ -598,38 +598,28 @@ class UpstreamSession:
     async def _stream(self, conn: UpstreamConnection) -> None:
         """Read, parse and write batches while the previous batch's fsync runs in the fsync thread.
 
-        One read is outstanding at a time and survives wake-ups: the loop wakes when a batch arrives
-        or when the fsync in flight ends (to publish the horizon and ACK at once, and start the next
-        fsync), and otherwise at the batch-mode sync deadline or the silence limit."""
+        It takes what the connection holds, and waits only when nothing is there: until a batch arrives
+        or the fsync in flight ends (to publish the horizon and ACK at once, and start the next fsync),
+        and otherwise until the batch-mode sync deadline or the silence limit."""
         receiver = self.receiver
         heartbeat = self.master.heartbeat_period
         silence_limit = 2 * heartbeat + 1.0 if heartbeat else None
         last_data = time.monotonic()
-        read: asyncio.Future | None = None
         try:
             while not self._stopping.is_set() and self.io_enabled:
-                now = time.monotonic()
-                wait = None if silence_limit is None else max(silence_limit - (now - last_data), 0.0)
-                flight = self.sync_driver.waiter
-                if flight is None:
-                    deadline = self.store.sync_deadline
-                    if deadline is not None:
-                        until_sync = max(deadline - now, 0.0)
-                        wait = until_sync if wait is None else min(wait, until_sync)
-                if read is None:
-                    read = asyncio.ensure_future(conn.read_packets())
-                await asyncio.wait((read,) if flight is None else (read, flight), timeout=wait,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                payloads = ()
-                if read.done():
-                    done, read = read, None
-                    try:
-                        payloads = done.result()
-                    except asyncio.TimeoutError:  # the connection's read timeout: as a silent wait
-                        if silence_limit is not None and time.monotonic() - last_data >= silence_limit:
-                            raise
-                elif silence_limit is not None and time.monotonic() - last_data >= silence_limit:
-                    raise asyncio.TimeoutError()
+                payloads = conn.take_packets()  # what arrived meanwhile (a broken stream raises here)
+                if not payloads:
+                    flight = self.sync_driver.waiter
+                    if flight is None or not flight.done():
+                        now = time.monotonic()
+                        wait = None if silence_limit is None else max(silence_limit - (now - last_data), 0.0)
+                        if flight is None:
+                            deadline = self.store.sync_deadline
+                            if deadline is not None:
+                                until_sync = max(deadline - now, 0.0)
+                                wait = until_sync if wait is None else min(wait, until_sync)
+                        await conn.wait_for_packets(flight, wait)
+                        payloads = conn.take_packets()
                 if payloads:
                     last_data = began = time.monotonic()
                     before = receiver.counters.transactions
@@ -641,6 +631,8 @@ class UpstreamSession:
                         # Whatever completed before an error in the batch is still made durable.
                         await self._sync_and_ack(conn)
                         self._switch_done()
+                elif silence_limit is not None and time.monotonic() - last_data >= silence_limit:
+                    raise asyncio.TimeoutError()
                 else:
                     await self._sync_and_ack(conn)
         except asyncio.CancelledError:
@@ -651,12 +643,6 @@ class UpstreamSession:
         else:
             await self.sync_driver.drain(self.store)  # a stop: the complete transactions received are durable
         finally:
-            if read is not None:
-                if read.done():
-                    if not read.cancelled():
-                        read.exception()  # retrieved: the round is over either way
-                else:
-                    read.cancel()  # read_batch takes payloads only when it returns: nothing is lost
             self.sync_driver.forget()
 
     def _store_writes_again(self) -> None:
