@@ -575,7 +575,7 @@ def slim(phase: dict) -> dict:
 
 
 # --- analysis of phases ---
-def ceiling_steps(phase: dict, step_seconds: float, max_lag: float) -> list[dict]:
+def ceiling_steps(phase: dict, max_lag: float) -> list[dict]:
     """Per step of a rate ladder: offered trx/s, delivered MB/s (all clients, from the byte samples), sampled
     clients' lag in the step's second half, and whether the target kept up: every sampled client got every
     transaction of that half, with p99 lag below max_lag seconds (lag that grows without bound fails both)."""
@@ -716,7 +716,7 @@ def run(args) -> dict:
             for target in TARGETS:
                 sched = [(r, CEILING_STEP_SECONDS) for r in CEILING_STEPS[load]]
                 ph = bench.phase(target, load, args.binlog_clients, schedule=sched, idle_seconds=2.0, drain=False)
-                steps = ceiling_steps(ph, CEILING_STEP_SECONDS, CEILING_MAX_LAG)
+                steps = ceiling_steps(ph, CEILING_MAX_LAG)
                 kept = list(itertools.takewhile(lambda st: st["kept_up"], steps))
                 pct = {k: round(100 * c["load"] / ph["window_seconds"], 1) if (c := ph["cpu_seconds"][k]) else None
                        for k in ("relay", "mariadbd")}
