@@ -12,6 +12,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -440,6 +441,55 @@ def test_killed_master_raises_connection_lost_and_idle_reads_time_out(mariadb, r
         assert "Lost connection" in info.value.message
         with pytest.raises(ConnectionLost):
             await conn.read_packets()  # and on every later call
+        await conn.close()
+
+    run(scenario())
+
+
+def test_take_and_wait_for_packets_the_relay_stream_loop_way(mariadb, run):
+    """take_packets never waits; wait_for_packets wakes on a payload, on another future, on its timeout and on the
+    connection's end, and leaves no waiter behind (a cancelled one included)."""
+    master = mariadb()
+    master.execute("CREATE DATABASE t")
+    master.execute("CREATE TABLE t.x (id INT PRIMARY KEY)")
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        conn = await UpstreamConnection.connect(master.host, master.port, "root", "", read_timeout=0.3)
+        await prepare_replica_session(conn)
+        await conn.binlog_dump("master-bin.000001", 4, server_id=12)
+        received: list[bytes] = []
+        while True:  # the file's events, then nothing: the wait ends by its timeout
+            await conn.wait_for_packets(None, 1.0)
+            batch = conn.take_packets()
+            if not batch:
+                break
+            received += batch
+        assert [event_type(p) for p in received[:2]] == [ROTATE_EVENT, FORMAT_DESCRIPTION_EVENT]
+        assert conn.take_packets() == []  # nothing there: an empty list at once, never a TimeoutError
+
+        other = loop.create_future()
+        loop.call_later(0.05, other.set_result, None)
+        began = time.monotonic()
+        await conn.wait_for_packets(other, 30.0)  # the other future ends the wait
+        assert time.monotonic() - began < 20 and conn.take_packets() == []
+
+        waiting = asyncio.ensure_future(conn.wait_for_packets(None, None))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        master.execute("INSERT INTO t.x VALUES (1)")  # after a cancelled wait a new one may start, and wakes
+        got: list[bytes] = []
+        while not any(event_type(p) == 16 for p in got):  # up to the XID
+            await conn.wait_for_packets(None, 30.0)
+            got += conn.take_packets()
+
+        master.kill()
+        with pytest.raises(ConnectionLost):
+            for _ in range(100):
+                await conn.wait_for_packets(None, 10.0)
+                conn.take_packets()
         await conn.close()
 
     run(scenario())
