@@ -597,14 +597,7 @@ class UpstreamConnection:
         Raises ConnectionLost once the master is gone (after every payload received before that was returned),
         ProtocolError for a broken stream, TimeoutError when nothing arrives within read_timeout (the
         connection stays as it is: a dump may simply be idle without heartbeats)."""
-        if self._pending:
-            batch = list(self._pending)
-            self._pending.clear()
-            self._protocol.batch_arrived = None
-            return batch
-        if self._busy:
-            raise MySQLError(CR_COMMANDS_OUT_OF_SYNC, "HY000", "Commands out of sync: a command is reading replies")
-        return await self._protocol.read_batch(self.read_timeout)
+        return self.take_packets() or await self._protocol.read_batch(self.read_timeout)
 
     def take_packets(self) -> list[bytes]:
         """``read_packets`` without the wait: the payloads it would return now, or none when it would wait (then
