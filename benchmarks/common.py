@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import statistics
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -145,9 +148,6 @@ def save_figure(fig: Any, path: Path, *, dpi: int = 110) -> Path:
 def every(period: float, sample: Callable[[], Any], name: str = "sampler") -> Callable[[], None]:
     """Call ``sample()`` every ``period`` seconds in a daemon thread (an exception of it is a missed sample) until
     the function returned is called (it waits for the thread to end; calling it again does nothing more)."""
-    import contextlib
-    import threading
-
     stop = threading.Event()
 
     def run() -> None:
@@ -170,8 +170,6 @@ def every(period: float, sample: Callable[[], Any], name: str = "sampler") -> Ca
 def stage_cells(rows: list[dict], keys: Iterable[str] = ("mean", "p50", "p99")) -> list[str]:
     """Table cells of one hop stage over runs (``hop_share`` rows): per key the median over the runs that have it,
     "-" when none does; a count whole, milliseconds to 3 places."""
-    import statistics
-
     cells = []
     for key in keys:
         values = [row[key] for row in rows if row[key] is not None]

@@ -601,7 +601,7 @@ class UpstreamConnection:
 
     def take_packets(self) -> list[bytes]:
         """``read_packets`` without the wait: the payloads it would return now, or none when it would wait (then
-        ``wake_on_packets`` says when to take again). Raises as ``read_packets`` does, but never TimeoutError."""
+        ``wait_for_packets`` says when to take again). Raises as ``read_packets`` does, but never TimeoutError."""
         if self._pending:
             batch = list(self._pending)
             self._pending.clear()
@@ -611,26 +611,20 @@ class UpstreamConnection:
             raise MySQLError(CR_COMMANDS_OUT_OF_SYNC, "HY000", "Commands out of sync: a command is reading replies")
         return self._protocol.take()
 
-    def wake_on_packets(self, future: asyncio.Future[None]) -> None:
-        """Complete ``future`` once ``take_packets`` has something to return (payloads or the connection's error);
-        ``stop_waking(future)`` when no longer waiting. Cheaper than a task around ``read_packets`` per wait."""
-        self._protocol.wake_on_input(future)
-
-    def stop_waking(self, future: asyncio.Future[None]) -> None:
-        self._protocol.stop_waking(future)
-
     async def wait_for_packets(self, other: asyncio.Future | None, timeout: float | None) -> None:
         """Until ``take_packets`` has something to return, ``other`` ends (the relay's fsync out), or ``timeout``
         seconds pass: one future the three complete and no task (the relay waits once or twice a transaction)."""
-        wake = asyncio.get_running_loop().create_future()
-        self.wake_on_packets(wake)
-        timer = asyncio.get_running_loop().call_later(timeout, _wake, wake) if timeout is not None else None
+        loop = asyncio.get_running_loop()
+        wake = loop.create_future()
+        protocol = self._protocol
+        protocol.wake_on_input(wake)
+        timer = loop.call_later(timeout, _wake, wake) if timeout is not None else None
         if other is not None:
             other.add_done_callback(woken := lambda _f: _wake(wake))
         try:
             await wake
         finally:
-            self.stop_waking(wake)
+            protocol.stop_waking(wake)
             if timer is not None:
                 timer.cancel()
             if other is not None:
