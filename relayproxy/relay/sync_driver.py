@@ -40,7 +40,8 @@ class SyncDriver:
     published sync moved the horizon. The store is passed to each call: the session may reopen it between rounds.
     ``hop``, when given, hears when each sync begins and when its end is published (relay/hoptimes.py).
     ``on_loop``: run the fdatasync on the loop's thread (``sync_on_loop``), as long as they stay fast; ``"auto"``:
-    on the loop while the recent fdatasyncs average under ``ON_LOOP_AUTO_MAX``, in the fsync thread otherwise."""
+    on the loop while the recent fdatasyncs average under ``ON_LOOP_AUTO_MAX``, in the fsync thread otherwise and
+    before the first one has been timed."""
 
     def __init__(self, on_advance: Callable[[], None] | None = None, hop: HopTimes | None = None, *,
                  on_loop: bool | str = False) -> None:
@@ -168,8 +169,8 @@ class SyncDriver:
     def _sync_here(self) -> bool:
         """Whether the next sync runs on the loop's thread (before the slow-sync backoff, which ``_start`` checks)."""
         if self.on_loop == "auto":
-            average = self.fsync_average
-            return average is None or average < ON_LOOP_AUTO_MAX
+            average = self.fsync_average  # none yet: the disk is unknown, so its first sync does not hold the loop
+            return average is not None and average < ON_LOOP_AUTO_MAX
         return bool(self.on_loop)
 
     def _native_fsync(self) -> fsyncer.NativeFsync:

@@ -423,34 +423,43 @@ def test_on_loop_a_failed_fdatasync_raises_from_step_and_fails_the_store(tmp_pat
 
 
 def test_on_loop_auto_follows_the_average_fdatasync(tmp_path, worker, monkeypatch):
-    """sync_on_loop = auto (the default): on the loop while the recent fdatasyncs average under ON_LOOP_AUTO_MAX, in
-    the fsync thread when they do not, and back on the loop once they do again."""
+    """sync_on_loop = auto (the default): in the fsync thread until one sync has been timed (a disk of unknown speed
+    never holds the loop), then on the loop while the recent fdatasyncs average under ON_LOOP_AUTO_MAX, in the fsync
+    thread when they do not, and back on the loop once they do again."""
     from relayproxy.relay import sync_driver
 
     stream = Stream(tmp_path)
     ends = ends_of(stream)
     driver = SyncDriver(on_loop="auto")
+    monkeypatch.setattr(sync_driver, "ON_LOOP_AUTO_MAX", 10.0)  # any disk is fast enough for the loop
 
     async def scenario():
+        assert driver.describe()["on_loop_now"] is False  # no average yet
         stream.feed_until(ends[1])
-        driver.step(stream.store)  # no average yet: on the loop, published at once
-        assert driver.waiter is None and stream.horizon == ends[1] and driver.syncs_on_loop == 1
-        assert driver.fsync_average is not None and driver.fsync_average > 0
-        monkeypatch.setattr(sync_driver, "ON_LOOP_AUTO_MAX", 0.0)  # every average is too slow now
-        stream.feed_until(ends[2])
         driver.step(stream.store)
-        assert driver.waiter is not None and driver.syncs_off_loop == 1  # in the fsync thread
+        assert driver.waiter is not None and driver.syncs_off_loop == 1 and driver.syncs_on_loop == 0
         await ended(driver)
         driver.step(stream.store)
-        assert stream.horizon == ends[2]
-        monkeypatch.setattr(sync_driver, "ON_LOOP_AUTO_MAX", 10.0)  # fast again
+        assert stream.horizon == ends[1]
+        assert driver.fsync_average is not None and driver.fsync_average > 0
+        stream.feed_until(ends[2])
+        driver.step(stream.store)  # timed and fast: on the loop, published at once
+        assert driver.waiter is None and stream.horizon == ends[2] and driver.syncs_on_loop == 1
+        monkeypatch.setattr(sync_driver, "ON_LOOP_AUTO_MAX", 0.0)  # every average is too slow now
         stream.feed_until(ends[3])
         driver.step(stream.store)
-        assert driver.waiter is None and stream.horizon == ends[3] and driver.syncs_on_loop == 2
+        assert driver.waiter is not None and driver.syncs_off_loop == 2  # in the fsync thread
+        await ended(driver)
+        driver.step(stream.store)
+        assert stream.horizon == ends[3]
+        monkeypatch.setattr(sync_driver, "ON_LOOP_AUTO_MAX", 10.0)  # fast again
+        stream.feed_until(ends[4])
+        driver.step(stream.store)
+        assert driver.waiter is None and stream.horizon == ends[4] and driver.syncs_on_loop == 2
         driver.close()
 
     asyncio.run(scenario())
-    assert [w.jobs for w in worker.made] == [1] and driver.on_loop_pauses == 0
+    assert [w.jobs for w in worker.made] == [2] and driver.on_loop_pauses == 0  # the first sync and the slow one
     stream.store.close()
 
 
