@@ -146,6 +146,15 @@ class Replica:
     def status(self) -> dict:
         return {**replica_status(self.sandbox), "gtid_slave_pos": slave_pos(self.sandbox)}
 
+    def errors_logged(self, lines: int = 6) -> list[str]:
+        """The last ``lines`` [ERROR] lines of the server's error log: the reason behind a generic Last_IO_Error
+        such as "could not queue event from master" is written there only."""
+        try:
+            text = self.sandbox.error_log.read_text(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if "[ERROR]" in line][-lines:]
+
 
 # -- the load ----------------------------------------------------------------------------------------------------
 
@@ -728,8 +737,11 @@ class Soak:
             fault.survived = ok
             fault.relay_said, fault.relay_error = self.relay.upstream_ends(log_offset)
             if not ok:
-                fault.failure = (f"did not converge within {CONVERGE_TIMEOUT}s: {detail}\nrelay log:\n"
-                                 + self.relay.log_tail(15))
+                # The replicas' own [ERROR] lines first: the results file keeps the first 3,000 characters.
+                fault.failure = (f"did not converge within {CONVERGE_TIMEOUT}s: {detail}"
+                                 + "".join(f"\n{r.name}'s error log:\n" + "\n".join(errors)
+                                           for r in self.replicas if (errors := r.errors_logged()))
+                                 + "\nrelay log:\n" + self.relay.log_tail(15))
             self.faults.append(fault)
             self.files.check()
             self.master_binlogs()
@@ -1103,7 +1115,10 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         soak.teardown()
-    shutil.rmtree(work, ignore_errors=True)
+    if report["verdict"]["passed"]:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        log(f"servers' and relay's files kept in {work} (the run failed)")
     report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report["machine"] = machine_info(server=True)
     if args.output:
