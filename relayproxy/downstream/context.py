@@ -134,9 +134,18 @@ class SenderProcesses(Protocol):
     async def hand_off(self, worker: Any, ticket: dict[str, Any], fd: int, progress: DumpProgress) -> None:
         """Give the replica's socket ``fd`` (closed here) to ``worker`` and wait until its dump ends there."""
 
+    def stop_dumps(self) -> None:
+        """A graceful stop: each worker's dumps end at their next transaction boundary (``DownstreamContext``'s)."""
+
 
 # ---------------------------------------------------------------------------------------------
 # Relay-wide state for the downstream side.
+
+
+class StoppableDump(Protocol):
+    """What ``DownstreamContext.stop_dumps`` needs of a running dump (dump/sender.py's DumpSender)."""
+
+    def wake(self) -> None: ...
 
 
 class DownstreamContext:
@@ -165,6 +174,18 @@ class DownstreamContext:
         # The hop's stage histograms (relay/hoptimes.py) from ``relayproxy run``: the dumps of this process report
         # their send stage there (None: not measured, e.g. in a sender process or under ``serve``).
         self.hop = hop
+        # The dumps running in this process, and whether they are asked to end (``stop_dumps``: a graceful stop).
+        self.dumps: set[StoppableDump] = set()
+        self.dumps_stopping = False
+
+    def stop_dumps(self) -> None:
+        """A graceful stop: every dump ends at the next transaction boundary it reaches (at once when it waits at
+        the horizon), so no replica is left holding part of a transaction the relay chose to cut. A MariaDB
+        replica by file/position cannot even resume inside a statement by itself after a reconnect
+        (tests/scenarios/test_scenario_file_position_mid_statement.py)."""
+        self.dumps_stopping = True
+        for dump in list(self.dumps):
+            dump.wake()
 
     @property
     def store(self) -> StoreReader:

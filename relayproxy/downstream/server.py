@@ -46,6 +46,8 @@ log = get_logger(__name__)
 # Log lines a peer host can cause per window (client errors, refusals, internal errors); the rest are counted
 # and the count is reported on its next line once the window has passed.
 DEFAULT_LOG_LINES_PER_HOST = 10
+# Seconds a graceful stop gives each running dump to reach a transaction boundary before it is cut.
+DUMP_STOP_GRACE = 5.0
 
 
 class DownstreamServer:
@@ -272,11 +274,24 @@ class DownstreamServer:
         return True
 
     async def close(self) -> None:
-        """Stop listening and end every connection (a running dump is cancelled; replicas reconnect later)."""
+        """Stop listening and end every connection; replicas reconnect later. A running dump first gets up to
+        ``DUMP_STOP_GRACE`` seconds to reach a transaction boundary (``DownstreamContext.stop_dumps``, in this
+        process and in the sender processes), so a graceful stop leaves no replica inside a transaction; what is
+        still running then is cancelled."""
         self._closing = True
         server = self._server
         if server is not None:
             server.close()
+        self.ctx.stop_dumps()
+        if self.senders is not None:
+            self.senders.stop_dumps()
+        dumps = [s.dump_ended for s in list(self._sessions.values())
+                 if s.dump_ended is not None and not s.dump_ended.done()]
+        if dumps:
+            _done, late = await asyncio.wait(dumps, timeout=DUMP_STOP_GRACE)
+            if late:
+                log.warning("dumps still inside a transaction at the stop grace's end: cut", dumps=len(late),
+                            grace_seconds=DUMP_STOP_GRACE)
         tasks = [s.task for s in list(self._sessions.values()) if s.task is not None]
         for task in tasks:
             task.cancel()

@@ -171,6 +171,7 @@ class Session:
         self.counted = False  # holds a slot in the server's counts
         self.evicted = False
         self.dumping: tuple[str, object] | None = None  # ("uuid", uuid) or ("server_id", id) while a dump runs
+        self.dump_ended: asyncio.Future | None = None  # resolved when the connection's dump is over
         self.log = log.bind(conn_id=conn_id, client=f"{protocol.peer_host}:{protocol.peer_port}")
 
     @property
@@ -528,6 +529,15 @@ class Session:
             server_id=request.server_id, flags=request.flags,
         )
         self.dumping = _replica_identity(state, request)
+        self.dump_ended = asyncio.get_running_loop().create_future()  # what a graceful stop waits for
+        try:
+            await self._run_dump(request, progress)
+        finally:
+            if not self.dump_ended.done():
+                self.dump_ended.set_result(None)
+
+    async def _run_dump(self, request: DumpRequest, progress: DumpProgress) -> None:
+        state = self.state
         self.server.end_older_dumps(self)
         pool = self.server.senders
         if pool is not None:

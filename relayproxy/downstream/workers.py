@@ -277,6 +277,15 @@ class SenderPool:
                 worker.process.kill()
                 await asyncio.to_thread(worker.process.wait)
 
+    def stop_dumps(self) -> None:
+        """A graceful stop: every worker ends its dumps at their next transaction boundary; each dump's ``ended``
+        message then completes its session in the relay process."""
+        for worker in self.workers:
+            if worker is not None and worker.alive:
+                assert worker.control is not None
+                with contextlib.suppress(ConnectionError, ValueError, OSError):
+                    worker.control.send({"t": "stop"})
+
     # -- handing a dump over -------------------------------------------------------------------------
     def pick(self) -> _Worker | None:
         live = [w for w in self.workers if w is not None and w.alive]
@@ -561,6 +570,8 @@ class Worker:
             conn_id = ticket["conn_id"]
             task = asyncio.get_running_loop().create_task(self._serve(ticket, fds[0]), name=f"dump-{conn_id}")
             self.dumps[conn_id] = (None, task)  # type: ignore[assignment]
+        elif kind == "stop":
+            self.ctx.stop_dumps()  # the relay is stopping: each dump ends at its next transaction boundary
         elif kind == "kill":
             entry = self.dumps.get(message["conn_id"])
             if entry is not None:

@@ -262,6 +262,7 @@ class DumpSender:
         conn.dump = self.progress
         self.loop = asyncio.get_running_loop()
         self.gone = self.loop.create_future()
+        self.ctx.dumps.add(self)
         try:
             try:
                 first_file, start_pos = self._adopt(await StartReader(self.ctx).plan(self.start_request()))
@@ -276,11 +277,23 @@ class DumpSender:
         except ReplicaGone:
             log.debug("replica left the dump", conn_id=conn.conn_id, file=self.file, position=self.pos)
         finally:
+            self.ctx.dumps.discard(self)
             if self.tracker is not None:
                 self.tracker.forget(conn.conn_id)
             if self.reader_task is not None:
                 self.reader_task.cancel()
                 await asyncio.wait({self.reader_task})  # (a cancellation of this task still propagates)
+
+    def wake(self) -> None:
+        """End a wait at the horizon now (``DownstreamContext.stop_dumps``): the dump then sees the stop."""
+        _expire(self.waiter)
+
+    def _stop_here(self) -> None:
+        """On a graceful stop, end the dump at a transaction boundary (the caller is at one)."""
+        if self.ctx.dumps_stopping:
+            log.info("dump ended at a transaction boundary: the relay is stopping", conn_id=self.conn.conn_id,
+                     file=self.file, position=self.pos)
+            raise DumpFinished
 
     async def _send_error(self, failure: DumpFailure) -> None:
         message = failure.message
@@ -479,6 +492,7 @@ class DumpSender:
         while True:
             if self.gone is not None and self.gone.done():
                 raise ReplicaGone
+            self._stop_here()  # between ranges, which end at the horizon or a file's end: transaction boundaries
             horizon = self.ctx.horizon
             snap = horizon.snapshot()
             limit, closed = self._durable_end(rf, snap)
@@ -651,11 +665,14 @@ class DumpSender:
         crc = self.event_alg == CHECKSUM_CRC32
         first = True
         while pos < limit:
+            if self.ctx.dumps_stopping and self.parser.is_at_boundary:
+                self._stop_here()
             if watch_purge and not first:
                 self._check_not_purged(rf.name)
             first = False
             data = None
-            if self.chunks is not None and self._plain():
+            if self.chunks is not None and self._plain() and not self.ctx.dumps_stopping:
+                # (a stopping dump goes event by event: a shared chunk ends where its size says, not at a boundary)
                 want = min(limit - pos, SHARED_CHUNK)
                 chunk = await self._chunk(rf, pos, want, crc, limit)
                 if chunk is not None:
@@ -691,6 +708,8 @@ class DumpSender:
                 await self._handle(view, off, size, pos + off, type_code, flags, None)
                 off = end
                 handled += 1
+                if self.ctx.dumps_stopping and self.parser.is_at_boundary:
+                    self._stop_here()
                 if not handled % _EVENTS_PER_YIELD:
                     # A read holds up to READ_CHUNK of small events, all skipped or sent without a wait (a GTID
                     # dump skipping to its point, a fast socket): let the loop serve everyone else in between.
