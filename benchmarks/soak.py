@@ -79,6 +79,9 @@ FAULT_WEIGHTS = {
     "relay PURGE": 2, "master PURGE": 1,
     "direct replica kill -9": 1,
 }
+# What MariaDB's error log says when a file/position replica reconnected inside a statement (its rows-event tracker
+# is reset at a reconnect only for GTID replicas: tests/scenarios/test_scenario_file_position_mid_statement.py).
+MID_STATEMENT_LINE = "did not receive an expected Rows-log end-of-statement"
 REPLICA_FAULTS = ("replica STOP/START SLAVE", "replica kill -9", "replica clean restart", "direct replica kill -9")
 KEEP_FILES = 3  # PURGE keeps at least the newest this many files
 STALLED_DUMP_SERVER_ID = 999_999  # the replica that stalls in the oldest relay file before some PURGEs
@@ -145,6 +148,25 @@ class Replica:
 
     def status(self) -> dict:
         return {**replica_status(self.sandbox), "gtid_slave_pos": slave_pos(self.sandbox)}
+
+    def log_size(self) -> int:
+        with contextlib.suppress(OSError):
+            return self.sandbox.error_log.stat().st_size
+        return 0
+
+    def stopped_mid_statement(self, since: int) -> bool:
+        """Whether MariaDB's IO thread stopped on its rows-event tracker after a reconnect inside a statement
+        (1595, and its error log line after byte ``since``): a file/position replica's limitation at a cut link
+        (docs/operations.md, "Recovery"), which START SLAVE resumes."""
+        try:
+            st = replica_status(self.sandbox)
+            with open(self.sandbox.error_log, "rb") as f:
+                f.seek(since)
+                logged = f.read().decode(errors="replace")
+        except (OSError, pymysql.MySQLError):
+            return False
+        return (self.use_gtid == "no" and st.get("Slave_IO_Running") == "No"
+                and str(st.get("Last_IO_Errno")) == "1595" and MID_STATEMENT_LINE in logged)
 
     def errors_logged(self, lines: int = 6) -> list[str]:
         """The last ``lines`` [ERROR] lines of the server's error log: the reason behind a generic Last_IO_Error
@@ -419,6 +441,7 @@ class Fault:
     failure: str | None = None
     relay_said: dict = field(default_factory=dict)  # "upstream connection ended" kinds the relay logged after it
     relay_error: str | None = None  # the first of those messages
+    resumed: list = field(default_factory=list)  # replicas given START SLAVE after MariaDB's mid-statement check
 
 
 def convergence(ok: bool, seconds: float, detail: str) -> dict:
@@ -491,12 +514,23 @@ class Soak:
         self.binlog_sizes.update((name, int(size)) for name, size, *_ in rows)
         return [row[0] for row in rows]
 
-    def converge(self, timeout: float, exact: bool = False) -> tuple[bool, float, str]:
+    def converge(self, timeout: float, exact: bool = False, resume: dict | None = None,
+                 fault: Fault | None = None) -> tuple[bool, float, str]:
         """Wait until the relay's horizon and every replica's gtid_slave_pos reach the master's current position
-        (read now; with ``exact``, read again at every poll and required equal: the load is stopped)."""
+        (read now; with ``exact``, read again at every poll and required equal: the load is stopped).
+
+        ``resume`` (after a relay kill -9: the relay could not finish what it was sending): replica name -> its
+        error log's size before the fault; a file/position replica stopped by MariaDB's mid-statement check since
+        then gets START SLAVE, once, as docs/operations.md says, and ``fault`` records it."""
         began = time.monotonic()
         want_file, want_pos, want_gtid = self.master_position()
         while True:
+            for r in self.replicas:
+                if resume and r.name in resume and r.stopped_mid_statement(resume[r.name]):
+                    del resume[r.name]
+                    r.sandbox.execute("START SLAVE")
+                    if fault is not None:
+                        fault.resumed.append(r.name)
             if exact:
                 want_file, want_pos, want_gtid = self.master_position()
             problems = []
@@ -724,6 +758,8 @@ class Soak:
             number += 1
             fault = Fault(number, next(kinds))
             log_offset = self.relay.log_path.stat().st_size
+            # A relay kill -9 can cut a dump inside a statement (a graceful stop does not: no resume then).
+            resume = {r.name: r.log_size() for r in self.replicas} if fault.kind == "relay kill -9" else None
             try:
                 self.inject(fault)
             except Exception as exc:  # noqa: BLE001 - an injection that breaks is a failure to report
@@ -732,7 +768,9 @@ class Soak:
                 self.faults.append(fault)
                 log(f"fault {number} {fault.kind}: INJECTION FAILED {exc}")
                 break
-            ok, seconds, detail = self.converge(timeout=CONVERGE_TIMEOUT)
+            ok, seconds, detail = self.converge(timeout=CONVERGE_TIMEOUT, resume=resume, fault=fault)
+            if fault.resumed:
+                fault.detail += f"; START SLAVE on {', '.join(fault.resumed)} (MariaDB's mid-statement reconnect check)"
             fault.converge_s = round(seconds, 2)
             fault.survived = ok
             fault.relay_said, fault.relay_error = self.relay.upstream_ends(log_offset)
@@ -995,6 +1033,11 @@ def markdown(r: dict, argv: list[str], machine: dict) -> str:
           "entries of its log between the fault and the convergence, by kind):", "",
           *_table(["fault", "faults followed by a logged upstream end", "kinds logged", "first message (digits as N)"],
                   ends)]
+    resumed = [f for f in faults if f.get("resumed")]
+    L += [f"File/position replicas given START SLAVE after MariaDB's mid-statement reconnect check (relay kill -9 "
+          f"only; docs/operations.md, \"Recovery\"): {len(resumed)}"
+          + (" (" + ", ".join(f"fault {f['number']}: {', '.join(f['resumed'])}" for f in resumed) + ")" if resumed
+             else "") + ".", ""]
     levels = r["relay_log"]
     L += [f"Relay log over the whole run: {levels['entries']:,} entries, by level: {levels['levels']}; "
           f"error-level events: {levels['error_events'] or 'none'}.", ""]
