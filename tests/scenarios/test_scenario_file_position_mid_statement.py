@@ -40,6 +40,18 @@ ROWS, ROW_BYTES = 400, 200  # one statement of ~80 KB: about ten rows events of 
 WRITE_ROWS = (23, 30)  # WRITE_ROWS_EVENT_V1, WRITE_ROWS_EVENT
 
 
+def one_statement(master, rows: int, row_bytes: int) -> None:
+    """One INSERT ... SELECT of ``rows`` rows of ``row_bytes`` into app.t, in ROW format: a statement of many rows
+    events (8 KB each), only the last of them ending the statement."""
+    conn = master.connect()
+    try:
+        conn.cursor().execute("SET SESSION binlog_format = 'ROW'")
+        conn.cursor().execute(f"INSERT INTO app.t SELECT seq, REPEAT('x', {row_bytes}) FROM app.seq_1_to_{rows}")
+        conn.commit()
+    finally:
+        conn.close()
+
+
 class CutAfterFirstRowsEvent:
     """Cuts the link right after the first rows event past master position ``after`` (armed from the tap, before
     any byte of the event is forwarded): the statement's first rows event, with more of it to come."""
@@ -89,13 +101,7 @@ def test_a_cut_inside_a_statement(mariadb, use_gtid):
         replica.execute("START SLAVE")
         wait_replica(replica, master)
         cut.after = master_status(master)[1]
-        conn = master.connect()
-        try:
-            conn.cursor().execute("SET SESSION binlog_format = 'ROW'")
-            conn.cursor().execute(f"INSERT INTO app.t SELECT seq, REPEAT('x', {ROW_BYTES}) FROM app.seq_1_to_{ROWS}")
-            conn.commit()
-        finally:
-            conn.close()
+        one_statement(master, ROWS, ROW_BYTES)
         deadline = time.monotonic() + 20
         while cut.event is None and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -30,6 +30,7 @@ from relayproxy.lab.harness import (
 )
 
 from ..downstream.test_downstream_topologies import relays  # noqa: F401 - a fixture
+from .test_scenario_file_position_mid_statement import one_statement
 
 pytestmark = pytest.mark.server
 
@@ -53,13 +54,7 @@ def test_sigterm_ends_each_dump_at_a_transaction_boundary(mariadb, relays, sende
         replica.execute("START SLAVE")
         wait_replica(replica, master)
         proxy.pause(SERVER_TO_CLIENT)
-        conn = master.connect()
-        try:
-            conn.cursor().execute("SET SESSION binlog_format = 'ROW'")
-            conn.cursor().execute(f"INSERT INTO app.t SELECT seq, REPEAT('x', {ROW_BYTES}) FROM app.seq_1_to_{ROWS}")
-            conn.commit()
-        finally:
-            conn.close()
+        one_statement(master, ROWS, ROW_BYTES)
         end = master_status(master)
         wait_relay(relay, master)  # durable at the relay: its dump is now held inside the transaction
         time.sleep(0.3)
