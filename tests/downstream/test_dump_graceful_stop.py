@@ -23,6 +23,7 @@ from .test_downstream_dump import (
     mysql_group,
     relay_with,
     run,
+    split_events,
 )
 
 BIG_ROWS = 100_000  # bytes of one rows event: a group of five is larger than a shared chunk (256 KB)
@@ -92,5 +93,27 @@ def test_a_dump_inside_a_large_group_finishes_the_group_and_sends_no_other(tmp_p
             gtids = types.count(C.GTID_LOG_EVENT)
             assert 1 <= gtids < 3, types  # whole groups, and it stopped before the end of the file
             assert len(types) == 2 + 1 + gtids * len(groups[0]), types
+    finally:
+        store.close()
+
+
+def test_a_dump_that_began_inside_a_group_stops_only_after_a_whole_one(tmp_path):
+    """A file/position replica asking for a position inside a group (after a crash cut its link there): the rest of
+    that group looks to the parser like events outside any, so the dump stops at the end of the next whole group,
+    not right after the first of those events."""
+    groups = [big_group(gno) for gno in (1, 2, 3)]
+    image = E.binlog_file(E.event(C.PREVIOUS_GTIDS_LOG_EVENT, GtidSet().encode(), flags=C.LOG_EVENT_IGNORABLE_F),
+                          *[event for group in groups for event in group])
+    store = relay_with(tmp_path, {"binlog.000001": image})
+    try:
+        offsets = [offset for offset, _event in split_events(image)]
+        inside = offsets[2 + 4]  # the FDE, PREVIOUS_GTIDS, then group 1's GTID, BEGIN, TABLE_MAP, rows: its 2nd rows
+        ctx = make_ctx(store)
+        channel = stopping(ChunklessChannel, ctx, 2 + 1)  # the stop comes with the first event after the FDE
+        task = D.serve_dump(ctx, make_conn(**CRC32), file_request("binlog.000001", inside, flags=0), channel)
+        assert run(asyncio.wait_for(task, 5)) is None
+        types = sent_types(channel)
+        rest_of_first = [C.WRITE_ROWS_EVENT] * 4 + [C.XID_EVENT]  # its rows events from the 2nd on, and its XID
+        assert types[2:] == rest_of_first + [event[4] for event in groups[1]], types
     finally:
         store.close()

@@ -221,6 +221,7 @@ class DumpSender:
         self.gone: asyncio.Future | None = None
         self.waiter: asyncio.Future | None = None  # what _wait is waiting on: the reader resolves it on leaving
         self.reader_task: asyncio.Task | None = None
+        self.in_step = True  # the parser knows where the groups are (False: the dump began at an unknown position)
 
     # The start the plan (start.py) set: the decider's.
     @property
@@ -288,6 +289,15 @@ class DumpSender:
         """End a wait at the horizon now (``DownstreamContext.stop_dumps``): the dump then sees the stop."""
         _expire(self.waiter)
 
+    def _at_boundary(self) -> bool:
+        """Whether the events sent so far end a transaction, as far as the parser can tell: a dump that began inside
+        a group (a file/position replica asking for a position in one) is not in step with the groups until the
+        parser has seen one begin (the orphan rest of the first group looks to it like events outside any)."""
+        if self.parser.in_group:
+            self.in_step = True
+            return False
+        return self.in_step
+
     def _stop_here(self) -> None:
         """On a graceful stop, end the dump at a transaction boundary (the caller is at one)."""
         if self.ctx.dumps_stopping:
@@ -337,6 +347,8 @@ class DumpSender:
                 fde_end = await self._send_format_description(rf, pos, first)
                 if pos == 4:
                     pos = fde_end
+                elif first and pos > fde_end:
+                    self.in_step = False  # asked for a position that may be inside a transaction
                 self.pos = pos
                 await self._send_file(rf, pos)
             finally:
@@ -665,7 +677,7 @@ class DumpSender:
         crc = self.event_alg == CHECKSUM_CRC32
         first = True
         while pos < limit:
-            if self.ctx.dumps_stopping and self.parser.is_at_boundary:
+            if self.ctx.dumps_stopping and self._at_boundary():
                 self._stop_here()
             if watch_purge and not first:
                 self._check_not_purged(rf.name)
@@ -708,7 +720,7 @@ class DumpSender:
                 await self._handle(view, off, size, pos + off, type_code, flags, None)
                 off = end
                 handled += 1
-                if self.ctx.dumps_stopping and self.parser.is_at_boundary:
+                if self.ctx.dumps_stopping and self._at_boundary():
                     self._stop_here()
                 if not handled % _EVENTS_PER_YIELD:
                     # A read holds up to READ_CHUNK of small events, all skipped or sent without a wait (a GTID
