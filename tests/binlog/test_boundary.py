@@ -215,6 +215,18 @@ def test_mariadb_flavour_selected_from_fde():
     assert p.flavour == "mysql"  # no GTID events before 10.0: MySQL rules
 
 
+def test_a_flavour_given_with_an_fde_is_the_one_used():
+    """Until 2026-12-07 ``TransactionBoundaryParser("mariadb", fde)`` parsed by MySQL's rules (only "auto" took the
+    flavour from the FDE, and the constructor chose none when one was given): the soak's parser fuzzer and the
+    random-sequence property test above ran MySQL's rules under the name "mariadb"."""
+    for fde in (MARIA_FDE, MYSQL_FDE):
+        p = B.TransactionBoundaryParser("mariadb", fde)
+        assert p.flavour == "mariadb" and p.feed == p._feed_mariadb
+        assert p.feed_event(E.maria_gtid(1)) & B.RESULT_MASK == B.GROUP_START
+        q = B.TransactionBoundaryParser("mysql", fde)
+        assert q.flavour == "mysql" and q.feed == q._feed_mysql
+
+
 def test_mariadb_transactional_group():
     p = maria()
     assert kinds(feed_all(p, [E.maria_gtid(10, flags2=C.FL_TRANSACTIONAL), E.query("BEGIN"), E.table_map(),
@@ -275,6 +287,24 @@ def test_random_sequences_never_raise_and_stay_consistent(indices, flavour):
             assert was_inside
         if r & B.FLAG_ABANDONED:
             assert was_inside
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(range(len(ALL_SAMPLES))), max_size=40), st.integers(0, 40),
+       st.sampled_from(["mysql", "mariadb", "auto"]))
+def test_a_copy_holds_every_slot_and_classifies_the_rest_alike(indices, cut, flavour):
+    """copy() writes each slot out by hand (a dump's hot path): a slot it forgot would show here."""
+    p = B.TransactionBoundaryParser(flavour, MARIA_FDE if flavour == "mariadb" else MYSQL_FDE)
+    for i in indices[:cut]:
+        p.feed_event(ALL_SAMPLES[i])
+    q = p.copy()
+    for name in B.TransactionBoundaryParser.__slots__:
+        if name != "feed":
+            assert getattr(q, name) == getattr(p, name), name
+    assert q.state_key() == p.state_key()
+    for i in indices[cut:]:
+        assert q.feed_event(ALL_SAMPLES[i]) == p.feed_event(ALL_SAMPLES[i])
+        assert q.state_key() == p.state_key() and q.errors == p.errors
 
 
 @settings(max_examples=300, deadline=None)
