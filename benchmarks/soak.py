@@ -759,7 +759,8 @@ class Soak:
             fault = Fault(number, next(kinds))
             log_offset = self.relay.log_path.stat().st_size
             # A relay kill -9 can cut a dump inside a statement (a graceful stop does not: no resume then).
-            resume = {r.name: r.log_size() for r in self.replicas} if fault.kind == "relay kill -9" else None
+            resume = ({r.name: r.log_size() for r in self.replicas if r.via == "relay" and r.use_gtid == "no"}
+                      if fault.kind == "relay kill -9" else None)
             try:
                 self.inject(fault)
             except Exception as exc:  # noqa: BLE001 - an injection that breaks is a failure to report
