@@ -311,6 +311,10 @@ OPTIONS: tuple[Option, ...] = (
            "--listen: seconds without a byte while a client's packet is incomplete, then it is dropped (1159)"),
     Option("net_write_timeout", _positive_float, 60.0,
            "--listen: seconds a client may not read what the relay writes, then it is dropped"),
+    Option("dump_stop_grace", _duration_or_zero, 5.0,
+           "--listen: on a graceful stop (SIGTERM), seconds each running dump may take to finish the transaction it "
+           "is sending before it is cut (a MariaDB file/position replica cut inside a statement stops until START "
+           "SLAVE); 0: cut at once", "DURATION"),
     Option("sender_processes", _non_negative_int, 0,
            "--listen: worker processes that serve binlog dumps (plain, non-semi-sync connections), so fan-out "
            "uses every core; 0: every dump is served by the relay process", "N"),

@@ -532,6 +532,7 @@ def downstream_server(cfg, view: SessionRelayView, *, status_document: Callable[
         "handshake_timeout": getattr(cfg, "handshake_timeout", None),
         "write_timeout": getattr(cfg, "net_write_timeout", None),
         "net_read_timeout": getattr(cfg, "net_read_timeout", None),
+        "dump_stop_grace": getattr(cfg, "dump_stop_grace", None),
         "max_connect_errors": getattr(cfg, "max_connect_errors", None),
         "host_block_time": getattr(cfg, "host_block_time", None),
         "login_failures_threshold": getattr(cfg, "login_failures_threshold", None),

@@ -46,7 +46,8 @@ log = get_logger(__name__)
 # Log lines a peer host can cause per window (client errors, refusals, internal errors); the rest are counted
 # and the count is reported on its next line once the window has passed.
 DEFAULT_LOG_LINES_PER_HOST = 10
-# Seconds a graceful stop gives each running dump to reach a transaction boundary before it is cut.
+# Seconds a graceful stop gives each running dump to reach a transaction boundary before it is cut (the default of
+# the dump_stop_grace option).
 DUMP_STOP_GRACE = 5.0
 
 
@@ -110,6 +111,7 @@ class DownstreamServer:
         login_failures_threshold: int = DEFAULT_LOGIN_FAILURES_THRESHOLD,
         login_min_delay: float = DEFAULT_LOGIN_MIN_DELAY,
         login_max_delay: float = DEFAULT_LOGIN_MAX_DELAY,
+        dump_stop_grace: float = DUMP_STOP_GRACE,
     ) -> None:
         # Imported here rather than at the top: they bring in the store and the binlog code, which a server
         # built with stand-ins (tests, tools) does not need.
@@ -131,6 +133,7 @@ class DownstreamServer:
         self.idle_timeout = idle_timeout
         self.write_timeout = write_timeout
         self.net_read_timeout = net_read_timeout
+        self.dump_stop_grace = dump_stop_grace  # seconds a graceful stop lets each dump finish its transaction
         self.budget = ConnectionBudget(max_connections, max_connections_per_host, max_unauthenticated,
                                        unauthenticated_grace)
         # A client's command packet at most (1153 and closed beyond, as the servers): @@max_allowed_packet, which
@@ -275,7 +278,7 @@ class DownstreamServer:
 
     async def close(self) -> None:
         """Stop listening and end every connection; replicas reconnect later. A running dump first gets up to
-        ``DUMP_STOP_GRACE`` seconds to reach a transaction boundary (``DownstreamContext.stop_dumps``, in this
+        ``dump_stop_grace`` seconds to reach a transaction boundary (``DownstreamContext.stop_dumps``, in this
         process and in the sender processes), so a graceful stop leaves no replica inside a transaction; what is
         still running then is cancelled."""
         self._closing = True
@@ -287,11 +290,11 @@ class DownstreamServer:
             self.senders.stop_dumps()
         dumps = [s.dump_ended for s in list(self._sessions.values())
                  if s.dump_ended is not None and not s.dump_ended.done()]
-        if dumps:
-            _done, late = await asyncio.wait(dumps, timeout=DUMP_STOP_GRACE)
+        if dumps and self.dump_stop_grace > 0:
+            _done, late = await asyncio.wait(dumps, timeout=self.dump_stop_grace)
             if late:
                 log.warning("dumps still inside a transaction at the stop grace's end: cut", dumps=len(late),
-                            grace_seconds=DUMP_STOP_GRACE)
+                            grace_seconds=self.dump_stop_grace)
         tasks = [s.task for s in list(self._sessions.values()) if s.task is not None]
         for task in tasks:
             task.cancel()

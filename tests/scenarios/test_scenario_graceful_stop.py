@@ -39,13 +39,17 @@ pytestmark = pytest.mark.server
 ROWS, ROW_BYTES = 50_000, 500
 
 
-@pytest.mark.parametrize("sender_processes", [0, 1])
-def test_sigterm_ends_each_dump_at_a_transaction_boundary(mariadb, relays, sender_processes):  # noqa: F811
+@pytest.mark.parametrize("sender_processes, grace", [(0, None), (1, None), (0, "0")],
+                         ids=["in-process", "sender-process", "no-grace"])
+def test_sigterm_ends_each_dump_at_a_transaction_boundary(mariadb, relays, sender_processes, grace):  # noqa: F811
+    """``no-grace``: ``--dump-stop-grace 0``, the cut of before: the replica is left inside the statement, and after
+    the relay's restart MariaDB's check stops it (1595) until START SLAVE."""
     master = mariadb("master")
     prepare_master(master)
     master.execute("CREATE DATABASE app")
     master.execute("CREATE TABLE app.t (id INT PRIMARY KEY, v VARCHAR(600) NOT NULL) ENGINE=InnoDB")
-    relay = relays("relay", master.port, extra=["--sender-processes", str(sender_processes)])
+    extra = ["--sender-processes", str(sender_processes)] + (["--dump-stop-grace", grace] if grace else [])
+    relay = relays("relay", master.port, extra=extra)
     wait_relay(relay, master)
     proxy = ThreadedFaultProxy("127.0.0.1", relay.listen_port).start()
     try:
@@ -64,6 +68,9 @@ def test_sigterm_ends_each_dump_at_a_transaction_boundary(mariadb, relays, sende
         time.sleep(0.5)
         proxy.resume(SERVER_TO_CLIENT)
         assert relay.stop(timeout=30) == 0
+        if grace == "0":
+            cut_inside_the_statement(relay, master, replica, end)
+            return
         # The replica had the whole transaction when its link ended, and nothing stopped it.
         deadline = time.monotonic() + 20
         status = replica_status(replica)
@@ -82,3 +89,21 @@ def test_sigterm_ends_each_dump_at_a_transaction_boundary(mariadb, relays, sende
         assert int(replica_status(replica)["Last_IO_Errno"]) == 0
     finally:
         proxy.stop()
+
+
+def cut_inside_the_statement(relay, master, replica, end) -> None:
+    """What a stop without grace does: the replica holds part of the statement; at the relay's restart its IO thread
+    reconnects there and MariaDB stops it; START SLAVE resumes it and every row arrives once."""
+    time.sleep(1.0)
+    status = replica_status(replica)
+    assert int(status["Read_Master_Log_Pos"]) < end[1], "the dump was not cut inside the statement"
+    relay.start()
+    deadline = time.monotonic() + 30
+    while status["Slave_IO_Running"] != "No" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = replica_status(replica)
+    assert int(status["Last_IO_Errno"]) == 1595, status
+    replica.execute("START SLAVE")
+    wait_replica(replica, master)
+    assert_same_data(master, replica)
+    assert replica.execute("SELECT COUNT(*) FROM app.t")[0][0] == ROWS
