@@ -244,7 +244,9 @@ def _add_parts(doc: dict[str, Any], sources: StatusSources, horizon, names: list
     if sources.hop is not None:
         doc["hop"] = sources.hop.summary()
     if sources.sync is not None:
-        doc["sync_driver"] = sources.sync.describe()
+        # The store's own syncs (before a new file, an epoch switch, a stop) run on the loop's thread too; a driver
+        # comes only with a RelayStore (a served directory has neither).
+        doc["sync_driver"] = {**sources.sync.describe(), "syncs_by_store": getattr(sources.store, "fsyncs_inline", 0)}
     if sources.storage is not None:  # key ids only, never keys
         doc["storage"] = {"form": sources.storage.opts.describe(), **sources.storage.stats.as_dict()}
     if sources.archive is not None:

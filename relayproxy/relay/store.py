@@ -329,6 +329,12 @@ class RelayStore:
         return self._pipeline.fsyncs
 
     @property
+    def fsyncs_inline(self) -> int:
+        """Of those, the ones the store ran itself on the caller's thread, not through a sync driver: before a new
+        file, at an epoch switch, at a stop (``sync()``)."""
+        return self._pipeline.fsyncs_inline
+
+    @property
     def checkpoints(self) -> int:
         """Recovery checkpoints this store has written (relay/checkpoint.py)."""
         return self._pipeline.checkpoints

@@ -215,6 +215,7 @@ class SyncPipeline:
         self.on_fsync = on_fsync  # called as on_fsync(seconds, bytes) after each fdatasync of relay data
         self.ticket: SyncTicket | None = None  # the one in flight
         self.fsyncs = 0
+        self.fsyncs_inline = 0  # of those, the ones sync_now ran itself (a rotation, an epoch switch, a stop)
         self.unsynced_cut: tuple[str, int] | None = None  # (file, length) to cut to after a failed fsync
         # The last recovery checkpoint: (file, offset) and when (relay/checkpoint.py).
         self.checkpoint_at: tuple[str | None, int] = (state.file, checkpoint_offset) \
@@ -270,7 +271,10 @@ class SyncPipeline:
         """Begin a sync, make it durable here (blocking) and publish it; returns whether the horizon moved."""
         ticket = self.begin_sync()
         ticket.make_durable()  # an OSError has failed the store and ended the ticket
-        return self.complete_sync(ticket)
+        moved = self.complete_sync(ticket)
+        if ticket.needs_fsync:
+            self.fsyncs_inline += 1
+        return moved
 
     def begin_sync(self) -> SyncTicket:
         """Write the buffer out and describe the fsync that makes it durable (see the module doc)."""

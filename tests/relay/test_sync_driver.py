@@ -350,6 +350,27 @@ def test_an_ack_of_an_older_file_is_covered_once_the_horizon_has_moved_past_it(t
     store.close()
 
 
+def test_every_fsync_is_counted_on_one_side_or_as_the_stores_own(tmp_path, worker):
+    """/metrics' fsyncs_on_loop + fsyncs_off_loop + fsyncs_by_store cover every fdatasync: a rotation's sync of the
+    old file runs in the store itself, not through the driver (a CI run once saw 9 driver syncs of 10)."""
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    driver = SyncDriver(on_loop=True)
+
+    async def scenario():
+        stream.feed_until(ends[2])
+        driver.step(stream.store)
+        stream.feed_until(ends[4])
+        stream.store.start_file("binlog.000002")  # syncs what the driver has not yet: the store's own
+        driver.close()
+
+    asyncio.run(scenario())
+    store = stream.store
+    assert (driver.syncs_on_loop, driver.syncs_off_loop, store.fsyncs_inline, store.fsyncs) == (1, 0, 1, 2)
+    store.close()  # a clean stop with nothing new to sync adds no fdatasync of relay data
+    assert store.fsyncs_inline == store.fsyncs - 1
+
+
 def test_on_loop_the_sync_runs_and_is_published_in_step_itself(tmp_path, worker):
     """sync_on_loop: the fdatasync runs in ``step`` on the loop's thread and the horizon moves before it returns;
     the fsync thread is never started."""
