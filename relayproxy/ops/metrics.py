@@ -232,7 +232,7 @@ def _fsync(s: dict[str, Any], stats: FsyncStats | None) -> Iterator:
     yield _counter("relayproxy_fsyncs_off_loop", "fdatasyncs run in the fsync thread (or with a checkpoint, the pool)",
                    driver["syncs_off_loop"])
     yield _counter("relayproxy_fsyncs_by_store", "fdatasyncs the store ran itself on the loop's thread, not through "
-                   "the sync driver: before a new file, at an epoch switch, at a stop", driver.get("syncs_by_store", 0))
+                   "the sync driver: before a new file, at an epoch switch, at a stop", driver["syncs_by_store"])
     yield _counter("relayproxy_fsync_on_loop_pauses", "Slow fdatasyncs on the loop that sent the next ones to the "
                    "fsync thread for a while", driver["on_loop_pauses"])
     yield from _gauge("relayproxy_fsync_average_seconds", "Moving average of the recent fdatasyncs (what auto reads)",
