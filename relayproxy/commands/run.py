@@ -271,7 +271,7 @@ class RelayParts:
             store=self.session.store, upstream=upstream_sources(self.session),
             downstream=self.downstream if listener else None, senders=self.senders if listener else None,
             fsync=self.fsync if listener else None, hop=self.session.hop if listener else None,
-            sync=self.session.sync_driver if listener else None,
+            sync=self.session.sync_driver if listener else None, syncs_by_store=self.session.store.fsyncs_inline,
             storage=self.storage, archive=self.archive,
             retention=self.retention, txindex=self.session.store.txindex_health() if listener else None)
 

@@ -67,6 +67,7 @@ class StatusSources:
     fsync: FsyncStats | None = None
     hop: HopTimes | None = None  # the hop's stage histograms (relay/hoptimes.py)
     sync: SyncDriver | None = None  # where the fdatasyncs run (relay/sync_driver.py)
+    syncs_by_store: int = 0  # with ``sync``: the fdatasyncs the RelayStore ran itself (RelayStore.fsyncs_inline)
     storage: StorageTask | None = None  # closed files converted / archived (relay/conversion.py)
     archive: ArchiveUploader | None = None  # with archive_url (relay/archive.py; no credentials in it)
     retention: RetentionTask | None = None  # with a retention_* limit (relay/retention.py)
@@ -244,9 +245,8 @@ def _add_parts(doc: dict[str, Any], sources: StatusSources, horizon, names: list
     if sources.hop is not None:
         doc["hop"] = sources.hop.summary()
     if sources.sync is not None:
-        # The store's own syncs (before a new file, an epoch switch, a stop) run on the loop's thread too; a driver
-        # comes only with a RelayStore (a served directory has neither).
-        doc["sync_driver"] = {**sources.sync.describe(), "syncs_by_store": getattr(sources.store, "fsyncs_inline", 0)}
+        # The store's own syncs (before a new file, an epoch switch, a stop) run on the loop's thread too.
+        doc["sync_driver"] = {**sources.sync.describe(), "syncs_by_store": sources.syncs_by_store}
     if sources.storage is not None:  # key ids only, never keys
         doc["storage"] = {"form": sources.storage.opts.describe(), **sources.storage.stats.as_dict()}
     if sources.archive is not None:

@@ -576,7 +576,8 @@ def test_where_the_syncs_run_reaches_status_and_metrics(tmp_path):
     driver.syncs_on_loop, driver.syncs_off_loop, driver.fsync_average = 7, 2, ON_LOOP_AUTO_MAX / 2
     stats = FsyncStats()
     try:
-        doc = relay_status(fake_cfg(store.relay_dir), StatusSources(store, fake_upstream(), fsync=stats, sync=driver))
+        doc = relay_status(fake_cfg(store.relay_dir), StatusSources(store, fake_upstream(), fsync=stats, sync=driver,
+                                                                    syncs_by_store=store.fsyncs_inline))
         fams = families(generate_latest(build_registry(lambda: doc, stats, process=False)).decode())
         assert doc["sync_driver"] == {"setting": "auto", "on_loop_now": True, "syncs_on_loop": 7,
                                       "syncs_off_loop": 2, "on_loop_pauses": 0,

@@ -6,6 +6,7 @@ an error here, not an AttributeError in production."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -52,3 +53,14 @@ def test_a_store_lacking_a_member_is_caught(tmp_path):
     assert result.returncode == 1, result.stdout
     errors = [line for line in result.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1 and "Partial" in errors[0] and "StoreReader" in errors[0], result.stdout
+
+
+def test_no_reader_probes_a_store_or_the_status_sources_with_getattr():
+    """Issue 34's checks, kept: ``grep -rn 'getattr(.*store' relayproxy/`` finds nothing and ops/status.py has no
+    ``getattr(``: what a reader may see of a store is the Protocol's, and what status reads is StatusSources'.
+    85eea93 let one back in (a store's count read with a default), unseen until a later grep."""
+    probes = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+              for path in sorted((ROOT / "relayproxy").rglob("*.py"))
+              for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"getattr\(.*store", line)]
+    assert probes == []
+    assert "getattr(" not in (ROOT / "relayproxy/ops/status.py").read_text()
