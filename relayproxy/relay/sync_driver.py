@@ -56,7 +56,9 @@ class SyncDriver:
         self.on_loop_paused_until = 0.0
         self.on_loop_pauses = 0
         self.fsync_average: float | None = None  # moving average of the fdatasyncs published (seconds)
-        self.syncs_on_loop = 0  # syncs run on the loop's thread, and in the fsync thread or the pool (tests)
+        # fdatasyncs of relay data begun on the loop's thread, and in the fsync thread or the pool (a ticket with
+        # nothing new since the last one writes at most the durable mark and counts on neither side)
+        self.syncs_on_loop = 0
         self.syncs_off_loop = 0
         self._flight: tuple[SyncTicket, asyncio.Future] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -140,7 +142,7 @@ class SyncDriver:
         if self.hop is not None:
             self.hop.sync_began(time.monotonic())
         if self._sync_here() and ticket.checkpoint is None and time.monotonic() >= self.on_loop_paused_until:
-            self.syncs_on_loop += 1
+            self.syncs_on_loop += ticket.needs_fsync
             future = asyncio.get_running_loop().create_future()
             try:
                 ticket.make_durable()  # the fdatasync on this thread: no hand-off to the fsync thread and back
@@ -155,7 +157,7 @@ class SyncDriver:
                        seconds=round(ticket.fsync_seconds, 4), backoff_seconds=ON_LOOP_BACKOFF)
             future.set_result(None)
             return ticket, future
-        self.syncs_off_loop += 1
+        self.syncs_off_loop += ticket.needs_fsync
         if ticket.checkpoint is None:
             native = self._native_fsync()
             future = asyncio.get_running_loop().create_future()

@@ -371,6 +371,38 @@ def test_every_fsync_is_counted_on_one_side_or_as_the_stores_own(tmp_path, worke
     assert store.fsyncs_inline == store.fsyncs - 1
 
 
+@pytest.mark.parametrize("on_loop", [True, False], ids=["on_loop", "fsync_thread"])
+def test_a_sync_with_nothing_new_to_fsync_counts_on_neither_side(tmp_path, worker, monkeypatch, on_loop):
+    """The driver's two counts are of fdatasyncs, as their /metrics help says: a ticket whose bytes an earlier
+    fdatasync already covered (``needs_fsync`` false, made so here) moves the horizon and counts on neither side."""
+    stream = Stream(tmp_path)
+    ends = ends_of(stream)
+    store = stream.store
+    driver = SyncDriver(on_loop=on_loop)
+    begin = store.begin_sync
+
+    def covered_already():
+        ticket = begin()
+        ticket.needs_fsync = False
+        return ticket
+
+    async def scenario():
+        stream.feed_until(ends[2])
+        driver.step(store)  # a real fdatasync
+        await driver.drain(store)
+        monkeypatch.setattr(store, "begin_sync", covered_already)
+        stream.feed_until(ends[4])
+        driver.step(store)
+        await driver.drain(store)
+        driver.close()
+
+    asyncio.run(scenario())
+    assert stream.horizon == ends[4]
+    assert (driver.syncs_on_loop, driver.syncs_off_loop) == ((1, 0) if on_loop else (0, 1))
+    assert driver.syncs_on_loop + driver.syncs_off_loop + store.fsyncs_inline == store.fsyncs == 1
+    store.close()
+
+
 def test_on_loop_the_sync_runs_and_is_published_in_step_itself(tmp_path, worker):
     """sync_on_loop: the fdatasync runs in ``step`` on the loop's thread and the horizon moves before it returns;
     the fsync thread is never started."""
