@@ -476,6 +476,14 @@ def format_status(status: dict[str, Any]) -> str:
             f"Fsync:                  {status['fsyncs']} syncs, {_size(status.get('fsync_bytes'))}; last {_ms(last)}, "
             f"mean {_ms(mean)}, max {_ms(status.get('fsync_max_seconds'))}"
         )
+    sync = status.get("sync_driver")
+    if sync:
+        lines.append(
+            f"Fsync runs:             {sync.get('syncs_on_loop')} on the loop, {sync.get('syncs_off_loop')} in the "
+            f"fsync thread, {sync.get('syncs_by_store')} by the store; sync_on_loop {sync.get('setting')}, next "
+            + ("on the loop" if sync.get("on_loop_now") else "in the fsync thread")
+            + (f"; slow-sync pauses: {sync['on_loop_pauses']}" if sync.get("on_loop_pauses") else "")
+        )
     hop = status.get("hop")
     if hop and hop.get("durable", {}).get("count"):  # the stages' means since the start (docs/metrics.md)
         lines.append("Hop (mean per trx):     " + ", ".join(

@@ -598,6 +598,9 @@ def test_where_the_syncs_run_reaches_status_and_metrics(tmp_path):
         fams = families(generate_latest(build_registry(lambda: doc, stats, process=False)).decode())
         assert value(fams, "relayproxy_fsync_on_loop") == 0
         assert value(fams, "relayproxy_fsync_on_loop_pauses", "relayproxy_fsync_on_loop_pauses_total") == 1
+        line = next(x for x in format_status(doc).splitlines() if x.startswith("Fsync runs:"))  # relayproxy status
+        assert line.endswith("7 on the loop, 2 in the fsync thread, 0 by the store; sync_on_loop auto, next in the "
+                             "fsync thread; slow-sync pauses: 1"), line
         assert SyncDriver(on_loop=True).describe()["setting"] == "true"
         # Without a sync driver (SHOW REPLICA STATUS, serve) the family is left out, not guessed.
         doc = relay_status(fake_cfg(store.relay_dir), StatusSources(store, fake_upstream(), fsync=stats))
