@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from relayproxy.commands import cli, config
+from relayproxy.relay.retention import parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -282,6 +283,20 @@ def test_relayproxy_healthcheck_asks_status_on_the_http_address(name):
         pass
     result = run_healthcheck(test, f"0.0.0.0:{port}")  # nothing listens there any more
     assert result.returncode != 0
+
+
+def test_a_supervisor_waits_well_past_the_dumps_stop_grace_before_sigkill():
+    """On SIGTERM each dump first ends the transaction it is sending, for up to ``dump_stop_grace``; a supervisor
+    that sends SIGKILL before that cuts them anyway (a MariaDB file/position replica then stops until START SLAVE).
+    The systemd unit in docs/operations.md and both compose files give the relay at least three times the grace."""
+    grace = config.OPTION_BY_NAME["dump_stop_grace"].default
+    unit = (ROOT / "docs" / "operations.md").read_text()
+    (timeout,) = re.findall(r"^TimeoutStopSec=(\d+)$", unit, re.MULTILINE)
+    waits = {"systemd unit (docs/operations.md)": float(timeout)}
+    for name in COMPOSE_FLAVOURS:
+        period = normalized_config(name)["services"]["relayproxy"].get("stop_grace_period", "10s")  # Docker's default
+        waits[name] = parse_duration(period)
+    assert grace > 0 and all(wait >= 3 * grace for wait in waits.values()), (grace, waits)
 
 
 @pytest.mark.parametrize("name", COMPOSE_FLAVOURS)
