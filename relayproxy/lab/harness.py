@@ -58,25 +58,38 @@ class StreamMap:
             f"the proxy never received the events of master range ({start}, {end}]; last events seen {seen}; {problems}"
         )
 
-    def wait_settled_at(self, proxy: ThreadedFaultProxy, position: int, timeout: float = 20.0) -> int:
+    def wait_settled_at(self, proxy: ThreadedFaultProxy, position: int, timeout: float = 20.0, *,
+                        after_heartbeat: bool = False) -> int:
         """Wait until the newest connection has carried an event ending at master `position` and the proxy has
         forwarded all it received on it; returns that connection's id.
 
         Transactions are located by pausing the link and watching what arrives; a paused proxy holds the one chunk
         it has read and reads no more, so a chunk still in flight at the pause (the rest of a dump's opening
-        events, say) would hide them. Pause only a settled link.
+        events, say) would hide them. Pause only a settled link. With short heartbeat periods, a heartbeat that
+        arrives between the pause and the transaction is such a chunk too: ``after_heartbeat`` waits for the next
+        heartbeat to have been forwarded (the following one is a whole period away).
         """
         deadline = time.monotonic() + timeout
+        beats = self._heartbeats() if after_heartbeat else None
         while time.monotonic() < deadline:
             with self._lock:
                 newest = max(self._watchers, default=None)
                 reached = newest is not None and any(e.log_pos == position for e in self._watchers[newest].events)
+            if reached and beats is not None:
+                reached = self._heartbeats().get(newest, 0) > beats.get(newest, 0)
             if reached:
                 info = proxy.connection(newest)
                 if info.open and info.server_to_client_received == info.server_to_client:
                     return newest
             time.sleep(0.02)
-        raise AssertionError(f"the link did not settle at master position {position}: {proxy.connections()}")
+        raise AssertionError(f"the link did not settle at master position {position}"
+                             f"{' after a heartbeat' if after_heartbeat else ''}: {proxy.connections()}")
+
+    def _heartbeats(self) -> dict[int, int]:
+        """Heartbeat events seen so far on each connection."""
+        with self._lock:
+            return {conn: sum(e.type_code in (C.HEARTBEAT_LOG_EVENT, C.HEARTBEAT_LOG_EVENT_V2) for e in w.events)
+                    for conn, w in self._watchers.items()}
 
 
 
