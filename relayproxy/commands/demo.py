@@ -112,7 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class LiveView:
-    """The status line: refreshed in place on a terminal, one line a second otherwise; narration goes between."""
+    """The status line: refreshed in place on a terminal, one line a second otherwise (and the first line of each
+    new phase, so a short one such as the wait after a kill is never left out); narration goes between."""
 
     def __init__(self, out: TextIO, live: bool, every: float = 1.0) -> None:
         self.out = out
@@ -120,6 +121,7 @@ class LiveView:
         self.every = every
         self._showing = False
         self._last = 0.0
+        self._phase: str | None = None  # the kind of the last line printed ("kill+1.2s" is of kind "kill")
 
     def show(self, snapshot: Snapshot) -> None:
         line = snapshot.line()
@@ -128,9 +130,11 @@ class LiveView:
             self.out.write("\r" + line[: max(width - 1, 20)] + "\x1b[K")
             self.out.flush()
             self._showing = True
-        elif time.monotonic() - self._last >= self.every:
-            self._last = time.monotonic()
-            print(line, file=self.out, flush=True)
+        else:
+            phase = snapshot.phase.split("+", 1)[0]
+            if time.monotonic() - self._last >= self.every or phase != self._phase:
+                self._last, self._phase = time.monotonic(), phase
+                print(line, file=self.out, flush=True)
 
     def say(self, text: str) -> None:
         self.end_line()

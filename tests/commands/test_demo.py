@@ -208,3 +208,18 @@ def test_demo_help_names_its_flags():
     for flag in ("--keep", "--workload-seconds", "--stuck-seconds", "--big-mb", "--no-live", "--json",
                  "--no-failover", "--failover-writes", "--no-lossless", "--lossless-seconds", "--lossless-delay-ms"):
         assert flag in result.stdout
+
+
+def test_the_plain_live_view_prints_the_first_line_of_each_phase_however_soon():
+    """Without a terminal the view prints a line a second, and the first line of a new phase at once: the wait after
+    act 3's kill can be shorter than a second (a CI run once printed no `kill+` line for it)."""
+    import io
+    from types import SimpleNamespace
+
+    from relayproxy.commands.demo import LiveView
+
+    out = io.StringIO()
+    view = LiveView(out, live=False, every=3600.0)
+    for phase in ("load", "load", "kill+0.1s", "kill+0.2s", "promote"):
+        view.show(SimpleNamespace(phase=phase, line=lambda phase=phase: f"line {phase}"))
+    assert out.getvalue().splitlines() == ["line load", "line kill+0.1s", "line promote"]
