@@ -70,13 +70,15 @@ class StreamMap:
         heartbeat to have been forwarded (the following one is a whole period away).
         """
         deadline = time.monotonic() + timeout
-        beats = self._heartbeats() if after_heartbeat else None
+        with self._lock:
+            first = max(self._watchers, default=None)
+            beats = (first, self._heartbeats(first)) if after_heartbeat else None
         while time.monotonic() < deadline:
             with self._lock:
                 newest = max(self._watchers, default=None)
                 reached = newest is not None and any(e.log_pos == position for e in self._watchers[newest].events)
-            if reached and beats is not None:
-                reached = self._heartbeats().get(newest, 0) > beats.get(newest, 0)
+                if reached and beats is not None:  # a new connection's first heartbeat counts
+                    reached = self._heartbeats(newest) > (beats[1] if newest == beats[0] else 0)
             if reached:
                 info = proxy.connection(newest)
                 if info.open and info.server_to_client_received == info.server_to_client:
@@ -85,11 +87,11 @@ class StreamMap:
         raise AssertionError(f"the link did not settle at master position {position}"
                              f"{' after a heartbeat' if after_heartbeat else ''}: {proxy.connections()}")
 
-    def _heartbeats(self) -> dict[int, int]:
-        """Heartbeat events seen so far on each connection."""
-        with self._lock:
-            return {conn: sum(e.type_code in (C.HEARTBEAT_LOG_EVENT, C.HEARTBEAT_LOG_EVENT_V2) for e in w.events)
-                    for conn, w in self._watchers.items()}
+    def _heartbeats(self, conn: int | None) -> int:
+        """Heartbeat events seen so far on connection ``conn`` (the caller holds the lock)."""
+        watcher = self._watchers.get(conn) if conn is not None else None
+        return 0 if watcher is None else sum(
+            e.type_code in (C.HEARTBEAT_LOG_EVENT, C.HEARTBEAT_LOG_EVENT_V2) for e in watcher.events)
 
 
 
